@@ -1,0 +1,135 @@
+"""Device profiles, links and clusters: the hardware half of every cost.
+
+`DeviceProfile` is what one *kind* of device can do (a catalog row, possibly
+overridden by calibration).  `Device` is one card in a cluster.  `Link` is a
+directed connection between two devices.  `Cluster` bundles them and answers
+``cluster.link(src_id, dst_id)``.
+
+Example:
+    >>> p = DeviceProfile(kind="rtx3090", memory_bytes=24 * 10**9,
+    ...                   tensor_flops_s=71e12, fp32_flops_s=35.6e12,
+    ...                   memory_bandwidth_bytes_s=936e9, source="gpu_specs.md")
+    >>> d = Device(id="n0:0", node="n0", profile=p, reserve_bytes=2 * 10**9)
+    >>> d.usable_bytes
+    22000000000
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Capabilities of one kind of device.
+
+    Attributes:
+        kind: catalog key, lowercase (``rtx3090``, ``a100-80gb``, ``cpu``).
+        memory_bytes: physical memory.
+        tensor_flops_s: dense bf16/fp16 tensor-core FLOP/s with FP32 accumulate
+            (the rate autocast training gets; GeForce cards run it at half their
+            FP16-accumulate rate).  Peak, from the catalog.
+        fp32_flops_s: dense fp32 (non-tensor-core) FLOP/s, peak.
+        memory_bandwidth_bytes_s: DRAM bandwidth, peak.
+        matmul_efficiency: achieved / peak matmul FLOP/s (calibrated, or the
+            catalog default `cost_models.timing.DEFAULT_MATMUL_EFFICIENCY`).
+        bandwidth_efficiency: achieved / peak memory bandwidth.
+        kernel_overhead_s: fixed time per launched op.
+        nvlink: whether the card has NVLink.
+        p2p: whether PCIe peer-to-peer works between two such cards.
+        source: where the figures come from (catalog citation, ``calibrated``...).
+    """
+
+    kind: str
+    memory_bytes: int
+    tensor_flops_s: float
+    fp32_flops_s: float
+    memory_bandwidth_bytes_s: float
+    matmul_efficiency: float | None = None
+    bandwidth_efficiency: float | None = None
+    kernel_overhead_s: float | None = None
+    nvlink: bool = False
+    p2p: bool = False
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device of a cluster.
+
+    Attributes:
+        id: unique id, ``"<node>:<index>"`` by convention.
+        node: the host it sits in; devices on one node share intra-node links.
+        profile: what it can do.
+        reserve_bytes: memory kept back (CUDA context, NCCL, allocator
+            fragmentation); see `cost_models.cluster.DEFAULT_RESERVE_BYTES`.
+    """
+
+    id: str
+    node: str
+    profile: DeviceProfile
+    reserve_bytes: int = 0
+
+    @property
+    def kind(self) -> str:
+        return self.profile.kind
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.profile.memory_bytes
+
+    @property
+    def usable_bytes(self) -> int:
+        """Memory a plan may fill: physical memory minus the reserve."""
+        return self.profile.memory_bytes - self.reserve_bytes
+
+
+@dataclass(frozen=True)
+class Link:
+    """A directed link; transfer time of n bytes is ``latency_s + n / bandwidth_bytes_s``."""
+
+    src: str
+    dst: str
+    bandwidth_bytes_s: float
+    latency_s: float
+    kind: str = ""  # nvlink | pcie-p2p | pcie-host | network | loopback
+
+    def transfer_s(self, num_bytes: int) -> float:
+        """Alpha-beta model of one message (cost_formulas.md §3.4)."""
+        if num_bytes <= 0:
+            return 0.0
+        return self.latency_s + num_bytes / self.bandwidth_bytes_s
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Devices plus the links between every ordered pair of them."""
+
+    name: str
+    devices: tuple[Device, ...]
+    links: Mapping[tuple[str, str], Link] = field(default_factory=dict)
+
+    def device(self, device_id: str) -> Device:
+        for dev in self.devices:
+            if dev.id == device_id:
+                return dev
+        raise KeyError(device_id)
+
+    def link(self, src: str, dst: str) -> Link:
+        """The link from `src` to `dst` (both device ids)."""
+        return self.links[(src, dst)]
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """Distinct device kinds, in first-appearance order."""
+        seen: dict[str, None] = {}
+        for dev in self.devices:
+            seen.setdefault(dev.kind, None)
+        return tuple(seen)
+
+    def profile(self, kind: str) -> DeviceProfile:
+        for dev in self.devices:
+            if dev.kind == kind:
+                return dev.profile
+        raise KeyError(kind)

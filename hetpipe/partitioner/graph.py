@@ -1,0 +1,114 @@
+"""The captured model as an ordered list of partitionable units.
+
+A *unit* is the smallest piece a pipeline stage boundary may fall between
+(a transformer block, a ResNet bottleneck, the embedding, the head).  Every
+cost a solver needs is a field of `Unit`, per micro-batch, under the names the
+plan file uses.  `UnitGraph` also keeps the node-level networkx graph and the
+traced `torch.fx.GraphModule` so the runtime can build stage modules later.
+
+Example:
+    >>> u = Unit(index=0, name="embed", node_names=("wte", "wpe", "add"),
+    ...          fwd_flops=0, bwd_flops=0, param_count=10, param_bytes=40,
+    ...          state_bytes=160, activation_bytes=4096, boundary_bytes=4096)
+    >>> u.boundary_bytes
+    4096
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One partitionable unit; every cost is per micro-batch.
+
+    Attributes:
+        index: position in pipeline order (0-based).
+        name: module path of the unit (e.g. ``transformer.h.3``) or a synthetic name.
+        node_names: fx node names that belong to the unit, in graph order.
+        fwd_flops: forward FLOPs (matmul/conv/attention from the flop counter
+            plus the documented elementwise/norm formulas).
+        bwd_flops: backward FLOPs (input and weight gradients).
+        param_count: parameters owned by the unit (a tied parameter is owned by
+            the first unit that uses it and counted once).
+        param_bytes: bytes of those parameters in the training precision's
+            stored dtype.
+        state_bytes: params + grads + optimizer state bytes for the chosen
+            optimizer and precision (see `cost_models.memory`).
+        activation_bytes: bytes autograd saves for backward during one
+            micro-batch forward of this unit (unique storages).
+        boundary_bytes: bytes of all tensors produced at or before this unit
+            and consumed after it (the cut after this unit); 0 for the last unit.
+        memory_traffic_bytes: forward bytes read+written by memory-bound ops
+            (elementwise, norms, softmax); used by the time model.
+        op_count: number of compute nodes (kernel launches) in the forward.
+    """
+
+    index: int
+    name: str
+    node_names: tuple[str, ...]
+    fwd_flops: int
+    bwd_flops: int
+    param_count: int
+    param_bytes: int
+    state_bytes: int
+    activation_bytes: int
+    boundary_bytes: int
+    memory_traffic_bytes: int = 0
+    op_count: int = 0
+
+
+@dataclass(frozen=True)
+class TiedParameter:
+    """A parameter used by more than one unit (e.g. GPT-2's wte and lm_head).
+
+    The runtime replicates it on every stage holding one of `unit_indices`
+    and sums its gradients between them before the optimizer step.
+    """
+
+    qualified_names: tuple[str, ...]  # every module path under which it is reachable
+    unit_indices: tuple[int, ...]  # units that use it, ascending; the first owns it
+    numel: int
+
+
+@dataclass(frozen=True)
+class UnitGraph:
+    """A model captured into ordered units with per-unit costs.
+
+    Attributes:
+        model_name: a user-facing name (class name or built-in name).
+        fingerprint: sha256 over the graph structure and shapes; plans record it
+            so a plan cannot be run against another model.
+        units: ordered units.
+        param_count: total parameters, tied parameters counted once.
+        micro_batch_size: batch dimension of the example inputs the costs were measured at.
+        optimizer, precision: what `state_bytes` assumes.
+        tied: parameters shared between units.
+        tracer: ``"symbolic_trace"`` or ``"export"``.
+        graph: node-level networkx DiGraph (node attrs: ``unit``, ``op``, ``bytes``).
+        module: the traced ``torch.fx.GraphModule`` (on the meta device).
+    """
+
+    model_name: str
+    fingerprint: str
+    units: tuple[Unit, ...]
+    param_count: int
+    micro_batch_size: int
+    optimizer: str
+    precision: str
+    tied: tuple[TiedParameter, ...] = ()
+    tracer: str = "symbolic_trace"
+    graph: nx.DiGraph = field(default_factory=nx.DiGraph, compare=False, repr=False)
+    module: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def num_units(self) -> int:
+        return len(self.units)
+
+    def total(self, attr: str) -> int:
+        """Sum of one numeric unit field, e.g. ``g.total("fwd_flops")``."""
+        return sum(getattr(u, attr) for u in self.units)

@@ -1,0 +1,175 @@
+"""The pure solver input and the objective every solver optimises.
+
+`Problem` is a table-only description of a pipeline-partitioning instance: per
+unit times on each device kind, memory, cut bytes, the devices and the link
+matrix.  It is exactly what a plan file records, so a plan can be re-checked
+from the file alone.  `evaluate` is the single implementation of the
+optimisation contract (issue #3); solvers, baselines, `hetpipe check` and the
+tests all call it.
+
+Objective (units u = 0..L-1; p stages; stage s on device d_s holds [l_s, r_s]):
+
+    F_s, B_s  = sum of fwd_s / bwd_s of its units on kind(d_s)          (per micro-batch)
+    C_s       = latency(d_s, d_{s+1}) + boundary_bytes[r_s] / bandwidth(d_s, d_{s+1})   (s < p-1)
+    T         = sum_s (F_s + B_s) + sum_{s<p-1} 2 C_s
+                + (m - 1) * max( max_s (F_s + B_s), max_{s<p-1} 2 C_s )
+    M_s       = sum state_bytes + min(p - s, m) * sum activation_bytes + buffer_bytes(s)
+    buffer_bytes(s) = 2 * (boundary_bytes[l_s - 1] if s > 0 else 0)
+                    + 2 * (boundary_bytes[r_s] if s < p - 1 else 0)
+                      (one activation and one gradient buffer per adjacent cut)
+    constraint: M_s <= usable_bytes(d_s)
+
+The T formula is the heterogeneous 1F1B estimate of HARP / AMP / Metis
+(cost_formulas.md §3.3); min(p - s, m) in-flight micro-batches per stage is
+1F1B's activation footprint (Narayanan et al. SC'21; Megatron
+theoretical_memory_usage.py).
+
+Example:
+    >>> prob = Problem(fwd_s={"a": (1.0, 1.0)}, bwd_s={"a": (2.0, 2.0)},
+    ...                state_bytes=(10, 10), activation_bytes=(1, 1), boundary_bytes=(4, 0),
+    ...                devices=(DeviceSlot("d0", "a", "n0", 100), DeviceSlot("d1", "a", "n0", 100)),
+    ...                bandwidth_bytes_s=((1.0, 4.0), (4.0, 1.0)), latency_s=((0.0, 0.0), (0.0, 0.0)),
+    ...                microbatches=4)
+    >>> ev = evaluate(prob, (Stage(0, 0, 0), Stage(1, 1, 1)))
+    >>> ev.iteration_s   # (3 + 3) + 2*1 + 3 * max(3, 2)
+    17.0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+
+@dataclass(frozen=True)
+class DeviceSlot:
+    """A device as the solver sees it."""
+
+    id: str
+    kind: str
+    node: str
+    usable_bytes: int
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Stage placement: device index into `Problem.devices`, units [first_unit, last_unit]."""
+
+    device: int
+    first_unit: int
+    last_unit: int
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A partitioning instance.  Sequences are indexed by unit; matrices by device index.
+
+    `bandwidth_bytes_s[i][j]` and `latency_s[i][j]` describe the link i -> j.
+    """
+
+    fwd_s: Mapping[str, tuple[float, ...]]
+    bwd_s: Mapping[str, tuple[float, ...]]
+    state_bytes: tuple[int, ...]
+    activation_bytes: tuple[int, ...]
+    boundary_bytes: tuple[int, ...]
+    devices: tuple[DeviceSlot, ...]
+    bandwidth_bytes_s: tuple[tuple[float, ...], ...]
+    latency_s: tuple[tuple[float, ...], ...]
+    microbatches: int
+
+    @property
+    def num_units(self) -> int:
+        return len(self.state_bytes)
+
+    def comm_s(self, src: int, dst: int, cut_after: int) -> float:
+        """C: one-way time of the cut after unit `cut_after` over link src -> dst."""
+        num_bytes = self.boundary_bytes[cut_after]
+        if num_bytes <= 0:
+            return 0.0
+        return self.latency_s[src][dst] + num_bytes / self.bandwidth_bytes_s[src][dst]
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Per-stage figures under the objective (seconds per micro-batch, bytes)."""
+
+    fwd_s: float
+    bwd_s: float
+    send_s: float  # C_s, one way; 0 for the last stage
+    memory_bytes: int
+    usable_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes <= self.usable_bytes
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The objective and memory of one placement."""
+
+    iteration_s: float
+    bottleneck_s: float  # max( max_s (F_s+B_s), max_s 2 C_s )
+    stages: tuple[StageCost, ...]
+
+    @property
+    def fits(self) -> bool:
+        return all(s.fits for s in self.stages)
+
+
+def stage_memory_bytes(problem: Problem, stages: Sequence[Stage], s: int) -> int:
+    """M_s of the contract for stage index `s` of `stages`."""
+    st, p = stages[s], len(stages)
+    units = range(st.first_unit, st.last_unit + 1)
+    state = sum(problem.state_bytes[u] for u in units)
+    act = sum(problem.activation_bytes[u] for u in units)
+    buffers = 0
+    if s > 0:
+        buffers += 2 * problem.boundary_bytes[st.first_unit - 1]
+    if s < p - 1:
+        buffers += 2 * problem.boundary_bytes[st.last_unit]
+    return state + min(p - s, problem.microbatches) * act + buffers
+
+
+def validate_stages(problem: Problem, stages: Sequence[Stage]) -> None:
+    """Raise ValueError unless `stages` cover every unit once, in order, on distinct devices."""
+    if not stages:
+        raise ValueError("a plan needs at least one stage")
+    expected = 0
+    for s, st in enumerate(stages):
+        if st.first_unit != expected or st.last_unit < st.first_unit:
+            raise ValueError(f"stage {s} covers units [{st.first_unit}, {st.last_unit}], expected to start at {expected}")
+        if not 0 <= st.device < len(problem.devices):
+            raise ValueError(f"stage {s} uses device index {st.device}, out of range")
+        expected = st.last_unit + 1
+    if expected != problem.num_units:
+        raise ValueError(f"stages end at unit {expected - 1}, the model has {problem.num_units} units")
+    used = [st.device for st in stages]
+    if len(set(used)) != len(used):
+        raise ValueError(f"a device is used by two stages: {used}")
+
+
+def evaluate(problem: Problem, stages: Sequence[Stage]) -> Evaluation:
+    """Objective T and every M_s of a placement (see the module docstring)."""
+    validate_stages(problem, stages)
+    costs: list[StageCost] = []
+    for s, st in enumerate(stages):
+        kind = problem.devices[st.device].kind
+        units = range(st.first_unit, st.last_unit + 1)
+        fwd = sum(problem.fwd_s[kind][u] for u in units)
+        bwd = sum(problem.bwd_s[kind][u] for u in units)
+        send = problem.comm_s(st.device, stages[s + 1].device, st.last_unit) if s + 1 < len(stages) else 0.0
+        costs.append(
+            StageCost(
+                fwd_s=fwd,
+                bwd_s=bwd,
+                send_s=send,
+                memory_bytes=stage_memory_bytes(problem, stages, s),
+                usable_bytes=problem.devices[st.device].usable_bytes,
+            )
+        )
+    compute = [c.fwd_s + c.bwd_s for c in costs]
+    comm2 = [2.0 * c.send_s for c in costs[:-1]]
+    bottleneck = max(compute + comm2)
+    total = sum(compute) + sum(comm2) + (problem.microbatches - 1) * bottleneck
+    return Evaluation(iteration_s=total, bottleneck_s=bottleneck, stages=tuple(costs))
