@@ -1,0 +1,102 @@
+"""Unit time on a device kind: the documented roofline-style time model.
+
+For one unit and one micro-batch on a device profile P (issue #2, "Costs"):
+
+    fwd_s = fwd_flops / (peak_flops(P, precision) * matmul_efficiency)
+          + memory_traffic_bytes / (P.memory_bandwidth_bytes_s * bandwidth_efficiency)
+          + op_count * kernel_overhead_s
+    bwd_s = bwd_flops / (peak_flops * matmul_efficiency)
+          + BACKWARD_TRAFFIC_FACTOR * memory_traffic_bytes / (bandwidth * bandwidth_efficiency)
+          + BACKWARD_TRAFFIC_FACTOR * op_count * kernel_overhead_s
+
+The compute term is the standard "FLOPs over achieved FLOP/s" stage-time model
+(cost_formulas.md §3.1, t_k = sum F / (TFLOPs_k * eta_k)); the memory term
+charges memory-bound ops (elementwise, norms, softmax) at achieved DRAM
+bandwidth; the overhead term is the per-kernel launch cost.  Efficiencies are
+measured by `hetpipe profile --calibrate` where the device is present; the
+defaults below apply otherwise and are stated as such in every plan.
+
+Example:
+    >>> from hetpipe.cost_models.devices import DeviceProfile
+    >>> p = DeviceProfile(kind="x", memory_bytes=1, tensor_flops_s=100e12, fp32_flops_s=10e12,
+    ...                   memory_bandwidth_bytes_s=1e12, matmul_efficiency=0.5,
+    ...                   bandwidth_efficiency=1.0, kernel_overhead_s=0.0)
+    >>> unit_time_s(fwd_flops=5e12, bwd_flops=10e12, memory_traffic_bytes=0, op_count=0,
+    ...             profile=p, precision="bf16-mixed")
+    UnitTime(fwd_s=0.1, bwd_s=0.2)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hetpipe.cost_models.devices import DeviceProfile
+from hetpipe.errors import ConfigError
+
+# Achieved / peak dense matmul FLOP/s when no calibration is available.
+# cost_formulas.md §3.1: "eta_k is the achieved fraction (30-60% typical)";
+# we take the midpoint of that cited range.  Calibration replaces it.
+DEFAULT_MATMUL_EFFICIENCY = 0.45
+
+# Achieved / peak DRAM bandwidth for streaming (elementwise) kernels.  STREAM
+# triad on current GPUs reaches roughly 80-90% of the datasheet bandwidth
+# (McCalpin's STREAM benchmark methodology; typical reported GPU figures);
+# we take the low end.  [typical; calibrate]
+DEFAULT_BANDWIDTH_EFFICIENCY = 0.8
+
+# Fixed cost per launched kernel.  CUDA kernel launch latency is a few
+# microseconds (NVIDIA CUDA C++ Best Practices Guide, "kernel launch overhead";
+# commonly measured at ~5 us).  [typical; calibrate]
+DEFAULT_KERNEL_OVERHEAD_S = 5e-6
+
+# A memory-bound op's backward reads the incoming gradient and the saved input
+# and writes the input gradient: about twice its forward traffic (forward:
+# read input, write output).  Same factor for launches (one or two kernels).
+BACKWARD_TRAFFIC_FACTOR = 2.0
+
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
+
+
+@dataclass(frozen=True)
+class UnitTime:
+    """Forward and backward seconds of one unit for one micro-batch."""
+
+    fwd_s: float
+    bwd_s: float
+
+
+def peak_flops_s(profile: DeviceProfile, precision: str) -> float:
+    """Peak dense FLOP/s the training precision runs matmuls at.
+
+    fp32 training uses plain fp32 units (PyTorch leaves TF32 off for matmul by
+    default); mixed precision uses tensor cores with FP32 accumulate.
+    """
+    if precision == "fp32":
+        return profile.fp32_flops_s
+    if precision in ("bf16-mixed", "fp16-mixed"):
+        return profile.tensor_flops_s
+    raise ConfigError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+
+
+def unit_time_s(
+    *,
+    fwd_flops: float,
+    bwd_flops: float,
+    memory_traffic_bytes: float,
+    op_count: int,
+    profile: DeviceProfile,
+    precision: str,
+) -> UnitTime:
+    """Time of one unit on one device kind under the model in the module docstring."""
+    eff = profile.matmul_efficiency if profile.matmul_efficiency is not None else DEFAULT_MATMUL_EFFICIENCY
+    bw_eff = profile.bandwidth_efficiency if profile.bandwidth_efficiency is not None else DEFAULT_BANDWIDTH_EFFICIENCY
+    overhead = profile.kernel_overhead_s if profile.kernel_overhead_s is not None else DEFAULT_KERNEL_OVERHEAD_S
+    flops_s = peak_flops_s(profile, precision) * eff
+    bytes_s = profile.memory_bandwidth_bytes_s * bw_eff
+    fwd = fwd_flops / flops_s + memory_traffic_bytes / bytes_s + op_count * overhead
+    bwd = (
+        bwd_flops / flops_s
+        + BACKWARD_TRAFFIC_FACTOR * memory_traffic_bytes / bytes_s
+        + BACKWARD_TRAFFIC_FACTOR * op_count * overhead
+    )
+    return UnitTime(fwd_s=fwd, bwd_s=bwd)

@@ -1,0 +1,106 @@
+"""Terminal views of unit graphs and plans (rich tables; plain text when piped).
+
+Example:
+    >>> print(format_bytes(3 * 2**30))
+    3.00 GiB
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from rich.console import Console
+from rich.table import Table
+
+from hetpipe.cost_models.devices import Cluster
+from hetpipe.partitioner.graph import UnitGraph
+from hetpipe.partitioner.plan import Plan, UnitTimes
+
+
+def format_bytes(n: float) -> str:
+    """Binary-prefixed byte count, e.g. ``1.50 GiB``."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def format_flops(n: float) -> str:
+    for unit, scale in (("PF", 1e15), ("TF", 1e12), ("GF", 1e9), ("MF", 1e6)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} F"
+
+
+def format_seconds(s: float) -> str:
+    if s >= 1.0:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def unit_table(graph: UnitGraph, times: dict[str, tuple[UnitTimes, ...]]) -> Table:
+    """One row per unit: FLOPs, params, saved activations, cut bytes, time per device kind."""
+    table = Table(title=f"{graph.model_name}: {graph.num_units} units, micro-batch {graph.micro_batch_size}")
+    for col in ("#", "unit", "fwd FLOPs", "bwd FLOPs", "params", "state", "activations", "cut after"):
+        table.add_column(col, justify="left" if col == "unit" else "right")
+    for kind in times:
+        table.add_column(f"{kind} f+b", justify="right")
+    for u in graph.units:
+        row = [str(u.index), u.name, format_flops(u.fwd_flops), format_flops(u.bwd_flops), f"{u.param_count:,}",
+               format_bytes(u.state_bytes), format_bytes(u.activation_bytes), format_bytes(u.boundary_bytes)]
+        row += [format_seconds(t[u.index].fwd + t[u.index].bwd) for t in times.values()]
+        table.add_row(*row)
+    return table
+
+
+def device_fit_table(graph: UnitGraph, cluster: Cluster) -> Table:
+    """Per device: would the whole model (state + one micro-batch of activations) fit?"""
+    state = graph.total("state_bytes")
+    act = graph.total("activation_bytes")
+    table = Table(title=f"whole-model footprint: state {format_bytes(state)} + activations {format_bytes(act)}/micro-batch")
+    for col in ("device", "kind", "node", "memory", "usable", "whole model", "fits"):
+        table.add_column(col, justify="right" if col in ("memory", "usable", "whole model") else "left")
+    for d in cluster.devices:
+        need = state + act
+        table.add_row(d.id, d.kind, d.node, format_bytes(d.memory_bytes), format_bytes(d.usable_bytes),
+                      format_bytes(need), "yes" if need <= d.usable_bytes else f"no (x{need / d.usable_bytes:.1f})")
+    return table
+
+
+def plan_table(plan: Plan) -> Table:
+    """One row per stage: device, units, memory used/usable, time per micro-batch."""
+    pred = plan.predicted
+    table = Table(
+        title=(f"{plan.model.name}: {len(plan.stages)} stages, {plan.training.microbatches} micro-batches of "
+               f"{plan.training.micro_batch_size}; T = {format_seconds(pred.iteration_s)} "
+               f"({pred.samples_per_s:.1f} samples/s, bubble {pred.bubble_fraction:.0%})")
+    )
+    kinds = {d.id: d.kind for d in plan.devices}
+    for col in ("stage", "device", "kind", "units", "memory used / usable", "fwd", "bwd", "send"):
+        table.add_column(col, justify="left" if col in ("device", "kind", "units") else "right")
+    for st in plan.stages:
+        names = f"{st.first_unit}-{st.last_unit} ({plan.units[st.first_unit].name} .. {plan.units[st.last_unit].name})"
+        mem = f"{format_bytes(st.memory_bytes)} / {format_bytes(st.usable_bytes)} ({st.memory_bytes / st.usable_bytes:.0%})"
+        table.add_row(str(st.index), st.device, kinds[st.device], names, mem, format_seconds(st.fwd_s),
+                      format_seconds(st.bwd_s), format_seconds(st.send_s) if st.send_s else "-")
+    return table
+
+
+def baseline_table(plan: Plan) -> Table:
+    table = Table(title=f"vs baselines (solver {plan.solver.name}: {plan.solver.status}, "
+                        f"bound {format_seconds(plan.solver.bound_s)}, {plan.solver.wall_s:.2f} s)")
+    for col in ("plan", "iteration", "fits", "hetpipe speed-up"):
+        table.add_column(col, justify="left" if col == "plan" else "right")
+    table.add_row("hetpipe", format_seconds(plan.predicted.iteration_s), "yes", "1.00x")
+    for name, b in plan.baselines.items():
+        speedup = b.iteration_s / plan.predicted.iteration_s
+        table.add_row(name, format_seconds(b.iteration_s), "yes" if b.fits else "NO (out of memory)",
+                      f"{speedup:.2f}x" + ("" if b.fits else " (would OOM)"))
+    return table
+
+
+def print_all(console: Console, tables: Iterable[Table | str]) -> None:
+    for t in tables:
+        console.print(t)
