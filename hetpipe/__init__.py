@@ -4,12 +4,21 @@ Public API (see README.md):
     capture(model, example_inputs, ...) -> UnitGraph
     load_cluster(path) -> Cluster
     partition(model, cluster, *, example_inputs, ...) -> Plan
-    Plan.save(path) / Plan.load(path)
+    Plan.save(path) / Plan.load(path), check_plan(plan)
+
+Heavy submodules (torch, OR-Tools) load on first use, so ``hetpipe --help`` is fast.
+
+Example:
+    >>> import hetpipe
+    >>> hetpipe.Plan.__name__
+    'Plan'
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
+from typing import Any
 
 from hetpipe.errors import (
     CaptureError,
@@ -25,6 +34,29 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __version__ = "0.1.0"
 
+# public name -> module that defines it
+_LAZY = {
+    "capture": "hetpipe.partitioner.capture",
+    "UnitGraph": "hetpipe.partitioner.graph",
+    "Unit": "hetpipe.partitioner.graph",
+    "partition": "hetpipe.partitioner.api",
+    "partition_graph": "hetpipe.partitioner.api",
+    "Plan": "hetpipe.partitioner.plan",
+    "check_plan": "hetpipe.partitioner.plan",
+    "load_cluster": "hetpipe.cost_models.cluster",
+    "Cluster": "hetpipe.cost_models.devices",
+    "Problem": "hetpipe.partitioner.problem",
+    "evaluate": "hetpipe.partitioner.problem",
+    "Action": "hetpipe.runtime.actions",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'hetpipe' has no attribute {name!r}")
+
+
 __all__ = [
     "CaptureError",
     "ConfigError",
@@ -34,4 +66,5 @@ __all__ = [
     "RuntimeFailure",
     "ScheduleError",
     "__version__",
+    *_LAZY,
 ]
