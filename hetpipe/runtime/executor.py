@@ -1,0 +1,560 @@
+"""Run one rank's action list over torch.distributed: forwards, backwards, P2P and the optimizer step.
+
+`PipelineExecutor.step` walks the rank's `Action`s in order:
+
+* ``F``: run the stage on the micro-batch's inputs (the user's inputs on stage 0,
+  the received activations elsewhere) and keep its autograd graph; the last stage
+  also applies ``loss_fn(output, target)``, scaled by ``1 / num_microbatches``
+  (``loss_reduction="mean"``) so that accumulated gradients are the mean over the
+  global batch, or by 1 (``"sum"``).
+* ``B``: ``torch.autograd.backward`` on the stage outputs with the received
+  gradients (on the scaled loss on the last stage); gradients accumulate in the
+  parameters over micro-batches; the gradients of the received inputs are kept
+  for ``SEND_B``.
+* ``SEND_*`` post ``isend``s; ``RECV_*`` wait for ``irecv``s that were posted up
+  to ``prefetch_depth`` receives ahead, so transfers overlap compute.  On gloo
+  any receive may be posted early; on other backends (NCCL matches P2P in issue
+  order per pair) a receive is never posted ahead of a send to the same peer.
+* ``STEP``: wait for outstanding sends, sum tied-parameter gradients between the
+  stages holding a replica (one process group per tied parameter), clip by the
+  global gradient norm across all stages (all-reduce of squared norms, torch's
+  ``clip_grad_norm_`` formula, each tied parameter counted once), then
+  ``optimizer.step()`` and ``lr_scheduler.step()``.
+
+Gradients are zeroed at the start of each step, so after ``step`` they can be
+inspected.  Before the first step, neighbours compare cut-spec fingerprints and
+micro-batch counts.  Every wait is bounded by ``timeout_s``; a dead or hung peer
+becomes a `RuntimeFailure` naming this rank, its stage, the action and the peer.
+After a `RuntimeFailure` the process group is unusable: exit the process.
+
+``StepStats.loss`` is the global-batch loss on the last stage and None elsewhere
+(all ranks get it with ``broadcast_loss=True``, one broadcast per step).
+
+Example (one stage: no process group needed):
+    >>> import torch
+    >>> from hetpipe.runtime.actions import Action, Op
+    >>> from hetpipe.runtime.stage import build_stage, split_stages
+    >>> net = torch.nn.Linear(3, 1)
+    >>> prog = split_stages(torch.fx.symbolic_trace(net), {}, example_inputs=(torch.zeros(2, 3),))
+    >>> stage = build_stage(prog, 0, state_dict=net.state_dict(), device="cpu")
+    >>> opt = torch.optim.SGD(stage.parameters(), lr=0.1)
+    >>> acts = [Action(0, Op.F, 0), Action(0, Op.F, 1), Action(0, Op.B, 0), Action(0, Op.B, 1), Action(0, Op.STEP)]
+    >>> ex = PipelineExecutor(stage, rank=0, num_stages=1, schedule_actions=acts, optimizer=opt, microbatches=2,
+    ...                       loss_fn=torch.nn.functional.mse_loss, timeout_s=5.0)
+    >>> x, y = torch.ones(4, 3), torch.zeros(4, 1)
+    >>> stats = ex.step([x[:2], x[2:]], [y[:2], y[2:]])
+    >>> ref = torch.nn.functional.mse_loss(net(x), y).item()
+    >>> abs(stats.loss - ref) < 1e-6, len(stats.forward_s)
+    (True, 2)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from hetpipe.errors import RuntimeFailure, ScheduleError
+from hetpipe.runtime import comm
+from hetpipe.runtime.actions import Action, Op
+from hetpipe.runtime.stage import StageModule, TensorSpec
+
+log = logging.getLogger(__name__)
+
+_RECVS = (Op.RECV_F, Op.RECV_B)
+_SENDS = (Op.SEND_F, Op.SEND_B)
+_CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s epsilon, so clipping matches it
+_MAX_PROBLEMS = 5
+MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations", "comm")
+
+
+class ActionHooks:
+    """Callbacks around every action (the emulation layer subclasses this; the default does nothing).
+
+    ``send_delay_s`` is asked by the *sender* right before it posts a message over
+    cut ``cut``; the arrival time (now + delay, CLOCK_MONOTONIC) travels in the
+    header and the receiver sleeps until it, so the sender never blocks.
+    ``memory`` gets the bytes held after each action by `MEMORY_CATEGORIES`.
+
+    Example:
+        >>> ActionHooks().send_delay_s(0, 1024)
+        0.0
+    """
+
+    def before(self, action: Action) -> None:
+        """Called right before ``action`` runs."""
+
+    def after(self, action: Action, seconds: float) -> None:
+        """Called right after ``action`` ran for ``seconds`` (measured; CUDA synchronised)."""
+
+    def send_delay_s(self, cut: int, num_bytes: int) -> float:
+        return 0.0
+
+    def memory(self, action: Action, held_bytes: Mapping[str, int]) -> None:
+        """Bytes held after ``action``, by category."""
+
+    def arrived(self, action: Action, late_s: float) -> None:
+        """A RECV's message with an emulated arrival time came ``late_s`` after it (< 0: early)."""
+
+
+@dataclass(frozen=True)
+class ActionTiming:
+    action: str
+    start_s: float  # since the start of the step
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    """What this rank held, as far as it can account for it (unique storages).
+
+    ``peak_bytes`` is the largest total seen after any action; activations are the
+    storages autograd saved plus the stage inputs/outputs of in-flight
+    micro-batches; comm is posted receive buffers and outgoing gradients.
+    """
+
+    param_bytes: int  # parameters and buffers
+    grad_bytes: int
+    optimizer_state_bytes: int
+    peak_activation_bytes: int
+    peak_comm_bytes: int
+    peak_bytes: int
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One rank's view of one step; ``loss`` is None off the last stage unless broadcast."""
+
+    rank: int
+    stage: int
+    loss: float | None
+    forward_s: tuple[float, ...]  # per micro-batch index
+    backward_s: tuple[float, ...]
+    actions: tuple[ActionTiming, ...]
+    comm_wait_s: float  # time spent in RECV actions and waiting for sends
+    optimizer_s: float  # the STEP action (tied all-reduce, clipping, optimizer, scheduler)
+    step_s: float
+    grad_norm: float | None  # global norm before clipping (only with grad_clip_norm)
+    memory: MemoryStats
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.memory.peak_bytes
+
+
+def check_actions(actions: Sequence[Action], *, stage: int, num_stages: int, num_microbatches: int) -> None:
+    """Raise `ScheduleError` unless ``actions`` is a complete, locally ordered list for ``stage``.
+
+    (`hetpipe.runtime.schedule.validate_schedule` checks the whole schedule, links
+    and deadlocks included; this is the part one rank can check alone.)
+
+    Example:
+        >>> check_actions([Action(0, Op.F, 0), Action(0, Op.STEP)], stage=0, num_stages=1, num_microbatches=1)
+        Traceback (most recent call last):
+        ...
+        hetpipe.errors.ScheduleError: stage 0's action list: no 0B0; fix: add it after 0F0
+    """
+    allowed = {Op.F, Op.B, Op.STEP} | ({Op.RECV_F, Op.SEND_B} if stage > 0 else set()) | (
+        {Op.SEND_F, Op.RECV_B} if stage < num_stages - 1 else set())
+    problems, at = [], {}
+    for i, a in enumerate(actions):
+        if not isinstance(a, Action) or a.stage != stage or a.op not in allowed:
+            problems.append(f"step {i} ({a}) is not an action of stage {stage} of {num_stages}; remove it")
+        elif a.op is not Op.STEP and not (isinstance(a.microbatch, int) and 0 <= a.microbatch < num_microbatches):
+            problems.append(f"step {i} ({a}): micro-batch outside 0..{num_microbatches - 1}")
+        elif (a.op, a.microbatch) in at:
+            problems.append(f"step {i} ({a}) repeats step {at[(a.op, a.microbatch)]}; remove one")
+        else:
+            at[(a.op, a.microbatch)] = i
+    anchor = {Op.RECV_F: (Op.F, "before"), Op.SEND_F: (Op.F, "after"), Op.RECV_B: (Op.B, "before"),
+              Op.SEND_B: (Op.B, "after"), Op.B: (Op.F, "after")}
+    for mb in range(num_microbatches):
+        for op in sorted(allowed - {Op.STEP}, key=lambda o: o.value):
+            if (op, mb) not in at:
+                hint = f"; fix: add it {anchor[op][1]} {Action(stage, anchor[op][0], mb)}" if op in anchor else ""
+                problems.append(f"no {Action(stage, op, mb)}{hint}")
+            elif op in anchor and (anchor[op][0], mb) in at:
+                first, later = ((op, mb), (anchor[op][0], mb)) if anchor[op][1] == "before" else (
+                    (anchor[op][0], mb), (op, mb))
+                if at[first] > at[later]:
+                    problems.append(f"{Action(stage, *later)} (step {at[later]}) runs before "
+                                    f"{Action(stage, *first)} (step {at[first]}); swap them")
+    if at.get((Op.STEP, None)) != len(actions) - 1:
+        problems.append(f"{stage}STEP must be the last action, exactly once")
+    if problems:
+        more = f" (+{len(problems) - _MAX_PROBLEMS} more)" if len(problems) > _MAX_PROBLEMS else ""
+        raise ScheduleError(f"stage {stage}'s action list: " + "; ".join(problems[:_MAX_PROBLEMS]) + more)
+
+
+def _storage_key(t: torch.Tensor) -> tuple[int, int] | None:
+    try:
+        st = t.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # sparse / nested tensors have no plain storage
+        return None
+    return st.data_ptr(), st.nbytes()
+
+
+@dataclass
+class _Memory:
+    """Accounting of held bytes (mutable; one per executor)."""
+
+    static_ptrs: set[int]
+    totals: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MEMORY_CATEGORIES, 0))
+    saved: dict[int, dict[int, int]] = field(default_factory=dict)  # micro-batch -> storage ptr -> bytes
+    comm_held: dict[Any, int] = field(default_factory=dict)
+    peaks: dict[str, int] = field(default_factory=lambda: {"activations": 0, "comm": 0, "total": 0})
+
+    def add(self, mb: int, tensors: Sequence[torch.Tensor]) -> None:
+        held = self.saved.setdefault(mb, {})
+        for t in tensors:
+            key = _storage_key(t) if isinstance(t, torch.Tensor) else None
+            if key and key[0] not in self.static_ptrs and not any(key[0] in h for h in self.saved.values()):
+                held[key[0]] = key[1]
+                self.totals["activations"] += key[1]
+
+    def release(self, mb: int) -> None:
+        self.totals["activations"] -= sum(self.saved.pop(mb, {}).values())
+
+    def set_comm(self, key: Any, num_bytes: int | None) -> None:
+        if num_bytes is None:
+            self.comm_held.pop(key, None)
+        else:
+            self.comm_held[key] = num_bytes
+        self.totals["comm"] = sum(self.comm_held.values())
+
+    def observe(self) -> dict[str, int]:
+        for key in ("activations", "comm"):
+            self.peaks[key] = max(self.peaks[key], self.totals[key])
+        self.peaks["total"] = max(self.peaks["total"], sum(self.totals.values()))
+        return dict(self.totals)
+
+
+@dataclass
+class _StepState:
+    inputs: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)
+    outputs: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)
+    losses: dict[int, torch.Tensor] = field(default_factory=dict)
+    loss_values: list[torch.Tensor] = field(default_factory=list)
+    received: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    grads_in: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    grads_out: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    forward_s: dict[int, float] = field(default_factory=dict)
+    backward_s: dict[int, float] = field(default_factory=dict)
+    comm_wait_s: float = 0.0
+    grad_norm: float | None = None
+
+
+
+class PipelineExecutor:
+    """Executes one rank's action list of a pipeline (see the module docstring).
+
+    Args:
+        stage_module: this rank's `StageModule`; its ``device`` is where compute runs.
+        rank: this process's global rank (must be ``stage_ranks[stage_module.stage]``).
+        num_stages: pipeline depth.
+        schedule_actions: this rank's actions, e.g. ``one_f_one_b(p, m)[rank]``.
+        loss_fn: ``loss_fn(output, target) -> scalar`` per micro-batch (last stage only).
+        optimizer: built over ``stage_module.parameters()``.
+        microbatches: micro-batches per step.
+        cut_specs: the program's cuts, checked against the stage's (None: the stage's own).
+        timeout_s: bound of every single wait (receive, send completion, collective).
+        grad_clip_norm: clip the global gradient norm (across all stages) to this.
+        lr_scheduler: stepped after each optimizer step.
+        hooks: `ActionHooks` for emulation / instrumentation.
+        loss_reduction: "mean" (average over micro-batches) or "sum".
+        broadcast_loss: give every rank the loss (one broadcast per step).
+        prefetch_depth: how many receives beyond the next one may be posted early.
+        stage_ranks: global rank of each stage (default: rank r runs stage r).
+        sync_cuda_timing: synchronise CUDA after F/B so their timings are real.
+    """
+
+    def __init__(self, stage_module: StageModule, *, rank: int, num_stages: int,
+                 schedule_actions: Sequence[Action], loss_fn: Callable[[Any, Any], torch.Tensor],
+                 optimizer: torch.optim.Optimizer, microbatches: int, cut_specs: Sequence[Any] | None = None,
+                 timeout_s: float = 300.0, grad_clip_norm: float | None = None, lr_scheduler: Any = None,
+                 hooks: ActionHooks | None = None, loss_reduction: str = "mean", broadcast_loss: bool = False,
+                 prefetch_depth: int = 2, stage_ranks: Sequence[int] | None = None,
+                 sync_cuda_timing: bool = True) -> None:
+        self.stage = stage_module
+        self.rank, self.num_stages, self.microbatches = rank, num_stages, microbatches
+        self.loss_fn, self.optimizer, self.lr_scheduler = loss_fn, optimizer, lr_scheduler
+        self.timeout_s, self.grad_clip_norm, self.broadcast_loss = float(timeout_s), grad_clip_norm, broadcast_loss
+        self.hooks = hooks or ActionHooks()
+        self.prefetch_depth = max(0, int(prefetch_depth))
+        self.stage_ranks = tuple(stage_ranks) if stage_ranks is not None else tuple(range(num_stages))
+        self._where = f"rank {rank} (stage {stage_module.stage})"
+        self._check_config(cut_specs, loss_reduction)
+        self.actions = tuple(schedule_actions)
+        check_actions(self.actions, stage=stage_module.stage, num_stages=num_stages, num_microbatches=microbatches)
+        self._loss_scale = 1.0 / microbatches if loss_reduction == "mean" else 1.0
+        self._distributed = dist.is_available() and dist.is_initialized()
+        if num_stages > 1 and not self._distributed:
+            raise RuntimeFailure(f"{self._where}: a {num_stages}-stage pipeline needs torch.distributed; call "
+                                 "init_process_group first (hetpipe's launcher does)")
+        self._sync_cuda = sync_cuda_timing and stage_module.device.type == "cuda"
+        self._params = list(dict.fromkeys(stage_module.parameters()))
+        statics = list(dict.fromkeys(self._params + list(stage_module.module.buffers())))
+        self._memory = _Memory({k[0] for k in map(_storage_key, statics) if k})
+        self._memory.totals["params"] = sum(t.numel() * t.element_size() for t in statics)
+        self._memory.totals["optimizer"] = _optimizer_bytes(optimizer)
+        self.comm = comm.StageComm(stage_module, rank=rank, stage_ranks=self.stage_ranks, timeout_s=self.timeout_s,
+                                   send_delay_s=self.hooks.send_delay_s, on_comm_bytes=self._memory.set_comm,
+                                   on_arrived=self.hooks.arrived)
+        self._tied = self._make_tied_groups()
+        if num_stages > 1:
+            self.comm.handshake(microbatches)
+
+    def _check_config(self, cut_specs: Sequence[Any] | None, loss_reduction: str) -> None:
+        s = self.stage
+        if loss_reduction not in ("mean", "sum"):
+            raise RuntimeFailure(f"{self._where}: loss_reduction={loss_reduction!r}; use 'mean' or 'sum'")
+        if self.timeout_s <= 0 or self.microbatches < 1:
+            raise RuntimeFailure(f"{self._where}: timeout_s and microbatches must be positive")
+        if s.num_stages != self.num_stages or len(self.stage_ranks) != self.num_stages:
+            raise RuntimeFailure(f"{self._where}: the stage module is from a {s.num_stages}-stage program, the "
+                                 f"executor was given num_stages={self.num_stages} and {len(self.stage_ranks)} "
+                                 "stage ranks; use the same program everywhere")
+        if self.stage_ranks[s.stage] != self.rank:
+            raise RuntimeFailure(f"{self._where}: stage {s.stage} runs on rank {self.stage_ranks[s.stage]} per "
+                                 "stage_ranks; build this rank's own stage")
+        if cut_specs is not None:
+            if any(c is not None and c not in cut_specs for c in (s.in_cut, s.out_cut)):
+                raise RuntimeFailure(f"{self._where}: the stage's cuts differ from the cut_specs given; build the "
+                                     "stage from the same StagedProgram")
+
+    def _make_tied_groups(self) -> list[tuple[Any, torch.nn.Parameter, str, tuple[int, ...]]]:
+        """(process group, local param, name, ranks) per tied parameter this stage holds.
+
+        ``new_group`` is collective over the world, so every rank creates every group in
+        the same order, also the groups it is not part of.
+        """
+        local = []
+        params = dict(self.stage.module.named_parameters(remove_duplicate=False))
+        for group in self.stage.tied_groups:
+            ranks = sorted(self.stage_ranks[s] for s in set(group.stages))
+            if len(ranks) < 2 or not self._distributed:
+                continue
+            handle = dist.new_group(ranks=ranks, timeout=timedelta(seconds=self.timeout_s))
+            name = group.local_name(self.stage.stage)
+            if name is not None:
+                local.append((handle, params[name], group.canonical_name, tuple(ranks)))
+        return local
+
+    def _collective(self, work: Any, what: str, ranks: Sequence[int]) -> None:
+        self.comm.wait(work, what, f"is every rank of {list(ranks)} alive?")
+
+    # ------------------------------------------------------------------ step
+
+    def step(self, inputs_mb: Sequence[Any] | None = None, targets_mb: Sequence[Any] | None = None) -> StepStats:
+        """Run the action list once; ``inputs_mb`` is read on the first stage, ``targets_mb`` on the last.
+
+        Each element of ``inputs_mb`` is one micro-batch: a tensor or a tuple of the
+        model's positional inputs, shaped like ``split_stages``' example inputs.
+        """
+        self._check_batch("inputs_mb", inputs_mb, self.stage.is_first)
+        self._check_batch("targets_mb", targets_mb, self.stage.is_last)
+        self._inputs, self._targets = inputs_mb, targets_mb
+        self.optimizer.zero_grad(set_to_none=True)
+        self._memory.totals["grads"] = 0
+        self._state = _StepState()
+        self.comm.reset()
+        handlers = {Op.F: self._forward, Op.B: self._backward, Op.SEND_F: self._send, Op.SEND_B: self._send,
+                    Op.RECV_F: self._recv, Op.RECV_B: self._recv, Op.STEP: self._optimizer_step}
+        start = time.perf_counter()
+        timings = []
+        for index, action in enumerate(self.actions):
+            self._prefetch(index)
+            self.hooks.before(action)
+            t0 = time.perf_counter()
+            handlers[action.op](action)
+            if self._sync_cuda and action.op in (Op.F, Op.B):
+                torch.cuda.synchronize(self.stage.device)
+            seconds = time.perf_counter() - t0
+            self._record(action, seconds)
+            timings.append(ActionTiming(str(action), t0 - start, seconds))
+            self.hooks.after(action, seconds)
+            self.hooks.memory(action, self._memory.observe())
+        return self._stats(timings, time.perf_counter() - start)
+
+    def _check_batch(self, name: str, batch: Sequence[Any] | None, needed: bool) -> None:
+        if needed and (batch is None or len(batch) != self.microbatches):
+            got = "None" if batch is None else f"{len(batch)} micro-batches"
+            raise RuntimeFailure(f"{self._where}: step() needs {name} with {self.microbatches} micro-batches on "
+                                 f"this stage, got {got}; split the global batch into equal micro-batches")
+
+    def _record(self, action: Action, seconds: float) -> None:
+        st = self._state
+        if action.op is Op.F:
+            st.forward_s[action.microbatch] = seconds
+        elif action.op is Op.B:
+            st.backward_s[action.microbatch] = seconds
+            if len(st.backward_s) == 1:  # gradients are allocated by the first backward
+                self._memory.totals["grads"] = _grad_bytes(self._params)
+        elif action.op in _RECVS:
+            st.comm_wait_s += seconds
+
+    def _prefetch(self, index: int) -> None:
+        """Post the next receive and up to ``prefetch_depth`` more (off gloo: never ahead of a send to that peer)."""
+        found, blocked = 0, set()
+        for a in self.actions[index:]:
+            if a.op in _SENDS:
+                blocked.add(self.comm.peer(a))
+            elif a.op in _RECVS:
+                if found > self.prefetch_depth:
+                    return
+                found += 1
+                if self.comm.gloo or self.comm.peer(a) not in blocked:
+                    self.comm.post_recv(a)
+
+    # ------------------------------------------------------------------ actions
+
+    def _recv(self, action: Action) -> None:
+        tensors = self.comm.recv(action)
+        mb = action.microbatch
+        if action.op is Op.RECV_F:
+            for t, spec in zip(tensors, self.stage.in_cut.tensors):
+                t.requires_grad_(spec.requires_grad)
+            self._state.received[mb] = tensors
+        else:
+            self._state.grads_in[mb] = tensors
+            self._memory.set_comm(("grad_in", mb), sum(t.numel() * t.element_size() for t in tensors))
+
+    def _send(self, action: Action) -> None:
+        mb = action.microbatch
+        tensors = self._state.outputs[mb] if action.op is Op.SEND_F else self._state.grads_out.pop(mb)
+        self.comm.send(action, tensors)
+
+    def _forward_args(self, mb: int) -> tuple[torch.Tensor, ...]:
+        if not self.stage.is_first:
+            return tuple(self._state.received.pop(mb))
+        raw = self._inputs[mb]
+        args = tuple(raw) if isinstance(raw, (tuple, list)) else (raw,)
+        specs = self.stage.input_specs
+        if len(args) != len(specs):
+            raise RuntimeFailure(f"{self._where}: micro-batch {mb} has {len(args)} inputs, the model takes "
+                                 f"{len(specs)} ({', '.join(s.name for s in specs)}); pass them as a tuple")
+        problem = comm.mismatch(args, specs)
+        if problem:
+            raise RuntimeFailure(f"{self._where}: micro-batch {mb} input {problem.removeprefix('tensor ')}; split the "
+                                 "global batch into equal micro-batches shaped like split_stages' example inputs")
+        return tuple(a.to(self.stage.device) for a in args)
+
+    def _forward(self, action: Action) -> None:
+        mb, st = action.microbatch, self._state
+        args = self._forward_args(mb)
+        saved: list[torch.Tensor] = []
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            saved.append(t)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, _identity):
+            out = self.stage(*args)
+            if self.stage.is_last:
+                loss = self.loss_fn(out, self._targets[mb])
+        if self.stage.is_last:
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                raise RuntimeFailure(f"{self._where}: loss_fn returned {type(loss).__name__} "
+                                     f"{getattr(loss, 'shape', '')} for micro-batch {mb}; it must return a scalar")
+            st.losses[mb] = loss * self._loss_scale
+            st.loss_values.append(loss.detach())
+            outs: tuple[torch.Tensor, ...] = ()
+        else:
+            outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            st.outputs[mb] = outs
+        st.inputs[mb] = args
+        self._memory.add(mb, [*saved, *args, *outs])
+
+    def _backward(self, action: Action) -> None:
+        mb, st = action.microbatch, self._state
+        if self.stage.is_last:
+            loss = st.losses.pop(mb)
+            roots, grads = ([loss], None) if loss.requires_grad else ([], None)
+        else:
+            outs = [o for o, s in zip(st.outputs.pop(mb), self.stage.out_cut.tensors) if s.requires_grad]
+            pairs = [(o, g) for o, g in zip(outs, st.grads_in.pop(mb)) if o.requires_grad]
+            roots, grads = [o for o, _ in pairs], [g for _, g in pairs]
+            self._memory.set_comm(("grad_in", mb), None)
+        if roots:
+            torch.autograd.backward(roots, grads)
+        inputs = st.inputs.pop(mb)
+        if not self.stage.is_first:
+            st.grads_out[mb] = [x.grad if x.grad is not None else torch.zeros_like(x)
+                                for x, s in zip(inputs, self.stage.in_cut.tensors) if s.requires_grad]
+        self._memory.release(mb)
+
+    def _optimizer_step(self, action: Action) -> None:
+        t0 = time.perf_counter()
+        self.comm.wait_sends()
+        self._state.comm_wait_s += time.perf_counter() - t0
+        for handle, param, name, ranks in self._tied:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            work = dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=handle, async_op=True)
+            self._collective(work, f"the gradient all-reduce of tied parameter {name!r}", ranks)
+        if self.grad_clip_norm is not None:
+            self._state.grad_norm = self._clip_grads(float(self.grad_clip_norm))
+        self.optimizer.step()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        self._memory.totals["grads"] = _grad_bytes(self._params)
+        self._memory.totals["optimizer"] = _optimizer_bytes(self.optimizer)
+
+    def _clip_grads(self, max_norm: float) -> float:
+        """Global L2 norm over every stage (tied replicas counted once); scale grads like clip_grad_norm_."""
+        not_owned = {id(p) for _, p, name, _ in self._tied
+                     if self._owner_stage(name) != self.stage.stage}
+        grads = [p.grad for p in self._params if p.grad is not None]
+        norms = [torch.linalg.vector_norm(g, 2.0) for p, g in zip(self._params, grads) if id(p) not in not_owned]
+        squared = torch.stack(norms).pow(2).sum() if norms else torch.zeros((), device=self.stage.device)
+        if self._distributed and self.num_stages > 1:
+            work = dist.all_reduce(squared, op=dist.ReduceOp.SUM, async_op=True)
+            self._collective(work, "the gradient-norm all-reduce", self.stage_ranks)
+        total = squared.sqrt()
+        coef = torch.clamp(max_norm / (total + _CLIP_EPS), max=1.0)
+        for g in grads:
+            g.mul_(coef.to(g.dtype))
+        return float(total)
+
+    def _owner_stage(self, canonical_name: str) -> int:
+        return next(g.owner_stage for g in self.stage.tied_groups if g.canonical_name == canonical_name)
+
+    def _stats(self, timings: list[ActionTiming], step_s: float) -> StepStats:
+        st = self._state
+        loss = None
+        if self.stage.is_last:
+            loss = float(torch.stack(st.loss_values).sum() * self._loss_scale)
+        if self.broadcast_loss and self._distributed and self.num_stages > 1:
+            value = torch.tensor([loss if loss is not None else 0.0], dtype=torch.float64,
+                                 device=self.comm.header_device)
+            work = dist.broadcast(value, src=self.stage_ranks[-1], async_op=True)
+            self._collective(work, "the loss broadcast", self.stage_ranks)
+            loss = float(value.item())
+        m = self._memory
+        memory = MemoryStats(m.totals["params"], m.totals["grads"], m.totals["optimizer"], m.peaks["activations"],
+                             m.peaks["comm"], m.peaks["total"])
+        optimizer_s = next(t.duration_s for t in reversed(timings) if t.action.endswith("STEP"))
+        return StepStats(
+            rank=self.rank, stage=self.stage.stage, loss=loss,
+            forward_s=tuple(st.forward_s[i] for i in range(self.microbatches)),
+            backward_s=tuple(st.backward_s[i] for i in range(self.microbatches)),
+            actions=tuple(timings), comm_wait_s=st.comm_wait_s, optimizer_s=optimizer_s, step_s=step_s,
+            grad_norm=st.grad_norm, memory=memory)
+
+
+def _identity(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _grad_bytes(params: Sequence[torch.nn.Parameter]) -> int:
+    return sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
+
+
+def _optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return sum(v.numel() * v.element_size() for state in optimizer.state.values() for v in state.values()
+               if isinstance(v, torch.Tensor))

@@ -1,0 +1,306 @@
+"""Launch a plan with torchrun: one process per stage, a watchdog, and the first error by name.
+
+hetpipe does not bring its own launcher or transport: `torchrun_command` runs
+``python -m torch.distributed.run`` (the ``torchrun`` entry point, from the same
+Python) with ``--standalone --nproc-per-node=<stages>`` around
+``-m hetpipe.runtime.worker``.  torchrun sets ``OMP_NUM_THREADS=1`` per rank and
+tears the whole job down when one rank fails.  Several nodes use torchrun's c10d
+rendezvous instead (`multinode_command`).
+
+Failure behaviour: every rank bounds each wait by ``timeout_s`` and, when it fails,
+writes ``error-rank<r>.json`` (rank, stage, action, message) into the run directory
+before exiting.  `launch` adds a watchdog on top -- start-up must finish within
+`startup_timeout_s`, and then some rank must report progress (a finished step)
+at least every ``timeout_s + PROGRESS_GRACE_S`` -- and kills the job's process
+group otherwise.  `first_error` then picks the earliest rank error (the root cause;
+the others are its consequences), or the torchrun exit summary when no rank
+managed to write one.
+
+Example:
+    >>> spec = LaunchSpec(plan_path=Path("plan.json"), model="gpt-demo", steps=2, nproc=3,
+    ...                   run_dir=Path("/tmp/run"), emulate=True)
+    >>> cmd = torchrun_command(spec, python="python")
+    >>> cmd[:6]
+    ['python', '-m', 'torch.distributed.run', '--standalone', '--nnodes=1', '--nproc-per-node=3']
+    >>> cmd[cmd.index("-m", 3):][:3]
+    ['-m', 'hetpipe.runtime.worker', 'plan.json']
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hetpipe.errors import RuntimeFailure
+
+log = logging.getLogger(__name__)
+
+# Seconds allowed for start-up beyond one rank's: every rank imports torch, captures
+# the model on meta and builds its stage (measured: 7-8 s for 2 ranks, 13-15 s for 4
+# on 2 cores, environment_facts.md "Processes"); 60 s + 15 s per rank is 4x that.
+STARTUP_BASE_S = 60.0
+STARTUP_PER_RANK_S = 15.0
+# Beyond `timeout_s` between two progress reports: a rank's own wait times out first
+# (after timeout_s) and reports by name; the watchdog is only the backstop.
+PROGRESS_GRACE_S = 30.0
+# After the first rank error, how long torchrun gets to tear the job down itself.
+TEARDOWN_GRACE_S = 20.0
+KILL_GRACE_S = 5.0  # SIGTERM -> SIGKILL
+POLL_S = 0.1
+WORKER_MODULE = "hetpipe.runtime.worker"
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything a worker needs, as command-line arguments (see `worker_args`)."""
+
+    plan_path: Path
+    model: str
+    steps: int
+    nproc: int
+    run_dir: Path
+    emulate: bool = False
+    schedule: str | None = None
+    timeout_s: float = 60.0
+    seed: int = 0
+    seq: int | None = None
+    lr: float | None = None
+    data: str | None = None  # "package.module:factory" or a path to a saved data file
+    loss: str | None = None  # "package.module:function"
+    safety_factor: float | None = None
+
+
+def worker_args(spec: LaunchSpec) -> list[str]:
+    """The worker's argv (after ``-m hetpipe.runtime.worker``)."""
+    args = [str(spec.plan_path), "--model", spec.model, "--steps", str(spec.steps), "--run-dir",
+            str(spec.run_dir), "--timeout", repr(float(spec.timeout_s)), "--seed", str(spec.seed)]
+    optional = {"--schedule": spec.schedule, "--seq": spec.seq, "--lr": spec.lr, "--data": spec.data,
+                "--loss": spec.loss, "--safety-factor": spec.safety_factor}
+    for flag, value in optional.items():
+        if value is not None:
+            args += [flag, str(value)]
+    if spec.emulate:
+        args.append("--emulate")
+    return args
+
+
+def torchrun_command(spec: LaunchSpec, *, python: str = sys.executable) -> list[str]:
+    """``torchrun --standalone`` on this host, one process per stage."""
+    return [python, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", f"--nproc-per-node={spec.nproc}",
+            "--max-restarts=0", "--monitor-interval=0.1", "-m", WORKER_MODULE, *worker_args(spec)]
+
+
+def multinode_command(spec: LaunchSpec, *, nnodes: int, nproc_per_node: int, endpoint: str,
+                      job_id: str = "hetpipe") -> str:
+    """The torchrun line to run on *every* node of a multi-node job (c10d rendezvous).
+
+    Example:
+        >>> spec = LaunchSpec(Path("plan.json"), "gpt2-small", 100, 3, Path("run"))
+        >>> print(multinode_command(spec, nnodes=2, nproc_per_node=2, endpoint="desk:29500"))  # doctest: +NORMALIZE_WHITESPACE
+        torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=desk:29500
+          --rdzv-id=hetpipe --max-restarts=0 -m hetpipe.runtime.worker plan.json --model gpt2-small
+          --steps 100 --run-dir run --timeout 60.0 --seed 0
+    """
+    cmd = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}", "--rdzv-backend=c10d",
+           f"--rdzv-endpoint={endpoint}", f"--rdzv-id={job_id}", "--max-restarts=0", "-m", WORKER_MODULE,
+           *worker_args(spec)]
+    return shlex.join(cmd)
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+@dataclass(frozen=True)
+class RankError:
+    """What a failing rank wrote before exiting."""
+
+    rank: int
+    stage: int
+    action: str
+    message: str
+    kind: str
+    time_s: float  # time.time() when written
+
+    def line(self) -> str:
+        """One line naming rank, stage and action (added when the message lacks them)."""
+        first = self.message.strip().splitlines()[0] if self.message.strip() else self.kind
+        if f"rank {self.rank}" in first:
+            return first
+        where = f"rank {self.rank} (stage {self.stage}" + (f", at {self.action}" if self.action else "") + ")"
+        return f"{where}: {first}"
+
+
+def error_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / f"error-rank{rank}.json"
+
+
+def write_error(run_dir: Path, error: RankError) -> None:
+    """Atomically write a rank's error (the worker calls this before exiting)."""
+    path = error_path(run_dir, error.rank)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(error.__dict__))
+    os.replace(tmp, path)
+
+
+def read_errors(run_dir: Path) -> list[RankError]:
+    """Every rank error in ``run_dir``, earliest first."""
+    out = []
+    for path in sorted(run_dir.glob("error-rank*.json")):
+        try:
+            out.append(RankError(**json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError) as err:  # a rank killed mid-write; the others still count
+            log.warning("ignoring unreadable %s: %s", path, err)
+    return sorted(out, key=lambda e: (e.time_s, e.rank))
+
+
+_EXIT_RE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def summary_from_log(log_text: str) -> str:
+    """torchrun's failure summary as one line (used when no rank wrote an error file)."""
+    match = _EXIT_RE.search(log_text)
+    if match:
+        rank, code = int(match.group(1)), int(match.group(2))
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        return f"rank {rank} (stage {rank}) {how} without reporting an error; see the log for its output"
+    tail = [ln for ln in log_text.strip().splitlines() if ln.strip()][-1:] or ["no output"]
+    return f"torchrun failed: {tail[0].strip()}"
+
+
+def first_error(run_dir: Path, log_text: str) -> str:
+    """The line `hetpipe run` reports: the root-cause rank's error, or torchrun's summary."""
+    errors = read_errors(run_dir)
+    return errors[0].line() if errors else summary_from_log(log_text)
+
+
+# ----------------------------------------------------------------------------- launch
+
+
+@dataclass(frozen=True)
+class LaunchOutcome:
+    returncode: int
+    wall_s: float
+    log_path: Path
+    killed_by_watchdog: str  # why the watchdog killed the job; "" if it did not
+
+
+def startup_timeout_s(nproc: int) -> float:
+    return STARTUP_BASE_S + STARTUP_PER_RANK_S * nproc
+
+
+def _progress_times(run_dir: Path) -> list[float]:
+    return [p.stat().st_mtime for p in run_dir.glob("progress-rank*")]
+
+
+def _watchdog_reason(spec: LaunchSpec, started: float, error_seen: float | None) -> str:
+    """Why the job must be killed now, or ""."""
+    now = time.time()
+    if error_seen is not None and now - error_seen > TEARDOWN_GRACE_S:
+        return f"torchrun did not tear the job down within {TEARDOWN_GRACE_S:.0f} s of the first rank error"
+    progress = _progress_times(spec.run_dir)
+    if len(progress) < spec.nproc:
+        limit = startup_timeout_s(spec.nproc)
+        if now - started > limit:
+            return (f"only {len(progress)} of {spec.nproc} ranks started within {limit:.0f} s "
+                    f"(see {spec.run_dir / 'torchrun.log'})")
+        return ""
+    idle = now - max(progress)
+    if idle > spec.timeout_s + PROGRESS_GRACE_S:
+        return f"no rank reported progress for {idle:.0f} s (timeout {spec.timeout_s:.0f} s + {PROGRESS_GRACE_S:.0f} s)"
+    return ""
+
+
+def _kill(proc: subprocess.Popen[Any]) -> None:
+    for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, KILL_GRACE_S)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def launch(spec: LaunchSpec, *, env: dict[str, str] | None = None) -> LaunchOutcome:
+    """Run torchrun for `spec` under the watchdog; raise `RuntimeFailure` with the first error if it fails."""
+    spec.run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = spec.run_dir / "torchrun.log"
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    started, error_seen, reason = time.time(), None, ""
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen(torchrun_command(spec), stdout=log_file, stderr=subprocess.STDOUT, env=full_env,
+                                start_new_session=True)  # own process group: the watchdog kills it whole
+        try:
+            while proc.poll() is None:
+                time.sleep(POLL_S)
+                if error_seen is None and any(spec.run_dir.glob("error-rank*.json")):
+                    error_seen = time.time()
+                reason = _watchdog_reason(spec, started, error_seen)
+                if reason:
+                    log.warning("killing the job: %s", reason)
+                    _kill(proc)
+                    break
+        except BaseException:  # KeyboardInterrupt included: never leave ranks behind
+            _kill(proc)
+            raise
+    outcome = LaunchOutcome(proc.wait(), time.time() - started, log_path, reason)
+    if outcome.returncode != 0 or reason:
+        message = first_error(spec.run_dir, log_path.read_text(errors="replace"))
+        if reason and not read_errors(spec.run_dir):
+            message = f"{reason}; {message}"
+        raise RuntimeFailure(message)
+    return outcome
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``hetpipe run`` to the CLI's subparsers (the lead wires it into cli.py)."""
+    p = subparsers.add_parser("run", help="train with a plan: torchrun, one process per stage (or --emulate)")
+    p.add_argument("plan", type=Path, help="plan.json from `hetpipe plan`")
+    p.add_argument("--model", required=True, help="the model the plan was made for (built-in or package.module:factory)")
+    p.add_argument("--steps", type=int, required=True, help="optimizer steps to run")
+    p.add_argument("--emulate", action="store_true",
+                   help="emulate the plan's devices on this machine (speed, memory limit, links)")
+    p.add_argument("--report", type=Path, default=None, help="write the run report (run.json) here")
+    p.add_argument("--schedule", default=None, help="1f1b | gpipe (default: the plan's training.schedule)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds any rank waits for a peer (default 60)")
+    p.add_argument("--seq", type=int, default=None, help="sequence length the plan was made with (LMs)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the synthetic data")
+    p.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-3 Adam/AdamW, 1e-2 SGD)")
+    p.add_argument("--data", default=None, help="package.module:factory returning an iterable of (inputs, targets)")
+    p.add_argument("--loss", default=None, help="package.module:function(output, targets) (default: the model's)")
+    p.add_argument("--safety-factor", type=float, default=None,
+                   help="emulation: margin of each action's target over its contended real time (default 2)")
+    p.add_argument("--run-dir", type=Path, default=None, help="keep per-rank results and the torchrun log here")
+    return p
+
+
+def cmd_run(args: argparse.Namespace, console: Any) -> int:
+    """``hetpipe run``: launch, print the report's tables, write ``--report``."""
+    from hetpipe.runtime.trainer import run, summary_tables
+
+    report = run(args.plan, model=args.model, steps=args.steps, emulate=args.emulate, report=args.report,
+                 schedule=args.schedule, timeout_s=args.timeout, seq=args.seq, seed=args.seed, lr=args.lr,
+                 data=args.data, loss=args.loss, safety_factor=args.safety_factor, run_dir=args.run_dir)
+    for table in summary_tables(report):
+        console.print(table)
+    for note in report.notes:
+        console.print(f"note: {note}")
+    if args.report:
+        console.print(f"wrote {args.report}")
+    return 0

@@ -1,0 +1,300 @@
+"""The run report (``run.json``, ``format: "hetpipe.run"``): what a run measured next to what the plan predicted.
+
+Each rank writes a `RankResult` into the run directory; the launcher merges them with
+the plan into one `RunReport`:
+
+* per step: the loss (mean over micro-batches, from the last stage) and the step time
+  (the slowest rank, from the step's start barrier to its optimizer step);
+* per stage: the measured forward/backward time per micro-batch -- the real compute
+  and, when emulated, the stretched duration in emulated seconds -- and the peak
+  accounted bytes, beside the plan's ``fwd_s`` / ``bwd_s`` / ``memory_bytes``;
+* the predicted iteration (the plan's T, its real-time equivalent ``T x time_scale``
+  and the discrete-event simulation of the schedule with the plan's stage costs),
+  the time scale and how many emulated actions overran their targets.
+
+Measured figures are medians over steps 1..N-1 (step 0 includes one-off warm-up such
+as lazy optimizer-state allocation); with a single step, step 0 is used.
+
+Example:
+    >>> r = RankResult(rank=0, stage=0, device="n0:0", kind="rtx3090", step_s=(0.2, 0.1, 0.3))
+    >>> measured_steps(r.step_s)
+    (0.1, 0.3)
+    >>> measured_steps((5.0, 5.0, 1.0, 2.0), per_step=2)  # two micro-batches per step
+    (1.0, 2.0)
+    >>> median((0.1, 0.3))
+    0.2
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from hetpipe.errors import ConfigError, HetpipeError
+from hetpipe.partitioner.serde import from_json, to_json
+
+RUN_FORMAT = "hetpipe.run"
+RUN_VERSION = 1
+
+
+def median(values: Sequence[float]) -> float:
+    """Median (mean of the middle two for an even count); NaN when empty."""
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def measured_steps(values: Sequence[float], per_step: int = 1) -> tuple[float, ...]:
+    """What counts for medians: all but step 0's ``per_step`` values (warm-up), unless there is only one step."""
+    return tuple(values[per_step:]) if len(values) > per_step else tuple(values)
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """What one rank measured (written by the worker as ``result-rank<r>.json``).
+
+    Times are real seconds.  ``fwd_compute_s`` / ``bwd_compute_s`` are the real compute
+    of every F / B before any emulation stretch; ``fwd_s`` / ``bwd_s`` the whole action
+    (compute plus stretch sleep).  ``losses`` is filled on the last stage only.
+    """
+
+    rank: int
+    stage: int
+    device: str
+    kind: str
+    step_s: tuple[float, ...] = ()
+    losses: tuple[float, ...] = ()
+    fwd_s: tuple[float, ...] = ()
+    bwd_s: tuple[float, ...] = ()
+    fwd_compute_s: tuple[float, ...] = ()
+    bwd_compute_s: tuple[float, ...] = ()
+    calibration_fwd_s: float | None = None  # None without emulation
+    calibration_bwd_s: float | None = None
+    time_scale: float = 1.0
+    time_scale_limiting: str = ""
+    safety_factor: float = 1.0
+    contention_factor: float = 1.0
+    peak_bytes: int = 0
+    peak_breakdown: Mapping[str, int] = field(default_factory=dict)
+    peak_action: str = ""
+    overruns_fwd: int = 0
+    overruns_bwd: int = 0
+    worst_overrun_ratio: float = 0.0
+    messages: int = 0
+    late_messages: int = 0  # arrived (really) after their emulated arrival time
+    backend: str = "gloo"
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(to_json(self)))
+        os.replace(tmp, path)  # readers never see a half-written file
+
+    @classmethod
+    def load(cls, path: Path) -> "RankResult":
+        return from_json(cls, json.loads(path.read_text()), path=str(path))
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    loss: float
+    step_s: float  # real seconds, slowest rank
+    emulated_step_s: float  # step_s / time_scale (equal to step_s without emulation)
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    """One stage: measured (medians per micro-batch) beside predicted."""
+
+    stage: int
+    rank: int
+    device: str
+    kind: str
+    first_unit: int
+    last_unit: int
+    fwd_compute_s: float  # real compute per micro-batch
+    bwd_compute_s: float
+    fwd_emulated_s: float  # whole action / time_scale (emulated seconds); = real without emulation
+    bwd_emulated_s: float
+    predicted_fwd_s: float
+    predicted_bwd_s: float
+    calibration_fwd_s: float | None  # uncontended real F / B used to choose the time scale (None: not emulated)
+    calibration_bwd_s: float | None
+    peak_bytes: int
+    peak_breakdown: Mapping[str, int]
+    peak_action: str
+    predicted_memory_bytes: int
+    usable_bytes: int
+    overruns_fwd: int
+    overruns_bwd: int
+    worst_overrun_ratio: float
+    messages: int
+    late_messages: int
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """A whole run; `save` / `load` round-trip exactly.
+
+    ``predicted_iteration_s`` is the plan's T in emulated (device) seconds,
+    ``predicted_real_iteration_s`` = T x ``time_scale``, ``simulated_iteration_s`` the
+    simulator's iteration for the same schedule and stage costs (it models 1F1B's
+    overlap exactly where T over- or under-estimates; see `hetpipe.runtime.simulate`).
+    ``measured_emulated_iteration_s`` is the median step time divided by the time scale.
+    """
+
+    model: str
+    fingerprint: str
+    schedule: str
+    steps: int
+    microbatches: int
+    emulate: bool
+    backend: str
+    world_size: int
+    time_scale: float
+    time_scale_limiting: str
+    safety_factor: float
+    contention_factor: float
+    predicted_iteration_s: float
+    predicted_real_iteration_s: float
+    simulated_iteration_s: float
+    measured_iteration_s: float
+    measured_emulated_iteration_s: float
+    step_records: tuple[StepRecord, ...]
+    stages: tuple[StageRecord, ...]
+    overruns: int
+    late_messages: int
+    notes: tuple[str, ...] = ()
+    machine: Mapping[str, str] = field(default_factory=dict)
+    wall_s: float = 0.0
+    format: str = RUN_FORMAT
+    version: int = RUN_VERSION
+
+    @property
+    def losses(self) -> tuple[float, ...]:
+        return tuple(r.loss for r in self.step_records)
+
+    @property
+    def prediction_error(self) -> float:
+        """measured / predicted - 1, both in emulated seconds (0.05 = 5% slower than predicted)."""
+        return self.measured_emulated_iteration_s / self.predicted_iteration_s - 1.0
+
+    def to_dict(self) -> dict:
+        doc = to_json(self)
+        return {"format": doc.pop("format"), "version": doc.pop("version"), **doc}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RunReport":
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ConfigError(f"cannot read run report {path}: {err}; re-run `hetpipe run --report`") from None
+        if not isinstance(doc, dict) or doc.get("format") != RUN_FORMAT:
+            raise ConfigError(f"{path}: not a hetpipe run report (format {doc.get('format') if isinstance(doc, dict) else None!r})")
+        if doc.get("version", 0) > RUN_VERSION:
+            raise ConfigError(f"{path}: run report version {doc.get('version')} is newer than this hetpipe reads "
+                              f"({RUN_VERSION}); upgrade hetpipe")
+        try:
+            return from_json(cls, doc, path="run")
+        except HetpipeError as err:
+            raise ConfigError(f"{path}: {err}") from None
+
+
+def machine_info() -> dict[str, str]:
+    """Where the run happened (for benchmark tables)."""
+    import torch
+
+    return {
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpus": str(os.cpu_count()),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def simulated_iteration_s(plan: "Plan", schedule_name: str) -> float:  # noqa: F821
+    """The simulator's iteration for `plan`'s stage costs under `schedule_name` (emulated seconds)."""
+    from hetpipe.runtime.schedule import make_schedule
+    from hetpipe.runtime.simulate import SimCosts, simulate
+
+    p, m = len(plan.stages), plan.training.microbatches
+    costs = SimCosts(fwd_s=tuple(s.fwd_s for s in plan.stages), bwd_s=tuple(s.bwd_s for s in plan.stages),
+                     send_s=tuple(s.send_s for s in plan.stages[:-1]))
+    return simulate(make_schedule(schedule_name, p, m), costs).iteration_s
+
+
+def _stage_record(plan: "Plan", r: RankResult) -> StageRecord:  # noqa: F821
+    st, m = plan.stages[r.stage], plan.training.microbatches
+    fwd, bwd = median(measured_steps(r.fwd_s, m)), median(measured_steps(r.bwd_s, m))
+    return StageRecord(
+        stage=r.stage, rank=r.rank, device=r.device, kind=r.kind, first_unit=st.first_unit, last_unit=st.last_unit,
+        fwd_compute_s=median(measured_steps(r.fwd_compute_s, m)),
+        bwd_compute_s=median(measured_steps(r.bwd_compute_s, m)),
+        fwd_emulated_s=fwd / r.time_scale, bwd_emulated_s=bwd / r.time_scale,
+        predicted_fwd_s=st.fwd_s, predicted_bwd_s=st.bwd_s,
+        calibration_fwd_s=r.calibration_fwd_s, calibration_bwd_s=r.calibration_bwd_s,
+        peak_bytes=r.peak_bytes, peak_breakdown=dict(r.peak_breakdown), peak_action=r.peak_action,
+        predicted_memory_bytes=st.memory_bytes, usable_bytes=st.usable_bytes,
+        overruns_fwd=r.overruns_fwd, overruns_bwd=r.overruns_bwd, worst_overrun_ratio=r.worst_overrun_ratio,
+        messages=r.messages, late_messages=r.late_messages)
+
+
+def _notes(emulate: bool, overruns: int, late: int, actions: int, worst: float) -> tuple[str, ...]:
+    notes = []
+    if emulate and overruns:
+        notes.append(
+            f"{overruns} of {actions} emulated compute actions overran their targets (worst {worst:.2f}x): the "
+            "emulation is partly measuring CPU contention, not the plan; raise --safety-factor or use fewer ranks")
+    if emulate and late:
+        notes.append(f"{late} messages arrived later than their emulated link time: the real transport was the "
+                     "bottleneck there")
+    if not emulate:
+        notes.append("not emulated: times are this machine's, predictions are the plan's devices'")
+    return tuple(notes)
+
+
+def build_report(plan: "Plan", results: Sequence[RankResult], *, schedule: str, emulate: bool,  # noqa: F821
+                 wall_s: float = 0.0) -> RunReport:
+    """Merge every rank's result with the plan's predictions.
+
+    Example:
+        >>> # see tests/test_launch.py::test_build_report_merges_ranks
+    """
+    results = sorted(results, key=lambda r: r.stage)
+    if [r.stage for r in results] != list(range(len(plan.stages))):
+        raise ConfigError(f"run results cover stages {[r.stage for r in results]}, the plan has "
+                          f"{len(plan.stages)}; a rank did not finish")
+    last, scale = results[-1], results[0].time_scale
+    n_steps = len(last.losses)
+    step_s = tuple(max(r.step_s[i] for r in results) for i in range(n_steps))
+    records = tuple(StepRecord(i, last.losses[i], step_s[i], step_s[i] / scale) for i in range(n_steps))
+    overruns = sum(r.overruns_fwd + r.overruns_bwd for r in results)
+    late = sum(r.late_messages for r in results)
+    actions = sum(len(r.fwd_s) + len(r.bwd_s) for r in results)
+    measured = median(measured_steps(step_s))
+    return RunReport(
+        model=plan.model.name, fingerprint=plan.model.fingerprint, schedule=schedule, steps=n_steps,
+        microbatches=plan.training.microbatches, emulate=emulate, backend=results[0].backend,
+        world_size=len(results), time_scale=scale, time_scale_limiting=results[0].time_scale_limiting,
+        safety_factor=results[0].safety_factor, contention_factor=results[0].contention_factor,
+        predicted_iteration_s=plan.predicted.iteration_s,
+        predicted_real_iteration_s=plan.predicted.iteration_s * scale,
+        simulated_iteration_s=simulated_iteration_s(plan, schedule),
+        measured_iteration_s=measured, measured_emulated_iteration_s=measured / scale,
+        step_records=records, stages=tuple(_stage_record(plan, r) for r in results),
+        overruns=overruns, late_messages=late,
+        notes=_notes(emulate, overruns, late, actions, max(r.worst_overrun_ratio for r in results)),
+        machine=machine_info(), wall_s=wall_s)

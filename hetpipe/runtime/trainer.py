@@ -1,0 +1,184 @@
+"""`run()`: train a model with a plan, one torchrun process per stage, and return the `RunReport`.
+
+Before anything is launched, `preflight` checks on this process what would
+otherwise fail on every rank: the schedule name and its validity, and that the
+plan was made for ``model`` (re-captured on the meta device, fingerprints compared).
+Then `hetpipe.runtime.launch.launch` runs torchrun, and the per-rank results are
+merged into one report.
+
+Data: by default every step draws a seeded synthetic global batch (token ids for
+language models, images for vision models); only the first and last stages read
+it.  Bring your own with ``data=``: an iterable of ``(inputs, targets)`` global
+batches (its first ``steps`` items are saved into the run directory for the first
+and last ranks) or ``"package.module:factory"`` (each rank that needs data calls it).
+``loss=`` is a module-level function ``loss(output, targets)`` or its
+``"package.module:function"`` name; the default is the built-in model's loss.
+
+Example:
+    >>> from hetpipe.runtime.trainer import run
+    >>> report = run("plan.json", model="gpt-demo", steps=4, emulate=True,
+    ...              report="run.json")                             # doctest: +SKIP
+    >>> report.losses, report.measured_emulated_iteration_s         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from hetpipe.errors import ConfigError, RuntimeFailure
+from hetpipe.partitioner.plan import Plan, check_plan
+from hetpipe.runtime.launch import LaunchSpec, launch
+from hetpipe.runtime.report import RankResult, RunReport, build_report
+
+log = logging.getLogger(__name__)
+
+DATA_FILE = "data.pt"
+
+
+def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str) -> Any:
+    """Refuse, before launching, a plan for another model or an invalid schedule; returns the UnitGraph."""
+    from hetpipe.runtime.schedule import make_schedule, validate_schedule
+    from hetpipe.runtime.worker import capture_for_plan
+
+    p, m = len(plan.stages), plan.training.microbatches
+    validate_schedule(make_schedule(schedule, p, m), num_stages=p, num_microbatches=m)
+    graph, _ = capture_for_plan(plan, model=model, seq=seq)  # raises PlanError for another model
+    report = check_plan(plan)
+    for violation in report.violations:
+        # Not fatal: an over-full plan is exactly what --emulate demonstrates (emulated OOM).
+        log.warning("plan check: %s", violation)
+    return graph
+
+
+def function_spec(fn: Callable[..., Any] | str | None, what: str) -> str | None:
+    """``"module:qualname"`` of a module-level function, so a worker process can import it."""
+    if fn is None or isinstance(fn, str):
+        return fn
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or "<" in qualname or module == "__main__":
+        raise ConfigError(f"{what} {fn!r} cannot be imported by the worker processes; define it at module level "
+                          "in an importable module (not __main__, not a lambda) or pass 'package.module:function'")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if obj is not fn:
+        raise ConfigError(f"{what} {module}:{qualname} does not resolve back to the given function; "
+                          "pass 'package.module:function'")
+    return f"{module}:{qualname}"
+
+
+def save_data(data: Iterable[Any], steps: int, path: Path) -> None:
+    """Materialise the first ``steps`` (inputs, targets) batches of ``data`` for the worker processes."""
+    import torch
+
+    batches = []
+    for i, item in enumerate(data):
+        if i == steps:
+            break
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise ConfigError(f"data item {i} is a {type(item).__name__}; each item must be (inputs, targets) "
+                              "for one global batch")
+        batches.append((item[0], item[1]))
+    if len(batches) < steps:
+        raise ConfigError(f"data yielded {len(batches)} batches, the run needs {steps}; pass more data or fewer steps")
+    torch.save(batches, path)
+
+
+def _data_arg(data: Iterable[Any] | str | None, steps: int, run_dir: Path) -> str | None:
+    if data is None or isinstance(data, str):
+        return data
+    path = run_dir / DATA_FILE
+    save_data(data, steps, path)
+    return str(path)
+
+
+def _check_args(steps: int, timeout_s: float) -> None:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"steps must be a positive integer, got {steps!r}")
+    if not timeout_s > 0:
+        raise ConfigError(f"timeout must be positive seconds, got {timeout_s!r}")
+
+
+def run(
+    plan: Plan | str | Path,
+    *,
+    model: str,
+    steps: int,
+    emulate: bool = False,
+    data: Iterable[Any] | str | None = None,
+    loss: Callable[..., Any] | str | None = None,
+    report: str | Path | None = None,
+    schedule: str | None = None,
+    timeout_s: float = 60.0,
+    seq: int | None = None,
+    seed: int = 0,
+    lr: float | None = None,
+    safety_factor: float | None = None,
+    run_dir: str | Path | None = None,
+) -> RunReport:
+    """Train ``model`` for ``steps`` optimizer steps with ``plan`` (see the module docstring).
+
+    Raises `PlanError` (plan for another model), `ScheduleError`, `ConfigError` before
+    launching; `RuntimeFailure` naming the rank, stage and action if a rank fails.
+    """
+    _check_args(steps, timeout_s)
+    if not isinstance(plan, Plan):
+        plan = Plan.load(plan)
+    schedule = schedule or plan.training.schedule
+    preflight(plan, model=model, seq=seq, schedule=schedule)
+    keep = run_dir is not None
+    workdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("result-rank*.json"),
+                  *workdir.glob("progress-rank*")]:
+        stale.unlink()
+    plan_path = workdir / "plan.json"
+    plan.save(plan_path)
+    spec = LaunchSpec(plan_path=plan_path, model=model, steps=steps, nproc=len(plan.stages), run_dir=workdir,
+                      emulate=emulate, schedule=schedule, timeout_s=timeout_s, seed=seed, seq=seq, lr=lr,
+                      data=_data_arg(data, steps, workdir), loss=function_spec(loss, "loss"),
+                      safety_factor=safety_factor)
+    try:
+        outcome = launch(spec)
+    except RuntimeFailure as err:
+        raise RuntimeFailure(f"{err} (log: {workdir / 'torchrun.log'})") from None
+    results = [RankResult.load(workdir / f"result-rank{r}.json") for r in range(len(plan.stages))]
+    out = build_report(plan, results, schedule=schedule, emulate=emulate, wall_s=outcome.wall_s)
+    if report is not None:
+        out.save(report)
+    if not keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return out
+
+
+def summary_tables(report: RunReport) -> list[Any]:
+    """rich Tables for the CLI: steps, and stages measured next to predicted."""
+    from rich.table import Table
+
+    unit = "emulated s" if report.emulate else "s"
+    steps = Table(title=f"{report.model}: {report.steps} steps, {report.schedule}, {report.world_size} stages"
+                        + (f", time scale {report.time_scale:.4g} real s per emulated s" if report.emulate else ""))
+    for col in ("step", "loss", "step (real s)", f"step ({unit})"):
+        steps.add_column(col, justify="right")
+    for r in report.step_records:
+        steps.add_row(str(r.step), f"{r.loss:.4f}", f"{r.step_s:.4f}", f"{r.emulated_step_s:.4g}")
+    steps.add_row("median", "", f"{report.measured_iteration_s:.4f}", f"{report.measured_emulated_iteration_s:.4g}")
+    steps.add_row("predicted", "", f"{report.predicted_real_iteration_s:.4f}", f"{report.predicted_iteration_s:.4g}")
+    stages = Table(title="stages: measured per micro-batch vs plan")
+    for col in ("stage", "device", "units", f"F ({unit})", "F plan", f"B ({unit})", "B plan", "peak MiB",
+                "plan MiB", "usable MiB", "overruns"):
+        stages.add_column(col, justify="right")
+    mib = 2**20
+    for s in report.stages:
+        stages.add_row(str(s.stage), f"{s.device} ({s.kind})", f"{s.first_unit}-{s.last_unit}",
+                       f"{s.fwd_emulated_s:.4g}", f"{s.predicted_fwd_s:.4g}", f"{s.bwd_emulated_s:.4g}",
+                       f"{s.predicted_bwd_s:.4g}", f"{s.peak_bytes / mib:.1f}", f"{s.predicted_memory_bytes / mib:.1f}",
+                       f"{s.usable_bytes / mib:.1f}", str(s.overruns_fwd + s.overruns_bwd))
+    return [steps, stages]
+
