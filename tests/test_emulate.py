@@ -173,3 +173,18 @@ def test_hooks_memory_raises_emulated_oom():
     hooks.memory(Action(0, Op.F, 0), {"params": 400, "activations": 500})
     with pytest.raises(RuntimeFailure, match=r"emulated OOM on rank 0 \(stage 0, n0:0 \(x\)\) at 0F1"):
         hooks.memory(Action(0, Op.F, 1), {"params": 400, "activations": 1000})
+
+
+def test_late_messages_count_only_real_waits_past_the_emulated_arrival():
+    hooks = _hooks()
+    recv = Action(1, Op.RECV_F, 0)
+    hooks.before(recv)
+    hooks.arrived(recv, 0.5)  # the receiver got here long after the arrival time and found the data: not late
+    assert hooks.late_messages == 0
+    hooks.before(recv)
+    time.sleep(0.03)
+    hooks.arrived(recv, 0.02)  # waited ~30 ms, of which ~20 ms past the emulated arrival: late
+    assert hooks.late_messages == 1 and hooks.worst_late_s >= 0.02
+    hooks.before(recv)
+    hooks.arrived(recv, -0.01)  # early: the receiver will sleep until the arrival time
+    assert hooks.late_messages == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -23,7 +24,8 @@ from hetpipe.runtime.launch import (
     write_error,
 )
 from hetpipe.runtime.report import RankResult, RunReport, build_report
-from hetpipe.runtime.worker import make_optimizer, split_microbatches, stage_links, synthetic_batch
+from hetpipe.runtime.trainer import split_microbatches, synthetic_batch
+from hetpipe.runtime.worker import make_optimizer, stage_for, stage_links, stage_ranks
 from tests.runtime_plans import synthetic_plan
 
 
@@ -44,9 +46,24 @@ def test_torchrun_command_is_standalone_one_process_per_stage(tmp_path):
 
 
 def test_multinode_command_uses_c10d_rendezvous(tmp_path):
-    line = multinode_command(_spec(tmp_path, nproc=3), nnodes=2, nproc_per_node=2, endpoint="desk:29500")
-    assert line.startswith("torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=desk:29500")
-    assert "--standalone" not in line and "-m hetpipe.runtime.worker" in line
+    line = multinode_command(_spec(tmp_path, nproc=3), node="shelf", nnodes=2, nproc_per_node=1,
+                             endpoint="desk:29500")
+    assert line.startswith("torchrun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=desk:29500")
+    assert "--standalone" not in line and "-m hetpipe.runtime.worker" in line and line.endswith("--node shelf")
+
+
+def test_ranks_map_to_their_nodes_stages():
+    plan = synthetic_plan()  # stages 0, 1 on node n0, stage 2 on n1
+    assert [stage_for(plan, node=None, rank=r, local_rank=0) for r in range(3)] == [0, 1, 2]
+    assert stage_for(plan, node="n0", rank=2, local_rank=1) == 1
+    assert stage_for(plan, node="n1", rank=0, local_rank=0) == 2  # the rendezvous put n1 first
+    with pytest.raises(ConfigError, match="node 'n1' has 1 stages .* use --nproc-per-node=1"):
+        stage_for(plan, node="n1", rank=1, local_rank=1)
+    with pytest.raises(ConfigError, match="runs no stage of this plan"):
+        stage_for(plan, node="attic", rank=0, local_rank=0)
+    assert stage_ranks([2, 0, 1], 3) == [1, 2, 0]
+    with pytest.raises(ConfigError, match="exactly one rank"):
+        stage_ranks([0, 0, 1], 3)
 
 
 def test_first_error_is_the_earliest_rank_error(tmp_path):
@@ -100,7 +117,6 @@ def test_stage_links_follow_the_plan():
     back = links[(plan.stages[1].device, plan.stages[0].device)]
     assert middle == {1: (fwd.bandwidth_bytes_s, fwd.latency_s), 0: (back.bandwidth_bytes_s, back.latency_s)}
     assert set(stage_links(plan, 0)) == {0} and set(stage_links(plan, 2)) == {1}
-    import dataclasses
     broken = dataclasses.replace(plan, links=())
     with pytest.raises(PlanError, match="has no link"):
         stage_links(broken, 0)
@@ -142,3 +158,56 @@ def test_report_load_refuses_other_files(tmp_path):
     path.write_text(json.dumps({"format": "hetpipe.plan"}))
     with pytest.raises(ConfigError, match="not a hetpipe run report"):
         RunReport.load(path)
+
+
+def test_watchdog_kills_on_missing_start_up_stalled_progress_and_stuck_teardown(tmp_path, monkeypatch):
+    import os
+
+    from hetpipe.runtime import launch as L
+
+    spec = _spec(tmp_path, nproc=2, timeout_s=10.0)
+    now = time.time()
+    assert L._watchdog_reason(spec, now, None) == ""  # starting up
+    assert "only 0 of 2 ranks started" in L._watchdog_reason(spec, now - L.startup_timeout_s(2) - 1, None)
+    for r in range(2):
+        (tmp_path / f"progress-rank{r}").write_text("")
+    assert L._watchdog_reason(spec, now - 1000, None) == ""  # both ranks report progress
+    stale = now - (10.0 + L.PROGRESS_GRACE_S + 5)
+    for r in range(2):
+        os.utime(tmp_path / f"progress-rank{r}", (stale, stale))
+    assert "no rank reported progress" in L._watchdog_reason(spec, now - 1000, None)
+    assert "did not tear the job down" in L._watchdog_reason(spec, now, now - L.TEARDOWN_GRACE_S - 1)
+
+
+def test_function_spec_and_saved_data(tmp_path):
+    from hetpipe.models import lm_loss
+    from hetpipe.runtime.trainer import function_spec, save_data
+
+    assert function_spec(lm_loss, "loss") == "hetpipe.models:lm_loss"
+    assert function_spec("pkg.mod:fn", "loss") == "pkg.mod:fn" and function_spec(None, "loss") is None
+    with pytest.raises(ConfigError, match="define it at module level"):
+        function_spec(lambda out, y: out, "loss")
+    x = torch.arange(8).reshape(4, 2)
+    save_data(iter([(x, x + 1)] * 5), 3, tmp_path / "d.pt")
+    loaded = torch.load(tmp_path / "d.pt", weights_only=False)
+    assert len(loaded) == 3 and torch.equal(loaded[2][1], x + 1)
+    with pytest.raises(ConfigError, match="yielded 1 batches, the run needs 3"):
+        save_data([(x, x)], 3, tmp_path / "e.pt")
+    with pytest.raises(ConfigError, match="must be \\(inputs, targets\\)"):
+        save_data([x], 1, tmp_path / "f.pt")
+
+
+def test_collect_report_merges_per_node_run_dirs(tmp_path):
+    from hetpipe.runtime.trainer import collect_report
+
+    plan = synthetic_plan()
+    desk, shelf = tmp_path / "desk", tmp_path / "shelf"
+    desk.mkdir(), shelf.mkdir()
+    # The rendezvous gave the shelf node global rank 0; it runs stage 2 (see stage_for).
+    for stage, (where, rank) in enumerate(((desk, 1), (desk, 2), (shelf, 0))):
+        r = dataclasses.replace(_result(stage, losses=(3.0, 2.0, 1.0) if stage == 2 else ()), rank=rank)
+        r.save(where / f"result-rank{rank}.json")
+    rep = collect_report(plan, [desk, shelf], emulate=True)
+    assert rep.losses == (3.0, 2.0, 1.0) and [s.rank for s in rep.stages] == [1, 2, 0]
+    with pytest.raises(ConfigError, match="no result-rank"):
+        collect_report(plan, [tmp_path / "nowhere"])

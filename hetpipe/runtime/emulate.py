@@ -69,9 +69,10 @@ MIN_ACTION_REAL_S = 2e-3
 # fraction (sleep granularity and clock reads are not overruns).
 OVERRUN_TOLERANCE = 0.02
 
-# A message is "late" if the real transfer finished this long after its emulated
-# arrival time (below it is clock-read noise).
-LATE_TOLERANCE_S = 1e-3
+# A message is "late" if its receiver really waited this long past the emulated arrival
+# time.  Below it is the wake-up latency of a rank on an oversubscribed CPU box
+# (measured: at most 3.3 ms over 48 messages, 3 ranks on 2 cores), not the transport.
+LATE_TOLERANCE_S = 5e-3
 
 GIB = 2**30
 MIB = 2**20
@@ -302,7 +303,7 @@ def _hooks_base() -> type:
 
 
 class RecordingHooks(_hooks_base()):  # type: ignore[misc]
-    """Remembers the running action (for error reports) and every F/B's whole duration.
+    """Remembers the last action started (for error reports) and every F/B's whole duration.
 
     ``fwd_s`` / ``bwd_s`` are real seconds of the whole action (with any emulation
     sleep), ``fwd_compute_s`` / ``bwd_compute_s`` the executor's measured compute.
@@ -330,7 +331,6 @@ class RecordingHooks(_hooks_base()):  # type: ignore[misc]
             whole = time.monotonic() - self._start_s
             (self.fwd_s if op == "F" else self.bwd_s).append(whole)
             (self.fwd_compute_s if op == "F" else self.bwd_compute_s).append(seconds)
-        self.current = f"after {action}"
 
 
 class EmulationHooks(RecordingHooks):
@@ -353,6 +353,7 @@ class EmulationHooks(RecordingHooks):
         super().__init__()
         self.predicted, self.time_scale, self.origin = predicted, time_scale, origin
         self.late_messages = 0
+        self.worst_late_s = 0.0  # longest real wait past a message's emulated arrival
         self.compute = ComputeStretch()
         self.ledger = MemoryLedger(usable_bytes=usable_bytes, rank=rank, stage=stage, device=device_label)
         self.links = dict(links)
@@ -381,9 +382,19 @@ class EmulationHooks(RecordingHooks):
         self.ledger.check(str(action))
 
     def arrived(self, action: Any, late_s: float) -> None:
-        """The receiver's report of one message: ``late_s`` > 0 if it really arrived after its emulated time."""
-        if late_s > LATE_TOLERANCE_S:
-            self.late_messages += 1
+        """A received message's data is complete ``late_s`` after its emulated arrival time.
+
+        The executor reports this when the RECV's data has arrived, measured from the
+        emulated arrival; a message only counts as late if the receiver really *waited*
+        for it past that time (it was not just busy computing until then).
+        """
+        done = time.monotonic()
+        arrive = done - late_s
+        waited_past = done - max(self._start_s, arrive)
+        if late_s > 0:
+            self.worst_late_s = max(self.worst_late_s, waited_past)
+            if waited_past > LATE_TOLERANCE_S:
+                self.late_messages += 1
 
     @property
     def messages(self) -> int:

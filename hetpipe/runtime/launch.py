@@ -101,20 +101,25 @@ def torchrun_command(spec: LaunchSpec, *, python: str = sys.executable) -> list[
             "--max-restarts=0", "--monitor-interval=0.1", "-m", WORKER_MODULE, *worker_args(spec)]
 
 
-def multinode_command(spec: LaunchSpec, *, nnodes: int, nproc_per_node: int, endpoint: str,
+def multinode_command(spec: LaunchSpec, *, node: str, nnodes: int, nproc_per_node: int, endpoint: str,
                       job_id: str = "hetpipe") -> str:
-    """The torchrun line to run on *every* node of a multi-node job (c10d rendezvous).
+    """The torchrun line to run on the plan node ``node`` of a multi-node job (c10d rendezvous).
+
+    Every node runs the same line with its own ``--node`` and ``--nproc-per-node`` (its
+    number of stages); the worker maps local ranks to that node's stages in pipeline
+    order, so the rendezvous may number the nodes in any order.
 
     Example:
         >>> spec = LaunchSpec(Path("plan.json"), "gpt2-small", 100, 3, Path("run"))
-        >>> print(multinode_command(spec, nnodes=2, nproc_per_node=2, endpoint="desk:29500"))  # doctest: +NORMALIZE_WHITESPACE
+        >>> print(multinode_command(spec, node="desk", nnodes=2, nproc_per_node=2, endpoint="desk:29500"))
+        ... # doctest: +NORMALIZE_WHITESPACE
         torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=desk:29500
           --rdzv-id=hetpipe --max-restarts=0 -m hetpipe.runtime.worker plan.json --model gpt2-small
-          --steps 100 --run-dir run --timeout 60.0 --seed 0
+          --steps 100 --run-dir run --timeout 60.0 --seed 0 --node desk
     """
     cmd = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}", "--rdzv-backend=c10d",
            f"--rdzv-endpoint={endpoint}", f"--rdzv-id={job_id}", "--max-restarts=0", "-m", WORKER_MODULE,
-           *worker_args(spec)]
+           *worker_args(spec), "--node", node]
     return shlex.join(cmd)
 
 

@@ -90,6 +90,7 @@ class RankResult:
     worst_overrun_ratio: float = 0.0
     messages: int = 0
     late_messages: int = 0  # arrived (really) after their emulated arrival time
+    worst_late_s: float = 0.0
     backend: str = "gloo"
 
     def save(self, path: Path) -> None:
@@ -138,6 +139,7 @@ class StageRecord:
     worst_overrun_ratio: float
     messages: int
     late_messages: int
+    worst_late_s: float = 0.0  # real seconds a receiver waited past an emulated arrival
 
 
 @dataclass(frozen=True)
@@ -249,7 +251,7 @@ def _stage_record(plan: "Plan", r: RankResult) -> StageRecord:  # noqa: F821
         peak_bytes=r.peak_bytes, peak_breakdown=dict(r.peak_breakdown), peak_action=r.peak_action,
         predicted_memory_bytes=st.memory_bytes, usable_bytes=st.usable_bytes,
         overruns_fwd=r.overruns_fwd, overruns_bwd=r.overruns_bwd, worst_overrun_ratio=r.worst_overrun_ratio,
-        messages=r.messages, late_messages=r.late_messages)
+        messages=r.messages, late_messages=r.late_messages, worst_late_s=r.worst_late_s)
 
 
 def _notes(emulate: bool, overruns: int, late: int, actions: int, worst: float) -> tuple[str, ...]:

@@ -1,6 +1,10 @@
 """The per-rank entry point torchrun runs: ``python -m hetpipe.runtime.worker plan.json --model M --steps N ...``.
 
-Rank r runs stage r of the plan.  In order, with nothing distributed before step 5:
+On one node (``torchrun --standalone``) rank r runs stage r.  Across nodes, each node's
+ranks run that node's stages in pipeline order: pass ``--node NAME`` (the plan's node
+name; or set ``HETPIPE_NODE``) and local rank k runs the k-th stage placed on that
+node, whatever global rank the c10d rendezvous gave it (`stage_for`).  In order,
+with nothing distributed before step 5:
 
 1. re-capture ``--model`` on the meta device and verify the plan's fingerprint;
 2. map the plan units' fx node names to stage indices;
@@ -30,7 +34,7 @@ import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -40,6 +44,7 @@ from hetpipe.errors import ConfigError, HetpipeError, PlanError, RuntimeFailure
 from hetpipe.partitioner.plan import Plan, verify_model
 from hetpipe.runtime.launch import RankError, write_error
 from hetpipe.runtime.report import RankResult, median
+from hetpipe.runtime.trainer import _import, data_stream, split_microbatches
 
 log = logging.getLogger("hetpipe.worker")
 
@@ -49,7 +54,6 @@ MOMENTUM = 0.9  # "momentum" optimizer: SGD with the classic heavy-ball coeffici
 # Calibration passes of one micro-batch through the pipeline; the first is warm-up
 # (lazy allocations, first-call dispatch), the median of the rest is used.
 CALIBRATION_PASSES = 4
-_DATA_SEED_STRIDE = 1_000_003  # seed * stride + step: one independent stream per step
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -67,6 +71,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loss", default=None)
     p.add_argument("--safety-factor", type=float, default=None)
     p.add_argument("--emulate", action="store_true")
+    p.add_argument("--node", default=os.environ.get("HETPIPE_NODE"),
+                   help="the plan node this torchrun agent runs (multi-node jobs; default: one node)")
     return p.parse_args(argv)
 
 
@@ -126,90 +132,36 @@ def make_optimizer(name: str, params: Sequence[nn.Parameter], *, lr: float | Non
     return torch.optim.SGD(params, lr=rate, momentum=MOMENTUM if key == "momentum" else 0.0)
 
 
-# ----------------------------------------------------------------------------- data
-
-
-def _vocab_size(meta_model: nn.Module) -> int:
-    for mod in meta_model.modules():
-        if isinstance(mod, nn.Embedding):
-            return int(mod.num_embeddings)
-    raise ConfigError("the model takes integer inputs but has no nn.Embedding to size synthetic token ids; "
-                      "pass --data")
-
-
-def synthetic_batch(model: str, example: Sequence[torch.Tensor], *, global_batch: int, vocab: int | None,
-                    seed: int, step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-    """Seeded (inputs, targets) of one global batch shaped like ``example`` (one meta micro-batch).
-
-    Integer inputs are token ids in ``[0, vocab)``, float inputs standard normal; targets
-    come from `hetpipe.models.example_targets`.  Every rank calling it with the same
-    arguments gets the same tensors.
+def stage_for(plan: Plan, *, node: str | None, rank: int, local_rank: int) -> int:
+    """The stage this process runs: ``rank`` on one node, else the ``local_rank``-th stage on ``node``.
 
     Example:
-        >>> ex = (torch.empty(2, 8, dtype=torch.int64, device="meta"),)
-        >>> a, _ = synthetic_batch("gpt-tiny", ex, global_batch=4, vocab=256, seed=0, step=1)
-        >>> b, t = synthetic_batch("gpt-tiny", ex, global_batch=4, vocab=256, seed=0, step=1)
-        >>> a[0].shape, torch.equal(a[0], b[0]), torch.equal(t, torch.roll(a[0], -1, 1))
-        (torch.Size([4, 8]), True, True)
+        >>> # plan stages on nodes (desk, desk, shelf): node "shelf", local rank 0 -> stage 2
     """
-    from hetpipe.models import example_targets
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed * _DATA_SEED_STRIDE + step)
-        inputs = []
-        for t in example:
-            shape = (global_batch, *t.shape[1:])
-            if t.dtype.is_floating_point:
-                inputs.append(torch.randn(shape, dtype=t.dtype))
-            else:
-                if vocab is None:
-                    raise ConfigError(f"model {model!r} takes integer inputs; pass --data")
-                inputs.append(torch.randint(0, vocab, shape, dtype=t.dtype))
-        targets = example_targets(model, tuple(inputs))
-    return tuple(inputs), targets
+    if node is None:
+        return rank
+    here = [st.index for st in plan.stages if plan.devices[plan.device_index()[st.device]].node == node]
+    if not here:
+        nodes = sorted({d.node for d in plan.devices})
+        raise ConfigError(f"--node {node!r} runs no stage of this plan; the plan's nodes are {nodes}")
+    if local_rank >= len(here):
+        raise ConfigError(f"node {node!r} has {len(here)} stages in the plan but torchrun started local rank "
+                          f"{local_rank}; use --nproc-per-node={len(here)} on that node")
+    return here[local_rank]
 
 
-def _import(spec: str, what: str) -> Any:
-    from hetpipe.models import _load_factory  # same import rules as model factories
-
-    try:
-        return _load_factory(spec)
-    except ConfigError as err:
-        raise ConfigError(f"{what}: {err}") from None
-
-
-def data_stream(args: argparse.Namespace, plan: Plan, example: Sequence[torch.Tensor],
-                meta_model: nn.Module) -> Iterator[tuple[Any, Any]]:
-    """Global batches (inputs, targets): synthetic, a saved file, or a user factory's iterable."""
-    if args.data is None:
-        ints = any(not t.dtype.is_floating_point for t in example)
-        vocab = _vocab_size(meta_model) if ints else None
-        step = 0
-        while True:
-            yield synthetic_batch(args.model, example, global_batch=plan.training.global_batch, vocab=vocab,
-                                  seed=args.seed, step=step)
-            step += 1
-    elif ":" not in args.data and Path(args.data).is_file():
-        yield from torch.load(args.data, weights_only=False)
-    else:
-        yield from _import(args.data, "--data")()
-
-
-def split_microbatches(batch: Any, microbatches: int, *, what: str) -> list[Any]:
-    """Cut a global batch (a tensor or tuple of tensors) into ``microbatches`` along dim 0.
+def stage_ranks(stage_of_rank: Sequence[int], num_stages: int) -> list[int]:
+    """Global rank of each stage from every rank's stage (all-gathered); refuses gaps and duplicates.
 
     Example:
-        >>> [t.shape[0] for t in split_microbatches(torch.zeros(6, 2), 3, what="x")]
-        [2, 2, 2]
+        >>> stage_ranks([2, 0, 1], 3)
+        [1, 2, 0]
     """
-    tensors = (batch,) if isinstance(batch, torch.Tensor) else tuple(batch)
-    n = tensors[0].shape[0]
-    if n % microbatches:
-        raise ConfigError(f"{what}: batch of {n} is not divisible into {microbatches} micro-batches; "
-                          f"yield global batches of {microbatches} x micro-batch size")
-    parts = [t.chunk(microbatches) for t in tensors]
-    mbs = [tuple(p[i] for p in parts) for i in range(microbatches)]
-    return [m[0] for m in mbs] if isinstance(batch, torch.Tensor) else mbs
+    if sorted(stage_of_rank) != list(range(num_stages)):
+        raise ConfigError(f"the ranks run stages {list(stage_of_rank)}, but each of the {num_stages} stages needs "
+                          "exactly one rank; give each node --node with its plan name and --nproc-per-node equal "
+                          "to its stage count")
+    return [list(stage_of_rank).index(s) for s in range(num_stages)]
 
 
 # ----------------------------------------------------------------------------- emulation inputs
@@ -243,10 +195,6 @@ class _State:
 
     def __init__(self, rank: int) -> None:
         self.rank, self.stage, self.phase, self.hooks = rank, rank, "start-up", None
-
-    def action(self) -> str:
-        current = getattr(self.hooks, "current", "")
-        return f"step {self.phase}: {current}" if self.phase.isdigit() and current else self.phase
 
 
 def _touch(path: Path) -> None:
@@ -289,8 +237,61 @@ def _microbatches(batch: tuple[Any, Any] | None, plan: Plan, stage: int) -> tupl
     return inputs, targets
 
 
-def calibrate(stage: Any, *, plan: Plan, rank: int, loss_fn: Any, batch: tuple[Any, Any] | None,
-              timeout_s: float) -> Any:
+class _Run:
+    """One rank's run: the plan, its stage, and what it needs to execute (built in `prepare`)."""
+
+    def __init__(self, args: argparse.Namespace, plan: Plan, stage: Any, stage_index: int, actions: list[Any],
+                 meta_model: Any, example: tuple[torch.Tensor, ...]) -> None:
+        self.args, self.plan, self.stage, self.index, self.actions = args, plan, stage, stage_index, actions
+        self.meta_model, self.example = meta_model, example
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.num_stages = len(plan.stages)
+        self.stage_ranks: list[int] = list(range(self.num_stages))
+
+    def executor(self, *, actions: Sequence[Any], optimizer: Any, microbatches: int, hooks: Any,
+                 loss_fn: Any) -> Any:
+        from hetpipe.runtime.executor import PipelineExecutor
+
+        return PipelineExecutor(self.stage, rank=self.rank, num_stages=self.num_stages, schedule_actions=actions,
+                                loss_fn=loss_fn, optimizer=optimizer, microbatches=microbatches,
+                                timeout_s=self.args.timeout, hooks=hooks, stage_ranks=self.stage_ranks)
+
+    def data(self) -> Any:
+        a = self.args
+        return data_stream(a.data, model=a.model, global_batch=self.plan.training.global_batch, seed=a.seed,
+                           example=self.example, meta_model=self.meta_model)
+
+
+def prepare(args: argparse.Namespace, state: _State) -> _Run:
+    """Steps 1-4, before any process group work: capture, verify, schedule, this rank's stage."""
+    from hetpipe.runtime.schedule import make_schedule, validate_schedule
+    from hetpipe.runtime.stage import build_stage, split_stages
+
+    state.phase = "loading the plan"
+    plan = Plan.load(args.plan)
+    p, m = len(plan.stages), plan.training.microbatches
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != p:
+        raise ConfigError(f"the plan has {p} stages but torchrun started {world} processes; launch with "
+                          f"--nproc-per-node={p} (or one process per stage on each node)")
+    if args.emulate and int(os.environ.get("LOCAL_WORLD_SIZE", world)) != world:
+        raise ConfigError("--emulate runs every stage on one host (emulated links time messages with the host's "
+                          "CLOCK_MONOTONIC); launch it with `hetpipe run --emulate`, not across nodes")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    state.stage = stage_for(plan, node=args.node, rank=state.rank, local_rank=local_rank)
+    state.phase = "capture"
+    graph, example = capture_for_plan(plan, model=args.model, seq=args.seq)
+    mapping = node_to_stage(plan, graph.module)
+    state.phase = "schedule validation"
+    schedule = make_schedule(args.schedule or plan.training.schedule, p, m)
+    validate_schedule(schedule, num_stages=p, num_microbatches=m)
+    state.phase = "building the stage"
+    program = split_stages(graph.module, mapping, example_inputs=example, num_stages=p)
+    stage = build_stage(program, state.stage, state_dict=None, device=_backend(local_rank)[1], seed=args.seed)
+    return _Run(args, plan, stage, state.stage, schedule[state.stage], graph.module, example)
+
+
+def calibrate(run: _Run, *, loss_fn: Any, batch: tuple[Any, Any] | None) -> list[Any]:
     """One micro-batch through the whole pipeline, `CALIBRATION_PASSES` times: uncontended real F/B per stage.
 
     With a single micro-batch the pipeline is serial (each rank computes while the
@@ -299,122 +300,107 @@ def calibrate(stage: Any, *, plan: Plan, rank: int, loss_fn: Any, batch: tuple[A
     learning rate 0, so the weights are untouched.  Returns every stage's `StageTiming`.
     """
     from hetpipe.runtime.emulate import RecordingHooks, StageTiming
-    from hetpipe.runtime.executor import PipelineExecutor
     from hetpipe.runtime.schedule import make_schedule
 
-    p = len(plan.stages)
     hooks = RecordingHooks()
-    executor = PipelineExecutor(stage, rank=rank, num_stages=p, schedule_actions=make_schedule("gpipe", p, 1)[rank],
-                                loss_fn=loss_fn, optimizer=torch.optim.SGD(stage.parameters(), lr=0.0),
-                                microbatches=1, timeout_s=timeout_s, hooks=hooks)
-    inputs, targets = _microbatches(batch, plan, rank)
+    executor = run.executor(actions=make_schedule("gpipe", run.num_stages, 1)[run.index],
+                            optimizer=torch.optim.SGD(run.stage.parameters(), lr=0.0), microbatches=1,
+                            hooks=hooks, loss_fn=loss_fn)
+    inputs, targets = _microbatches(batch, run.plan, run.index)
     for _ in range(CALIBRATION_PASSES):
         executor.step(inputs[:1] if inputs else None, targets[:1] if targets else None)
-    mine = (median(hooks.fwd_compute_s[1:]), median(hooks.bwd_compute_s[1:]))
-    every: list[Any] = [None] * p
-    dist.all_gather_object(every, mine)
-    return [StageTiming(f, b) for f, b in every]
+    every: list[Any] = [None] * run.num_stages
+    dist.all_gather_object(every, (run.index, median(hooks.fwd_compute_s[1:]), median(hooks.bwd_compute_s[1:])))
+    by_stage = {s: StageTiming(f, b) for s, f, b in every}
+    return [by_stage[s] for s in range(run.num_stages)]
 
 
-def _emulation_hooks(args: argparse.Namespace, plan: Plan, stage: Any, rank: int, loss_fn: Any,
-                     batch: tuple[Any, Any] | None) -> Any:
+def _emulation_hooks(run: _Run, loss_fn: Any, batch: tuple[Any, Any] | None) -> Any:
     from hetpipe.runtime.emulate import DEFAULT_SAFETY_FACTOR, EmulationHooks, StageTiming, choose_time_scale
 
-    measured = calibrate(stage, plan=plan, rank=rank, loss_fn=loss_fn, batch=batch, timeout_s=args.timeout)
-    predicted = [StageTiming(s.fwd_s, s.bwd_s) for s in plan.stages]
+    plan, s = run.plan, run.index
+    measured = calibrate(run, loss_fn=loss_fn, batch=batch)
+    predicted = [StageTiming(st.fwd_s, st.bwd_s) for st in plan.stages]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", len(plan.stages)))
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", run.num_stages))
     scale = choose_time_scale(measured, predicted, num_ranks=local_ranks, num_cores=cores,
-                              safety_factor=args.safety_factor or DEFAULT_SAFETY_FACTOR)
-    dev = plan.devices[plan.device_index()[plan.stages[rank].device]]
-    hooks = EmulationHooks(rank=rank, stage=rank, device_label=device_label(plan, rank), usable_bytes=dev.usable_bytes,
-                           predicted=predicted[rank], links=stage_links(plan, rank),
-                           time_scale=scale.real_s_per_emulated_s, origin=scale)
-    log.info("rank %d: time scale %.4g real s per emulated s (limited by %s)", rank, scale.real_s_per_emulated_s,
+                              safety_factor=run.args.safety_factor or DEFAULT_SAFETY_FACTOR)
+    dev = plan.devices[plan.device_index()[plan.stages[s].device]]
+    log.info("stage %d: time scale %.4g real s per emulated s (limited by %s)", s, scale.real_s_per_emulated_s,
              scale.limiting)
-    return hooks
+    return EmulationHooks(rank=run.rank, stage=s, device_label=device_label(plan, s), usable_bytes=dev.usable_bytes,
+                          predicted=predicted[s], links=stage_links(plan, s),
+                          time_scale=scale.real_s_per_emulated_s, origin=scale)
 
 
-def _result(plan: Plan, rank: int, hooks: Any, last_stats: Any, step_s: list[float], losses: list[float],
-            backend: str) -> RankResult:
-    scale = getattr(hooks, "origin", None)
-    ledger, compute = getattr(hooks, "ledger", None), getattr(hooks, "compute", None)
-    mem = last_stats.memory if last_stats is not None else None
-    breakdown = dict(ledger.peak_breakdown) if ledger else ({
-        "params": mem.param_bytes, "grads": mem.grad_bytes, "optimizer": mem.optimizer_state_bytes,
-        "activations": mem.peak_activation_bytes, "comm": mem.peak_comm_bytes} if mem else {})
+def _peak(hooks: Any, stats: Any) -> tuple[int, dict[str, int], str]:
+    """(peak bytes, breakdown at the peak, action) from the emulation ledger or the executor's stats."""
+    ledger = getattr(hooks, "ledger", None)
+    if ledger is not None:
+        return ledger.peak_bytes, dict(ledger.peak_breakdown), ledger.peak_action
+    if stats is None:
+        return 0, {}, ""
+    mem = stats.memory
+    return mem.peak_bytes, {"params": mem.param_bytes, "grads": mem.grad_bytes,
+                            "optimizer": mem.optimizer_state_bytes, "activations": mem.peak_activation_bytes,
+                            "comm": mem.peak_comm_bytes}, ""
+
+
+def _result(run: _Run, hooks: Any, stats: Any, step_s: list[float], losses: list[float], backend: str) -> RankResult:
+    scale, compute = getattr(hooks, "origin", None), getattr(hooks, "compute", None)
+    dev = run.plan.devices[run.plan.device_index()[run.plan.stages[run.index].device]]
+    peak, breakdown, peak_action = _peak(hooks, stats)
     return RankResult(
-        rank=rank, stage=rank, device=plan.stages[rank].device,
-        kind=plan.devices[plan.device_index()[plan.stages[rank].device]].kind,
-        step_s=tuple(step_s), losses=tuple(losses), fwd_s=tuple(hooks.fwd_s), bwd_s=tuple(hooks.bwd_s),
-        fwd_compute_s=tuple(hooks.fwd_compute_s), bwd_compute_s=tuple(hooks.bwd_compute_s),
-        calibration_fwd_s=scale.measured[rank].fwd_s if scale else None,
-        calibration_bwd_s=scale.measured[rank].bwd_s if scale else None,
+        rank=run.rank, stage=run.index, device=dev.id, kind=dev.kind, step_s=tuple(step_s), losses=tuple(losses),
+        fwd_s=tuple(hooks.fwd_s), bwd_s=tuple(hooks.bwd_s), fwd_compute_s=tuple(hooks.fwd_compute_s),
+        bwd_compute_s=tuple(hooks.bwd_compute_s),
+        calibration_fwd_s=scale.measured[run.index].fwd_s if scale else None,
+        calibration_bwd_s=scale.measured[run.index].bwd_s if scale else None,
         time_scale=scale.real_s_per_emulated_s if scale else 1.0, time_scale_limiting=scale.limiting if scale else "",
         safety_factor=scale.safety_factor if scale else 1.0, contention_factor=scale.contention_factor if scale else 1.0,
-        peak_bytes=ledger.peak_bytes if ledger else (mem.peak_bytes if mem else 0), peak_breakdown=breakdown,
-        peak_action=ledger.peak_action if ledger else "",
+        peak_bytes=peak, peak_breakdown=breakdown, peak_action=peak_action,
         overruns_fwd=compute.overruns["F"] if compute else 0, overruns_bwd=compute.overruns["B"] if compute else 0,
         worst_overrun_ratio=compute.worst_overrun_ratio if compute else 0.0,
-        messages=getattr(hooks, "messages", 0), late_messages=getattr(hooks, "late_messages", 0), backend=backend)
+        messages=getattr(hooks, "messages", 0), late_messages=getattr(hooks, "late_messages", 0),
+        worst_late_s=getattr(hooks, "worst_late_s", 0.0), backend=backend)
 
 
-def prepare(args: argparse.Namespace, state: _State) -> tuple[Plan, Any, list[Any], Any]:
-    """Steps 1-4 (no process group yet): (plan, this rank's stage module, its actions, meta model)."""
-    from hetpipe.runtime.schedule import make_schedule, validate_schedule
-    from hetpipe.runtime.stage import build_stage, split_stages
-
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    state.phase = "loading the plan"
-    plan = Plan.load(args.plan)
-    p, m = len(plan.stages), plan.training.microbatches
-    if world != p:
-        raise ConfigError(f"the plan has {p} stages but torchrun started {world} processes; launch with "
-                          f"--nproc-per-node={p} (or nodes x processes = {p})")
-    state.phase = "capture"
-    graph, example = capture_for_plan(plan, model=args.model, seq=args.seq)
-    mapping = node_to_stage(plan, graph.module)
-    state.phase = "schedule validation"
-    name = args.schedule or plan.training.schedule
-    schedule = make_schedule(name, p, m)
-    validate_schedule(schedule, num_stages=p, num_microbatches=m)
-    state.phase = "building the stage"
-    program = split_stages(graph.module, mapping, example_inputs=example, num_stages=p)
-    _, device = _backend(int(os.environ.get("LOCAL_RANK", "0")))
-    stage = build_stage(program, state.rank, state_dict=None, device=device, seed=args.seed)
-    return plan, stage, schedule[state.rank], graph.module
+def _join(run: _Run, state: _State) -> str:
+    """Step 5: join the process group and learn every stage's global rank."""
+    backend, _ = _backend(int(os.environ.get("LOCAL_RANK", "0")))
+    state.phase = "joining the process group"
+    dist.init_process_group(backend, timeout=timedelta(seconds=run.args.timeout))
+    every: list[Any] = [None] * run.num_stages
+    dist.all_gather_object(every, run.index)
+    run.stage_ranks = stage_ranks(every, run.num_stages)
+    return backend
 
 
 def train(args: argparse.Namespace, state: _State) -> RankResult:
     """The whole rank: prepare, join the group, (calibrate), run the steps, return the result."""
     from hetpipe.runtime.emulate import RecordingHooks
-    from hetpipe.runtime.executor import PipelineExecutor
 
-    plan, stage, actions, meta_model = prepare(args, state)
-    rank, p = state.rank, len(plan.stages)
-    backend, _ = _backend(int(os.environ.get("LOCAL_RANK", "0")))
-    state.phase = "joining the process group"
-    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
-    progress = args.run_dir / f"progress-rank{rank}"
+    run = prepare(args, state)
+    backend = _join(run, state)
+    progress = args.run_dir / f"progress-rank{run.rank}"
     _touch(progress)
-    loss_fn = _loss_fn(args) if rank == p - 1 else None
-    reads_data = rank in (0, p - 1)
-    stream = data_stream(args, plan, _example_inputs(plan, args), meta_model) if reads_data else None
-    first = next(stream) if stream is not None else None
+    last = run.index == run.num_stages - 1
+    loss_fn = _loss_fn(args) if last else None
+    stream = run.data() if run.index == 0 or last else None
+    first = next(stream, None) if stream is not None else None
     state.phase = "calibration"
-    hooks = _emulation_hooks(args, plan, stage, rank, loss_fn, first) if args.emulate else RecordingHooks()
+    hooks = _emulation_hooks(run, loss_fn, first) if args.emulate else RecordingHooks()
     state.hooks = hooks
-    optimizer = make_optimizer(plan.training.optimizer, list(stage.parameters()), lr=args.lr)
-    executor = PipelineExecutor(stage, rank=rank, num_stages=p, schedule_actions=actions, loss_fn=loss_fn,
-                                optimizer=optimizer, microbatches=plan.training.microbatches,
-                                timeout_s=args.timeout, hooks=hooks)
+    optimizer = make_optimizer(run.plan.training.optimizer, list(run.stage.parameters()), lr=args.lr)
+    executor = run.executor(actions=run.actions, optimizer=optimizer, microbatches=run.plan.training.microbatches,
+                            hooks=hooks, loss_fn=loss_fn)
     step_s, losses, stats = [], [], None
     for step in range(args.steps):
-        state.phase = str(step)
+        state.phase = f"step {step}"
         batch = (first if step == 0 else next(stream, None)) if stream is not None else None
-        if reads_data and batch is None:
+        if stream is not None and batch is None:
             raise ConfigError(f"--data ran out after {step} batches; the run needs {args.steps}")
-        inputs, targets = _microbatches(batch, plan, rank)
+        inputs, targets = _microbatches(batch, run.plan, run.index)
         _barrier(backend == "gloo", args.timeout)
         start = time.monotonic()
         stats = executor.step(inputs, targets)
@@ -424,23 +410,16 @@ def train(args: argparse.Namespace, state: _State) -> RankResult:
         _touch(progress)
     state.phase = "finishing"
     _barrier(backend == "gloo", args.timeout)
-    return _result(plan, rank, hooks, stats, step_s, losses, backend)
-
-
-def _example_inputs(plan: Plan, args: argparse.Namespace) -> tuple[torch.Tensor, ...]:
-    from hetpipe import models
-
-    builtin = ":" not in args.model
-    resolved = models.resolve(args.model, device="meta", batch=plan.training.micro_batch_size if builtin else None,
-                              seq=args.seq if builtin else None)
-    return resolved.example_inputs or ()
+    return _result(run, hooks, stats, step_s, losses, backend)
 
 
 def _error_message(err: BaseException, state: _State) -> str:
     if isinstance(err, HetpipeError):
         return str(err)
-    return (f"rank {state.rank} (stage {state.stage}) failed during {state.action()}: {type(err).__name__}: {err}; "
-            "this is a bug unless the model itself raised it -- see the traceback in the log")
+    at = getattr(state.hooks, "current", "") if state.phase.startswith("step") else ""
+    return (f"rank {state.rank} (stage {state.stage}) failed during {state.phase}{f' at {at}' if at else ''}: "
+            f"{type(err).__name__}: {err}; this is a bug unless the model itself raised it -- see the traceback "
+            "in the log")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -456,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = _error_message(err, state)
         if not isinstance(err, HetpipeError):
             traceback.print_exc()
-        action = str(getattr(state.hooks, "current", "") or state.phase)
+        action = str(getattr(state.hooks, "current", "")) if state.phase.startswith("step") else state.phase
         write_error(args.run_dir, RankError(rank, state.stage, action, message, type(err).__name__, time.time()))
         log.error("%s", message)
         sys.stderr.flush()
