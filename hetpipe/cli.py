@@ -100,7 +100,7 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
 
     cluster = load_cluster(args.cluster)
     graph = _capture(args)
-    console.print(unit_table(graph, {k: v for k, v in unit_times(graph, cluster).items()}))
+    console.print(unit_table(graph, unit_times(graph, cluster)))
     console.print(device_fit_table(graph, cluster))
     if graph.tied:
         for t in graph.tied:

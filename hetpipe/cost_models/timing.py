@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hetpipe.cost_models.devices import DeviceProfile
-from hetpipe.errors import ConfigError
+from hetpipe.cost_models.memory import check_precision
 
 # Achieved / peak dense matmul FLOP/s when no calibration is available.
 # cost_formulas.md §3.1: "eta_k is the achieved fraction (30-60% typical)";
@@ -54,7 +54,25 @@ DEFAULT_KERNEL_OVERHEAD_S = 5e-6
 # read input, write output).  Same factor for launches (one or two kernels).
 BACKWARD_TRAFFIC_FACTOR = 2.0
 
-PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
+@dataclass(frozen=True)
+class Efficiencies:
+    """The efficiency figures a profile runs at: calibrated where present, else the defaults above."""
+
+    matmul: float
+    bandwidth: float
+    kernel_overhead_s: float
+    calibrated: bool
+
+
+def efficiencies(profile: DeviceProfile) -> Efficiencies:
+    """`profile`'s efficiencies with each missing one replaced by its documented default."""
+    return Efficiencies(
+        matmul=DEFAULT_MATMUL_EFFICIENCY if profile.matmul_efficiency is None else profile.matmul_efficiency,
+        bandwidth=(DEFAULT_BANDWIDTH_EFFICIENCY if profile.bandwidth_efficiency is None
+                   else profile.bandwidth_efficiency),
+        kernel_overhead_s=DEFAULT_KERNEL_OVERHEAD_S if profile.kernel_overhead_s is None else profile.kernel_overhead_s,
+        calibrated=profile.matmul_efficiency is not None,
+    )
 
 
 @dataclass(frozen=True)
@@ -71,11 +89,9 @@ def peak_flops_s(profile: DeviceProfile, precision: str) -> float:
     fp32 training uses plain fp32 units (PyTorch leaves TF32 off for matmul by
     default); mixed precision uses tensor cores with FP32 accumulate.
     """
-    if precision == "fp32":
+    if check_precision(precision) == "fp32":
         return profile.fp32_flops_s
-    if precision in ("bf16-mixed", "fp16-mixed"):
-        return profile.tensor_flops_s
-    raise ConfigError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    return profile.tensor_flops_s
 
 
 def unit_time_s(
@@ -88,11 +104,10 @@ def unit_time_s(
     precision: str,
 ) -> UnitTime:
     """Time of one unit on one device kind under the model in the module docstring."""
-    eff = profile.matmul_efficiency if profile.matmul_efficiency is not None else DEFAULT_MATMUL_EFFICIENCY
-    bw_eff = profile.bandwidth_efficiency if profile.bandwidth_efficiency is not None else DEFAULT_BANDWIDTH_EFFICIENCY
-    overhead = profile.kernel_overhead_s if profile.kernel_overhead_s is not None else DEFAULT_KERNEL_OVERHEAD_S
-    flops_s = peak_flops_s(profile, precision) * eff
-    bytes_s = profile.memory_bandwidth_bytes_s * bw_eff
+    eff = efficiencies(profile)
+    overhead = eff.kernel_overhead_s
+    flops_s = peak_flops_s(profile, precision) * eff.matmul
+    bytes_s = profile.memory_bandwidth_bytes_s * eff.bandwidth
     fwd = fwd_flops / flops_s + memory_traffic_bytes / bytes_s + op_count * overhead
     bwd = (
         bwd_flops / flops_s

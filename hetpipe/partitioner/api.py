@@ -16,13 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hetpipe.cost_models.devices import Cluster
-from hetpipe.cost_models.timing import (
-    DEFAULT_BANDWIDTH_EFFICIENCY,
-    DEFAULT_KERNEL_OVERHEAD_S,
-    DEFAULT_MATMUL_EFFICIENCY,
-    peak_flops_s,
-    unit_time_s,
-)
+from hetpipe.cost_models.timing import efficiencies, peak_flops_s, unit_time_s
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.graph import UnitGraph
 from hetpipe.partitioner.plan import (
@@ -93,13 +87,12 @@ def cost_model_notes(cluster: Cluster, precision: str) -> dict[str, str]:
     notes = {}
     for kind in cluster.kinds:
         p = cluster.profile(kind)
-        eff = p.matmul_efficiency if p.matmul_efficiency is not None else DEFAULT_MATMUL_EFFICIENCY
-        bw_eff = p.bandwidth_efficiency if p.bandwidth_efficiency is not None else DEFAULT_BANDWIDTH_EFFICIENCY
-        ovh = p.kernel_overhead_s if p.kernel_overhead_s is not None else DEFAULT_KERNEL_OVERHEAD_S
+        eff = efficiencies(p)
         notes[kind] = (
-            f"{peak_flops_s(p, precision) / 1e12:.1f} TFLOP/s peak ({precision}) x efficiency {eff:.2f}"
-            f"{'' if p.matmul_efficiency is not None else ' (default)'}; "
-            f"{p.memory_bandwidth_bytes_s / 1e9:.0f} GB/s x {bw_eff:.2f}; {ovh * 1e6:.1f} us/op; source: {p.source}"
+            f"{peak_flops_s(p, precision) / 1e12:.1f} TFLOP/s peak ({precision}) x efficiency {eff.matmul:.2f}"
+            f"{'' if eff.calibrated else ' (default)'}; "
+            f"{p.memory_bandwidth_bytes_s / 1e9:.0f} GB/s x {eff.bandwidth:.2f}; "
+            f"{eff.kernel_overhead_s * 1e6:.1f} us/op; source: {p.source}"
         )
     return notes
 
@@ -121,7 +114,8 @@ def _predicted(problem: Problem, stages: tuple[Stage, ...], ev: Evaluation, glob
     )
 
 
-def _plan_units(graph: UnitGraph, times: dict[str, tuple[UnitTimes, ...]]) -> tuple[PlanUnit, ...]:
+def _plan_units(graph: UnitGraph, problem: Problem) -> tuple[PlanUnit, ...]:
+    """Plan units whose ``time_s`` are the very tables the solver optimised (taken from `problem`)."""
     return tuple(
         PlanUnit(
             index=u.index,
@@ -133,7 +127,8 @@ def _plan_units(graph: UnitGraph, times: dict[str, tuple[UnitTimes, ...]]) -> tu
             state_bytes=u.state_bytes,
             activation_bytes=u.activation_bytes,
             boundary_bytes=u.boundary_bytes,
-            time_s={k: v[u.index] for k, v in times.items()},
+            time_s={k: UnitTimes(fwd=problem.fwd_s[k][u.index], bwd=problem.bwd_s[k][u.index])
+                    for k in problem.fwd_s},
         )
         for u in graph.units
     )
@@ -169,7 +164,6 @@ def assemble_plan(
 ) -> Plan:
     """Build the Plan document from a solved placement (tables recorded as optimised)."""
     ev = evaluate(problem, stages)
-    times = unit_times(graph, cluster)
     return Plan(
         model=PlanModel(
             name=graph.model_name,
@@ -191,7 +185,7 @@ def assemble_plan(
             PlanLink(l.src, l.dst, l.bandwidth_bytes_s, l.latency_s, l.kind)
             for (_, _), l in sorted(cluster.links.items())
         ),
-        units=_plan_units(graph, times),
+        units=_plan_units(graph, problem),
         stages=_plan_stages(problem, stages, ev),
         predicted=_predicted(problem, stages, ev, global_batch),
         solver=solver,
