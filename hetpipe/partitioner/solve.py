@@ -1,0 +1,179 @@
+"""`solve`: the best placement of a `Problem`, with proof of how good it is.
+
+Strategy (issue #3):
+
+1. **Exact DP** (`dp.solve_exact`) over device-class count vectors whenever that space
+   is small enough (`dp.DEFAULT_STATE_BUDGET`): it is exact for the whole contract
+   (free device subset and order, memory, links), so its answer is reported as
+   ``OPTIMAL`` with bound = objective.
+2. Otherwise a **heuristic** (`dp.solve_fixed_order` on a few device orders, dropping the
+   slowest devices one at a time) gives a good placement, and **CP-SAT**
+   (`cpsat.solve_cpsat`) starts from it as a hint, with a time limit and a seed, and
+   reports its status and best bound (the gap is stated when not proved).
+
+``solver="cpsat"`` always runs CP-SAT (hinted by the DP or heuristic answer);
+``solver="dp"`` insists on the exact DP.  Whatever runs, the returned placement is
+re-evaluated with `problem.evaluate`, so T and memory are exactly the contract's.
+
+Example:
+    >>> from hetpipe.partitioner.problem import DeviceSlot, Problem
+    >>> inf = float("inf")
+    >>> prob = Problem(fwd_s={"a": (1.0,) * 4}, bwd_s={"a": (2.0,) * 4}, state_bytes=(1,) * 4,
+    ...                activation_bytes=(1,) * 4, boundary_bytes=(0,) * 4,
+    ...                devices=(DeviceSlot("d0", "a", "n", 100), DeviceSlot("d1", "a", "n", 100)),
+    ...                bandwidth_bytes_s=((inf, 1.0), (1.0, inf)), latency_s=((0.0, 0.0), (0.0, 0.0)),
+    ...                microbatches=4)
+    >>> sol = solve(prob)
+    >>> sol.solver, sol.status, sol.iteration_s, sol.unused_devices
+    ('dp', 'OPTIMAL', 30.0, ())
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from hetpipe.errors import ConfigError, InfeasibleError
+from hetpipe.partitioner.cpsat import solve_cpsat
+from hetpipe.partitioner.dp import (
+    DPResult,
+    StateSpaceTooLarge,
+    solve_exact,
+    solve_fixed_order,
+)
+from hetpipe.partitioner.infeasible import explain_infeasible
+from hetpipe.partitioner.problem import Problem, Stage, evaluate
+
+log = logging.getLogger(__name__)
+
+SOLVERS = ("auto", "dp", "cpsat")
+#: Devices dropped one by one (slowest first) when the heuristic looks for a shorter pipeline.
+HEURISTIC_MAX_DROPPED = 4
+
+
+@dataclass(frozen=True)
+class Solution:
+    """A solved placement and how it was found."""
+
+    stages: tuple[Stage, ...]
+    solver: str  # dp | cpsat | heuristic
+    status: str  # OPTIMAL | FEASIBLE
+    iteration_s: float
+    bound_s: float  # proven lower bound on T (== iteration_s when OPTIMAL)
+    wall_s: float
+    unused_devices: tuple[int, ...]
+
+    @property
+    def gap(self) -> float:
+        """Relative optimality gap (0 when proved optimal)."""
+        if self.iteration_s <= 0:
+            return 0.0
+        return max(0.0, (self.iteration_s - self.bound_s) / self.iteration_s)
+
+
+def device_speed_order(problem: Problem) -> list[int]:
+    """Device indices, fastest kind first (by the whole model's time on that kind), ties by id order."""
+    work = {k: sum(f + b for f, b in zip(problem.fwd_s[k], problem.bwd_s[k])) for k in problem.fwd_s}
+    return sorted(range(len(problem.devices)), key=lambda d: work[problem.devices[d].kind])
+
+
+def _candidate_orders(problem: Problem) -> list[list[int]]:
+    """Device sequences worth trying: node blocks (fast nodes first / last), and plain speed order."""
+    speed = device_speed_order(problem)
+    rank = {d: i for i, d in enumerate(speed)}
+    nodes: dict[str, list[int]] = {}
+    for d in speed:
+        nodes.setdefault(problem.devices[d].node, []).append(d)
+    by_node = sorted(nodes.values(), key=lambda ds: sum(rank[d] for d in ds) / len(ds))
+    blocks = [d for ds in by_node for d in ds]
+    orders = [blocks, blocks[::-1], [d for ds in by_node[::-1] for d in ds], speed]
+    out: list[list[int]] = []
+    for order in orders:
+        if order not in out:
+            out.append(order)
+    return out
+
+
+def heuristic(problem: Problem, *, time_limit_s: float = 10.0, num_stages: int | None = None) -> DPResult | None:
+    """Best fixed-order DP over `_candidate_orders`, also with the slowest devices left out."""
+    start = time.perf_counter()
+    best: DPResult | None = None
+    speed = device_speed_order(problem)
+    for order in _candidate_orders(problem):
+        for dropped in range(0, HEURISTIC_MAX_DROPPED + 1):
+            keep = set(speed[: len(speed) - dropped])
+            seq = [d for d in order if d in keep][: problem.num_units]
+            if not seq or (num_stages is not None and len(seq) != num_stages):
+                continue
+            left = max(0.1, time_limit_s - (time.perf_counter() - start))
+            res = solve_fixed_order(problem, seq, time_limit_s=left)
+            if res is not None and (best is None or res.iteration_s < best.iteration_s):
+                best = res
+            if time.perf_counter() - start > time_limit_s:
+                return best
+    return best
+
+
+def _unused(problem: Problem, stages: tuple[Stage, ...]) -> tuple[int, ...]:
+    used = {st.device for st in stages}
+    return tuple(i for i in range(len(problem.devices)) if i not in used)
+
+
+def _from_dp(problem: Problem, res: DPResult, *, name: str, wall_s: float) -> Solution:
+    return Solution(res.stages, name, "OPTIMAL" if res.exact else "FEASIBLE", res.iteration_s,
+                    res.bound_s if res.exact else 0.0, wall_s, _unused(problem, res.stages))
+
+
+def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0,
+          num_stages: int | None = None) -> Solution:
+    """Best placement of `problem` (see the module docstring).
+
+    Raises `InfeasibleError` (with the missing memory and what would help) when no
+    placement fits, and `ConfigError` for an unknown solver name.
+    """
+    if solver not in SOLVERS:
+        raise ConfigError(f"unknown solver {solver!r}; use one of: {', '.join(SOLVERS)}")
+    if not problem.devices:
+        raise ConfigError("the cluster has no devices; add at least one device to the cluster file")
+    start = time.perf_counter()
+    exact = None
+    try:
+        exact = solve_exact(problem, time_limit_s=time_limit_s, exact_stages=num_stages)
+        tractable = True
+    except StateSpaceTooLarge as err:
+        if solver == "dp":
+            raise ConfigError(f"the exact DP is too large for this cluster ({err}); use --solver cpsat or auto") from None
+        tractable = False
+    if tractable and exact is None:
+        raise explain_infeasible(problem)
+    if tractable and solver != "cpsat":
+        return _from_dp(problem, exact, name="dp", wall_s=time.perf_counter() - start)
+    hint = exact if exact is not None else heuristic(problem, time_limit_s=time_limit_s / 2, num_stages=num_stages)
+    left = max(0.5, time_limit_s - (time.perf_counter() - start))
+    res = solve_cpsat(problem, time_limit_s=left, seed=seed, hint=hint.stages if hint else None,
+                      num_stages=num_stages)
+    wall = time.perf_counter() - start
+    if res.stages is None:
+        if hint is not None:  # CP-SAT ran out of time before re-finding the hint
+            return _from_dp(problem, hint, name="heuristic", wall_s=wall)
+        if res.status == "INFEASIBLE":
+            raise explain_infeasible(problem)
+        raise InfeasibleError(f"no plan found within the {time_limit_s:g} s limit (CP-SAT: {res.status}); "
+                              "raise --time-limit")
+    stages, value = res.stages, res.iteration_s
+    if hint is not None and hint.iteration_s < value:
+        stages, value = hint.stages, hint.iteration_s  # float re-evaluation can favour the hint by a tick
+    bound = min(res.bound_s, value)
+    if exact is not None and exact.exact:
+        bound = exact.iteration_s
+    status = "OPTIMAL" if res.status == "OPTIMAL" or bound >= value * (1 - 1e-6) else "FEASIBLE"
+    return Solution(stages, "cpsat", status, value, bound, wall, _unused(problem, stages))
+
+
+def solve_fixed(problem: Problem, stages: tuple[Stage, ...]) -> Solution:
+    """Wrap a hand-made placement as a Solution (for tools that take a given split)."""
+    ev = evaluate(problem, stages)
+    return Solution(stages, "given", "FEASIBLE" if ev.fits else "INFEASIBLE", ev.iteration_s, 0.0, 0.0,
+                    _unused(problem, stages))
+

@@ -1,0 +1,67 @@
+"""Random small partitioning instances and a brute-force reference for solver tests.
+
+`brute_force` enumerates every ordered device subset and every set of cuts and calls
+`problem.evaluate` on each: independent of every solver's internals, so exact by
+construction (and only usable on tiny instances).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate
+
+KINDS = ("fast", "mid", "slow")
+SPEED = {"fast": 1.0, "mid": 1.6, "slow": 3.0}  # time multiplier per kind
+
+
+def random_problem(rng: random.Random, *, units: int, devices: int, microbatches: int | None = None,
+                   tight_memory: bool = False) -> Problem:
+    """Units with random work and bytes; devices of 1-3 kinds on 1-2 nodes with slower links between nodes."""
+    base = [rng.uniform(0.5, 2.0) for _ in range(units)]
+    kinds = rng.sample(KINDS, rng.randint(1, 3))
+    devs = []
+    for i in range(devices):
+        kind = rng.choice(kinds)
+        node = rng.choice(("n0", "n1"))
+        usable = rng.randint(40, 120) if tight_memory else 10**6
+        devs.append(DeviceSlot(f"d{i}", kind, node, usable))
+    fwd = {k: tuple(b * SPEED[k] for b in base) for k in kinds}
+    bwd = {k: tuple(2 * b * SPEED[k] for b in base) for k in kinds}
+    bw = tuple(tuple(math.inf if a is b else (10.0 if a.node == b.node else rng.choice((1.0, 2.0)))
+                     for b in devs) for a in devs)
+    lat = tuple(tuple(0.0 if a is b else (0.01 if a.node == b.node else 0.1) for b in devs) for a in devs)
+    return Problem(
+        fwd_s=fwd,
+        bwd_s=bwd,
+        state_bytes=tuple(rng.randint(1, 10) for _ in range(units)),
+        activation_bytes=tuple(rng.randint(1, 6) for _ in range(units)),
+        boundary_bytes=tuple(rng.randint(1, 8) for _ in range(units - 1)) + (0,),
+        devices=tuple(devs),
+        bandwidth_bytes_s=bw,
+        latency_s=lat,
+        microbatches=microbatches or rng.randint(1, 8),
+    )
+
+
+def all_placements(problem: Problem, *, stages: int | None = None):
+    """Every (ordered device subset, cuts) placement, as stage tuples."""
+    L, n = problem.num_units, len(problem.devices)
+    sizes = [stages] if stages else range(1, min(n, L) + 1)
+    for p in sizes:
+        for cuts in itertools.combinations(range(1, L), p - 1):
+            bounds = (0, *cuts, L)
+            for devs in itertools.permutations(range(n), p):
+                yield tuple(Stage(devs[s], bounds[s], bounds[s + 1] - 1) for s in range(p))
+
+
+def brute_force(problem: Problem, *, stages: int | None = None) -> float:
+    """Least T over every placement that fits (inf if none fits)."""
+    best = math.inf
+    for placement in all_placements(problem, stages=stages):
+        ev = evaluate(problem, placement)
+        if ev.fits:
+            best = min(best, ev.iteration_s)
+    return best
