@@ -44,7 +44,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -54,9 +54,11 @@ log = logging.getLogger(__name__)
 
 #: Relative step below the last bottleneck when the cap is tightened (see module doc).
 CAP_TOLERANCE = 1e-9
-#: Count-vector states above which `solve_exact` declines (the caller falls back to
-#: CP-SAT with a heuristic hint): about 2 s of numpy work per cap on the 2-core VM.
-DEFAULT_STATE_BUDGET = 6_000
+#: DP work (count vectors x classes x (units + 1)^2 matrix cells per pass) above which
+#: `solve_exact` declines and the caller falls back to CP-SAT with a heuristic hint.
+#: 4e7 cells take about 1-2 s per pass of the cap walk on the 2-core reference VM
+#: (96-layer GPT on 16 cards of 4 kinds: 2.4e7 cells, proved optimal in ~2 s).
+DEFAULT_STATE_BUDGET = 40_000_000
 
 
 @dataclass(frozen=True)
@@ -193,13 +195,14 @@ def _count_states(classes: Sequence[DeviceClass], max_stages: int) -> list[tuple
     return states
 
 
-def _min_sum_counts(tab: _Tables, cap: float, states: list[tuple[int, ...]],
-                    stages: int | None = None) -> tuple[float, list[tuple[int, int, int]]] | None:
-    """min S(cap) over the count vectors (exactly `stages` devices if given).
+def _min_sum_counts(tab: _Tables, cap: float, states: list[tuple[int, ...]], stages: int | None = None,
+                    *, bottleneck: bool = False) -> tuple[float, list[tuple[int, int, int]]] | None:
+    """min S(cap) over the count vectors (exactly `stages` devices if given); with
+    `bottleneck`, the least max term instead of the least sum.
 
-    Returns (sum, [(class, lo, hi)] front to back), or None when nothing fits under the cap.
+    Returns (value, [(class, lo, hi)] front to back), or None when nothing fits under the cap.
     """
-    value, back = _run_counts(tab, cap, states)
+    value, back = _run_counts(tab, cap, states, np.maximum if bottleneck else np.add)
     best: tuple[float, tuple[tuple[int, ...], int]] | None = None
     for state, val in value.items():
         if stages is not None and sum(state) != stages:
@@ -235,38 +238,67 @@ def _assign(classes: Sequence[DeviceClass], picks: Sequence[tuple[int, int, int]
     return tuple(stages)
 
 
-def bottleneck_lower_bound(problem: Problem) -> float:
-    """A valid lower bound on max_s (F_s + B_s): any unit on its fastest kind, and total work / devices."""
+def simple_lower_bound(problem: Problem) -> float:
+    """A valid lower bound on T for any placement: S >= every unit on its fastest kind (S_lb),
+    and the bottleneck >= the largest such unit and >= S_lb / #devices.
+
+    Example:
+        >>> from hetpipe.partitioner.problem import DeviceSlot
+        >>> p = Problem({"a": (1.0, 3.0)}, {"a": (0.0, 0.0)}, (0, 0), (0, 0), (0, 0),
+        ...             (DeviceSlot("x", "a", "n", 1),), ((1.0,),), ((0.0,),), 3)
+        >>> simple_lower_bound(p)  # 4 + 2 * max(3, 4 / 1)
+        12.0
+    """
     kinds = list(problem.fwd_s)
     fastest = [min(problem.fwd_s[k][u] + problem.bwd_s[k][u] for k in kinds) for u in range(problem.num_units)]
-    return max(max(fastest, default=0.0), sum(fastest) / max(1, len(problem.devices)))
+    s_lb = sum(fastest)
+    b_lb = max(max(fastest, default=0.0), s_lb / max(1, len(problem.devices)))
+    return s_lb + (problem.microbatches - 1) * b_lb
 
 
-def _parametric(problem: Problem, min_sum, *, time_limit_s: float) -> DPResult | None:
-    """The cap walk of the module docstring around a `min_sum(cap) -> (S, stages) | None`."""
+MinSum = Callable[[float, bool], "tuple[float, tuple[Stage, ...]] | None"]
+
+
+def _parametric(problem: Problem, min_sum: MinSum, *, time_limit_s: float) -> DPResult | None:
+    """The cap walk of the module docstring around `min_sum(cap, bottleneck)`.
+
+    `min_sum(cap, False)` is min S under the cap; `min_sum(inf, True)` is the least
+    achievable bottleneck b_min (the same DP with max in place of +).  Any placement
+    better than the best T found has S >= S(inf) and so a bottleneck below
+    (best - S(inf)) / (m - 1): the walk scans only [b_min, that].
+    """
     m = problem.microbatches
-    lb_b = bottleneck_lower_bound(problem)
     start = time.perf_counter()
-    cap, best, best_stages, tries, exact = math.inf, math.inf, None, 0, True
-    while True:
+    first = min_sum(math.inf, False)
+    if first is None:
+        return None
+    s_inf, stages = first
+    best, best_stages, tries = evaluate(problem, stages).iteration_s, stages, 1
+    if m == 1:
+        return DPResult(best_stages, best, best, tries, True)
+    b_min = min_sum(math.inf, True)[0]  # feasible since `first` is
+    bottom = min_sum(b_min * (1.0 + CAP_TOLERANCE), False)  # the window's floor: least sum at b_min
+    if bottom is not None:
         tries += 1
-        res = min_sum(cap)
+        t_bottom = evaluate(problem, bottom[1]).iteration_s
+        if t_bottom < best:
+            best, best_stages = t_bottom, bottom[1]
+    cap = (best - s_inf) / (m - 1)
+    while cap > b_min * (1.0 + CAP_TOLERANCE):  # walk down; S only grows as the cap falls
+        tries += 1
+        res = min_sum(cap, False)
         if res is None:
             break
-        s_sum, stages = res
+        s_cap, stages = res
         ev = evaluate(problem, stages)
-        if ev.fits and ev.iteration_s < best:
+        if ev.iteration_s < best:
             best, best_stages = ev.iteration_s, stages
-        if s_sum + (m - 1) * lb_b >= best or m == 1:
+        if s_cap + (m - 1) * b_min >= best * (1.0 - CAP_TOLERANCE):
             break
-        cap = ev.bottleneck_s * (1.0 - CAP_TOLERANCE)
         if time.perf_counter() - start > time_limit_s:
-            exact = False
-            break
-    if best_stages is None:
-        return None
-    bound = best if exact else min(best, s_sum + (m - 1) * lb_b)
-    return DPResult(best_stages, best, bound, tries, exact)
+            return DPResult(best_stages, best, min(best, s_cap + (m - 1) * b_min), tries, False)
+        cap = min(ev.bottleneck_s, (best - s_inf) / (m - 1)) * (1.0 - CAP_TOLERANCE)
+    return DPResult(best_stages, best, best, tries, True)
 
 
 def solve_exact(problem: Problem, *, state_budget: int = DEFAULT_STATE_BUDGET,
@@ -279,22 +311,25 @@ def solve_exact(problem: Problem, *, state_budget: int = DEFAULT_STATE_BUDGET,
     """
     classes = device_classes(problem)
     limit = min(problem.num_units, len(problem.devices), max_stages or len(problem.devices))
+    size = math.prod(c.count + 1 for c in classes)  # count vectors, before the stage limit prunes them
+    work = size * len(classes) * (problem.num_units + 1) ** 2
+    if work > state_budget:
+        raise StateSpaceTooLarge(f"{size} device-count states x {len(classes)} classes x "
+                                 f"{problem.num_units + 1}^2 cells > budget {state_budget:.3g}")
     states = _count_states(classes, limit)
-    if len(states) > state_budget:
-        raise StateSpaceTooLarge(f"{len(states)} count states > budget {state_budget}")
     tab = _Tables(problem, classes)
 
     if exact_stages is not None:
         states = [s for s in states if sum(s) <= exact_stages]
 
-    def min_sum(cap: float) -> tuple[float, tuple[Stage, ...]] | None:
-        out = _min_sum_counts(tab, cap, states, exact_stages)
+    def min_sum(cap: float, bottleneck: bool) -> tuple[float, tuple[Stage, ...]] | None:
+        out = _min_sum_counts(tab, cap, states, exact_stages, bottleneck=bottleneck)
         return None if out is None else (out[0], _assign(classes, out[1]))
 
     return _parametric(problem, min_sum, time_limit_s=time_limit_s)
 
 
-def _run_counts(tab: _Tables, cap: float, states: list[tuple[int, ...]]
+def _run_counts(tab: _Tables, cap: float, states: list[tuple[int, ...]], combine: Callable = np.add,
                 ) -> tuple[dict[tuple[int, ...], np.ndarray], dict[tuple[int, ...], np.ndarray]]:
     """Backward DP over count vectors (in order of their total).
 
@@ -319,10 +354,10 @@ def _run_counts(tab: _Tables, cap: float, states: list[tuple[int, ...]]
             pv = value.get(tuple(v - (i == c) for i, v in enumerate(state)))
             if pv is None:
                 continue
-            tot = comm_ok[c] + pv  # H[u] = min_f 2C(c->f, cut u) + suffix(prev, f, u)
+            tot = combine(comm_ok[c], pv)  # H[u] = min_f 2C(c->f, cut u) (+ or max) suffix(prev, f, u)
             f_best = np.argmin(tot, axis=0)
             h = tot[f_best, np.arange(L + 1)]
-            cand = tab.stage_matrix(c, k - 1, cap) + h[None, :]
+            cand = combine(tab.stage_matrix(c, k - 1, cap), h[None, :])
             u_best = np.argmin(cand, axis=1)
             val[c] = cand[np.arange(L + 1), u_best]
             bp[c, :, 0], bp[c, :, 1] = u_best, f_best[u_best]
@@ -331,16 +366,18 @@ def _run_counts(tab: _Tables, cap: float, states: list[tuple[int, ...]]
     return value, back
 
 
-def _min_sum_fixed(tab: _Tables, cap: float, order: Sequence[int]) -> tuple[float, list[tuple[int, int, int]]] | None:
-    """min S(cap) when stage i runs on class `order[i]` (every position used, in order)."""
+def _min_sum_fixed(tab: _Tables, cap: float, order: Sequence[int], *,
+                   bottleneck: bool = False) -> tuple[float, list[tuple[int, int, int]]] | None:
+    """min S(cap) (or the least max term) when stage i runs on class `order[i]`, every position used."""
+    combine = np.maximum if bottleneck else np.add
     L, p = tab.L, len(order)
     comm_ok = np.where(tab.comm2 <= cap, tab.comm2, np.inf)
     suffix = tab.stage_matrix(order[-1], 0, cap)[:, L]  # suffix[u]: stages i..p-1 starting at u
     cuts: list[np.ndarray] = []
     for i in range(p - 2, -1, -1):
         c, nxt = order[i], order[i + 1]
-        h = comm_ok[c, nxt] + suffix
-        cand = tab.stage_matrix(c, p - 1 - i, cap) + h[None, :]
+        h = combine(comm_ok[c, nxt], suffix)
+        cand = combine(tab.stage_matrix(c, p - 1 - i, cap), h[None, :])
         u_best = np.argmin(cand, axis=1)
         suffix = cand[np.arange(L + 1), u_best]
         cuts.append(u_best)
@@ -377,8 +414,8 @@ def solve_fixed_order(problem: Problem, order: Sequence[int], *, time_limit_s: f
     tab = _Tables(problem, singles)
     positions = list(range(len(order)))
 
-    def min_sum(cap: float) -> tuple[float, tuple[Stage, ...]] | None:
-        out = _min_sum_fixed(tab, cap, positions)
+    def min_sum(cap: float, bottleneck: bool) -> tuple[float, tuple[Stage, ...]] | None:
+        out = _min_sum_fixed(tab, cap, positions, bottleneck=bottleneck)
         return None if out is None else (out[0], _assign(singles, out[1]))
 
     return _parametric(problem, min_sum, time_limit_s=time_limit_s)

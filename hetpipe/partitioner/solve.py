@@ -40,6 +40,7 @@ from hetpipe.partitioner.dp import (
     DPResult,
     StateSpaceTooLarge,
     solve_exact,
+    simple_lower_bound,
     solve_fixed_order,
 )
 from hetpipe.partitioner.infeasible import explain_infeasible
@@ -106,12 +107,12 @@ def heuristic(problem: Problem, *, time_limit_s: float = 10.0, num_stages: int |
             seq = [d for d in order if d in keep][: problem.num_units]
             if not seq or (num_stages is not None and len(seq) != num_stages):
                 continue
-            left = max(0.1, time_limit_s - (time.perf_counter() - start))
-            res = solve_fixed_order(problem, seq, time_limit_s=left)
+            left = time_limit_s - (time.perf_counter() - start)
+            if left <= 0 and best is not None:
+                return best
+            res = solve_fixed_order(problem, seq, time_limit_s=max(left, 0.0))
             if res is not None and (best is None or res.iteration_s < best.iteration_s):
                 best = res
-            if time.perf_counter() - start > time_limit_s:
-                return best
     return best
 
 
@@ -120,9 +121,14 @@ def _unused(problem: Problem, stages: tuple[Stage, ...]) -> tuple[int, ...]:
     return tuple(i for i in range(len(problem.devices)) if i not in used)
 
 
-def _from_dp(problem: Problem, res: DPResult, *, name: str, wall_s: float) -> Solution:
-    return Solution(res.stages, name, "OPTIMAL" if res.exact else "FEASIBLE", res.iteration_s,
-                    res.bound_s if res.exact else 0.0, wall_s, _unused(problem, res.stages))
+def _from_dp(problem: Problem, res: DPResult, *, name: str, wall_s: float, proved: bool,
+             bound_s: float = 0.0) -> Solution:
+    """A Solution from a DP answer; `proved` only for the exact DP's completed walk."""
+    if proved:
+        return Solution(res.stages, name, "OPTIMAL", res.iteration_s, res.iteration_s, wall_s,
+                        _unused(problem, res.stages))
+    return Solution(res.stages, name, "FEASIBLE", res.iteration_s, min(bound_s, res.iteration_s), wall_s,
+                    _unused(problem, res.stages))
 
 
 def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0,
@@ -148,7 +154,8 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
     if tractable and exact is None:
         raise explain_infeasible(problem)
     if tractable and solver != "cpsat":
-        return _from_dp(problem, exact, name="dp", wall_s=time.perf_counter() - start)
+        return _from_dp(problem, exact, name="dp", wall_s=time.perf_counter() - start, proved=exact.exact,
+                        bound_s=exact.bound_s)
     hint = exact if exact is not None else heuristic(problem, time_limit_s=time_limit_s / 2, num_stages=num_stages)
     left = max(0.5, time_limit_s - (time.perf_counter() - start))
     res = solve_cpsat(problem, time_limit_s=left, seed=seed, hint=hint.stages if hint else None,
@@ -156,7 +163,9 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
     wall = time.perf_counter() - start
     if res.stages is None:
         if hint is not None:  # CP-SAT ran out of time before re-finding the hint
-            return _from_dp(problem, hint, name="heuristic", wall_s=wall)
+            proved = exact is not None and exact.exact
+            return _from_dp(problem, hint, name="dp" if proved else "heuristic", wall_s=wall, proved=proved,
+                            bound_s=simple_lower_bound(problem))
         if res.status == "INFEASIBLE":
             raise explain_infeasible(problem)
         raise InfeasibleError(f"no plan found within the {time_limit_s:g} s limit (CP-SAT: {res.status}); "
@@ -164,7 +173,7 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
     stages, value = res.stages, res.iteration_s
     if hint is not None and hint.iteration_s < value:
         stages, value = hint.stages, hint.iteration_s  # float re-evaluation can favour the hint by a tick
-    bound = min(res.bound_s, value)
+    bound = min(max(res.bound_s, simple_lower_bound(problem)), value)
     if exact is not None and exact.exact:
         bound = exact.iteration_s
     status = "OPTIMAL" if res.status == "OPTIMAL" or bound >= value * (1 - 1e-6) else "FEASIBLE"
