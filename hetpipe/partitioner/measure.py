@@ -1,0 +1,247 @@
+"""Measure a traced graph on the meta device: per-node forward costs, per-unit training costs.
+
+Two passes over a ``torch.fx.GraphModule`` whose parameters live on the meta device
+(nothing is computed, nothing is allocated):
+
+* `measure_forward` runs the graph node by node under `CostCounter` and records, per
+  node, the forward FLOPs, memory traffic and kernel launches and the shapes/dtypes of
+  what the node returns.  `capture` groups nodes into units from these numbers.
+* `measure_training` runs the graph again with every value that crosses a unit
+  boundary replaced, in the consuming unit, by a fresh autograd leaf (a clone of a
+  detached copy, made outside the meters and counters).  Each unit's autograd graph is
+  then separate, so per unit it measures
+
+  - *saved activations*: the unique storages autograd saves while the unit's nodes run
+    (`SavedTensorMeter`, one per unit; parameters and buffers excluded).  A storage
+    saved by two units counts in both (each stage holding one of them keeps it);
+  - *backward FLOPs*: ``torch.autograd.backward`` from the unit's outputs (every tensor
+    it passes to a later unit or to the model output) with an arbitrary meta gradient,
+    run under `CostCounter`.  This measures what autograd really runs: input gradients
+    of the unit's boundary inputs that require grad, weight gradients of its
+    parameters, and the accumulation of a tied parameter's second gradient.  The loss
+    and its gradient are outside the graph and not counted.
+
+Scaled-dot-product attention is replayed with `fused_sdpa` in both passes: the meta
+device would take the math path and save the b·a·s² probabilities, which the fused GPU
+kernels a plan targets do not (see `hetpipe.cost_models.activations`).
+
+Example:
+    >>> import torch, torch.fx as fx
+    >>> net = fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh()).to("meta"))
+    >>> x = torch.empty(2, 4, device="meta")
+    >>> fwd = measure_forward(net, (x,), precision="fp32")
+    >>> fwd["_0"].flops, fwd["_1"].flops, fwd["_1"].shapes
+    (128, 16, (((2, 8), 'float32'),))
+    >>> train = measure_training(net, (x,), unit_of={"input_1": 0, "_0": 0, "_1": 1, "output": 1},
+    ...                          num_units=2, precision="fp32")
+    >>> train.activation_bytes     # Linear saves its input (2x4 floats), tanh its output (2x8)
+    (32, 64)
+    >>> train.bwd_flops[0]         # weight gradient 2*2*4*8 + bias gradient (sum of 2x8); none for x
+    144
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_leaves, tree_map
+
+from hetpipe.cost_models.activations import SDPA_TARGETS, SavedTensorMeter, fused_sdpa, storage_key
+from hetpipe.cost_models.flops import CostCounter
+from hetpipe.cost_models.memory import tensor_bytes
+from hetpipe.errors import CaptureError
+
+CALL_OPS = ("call_function", "call_method", "call_module")
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """What one node does in the forward, per micro-batch.
+
+    Attributes:
+        flops: forward FLOPs.
+        traffic_bytes: bytes read + written by its memory-bound ops.
+        kernels: kernels launched (0 for views and Python-level getitems).
+        out_bytes: bytes of the tensors it returns (in the training precision).
+        shapes: ``(shape, dtype)`` of every tensor it returns, in pytree order.
+        is_tensor: it returns a single tensor (only such values can cross a pipeline cut).
+    """
+
+    flops: int
+    traffic_bytes: int
+    kernels: int
+    out_bytes: int
+    shapes: tuple[tuple[tuple[int, ...], str], ...]
+    is_tensor: bool
+
+
+def module_path_of(node: fx.Node) -> str:
+    """Qualified name of the innermost module a node ran in (``""`` for the root).
+
+    Example:
+        >>> g = fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(1, 1))).graph
+        >>> [module_path_of(n) for n in g.nodes]
+        ['', '0', '']
+    """
+    stack = node.meta.get("nn_module_stack") or {}
+    if stack:
+        path = list(stack.values())[-1][0]
+        return str(path)
+    return str(node.target) if node.op == "call_module" else ""
+
+
+def _describe(value: Any, precision: str) -> tuple[int, tuple[tuple[tuple[int, ...], str], ...]]:
+    tensors = [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+    shapes = tuple((tuple(int(d) for d in t.shape), str(t.dtype).removeprefix("torch.")) for t in tensors)
+    return sum(tensor_bytes(t, precision) for t in tensors), shapes
+
+
+def _where(node: fx.Node) -> str:
+    path = module_path_of(node)
+    return f"node {node.name!r} ({node.op} {node.target}) in module {path or '<root>'!r}"
+
+
+def _on_meta(args: Any, kwargs: Any) -> tuple[Any, Any]:
+    """Devices baked into a graph (an export of a CPU model records ``device=cpu``) -> meta."""
+    def fix(a: Any) -> Any:
+        return _META if isinstance(a, torch.device) else a
+    kwargs = dict(tree_map(fix, kwargs))
+    if isinstance(kwargs.get("device"), str):
+        kwargs["device"] = _META
+    return tree_map(fix, args), kwargs
+
+
+_META = torch.device("meta")
+
+
+class _MetaInterpreter(fx.Interpreter):
+    """Runs a graph on meta tensors, replaying SDPA as a fused kernel."""
+
+    def __init__(self, gm: fx.GraphModule, garbage_collect_values: bool = True) -> None:
+        super().__init__(gm, garbage_collect_values=garbage_collect_values)
+        self.extra_traceback = False  # our CaptureError already names the node
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if target in SDPA_TARGETS:
+            target = fused_sdpa
+        return super().call_function(target, *_on_meta(args, kwargs))
+
+    def call_method(self, target: Any, args: Any, kwargs: Any) -> Any:
+        return super().call_method(target, *_on_meta(args, kwargs))
+
+    def _run_checked(self, n: fx.Node, args: Any, kwargs: Any) -> Any:
+        try:
+            return getattr(self, n.op)(n.target, args, kwargs)
+        except CaptureError:
+            raise
+        except Exception as err:  # an op without a meta kernel, .item(), data-dependent Python
+            raise CaptureError(
+                f"cannot run {_where(n)} on the meta device: {type(err).__name__}: {str(err).splitlines()[0]}; "
+                "costs are measured without real data, so the forward must not read tensor values "
+                "(.item(), `if tensor:`); rewrite that code with torch.where/torch.cond, or pass a model "
+                "whose every op has a meta kernel") from err
+
+
+class _ForwardPass(_MetaInterpreter):
+    def __init__(self, gm: fx.GraphModule, precision: str) -> None:
+        super().__init__(gm)
+        self.precision = precision
+        self.counter = CostCounter(precision)
+        self.costs: dict[str, NodeCost] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        before = self.counter.snapshot()
+        out = self._run_checked(n, args, kwargs)
+        after = self.counter.snapshot()
+        out_bytes, shapes = _describe(out, self.precision)
+        self.costs[n.name] = NodeCost(
+            flops=after.flops - before.flops, traffic_bytes=after.traffic_bytes - before.traffic_bytes,
+            kernels=after.kernels - before.kernels, out_bytes=out_bytes, shapes=shapes,
+            is_tensor=isinstance(out, torch.Tensor))
+        return out
+
+
+def measure_forward(gm: fx.GraphModule, inputs: Sequence[Any], *, precision: str) -> dict[str, NodeCost]:
+    """Per-node forward costs of ``gm`` on meta ``inputs`` (see the module docstring)."""
+    run = _ForwardPass(gm, precision)
+    with torch.enable_grad(), run.counter:
+        run.run(*inputs)
+    return run.costs
+
+
+@dataclass(frozen=True)
+class TrainingCosts:
+    """Per-unit results of `measure_training`."""
+
+    activation_bytes: tuple[int, ...]
+    bwd_flops: tuple[int, ...]
+
+
+def _leaf(value: Any) -> Any:
+    """A fresh autograd leaf standing in for a value received from another unit."""
+    def one(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            return t.detach().requires_grad_(True).clone()  # clone: in-place ops on it stay legal
+        return t
+    return tree_map(one, value)
+
+
+class _TrainingPass(_MetaInterpreter):
+    def __init__(self, gm: fx.GraphModule, *, unit_of: Mapping[str, int], num_units: int, precision: str) -> None:
+        super().__init__(gm, garbage_collect_values=True)
+        self.unit_of = unit_of
+        keys = {storage_key(t) for t in [*gm.parameters(), *gm.buffers()]}
+        keys |= {storage_key(t) for n in gm.graph.nodes if n.op == "get_attr"
+                 for t in [self.fetch_attr(n.target)] if isinstance(t, torch.Tensor)}
+        self.meters = [SavedTensorMeter(keys, precision) for _ in range(num_units)]
+        self.leaves: dict[str, Any] = {}
+        self.outputs: list[list[torch.Tensor]] = [[] for _ in range(num_units)]
+
+    def _load(self, p: fx.Node, unit: int) -> Any:
+        value = self.env[p]
+        if p.op == "get_attr" or self.unit_of[p.name] == unit:
+            return value
+        if p.name not in self.leaves:
+            self.leaves[p.name] = _leaf(value)
+        return self.leaves[p.name]
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n.op not in CALL_OPS:
+            return super().run_node(n)
+        unit = self.unit_of[n.name]
+        args = fx.node.map_arg(n.args, lambda p: self._load(p, unit))
+        kwargs = fx.node.map_arg(n.kwargs, lambda p: self._load(p, unit))
+        with self.meters[unit]:
+            out = self._run_checked(n, args, kwargs)
+        # the unit's outputs: what a later unit or the model output reads
+        if any(u.op == "output" or self.unit_of[u.name] != unit for u in n.users):
+            self.outputs[unit].extend(t for t in tree_leaves(out)
+                                      if isinstance(t, torch.Tensor) and t.grad_fn is not None)
+        return out
+
+
+def measure_training(gm: fx.GraphModule, inputs: Sequence[Any], *, unit_of: Mapping[str, int], num_units: int,
+                     precision: str) -> TrainingCosts:
+    """Saved-activation bytes and backward FLOPs of each unit (see the module docstring).
+
+    ``unit_of`` maps every node name of ``gm`` to its unit; units must follow the data flow.
+    """
+    run = _TrainingPass(gm, unit_of=unit_of, num_units=num_units, precision=precision)
+    with torch.enable_grad():
+        run.run(*inputs)
+        bwd = []
+        counter = CostCounter(precision)
+        with counter:
+            for outs in run.outputs:
+                before = counter.snapshot().flops
+                if outs:
+                    torch.autograd.backward(outs, [torch.empty_like(t) for t in outs])
+                bwd.append(counter.snapshot().flops - before)
+    for p in gm.parameters():
+        p.grad = None
+    return TrainingCosts(activation_bytes=tuple(m.total_bytes for m in run.meters), bwd_flops=tuple(bwd))
