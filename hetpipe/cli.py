@@ -1,6 +1,6 @@
 """The `hetpipe` console script.
 
-Subcommands: ``models``, ``inspect``, ``plan``, ``check``, ``profile``.
+Subcommands: ``models``, ``inspect``, ``plan``, ``check``, ``profile``, ``run``.
 Every `HetpipeError` becomes one ``error: ...`` line on stderr and exit code 2;
 ``check`` exits 1 when a plan violates its own tables.
 
@@ -57,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profile", help="detect local GPUs (pynvml) and write a cluster file")
     p.add_argument("--calibrate", action="store_true", help="measure matmul FLOP/s and local link bandwidth")
     p.add_argument("-o", "--output", type=Path, default=None)
+    from hetpipe.runtime.launch import add_run_parser  # no torch import: `hetpipe --help` stays fast
+
+    add_run_parser(sub)
     return parser
 
 
@@ -153,12 +156,20 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    """``hetpipe run plan.json --model M --steps N [--emulate] [--report run.json]`` (torchrun, one rank per stage)."""
+    from hetpipe.runtime.launch import cmd_run as run_plan
+
+    return run_plan(args, console)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "models": cmd_models,
     "inspect": cmd_inspect,
     "plan": cmd_plan,
     "check": cmd_check,
     "profile": cmd_profile,
+    "run": cmd_run,
 }
 
 
@@ -169,10 +180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args, console)
     except HetpipeError as err:
-        Console(stderr=True).print(f"error: {err}", markup=False, highlight=False)
+        Console(stderr=True, soft_wrap=True).print(f"error: {err}", markup=False, highlight=False)
         return 2
     except KeyboardInterrupt:
-        Console(stderr=True).print("interrupted")
+        Console(stderr=True, soft_wrap=True).print("interrupted")
         return 130
 
 

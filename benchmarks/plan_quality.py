@@ -1,0 +1,135 @@
+"""Issue #3, acceptance 4: hetpipe's plan vs what Megatron/torchtitan, DeepSpeed and torchgpipe would do.
+
+For each scenario (a bundled model captured on meta, an example cluster file, bf16
+mixed precision with Adam, two micro-batches per card) the planner's T is compared with
+the three baselines of `hetpipe.partitioner.baselines`, all under the same cost model
+and memory check.  A baseline that does not fit is flagged OOM (it would crash); its
+speed-up is then not a ratio but "OOM".  On mixed clusters hetpipe must beat every
+baseline; on homogeneous controls it must never be worse.
+
+Writes benchmarks/results/plan_quality.md and plan_quality.png (speed-up per scenario).
+
+Usage:
+    python benchmarks/plan_quality.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import RESULTS_DIR, markdown_table, write_result  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Scenario:
+    cluster: str  # file under examples/clusters
+    model: str
+    batch: int  # micro-batch size
+    seq: int | None
+    mixed: bool  # heterogeneous cluster (hetpipe must win) or homogeneous control
+
+
+SCENARIOS = (
+    Scenario("homelab.yaml", "gpt2-xl", 1, 1024, True),
+    Scenario("homelab.yaml", "gpt2-medium", 4, 1024, True),
+    Scenario("lab-a100-v100.yaml", "llama-7b", 1, 4096, True),
+    Scenario("community-16.yaml", "gpt2-xl", 1, 1024, True),
+    Scenario("mixed-64.yaml", "llama-7b", 1, 2048, True),
+    Scenario("homogeneous-4x3090.yaml", "gpt2-medium", 4, 1024, False),
+    Scenario("homogeneous-8xa100.yaml", "llama-7b", 1, 4096, False),
+)
+QUICK = SCENARIOS[:2] + SCENARIOS[5:6]
+
+
+def evaluate_scenario(sc: Scenario) -> dict[str, object]:
+    from hetpipe.cost_models.cluster import load_cluster
+    from hetpipe.models import build
+    from hetpipe.partitioner.api import partition_graph
+    from hetpipe.partitioner.capture import capture
+
+    cluster = load_cluster(ROOT / "examples" / "clusters" / sc.cluster)
+    model, inputs = build(sc.model, device="meta", batch=sc.batch, seq=sc.seq)
+    graph = capture(model, inputs, name=sc.model, optimizer="adam", precision="bf16-mixed")
+    plan = partition_graph(graph, cluster, time_limit_s=10.0, seed=0)
+    return {"scenario": sc, "plan": plan}
+
+
+def _row(result: dict[str, object]) -> tuple[list[object], dict[str, float | None]]:
+    sc, plan = result["scenario"], result["plan"]
+    t = plan.predicted.iteration_s
+    speedups: dict[str, float | None] = {}
+    cells = []
+    for name, b in plan.baselines.items():
+        speedups[name] = b.iteration_s / t if b.fits else None
+        cells.append(f"{b.iteration_s:.3f} s ({b.iteration_s / t:.2f}x)" if b.fits else f"OOM ({b.iteration_s:.3f} s)")
+    row = [sc.cluster.removesuffix(".yaml"), sc.model, "mixed" if sc.mixed else "homogeneous",
+           f"{len(plan.stages)}/{len(plan.devices)}", f"{t:.3f} s", f"{plan.solver.name} {plan.solver.status}", *cells]
+    return row, speedups
+
+
+def _check(sc: Scenario, speedups: dict[str, float | None]) -> str:
+    fitting = [v for v in speedups.values() if v is not None]
+    if sc.mixed:
+        return "ok" if all(v > 1.0 for v in fitting) else "FAIL: a baseline is as fast"
+    return "ok" if all(v >= 1.0 - 1e-9 for v in fitting) else "FAIL: worse than a baseline"
+
+
+def _plot(labels: list[str], speedups: list[dict[str, float | None]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(speedups[0])
+    fig, ax = plt.subplots(figsize=(10, 4))
+    width = 0.8 / len(names)
+    for k, name in enumerate(names):
+        xs = [i + k * width for i in range(len(labels))]
+        ys = [s[name] or 0.0 for s in speedups]
+        bars = ax.bar(xs, ys, width, label=name)
+        for x, s in zip(xs, speedups):
+            if s[name] is None:
+                ax.text(x, 0.05, "OOM", rotation=90, ha="center", va="bottom", fontsize=8)
+        del bars
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(labels))], labels, rotation=20, ha="right",
+                  fontsize=8)
+    ax.set_ylabel("baseline T / hetpipe T")
+    ax.set_title("hetpipe speed-up over each baseline (predicted, same cost model)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="three scenarios only")
+    args = ap.parse_args(argv)
+    rows, labels, all_speedups, failures = [], [], [], 0
+    for sc in QUICK if args.quick else SCENARIOS:
+        row, speedups = _row(evaluate_scenario(sc))
+        verdict = _check(sc, speedups)
+        failures += verdict != "ok"
+        rows.append([*row, verdict])
+        labels.append(f"{row[0]}\n{row[1]}")
+        all_speedups.append(speedups)
+        print(" | ".join(map(str, rows[-1])), flush=True)
+    header = ["cluster", "model", "kind", "stages/devices", "hetpipe T", "solver", "uniform", "parameters",
+              "time-homogeneous", "check"]
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    _plot(labels, all_speedups, RESULTS_DIR / "plan_quality.png")
+    body = (f"{__doc__.split('Usage:')[0].strip()}\n\n{markdown_table(header, rows)}\n\n"
+            "![speed-up per scenario](results/plan_quality.png)\n")
+    print(f"wrote {write_result('plan_quality', 'Plan quality vs baselines (issue #3)', body)}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
