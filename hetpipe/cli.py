@@ -1,6 +1,6 @@
 """The `hetpipe` console script.
 
-Subcommands: ``models``, ``inspect``, ``plan``, ``check``, ``profile``, ``run``.
+Subcommands: ``models``, ``inspect``, ``plan``, ``check``, ``profile``, ``run``, ``demo``.
 Every `HetpipeError` becomes one ``error: ...`` line on stderr and exit code 2;
 ``check`` exits 1 when a plan violates its own tables.
 
@@ -57,6 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profile", help="detect local GPUs (pynvml) and write a cluster file")
     p.add_argument("--calibrate", action="store_true", help="measure matmul FLOP/s and local link bandwidth")
     p.add_argument("-o", "--output", type=Path, default=None)
+    p = sub.add_parser("demo", help="plan the bundled GPT on the emulated home lab, compare baselines, train a few steps")
+    p.add_argument("--out", type=Path, default=Path("hetpipe-demo"), help="where plan.json, run.json, gantt.png go")
+    p.add_argument("--steps", type=int, default=4, help="training steps to run (default 4)")
+    p.add_argument("--fast", action="store_true", help="plan and compare only; do not launch the training run")
     from hetpipe.runtime.launch import add_run_parser  # no torch import: `hetpipe --help` stays fast
 
     add_run_parser(sub)
@@ -163,6 +167,12 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     return run_plan(args, console)
 
 
+def cmd_demo(args: argparse.Namespace, console: Console) -> int:
+    from hetpipe.demo import run_demo
+
+    return run_demo(out=args.out, steps=args.steps, run=not args.fast, console=console)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "models": cmd_models,
     "inspect": cmd_inspect,
@@ -170,6 +180,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "check": cmd_check,
     "profile": cmd_profile,
     "run": cmd_run,
+    "demo": cmd_demo,
 }
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from hetpipe.errors import ConfigError
+from hetpipe.partitioner.infeasible import human_bytes
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.units import _split_bounds
 
@@ -87,8 +88,8 @@ def _overflow_note(problem: Problem, stages: Sequence[Stage], memory: Sequence[t
     worst = max(range(len(stages)), key=lambda s: memory[s][0] - memory[s][1])
     used, usable = memory[worst]
     dev = problem.devices[stages[worst].device]
-    return (f"stage {worst} on {dev.id} ({dev.kind}) needs {used / 2**30:.2f} GiB of {usable / 2**30:.2f} GiB "
-            "usable: out of memory")
+    return (f"stage {worst} on {dev.id} ({dev.kind}) needs {human_bytes(used)} of "
+            f"{human_bytes(usable)} usable: out of memory")
 
 
 def baseline(problem: Problem, name: str) -> BaselineResult:

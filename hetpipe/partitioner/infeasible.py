@@ -30,7 +30,8 @@ from hetpipe.partitioner.problem import Problem, Stage, evaluate, stage_memory_b
 BISECTION_STEPS = 30
 
 
-def _fmt(n: float) -> str:
+def human_bytes(n: float) -> str:
+    """Bytes with a binary unit, for messages (``human_bytes(3 * 2**20) == '3.00 MiB'``)."""
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
@@ -102,8 +103,8 @@ def explain_infeasible(problem: Problem) -> InfeasibleError:
         tips.append("a smaller micro-batch or activation recomputation")
     tips.append("more devices or devices with more memory")
     return InfeasibleError(
-        f"no plan fits in memory: at best, stage {s} on {dev.id} ({dev.kind}) needs {_fmt(cost.memory_bytes)} "
-        f"but has {_fmt(cost.usable_bytes)} usable ({_fmt(missing)} missing; units {st.first_unit}-{st.last_unit}: "
-        f"state {_fmt(state)}, activations {_fmt(act)} for {inflight} in-flight micro-batches, buffers "
-        f"{_fmt(buffers)}); try {'; '.join(tips)}"
+        f"no plan fits in memory: at best, stage {s} on {dev.id} ({dev.kind}) needs {human_bytes(cost.memory_bytes)} "
+        f"but has {human_bytes(cost.usable_bytes)} usable ({human_bytes(missing)} missing; units {st.first_unit}-{st.last_unit}: "
+        f"state {human_bytes(state)}, activations {human_bytes(act)} for {inflight} in-flight micro-batches, buffers "
+        f"{human_bytes(buffers)}); try {'; '.join(tips)}"
     )

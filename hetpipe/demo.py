@@ -1,0 +1,102 @@
+"""`hetpipe demo`: the whole story on one CPU box, in under a few minutes.
+
+1. Plan the bundled GPT (``gpt-demo``) on the bundled, emulated home lab
+   (``hetpipe/data/homelab-mini.yaml``: RTX 3090 + RTX 4090 on one node, RTX 3060 12GB on
+   another over 1 GbE, scaled down so a CPU can run it) and show it next to the
+   Megatron/DeepSpeed/torchgpipe baselines, which do not fit on the 3060.
+2. The same comparison for GPT-2 XL on the full-size home lab (``homelab.yaml``), predicted.
+3. Run a few 1F1B training steps of the plan with every device emulated (speed, memory
+   limit, links) under torchrun, and put the measured iteration next to the prediction.
+4. Write plan.json, run.json, a simulated Gantt chart (PNG) and a Perfetto trace.
+
+Example:
+    $ hetpipe demo --out demo-out
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+from rich.console import Console
+
+from hetpipe.partitioner.plan import Plan
+
+DEMO_MODEL, DEMO_BATCH, DEMO_SEQ, DEMO_MICROBATCHES = "gpt-demo", 2, 128, 6
+BIG_MODEL, BIG_BATCH, BIG_SEQ = "gpt2-xl", 1, 1024
+
+
+def bundled_cluster(name: str) -> Path:
+    """Path of a cluster file shipped in the package (``homelab.yaml``, ``homelab-mini.yaml``)."""
+    return Path(str(resources.files("hetpipe") / "data" / name))
+
+
+def _plan(model_name: str, cluster_file: Path, *, batch: int, seq: int, precision: str,
+          global_batch: int | None) -> Plan:
+    from hetpipe.cost_models.cluster import load_cluster
+    from hetpipe.models import build
+    from hetpipe.partitioner.api import partition_graph
+    from hetpipe.partitioner.capture import capture
+
+    model, inputs = build(model_name, device="meta", batch=batch, seq=seq)
+    graph = capture(model, inputs, name=model_name, optimizer="adam", precision=precision)
+    return partition_graph(graph, load_cluster(cluster_file), global_batch=global_batch)
+
+
+def _timelines(plan: Plan, out: Path) -> tuple[Path, Path]:
+    from hetpipe.gantt import chrome_trace, save_gantt
+    from hetpipe.partitioner.plan import problem_from_plan, stages_from_plan
+    from hetpipe.runtime.schedule import one_f_one_b
+    from hetpipe.runtime.simulate import costs_from_problem, simulate
+
+    problem, stages = problem_from_plan(plan), stages_from_plan(plan)
+    result = simulate(one_f_one_b(len(stages), problem.microbatches), costs_from_problem(problem, stages))
+    kinds = {d.id: d.kind for d in plan.devices}
+    labels = [f"{s.device} ({kinds[s.device]})" for s in plan.stages]
+    png = save_gantt(result, out / "gantt.png", labels=labels,
+                     title=f"{plan.model.name}: simulated 1F1B iteration {result.iteration_s:.3f} s "
+                           f"(plan T {plan.predicted.iteration_s:.3f} s)")
+    trace = out / "trace.json"
+    trace.write_text(json.dumps(chrome_trace(result, labels=labels)))
+    return png, trace
+
+
+def run_demo(*, out: Path, steps: int, run: bool, console: Console) -> int:
+    """The demo (see the module docstring); returns the exit code."""
+    from hetpipe.views import baseline_table, plan_table
+
+    out.mkdir(parents=True, exist_ok=True)
+    console.rule("1. plan gpt-demo on the emulated home lab (3090 + 4090 | 1 GbE | 3060 12GB, scaled down)")
+    plan = _plan(DEMO_MODEL, bundled_cluster("homelab-mini.yaml"), batch=DEMO_BATCH, seq=DEMO_SEQ,
+                 precision="fp32", global_batch=DEMO_BATCH * DEMO_MICROBATCHES)
+    plan_path = out / "plan.json"
+    plan.save(plan_path)
+    console.print(plan_table(plan))
+    console.print(baseline_table(plan))
+    for name, b in plan.baselines.items():
+        if b.note:
+            console.print(f"  {name}: {b.note}")
+    console.rule("2. the same question at full size: GPT-2 XL on the real home lab (predicted)")
+    big = _plan(BIG_MODEL, bundled_cluster("homelab.yaml"), batch=BIG_BATCH, seq=BIG_SEQ, precision="bf16-mixed",
+                global_batch=None)
+    console.print(plan_table(big))
+    console.print(baseline_table(big))
+    for lo in big.left_out:
+        console.print(f"  left out {lo.device}: {lo.reason}")
+    png, trace = _timelines(plan, out)
+    if run:
+        from hetpipe.runtime.trainer import run as run_plan
+        from hetpipe.runtime.trainer import summary_tables
+
+        console.rule(f"3. train {steps} steps of the gpt-demo plan, every device emulated (torchrun, gloo)")
+        report = run_plan(plan_path, model=DEMO_MODEL, steps=steps, emulate=True, seq=DEMO_SEQ,
+                          report=out / "run.json")
+        for table in summary_tables(report):
+            console.print(table)
+    console.rule("files")
+    for path in (plan_path, out / "run.json" if run else None, png, trace):
+        if path is not None:
+            console.print(f"  {path}")
+    console.print(f"  re-check the plan: hetpipe check {plan_path}")
+    return 0

@@ -1,0 +1,32 @@
+"""`hetpipe demo --fast`: the README's main job plans, compares and writes its files (no launch here;
+the emulated run it adds is covered by tests/test_run_cli.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hetpipe import cli
+from hetpipe.demo import bundled_cluster
+from hetpipe.partitioner.plan import Plan, check_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bundled_clusters_match_the_examples() -> None:
+    for name in ("homelab.yaml", "homelab-mini.yaml"):
+        assert bundled_cluster(name).read_text() == (ROOT / "examples" / "clusters" / name).read_text()
+
+
+def test_demo_fast_plans_beats_baselines_and_writes_files(tmp_path: Path, capsys) -> None:
+    assert cli.main(["demo", "--fast", "--out", str(tmp_path)]) == 0
+    plan = Plan.load(tmp_path / "plan.json")
+    assert check_plan(plan).ok
+    assert plan.solver.status == "OPTIMAL"
+    # the story: the naive splits do not fit on the small card, hetpipe's plan does
+    assert not plan.baselines["uniform"].fits and "rtx3060" in plan.baselines["uniform"].note
+    assert all(s.memory_bytes <= s.usable_bytes for s in plan.stages)
+    assert (tmp_path / "gantt.png").stat().st_size > 10_000
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    assert {e["ph"] for e in trace["traceEvents"]} == {"X"}
+    assert "out of memory" in capsys.readouterr().out
