@@ -1,0 +1,57 @@
+"""Run the benchmark suite (or named benchmarks) and rewrite benchmarks/RESULTS.md.
+
+Each benchmark script writes benchmarks/results/<name>.md (its table, medians and ratios
+measured side by side in one run, the date and the machine); this script runs them and
+concatenates those files, in the order below, into RESULTS.md.
+
+Usage:
+    python benchmarks/run_all.py                 # every benchmark (~10 minutes on 2 cores)
+    python benchmarks/run_all.py planner_speed   # one, then re-assemble RESULTS.md
+    python benchmarks/run_all.py --assemble      # only re-assemble from results/*.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ORDER = ("planner_speed", "plan_quality", "capture_7b", "runtime_emulated", "runtime_vs_torch")
+
+
+def assemble() -> Path:
+    parts = ["# hetpipe benchmark results\n",
+             "Written by `python benchmarks/run_all.py`; each section by its own script "
+             "(`benchmarks/<name>.py`), with its date and machine.\n"]
+    for name in ORDER:
+        path = HERE / "results" / f"{name}.md"
+        parts.append(path.read_text() if path.exists() else f"## {name}\n\n_not run yet_\n")
+    out = HERE / "RESULTS.md"
+    out.write_text("\n".join(parts))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", help=f"any of {', '.join(ORDER)}")
+    ap.add_argument("--assemble", action="store_true", help="do not run anything; rebuild RESULTS.md")
+    args = ap.parse_args(argv)
+    unknown = [n for n in args.names if n not in ORDER]
+    if unknown:
+        ap.error(f"unknown benchmark(s) {unknown}; choose from {', '.join(ORDER)}")
+    failed = []
+    if not args.assemble:
+        for name in args.names or ORDER:
+            print(f"== {name}", flush=True)
+            if subprocess.call([sys.executable, str(HERE / f"{name}.py")]) != 0:
+                failed.append(name)
+    print(f"wrote {assemble()}")
+    if failed:
+        print(f"failed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
