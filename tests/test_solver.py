@@ -132,3 +132,15 @@ def test_bad_solver_and_zero_devices() -> None:
         solve(empty)
     with pytest.raises(ConfigError, match="unknown baseline"):
         baseline(prob, "random")
+
+
+def test_seeded_exact_dp_is_still_exact() -> None:
+    rng = random.Random(11)
+    for i in range(60):
+        prob = random_problem(rng, units=rng.randint(2, 6), devices=rng.randint(1, 4), tight_memory=i % 3 == 0)
+        feasible = [pl for pl in all_placements(prob) if evaluate(prob, pl).fits]
+        if not feasible:
+            continue
+        seed = rng.choice(feasible)
+        res = solve_exact(prob, seed=seed)
+        assert _close(res.iteration_s, brute_force(prob)), (i, seed)

@@ -58,7 +58,7 @@ CAP_TOLERANCE = 1e-9
 #: `solve_exact` declines and the caller falls back to CP-SAT with a heuristic hint.
 #: 4e7 cells take about 1-2 s per pass of the cap walk on the 2-core reference VM
 #: (96-layer GPT on 16 cards of 4 kinds: 2.4e7 cells, proved optimal in ~2 s).
-DEFAULT_STATE_BUDGET = 40_000_000
+DEFAULT_STATE_BUDGET = 400_000_000
 
 
 @dataclass(frozen=True)
@@ -143,27 +143,34 @@ def _links_match_pair(problem: Problem, bucket: Sequence[int], i: int) -> bool:
 
 
 class _Tables:
-    """Prefix sums and per-class matrices shared by every cap (units of seconds, bytes)."""
+    """Per-class stage costs in *band* form, shared by every cap (seconds, bytes).
+
+    Entry [lo, w] describes the stage on units [lo, lo + w + 1).  Under a cap on every
+    stage's time, stages are short, so a pass only needs the first W columns
+    (`width`): L*W work instead of L^2.
+    """
 
     def __init__(self, problem: Problem, classes: Sequence[DeviceClass]) -> None:
         L = problem.num_units
-        self.L = L
-        self.m = problem.microbatches
-        self.classes = tuple(classes)
-        # compute prefix per class: P[c][u] = sum of (fwd+bwd) of units < u on kind(c)
-        self.work = [np.concatenate(([0.0], np.cumsum(np.add(problem.fwd_s[c.kind], problem.bwd_s[c.kind]))))
-                     for c in classes]
-        st = np.concatenate(([0], np.cumsum(np.asarray(problem.state_bytes, dtype=np.float64))))
-        act = np.concatenate(([0], np.cumsum(np.asarray(problem.activation_bytes, dtype=np.float64))))
+        self.L, self.m, self.classes = L, problem.microbatches, tuple(classes)
+        lo = np.arange(L + 1)[:, None]
+        hi = lo + np.arange(L)[None, :] + 1
+        self.valid = hi <= L
+        hi_c = np.minimum(hi, L)
+        self.hi = hi_c
+        st = np.concatenate(([0.0], np.cumsum(np.asarray(problem.state_bytes, dtype=np.float64))))
+        act = np.concatenate(([0.0], np.cumsum(np.asarray(problem.activation_bytes, dtype=np.float64))))
         bd = np.asarray(problem.boundary_bytes, dtype=np.float64)
-        lo, hi = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")  # stage = units [lo, hi)
-        self.valid = hi > lo
-        self.state = np.where(self.valid, st[hi] - st[lo], 0.0)
-        self.act = np.where(self.valid, act[hi] - act[lo], 0.0)
-        before = np.where(lo > 0, 2.0 * bd[np.maximum(lo - 1, 0)], 0.0)  # buffers for the cut before
-        after = np.where(hi >= 1, 2.0 * bd[np.clip(hi - 1, 0, L - 1)], 0.0)  # ... and after (if any stage follows)
-        self.before, self.after = before, after
-        self.compute = [np.where(self.valid, w[hi] - w[lo], np.inf) for w in self.work]
+        self.state = st[hi_c] - st[lo]
+        self.act = act[hi_c] - act[lo]
+        self.before = np.broadcast_to(np.where(lo > 0, 2.0 * bd[np.maximum(lo - 1, 0)], 0.0), self.valid.shape)
+        self.after = 2.0 * bd[np.clip(hi_c - 1, 0, L - 1)]  # buffers for the cut after, if a stage follows
+        self.is_last = hi == L
+        # compute per class: F + B of the stage's units on kind(c)
+        self.compute = []
+        for c in classes:
+            work = np.concatenate(([0.0], np.cumsum(np.add(problem.fwd_s[c.kind], problem.bwd_s[c.kind]))))
+            self.compute.append(np.where(self.valid, work[hi_c] - work[lo], np.inf))
         # round trip 2*C over the cut after unit u-1 (index u = start of the next stage), per class pair
         self.comm2 = np.zeros((len(classes), len(classes), L + 1))
         for a, ca in enumerate(classes):
@@ -172,60 +179,100 @@ class _Tables:
                 if src == dst:
                     continue  # a class of one device cannot follow itself: counts forbid it
                 for u in range(1, L):
-                    nbytes = problem.boundary_bytes[u - 1]
-                    if nbytes > 0:
+                    if problem.boundary_bytes[u - 1] > 0:
                         self.comm2[a, b, u] = 2.0 * problem.comm_s(src, dst, u - 1)
 
-    def stage_matrix(self, c: int, after_stages: int, cap: float) -> np.ndarray:
-        """Cost of a stage of class c on units [lo, hi) with `after_stages` stages after it (inf = not allowed)."""
+    def width(self, cap: float) -> int:
+        """Columns a pass under `cap` needs: the longest stage any class can run within the cap."""
+        if not math.isfinite(cap):
+            return self.L
+        longest = 0
+        for comp in self.compute:
+            cols = np.flatnonzero((comp <= cap).any(axis=0))
+            if cols.size:
+                longest = max(longest, int(cols[-1]) + 1)
+        return max(1, longest)
+
+    def band(self, c: int, after_stages: int, cap: float, width: int) -> np.ndarray:
+        """Cost of a stage of class c on [lo, lo+w+1) with `after_stages` stages after it (inf = not allowed)."""
         inflight = min(after_stages + 1, self.m)
-        mem = self.state + inflight * self.act + self.before + (self.after if after_stages else 0.0)
-        cost = self.compute[c]
-        ok = self.valid & (cost <= cap) & (mem <= self.classes[c].usable_bytes)
-        if not after_stages:
-            ok &= np.arange(self.L + 1)[None, :] == self.L  # the last stage ends at the last unit
+        sl = np.s_[:, :width]
+        mem = self.state[sl] + inflight * self.act[sl] + self.before[sl] + (self.after[sl] if after_stages else 0.0)
+        cost = self.compute[c][sl]
+        ok = (cost <= cap) & (mem <= self.classes[c].usable_bytes)
+        ok &= self.is_last[sl] if not after_stages else ~self.is_last[sl]  # only the last stage ends at unit L
         return np.where(ok, cost, np.inf)
 
-
-def _count_states(classes: Sequence[DeviceClass], max_stages: int) -> list[tuple[int, ...]]:
-    """Count vectors with 1..max_stages devices in all, ordered by their total."""
-    ranges = [range(c.count + 1) for c in classes]
-    states = [v for v in itertools.product(*ranges) if 0 < sum(v) <= max_stages]
-    states.sort(key=sum)
-    return states
+    def gather(self, h: np.ndarray, width: int) -> np.ndarray:
+        """h[lo + w + 1] as an (L+1, width) array (h indexed by the next stage's first unit)."""
+        return h[self.hi[:, :width]]
 
 
-def _min_sum_counts(tab: _Tables, cap: float, states: list[tuple[int, ...]], stages: int | None = None,
+@dataclass(frozen=True)
+class _Lattice:
+    """Count vectors grouped by their total, and for each (total, class) which vector is the
+    same one with that class's count lowered by one (the suffix after a stage of that class).
+
+    Built once per solve: it does not depend on the cap.
+    """
+
+    groups: dict[int, list[tuple[int, ...]]]
+    moves: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]  # (k, c) -> (rows in k, rows in k-1)
+
+    @classmethod
+    def build(cls, classes: Sequence[DeviceClass], max_stages: int) -> _Lattice:
+        ranges = [range(c.count + 1) for c in classes]
+        groups: dict[int, list[tuple[int, ...]]] = {}
+        for v in itertools.product(*ranges):
+            if 0 < sum(v) <= max_stages:
+                groups.setdefault(sum(v), []).append(v)
+        moves = {}
+        for k, group in groups.items():
+            if k == 1:
+                continue
+            where = {st: i for i, st in enumerate(groups[k - 1])}
+            for c in range(len(classes)):
+                pairs = [(i, where[st[:c] + (st[c] - 1,) + st[c + 1:]]) for i, st in enumerate(group) if st[c] > 0]
+                moves[(k, c)] = (np.asarray([i for i, _ in pairs], dtype=np.int64),
+                                 np.asarray([q for _, q in pairs], dtype=np.int64))
+        return cls(groups, moves)
+
+
+def _min_sum_counts(tab: _Tables, cap: float, lattice: _Lattice, stages: int | None = None,
                     *, bottleneck: bool = False) -> tuple[float, list[tuple[int, int, int]]] | None:
     """min S(cap) over the count vectors (exactly `stages` devices if given); with
     `bottleneck`, the least max term instead of the least sum.
 
     Returns (value, [(class, lo, hi)] front to back), or None when nothing fits under the cap.
     """
-    value, back = _run_counts(tab, cap, states, np.maximum if bottleneck else np.add)
-    best: tuple[float, tuple[tuple[int, ...], int]] | None = None
-    for state, val in value.items():
-        if stages is not None and sum(state) != stages:
+    vals, backs = _run_counts(tab, cap, lattice, np.maximum if bottleneck else np.add)
+    best: tuple[float, int, int, int] | None = None  # (value, total, row, class)
+    for k, val in vals.items():
+        if stages is not None and k != stages:
             continue
-        c0 = int(np.argmin(val[:, 0]))
-        if math.isfinite(val[c0, 0]) and (best is None or val[c0, 0] < best[0]):
-            best = (float(val[c0, 0]), (state, c0))
+        i, c = np.unravel_index(int(np.argmin(val[:, :, 0])), val.shape[:2])
+        v = float(val[i, c, 0])
+        if math.isfinite(v) and (best is None or v < best[0]):
+            best = (v, k, int(i), int(c))
     if best is None:
         return None
-    return best[0], _unwind(back, best[1], tab.L)
+    return best[0], _unwind(lattice, backs, best[1:], tab.L)
 
 
-def _unwind(back: dict[tuple[int, ...], np.ndarray], key: tuple[tuple[int, ...], int], L: int) -> list[tuple[int, int, int]]:
-    state, c = key
+def _unwind(lattice: _Lattice, backs: dict[int, np.ndarray], key: tuple[int, int, int],
+            L: int) -> list[tuple[int, int, int]]:
+    """Follow back-pointers from (total, row, class) at unit 0 to the last stage."""
+    k, i, c = key
     lo, out = 0, []
     while True:
-        hi, nxt = (int(x) for x in back[state][c, lo])
-        if sum(state) == 1:
+        if k == 1:
             out.append((c, lo, L))
             return out
+        hi, nxt = (int(x) for x in backs[k][i, c, lo])
         out.append((c, lo, hi))
-        state = tuple(v - (i == c) for i, v in enumerate(state))
-        lo, c = hi, nxt
+        rows, prev = lattice.moves[(k, c)]
+        i = int(prev[np.flatnonzero(rows == i)[0]])
+        k, lo, c = k - 1, hi, nxt
 
 
 def _assign(classes: Sequence[DeviceClass], picks: Sequence[tuple[int, int, int]]) -> tuple[Stage, ...]:
@@ -259,31 +306,50 @@ def simple_lower_bound(problem: Problem) -> float:
 MinSum = Callable[[float, bool], "tuple[float, tuple[Stage, ...]] | None"]
 
 
-def _parametric(problem: Problem, min_sum: MinSum, *, time_limit_s: float) -> DPResult | None:
+def _sum_lower_bound(problem: Problem) -> float:
+    """S >= every unit on its fastest kind (comm and memory only add)."""
+    kinds = list(problem.fwd_s)
+    return sum(min(problem.fwd_s[k][u] + problem.bwd_s[k][u] for k in kinds) for u in range(problem.num_units))
+
+
+def _parametric(problem: Problem, min_sum: MinSum, *, time_limit_s: float,
+                seed: Sequence[Stage] | None = None) -> DPResult | None:
     """The cap walk of the module docstring around `min_sum(cap, bottleneck)`.
 
-    `min_sum(cap, False)` is min S under the cap; `min_sum(inf, True)` is the least
-    achievable bottleneck b_min (the same DP with max in place of +).  Any placement
-    better than the best T found has S >= S(inf) and so a bottleneck below
-    (best - S(inf)) / (m - 1): the walk scans only [b_min, that].
+    `min_sum(cap, False)` is min S under the cap; `min_sum(cap, True)` the least
+    achievable bottleneck under it (the same DP with max in place of +).  Any placement
+    better than the best T found has S >= S_lb and so a bottleneck below
+    (best - S_lb) / (m - 1): the walk scans only [b_min, that].  A feasible `seed`
+    placement caps the first passes at its bottleneck, so no pass runs uncapped.
     """
-    m = problem.microbatches
-    start = time.perf_counter()
-    first = min_sum(math.inf, False)
-    if first is None:
-        return None
-    s_inf, stages = first
-    best, best_stages, tries = evaluate(problem, stages).iteration_s, stages, 1
-    if m == 1:
-        return DPResult(best_stages, best, best, tries, True)
-    b_min = min_sum(math.inf, True)[0]  # feasible since `first` is
+    m, start, tries = problem.microbatches, time.perf_counter(), 0
+    s_lb = _sum_lower_bound(problem)
+    seed_ev = evaluate(problem, seed) if seed is not None else None
+    if seed_ev is not None and seed_ev.fits and m > 1:
+        best, best_stages, cap0 = seed_ev.iteration_s, tuple(seed), seed_ev.bottleneck_s * (1.0 + CAP_TOLERANCE)
+    else:
+        tries += 1
+        first = min_sum(math.inf, False)
+        if first is None:
+            return None
+        s_lb, stages = first
+        ev = evaluate(problem, stages)
+        best, best_stages, cap0 = ev.iteration_s, stages, ev.bottleneck_s * (1.0 + CAP_TOLERANCE)
+        if m == 1:  # T = S: the least sum is optimal
+            return DPResult(best_stages, best, best, tries, True)
+    tries += 2
+    least = min_sum(cap0, True)  # a placement with bottleneck <= cap0 exists ...
+    if least is None:  # ... unless rounding hid it: fall back to the uncapped pass
+        least = min_sum(math.inf, True)
+        if least is None:
+            return None
+    b_min = least[0]
     bottom = min_sum(b_min * (1.0 + CAP_TOLERANCE), False)  # the window's floor: least sum at b_min
     if bottom is not None:
-        tries += 1
         t_bottom = evaluate(problem, bottom[1]).iteration_s
         if t_bottom < best:
             best, best_stages = t_bottom, bottom[1]
-    cap = (best - s_inf) / (m - 1)
+    cap = (best - s_lb) / (m - 1)
     while cap > b_min * (1.0 + CAP_TOLERANCE):  # walk down; S only grows as the cap falls
         tries += 1
         res = min_sum(cap, False)
@@ -297,18 +363,21 @@ def _parametric(problem: Problem, min_sum: MinSum, *, time_limit_s: float) -> DP
             break
         if time.perf_counter() - start > time_limit_s:
             return DPResult(best_stages, best, min(best, s_cap + (m - 1) * b_min), tries, False)
-        cap = min(ev.bottleneck_s, (best - s_inf) / (m - 1)) * (1.0 - CAP_TOLERANCE)
+        cap = min(ev.bottleneck_s, (best - s_lb) / (m - 1)) * (1.0 - CAP_TOLERANCE)
     return DPResult(best_stages, best, best, tries, True)
 
 
 def solve_exact(problem: Problem, *, state_budget: int = DEFAULT_STATE_BUDGET,
                 time_limit_s: float = 60.0, max_stages: int | None = None,
-                exact_stages: int | None = None) -> DPResult | None:
+                exact_stages: int | None = None, seed: Sequence[Stage] | None = None) -> DPResult | None:
     """Optimal placement over every device subset and order (None if nothing fits).
 
-    `exact_stages` restricts to pipelines of exactly that many stages.  Raises
+    `exact_stages` restricts to pipelines of exactly that many stages; `seed`, any
+    placement (e.g. the heuristic's), only speeds the search up.  Raises
     `StateSpaceTooLarge` when the count space exceeds `state_budget`.
     """
+    if seed is not None and exact_stages is not None and len(seed) != exact_stages:
+        seed = None
     classes = device_classes(problem)
     limit = min(problem.num_units, len(problem.devices), max_stages or len(problem.devices))
     size = math.prod(c.count + 1 for c in classes)  # count vectors, before the stage limit prunes them
@@ -316,54 +385,53 @@ def solve_exact(problem: Problem, *, state_budget: int = DEFAULT_STATE_BUDGET,
     if work > state_budget:
         raise StateSpaceTooLarge(f"{size} device-count states x {len(classes)} classes x "
                                  f"{problem.num_units + 1}^2 cells > budget {state_budget:.3g}")
-    states = _count_states(classes, limit)
+    lattice = _Lattice.build(classes, min(limit, exact_stages or limit))
     tab = _Tables(problem, classes)
 
-    if exact_stages is not None:
-        states = [s for s in states if sum(s) <= exact_stages]
-
     def min_sum(cap: float, bottleneck: bool) -> tuple[float, tuple[Stage, ...]] | None:
-        out = _min_sum_counts(tab, cap, states, exact_stages, bottleneck=bottleneck)
+        out = _min_sum_counts(tab, cap, lattice, exact_stages, bottleneck=bottleneck)
         return None if out is None else (out[0], _assign(classes, out[1]))
 
-    return _parametric(problem, min_sum, time_limit_s=time_limit_s)
+    return _parametric(problem, min_sum, time_limit_s=time_limit_s, seed=seed)
 
 
-def _run_counts(tab: _Tables, cap: float, states: list[tuple[int, ...]], combine: Callable = np.add,
-                ) -> tuple[dict[tuple[int, ...], np.ndarray], dict[tuple[int, ...], np.ndarray]]:
-    """Backward DP over count vectors (in order of their total).
+def _run_counts(tab: _Tables, cap: float, lattice: _Lattice, combine: Callable = np.add,
+                ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """Backward DP over count vectors, all vectors with the same total k in one numpy batch.
 
-    value[state] has shape (C, L+1): the least cost of a suffix that starts at unit u
-    with its front stage on class f and uses `state` devices; back[state] (C, L+1, 2)
-    holds the next stage's start unit and front class.
+    vals[k][i] has shape (C, L+1): the least cost of a suffix that uses the devices of
+    `lattice.groups[k][i]`, starts at unit u and has its front stage on class f;
+    backs[k][i] (C, L+1, 2) holds the next stage's start unit and front class.
     """
     C, L = len(tab.classes), tab.L
-    value: dict[tuple[int, ...], np.ndarray] = {}
-    back: dict[tuple[int, ...], np.ndarray] = {}
+    width, rows = tab.width(cap), np.arange(L + 1)
     comm_ok = np.where(tab.comm2 <= cap, tab.comm2, np.inf)
-    for state in states:
-        k = sum(state)
-        val = np.full((C, L + 1), np.inf)
-        bp = np.full((C, L + 1, 2), -1, dtype=np.int64)
+    vals: dict[int, np.ndarray] = {}
+    backs: dict[int, np.ndarray] = {}
+    for k in sorted(lattice.groups):
+        n = len(lattice.groups[k])
+        val = np.full((n, C, L + 1), np.inf)
+        bp = np.full((n, C, L + 1, 2), -1, dtype=np.int64)
         for c in range(C):
-            if state[c] == 0:
-                continue
+            band = tab.band(c, k - 1, cap, width)
             if k == 1:
-                val[c] = tab.stage_matrix(c, 0, cap)[:, L]
+                has = np.asarray([st[c] > 0 for st in lattice.groups[1]])
+                val[has, c] = band.min(axis=1)
                 continue
-            pv = value.get(tuple(v - (i == c) for i, v in enumerate(state)))
-            if pv is None:
+            idx, prev = lattice.moves[(k, c)]
+            if not idx.size:
                 continue
-            tot = combine(comm_ok[c], pv)  # H[u] = min_f 2C(c->f, cut u) (+ or max) suffix(prev, f, u)
-            f_best = np.argmin(tot, axis=0)
-            h = tot[f_best, np.arange(L + 1)]
-            cand = combine(tab.stage_matrix(c, k - 1, cap), h[None, :])
-            u_best = np.argmin(cand, axis=1)
-            val[c] = cand[np.arange(L + 1), u_best]
-            bp[c, :, 0], bp[c, :, 1] = u_best, f_best[u_best]
-        if np.isfinite(val).any():
-            value[state], back[state] = val, bp
-    return value, back
+            tot = combine(comm_ok[c][None], vals[k - 1][prev])  # (n, C, L+1): 2C(c->f, u) (+|max) suffix
+            f_best = np.argmin(tot, axis=1)
+            h = np.take_along_axis(tot, f_best[:, None, :], axis=1)[:, 0, :]
+            cand = combine(band[None], h[:, tab.hi[:, :width]])  # (n, L+1, W)
+            w_best = np.argmin(cand, axis=2)
+            val[idx, c] = np.take_along_axis(cand, w_best[..., None], axis=2)[..., 0]
+            u_best = np.minimum(rows[None, :] + w_best + 1, L)
+            bp[idx, c, :, 0] = u_best
+            bp[idx, c, :, 1] = np.take_along_axis(f_best, u_best, axis=1)
+        vals[k], backs[k] = val, bp
+    return vals, backs
 
 
 def _min_sum_fixed(tab: _Tables, cap: float, order: Sequence[int], *,
@@ -371,16 +439,17 @@ def _min_sum_fixed(tab: _Tables, cap: float, order: Sequence[int], *,
     """min S(cap) (or the least max term) when stage i runs on class `order[i]`, every position used."""
     combine = np.maximum if bottleneck else np.add
     L, p = tab.L, len(order)
+    width, rows = tab.width(cap), np.arange(L + 1)
     comm_ok = np.where(tab.comm2 <= cap, tab.comm2, np.inf)
-    suffix = tab.stage_matrix(order[-1], 0, cap)[:, L]  # suffix[u]: stages i..p-1 starting at u
+    suffix = tab.band(order[-1], 0, cap, width).min(axis=1)  # suffix[u]: stages i..p-1 starting at u
     cuts: list[np.ndarray] = []
     for i in range(p - 2, -1, -1):
         c, nxt = order[i], order[i + 1]
         h = combine(comm_ok[c, nxt], suffix)
-        cand = combine(tab.stage_matrix(c, p - 1 - i, cap), h[None, :])
-        u_best = np.argmin(cand, axis=1)
-        suffix = cand[np.arange(L + 1), u_best]
-        cuts.append(u_best)
+        cand = combine(tab.band(c, p - 1 - i, cap, width), tab.gather(h, width))
+        w_best = np.argmin(cand, axis=1)
+        suffix = cand[rows, w_best]
+        cuts.append(np.minimum(rows + w_best + 1, L))
     if not math.isfinite(suffix[0]):
         return None
     cuts.reverse()

@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -45,12 +46,16 @@ from hetpipe.partitioner.dp import (
 )
 from hetpipe.partitioner.infeasible import explain_infeasible
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.relax import relaxed_bound
 
 log = logging.getLogger(__name__)
 
 SOLVERS = ("auto", "dp", "cpsat")
 #: Devices dropped one by one (slowest first) when the heuristic looks for a shorter pipeline.
 HEURISTIC_MAX_DROPPED = 4
+#: Units x devices above which the exact DP is seeded with the heuristic's placement
+#: (its bottleneck caps the DP's first passes; below this the DP is fast anyway).
+SEED_ABOVE = 200
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,12 @@ def _from_dp(problem: Problem, res: DPResult, *, name: str, wall_s: float, prove
                     _unused(problem, res.stages))
 
 
+def _better(a: DPResult | None, b: DPResult | None) -> DPResult | None:
+    if a is None or (b is not None and b.iteration_s < a.iteration_s):
+        return b
+    return a
+
+
 def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0,
           num_stages: int | None = None) -> Solution:
     """Best placement of `problem` (see the module docstring).
@@ -143,39 +154,59 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
     if not problem.devices:
         raise ConfigError("the cluster has no devices; add at least one device to the cluster file")
     start = time.perf_counter()
-    exact = None
+    warm = None
+    if problem.num_units * len(problem.devices) > SEED_ABOVE:
+        warm = heuristic(problem, time_limit_s=time_limit_s / 4, num_stages=num_stages)
     try:
-        exact = solve_exact(problem, time_limit_s=time_limit_s, exact_stages=num_stages)
-        tractable = True
+        exact = solve_exact(problem, time_limit_s=time_limit_s, exact_stages=num_stages,
+                            seed=warm.stages if warm else None)
     except StateSpaceTooLarge as err:
         if solver == "dp":
             raise ConfigError(f"the exact DP is too large for this cluster ({err}); use --solver cpsat or auto") from None
-        tractable = False
-    if tractable and exact is None:
+        return _large(problem, warm, start=start, time_limit_s=time_limit_s, seed=seed, num_stages=num_stages)
+    if exact is None:
         raise explain_infeasible(problem)
-    if tractable and solver != "cpsat":
+    if solver != "cpsat" or not exact.exact:
         return _from_dp(problem, exact, name="dp", wall_s=time.perf_counter() - start, proved=exact.exact,
                         bound_s=exact.bound_s)
-    hint = exact if exact is not None else heuristic(problem, time_limit_s=time_limit_s / 2, num_stages=num_stages)
+    return _with_cpsat(problem, exact, lower_bound_s=exact.iteration_s, start=start, time_limit_s=time_limit_s,
+                       seed=seed, num_stages=num_stages)
+
+
+def _large(problem: Problem, warm: DPResult | None, *, start: float, time_limit_s: float, seed: int,
+           num_stages: int | None) -> Solution:
+    """Too large for the exact DP: relaxation bound + its realised placement, then CP-SAT."""
+    if warm is None:
+        warm = heuristic(problem, time_limit_s=time_limit_s / 4, num_stages=num_stages)
+    bound, real = relaxed_bound(problem, seed=warm.stages if warm else None, time_limit_s=0.4 * time_limit_s,
+                                num_stages=num_stages)
+    if math.isinf(bound):
+        raise explain_infeasible(problem)
+    hint = _better(warm, real)
+    return _with_cpsat(problem, hint, lower_bound_s=max(bound, simple_lower_bound(problem)), start=start,
+                       time_limit_s=time_limit_s, seed=seed, num_stages=num_stages)
+
+
+def _with_cpsat(problem: Problem, hint: DPResult | None, *, lower_bound_s: float, start: float,
+                time_limit_s: float, seed: int, num_stages: int | None) -> Solution:
+    """Run CP-SAT from `hint` for the time left; the better of the two, with the best bound known."""
     left = max(0.5, time_limit_s - (time.perf_counter() - start))
     res = solve_cpsat(problem, time_limit_s=left, seed=seed, hint=hint.stages if hint else None,
                       num_stages=num_stages)
     wall = time.perf_counter() - start
     if res.stages is None:
-        if hint is not None:  # CP-SAT ran out of time before re-finding the hint
-            proved = exact is not None and exact.exact
-            return _from_dp(problem, hint, name="dp" if proved else "heuristic", wall_s=wall, proved=proved,
-                            bound_s=simple_lower_bound(problem))
-        if res.status == "INFEASIBLE":
+        if res.status == "INFEASIBLE" and hint is None:
             raise explain_infeasible(problem)
-        raise InfeasibleError(f"no plan found within the {time_limit_s:g} s limit (CP-SAT: {res.status}); "
-                              "raise --time-limit")
+        if hint is None:
+            raise InfeasibleError(f"no plan found within the {time_limit_s:g} s limit (CP-SAT: {res.status}); "
+                                  "raise --time-limit")
+        proved = hint.exact and hint.bound_s >= hint.iteration_s * (1 - 1e-9) and lower_bound_s >= hint.iteration_s * (1 - 1e-9)
+        return _from_dp(problem, hint, name="dp" if proved else "heuristic", wall_s=wall, proved=proved,
+                        bound_s=lower_bound_s)
     stages, value = res.stages, res.iteration_s
     if hint is not None and hint.iteration_s < value:
         stages, value = hint.stages, hint.iteration_s  # float re-evaluation can favour the hint by a tick
-    bound = min(max(res.bound_s, simple_lower_bound(problem)), value)
-    if exact is not None and exact.exact:
-        bound = exact.iteration_s
+    bound = min(max(res.bound_s, lower_bound_s), value)
     status = "OPTIMAL" if res.status == "OPTIMAL" or bound >= value * (1 - 1e-6) else "FEASIBLE"
     return Solution(stages, "cpsat", status, value, bound, wall, _unused(problem, stages))
 

@@ -1,0 +1,98 @@
+"""A relaxation of the contract for clusters too large for the exact DP.
+
+`relaxed_problem` forgets which node a card sits in: cards of one kind become one class
+with the kind's largest usable memory, and every link between two kinds is priced at
+the fastest link any such pair has (highest bandwidth, lowest latency).  Every real
+placement is a placement of the relaxed problem with T no larger, so the relaxed
+optimum (exact DP over kind counts, which is small: a few kinds) is a valid lower
+bound on the real optimum.
+
+`realise` maps a relaxed placement back to real cards: it walks the pipeline and gives
+each stage a card of the wanted kind, staying on the node of the previous stage while
+that node has one free (links inside a node are the fast ones), then the fixed-order
+DP re-cuts the model for the real links and memory.
+
+Example:
+    >>> from hetpipe.partitioner.problem import DeviceSlot, Problem
+    >>> devs = (DeviceSlot("a:0", "x", "a", 10), DeviceSlot("b:0", "x", "b", 20))
+    >>> p = Problem({"x": (1.0,)}, {"x": (1.0,)}, (1,), (1,), (0,), devs,
+    ...             ((float("inf"), 1.0), (2.0, float("inf"))), ((0.0, 0.5), (0.1, 0.0)), 2)
+    >>> r = relaxed_problem(p)
+    >>> [d.usable_bytes for d in r.devices], r.bandwidth_bytes_s[0][1], r.latency_s[0][1]
+    ([20, 20], 2.0, 0.1)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Sequence
+
+from hetpipe.partitioner.dp import DPResult, StateSpaceTooLarge, solve_exact, solve_fixed_order
+from hetpipe.partitioner.problem import Problem, Stage
+
+#: Node name every card gets in the relaxed problem.
+ANY_NODE = "*"
+
+
+def relaxed_problem(problem: Problem) -> Problem:
+    """The node-free relaxation of `problem` (see the module docstring)."""
+    devs = problem.devices
+    usable: dict[str, int] = {}
+    for d in devs:
+        usable[d.kind] = max(usable.get(d.kind, 0), d.usable_bytes)
+    best_bw: dict[tuple[str, str], float] = {}
+    best_lat: dict[tuple[str, str], float] = {}
+    for i, a in enumerate(devs):
+        for j, b in enumerate(devs):
+            if i != j:
+                key = (a.kind, b.kind)
+                best_bw[key] = max(best_bw.get(key, 0.0), problem.bandwidth_bytes_s[i][j])
+                best_lat[key] = min(best_lat.get(key, math.inf), problem.latency_s[i][j])
+    n = len(devs)
+    bw = tuple(tuple(math.inf if i == j else best_bw[(devs[i].kind, devs[j].kind)] for j in range(n))
+               for i in range(n))
+    lat = tuple(tuple(0.0 if i == j else best_lat[(devs[i].kind, devs[j].kind)] for j in range(n))
+                for i in range(n))
+    relaxed = tuple(replace(d, node=ANY_NODE, usable_bytes=usable[d.kind]) for d in devs)
+    return replace(problem, devices=relaxed, bandwidth_bytes_s=bw, latency_s=lat)
+
+
+def realise(problem: Problem, kinds: Sequence[str]) -> list[int]:
+    """Real card indices for a pipeline of the given kinds (stage order), node-local where possible."""
+    free: dict[str, list[int]] = {}
+    for i, d in enumerate(problem.devices):
+        free.setdefault(d.kind, []).append(i)
+    order: list[int] = []
+    for kind in kinds:
+        pool = free[kind]
+        here = problem.devices[order[-1]].node if order else None
+        pick = next((i for i in pool if problem.devices[i].node == here), None)
+        if pick is None:  # start the kind's largest remaining node block
+            nodes: dict[str, int] = {}
+            for i in pool:
+                nodes[problem.devices[i].node] = nodes.get(problem.devices[i].node, 0) + 1
+            biggest = max(nodes, key=lambda nd: nodes[nd])
+            pick = next(i for i in pool if problem.devices[i].node == biggest)
+        pool.remove(pick)
+        order.append(pick)
+    return order
+
+
+def relaxed_bound(problem: Problem, *, seed: Sequence[Stage] | None, time_limit_s: float,
+                  num_stages: int | None = None) -> tuple[float, DPResult | None]:
+    """(lower bound on T, best real placement found from the relaxed optimum).
+
+    The bound is 0 when the relaxation is itself too large or runs out of time
+    (then only its partial bound is valid, and it is returned).
+    """
+    relaxed = relaxed_problem(problem)
+    try:
+        res = solve_exact(relaxed, time_limit_s=time_limit_s, seed=seed, exact_stages=num_stages)
+    except StateSpaceTooLarge:
+        return 0.0, None
+    if res is None:
+        return math.inf, None  # nothing fits even with every card at its kind's best
+    order = realise(problem, [problem.devices[st.device].kind for st in res.stages])
+    real = solve_fixed_order(problem, order, time_limit_s=time_limit_s)
+    return res.bound_s, real
