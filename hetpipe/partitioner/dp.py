@@ -54,11 +54,11 @@ log = logging.getLogger(__name__)
 
 #: Relative step below the last bottleneck when the cap is tightened (see module doc).
 CAP_TOLERANCE = 1e-9
-#: DP work (count vectors x classes x (units + 1)^2 matrix cells per pass) above which
-#: `solve_exact` declines and the caller falls back to CP-SAT with a heuristic hint.
-#: 4e7 cells take about 1-2 s per pass of the cap walk on the 2-core reference VM
-#: (96-layer GPT on 16 cards of 4 kinds: 2.4e7 cells, proved optimal in ~2 s).
-DEFAULT_STATE_BUDGET = 400_000_000
+#: DP rows (count vectors x classes x (units + 1)) above which `solve_exact` declines and
+#: the caller falls back to the relaxation and CP-SAT.  Each row costs one band of W
+#: stage lengths per pass; 4e7 rows is about 1 s per pass on the 2-core reference VM
+#: when the cap keeps W near 10 (96-layer GPT, 4 kinds x 16 cards, relaxed).
+DEFAULT_STATE_BUDGET = 40_000_000
 
 
 @dataclass(frozen=True)
@@ -306,7 +306,7 @@ def simple_lower_bound(problem: Problem) -> float:
 MinSum = Callable[[float, bool], "tuple[float, tuple[Stage, ...]] | None"]
 
 
-def _sum_lower_bound(problem: Problem) -> float:
+def sum_lower_bound(problem: Problem) -> float:
     """S >= every unit on its fastest kind (comm and memory only add)."""
     kinds = list(problem.fwd_s)
     return sum(min(problem.fwd_s[k][u] + problem.bwd_s[k][u] for k in kinds) for u in range(problem.num_units))
@@ -323,7 +323,7 @@ def _parametric(problem: Problem, min_sum: MinSum, *, time_limit_s: float,
     placement caps the first passes at its bottleneck, so no pass runs uncapped.
     """
     m, start, tries = problem.microbatches, time.perf_counter(), 0
-    s_lb = _sum_lower_bound(problem)
+    s_lb = sum_lower_bound(problem)
     seed_ev = evaluate(problem, seed) if seed is not None else None
     if seed_ev is not None and seed_ev.fits and m > 1:
         best, best_stages, cap0 = seed_ev.iteration_s, tuple(seed), seed_ev.bottleneck_s * (1.0 + CAP_TOLERANCE)
@@ -381,10 +381,10 @@ def solve_exact(problem: Problem, *, state_budget: int = DEFAULT_STATE_BUDGET,
     classes = device_classes(problem)
     limit = min(problem.num_units, len(problem.devices), max_stages or len(problem.devices))
     size = math.prod(c.count + 1 for c in classes)  # count vectors, before the stage limit prunes them
-    work = size * len(classes) * (problem.num_units + 1) ** 2
+    work = size * len(classes) * (problem.num_units + 1)
     if work > state_budget:
         raise StateSpaceTooLarge(f"{size} device-count states x {len(classes)} classes x "
-                                 f"{problem.num_units + 1}^2 cells > budget {state_budget:.3g}")
+                                 f"{problem.num_units + 1} units > budget {state_budget:.3g}")
     lattice = _Lattice.build(classes, min(limit, exact_stages or limit))
     tab = _Tables(problem, classes)
 
@@ -393,6 +393,22 @@ def solve_exact(problem: Problem, *, state_budget: int = DEFAULT_STATE_BUDGET,
         return None if out is None else (out[0], _assign(classes, out[1]))
 
     return _parametric(problem, min_sum, time_limit_s=time_limit_s, seed=seed)
+
+
+def least_bottleneck(problem: Problem, *, cap_s: float = math.inf,
+                     state_budget: int = DEFAULT_STATE_BUDGET) -> tuple[float, tuple[Stage, ...]] | None:
+    """(b_min, a placement achieving it): the least possible max_s of every F_s + B_s and 2 C_s.
+
+    One DP pass; `cap_s` (any feasible placement's bottleneck) narrows it.  Together with
+    `sum_lower_bound`, T >= S_lb + (m - 1) * b_min is a valid lower bound.
+    """
+    classes = device_classes(problem)
+    size = math.prod(c.count + 1 for c in classes)
+    if size * len(classes) * (problem.num_units + 1) > state_budget:
+        raise StateSpaceTooLarge(f"{size} device-count states")
+    lattice = _Lattice.build(classes, min(problem.num_units, len(problem.devices)))
+    out = _min_sum_counts(_Tables(problem, classes), cap_s, lattice, bottleneck=True)
+    return None if out is None else (out[0], _assign(classes, out[1]))
 
 
 def _run_counts(tab: _Tables, cap: float, lattice: _Lattice, combine: Callable = np.add,
@@ -411,7 +427,7 @@ def _run_counts(tab: _Tables, cap: float, lattice: _Lattice, combine: Callable =
     for k in sorted(lattice.groups):
         n = len(lattice.groups[k])
         val = np.full((n, C, L + 1), np.inf)
-        bp = np.full((n, C, L + 1, 2), -1, dtype=np.int64)
+        bp = np.full((n, C, L + 1, 2), -1, dtype=np.int32)
         for c in range(C):
             band = tab.band(c, k - 1, cap, width)
             if k == 1:
@@ -424,7 +440,10 @@ def _run_counts(tab: _Tables, cap: float, lattice: _Lattice, combine: Callable =
             tot = combine(comm_ok[c][None], vals[k - 1][prev])  # (n, C, L+1): 2C(c->f, u) (+|max) suffix
             f_best = np.argmin(tot, axis=1)
             h = np.take_along_axis(tot, f_best[:, None, :], axis=1)[:, 0, :]
-            cand = combine(band[None], h[:, tab.hi[:, :width]])  # (n, L+1, W)
+            # windows[i, lo, w] = h[i, lo + w + 1] (inf past the last unit), a view, not a copy
+            padded = np.concatenate((h, np.full((h.shape[0], width), np.inf)), axis=1)
+            windows = np.lib.stride_tricks.sliding_window_view(padded, width, axis=1)[:, 1:L + 2, :]
+            cand = combine(band[None], windows)  # (n, L+1, W)
             w_best = np.argmin(cand, axis=2)
             val[idx, c] = np.take_along_axis(cand, w_best[..., None], axis=2)[..., 0]
             u_best = np.minimum(rows[None, :] + w_best + 1, L)

@@ -25,11 +25,20 @@ Example:
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 from typing import Sequence
 
-from hetpipe.partitioner.dp import DPResult, StateSpaceTooLarge, solve_exact, solve_fixed_order
-from hetpipe.partitioner.problem import Problem, Stage
+from hetpipe.partitioner.dp import (
+    CAP_TOLERANCE,
+    DPResult,
+    StateSpaceTooLarge,
+    least_bottleneck,
+    solve_exact,
+    solve_fixed_order,
+    sum_lower_bound,
+)
+from hetpipe.partitioner.problem import Problem, Stage, evaluate
 
 #: Node name every card gets in the relaxed problem.
 ANY_NODE = "*"
@@ -79,20 +88,42 @@ def realise(problem: Problem, kinds: Sequence[str]) -> list[int]:
     return order
 
 
+def _realised(problem: Problem, relaxed_stages: Sequence[Stage], *, time_limit_s: float) -> DPResult | None:
+    order = realise(problem, [problem.devices[st.device].kind for st in relaxed_stages])
+    return solve_fixed_order(problem, order, time_limit_s=time_limit_s)
+
+
 def relaxed_bound(problem: Problem, *, seed: Sequence[Stage] | None, time_limit_s: float,
                   num_stages: int | None = None) -> tuple[float, DPResult | None]:
-    """(lower bound on T, best real placement found from the relaxed optimum).
+    """(lower bound on T, best real placement realised from relaxed solutions).
 
-    The bound is 0 when the relaxation is itself too large or runs out of time
-    (then only its partial bound is valid, and it is returned).
+    First one min-max pass: b_min of the relaxation gives T >= S_lb + (m-1) b_min.
+    Then, if the time limit allows about two more such passes, the exact relaxed
+    optimum (a tighter bound).  The bound is 0 when the relaxation is itself too large,
+    inf when nothing fits even relaxed.
     """
+    start = time.perf_counter()
     relaxed = relaxed_problem(problem)
+    cap = evaluate(problem, seed).bottleneck_s * (1 + CAP_TOLERANCE) if seed is not None else math.inf
     try:
-        res = solve_exact(relaxed, time_limit_s=time_limit_s, seed=seed, exact_stages=num_stages)
+        least = least_bottleneck(relaxed, cap_s=cap)
+        if least is None and math.isfinite(cap):
+            least = least_bottleneck(relaxed)
     except StateSpaceTooLarge:
         return 0.0, None
-    if res is None:
+    if least is None:
         return math.inf, None  # nothing fits even with every card at its kind's best
-    order = realise(problem, [problem.devices[st.device].kind for st in res.stages])
-    real = solve_fixed_order(problem, order, time_limit_s=time_limit_s)
-    return res.bound_s, real
+    b_min, stages = least
+    bound = sum_lower_bound(problem) + (problem.microbatches - 1) * b_min
+    best = _realised(problem, stages, time_limit_s=time_limit_s) if num_stages is None else None
+    pass_s = time.perf_counter() - start
+    if time_limit_s - pass_s > 2 * pass_s:
+        res = solve_exact(relaxed, time_limit_s=time_limit_s - 2 * pass_s, exact_stages=num_stages,
+                          seed=best.stages if best is not None else seed)
+        if res is not None:
+            bound = max(bound, res.bound_s)
+            if num_stages is None or len(res.stages) == num_stages:
+                real = _realised(problem, res.stages, time_limit_s=time_limit_s)
+                if real is not None and (best is None or real.iteration_s < best.iteration_s):
+                    best = real
+    return bound, best

@@ -56,6 +56,25 @@ HEURISTIC_MAX_DROPPED = 4
 #: Units x devices above which the exact DP is seeded with the heuristic's placement
 #: (its bottleneck caps the DP's first passes; below this the DP is fast anyway).
 SEED_ABOVE = 200
+#: Share of the remaining time limit the relaxation bound may take on clusters beyond the DP.
+RELAXATION_SHARE = 0.7
+#: Gap to the relaxation bound under which CP-SAT is not started: in our measurements it did
+#: not close a sub-1% gap on 64 cards within 10 s (benchmarks/planner_speed.py).
+GOOD_ENOUGH_GAP = 0.01
+#: Least search time worth starting CP-SAT for, after its model is built.
+MIN_CPSAT_S = 1.0
+#: Seconds to build the CP-SAT model per (position x unit x class pair) term, measured on the
+#: 2-core VM: 64 positions x 98 units x 8^2 class pairs took 1.9 s.
+CPSAT_BUILD_S_PER_TERM = 1.9 / (64 * 98 * 64)
+
+
+def cpsat_build_s(problem: Problem) -> float:
+    """Estimated seconds to build the CP-SAT model of `problem` (see CPSAT_BUILD_S_PER_TERM)."""
+    from hetpipe.partitioner.dp import device_classes
+
+    classes = len(device_classes(problem))
+    positions = min(problem.num_units, len(problem.devices))
+    return CPSAT_BUILD_S_PER_TERM * positions * problem.num_units * classes * classes
 
 
 @dataclass(frozen=True)
@@ -63,7 +82,7 @@ class Solution:
     """A solved placement and how it was found."""
 
     stages: tuple[Stage, ...]
-    solver: str  # dp | cpsat | heuristic
+    solver: str  # dp | cpsat | relaxation | heuristic
     status: str  # OPTIMAL | FEASIBLE
     iteration_s: float
     bound_s: float  # proven lower bound on T (== iteration_s when OPTIMAL)
@@ -156,7 +175,7 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
     start = time.perf_counter()
     warm = None
     if problem.num_units * len(problem.devices) > SEED_ABOVE:
-        warm = heuristic(problem, time_limit_s=time_limit_s / 4, num_stages=num_stages)
+        warm = heuristic(problem, time_limit_s=time_limit_s / 8, num_stages=num_stages)
     try:
         exact = solve_exact(problem, time_limit_s=time_limit_s, exact_stages=num_stages,
                             seed=warm.stages if warm else None)
@@ -177,20 +196,26 @@ def _large(problem: Problem, warm: DPResult | None, *, start: float, time_limit_
            num_stages: int | None) -> Solution:
     """Too large for the exact DP: relaxation bound + its realised placement, then CP-SAT."""
     if warm is None:
-        warm = heuristic(problem, time_limit_s=time_limit_s / 4, num_stages=num_stages)
-    bound, real = relaxed_bound(problem, seed=warm.stages if warm else None, time_limit_s=0.4 * time_limit_s,
-                                num_stages=num_stages)
+        warm = heuristic(problem, time_limit_s=time_limit_s / 8, num_stages=num_stages)
+    left = time_limit_s - (time.perf_counter() - start)
+    bound, real = relaxed_bound(problem, seed=warm.stages if warm else None,
+                                time_limit_s=RELAXATION_SHARE * left, num_stages=num_stages)
     if math.isinf(bound):
         raise explain_infeasible(problem)
     hint = _better(warm, real)
-    return _with_cpsat(problem, hint, lower_bound_s=max(bound, simple_lower_bound(problem)), start=start,
+    bound = max(bound, simple_lower_bound(problem))
+    left = time_limit_s - (time.perf_counter() - start) - cpsat_build_s(problem)
+    if hint is not None and (hint.iteration_s <= bound * (1 + GOOD_ENOUGH_GAP) or left < MIN_CPSAT_S):
+        return _from_dp(problem, hint, name="relaxation", wall_s=time.perf_counter() - start, proved=False,
+                        bound_s=bound)
+    return _with_cpsat(problem, hint, lower_bound_s=bound, start=start,
                        time_limit_s=time_limit_s, seed=seed, num_stages=num_stages)
 
 
 def _with_cpsat(problem: Problem, hint: DPResult | None, *, lower_bound_s: float, start: float,
                 time_limit_s: float, seed: int, num_stages: int | None) -> Solution:
     """Run CP-SAT from `hint` for the time left; the better of the two, with the best bound known."""
-    left = max(0.5, time_limit_s - (time.perf_counter() - start))
+    left = max(MIN_CPSAT_S, time_limit_s - (time.perf_counter() - start) - cpsat_build_s(problem))
     res = solve_cpsat(problem, time_limit_s=left, seed=seed, hint=hint.stages if hint else None,
                       num_stages=num_stages)
     wall = time.perf_counter() - start
