@@ -144,3 +144,37 @@ def test_seeded_exact_dp_is_still_exact() -> None:
         seed = rng.choice(feasible)
         res = solve_exact(prob, seed=seed)
         assert _close(res.iteration_s, brute_force(prob)), (i, seed)
+
+
+def test_relaxation_is_a_valid_lower_bound_and_realises_feasible_plans() -> None:
+    from hetpipe.partitioner.relax import relaxed_bound, relaxed_problem
+
+    rng = random.Random(21)
+    checked = 0
+    for i in range(60):
+        prob = random_problem(rng, units=rng.randint(2, 7), devices=rng.randint(2, 5), tight_memory=i % 2 == 0)
+        exact = solve_exact(prob)
+        relaxed = solve_exact(relaxed_problem(prob))
+        if exact is None:
+            continue
+        checked += 1
+        assert relaxed.iteration_s <= exact.iteration_s * (1 + REL)  # never above the real optimum
+        bound, real = relaxed_bound(prob, seed=exact.stages, time_limit_s=5.0)
+        assert bound <= exact.iteration_s * (1 + REL)
+        if real is not None:
+            assert evaluate(prob, real.stages).fits and real.iteration_s >= exact.iteration_s * (1 - REL)
+    assert checked >= 30
+
+
+def test_beyond_the_dp_budget_solve_reports_a_sound_bound(monkeypatch) -> None:
+    import hetpipe.partitioner.dp as dp_mod
+
+    prob = random_problem(random.Random(8), units=10, devices=5, microbatches=6)
+    exact = solve_exact(prob)
+    monkeypatch.setattr(dp_mod, "DEFAULT_STATE_BUDGET", 1)  # the exact DP declines ...
+    monkeypatch.setattr(dp_mod.solve_exact, "__kwdefaults__", {**dp_mod.solve_exact.__kwdefaults__,
+                                                               "state_budget": 1})
+    sol = solve(prob, time_limit_s=5.0)  # ... so the relaxation / CP-SAT path answers
+    assert sol.solver in ("cpsat", "relaxation", "heuristic")
+    assert sol.bound_s <= exact.iteration_s * (1 + 1e-5) <= sol.iteration_s * (1 + 1e-5)
+    assert evaluate(prob, sol.stages).fits

@@ -290,3 +290,24 @@ def _left_out_reasons(problem: Problem, sol: Any, *, solver: str, time_limit_s: 
         except InfeasibleError:
             why = f"no plan using all {n} devices fits in memory"
     return tuple(LeftOut(problem.devices[i].id, f"{problem.devices[i].kind}: {why}") for i in sol.unused_devices)
+
+
+def partition_replicas(graph: UnitGraph, cluster: Cluster, *, global_batch: int | None = None,
+                       policy: str = "auto", outer_steps: int | None = None, solver: str = "search",
+                       time_limit_s: float = 30.0, seed: int = 0) -> Plan:
+    """Mixed data parallelism (issue #6): pipeline replicas, their batch split and the sync policy.
+
+    `partition_graph` stays the single-pipeline planner; this one may group the devices
+    into several replicas (see `hetpipe.partitioner.replicas`) and returns a version-2
+    plan.  `policy` is ``auto``, ``synchronous`` or ``diloco`` (`outer_steps` = H).
+
+    Example:
+        >>> from hetpipe.partitioner.api import partition_replicas
+        >>> plan = partition_replicas(graph, cluster, global_batch=32)   # doctest: +SKIP
+        >>> [(r.microbatches, r.num_stages) for r in plan.replicas], plan.sync.policy  # doctest: +SKIP
+        ([(10, 2), (6, 1)], 'synchronous')
+    """
+    from hetpipe.partitioner.replica_plan import partition_replicas as _partition_replicas
+
+    return _partition_replicas(graph, cluster, global_batch=global_batch, policy=policy, outer_steps=outer_steps,
+                               solver=solver, time_limit_s=time_limit_s, seed=seed)

@@ -25,7 +25,15 @@ from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate
 from hetpipe.partitioner.serde import from_json, to_json
 
 PLAN_FORMAT = "hetpipe.plan"
-PLAN_VERSION = 1
+#: Newest plan version this hetpipe reads and writes.  Version 2 adds `replicas` and `sync`
+#: (issue #6).  Single-pipeline plans are still written as version 1, so older hetpipe
+#: reads them; a plan with replicas is version 2, which older hetpipe refuses instead of
+#: silently running only `stages`.
+PLAN_VERSION = 2
+#: The version of a plan without replicas.
+PLAN_VERSION_SINGLE = 1
+#: The first version that may carry replicas.
+PLAN_VERSION_REPLICAS = 2
 # Relative tolerance when re-checking recorded floats against recomputed ones:
 # JSON round-trips Python floats exactly, so only summation order differs.
 CHECK_RTOL = 1e-9
@@ -141,8 +149,53 @@ class LeftOut:
 
 
 @dataclass(frozen=True)
+class PlanReplica:
+    """A pipeline replica (version 2): `stages[first_stage : first_stage + num_stages]` of the plan."""
+
+    index: int
+    first_stage: int
+    num_stages: int
+    microbatches: int  # m_r
+    samples: int  # m_r x micro_batch_size
+    grad_weight: float  # samples / global_batch: the replica's weight in the averaged gradient
+    iteration_s: float  # T_r: its pipeline's time with m_r micro-batches
+
+
+@dataclass(frozen=True)
+class PlanSyncGroup:
+    """One ring all-reduce of a gradient sync: units [first_unit, last_unit], one holder per replica."""
+
+    first_unit: int
+    last_unit: int
+    devices: tuple[str, ...]
+    num_bytes: int
+    bandwidth_bytes_s: float  # slowest link between two holders
+    latency_s: float  # largest latency between two holders
+    time_s: float
+
+
+@dataclass(frozen=True)
+class PlanSync:
+    """How the replicas stay consistent (see `hetpipe.cost_models.sync`)."""
+
+    policy: str  # synchronous | diloco
+    outer_steps: int  # H: steps per sync (1 for synchronous)
+    compute_s: float  # max_r T_r
+    sync_s: float  # one full exchange (sum over groups)
+    amortised_s: float  # sync_s / H, charged per step
+    budget_fraction: float
+    reason: str
+    groups: tuple[PlanSyncGroup, ...] = ()
+
+
+@dataclass(frozen=True)
 class Plan:
-    """A pipeline plan.  `Plan.save` / `Plan.load` round-trip exactly."""
+    """A pipeline plan.  `Plan.save` / `Plan.load` round-trip exactly.
+
+    With `replicas` (version 2) `stages` lists every replica's stages, replica by replica,
+    each `PlanStage.index` its position in its own pipeline; `training.microbatches` is
+    the sum of the replicas' m_r and `predicted.iteration_s` is max_r T_r + sync_s / H.
+    """
 
     model: PlanModel
     training: PlanTraining
@@ -156,7 +209,17 @@ class Plan:
     left_out: tuple[LeftOut, ...] = ()
     cost_model: Mapping[str, str] = field(default_factory=dict)  # assumptions, human-readable
     format: str = PLAN_FORMAT
-    version: int = PLAN_VERSION
+    version: int = PLAN_VERSION_SINGLE
+    replicas: tuple[PlanReplica, ...] = ()
+    sync: PlanSync | None = None
+
+    def __post_init__(self) -> None:
+        if (self.replicas or self.sync is not None) and self.version < PLAN_VERSION_REPLICAS:
+            raise PlanError(f"plan.version is {self.version} but the plan has replicas, which need version "
+                            f"{PLAN_VERSION_REPLICAS}; set \"version\": {PLAN_VERSION_REPLICAS}")
+        if bool(self.replicas) != (self.sync is not None):
+            raise PlanError("plan.replicas and plan.sync go together: a replica plan records both; "
+                            "re-create it with `partition_replicas`")
 
     def to_dict(self) -> dict:
         doc = to_json(self)
@@ -284,6 +347,10 @@ def _structure_violations(plan: Plan) -> list[str]:
 
 def check_plan(plan: Plan) -> CheckReport:
     """Recompute T and every M_s from the recorded tables; report every mismatch or violation."""
+    if plan.replicas:
+        from hetpipe.partitioner.replica_plan import check_replicas
+
+        return check_replicas(plan)
     violations = _structure_violations(plan)
     problem = problem_from_plan(plan)
     try:

@@ -118,8 +118,11 @@ def relaxed_bound(problem: Problem, *, seed: Sequence[Stage] | None, time_limit_
     best = _realised(problem, stages, time_limit_s=time_limit_s) if num_stages is None else None
     pass_s = time.perf_counter() - start
     if time_limit_s - pass_s > 2 * pass_s:
-        res = solve_exact(relaxed, time_limit_s=time_limit_s - 2 * pass_s, exact_stages=num_stages,
-                          seed=best.stages if best is not None else seed)
+        try:
+            res = solve_exact(relaxed, time_limit_s=time_limit_s - 2 * pass_s, exact_stages=num_stages,
+                              seed=best.stages if best is not None else seed)
+        except StateSpaceTooLarge:
+            res = None
         if res is not None:
             bound = max(bound, res.bound_s)
             if num_stages is None or len(res.stages) == num_stages:

@@ -1,0 +1,501 @@
+"""Mixed data parallelism: several pipeline replicas side by side (issue #6, planning half).
+
+Model.  The cluster's devices are grouped into R replicas (a device may be in none).
+Replica r runs its own 1F1B pipeline (any depth; one card is plain data parallelism) on
+m_r >= 1 micro-batches of the captured size b, with sum_r m_r = M = global_batch / b
+(uneven batches are uneven m_r).  Its time T_r and stage memory are `problem.evaluate`
+of its stages with m_r micro-batches.  Gradient sync is `cost_models.sync.sync_groups`
+(ring all-reduce per group of units held by the same devices).  The objective is
+
+    T = max_r T_r + T_sync / H          (H = 1 for synchronous sync; cost_formulas.md §3.3)
+
+Search space.  Each replica runs the pipeline minimising its own T_r (`dp.solve_exact`
+or `solve.solve` on its device group with m_r micro-batches); the solvers choose the
+grouping and the split (m_r).  "Exact" means exact over groupings and splits with those
+pipelines: a slower pipeline chosen only to cheapen the sync is not searched.
+
+* `solve_replicas_exact`: every set partition of the devices (one block may be left
+  out) x every split of M into R positive parts.  Tiny instances only.
+* `solve_replicas`: seeds (one pipeline, one replica per node, per node and kind, per
+  device), each split by water-filling (the next micro-batch goes to the replica whose
+  T_r grows least: optimal for max_r T_r since every T_r is non-decreasing in m_r), then
+  local search (move a device to another replica, a new one or none; merge two replicas)
+  under a time limit.  Its bound is the work bound M / sum_d 1 / w_d (w_d: the whole
+  model's forward + backward per micro-batch on device d), so a gap is always stated.
+
+Example:
+    >>> from hetpipe.partitioner.problem import DeviceSlot
+    >>> inf = float("inf")
+    >>> base = Problem(fwd_s={"a": (1.0, 1.0)}, bwd_s={"a": (2.0, 2.0)}, state_bytes=(1, 1),
+    ...                activation_bytes=(1, 1), boundary_bytes=(1, 0),
+    ...                devices=(DeviceSlot("d0", "a", "n", 100), DeviceSlot("d1", "a", "n", 100)),
+    ...                bandwidth_bytes_s=((inf, 10.0), (10.0, inf)), latency_s=((0.0, 0.0), (0.0, 0.0)),
+    ...                microbatches=4)
+    >>> rp = ReplicaProblem(base, grad_bytes=(10, 10))
+    >>> sol = solve_replicas_exact(rp)
+    >>> [r.microbatches for r in sol.replicas], sol.compute_s, sol.sync_s   # 2 x DP: 2 x 6 s + 2 s sync
+    ([2, 2], 12.0, 2.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+from hetpipe.cost_models.sync import (
+    SYNC_BUDGET_FRACTION,
+    SyncGroup,
+    SyncPolicy,
+    check_policy,
+    choose_policy,
+    outer_steps_for,
+    sync_groups,
+)
+from hetpipe.errors import ConfigError, InfeasibleError
+from hetpipe.partitioner.dp import StateSpaceTooLarge, solve_exact
+from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate
+
+log = logging.getLogger(__name__)
+
+#: Set partitions x splits above which `solve_replicas_exact` refuses (about a minute on 2 cores).
+EXACT_MAX_CANDIDATES = 200_000
+#: Replicas up to this size are tried in every two-way split by the local search (2^7 - 1 splits).
+SPLIT_ALL_MAX = 8
+Groups = tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class ReplicaProblem:
+    """`base` covers every device with `base.microbatches` = M in all; `grad_bytes[u]` are synced per step."""
+
+    base: Problem
+    grad_bytes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One pipeline replica: its stages (device indices into the base problem) and its m_r."""
+
+    stages: tuple[Stage, ...]
+    microbatches: int
+    iteration_s: float  # T_r
+
+
+@dataclass(frozen=True)
+class ReplicaSolution:
+    """A replica plan and how it was found."""
+
+    replicas: tuple[Replica, ...]
+    sync: tuple[SyncGroup, ...]
+    policy: SyncPolicy
+    compute_s: float  # max_r T_r
+    sync_s: float  # one full exchange, sum of the groups
+    iteration_s: float  # compute_s + sync_s / H
+    solver: str  # replicas-exact | replicas-search
+    status: str  # OPTIMAL (within the search space) | FEASIBLE
+    bound_s: float
+    wall_s: float
+    unused_devices: tuple[int, ...]
+
+
+def replica_problem(base: Problem, microbatches: int) -> Problem:
+    """`base` with m_r micro-batches: the problem a replica's stages are evaluated on."""
+    return dataclasses.replace(base, microbatches=microbatches)
+
+
+def sub_problem(base: Problem, group: Sequence[int], microbatches: int) -> Problem:
+    """`base` restricted to the devices in `group` (indices renumbered 0..len-1)."""
+    return dataclasses.replace(
+        base,
+        devices=tuple(base.devices[i] for i in group),
+        bandwidth_bytes_s=tuple(tuple(base.bandwidth_bytes_s[i][j] for j in group) for i in group),
+        latency_s=tuple(tuple(base.latency_s[i][j] for j in group) for i in group),
+        microbatches=microbatches,
+    )
+
+
+def evaluate_sync(rp: ReplicaProblem, pipelines: Sequence[Sequence[Stage]]) -> tuple[SyncGroup, ...]:
+    """Sync groups of replicas running `pipelines` (see `cost_models.sync`)."""
+    return sync_groups([[(st.device, st.first_unit, st.last_unit) for st in p] for p in pipelines],
+                       grad_bytes=rp.grad_bytes, bandwidth_bytes_s=rp.base.bandwidth_bytes_s,
+                       latency_s=rp.base.latency_s)
+
+
+def work_lower_bound(base: Problem) -> float:
+    """M / sum_d 1/w_d: no plan processes M micro-batches faster than every device at full speed."""
+    rate = sum(1.0 / sum(base.fwd_s[d.kind][u] + base.bwd_s[d.kind][u] for u in range(base.num_units))
+               for d in base.devices)
+    return base.microbatches / rate
+
+
+class PipelineCache:
+    """Best pipeline of each (device group, m) - solved once.  `exact` uses `dp.solve_exact` only."""
+
+    def __init__(self, base: Problem, *, exact: bool, time_limit_s: float = 5.0, seed: int = 0) -> None:
+        self.base, self.exact, self.time_limit_s, self.seed = base, exact, time_limit_s, seed
+        self._memo: dict[tuple[tuple[int, ...], int], tuple[tuple[Stage, ...], float] | None] = {}
+
+    def best(self, group: tuple[int, ...], m: int) -> tuple[tuple[Stage, ...], float] | None:
+        """(stages in base indices, T_r) of the best pipeline on `group` with m micro-batches, or None."""
+        key = (group, m)
+        if key not in self._memo:
+            self._memo[key] = self._solve(group, m)
+        return self._memo[key]
+
+    def _solve(self, group: tuple[int, ...], m: int) -> tuple[tuple[Stage, ...], float] | None:
+        sub = sub_problem(self.base, group, m)
+        if len(group) == 1:  # one card holds the whole model: plain data parallelism
+            ev = evaluate(sub, (Stage(0, 0, sub.num_units - 1),))
+            local: tuple[Stage, ...] | None = (Stage(0, 0, sub.num_units - 1),) if ev.fits else None
+        elif self.exact:
+            try:
+                res = solve_exact(sub, time_limit_s=math.inf)
+            except StateSpaceTooLarge as err:
+                raise ConfigError(f"the exact replica reference is too large for {len(group)} devices ({err}); "
+                                  "use solver='search'") from None
+            local = None if res is None else res.stages
+        else:
+            from hetpipe.partitioner.solve import solve
+
+            try:
+                local = solve(sub, time_limit_s=self.time_limit_s, seed=self.seed).stages
+            except InfeasibleError:
+                local = None
+        if local is None:
+            return None
+        stages = tuple(Stage(group[st.device], st.first_unit, st.last_unit) for st in local)
+        return stages, evaluate(replica_problem(self.base, m), stages).iteration_s
+
+
+Scorer = Callable[[float, float], tuple[float, int]]  # (compute_s, sync_s) -> (T, H)
+
+
+def scorer_for(policy: str, *, outer_steps: int | None = None,
+               budget_fraction: float = SYNC_BUDGET_FRACTION) -> Scorer:
+    """T as a function of (max_r T_r, T_sync) under `policy` (auto-H for diloco without `outer_steps`)."""
+
+    def score(compute_s: float, sync_s: float) -> tuple[float, int]:
+        if policy == "synchronous":
+            return compute_s + sync_s, 1
+        h = outer_steps or outer_steps_for(compute_s=compute_s, sync_s=sync_s, budget_fraction=budget_fraction)
+        return compute_s + sync_s / h, h
+
+    return score
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A scored grouping + split (internal to the search)."""
+
+    iteration_s: float
+    compute_s: float
+    sync_s: float
+    groups: Groups
+    replicas: tuple[Replica, ...]
+    sync: tuple[SyncGroup, ...]
+
+
+def _score(rp: ReplicaProblem, cache: PipelineCache, groups: Groups, split: Sequence[int],
+           scorer: Scorer) -> _Candidate | None:
+    reps = []
+    for g, m in zip(groups, split):
+        best = cache.best(g, m)
+        if best is None:
+            return None
+        reps.append(Replica(best[0], m, best[1]))
+    sync = evaluate_sync(rp, [r.stages for r in reps])
+    compute = max(r.iteration_s for r in reps)
+    sync_s = sum((s.time_s for s in sync), 0.0)
+    return _Candidate(scorer(compute, sync_s)[0], compute, sync_s, groups, tuple(reps), sync)
+
+
+def water_fill(cache: PipelineCache, groups: Groups, total: int) -> tuple[int, ...] | None:
+    """Split `total` micro-batches (>= 1 each) minimising max_r T_r; None if some group cannot run."""
+    if total < len(groups):
+        return None
+    split = [1] * len(groups)
+    nxt = []
+    for g in groups:
+        if cache.best(g, 1) is None:
+            return None
+        nxt.append(cache.best(g, 2))
+    for _ in range(total - len(groups)):
+        options = [(b[1], r) for r, b in enumerate(nxt) if b is not None]
+        if not options:
+            return None
+        _, r = min(options)
+        split[r] += 1
+        nxt[r] = cache.best(groups[r], split[r] + 1)
+    return tuple(split)
+
+
+def set_partitions(items: Sequence[int]) -> Iterator[list[list[int]]]:
+    """Every partition of `items` into non-empty blocks.
+
+    Example:
+        >>> sorted(len(p) for p in set_partitions([0, 1, 2]))
+        [1, 2, 2, 2, 3]
+    """
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in set_partitions(rest):
+        yield [[first]] + part
+        for i in range(len(part)):
+            yield part[:i] + [[first] + part[i]] + part[i + 1:]
+
+
+def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
+    """Every split of `total` into `parts` positive integers (in order)."""
+    for cuts in itertools.combinations(range(1, total), parts - 1):
+        bounds = (0, *cuts, total)
+        yield tuple(bounds[i + 1] - bounds[i] for i in range(parts))
+
+
+def _exact_groupings(n: int) -> Iterator[Groups]:
+    """Groupings of devices 0..n-1; the block holding the sentinel n is left out."""
+    for part in set_partitions(list(range(n + 1))):
+        yield tuple(tuple(b) for b in part if n not in b)
+
+
+def _finish(rp: ReplicaProblem, best: _Candidate, *, policy: SyncPolicy, solver: str, status: str,
+            bound_s: float, start: float) -> ReplicaSolution:
+    used = {st.device for r in best.replicas for st in r.stages}
+    unused = tuple(i for i in range(len(rp.base.devices)) if i not in used)
+    total = best.compute_s + policy.amortised_s
+    return ReplicaSolution(best.replicas, best.sync, policy, best.compute_s, best.sync_s, total, solver, status,
+                           min(bound_s, total), time.perf_counter() - start, unused)
+
+
+def _check_problem(rp: ReplicaProblem) -> None:
+    if not rp.base.devices:
+        raise ConfigError("the cluster has no devices; add at least one device to the cluster file")
+    if len(rp.grad_bytes) != rp.base.num_units:
+        raise ConfigError(f"grad_bytes lists {len(rp.grad_bytes)} units, the problem has {rp.base.num_units}")
+
+
+def solve_replicas_exact(rp: ReplicaProblem, *, policy: str = "synchronous", outer_steps: int | None = None,
+                         budget_fraction: float = SYNC_BUDGET_FRACTION) -> ReplicaSolution:
+    """Reference: best grouping x split by enumeration, each replica's pipeline by the exact DP."""
+    start = time.perf_counter()
+    _check_problem(rp)
+    check_policy(policy, outer_steps=outer_steps, budget_fraction=budget_fraction)
+    n, total = len(rp.base.devices), rp.base.microbatches
+    groupings = [g for g in _exact_groupings(n) if 0 < len(g) <= total]
+    count = sum(math.comb(total - 1, len(g) - 1) for g in groupings)
+    if count > EXACT_MAX_CANDIDATES:
+        raise ConfigError(f"the exact replica reference would try {count:,} groupings x splits "
+                          f"(limit {EXACT_MAX_CANDIDATES:,}); use solver='search'")
+    cache = PipelineCache(rp.base, exact=True)
+    found = {kind: _best_over(rp, cache, groupings, splits=lambda g: compositions(total, len(g)),
+                              scorer=scorer_for(kind, outer_steps=outer_steps, budget_fraction=budget_fraction))
+             for kind in _kinds(policy)}
+    best, pol = _pick(found, policy, outer_steps=outer_steps, budget_fraction=budget_fraction)
+    if best is None:
+        raise _infeasible(rp)
+    return _finish(rp, best, policy=pol, solver="replicas-exact", status="OPTIMAL", bound_s=math.inf, start=start)
+
+
+def _kinds(policy: str) -> list[str]:
+    """Objectives to solve: both for ``auto`` (then `_pick` decides), else the forced one."""
+    return ["synchronous", "diloco"] if policy == "auto" else [policy]
+
+
+def _best_over(rp: ReplicaProblem, cache: PipelineCache, groupings: Sequence[Groups], *,
+               splits: Callable[[Groups], Iterator[tuple[int, ...]]], scorer: Scorer) -> _Candidate | None:
+    """Best candidate over `groupings` x `splits` under `scorer`."""
+    best: _Candidate | None = None
+    for groups in groupings:
+        for split in splits(groups):
+            cand = _score(rp, cache, groups, split, scorer)
+            if cand is not None and (best is None or cand.iteration_s < best.iteration_s):
+                best = cand
+    return best
+
+
+def _pick(found: dict[str, _Candidate | None], policy: str, *, outer_steps: int | None,
+          budget_fraction: float) -> tuple[_Candidate | None, SyncPolicy]:
+    """The chosen candidate and its recorded policy.
+
+    For ``auto``, DiLoCo replaces synchronous training only when its best plan is faster
+    than the best every-step-synchronous plan by more than `budget_fraction` (the speed
+    worth giving up the exact large-batch update for, see `cost_models.sync`).
+    """
+    sync, local = found.get("synchronous"), found.get("diloco")
+    if policy != "auto":
+        best = sync if policy == "synchronous" else local
+        if best is None:
+            return None, SyncPolicy(policy, 1, 0.0, "infeasible")
+        return best, choose_policy(compute_s=best.compute_s, sync_s=best.sync_s, policy=policy,
+                                   outer_steps=outer_steps, budget_fraction=budget_fraction)
+    if sync is None or local is None:
+        best = sync or local
+        if best is None:
+            return None, SyncPolicy("synchronous", 1, 0.0, "infeasible")
+        return best, choose_policy(compute_s=best.compute_s, sync_s=best.sync_s, budget_fraction=budget_fraction)
+    if local.iteration_s * (1 + budget_fraction) >= sync.iteration_s:
+        pol = choose_policy(compute_s=sync.compute_s, sync_s=sync.sync_s, budget_fraction=budget_fraction)
+        if pol.policy == "synchronous":
+            if local.iteration_s < sync.iteration_s * (1 - 1e-9):
+                pol = dataclasses.replace(pol, reason=f"{pol.reason}; local steps (DiLoCo) would predict "
+                                          f"{local.iteration_s:.4g} s vs {sync.iteration_s:.4g} s, less than "
+                                          f"{budget_fraction:.0%} faster, so exact every-step sync is kept")
+            return sync, pol
+        why = (f"every-step sync takes {sync.sync_s / sync.compute_s:.0%} of compute, over the "
+               f"{budget_fraction:.0%} budget, but local steps (DiLoCo) would predict {local.iteration_s:.4g} s "
+               f"vs {sync.iteration_s:.4g} s, less than {budget_fraction:.0%} faster, so exact sync is kept")
+        return sync, SyncPolicy("synchronous", 1, sync.sync_s, why)
+    pol = choose_policy(compute_s=local.compute_s, sync_s=local.sync_s, policy="diloco",
+                        outer_steps=outer_steps, budget_fraction=budget_fraction)
+    why = f"{pol.reason}; {sync.iteration_s / local.iteration_s:.2f}x faster than the best every-step-sync plan"
+    return local, dataclasses.replace(pol, reason=why)
+
+
+def canon_groups(groups: Sequence[Sequence[int]]) -> Groups:
+    """Sorted groups of sorted device indices, empty ones dropped: one key per grouping.
+
+    Example:
+        >>> canon_groups([[3, 1], [], [0]])
+        ((0,), (1, 3))
+    """
+    return tuple(sorted(tuple(sorted(g)) for g in groups if g))
+
+
+def seed_groupings(base: Problem, fits_alone: Callable[[int], bool]) -> list[Groups]:
+    """Starting points: one pipeline; a replica per node; per node and kind; plain data parallelism.
+
+    Data parallelism seeds use the k fastest cards that hold the model alone (k <= M), and
+    each node's such cards (a node's ring avoids the slow links between nodes).
+    """
+    n = len(base.devices)
+    by_node: dict[str, list[int]] = {}
+    by_class: dict[tuple[str, str], list[int]] = {}
+    for i, d in enumerate(base.devices):
+        by_node.setdefault(d.node, []).append(i)
+        by_class.setdefault((d.node, d.kind), []).append(i)
+    work = {k: sum(base.fwd_s[k]) + sum(base.bwd_s[k]) for k in base.fwd_s}
+    speed = sorted(range(n), key=lambda i: work[base.devices[i].kind])
+    seeds = [canon_groups([list(range(n))]), canon_groups(list(by_node.values())),
+             canon_groups(list(by_class.values()))]
+    alone = [i for i in speed if fits_alone(i)]
+    seeds += [canon_groups([[i] for i in alone[:k]]) for k in range(min(len(alone), base.microbatches), 0, -1)]
+    for node in by_node.values():
+        seeds.append(canon_groups([[i] for i in alone if i in node][: base.microbatches]))
+    return list(dict.fromkeys(seeds))
+
+
+def _splits(group: tuple[int, ...], devices: Sequence[DeviceSlot]) -> Iterator[tuple[list[int], list[int]]]:
+    """Two-way splits of a replica: every one up to `SPLIT_ALL_MAX` devices, else by node and by kind."""
+    if len(group) <= SPLIT_ALL_MAX:
+        first, rest = group[0], group[1:]
+        for mask in range(2 ** len(rest) - 1):
+            a = [first] + [d for k, d in enumerate(rest) if mask >> k & 1]
+            yield a, [d for d in group if d not in a]
+        return
+    for key in (lambda d: devices[d].node, lambda d: devices[d].kind):
+        for value in dict.fromkeys(key(d) for d in group):
+            a = [d for d in group if key(d) == value]
+            if len(a) < len(group):
+                yield a, [d for d in group if key(d) != value]
+
+
+def _neighbours(groups: Groups, devices: Sequence[DeviceSlot]) -> Iterator[Groups]:
+    """Move one device (to another replica, a new one, or none; or back in), merge, split or swap."""
+    n = len(devices)
+    used = {d for g in groups for d in g}
+    for d in range(n):
+        src = next((k for k, g in enumerate(groups) if d in g), None)
+        rest = [[x for x in g if x != d] for g in groups]
+        targets = [k for k in range(len(groups)) if k != src]
+        for k in targets:
+            yield canon_groups([g + [d] if j == k else g for j, g in enumerate(rest)])
+        if src is None or len(groups[src]) > 1:
+            yield canon_groups(rest + [[d]])
+        if d in used and len(used) > 1:
+            yield canon_groups(rest)
+    for a, b in itertools.combinations(range(len(groups)), 2):
+        others = [list(g) for k, g in enumerate(groups) if k not in (a, b)]
+        yield canon_groups(others + [list(groups[a] + groups[b])])
+        for x, y in itertools.product(groups[a], groups[b]):
+            if devices[x] != devices[y]:
+                yield canon_groups(others + [[d for d in groups[a] if d != x] + [y],
+                                             [d for d in groups[b] if d != y] + [x]])
+    for k, g in enumerate(groups):
+        for a, b in _splits(g, devices):
+            yield canon_groups([list(h) for j, h in enumerate(groups) if j != k] + [a, b])
+
+
+class GroupingSearch:
+    """Seeds + water-filling + first-improvement local search under a deadline."""
+
+    def __init__(self, rp: ReplicaProblem, cache: PipelineCache, scorer: Scorer, deadline: float) -> None:
+        self.rp, self.cache, self.scorer, self.deadline = rp, cache, scorer, deadline
+        self.seen: dict[Groups, _Candidate | None] = {}
+
+    def score(self, groups: Groups) -> _Candidate | None:
+        if groups not in self.seen:
+            total = self.rp.base.microbatches
+            split = (total,) if len(groups) == 1 else water_fill(self.cache, groups, total)
+            self.seen[groups] = None if split is None else _score(self.rp, self.cache, groups, split, self.scorer)
+        return self.seen[groups]
+
+    def run(self) -> _Candidate | None:
+        """Local search from every seed, best first, until the deadline; the best result."""
+        groupings = seed_groupings(self.rp.base, lambda d: self.cache.best((d,), 1) is not None)
+        seeds = [c for c in (self.score(g) for g in groupings if g) if c is not None]
+        best: _Candidate | None = None
+        for start in sorted(seeds, key=lambda c: c.iteration_s):
+            cand = self.descend(start)
+            if best is None or cand.iteration_s < best.iteration_s:
+                best = cand
+        return best
+
+    def descend(self, best: _Candidate) -> _Candidate:
+        """First-improvement descent over `_neighbours` until none improves or the deadline."""
+        improved = True
+        while improved and time.perf_counter() < self.deadline:
+            improved = False
+            for groups in _neighbours(best.groups, self.rp.base.devices):
+                if time.perf_counter() >= self.deadline:
+                    log.info("replica search stopped at its time limit")
+                    break
+                cand = self.score(groups)
+                if cand is not None and cand.iteration_s < best.iteration_s * (1 - 1e-9):
+                    best, improved = cand, True
+                    break
+        return best
+
+
+def solve_replicas(rp: ReplicaProblem, *, policy: str = "auto", outer_steps: int | None = None,
+                   budget_fraction: float = SYNC_BUDGET_FRACTION, time_limit_s: float = 30.0,
+                   seed: int = 0) -> ReplicaSolution:
+    """Scalable replica planner (module docstring); raises `InfeasibleError` when nothing fits."""
+    start = time.perf_counter()
+    _check_problem(rp)
+    check_policy(policy, outer_steps=outer_steps, budget_fraction=budget_fraction)
+    cache = PipelineCache(rp.base, exact=False, time_limit_s=max(1.0, min(5.0, time_limit_s / 6)), seed=seed)
+    kinds = _kinds(policy)
+    found: dict[str, _Candidate | None] = {}
+    for i, kind in enumerate(kinds):
+        deadline = start + time_limit_s * (i + 1) / len(kinds)
+        scorer = scorer_for(kind, outer_steps=outer_steps, budget_fraction=budget_fraction)
+        found[kind] = GroupingSearch(rp, cache, scorer, deadline).run()
+    best, pol = _pick(found, policy, outer_steps=outer_steps, budget_fraction=budget_fraction)
+    if best is None:
+        raise _infeasible(rp)
+    bound = work_lower_bound(rp.base)
+    total = best.compute_s + pol.amortised_s
+    status = "OPTIMAL" if bound >= total * (1 - 1e-9) else "FEASIBLE"
+    return _finish(rp, best, policy=pol, solver="replicas-search", status=status, bound_s=bound, start=start)
+
+
+def _infeasible(rp: ReplicaProblem) -> InfeasibleError:
+    from hetpipe.partitioner.infeasible import explain_infeasible
+
+    return explain_infeasible(rp.base)
