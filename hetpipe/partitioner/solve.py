@@ -62,7 +62,7 @@ RELAXATION_SHARE = 0.7
 #: not close a sub-1% gap on 64 cards within 10 s (benchmarks/planner_speed.py).
 GOOD_ENOUGH_GAP = 0.01
 #: Least search time worth starting CP-SAT for, after its model is built.
-MIN_CPSAT_S = 1.0
+MIN_CPSAT_S = 2.0
 #: Seconds to build the CP-SAT model per (position x unit x class pair) term, measured on the
 #: 2-core VM: 64 positions x 98 units x 8^2 class pairs took 1.9 s.
 CPSAT_BUILD_S_PER_TERM = 1.9 / (64 * 98 * 64)
