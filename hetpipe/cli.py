@@ -1,6 +1,7 @@
 """The `hetpipe` console script.
 
-Subcommands: ``models``, ``inspect``, ``plan``, ``check``, ``profile``, ``run``, ``demo``.
+Subcommands: ``models``, ``inspect``, ``plan``, ``check``, ``profile``, ``run``, ``demo``, ``show``,
+``simulate``, ``compare``.
 Every `HetpipeError` becomes one ``error: ...`` line on stderr and exit code 2;
 ``check`` exits 1 when a plan violates its own tables.
 
@@ -61,6 +62,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("hetpipe-demo"), help="where plan.json, run.json, gantt.png go")
     p.add_argument("--steps", type=int, default=4, help="training steps to run (default 4)")
     p.add_argument("--fast", action="store_true", help="plan and compare only; do not launch the training run")
+    p = sub.add_parser("show", help="a plan's stages, memory per card, time per stage and speed-up over baselines")
+    p.add_argument("plan", type=Path)
+    p.add_argument("--gantt", type=Path, default=None, help="write the simulated iteration as a Gantt PNG")
+    p.add_argument("--trace", type=Path, default=None, help="write the simulated iteration as a Chrome/Perfetto trace")
+    p = sub.add_parser("simulate", help="simulate a plan's schedule: iteration, bubble, busy/idle per device")
+    p.add_argument("plan", type=Path)
+    p.add_argument("--microbatches", type=int, default=None, help="micro-batches per iteration (default: the plan's)")
+    p.add_argument("--schedule", default=None, help="1f1b | gpipe (default: the plan's)")
+    p.add_argument("--gantt", type=Path, default=None, help="write a Gantt PNG")
+    p.add_argument("--trace", type=Path, default=None, help="write a Chrome/Perfetto trace JSON")
+    p = sub.add_parser("compare", help="a plan vs the baselines, analytic and simulated")
+    p.add_argument("plan", type=Path)
+    p.add_argument("--baselines", nargs="?", const="all", default="all",
+                   help="comma-separated baselines (uniform, parameters, time-homogeneous); default all")
+    p.add_argument("--microbatches", type=int, default=None, help="micro-batches per iteration (default: the plan's)")
+    p.add_argument("--schedule", default=None, help="1f1b | gpipe (default: the plan's)")
     from hetpipe.runtime.launch import add_run_parser  # no torch import: `hetpipe --help` stays fast
 
     add_run_parser(sub)
@@ -173,6 +190,51 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     return run_demo(out=args.out, steps=args.steps, run=not args.fast, console=console)
 
 
+def cmd_show(args: argparse.Namespace, console: Console) -> int:
+    from hetpipe.inspect_plan import simulate_plan, write_timelines
+    from hetpipe.partitioner.plan import Plan
+    from hetpipe.views import baseline_table, memory_table, plan_table
+
+    plan = Plan.load(args.plan)
+    for table in (plan_table(plan), memory_table(plan), baseline_table(plan)):
+        console.print(table)
+    for lo in plan.left_out:
+        console.print(f"left out {lo.device}: {lo.reason}")
+    if args.gantt or args.trace:
+        for path in write_timelines(simulate_plan(plan), gantt=args.gantt, trace=args.trace):
+            console.print(f"wrote {path}")
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace, console: Console) -> int:
+    from hetpipe.inspect_plan import divergence_reason, simulate_plan, write_timelines
+    from hetpipe.partitioner.plan import Plan
+    from hetpipe.views import simulation_table
+
+    sim = simulate_plan(Plan.load(args.plan), microbatches=args.microbatches, schedule=args.schedule)
+    console.print(simulation_table(sim))
+    if reason := divergence_reason(sim):
+        console.print(reason)
+    for path in write_timelines(sim, gantt=args.gantt, trace=args.trace):
+        console.print(f"wrote {path}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace, console: Console) -> int:
+    from hetpipe.inspect_plan import compare_plan
+    from hetpipe.partitioner.plan import Plan
+    from hetpipe.views import compare_table
+
+    names = None if args.baselines == "all" else [n.strip() for n in args.baselines.split(",") if n.strip()]
+    rows = compare_plan(Plan.load(args.plan), baselines=names, microbatches=args.microbatches,
+                        schedule=args.schedule)
+    console.print(compare_table(rows))
+    for r in rows:
+        if r.note:
+            console.print(f"  {r.name}: {r.note}")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "models": cmd_models,
     "inspect": cmd_inspect,
@@ -181,6 +243,9 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "profile": cmd_profile,
     "run": cmd_run,
     "demo": cmd_demo,
+    "show": cmd_show,
+    "simulate": cmd_simulate,
+    "compare": cmd_compare,
 }
 
 

@@ -7,14 +7,21 @@ Example:
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from hetpipe.cost_models.devices import Cluster
 from hetpipe.partitioner.graph import UnitGraph
 from hetpipe.partitioner.plan import Plan, UnitTimes
+
+if TYPE_CHECKING:  # the views take simulations as data; no simulator import at module load
+    from hetpipe.inspect_plan import PlanSimulation
+
+#: Characters of a memory bar (``[#####-----]``): ASCII, so it reads the same in a terminal and piped.
+BAR_WIDTH = 20
 
 
 def format_bytes(n: float) -> str:
@@ -98,6 +105,74 @@ def baseline_table(plan: Plan) -> Table:
         speedup = b.iteration_s / plan.predicted.iteration_s
         table.add_row(name, format_seconds(b.iteration_s), "yes" if b.fits else "NO (out of memory)",
                       f"{speedup:.2f}x" + ("" if b.fits else " (would OOM)"))
+    return table
+
+
+def memory_bar(used_bytes: float, usable_bytes: float, width: int = BAR_WIDTH) -> str:
+    """A text bar of used / usable memory; ``!`` marks the part over the limit.
+
+    Example:
+        >>> memory_bar(3, 4, width=8)
+        '[######--]  75%'
+        >>> memory_bar(5, 4, width=8)
+        '[########!!] 125%'
+    """
+    share = used_bytes / usable_bytes if usable_bytes > 0 else float("inf")
+    filled = min(width, round(min(share, 1.0) * width))
+    over = "" if share <= 1.0 else "!" * max(1, min(width, round((share - 1.0) * width)))
+    percent = f"{share:.0%}" if share != float("inf") else "inf"
+    return f"[{'#' * filled}{'-' * (width - filled)}{over}] {percent:>4}"
+
+
+def memory_table(plan: Plan) -> Table:
+    """Per card of the cluster: its stage, memory used / usable and a bar; unused cards say why."""
+    by_device = {st.device: st for st in plan.stages}
+    reasons = {lo.device: lo.reason for lo in plan.left_out}
+    table = Table(title="memory per card (state + in-flight activations + comm buffers)")
+    for col in ("device", "kind", "stage", "used", "usable", "used / usable"):
+        table.add_column(col, justify="left" if col in ("device", "kind", "used / usable") else "right")
+    for d in plan.devices:
+        st = by_device.get(d.id)
+        if st is None:
+            table.add_row(d.id, d.kind, "-", "-", format_bytes(d.usable_bytes), reasons.get(d.id, "unused"))
+            continue
+        table.add_row(d.id, d.kind, str(st.index), format_bytes(st.memory_bytes), format_bytes(st.usable_bytes),
+                      Text(memory_bar(st.memory_bytes, st.usable_bytes)))  # Text: brackets are not markup
+    return table
+
+
+def simulation_table(sim: PlanSimulation) -> Table:
+    """Simulated vs analytic iteration of one placement, and per device busy / idle / in flight."""
+    res = sim.result
+    table = Table(title=(f"{sim.name}, {sim.schedule}, m={sim.microbatches}: simulated {format_seconds(res.iteration_s)}"
+                         f" vs analytic T {format_seconds(sim.analytic_s)} ({sim.gap:+.1%}); bubble "
+                         f"{res.bubble_fraction:.0%} simulated, {sim.analytic_bubble_fraction:.0%} analytic"))
+    for col in ("stage", "device", "F+B / mb", "send / mb", "busy", "idle", "busy %", "waiting on recv",
+                "peak in flight"):
+        table.add_column(col, justify="left" if col == "device" else "right")
+    waits = sim.recv_wait_s()
+    for s, label in enumerate(sim.labels):
+        send = format_seconds(sim.send_s[s]) if s < len(sim.send_s) and sim.send_s[s] else "-"
+        busy_share = res.busy_s[s] / res.iteration_s if res.iteration_s > 0 else 0.0
+        table.add_row(str(s), label, format_seconds(sim.stage_work_s[s]), send, format_seconds(res.busy_s[s]),
+                      format_seconds(res.idle_s[s]), f"{busy_share:.0%}", format_seconds(waits[s]),
+                      str(res.peak_in_flight_microbatches[s]))
+    return table
+
+
+def compare_table(rows: Sequence[PlanSimulation]) -> Table:
+    """The plan (first row) and each baseline: analytic and simulated T, fit, speed-up of the plan under both."""
+    plan = rows[0]
+    table = Table(title=f"{plan.name} vs baselines ({plan.schedule}, m={plan.microbatches}); "
+                        "speed-up = baseline T / plan T")
+    for col in ("plan", "stages", "analytic T", "simulated T", "sim vs analytic", "fits",
+                "speed-up (analytic)", "speed-up (simulated)"):
+        table.add_column(col, justify="left" if col in ("plan", "fits") else "right")
+    for r in rows:
+        fits = "yes" if r.fits else "NO (out of memory)"
+        table.add_row(r.name, str(len(r.stages)), format_seconds(r.analytic_s), format_seconds(r.simulated_s),
+                      f"{r.gap:+.1%}", fits, f"{r.analytic_s / plan.analytic_s:.2f}x",
+                      f"{r.simulated_s / plan.simulated_s:.2f}x")
     return table
 
 
