@@ -82,7 +82,8 @@ def plan_table(plan: Plan) -> Table:
     table = Table(
         title=(f"{plan.model.name}: {len(plan.stages)} stages, {plan.training.microbatches} micro-batches of "
                f"{plan.training.micro_batch_size}; T = {format_seconds(pred.iteration_s)} "
-               f"({pred.samples_per_s:.1f} samples/s, bubble {pred.bubble_fraction:.0%})")
+               f"({pred.samples_per_s:.1f} samples/s, bubble {pred.bubble_fraction:.0%})"
+               + (f"; simulated {format_seconds(pred.simulated_iteration_s)}" if pred.simulated_iteration_s else ""))
     )
     kinds = {d.id: d.kind for d in plan.devices}
     for col in ("stage", "device", "kind", "units", "memory used / usable", "fwd", "bwd", "send"):

@@ -111,7 +111,16 @@ def _predicted(problem: Problem, stages: tuple[Stage, ...], ev: Evaluation, glob
         bubble_fraction=bubble,
         samples_per_s=global_batch / ev.iteration_s,
         utilisation=util,
+        simulated_iteration_s=simulated_iteration_s(problem, stages),
     )
+
+
+def simulated_iteration_s(problem: Problem, stages: tuple[Stage, ...]) -> float:
+    """The 1F1B discrete-event simulation of a placement (the analytic T's check; README)."""
+    from hetpipe.runtime.schedule import one_f_one_b
+    from hetpipe.runtime.simulate import costs_from_problem, simulate
+
+    return simulate(one_f_one_b(len(stages), problem.microbatches), costs_from_problem(problem, stages)).iteration_s
 
 
 def _plan_units(graph: UnitGraph, problem: Problem) -> tuple[PlanUnit, ...]:

@@ -122,6 +122,9 @@ class Predicted:
     bubble_fraction: float
     samples_per_s: float
     utilisation: Mapping[str, float]  # device id -> busy fraction of the iteration
+    # The same stages under the discrete-event simulator (`hetpipe.runtime.simulate`, 1F1B):
+    # informational, not the objective; 0.0 in plans written before it was recorded.
+    simulated_iteration_s: float = 0.0
 
 
 @dataclass(frozen=True)
