@@ -123,7 +123,8 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
     from hetpipe.views import device_fit_table, unit_table
 
     cluster = load_cluster(args.cluster)
-    graph = _capture(args)
+    with console.status(f"capturing {args.model} on the meta device"):
+        graph = _capture(args)
     console.print(unit_table(graph, unit_times(graph, cluster)))
     console.print(device_fit_table(graph, cluster))
     if graph.tied:
@@ -138,9 +139,12 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from hetpipe.views import baseline_table, plan_table
 
     cluster = load_cluster(args.cluster)
-    graph = _capture(args)
-    plan = partition_graph(graph, cluster, global_batch=args.global_batch, solver=args.solver,
-                           time_limit_s=args.time_limit, seed=args.seed)
+    with console.status(f"capturing {args.model} on the meta device"):
+        graph = _capture(args)
+    with console.status(f"solving: {graph.num_units} units on {len(cluster.devices)} devices "
+                        f"(limit {args.time_limit:g} s)"):
+        plan = partition_graph(graph, cluster, global_batch=args.global_batch, solver=args.solver,
+                               time_limit_s=args.time_limit, seed=args.seed)
     plan.save(args.output)
     console.print(plan_table(plan))
     console.print(baseline_table(plan))

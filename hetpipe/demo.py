@@ -68,8 +68,9 @@ def run_demo(*, out: Path, steps: int, run: bool, console: Console) -> int:
 
     out.mkdir(parents=True, exist_ok=True)
     console.rule("1. plan gpt-demo on the emulated home lab (3090 + 4090 | 1 GbE | 3060 12GB, scaled down)")
-    plan = _plan(DEMO_MODEL, bundled_cluster("homelab-mini.yaml"), batch=DEMO_BATCH, seq=DEMO_SEQ,
-                 precision="fp32", global_batch=DEMO_BATCH * DEMO_MICROBATCHES)
+    with console.status("capturing gpt-demo and solving"):
+        plan = _plan(DEMO_MODEL, bundled_cluster("homelab-mini.yaml"), batch=DEMO_BATCH, seq=DEMO_SEQ,
+                     precision="fp32", global_batch=DEMO_BATCH * DEMO_MICROBATCHES)
     plan_path = out / "plan.json"
     plan.save(plan_path)
     console.print(plan_table(plan))
@@ -78,8 +79,9 @@ def run_demo(*, out: Path, steps: int, run: bool, console: Console) -> int:
         if b.note:
             console.print(f"  {name}: {b.note}")
     console.rule("2. the same question at full size: GPT-2 XL on the real home lab (predicted)")
-    big = _plan(BIG_MODEL, bundled_cluster("homelab.yaml"), batch=BIG_BATCH, seq=BIG_SEQ, precision="bf16-mixed",
-                global_batch=None)
+    with console.status("capturing GPT-2 XL on the meta device and solving"):
+        big = _plan(BIG_MODEL, bundled_cluster("homelab.yaml"), batch=BIG_BATCH, seq=BIG_SEQ, precision="bf16-mixed",
+                    global_batch=None)
     console.print(plan_table(big))
     console.print(baseline_table(big))
     for lo in big.left_out:
@@ -90,8 +92,9 @@ def run_demo(*, out: Path, steps: int, run: bool, console: Console) -> int:
         from hetpipe.runtime.trainer import summary_tables
 
         console.rule(f"3. train {steps} steps of the gpt-demo plan, every device emulated (torchrun, gloo)")
-        report = run_plan(plan_path, model=DEMO_MODEL, steps=steps, emulate=True, seq=DEMO_SEQ,
-                          report=out / "run.json")
+        with console.status(f"training {steps} steps on 3 emulated devices (torchrun)"):
+            report = run_plan(plan_path, model=DEMO_MODEL, steps=steps, emulate=True, seq=DEMO_SEQ,
+                              report=out / "run.json")
         for table in summary_tables(report):
             console.print(table)
     console.rule("files")
