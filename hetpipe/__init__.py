@@ -5,6 +5,8 @@ Public API (see README.md):
     load_cluster(path) -> Cluster
     partition(model, cluster, *, example_inputs, ...) -> Plan
     Plan.save(path) / Plan.load(path), check_plan(plan)
+    run(plan, model=..., steps=..., emulate=...) -> RunReport   (launches torchrun, one process per stage)
+    Trainer(plan, model=..., loss=...).step(inputs, targets)    (one rank inside your own torchrun script)
 
 Heavy submodules (torch, OR-Tools) load on first use, so ``hetpipe --help`` is fast.
 
@@ -48,6 +50,9 @@ _LAZY = {
     "Problem": "hetpipe.partitioner.problem",
     "evaluate": "hetpipe.partitioner.problem",
     "Action": "hetpipe.runtime.actions",
+    "run": "hetpipe.runtime.trainer",
+    "Trainer": "hetpipe.runtime.inprocess",
+    "RunReport": "hetpipe.runtime.report",
 }
 
 

@@ -29,8 +29,8 @@ from torch import nn
 from hetpipe.errors import RuntimeFailure, ScheduleError
 from hetpipe.runtime import comm
 from hetpipe.runtime.actions import Action, Op
-from hetpipe.runtime.executor import ActionHooks, PipelineExecutor, check_actions
-from hetpipe.runtime.schedule import make_schedule
+from hetpipe.runtime.executor import ActionHooks, PipelineExecutor
+from hetpipe.runtime.schedule import check_actions, make_schedule
 from hetpipe.runtime.stage import build_stage, split_stages
 from tests.dist_helpers import SkipNet, TinyGPT, gpt_loss, run_world, stage_mapping
 
@@ -212,6 +212,63 @@ def test_step_stats_are_measured(world_results):
         assert mem.optimizer_state_bytes >= 2 * mem.param_bytes  # Adam: two moments per parameter
         assert mem.peak_activation_bytes > 0 and mem.peak_bytes >= mem.param_bytes + mem.peak_activation_bytes
         assert mem.peak_comm_bytes > 0
+
+
+# Global rank of each stage when the rendezvous numbers nodes out of pipeline order (multi-node
+# torchrun): stage 0 on rank 2, stage 1 on rank 0, stage 2 on rank 1.  The tied embedding's
+# gradient all-reduce then runs between ranks 2 and 1.
+PERMUTED_STAGE_RANKS = (2, 0, 1)
+
+
+def _permuted_worker(rank: int, world: int) -> dict[str, Any]:
+    from hetpipe.runtime.worker import stage_ranks
+
+    case = CASES["gpt-1f1b"]
+    stage_index = PERMUTED_STAGE_RANKS.index(rank)
+    every: list[Any] = [None] * world
+    torch.distributed.all_gather_object(every, stage_index)  # what the worker does after joining
+    ranks = stage_ranks(every, world)
+    model, program = _program(case, world)
+    stage = build_stage(program, stage_index, state_dict=model.state_dict(), device="cpu")
+    opt, _ = _optimizer(case, stage.parameters())
+    ex = PipelineExecutor(stage, rank=rank, num_stages=world,
+                          schedule_actions=make_schedule(case.schedule, world, MICROBATCHES)[stage_index],
+                          loss_fn=_loss_fn(case), optimizer=opt, microbatches=MICROBATCHES, timeout_s=60.0,
+                          grad_clip_norm=case.clip, stage_ranks=ranks)
+    losses = []
+    for step in range(2):
+        x, y = _batch(case, step)
+        losses.append(ex.step(_split(x), _split(y)).loss)
+    return {"stage": stage_index, "ranks": ranks, "losses": losses,
+            "params": {n: p.detach().clone() for n, p in stage.named_parameters()}}
+
+
+@pytest.mark.slow
+def test_stages_on_permuted_ranks_match_the_reference(tmp_path):
+    outcomes = run_world(_permuted_worker, world_size=3, timeout_s=WORLD_TIMEOUT_S, out_dir=tmp_path)
+    for o in outcomes:
+        assert o.error is None and o.value is not None, f"rank {o.rank} (exit {o.exitcode}): {o.error}"
+    case = CASES["gpt-1f1b"]
+    model, _ = _model(case)
+    ref = copy.deepcopy(model)
+    opt, _ = _optimizer(case, ref.parameters())
+    ref_losses = []
+    for step in range(2):
+        x, y = _batch(case, step)
+        opt.zero_grad(set_to_none=True)
+        loss = _loss_fn(case)(ref(x), y)
+        loss.backward()
+        nn.utils.clip_grad_norm_(ref.parameters(), case.clip)
+        ref_losses.append(loss.item())
+        opt.step()
+    expected = dict(ref.named_parameters(remove_duplicate=False))
+    for o in outcomes:
+        assert o.value["ranks"] == list(PERMUTED_STAGE_RANKS) and o.value["stage"] == PERMUTED_STAGE_RANKS.index(o.rank)
+        for name, value in o.value["params"].items():
+            torch.testing.assert_close(value, expected[name].detach(), rtol=RTOL, atol=ATOL,
+                                       msg=lambda m, p=name, k=o.rank: f"rank {k} param {p}: {m}")
+    last = outcomes[PERMUTED_STAGE_RANKS[-1]].value
+    torch.testing.assert_close(last["losses"], ref_losses, rtol=RTOL, atol=ATOL)
 
 
 # ----------------------------------------------------------------------------- failures

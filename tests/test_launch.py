@@ -49,7 +49,28 @@ def test_multinode_command_uses_c10d_rendezvous(tmp_path):
     line = multinode_command(_spec(tmp_path, nproc=3), node="shelf", nnodes=2, nproc_per_node=1,
                              endpoint="desk:29500")
     assert line.startswith("torchrun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=desk:29500")
-    assert "--standalone" not in line and "-m hetpipe.runtime.worker" in line and line.endswith("--node shelf")
+    assert "--standalone" not in line and "-m hetpipe.runtime.worker" in line and line.endswith("--plan-node shelf")
+
+
+@pytest.mark.parametrize("emulate", [False, True])
+def test_torchrun_hands_every_worker_argument_through(tmp_path, emulate):
+    """torchrun's own parser must not take a worker flag for one of its options (``--node`` would be
+    read as an abbreviation of ``--node-rank``), and the worker must parse what arrives."""
+    import shlex
+
+    from torch.distributed.run import get_args_parser
+
+    from hetpipe.runtime.worker import parse_args
+
+    spec = _spec(tmp_path, nproc=3, emulate=emulate, schedule="gpipe", seq=16)
+    for argv in (torchrun_command(spec, python="/py")[3:],
+                 shlex.split(multinode_command(spec, node="shelf", nnodes=2, nproc_per_node=1,
+                                               endpoint="desk:29500"))[1:]):
+        ns = get_args_parser().parse_args(argv)
+        assert ns.module and ns.training_script == "hetpipe.runtime.worker"
+        worker = parse_args(ns.training_script_args)
+        assert worker.plan == tmp_path / "plan.json" and worker.emulate is emulate and worker.seq == 16
+    assert worker.node == "shelf"
 
 
 def test_ranks_map_to_their_nodes_stages():
@@ -88,9 +109,43 @@ def test_summary_from_torchrun_log_names_the_killed_rank():
            "Failures:\n  <NO_OTHER_FAILURES>\nRoot Cause (first observed failure):\n[0]:\n"
            "  time      : 2025-01-01_00:00:00\n  host      : box\n  rank      : 2 (local_rank: 2)\n"
            "  exitcode  : -9 (pid: 123)\n")
-    assert summary_from_log(log) == ("rank 2 (stage 2) was killed by signal 9 without reporting an error; "
-                                     "see the log for its output")
+    assert summary_from_log(log) == ("rank 2 (stage 2) was killed by signal 9 (SIGKILL) without reporting an "
+                                     "error; see the log for its output")
     assert summary_from_log("x\nsomething broke\n") == "torchrun failed: something broke"
+
+
+# torchrun's summary after rank 2 SIGKILLed itself (recorded from `hetpipe run`): its "Root Cause" is
+# rank 0, the first exit torchrun observed, not the first failure.
+_KILLED_LOG = """hetpipe.runtime.worker FAILED
+Failures:
+[1]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 26752)
+[2]:
+  rank      : 2 (local_rank: 2)
+  exitcode  : -9 (pid: 26753)  (SIGKILL)
+  traceback : Signal 9 (SIGKILL) received by PID 26753
+Root Cause (first observed failure):
+[0]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 26751)
+"""
+
+
+def test_a_killed_rank_is_named_before_the_survivors_it_broke(tmp_path):
+    t = time.time()
+    # rank 1 saw the dead rank 2; rank 0 only saw rank 1 go away (the teardown race makes either first).
+    write_error(tmp_path, RankError(0, 0, "0RECV_B1", "rank 0 (stage 0) failed waiting on 0RECV_B1 from rank 1 "
+                                    "(Connection closed by peer)", "RuntimeFailure", t))
+    write_error(tmp_path, RankError(1, 1, "1RECV_B1", "rank 1 (stage 1) failed waiting on 1RECV_B1 from rank 2 "
+                                    "(Connection reset by peer)", "RuntimeFailure", t + 0.1))
+    line = first_error(tmp_path, _KILLED_LOG)
+    assert line == ("rank 2 (stage 2) was killed by signal 9 (SIGKILL) without reporting an error; then rank 0 "
+                    "(stage 0) failed waiting on 0RECV_B1 from rank 1 (Connection closed by peer)")
+    # torchrun's SIGTERM teardown of a survivor is not a root cause; an error file wins.
+    teardown = _KILLED_LOG.replace("-9 (pid: 26753)  (SIGKILL)", "-15 (pid: 26753)")
+    assert first_error(tmp_path, teardown).startswith("rank 0 (stage 0) failed waiting on 0RECV_B1")
+    assert summary_from_log(teardown).startswith("rank 0 (stage 0) exited with code 1")  # no signal: lowest rank
 
 
 def test_worker_helpers():

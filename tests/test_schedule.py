@@ -8,7 +8,15 @@ from hypothesis import strategies as st
 
 from hetpipe.errors import ScheduleError
 from hetpipe.runtime.actions import Action, Op
-from hetpipe.runtime.schedule import gpipe, make_schedule, one_f_one_b, validate_schedule
+from hetpipe.runtime.schedule import (
+    format_grid,
+    format_schedule,
+    gpipe,
+    make_schedule,
+    one_f_one_b,
+    parse_schedule,
+    validate_schedule,
+)
 from hetpipe.runtime.simulate import SimCosts, simulate
 
 
@@ -47,3 +55,51 @@ def test_uniform_stages_zero_comm_take_m_plus_p_minus_1_slots(name, p, m):
     assert res.bubble_fraction == pytest.approx((p - 1) / (m + p - 1))
     expect = [min(p - s, m) for s in range(p)] if name == "1f1b" else [m] * p
     assert list(res.peak_in_flight_microbatches) == expect
+
+
+def _edited(name: str, p: int, m: int, rank: int, text: str) -> dict[int, list[Action]]:
+    """`name`'s (p, m) schedule with rank ``rank``'s list replaced by ``text`` (``format_schedule`` words)."""
+    sched = make_schedule(name, p, m)
+    sched[rank] = [Action.parse(w) for w in text.split()]
+    return sched
+
+
+# Hand-broken schedules (issue #4, acceptance 2): each must be rejected naming the offending rank and step.
+BROKEN = {
+    "deadlock": (_edited("1f1b", 3, 2, 0, "0F0 0F1 0SEND_F0 0RECV_B0 0SEND_F1 0B0 0RECV_B1 0B1 0STEP"),
+                 3, 2, r"deadlock: rank 0, step 3 \(0RECV_B0\) waits for 1SEND_B0 from rank 1, which is blocked "
+                       r"itself at rank 1, step 3 \(1RECV_F1\)"),
+    "fifo order": (_edited("gpipe", 2, 2, 1, "1RECV_F1 1F1 1RECV_F0 1F0 1B0 1SEND_B0 1B1 1SEND_B1 1STEP"),
+                   2, 2, r"link 0->1 \(activations\) .* message #0 is micro-batch 0 sent at rank 0, step 1 "
+                         r"\(0SEND_F0\), but rank 1, step 0 \(1RECV_F1\) expects micro-batch 1"),
+    "duplicate": (_edited("gpipe", 2, 2, 0, "0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1 0F1 0STEP"),
+                  2, 2, r"rank 0, step 8 \(0F1\): duplicate of step 2"),
+    "step not last": (_edited("gpipe", 2, 1, 0, "0STEP 0F0 0SEND_F0 0RECV_B0 0B0"),
+                      2, 1, r"rank 0, step 0 \(0STEP\): STEP must be the last action"),
+    "wrong stage": (_edited("gpipe", 3, 1, 1, "1RECV_F0 1F0 2SEND_F0 1RECV_B0 1B0 1SEND_B0 1STEP"),
+                    3, 1, r"rank 1, step 2 \(2SEND_F0\): names stage 2, but rank 1 runs stage 1 only"),
+    "no peer": (_edited("gpipe", 2, 1, 1, "1RECV_F0 1F0 1SEND_F0 1B0 1SEND_B0 1STEP"),
+                2, 1, r"rank 1, step 2 \(1SEND_F0\): stage 1 has no next stage"),
+    "micro-batch range": (_edited("1f1b", 2, 2, 0, "0F0 0SEND_F0 0F7 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1 0STEP"),
+                          2, 2, r"rank 0, step 2 \(0F7\): micro-batch 7 is outside 0..1"),
+    "send before its forward": (_edited("1f1b", 2, 1, 0, "0SEND_F0 0F0 0RECV_B0 0B0 0STEP"),
+                                2, 1, r"rank 0, step 0 \(0SEND_F0\) comes before 0F0 \(step 1\)"),
+}
+
+
+@pytest.mark.parametrize("name", list(BROKEN))
+def test_hand_broken_schedules_name_rank_and_step(name):
+    sched, p, m, message = BROKEN[name]
+    with pytest.raises(ScheduleError, match=message):
+        validate_schedule(sched, num_stages=p, num_microbatches=m)
+
+
+def test_text_forms_round_trip_and_the_grid_shows_1f1b_in_flight_limit():
+    for name in ("gpipe", "1f1b"):
+        sched = make_schedule(name, 4, 6)
+        assert parse_schedule(format_schedule(sched)) == sched
+    # Stage s starts min(p - s, m) forwards before its first backward: p - s - 1 warm-up ones plus the
+    # steady state's first forward (Narayanan et al., SC'21).
+    for rank, row in enumerate(format_grid(one_f_one_b(4, 6)).splitlines()):
+        cells = [c for c in row.split(":")[1].split() if c != "."]
+        assert cells.index("B0") == min(4 - rank, 6), row

@@ -59,9 +59,11 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from hetpipe.errors import RuntimeFailure, ScheduleError
+from hetpipe.errors import RuntimeFailure
 from hetpipe.runtime import comm
 from hetpipe.runtime.actions import Action, Op
+from hetpipe.runtime.held import MEMORY_CATEGORIES, HeldBytes, grad_bytes, optimizer_bytes, storage_key
+from hetpipe.runtime.schedule import check_actions
 from hetpipe.runtime.stage import StageModule, TensorSpec
 
 log = logging.getLogger(__name__)
@@ -69,8 +71,6 @@ log = logging.getLogger(__name__)
 _RECVS = (Op.RECV_F, Op.RECV_B)
 _SENDS = (Op.SEND_F, Op.SEND_B)
 _CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s epsilon, so clipping matches it
-_MAX_PROBLEMS = 5
-MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations", "comm")
 
 
 class ActionHooks:
@@ -96,7 +96,7 @@ class ActionHooks:
         return 0.0
 
     def memory(self, action: Action, held_bytes: Mapping[str, int]) -> None:
-        """Bytes held after ``action``, by category."""
+        """Bytes held after ``action``, by category (a read-only live view: copy it to keep it)."""
 
     def arrived(self, action: Action, late_s: float) -> None:
         """A RECV's message with an emulated arrival time came ``late_s`` after it (< 0: early)."""
@@ -145,93 +145,6 @@ class StepStats:
     @property
     def peak_bytes(self) -> int:
         return self.memory.peak_bytes
-
-
-def check_actions(actions: Sequence[Action], *, stage: int, num_stages: int, num_microbatches: int) -> None:
-    """Raise `ScheduleError` unless ``actions`` is a complete, locally ordered list for ``stage``.
-
-    (`hetpipe.runtime.schedule.validate_schedule` checks the whole schedule, links
-    and deadlocks included; this is the part one rank can check alone.)
-
-    Example:
-        >>> check_actions([Action(0, Op.F, 0), Action(0, Op.STEP)], stage=0, num_stages=1, num_microbatches=1)
-        Traceback (most recent call last):
-        ...
-        hetpipe.errors.ScheduleError: stage 0's action list: no 0B0; fix: add it after 0F0
-    """
-    allowed = {Op.F, Op.B, Op.STEP} | ({Op.RECV_F, Op.SEND_B} if stage > 0 else set()) | (
-        {Op.SEND_F, Op.RECV_B} if stage < num_stages - 1 else set())
-    problems, at = [], {}
-    for i, a in enumerate(actions):
-        if not isinstance(a, Action) or a.stage != stage or a.op not in allowed:
-            problems.append(f"step {i} ({a}) is not an action of stage {stage} of {num_stages}; remove it")
-        elif a.op is not Op.STEP and not (isinstance(a.microbatch, int) and 0 <= a.microbatch < num_microbatches):
-            problems.append(f"step {i} ({a}): micro-batch outside 0..{num_microbatches - 1}")
-        elif (a.op, a.microbatch) in at:
-            problems.append(f"step {i} ({a}) repeats step {at[(a.op, a.microbatch)]}; remove one")
-        else:
-            at[(a.op, a.microbatch)] = i
-    anchor = {Op.RECV_F: (Op.F, "before"), Op.SEND_F: (Op.F, "after"), Op.RECV_B: (Op.B, "before"),
-              Op.SEND_B: (Op.B, "after"), Op.B: (Op.F, "after")}
-    for mb in range(num_microbatches):
-        for op in sorted(allowed - {Op.STEP}, key=lambda o: o.value):
-            if (op, mb) not in at:
-                hint = f"; fix: add it {anchor[op][1]} {Action(stage, anchor[op][0], mb)}" if op in anchor else ""
-                problems.append(f"no {Action(stage, op, mb)}{hint}")
-            elif op in anchor and (anchor[op][0], mb) in at:
-                first, later = ((op, mb), (anchor[op][0], mb)) if anchor[op][1] == "before" else (
-                    (anchor[op][0], mb), (op, mb))
-                if at[first] > at[later]:
-                    problems.append(f"{Action(stage, *later)} (step {at[later]}) runs before "
-                                    f"{Action(stage, *first)} (step {at[first]}); swap them")
-    if at.get((Op.STEP, None)) != len(actions) - 1:
-        problems.append(f"{stage}STEP must be the last action, exactly once")
-    if problems:
-        more = f" (+{len(problems) - _MAX_PROBLEMS} more)" if len(problems) > _MAX_PROBLEMS else ""
-        raise ScheduleError(f"stage {stage}'s action list: " + "; ".join(problems[:_MAX_PROBLEMS]) + more)
-
-
-def _storage_key(t: torch.Tensor) -> tuple[int, int] | None:
-    try:
-        st = t.untyped_storage()
-    except (RuntimeError, NotImplementedError):  # sparse / nested tensors have no plain storage
-        return None
-    return st.data_ptr(), st.nbytes()
-
-
-@dataclass
-class _Memory:
-    """Accounting of held bytes (mutable; one per executor)."""
-
-    static_ptrs: set[int]
-    totals: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MEMORY_CATEGORIES, 0))
-    saved: dict[int, dict[int, int]] = field(default_factory=dict)  # micro-batch -> storage ptr -> bytes
-    comm_held: dict[Any, int] = field(default_factory=dict)
-    peaks: dict[str, int] = field(default_factory=lambda: {"activations": 0, "comm": 0, "total": 0})
-
-    def add(self, mb: int, tensors: Sequence[torch.Tensor]) -> None:
-        held = self.saved.setdefault(mb, {})
-        for t in tensors:
-            key = _storage_key(t) if isinstance(t, torch.Tensor) else None
-            if key and key[0] not in self.static_ptrs and not any(key[0] in h for h in self.saved.values()):
-                held[key[0]] = key[1]
-                self.totals["activations"] += key[1]
-
-    def release(self, mb: int) -> None:
-        self.totals["activations"] -= sum(self.saved.pop(mb, {}).values())
-
-    def set_comm(self, key: Any, num_bytes: int | None) -> None:
-        if num_bytes is None:
-            self.comm_held.pop(key, None)
-        else:
-            self.comm_held[key] = num_bytes
-        self.totals["comm"] = sum(self.comm_held.values())
-
-    def observe(self) -> dict[str, int]:
-        for key in ("activations", "comm"):
-            self.peaks[key] = max(self.peaks[key], self.totals[key])
-        self.peaks["total"] = max(self.peaks["total"], sum(self.totals.values()))
-        return dict(self.totals)
 
 
 @dataclass
@@ -299,13 +212,15 @@ class PipelineExecutor:
         self._sync_cuda = sync_cuda_timing and stage_module.device.type == "cuda"
         self._params = list(dict.fromkeys(stage_module.parameters()))
         statics = list(dict.fromkeys(self._params + list(stage_module.module.buffers())))
-        self._memory = _Memory({k[0] for k in map(_storage_key, statics) if k})
+        self._memory = HeldBytes({k[0] for k in map(storage_key, statics) if k})
         self._memory.totals["params"] = sum(t.numel() * t.element_size() for t in statics)
-        self._memory.totals["optimizer"] = _optimizer_bytes(optimizer)
+        self._memory.totals["optimizer"] = optimizer_bytes(optimizer)
         self.comm = comm.StageComm(stage_module, rank=rank, stage_ranks=self.stage_ranks, timeout_s=self.timeout_s,
                                    send_delay_s=self.hooks.send_delay_s, on_comm_bytes=self._memory.set_comm,
                                    on_arrived=self.hooks.arrived)
         self._tied = self._make_tied_groups()
+        self._prefetch_at = self._prefetch_plan()
+        self._names = tuple(str(a) for a in self.actions)
         if num_stages > 1:
             self.comm.handshake(microbatches)
 
@@ -365,20 +280,21 @@ class PipelineExecutor:
         self.comm.reset()
         handlers = {Op.F: self._forward, Op.B: self._backward, Op.SEND_F: self._send, Op.SEND_B: self._send,
                     Op.RECV_F: self._recv, Op.RECV_B: self._recv, Op.STEP: self._optimizer_step}
-        start = time.perf_counter()
+        hooks, clock, memory = self.hooks, time.perf_counter, self._memory
+        start = clock()
         timings = []
         for index, action in enumerate(self.actions):
             self._prefetch(index)
-            self.hooks.before(action)
-            t0 = time.perf_counter()
+            hooks.before(action)
+            t0 = clock()
             handlers[action.op](action)
             if self._sync_cuda and action.op in (Op.F, Op.B):
                 torch.cuda.synchronize(self.stage.device)
-            seconds = time.perf_counter() - t0
+            seconds = clock() - t0
             self._record(action, seconds)
-            timings.append(ActionTiming(str(action), t0 - start, seconds))
-            self.hooks.after(action, seconds)
-            self.hooks.memory(action, self._memory.observe())
+            timings.append(ActionTiming(self._names[index], t0 - start, seconds))
+            hooks.after(action, seconds)
+            hooks.memory(action, memory.observe())
         return self._stats(timings, time.perf_counter() - start)
 
     def _check_batch(self, name: str, batch: Sequence[Any] | None, needed: bool) -> None:
@@ -394,22 +310,36 @@ class PipelineExecutor:
         elif action.op is Op.B:
             st.backward_s[action.microbatch] = seconds
             if len(st.backward_s) == 1:  # gradients are allocated by the first backward
-                self._memory.totals["grads"] = _grad_bytes(self._params)
+                self._memory.totals["grads"] = grad_bytes(self._params)
         elif action.op in _RECVS:
             st.comm_wait_s += seconds
 
     def _prefetch(self, index: int) -> None:
-        """Post the next receive and up to ``prefetch_depth`` more (off gloo: never ahead of a send to that peer)."""
-        found, blocked = 0, set()
-        for a in self.actions[index:]:
-            if a.op in _SENDS:
-                blocked.add(self.comm.peer(a))
-            elif a.op in _RECVS:
-                if found > self.prefetch_depth:
-                    return
-                found += 1
-                if self.comm.gloo or self.comm.peer(a) not in blocked:
-                    self.comm.post_recv(a)
+        """Post the receives `_prefetch_plan` lists for action ``index`` (posting is idempotent)."""
+        for action in self._prefetch_at[index]:
+            self.comm.post_recv(action)
+
+    def _prefetch_plan(self) -> tuple[tuple[Action, ...], ...]:
+        """Per action index: the next receive and up to ``prefetch_depth`` more, in order.
+
+        Off gloo (NCCL matches point-to-point operations in issue order per peer), a
+        receive is never posted ahead of a send to the same peer.  The list depends only
+        on the action list, so it is computed once.
+        """
+        plan = []
+        for index in range(len(self.actions)):
+            found, blocked, post = 0, set(), []
+            for a in self.actions[index:]:
+                if a.op in _SENDS:
+                    blocked.add(self.comm.peer(a))
+                elif a.op in _RECVS:
+                    if found > self.prefetch_depth:
+                        break
+                    found += 1
+                    if self.comm.gloo or self.comm.peer(a) not in blocked:
+                        post.append(a)
+            plan.append(tuple(post))
+        return tuple(plan)
 
     # ------------------------------------------------------------------ actions
 
@@ -502,8 +432,8 @@ class PipelineExecutor:
         self.optimizer.step()
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
-        self._memory.totals["grads"] = _grad_bytes(self._params)
-        self._memory.totals["optimizer"] = _optimizer_bytes(self.optimizer)
+        self._memory.totals["grads"] = grad_bytes(self._params)
+        self._memory.totals["optimizer"] = optimizer_bytes(self.optimizer)
 
     def _clip_grads(self, max_norm: float) -> float:
         """Global L2 norm over every stage (tied replicas counted once); scale grads like clip_grad_norm_."""
@@ -549,12 +479,3 @@ class PipelineExecutor:
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
     return t
-
-
-def _grad_bytes(params: Sequence[torch.nn.Parameter]) -> int:
-    return sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
-
-
-def _optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
-    return sum(v.numel() * v.element_size() for state in optimizer.state.values() for v in state.values()
-               if isinstance(v, torch.Tensor))

@@ -105,7 +105,7 @@ def multinode_command(spec: LaunchSpec, *, node: str, nnodes: int, nproc_per_nod
                       job_id: str = "hetpipe") -> str:
     """The torchrun line to run on the plan node ``node`` of a multi-node job (c10d rendezvous).
 
-    Every node runs the same line with its own ``--node`` and ``--nproc-per-node`` (its
+    Every node runs the same line with its own ``--plan-node`` and ``--nproc-per-node`` (its
     number of stages); the worker maps local ranks to that node's stages in pipeline
     order, so the rendezvous may number the nodes in any order.
 
@@ -115,11 +115,11 @@ def multinode_command(spec: LaunchSpec, *, node: str, nnodes: int, nproc_per_nod
         ... # doctest: +NORMALIZE_WHITESPACE
         torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=desk:29500
           --rdzv-id=hetpipe --max-restarts=0 -m hetpipe.runtime.worker plan.json --model gpt2-small
-          --steps 100 --run-dir run --timeout 60.0 --seed 0 --node desk
+          --steps 100 --run-dir run --timeout 60.0 --seed 0 --plan-node desk
     """
     cmd = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}", "--rdzv-backend=c10d",
            f"--rdzv-endpoint={endpoint}", f"--rdzv-id={job_id}", "--max-restarts=0", "-m", WORKER_MODULE,
-           *worker_args(spec), "--node", node]
+           *worker_args(spec), "--plan-node", node]
     return shlex.join(cmd)
 
 
@@ -170,22 +170,55 @@ def read_errors(run_dir: Path) -> list[RankError]:
 
 
 _EXIT_RE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+_SIGTERM = -15  # how torchrun tears down the survivors once one rank failed
+
+
+def exit_codes(log_text: str) -> dict[int, int]:
+    """Rank -> exit code from torchrun's failure summary (negative: killed by that signal).
+
+    Example:
+        >>> exit_codes("rank      : 2 (local_rank: 2)\\n  exitcode  : -9 (pid: 7)")
+        {2: -9}
+    """
+    return {int(rank): int(code) for rank, code in _EXIT_RE.findall(log_text)}
+
+
+def _how(code: int) -> str:
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        return f"was killed by signal {-code} ({signal.Signals(-code).name})"
+    except ValueError:
+        return f"was killed by signal {-code}"
 
 
 def summary_from_log(log_text: str) -> str:
     """torchrun's failure summary as one line (used when no rank wrote an error file)."""
-    match = _EXIT_RE.search(log_text)
-    if match:
-        rank, code = int(match.group(1)), int(match.group(2))
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        return f"rank {rank} (stage {rank}) {how} without reporting an error; see the log for its output"
+    codes = exit_codes(log_text)
+    if codes:
+        rank, code = min(codes.items(), key=lambda rc: (rc[1] == _SIGTERM, rc[1] >= 0, rc[0]))
+        return f"rank {rank} (stage {rank}) {_how(code)} without reporting an error; see the log for its output"
     tail = [ln for ln in log_text.strip().splitlines() if ln.strip()][-1:] or ["no output"]
     return f"torchrun failed: {tail[0].strip()}"
 
 
 def first_error(run_dir: Path, log_text: str) -> str:
-    """The line `hetpipe run` reports: the root-cause rank's error, or torchrun's summary."""
+    """The line `hetpipe run` reports: the root cause first, then what the first survivor saw.
+
+    A rank that was killed by a signal (other than torchrun's own SIGTERM teardown)
+    without writing an error file is the root cause: it could not say so itself, and
+    the survivors' errors ("failed waiting on ... from rank k") are its consequences.
+    Otherwise the earliest rank error is, or torchrun's summary when nobody wrote one.
+    torchrun's own "Root Cause" entry is not used: it is the first failure torchrun
+    *observed*, not the first that happened.
+    """
     errors = read_errors(run_dir)
+    reported = {e.rank for e in errors}
+    killed = sorted(r for r, c in exit_codes(log_text).items() if c < 0 and c != _SIGTERM and r not in reported)
+    if killed:
+        code = exit_codes(log_text)[killed[0]]
+        head = f"rank {killed[0]} (stage {killed[0]}) {_how(code)} without reporting an error"
+        return f"{head}; then {errors[0].line()}" if errors else f"{head}; see the log for its output"
     return errors[0].line() if errors else summary_from_log(log_text)
 
 

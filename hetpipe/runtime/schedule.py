@@ -30,7 +30,7 @@ Example:
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable
+from typing import Callable, Sequence
 
 from hetpipe.errors import ScheduleError
 from hetpipe.runtime.actions import Action, Op
@@ -41,6 +41,7 @@ Schedule = dict[int, list[Action]]
 _Key = tuple[Op, "int | None"]
 
 _MAX_REPORTED = 6  # problems listed in one error message; the rest are counted
+_MAX_PROBLEMS = 5  # the same for one rank's action list (check_actions)
 _RECV_OF_SEND = {Op.SEND_F: Op.RECV_F, Op.SEND_B: Op.RECV_B}
 _COMPUTE = (Op.F, Op.B)
 # (earlier, later, why) orderings every rank must respect for each micro-batch.
@@ -361,6 +362,50 @@ def validate_schedule(schedule: Schedule, *, num_stages: int, num_microbatches: 
     _raise_if(_check_link_order(schedule, num_stages))
     done, _ = _abstract_run(schedule)
     _raise_if(_deadlock_problems(schedule, done))
+
+
+def check_actions(actions: Sequence[Action], *, stage: int, num_stages: int, num_microbatches: int) -> None:
+    """Raise `ScheduleError` unless ``actions`` is a complete, locally ordered list for ``stage``.
+
+    (`hetpipe.runtime.schedule.validate_schedule` checks the whole schedule, links
+    and deadlocks included; this is the part one rank can check alone.)
+
+    Example:
+        >>> check_actions([Action(0, Op.F, 0), Action(0, Op.STEP)], stage=0, num_stages=1, num_microbatches=1)
+        Traceback (most recent call last):
+        ...
+        hetpipe.errors.ScheduleError: stage 0's action list: no 0B0; fix: add it after 0F0
+    """
+    allowed = {Op.F, Op.B, Op.STEP} | ({Op.RECV_F, Op.SEND_B} if stage > 0 else set()) | (
+        {Op.SEND_F, Op.RECV_B} if stage < num_stages - 1 else set())
+    problems, at = [], {}
+    for i, a in enumerate(actions):
+        if not isinstance(a, Action) or a.stage != stage or a.op not in allowed:
+            problems.append(f"step {i} ({a}) is not an action of stage {stage} of {num_stages}; remove it")
+        elif a.op is not Op.STEP and not (isinstance(a.microbatch, int) and 0 <= a.microbatch < num_microbatches):
+            problems.append(f"step {i} ({a}): micro-batch outside 0..{num_microbatches - 1}")
+        elif (a.op, a.microbatch) in at:
+            problems.append(f"step {i} ({a}) repeats step {at[(a.op, a.microbatch)]}; remove one")
+        else:
+            at[(a.op, a.microbatch)] = i
+    anchor = {Op.RECV_F: (Op.F, "before"), Op.SEND_F: (Op.F, "after"), Op.RECV_B: (Op.B, "before"),
+              Op.SEND_B: (Op.B, "after"), Op.B: (Op.F, "after")}
+    for mb in range(num_microbatches):
+        for op in sorted(allowed - {Op.STEP}, key=lambda o: o.value):
+            if (op, mb) not in at:
+                hint = f"; fix: add it {anchor[op][1]} {Action(stage, anchor[op][0], mb)}" if op in anchor else ""
+                problems.append(f"no {Action(stage, op, mb)}{hint}")
+            elif op in anchor and (anchor[op][0], mb) in at:
+                first, later = ((op, mb), (anchor[op][0], mb)) if anchor[op][1] == "before" else (
+                    (anchor[op][0], mb), (op, mb))
+                if at[first] > at[later]:
+                    problems.append(f"{Action(stage, *later)} (step {at[later]}) runs before "
+                                    f"{Action(stage, *first)} (step {at[first]}); swap them")
+    if at.get((Op.STEP, None)) != len(actions) - 1:
+        problems.append(f"{stage}STEP must be the last action, exactly once")
+    if problems:
+        more = f" (+{len(problems) - _MAX_PROBLEMS} more)" if len(problems) > _MAX_PROBLEMS else ""
+        raise ScheduleError(f"stage {stage}'s action list: " + "; ".join(problems[:_MAX_PROBLEMS]) + more)
 
 
 # ----------------------------------------------------------------------------- text forms

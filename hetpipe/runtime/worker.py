@@ -1,7 +1,7 @@
 """The per-rank entry point torchrun runs: ``python -m hetpipe.runtime.worker plan.json --model M --steps N ...``.
 
 On one node (``torchrun --standalone``) rank r runs stage r.  Across nodes, each node's
-ranks run that node's stages in pipeline order: pass ``--node NAME`` (the plan's node
+ranks run that node's stages in pipeline order: pass ``--plan-node NAME`` (the plan's node
 name; or set ``HETPIPE_NODE``) and local rank k runs the k-th stage placed on that
 node, whatever global rank the c10d rendezvous gave it (`stage_for`).  In order,
 with nothing distributed before step 5:
@@ -71,7 +71,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loss", default=None)
     p.add_argument("--safety-factor", type=float, default=None)
     p.add_argument("--emulate", action="store_true")
-    p.add_argument("--node", default=os.environ.get("HETPIPE_NODE"),
+    # Not "--node": torchrun's own parser would take it for an abbreviation of --node-rank.
+    p.add_argument("--plan-node", dest="node", default=os.environ.get("HETPIPE_NODE"),
                    help="the plan node this torchrun agent runs (multi-node jobs; default: one node)")
     return p.parse_args(argv)
 
@@ -143,7 +144,7 @@ def stage_for(plan: Plan, *, node: str | None, rank: int, local_rank: int) -> in
     here = [st.index for st in plan.stages if plan.devices[plan.device_index()[st.device]].node == node]
     if not here:
         nodes = sorted({d.node for d in plan.devices})
-        raise ConfigError(f"--node {node!r} runs no stage of this plan; the plan's nodes are {nodes}")
+        raise ConfigError(f"--plan-node {node!r} runs no stage of this plan; the plan's nodes are {nodes}")
     if local_rank >= len(here):
         raise ConfigError(f"node {node!r} has {len(here)} stages in the plan but torchrun started local rank "
                           f"{local_rank}; use --nproc-per-node={len(here)} on that node")
@@ -159,7 +160,7 @@ def stage_ranks(stage_of_rank: Sequence[int], num_stages: int) -> list[int]:
     """
     if sorted(stage_of_rank) != list(range(num_stages)):
         raise ConfigError(f"the ranks run stages {list(stage_of_rank)}, but each of the {num_stages} stages needs "
-                          "exactly one rank; give each node --node with its plan name and --nproc-per-node equal "
+                          "exactly one rank; give each node --plan-node with its plan name and --nproc-per-node equal "
                           "to its stage count")
     return [list(stage_of_rank).index(s) for s in range(num_stages)]
 
@@ -262,15 +263,20 @@ class _Run:
                            example=self.example, meta_model=self.meta_model)
 
 
-def prepare(args: argparse.Namespace, state: _State) -> _Run:
-    """Steps 1-4, before any process group work: capture, verify, schedule, this rank's stage."""
+def prepare(args: argparse.Namespace, state: _State, *, plan: Plan | None = None,
+            state_dict: Any = None) -> _Run:
+    """Steps 1-4, before any process group work: capture, verify, schedule, this rank's stage.
+
+    ``plan`` (default: loaded from ``args.plan``) and ``state_dict`` (default: seeded
+    weights) come from `hetpipe.runtime.inprocess.Trainer`.
+    """
     from hetpipe.runtime.schedule import make_schedule, validate_schedule
     from hetpipe.runtime.stage import build_stage, split_stages
 
     state.phase = "loading the plan"
-    plan = Plan.load(args.plan)
+    plan = plan if plan is not None else Plan.load(args.plan)
     p, m = len(plan.stages), plan.training.microbatches
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
     if world != p:
         raise ConfigError(f"the plan has {p} stages but torchrun started {world} processes; launch with "
                           f"--nproc-per-node={p} (or one process per stage on each node)")
@@ -287,7 +293,7 @@ def prepare(args: argparse.Namespace, state: _State) -> _Run:
     validate_schedule(schedule, num_stages=p, num_microbatches=m)
     state.phase = "building the stage"
     program = split_stages(graph.module, mapping, example_inputs=example, num_stages=p)
-    stage = build_stage(program, state.stage, state_dict=None, device=_backend(local_rank)[1], seed=args.seed)
+    stage = build_stage(program, state.stage, state_dict=state_dict, device=_backend(local_rank)[1], seed=args.seed)
     return _Run(args, plan, stage, state.stage, schedule[state.stage], graph.module, example)
 
 

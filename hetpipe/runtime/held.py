@@ -1,0 +1,96 @@
+"""What a pipeline rank holds, in bytes: parameters, gradients, optimizer state, saved activations, messages.
+
+`HeldBytes` counts unique storages (a view or a tensor saved twice is one
+allocation) by category after every action; the executor feeds it the tensors
+autograd saves (``saved_tensors_hooks``), each micro-batch's stage inputs and
+outputs, and posted receive buffers and outgoing gradients.  Parameters and buffers
+("static" storages) are counted once as ``params``, never as activations.
+
+Example:
+    >>> import torch
+    >>> w = torch.zeros(4)
+    >>> held = HeldBytes({w.untyped_storage().data_ptr()})
+    >>> act = torch.ones(8)
+    >>> held.add(0, [act, act[:2], w])   # a view and a parameter add nothing more
+    >>> held.observe()["activations"]
+    32
+    >>> held.release(0)
+    >>> held.totals["activations"], held.peaks["activations"]
+    (0, 32)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping, Sequence
+
+import torch
+
+MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations", "comm")
+
+
+def storage_key(t: torch.Tensor) -> tuple[int, int] | None:
+    """(data pointer, bytes) of the storage behind ``t``; None when it has no plain storage."""
+    try:
+        st = t.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # sparse / nested tensors have no plain storage
+        return None
+    return st.data_ptr(), st.nbytes()
+
+
+@dataclass
+class HeldBytes:
+    """Accounting of held bytes by `MEMORY_CATEGORIES` (mutable; one per executor)."""
+
+    static_ptrs: set[int]
+    totals: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MEMORY_CATEGORIES, 0))
+    saved: dict[int, dict[int, int]] = field(default_factory=dict)  # micro-batch -> storage ptr -> bytes
+    comm_held: dict[Any, int] = field(default_factory=dict)
+    peaks: dict[str, int] = field(default_factory=lambda: {"activations": 0, "comm": 0, "total": 0})
+    _owner: dict[int, int] = field(default_factory=dict, repr=False)  # storage ptr -> micro-batch holding it
+
+    def add(self, mb: int, tensors: Sequence[torch.Tensor]) -> None:
+        """Count the storages of ``tensors`` as micro-batch ``mb``'s activations (each storage once)."""
+        held = self.saved.setdefault(mb, {})
+        for t in tensors:
+            key = storage_key(t) if isinstance(t, torch.Tensor) else None
+            if key and key[0] not in self.static_ptrs and key[0] not in self._owner:
+                held[key[0]] = key[1]
+                self._owner[key[0]] = mb
+                self.totals["activations"] += key[1]
+
+    def release(self, mb: int) -> None:
+        """Micro-batch ``mb``'s backward is done: its activations are freed."""
+        for ptr in self.saved.get(mb, {}):
+            self._owner.pop(ptr, None)
+        self.totals["activations"] -= sum(self.saved.pop(mb, {}).values())
+
+    def set_comm(self, key: Any, num_bytes: int | None) -> None:
+        if num_bytes is None:
+            self.comm_held.pop(key, None)
+        else:
+            self.comm_held[key] = num_bytes
+        self.totals["comm"] = sum(self.comm_held.values())
+
+    def observe(self) -> Mapping[str, int]:
+        """Update the peaks; returns a read-only live view of the totals (copy it to keep it)."""
+        totals, peaks = self.totals, self.peaks
+        peaks["activations"] = max(peaks["activations"], totals["activations"])
+        peaks["comm"] = max(peaks["comm"], totals["comm"])
+        peaks["total"] = max(peaks["total"], sum(totals.values()))
+        return self._view
+
+    def __post_init__(self) -> None:
+        self._view = MappingProxyType(self.totals)
+
+
+def grad_bytes(params: Sequence[torch.nn.Parameter]) -> int:
+    """Bytes of the gradients the parameters hold now."""
+    return sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
+
+
+def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the optimizer's state tensors (Adam's moments appear after its first step)."""
+    return sum(v.numel() * v.element_size() for state in optimizer.state.values() for v in state.values()
+               if isinstance(v, torch.Tensor))

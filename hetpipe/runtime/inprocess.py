@@ -1,0 +1,148 @@
+"""`Trainer`: one rank of a plan inside the user's own training script (launched by torchrun).
+
+`hetpipe.run` launches torchrun for you and feeds seeded synthetic data or a saved
+list of batches.  A user with a data loader that cannot be saved up front (streams,
+shuffling workers, a custom collate) writes the loop instead; every rank runs the
+same script, and hetpipe decides which stage it holds::
+
+    # train.py -- torchrun --standalone --nproc-per-node=3 train.py
+    import hetpipe
+    trainer = hetpipe.Trainer("plan.json", model="gpt2-small", loss=my_loss, lr=3e-4)
+    for step, (inputs, targets) in zip(range(1000), loader):
+        stats = trainer.step(inputs, targets)    # global batches; only stages 0 and -1 read them
+        if trainer.is_last:
+            log.info("step %d loss %.4f", step, stats.loss)
+    trainer.close()
+
+What the constructor does, in order, before the first step: load the plan, re-capture
+``model`` on the meta device and check the plan's fingerprint, validate the schedule,
+build only this rank's stage (weights seeded per tensor, the same on any partition,
+or loaded from ``state_dict``), join the process group (gloo on CPU, NCCL with CUDA;
+an already initialised group is reused) and learn every stage's rank, then the
+optimizer and the `PipelineExecutor`.  Every wait is bounded by ``timeout_s``; a dead
+peer becomes a `RuntimeFailure` naming rank, stage and action (then exit the process:
+the group is unusable).  Emulation is `hetpipe.run`'s (``emulate=True``), not this class's.
+
+Example (nothing joins a process group before the plan and the model check out):
+    >>> Trainer("missing-plan.json", model="gpt-demo")
+    Traceback (most recent call last):
+    ...
+    hetpipe.errors.PlanError: cannot read plan missing-plan.json: No such file or directory
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hetpipe.errors import ConfigError
+from hetpipe.partitioner.plan import Plan
+from hetpipe.runtime.executor import PipelineExecutor, StepStats
+
+log = logging.getLogger(__name__)
+
+
+class Trainer:
+    """One pipeline rank of ``plan`` in this process (see the module docstring).
+
+    Args:
+        plan: a `Plan` or the path of plan.json.
+        model: the model the plan was made for (built-in name or ``package.module:factory``).
+        loss: ``loss(output, targets) -> scalar`` per micro-batch, used on the last stage
+            (default: the built-in model's loss).
+        optimizer: ``factory(params) -> torch.optim.Optimizer`` (default: the plan's
+            ``training.optimizer`` with ``lr``).
+        lr: learning rate of the default optimizer.
+        schedule: "1f1b" or "gpipe" (default: the plan's).
+        lr_scheduler: ``factory(optimizer) -> scheduler``, stepped after each optimizer step.
+        grad_clip_norm: clip the global gradient norm (across all stages) to this.
+        state_dict: full-model weights; each rank copies only its stage's tensors.
+        node: the plan node this process runs on (multi-node jobs; default ``$HETPIPE_NODE``).
+    """
+
+    def __init__(self, plan: Plan | str | Path, *, model: str, loss: Callable[..., Any] | None = None,
+                 optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer] | None = None,
+                 lr: float | None = None, schedule: str | None = None, seq: int | None = None, seed: int = 0,
+                 timeout_s: float = 60.0, lr_scheduler: Callable[[Any], Any] | None = None,
+                 grad_clip_norm: float | None = None, state_dict: Mapping[str, torch.Tensor] | None = None,
+                 node: str | None = None) -> None:
+        from hetpipe.runtime import worker
+
+        plan_path = plan if not isinstance(plan, Plan) else None
+        args = argparse.Namespace(plan=plan_path, model=model, seq=seq, seed=seed, schedule=schedule,
+                                  timeout=float(timeout_s), emulate=False, lr=lr, loss=None,
+                                  node=node if node is not None else os.environ.get("HETPIPE_NODE"))
+        state = worker._State(dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0")))
+        run = worker.prepare(args, state, plan=plan if isinstance(plan, Plan) else None, state_dict=state_dict)
+        self.backend = _join(run)
+        self.plan, self.stage, self.rank = run.plan, run.stage, run.rank
+        if self.is_last and loss is None:
+            loss = worker._loss_fn(args)
+        params = list(run.stage.parameters())
+        opt = optimizer(params) if optimizer is not None else worker.make_optimizer(
+            run.plan.training.optimizer, params, lr=lr)
+        self.optimizer = opt
+        self.executor = PipelineExecutor(
+            run.stage, rank=run.rank, num_stages=run.num_stages, schedule_actions=run.actions,
+            loss_fn=loss if loss is not None else _no_loss, optimizer=opt,
+            microbatches=run.plan.training.microbatches, timeout_s=float(timeout_s), stage_ranks=run.stage_ranks,
+            lr_scheduler=lr_scheduler(opt) if lr_scheduler is not None else None, grad_clip_norm=grad_clip_norm)
+
+    @property
+    def is_first(self) -> bool:
+        """Whether this rank reads the inputs (stage 0)."""
+        return self.stage.is_first
+
+    @property
+    def is_last(self) -> bool:
+        """Whether this rank reads the targets and computes the loss."""
+        return self.stage.is_last
+
+    def step(self, inputs: Any = None, targets: Any = None) -> StepStats:
+        """One optimizer step on one global batch; ``inputs`` are read on stage 0, ``targets`` on the last.
+
+        Pass the same global batch on every rank that reads data (or None on the others);
+        it is cut into the plan's micro-batches along dim 0.
+        """
+        from hetpipe.runtime.trainer import split_microbatches
+
+        m = self.plan.training.microbatches
+        if self.is_first and inputs is None:
+            raise ConfigError(f"rank {self.rank} (stage 0) needs the inputs of every step; pass trainer.step(inputs, "
+                              "targets) with the same global batch on the first and last stages")
+        if self.is_last and targets is None:
+            raise ConfigError(f"rank {self.rank} (stage {self.stage.stage}, the last) needs the targets of every step")
+        return self.executor.step(split_microbatches(inputs, m, what="inputs") if self.is_first else None,
+                                  split_microbatches(targets, m, what="targets") if self.is_last else None)
+
+    def close(self) -> None:
+        """Leave the process group (after the last step, on every rank)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _no_loss(output: Any, targets: Any) -> torch.Tensor:
+    raise AssertionError("only the last stage computes a loss")  # internal invariant
+
+
+def _join(run: Any) -> str:
+    """Join torchrun's process group (or reuse one) and learn every stage's global rank."""
+    from hetpipe.runtime.worker import _backend, stage_ranks
+
+    backend, _ = _backend(int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        from datetime import timedelta
+
+        dist.init_process_group(backend, timeout=timedelta(seconds=run.args.timeout))
+    run.rank = dist.get_rank()
+    every: list[Any] = [None] * run.num_stages
+    dist.all_gather_object(every, run.index)
+    run.stage_ranks = stage_ranks(every, run.num_stages)
+    return dist.get_backend()

@@ -1,0 +1,116 @@
+"""`hetpipe.Trainer`: one rank of a plan inside the user's own loop, with a torch DataLoader and a custom
+optimizer, loss and LR scheduler, against the unsplit model on the same batches (3 gloo ranks, gpt-tiny
+with its tied embedding/head split over the first and last stages)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hetpipe.errors import ConfigError
+from hetpipe.partitioner.problem import Stage
+from tests.dist_helpers import run_world
+from tests.runtime_plans import plan_for
+from tests.synthetic import synthetic_cluster
+
+MODEL, BATCH, SEQ, MICROBATCHES, STEPS = "gpt-tiny", 2, 16, 4, 3
+RTOL, ATOL = 1e-5, 4e-5
+LR = 0.05
+WORLD_TIMEOUT_S = 240.0
+
+
+def _loader(vocab: int) -> torch.utils.data.DataLoader:
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, vocab, (STEPS * BATCH * MICROBATCHES, SEQ), generator=gen)
+    data = torch.utils.data.TensorDataset(ids, torch.roll(ids, -1, 1))
+    return torch.utils.data.DataLoader(data, batch_size=BATCH * MICROBATCHES, shuffle=False)
+
+
+def sgd(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=LR, momentum=0.9)
+
+
+def halve(opt: torch.optim.Optimizer) -> Any:
+    return torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+
+def _trainer_worker(rank: int, world: int, plan_path: str) -> dict[str, Any]:
+    from hetpipe.models import lm_loss
+    from hetpipe.runtime.inprocess import Trainer
+
+    trainer = Trainer(plan_path, model=MODEL, seq=SEQ, loss=lm_loss, optimizer=sgd, lr_scheduler=halve,
+                      grad_clip_norm=1.0, timeout_s=60.0)
+    losses = []
+    for inputs, targets in _loader(256):
+        stats = trainer.step(inputs if trainer.is_first else None, targets if trainer.is_last else None)
+        losses.append(stats.loss)
+    refused = ""
+    if trainer.is_first:
+        try:
+            trainer.step(None, None)
+        except ConfigError as err:
+            refused = str(err)
+    return {"stage": trainer.stage.stage, "losses": losses, "refused": refused,
+            "params": {n: p.detach().clone() for n, p in trainer.stage.named_parameters()}}
+
+
+@pytest.fixture(scope="module")
+def plan_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from hetpipe.models import build
+    from hetpipe.partitioner.capture import capture
+
+    model, inputs = build(MODEL, device="meta", batch=BATCH, seq=SEQ)
+    graph = capture(model, inputs, name=MODEL)
+    n = graph.num_units
+    stages = (Stage(0, 0, 1), Stage(1, 2, n - 3), Stage(2, n - 2, n - 1))  # uneven: 2 | n-4 | 2 units
+    path = tmp_path_factory.mktemp("trainer") / "plan.json"
+    plan_for(graph, synthetic_cluster(), stages, microbatches=MICROBATCHES).save(path)
+    return path
+
+
+def _reference() -> tuple[list[float], dict[str, torch.Tensor]]:
+    from hetpipe.models import build, lm_loss
+    from hetpipe.partitioner.capture import capture
+    from hetpipe.runtime.stage import build_stage, split_stages
+
+    model, inputs = build(MODEL, device="meta", batch=BATCH, seq=SEQ)
+    graph = capture(model, inputs, name=MODEL)
+    whole = build_stage(split_stages(graph.module, {}, example_inputs=inputs, num_stages=1), 0, state_dict=None,
+                        device="cpu", seed=0)  # the seeded init every partition reproduces
+    opt = sgd(list(whole.parameters()))
+    sched = halve(opt)
+    losses = []
+    for ids, targets in _loader(256):
+        opt.zero_grad(set_to_none=True)
+        loss = sum(lm_loss(whole(x), y) for x, y in zip(ids.chunk(MICROBATCHES), targets.chunk(MICROBATCHES)))
+        loss = loss / MICROBATCHES
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(whole.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    params = {n: p.detach() for n, p in whole.module.named_parameters(remove_duplicate=False)}
+    return losses, params
+
+
+@pytest.mark.slow
+def test_trainer_in_a_user_loop_matches_the_unsplit_model(plan_path, tmp_path):
+    outcomes = run_world(_trainer_worker, world_size=3, args=(str(plan_path),), timeout_s=WORLD_TIMEOUT_S,
+                         out_dir=tmp_path)
+    for o in outcomes:
+        assert o.error is None and o.value is not None, f"rank {o.rank} (exit {o.exitcode}): {o.error}"
+    ref_losses, ref_params = _reference()
+    assert [o.value["stage"] for o in outcomes] == [0, 1, 2]
+    torch.testing.assert_close(outcomes[2].value["losses"], ref_losses, rtol=RTOL, atol=ATOL)
+    assert outcomes[0].value["losses"] == [None] * STEPS
+    assert "rank 0 (stage 0) needs the inputs of every step" in outcomes[0].value["refused"]
+    held = set()
+    for o in outcomes:
+        for name, value in o.value["params"].items():
+            torch.testing.assert_close(value, ref_params[name], rtol=RTOL, atol=ATOL,
+                                       msg=lambda m, p=name, k=o.rank: f"rank {k} param {p}: {m}")
+            held.add(name)
+    assert held >= {n for n in ref_params if not n.startswith("lm_head")}  # every parameter lives on some stage
