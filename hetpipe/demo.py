@@ -35,12 +35,14 @@ def bundled_cluster(name: str) -> Path:
 def _plan(model_name: str, cluster_file: Path, *, batch: int, seq: int, precision: str,
           global_batch: int | None) -> Plan:
     from hetpipe.cost_models.cluster import load_cluster
-    from hetpipe.models import build
+    from hetpipe.models import build, training_loss
     from hetpipe.partitioner.api import partition_graph
     from hetpipe.partitioner.capture import capture
 
     model, inputs = build(model_name, device="meta", batch=batch, seq=seq)
-    graph = capture(model, inputs, name=model_name, optimizer="adam", precision=precision)
+    fn, targets = training_loss(model_name, inputs)
+    graph = capture(model, inputs, name=model_name, optimizer="adam", precision=precision, loss_fn=fn,
+                    targets=targets)
     return partition_graph(graph, load_cluster(cluster_file), global_batch=global_batch)
 
 

@@ -11,7 +11,7 @@ import itertools
 import math
 import random
 
-from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate
+from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy, evaluate
 
 KINDS = ("fast", "mid", "slow")
 SPEED = {"fast": 1.0, "mid": 1.6, "slow": 3.0}  # time multiplier per kind
@@ -33,7 +33,10 @@ def random_problem(rng: random.Random, *, units: int, devices: int, microbatches
     bw = tuple(tuple(math.inf if a is b else (10.0 if a.node == b.node else rng.choice((1.0, 2.0)))
                      for b in devs) for a in devs)
     lat = tuple(tuple(0.0 if a is b else (0.01 if a.node == b.node else 0.1) for b in devs) for a in devs)
+    # half the instances tie the first and last unit (GPT-2's wte = lm_head)
+    tied = (TiedCopy(0, (0, units - 1), rng.randint(1, 8)),) if units >= 2 and rng.random() < 0.5 else ()
     return Problem(
+        tied=tied,
         fwd_s=fwd,
         bwd_s=bwd,
         state_bytes=tuple(rng.randint(1, 10) for _ in range(units)),

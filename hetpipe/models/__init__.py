@@ -335,6 +335,17 @@ def loss_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     return _LOSSES[_task(name)]
 
 
+def training_loss(name: str, inputs: tuple[torch.Tensor, ...]) -> tuple[Callable[..., torch.Tensor], torch.Tensor]:
+    """(loss function, one micro-batch of targets) of a built-in model, for `capture` to cost the loss.
+
+    Example:
+        >>> fn, targets = training_loss("gpt-tiny", (torch.zeros(2, 8, dtype=torch.long, device="meta"),))
+        >>> fn is lm_loss, tuple(targets.shape)
+        (True, (2, 8))
+    """
+    return loss_fn(name), example_targets(name, inputs)
+
+
 @dataclass(frozen=True)
 class ResolvedModel:
     """A model named on the command line, ready to capture.

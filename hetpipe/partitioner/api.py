@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hetpipe.cost_models.devices import Cluster
+from hetpipe.cost_models.memory import state_bytes_per_param
 from hetpipe.cost_models.timing import efficiencies, peak_flops_s, unit_time_s
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.graph import UnitGraph
@@ -34,7 +35,7 @@ from hetpipe.partitioner.plan import (
     SolverReport,
     UnitTimes,
 )
-from hetpipe.partitioner.problem import DeviceSlot, Evaluation, Problem, Stage, evaluate
+from hetpipe.partitioner.problem import DeviceSlot, Evaluation, Problem, Stage, TiedCopy, evaluate
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,15 @@ def build_problem(graph: UnitGraph, cluster: Cluster, *, microbatches: int) -> P
         bandwidth_bytes_s=bandwidth,
         latency_s=latency,
         microbatches=microbatches,
+        tied=tied_copies(graph),
     )
+
+
+def tied_copies(graph: UnitGraph) -> tuple[TiedCopy, ...]:
+    """Tied parameters as the memory model sees them: owner unit, user units, bytes of one replica."""
+    per_param = state_bytes_per_param(graph.optimizer, graph.precision)
+    return tuple(TiedCopy(t.unit_indices[0], tuple(t.unit_indices), int(round(t.numel * per_param)))
+                 for t in graph.tied if len(t.unit_indices) > 1)
 
 
 def cost_model_notes(cluster: Cluster, precision: str) -> dict[str, str]:
@@ -180,7 +189,8 @@ def assemble_plan(
             param_count=graph.param_count,
             num_units=graph.num_units,
             tracer=graph.tracer,
-            tied=tuple(PlanTied(t.qualified_names, t.unit_indices) for t in graph.tied),
+            tied=tuple(PlanTied(t.qualified_names, t.unit_indices, c.state_bytes if c else 0)
+                       for t, c in _with_copies(graph)),
         ),
         training=PlanTraining(
             global_batch=global_batch,
@@ -202,6 +212,11 @@ def assemble_plan(
         left_out=left_out,
         cost_model=cost_model_notes(cluster, graph.precision),
     )
+
+
+def _with_copies(graph: UnitGraph) -> list[tuple[Any, TiedCopy | None]]:
+    copies = {c.user_units: c for c in tied_copies(graph)}
+    return [(t, copies.get(tuple(t.unit_indices))) for t in graph.tied]
 
 
 def microbatches_for(graph: UnitGraph, global_batch: int | None, num_devices: int) -> tuple[int, int]:
@@ -235,11 +250,15 @@ def partition(
     time_limit_s: float = 10.0,
     seed: int = 0,
     name: str | None = None,
+    loss_fn: Any = None,
+    targets: Any = None,
 ) -> Plan:
     """Capture `model`, cost it on `cluster`, and return the best 1F1B pipeline plan.
 
     `example_inputs` is ONE micro-batch (its batch dimension is the micro-batch
-    size); `global_batch` must be a multiple of it.  Raises `InfeasibleError`
+    size); `global_batch` must be a multiple of it.  With `loss_fn` and one micro-batch of
+    `targets`, what the loss keeps for backward is counted on the last stage (an LM's
+    cross-entropy keeps b*s*vocab log-probabilities).  Raises `InfeasibleError`
     when nothing fits, `ConfigError` for bad options.
     """
     from hetpipe.cost_models.cluster import load_cluster
@@ -248,7 +267,7 @@ def partition(
     if not isinstance(cluster, Cluster):
         cluster = load_cluster(cluster)
     graph = capture(model, example_inputs, name=name, granularity=granularity, optimizer=optimizer,
-                    precision=precision)
+                    precision=precision, loss_fn=loss_fn, targets=targets)
     return partition_graph(graph, cluster, global_batch=global_batch, solver=solver,
                            time_limit_s=time_limit_s, seed=seed)
 

@@ -51,6 +51,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import hashlib
 import linecache
@@ -58,7 +59,7 @@ import logging
 import os
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import networkx as nx
@@ -79,6 +80,7 @@ from hetpipe.partitioner.measure import (
     NodeCost,
     TrainingCosts,
     measure_forward,
+    measure_loss,
     measure_training,
     module_path_of,
 )
@@ -101,7 +103,8 @@ _THIS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None, granularity: str | int = "block",
             optimizer: str = "adam", precision: str = "fp32", split_points: Sequence[str] = (),
-            leaf_modules: Sequence[str | type] = ()) -> UnitGraph:
+            leaf_modules: Sequence[str | type] = (), loss_fn: Callable[[Any, Any], Any] | None = None,
+            targets: Any = None) -> UnitGraph:
     """Trace ``model`` into a `UnitGraph` with per-unit, per-micro-batch costs.
 
     Args:
@@ -115,6 +118,9 @@ def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None, g
             (see `hetpipe.cost_models.memory`).
         split_points: module names where a new unit must start.
         leaf_modules: module names or classes ``torch.fx`` must not trace into.
+        loss_fn, targets: the training loss ``loss_fn(output, targets)`` and one micro-batch of
+            targets; what the loss saves for backward and its FLOPs are added to the last unit
+            (`measure.measure_loss`).  Without them the loss is not costed.
 
     Raises:
         CaptureError: the model cannot be traced or run on the meta device.
@@ -139,6 +145,8 @@ def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None, g
     train = measure_training(gm, meta_inputs, unit_of=unit_of, num_units=len(groups), precision=precision)
     units, tied, total = _build_units(gm, groups, unit_of, costs=costs, train=train, optimizer=optimizer,
                                        precision=precision)
+    if loss_fn is not None:
+        units = _with_loss(units, gm, meta_inputs, loss_fn, targets, precision=precision)
     graph = UnitGraph(
         model_name=name or type(model).__name__, fingerprint=fingerprint(gm, costs), units=units,
         param_count=total, micro_batch_size=_micro_batch(inputs), optimizer=optimizer, precision=precision,
@@ -146,6 +154,18 @@ def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None, g
     log.info("captured %s with %s: %d nodes, %d units, %d parameters", graph.model_name, tracer,
              len(gm.graph.nodes), len(units), total)
     return graph
+
+
+def _with_loss(units: tuple[Unit, ...], gm: fx.GraphModule, inputs: Sequence[torch.Tensor], loss_fn: Any,
+               targets: Any, *, precision: str) -> tuple[Unit, ...]:
+    """`units` with the loss's saved bytes and FLOPs added to the last one."""
+    with torch.no_grad():
+        output = gm(*inputs)
+    loss = measure_loss(output, targets, loss_fn, precision=precision)
+    last = units[-1]
+    return (*units[:-1], dataclasses.replace(
+        last, activation_bytes=last.activation_bytes + loss.activation_bytes,
+        fwd_flops=last.fwd_flops + loss.fwd_flops, bwd_flops=last.bwd_flops + loss.bwd_flops))
 
 
 # ----------------------------------------------------------------------------- options and inputs

@@ -173,8 +173,20 @@ class _Model:
             held = sum((prob.state_bytes[u] + inflight * prob.activation_bytes[u]) * self.in_[u][j]
                        for u in range(self.L))
             buffers = 2 * cut_bytes[j] + (2 * cut_bytes[j + 1] if j + 1 < self.P else 0)
+            buffers += self._tied_copies(j)
             # M_j <= usable bytes of the class on position j.
             md.add(held + buffers <= sum(cl.usable_bytes * self.on[j][c] for c, cl in enumerate(self.classes)))
+
+    def _tied_copies(self, j: int) -> cp_model.LinearExpr | int:
+        """Bytes of tied-parameter replicas on position j: copy >= (holds a user) - (holds the owner)."""
+        total: cp_model.LinearExpr | int = 0
+        for g, t in enumerate(self.problem.tied):
+            copy = self.model.new_bool_var(f"tied{g}_copy_j{j}")
+            for u in t.user_units:
+                if u != t.owner_unit:
+                    self.model.add(copy >= self.in_[u][j] - self.in_[t.owner_unit][j])
+            total = total + t.state_bytes * copy
+        return total
 
     def _objective(self) -> None:
         md = self.model

@@ -142,6 +142,21 @@ def _links_match_pair(problem: Problem, bucket: Sequence[int], i: int) -> bool:
     return True
 
 
+def _tied_band(problem: Problem, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Bytes of tied-parameter replicas a stage [lo, hi) holds (`problem.tied_bytes`), as a band."""
+    extra = np.zeros(np.broadcast_shapes(lo.shape, hi.shape))
+    for t in problem.tied:
+        users = np.zeros(problem.num_units + 1)
+        for u in t.user_units:
+            if u != t.owner_unit:
+                users[u + 1] = 1.0
+        users = np.cumsum(users)
+        has_user = (users[hi] - users[lo]) > 0
+        has_owner = (lo <= t.owner_unit) & (t.owner_unit < hi)
+        extra = extra + np.where(has_user & ~has_owner, float(t.state_bytes), 0.0)
+    return extra
+
+
 class _Tables:
     """Per-class stage costs in *band* form, shared by every cap (seconds, bytes).
 
@@ -161,7 +176,7 @@ class _Tables:
         st = np.concatenate(([0.0], np.cumsum(np.asarray(problem.state_bytes, dtype=np.float64))))
         act = np.concatenate(([0.0], np.cumsum(np.asarray(problem.activation_bytes, dtype=np.float64))))
         bd = np.asarray(problem.boundary_bytes, dtype=np.float64)
-        self.state = st[hi_c] - st[lo]
+        self.state = st[hi_c] - st[lo] + _tied_band(problem, lo, hi_c)
         self.act = act[hi_c] - act[lo]
         self.before = np.broadcast_to(np.where(lo > 0, 2.0 * bd[np.maximum(lo - 1, 0)], 0.0), self.valid.shape)
         self.after = 2.0 * bd[np.clip(hi_c - 1, 0, L - 1)]  # buffers for the cut after, if a stage follows

@@ -245,3 +245,44 @@ def measure_training(gm: fx.GraphModule, inputs: Sequence[Any], *, unit_of: Mapp
     for p in gm.parameters():
         p.grad = None
     return TrainingCosts(activation_bytes=tuple(m.total_bytes for m in run.meters), bwd_flops=tuple(bwd))
+
+
+@dataclass(frozen=True)
+class LossCosts:
+    """What the loss adds to the last stage per micro-batch: saved bytes, forward and backward FLOPs."""
+
+    activation_bytes: int
+    fwd_flops: int
+    bwd_flops: int
+
+
+def measure_loss(output: Any, targets: Any, loss_fn: Any, *, precision: str) -> LossCosts:
+    """Run ``loss_fn(output, targets)`` and its backward on meta stand-ins of the model output.
+
+    The loss runs on the last stage after the model's graph; what it saves for backward
+    (cross-entropy keeps the b·s·V log-probabilities of a language model) lives in that
+    stage's memory for every in-flight micro-batch, like the graph's own activations.
+
+    Example:
+        >>> import torch.nn.functional as F
+        >>> logits = torch.empty(2, 5, device="meta")
+        >>> measure_loss(logits, torch.zeros(2, dtype=torch.long, device="meta"), F.cross_entropy,
+        ...              precision="fp32").activation_bytes   # log-probs 2x5 fp32, targets 2 int64, total weight
+        60
+    """
+    leaves = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+    stand_in = tree_map(lambda t: torch.empty_like(t, device="meta").requires_grad_(t.is_floating_point())
+                        if isinstance(t, torch.Tensor) else t, output)
+    meta_targets = tree_map(lambda t: torch.empty_like(t, device="meta") if isinstance(t, torch.Tensor) else t,
+                            targets)
+    if not leaves:
+        raise CaptureError("the model returned no tensor; a loss cannot be measured on its output")
+    meter, counter = SavedTensorMeter(set(), precision), CostCounter(precision)
+    with torch.enable_grad(), counter:
+        with meter:
+            loss = loss_fn(stand_in, meta_targets)
+        fwd = counter.snapshot().flops
+        if isinstance(loss, torch.Tensor) and loss.requires_grad:
+            loss.backward()
+        bwd = counter.snapshot().flops - fwd
+    return LossCosts(activation_bytes=meter.total_bytes, fwd_flops=fwd, bwd_flops=bwd)

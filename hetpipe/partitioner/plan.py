@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Mapping
 
 from hetpipe.errors import PlanError
-from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate
+from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy, evaluate
 from hetpipe.partitioner.serde import from_json, to_json
 
 PLAN_FORMAT = "hetpipe.plan"
@@ -43,6 +43,9 @@ CHECK_RTOL = 1e-9
 class PlanTied:
     names: tuple[str, ...]  # every qualified name of the shared parameter
     units: tuple[int, ...]  # units using it; the runtime replicates it on their stages
+    # state bytes (weight, gradient, optimizer state) of one replica: counted in M_s of every
+    # stage that uses it without holding units[0], its owner (0 in plans written before)
+    state_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -304,6 +307,8 @@ def problem_from_plan(plan: Plan) -> Problem:
         bandwidth_bytes_s=tuple(tuple(row) for row in bandwidth),
         latency_s=tuple(tuple(row) for row in latency),
         microbatches=plan.training.microbatches,
+        tied=tuple(TiedCopy(t.units[0], tuple(t.units), t.state_bytes) for t in plan.model.tied
+                   if t.units and t.state_bytes),
     )
 
 

@@ -13,10 +13,13 @@ Objective (units u = 0..L-1; p stages; stage s on device d_s holds [l_s, r_s]):
     C_s       = latency(d_s, d_{s+1}) + boundary_bytes[r_s] / bandwidth(d_s, d_{s+1})   (s < p-1)
     T         = sum_s (F_s + B_s) + sum_{s<p-1} 2 C_s
                 + (m - 1) * max( max_s (F_s + B_s), max_{s<p-1} 2 C_s )
-    M_s       = sum state_bytes + min(p - s, m) * sum activation_bytes + buffer_bytes(s)
+    M_s       = sum state_bytes + min(p - s, m) * sum activation_bytes + buffer_bytes(s) + tied_bytes(s)
     buffer_bytes(s) = 2 * (boundary_bytes[l_s - 1] if s > 0 else 0)
                     + 2 * (boundary_bytes[r_s] if s < p - 1 else 0)
                       (one activation and one gradient buffer per adjacent cut)
+    tied_bytes(s)   = state bytes of every tied parameter (GPT-2's wte = lm_head) that a unit of
+                      stage s uses but whose owner unit (counted in state_bytes) is elsewhere:
+                      the runtime keeps a replica there (weights, gradient, optimizer state)
     constraint: M_s <= usable_bytes(d_s)
 
 The T formula is the heterogeneous 1F1B estimate of HARP / AMP / Metis
@@ -52,6 +55,16 @@ class DeviceSlot:
 
 
 @dataclass(frozen=True)
+class TiedCopy:
+    """A parameter used by several units: its state is counted in `owner_unit`, and again on
+    any stage that holds one of `user_units` but not the owner (the runtime's replica)."""
+
+    owner_unit: int
+    user_units: tuple[int, ...]
+    state_bytes: int
+
+
+@dataclass(frozen=True)
 class Stage:
     """Stage placement: device index into `Problem.devices`, units [first_unit, last_unit]."""
 
@@ -76,6 +89,7 @@ class Problem:
     bandwidth_bytes_s: tuple[tuple[float, ...], ...]
     latency_s: tuple[tuple[float, ...], ...]
     microbatches: int
+    tied: tuple[TiedCopy, ...] = ()
 
     @property
     def num_units(self) -> int:
@@ -128,7 +142,14 @@ def stage_memory_bytes(problem: Problem, stages: Sequence[Stage], s: int) -> int
         buffers += 2 * problem.boundary_bytes[st.first_unit - 1]
     if s < p - 1:
         buffers += 2 * problem.boundary_bytes[st.last_unit]
-    return state + min(p - s, problem.microbatches) * act + buffers
+    return state + min(p - s, problem.microbatches) * act + buffers + tied_bytes(problem, st)
+
+
+def tied_bytes(problem: Problem, stage: Stage) -> int:
+    """State bytes of the tied-parameter replicas `stage` holds (see the module docstring)."""
+    held = range(stage.first_unit, stage.last_unit + 1)
+    return sum(t.state_bytes for t in problem.tied
+               if t.owner_unit not in held and any(u in held for u in t.user_units if u != t.owner_unit))
 
 
 def validate_stages(problem: Problem, stages: Sequence[Stage]) -> None:
