@@ -64,6 +64,28 @@ def _timelines(plan: Plan, out: Path) -> tuple[Path, Path]:
     return png, trace
 
 
+def _measured_gantt(plan: Plan, report: "RunReport", out: Path) -> Path | None:  # noqa: F821
+    """Predicted (simulated) over measured (emulated seconds) Gantt of the last step, if the run recorded it."""
+    from types import SimpleNamespace
+
+    from hetpipe.gantt import save_gantt_compare, timeline_from_actions
+    from hetpipe.inspect_plan import simulate_plan
+
+    if not report.timelines:
+        return None
+    scale = report.time_scale  # real seconds per emulated second
+    measured = timeline_from_actions({
+        t.stage: [SimpleNamespace(action=a.action, start_s=a.start_s / scale, duration_s=a.duration_s / scale)
+                  for a in t.actions]
+        for t in report.timelines})
+    kinds = {d.id: d.kind for d in plan.devices}
+    labels = [f"{s.device} ({kinds[s.device]})" for s in plan.stages]
+    sim = simulate_plan(plan).result
+    return save_gantt_compare([(f"predicted (simulated): {sim.iteration_s:.3f} s", sim),
+                               (f"measured, emulated: {measured.iteration_s:.3f} s (last step)", measured)],
+                              out / "gantt.png", labels=labels)
+
+
 def run_demo(*, out: Path, steps: int, run: bool, console: Console) -> int:
     """The demo (see the module docstring); returns the exit code."""
     from hetpipe.views import baseline_table, plan_table
@@ -99,6 +121,9 @@ def run_demo(*, out: Path, steps: int, run: bool, console: Console) -> int:
                               report=out / "run.json")
         for table in summary_tables(report):
             console.print(table)
+        measured = _measured_gantt(plan, report, out)
+        if measured is not None:
+            png = measured
     console.rule("files")
     for path in (plan_path, out / "run.json" if run else None, png, trace):
         if path is not None:

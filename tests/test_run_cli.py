@@ -116,6 +116,18 @@ def test_emulated_run_writes_a_report_that_matches_the_plan(plan_path, tmp_path,
          f"{rep.measured_iteration_s:.4f} s")
     assert abs(rep.prediction_error) <= TOLERANCE_VS_PLAN, rep.prediction_error
     assert "time scale" in out.out and "median" in out.out
+    # The last step's actions per rank (for the measured Gantt): exactly the schedule's actions, in order,
+    # non-overlapping, and each F/B lasting its stretched (emulated) time, not just the CPU's compute.
+    from hetpipe.runtime.schedule import one_f_one_b
+
+    schedule = one_f_one_b(3, MICROBATCHES)
+    assert sorted(t.stage for t in rep.timelines) == [0, 1, 2]
+    for t in rep.timelines:
+        assert [a.action for a in t.actions] == [str(a) for a in schedule[t.stage]]
+        ends = [a.start_s + a.duration_s for a in t.actions]
+        assert all(b.start_s >= e - 1e-6 for e, b in zip(ends, t.actions[1:]))
+        fwd = [a.duration_s / rep.time_scale for a in t.actions if "F" in a.action and "_" not in a.action]
+        assert min(fwd) == pytest.approx(plan.stages[t.stage].fwd_s, rel=0.25)
 
 
 def test_emulated_oom_names_rank_stage_action_and_exits_2(plan_path, tmp_path, capsys):

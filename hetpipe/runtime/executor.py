@@ -106,7 +106,7 @@ class ActionHooks:
 class ActionTiming:
     action: str
     start_s: float  # since the start of the step
-    duration_s: float
+    duration_s: float  # the whole action, including an emulation stretch
 
 
 @dataclass(frozen=True)
@@ -184,6 +184,13 @@ class PipelineExecutor:
         prefetch_depth: how many receives beyond the next one may be posted early.
         stage_ranks: global rank of each stage (default: rank r runs stage r).
         sync_cuda_timing: synchronise CUDA after F/B so their timings are real.
+        group: process group of exactly ``stage_ranks`` for the gradient-norm all-reduce and
+            the loss broadcast (default: the world, right when the pipeline spans it).
+        tied_group: ``tied_group(ranks) -> process group`` for each tied parameter (default
+            ``dist.new_group``; replicas of different layouts pass groups made up front,
+            see `hetpipe.runtime.replicas`).
+        grad_sync: called in ``STEP`` after the sends completed and before the tied-parameter
+            all-reduce (data-parallel gradient sync between replicas).
     """
 
     def __init__(self, stage_module: StageModule, *, rank: int, num_stages: int,
@@ -192,7 +199,9 @@ class PipelineExecutor:
                  timeout_s: float = 300.0, grad_clip_norm: float | None = None, lr_scheduler: Any = None,
                  hooks: ActionHooks | None = None, loss_reduction: str = "mean", broadcast_loss: bool = False,
                  prefetch_depth: int = 2, stage_ranks: Sequence[int] | None = None,
-                 sync_cuda_timing: bool = True) -> None:
+                 sync_cuda_timing: bool = True, group: Any = None,
+                 tied_group: Callable[[Sequence[int]], Any] | None = None,
+                 grad_sync: Callable[[], None] | None = None) -> None:
         self.stage = stage_module
         self.rank, self.num_stages, self.microbatches = rank, num_stages, microbatches
         self.loss_fn, self.optimizer, self.lr_scheduler = loss_fn, optimizer, lr_scheduler
@@ -200,6 +209,7 @@ class PipelineExecutor:
         self.hooks = hooks or ActionHooks()
         self.prefetch_depth = max(0, int(prefetch_depth))
         self.stage_ranks = tuple(stage_ranks) if stage_ranks is not None else tuple(range(num_stages))
+        self._group, self._tied_group_fn, self._grad_sync = group, tied_group, grad_sync
         self._where = f"rank {rank} (stage {stage_module.stage})"
         self._check_config(cut_specs, loss_reduction)
         self.actions = tuple(schedule_actions)
@@ -246,7 +256,8 @@ class PipelineExecutor:
         """(process group, local param, name, ranks) per tied parameter this stage holds.
 
         ``new_group`` is collective over the world, so every rank creates every group in
-        the same order, also the groups it is not part of.
+        the same order, also the groups it is not part of; with a ``tied_group`` factory the
+        caller made them up front (replicas of different layouts create different sets).
         """
         local = []
         params = dict(self.stage.module.named_parameters(remove_duplicate=False))
@@ -254,7 +265,8 @@ class PipelineExecutor:
             ranks = sorted(self.stage_ranks[s] for s in set(group.stages))
             if len(ranks) < 2 or not self._distributed:
                 continue
-            handle = dist.new_group(ranks=ranks, timeout=timedelta(seconds=self.timeout_s))
+            handle = (self._tied_group_fn(ranks) if self._tied_group_fn is not None
+                      else dist.new_group(ranks=ranks, timeout=timedelta(seconds=self.timeout_s)))
             name = group.local_name(self.stage.stage)
             if name is not None:
                 local.append((handle, params[name], group.canonical_name, tuple(ranks)))
@@ -292,8 +304,8 @@ class PipelineExecutor:
                 torch.cuda.synchronize(self.stage.device)
             seconds = clock() - t0
             self._record(action, seconds)
-            timings.append(ActionTiming(self._names[index], t0 - start, seconds))
-            hooks.after(action, seconds)
+            hooks.after(action, seconds)  # emulation stretches compute here
+            timings.append(ActionTiming(self._names[index], t0 - start, clock() - t0))
             hooks.memory(action, memory.observe())
         return self._stats(timings, time.perf_counter() - start)
 
@@ -422,6 +434,8 @@ class PipelineExecutor:
         t0 = time.perf_counter()
         self.comm.wait_sends()
         self._state.comm_wait_s += time.perf_counter() - t0
+        if self._grad_sync is not None:
+            self._grad_sync()
         for handle, param, name, ranks in self._tied:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
@@ -443,7 +457,7 @@ class PipelineExecutor:
         norms = [torch.linalg.vector_norm(g, 2.0) for p, g in zip(self._params, grads) if id(p) not in not_owned]
         squared = torch.stack(norms).pow(2).sum() if norms else torch.zeros((), device=self.stage.device)
         if self._distributed and self.num_stages > 1:
-            work = dist.all_reduce(squared, op=dist.ReduceOp.SUM, async_op=True)
+            work = dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=self._group, async_op=True)
             self._collective(work, "the gradient-norm all-reduce", self.stage_ranks)
         total = squared.sqrt()
         coef = torch.clamp(max_norm / (total + _CLIP_EPS), max=1.0)
@@ -462,7 +476,7 @@ class PipelineExecutor:
         if self.broadcast_loss and self._distributed and self.num_stages > 1:
             value = torch.tensor([loss if loss is not None else 0.0], dtype=torch.float64,
                                  device=self.comm.header_device)
-            work = dist.broadcast(value, src=self.stage_ranks[-1], async_op=True)
+            work = dist.broadcast(value, src=self.stage_ranks[-1], group=self._group, async_op=True)
             self._collective(work, "the loss broadcast", self.stage_ranks)
             loss = float(value.item())
         m = self._memory

@@ -58,6 +58,29 @@ def measured_steps(values: Sequence[float], per_step: int = 1) -> tuple[float, .
 
 
 @dataclass(frozen=True)
+class ActionRecord:
+    """One action of a rank's last measured step: real seconds since the step began.
+
+    Every rank starts a step right after a barrier, so the ranks' clocks start within a
+    barrier's latency of each other (same host: one clock; across hosts only as well
+    synchronised as the hosts' clocks).
+    """
+
+    action: str  # e.g. "1F3"
+    start_s: float
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class RankTimeline:
+    """The last step's actions of one rank, for a measured Gantt chart."""
+
+    rank: int
+    stage: int
+    actions: tuple[ActionRecord, ...]
+
+
+@dataclass(frozen=True)
 class RankResult:
     """What one rank measured (written by the worker as ``result-rank<r>.json``).
 
@@ -92,6 +115,7 @@ class RankResult:
     late_messages: int = 0  # arrived (really) after their emulated arrival time
     worst_late_s: float = 0.0
     backend: str = "gloo"
+    last_step_actions: tuple[ActionRecord, ...] = ()
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
@@ -177,6 +201,7 @@ class RunReport:
     notes: tuple[str, ...] = ()
     machine: Mapping[str, str] = field(default_factory=dict)
     wall_s: float = 0.0
+    timelines: tuple[RankTimeline, ...] = ()  # the last step, per rank, real seconds
     format: str = RUN_FORMAT
     version: int = RUN_VERSION
 
@@ -299,4 +324,5 @@ def build_report(plan: "Plan", results: Sequence[RankResult], *, schedule: str, 
         step_records=records, stages=tuple(_stage_record(plan, r) for r in results),
         overruns=overruns, late_messages=late,
         notes=_notes(emulate, overruns, late, actions, max(r.worst_overrun_ratio for r in results)),
-        machine=machine_info(), wall_s=wall_s)
+        machine=machine_info(), wall_s=wall_s,
+        timelines=tuple(RankTimeline(r.rank, r.stage, r.last_step_actions) for r in results if r.last_step_actions))

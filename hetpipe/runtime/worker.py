@@ -43,7 +43,7 @@ from torch import nn
 from hetpipe.errors import ConfigError, HetpipeError, PlanError, RuntimeFailure
 from hetpipe.partitioner.plan import Plan, verify_model
 from hetpipe.runtime.launch import RankError, write_error
-from hetpipe.runtime.report import RankResult, median
+from hetpipe.runtime.report import ActionRecord, RankResult, median
 from hetpipe.runtime.trainer import _import, data_stream, split_microbatches
 
 log = logging.getLogger("hetpipe.worker")
@@ -368,7 +368,9 @@ def _result(run: _Run, hooks: Any, stats: Any, step_s: list[float], losses: list
         overruns_fwd=compute.overruns["F"] if compute else 0, overruns_bwd=compute.overruns["B"] if compute else 0,
         worst_overrun_ratio=compute.worst_overrun_ratio if compute else 0.0,
         messages=getattr(hooks, "messages", 0), late_messages=getattr(hooks, "late_messages", 0),
-        worst_late_s=getattr(hooks, "worst_late_s", 0.0), backend=backend)
+        worst_late_s=getattr(hooks, "worst_late_s", 0.0), backend=backend,
+        last_step_actions=tuple(ActionRecord(a.action, a.start_s, a.duration_s) for a in stats.actions)
+        if stats is not None else ())
 
 
 def _join(run: _Run, state: _State) -> str:
