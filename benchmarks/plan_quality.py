@@ -71,8 +71,15 @@ def _row(result: dict[str, object]) -> tuple[list[object], dict[str, float | Non
         speedups[name] = b.iteration_s / t if b.fits else None
         cells.append(f"{b.iteration_s:.3f} s ({b.iteration_s / t:.2f}x)" if b.fits else f"OOM ({b.iteration_s:.3f} s)")
     row = [sc.cluster.removesuffix(".yaml"), sc.model, "mixed" if sc.mixed else "homogeneous",
-           f"{len(plan.stages)}/{len(plan.devices)}", f"{t:.3f} s", f"{plan.solver.name} {plan.solver.status}", *cells]
+           f"{len(plan.stages)}/{len(plan.devices)}", f"{t:.3f} s", _solver_cell(plan), *cells]
     return row, speedups
+
+
+def _solver_cell(plan: object) -> str:
+    """Solver and status, with the gap to the proven lower bound when not proved optimal."""
+    sol = plan.solver
+    gap = "" if sol.status == "OPTIMAL" else f", gap {(sol.objective_s - sol.bound_s) / sol.objective_s:.1%}"
+    return f"{sol.name} {sol.status}{gap} ({sol.wall_s:.1f} s)"
 
 
 def _check(sc: Scenario, speedups: dict[str, float | None]) -> str:
