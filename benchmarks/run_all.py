@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ("planner_speed", "plan_quality", "capture_7b", "simulator", "simulator_fidelity", "runtime_emulated",
-         "runtime_vs_torch")
+ORDER = ("planner_speed", "plan_quality", "capture_7b", "simulator", "demo_run", "simulator_fidelity",
+         "runtime_emulated", "runtime_vs_torch", "replicas")
 
 
 def assemble() -> Path:
