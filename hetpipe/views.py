@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hetpipe.cost_models.devices import Cluster
+from hetpipe.cost_models.quantities import human_bytes
 from hetpipe.partitioner.graph import UnitGraph
 from hetpipe.partitioner.plan import Plan, UnitTimes
 
@@ -24,12 +25,8 @@ if TYPE_CHECKING:  # the views take simulations as data; no simulator import at 
 BAR_WIDTH = 20
 
 
-def format_bytes(n: float) -> str:
-    """Binary-prefixed byte count, e.g. ``1.50 GiB``."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} B"
+#: Binary-prefixed byte count, e.g. ``1.50 GiB`` (one formatter for tables and error messages).
+format_bytes = human_bytes
 
 
 def format_flops(n: float) -> str:

@@ -136,3 +136,16 @@ def format_bytes(num_bytes: int) -> str:
         if scaled >= 1 and parse_bytes(spelled) == num_bytes:
             return spelled
     return f"{num_bytes}B"
+
+
+def human_bytes(num_bytes: float) -> str:
+    """Bytes with a binary prefix, two decimals, for tables and messages.
+
+    Example:
+        >>> human_bytes(3 * 2**20), human_bytes(1.5 * 2**30), human_bytes(512)
+        ('3.00 MiB', '1.50 GiB', '512 B')
+    """
+    for unit in ("GiB", "MiB", "KiB"):
+        if abs(num_bytes) >= BYTE_UNITS[unit]:
+            return f"{num_bytes / BYTE_UNITS[unit]:.2f} {unit}"
+    return f"{int(num_bytes)} B"

@@ -32,10 +32,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from hetpipe.cost_models.quantities import human_bytes
 from hetpipe.errors import ConfigError
-from hetpipe.partitioner.infeasible import human_bytes
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
-from hetpipe.partitioner.units import _split_bounds
+from hetpipe.partitioner.units import split_bounds
 
 #: Name -> the framework whose default it reproduces.
 BASELINES: dict[str, str] = {
@@ -74,11 +74,11 @@ def baseline_stages(problem: Problem, name: str) -> tuple[Stage, ...]:
     if name == "uniform":
         bounds = _equal_bounds(problem.num_units, p)
     elif name == "parameters":
-        bounds = _split_bounds(list(problem.state_bytes), p)
+        bounds = split_bounds(list(problem.state_bytes), p)
     elif name == "time-homogeneous":
         kind = problem.devices[0].kind
         weights = [int(round((f + b) * _NS_PER_S)) for f, b in zip(problem.fwd_s[kind], problem.bwd_s[kind])]
-        bounds = _split_bounds(weights, p)
+        bounds = split_bounds(weights, p)
     else:
         raise ConfigError(f"unknown baseline {name!r}; use one of: {', '.join(BASELINES)}")
     return tuple(Stage(i, lo, hi - 1) for i, (lo, hi) in enumerate(bounds))

@@ -22,20 +22,13 @@ import math
 from dataclasses import replace
 from typing import Callable
 
+from hetpipe.cost_models.quantities import human_bytes
 from hetpipe.errors import InfeasibleError
 from hetpipe.partitioner.dp import StateSpaceTooLarge, solve_exact, solve_fixed_order
 from hetpipe.partitioner.problem import Problem, Stage, evaluate, stage_memory_bytes
 
 #: Bisection steps on the memory factor: 2^-30 relative precision, plenty for a message.
 BISECTION_STEPS = 30
-
-
-def human_bytes(n: float) -> str:
-    """Bytes with a binary unit, for messages (``human_bytes(3 * 2**20) == '3.00 MiB'``)."""
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
 
 
 def _scaled(problem: Problem, factor: float) -> Problem:

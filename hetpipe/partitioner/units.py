@@ -200,7 +200,7 @@ def _greedy_count(weights: Sequence[int], cap: int) -> int:
     return count
 
 
-def _split_bounds(weights: Sequence[int], n: int) -> list[tuple[int, int]]:
+def split_bounds(weights: Sequence[int], n: int) -> list[tuple[int, int]]:
     """[start, end) ranges of exactly min(n, len) groups minimising the largest sum."""
     n = min(n, len(weights))
     lo, hi = max(weights, default=0), sum(weights)
@@ -234,7 +234,7 @@ def merge_balanced(atoms: Sequence[Group], flops: Sequence[int], n: int) -> list
         ['0..1', '2..3']
     """
     out = []
-    for s, e in _split_bounds(list(flops), n):
+    for s, e in split_bounds(list(flops), n):
         names = [a.name for a in atoms[s:e]]
         name = names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
         out.append(Group(name, tuple(m for a in atoms[s:e] for m in a.members)))
