@@ -112,10 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Verdict: {'targets met' if ok else 'targets NOT met'}.",
     ]
-    text = "\n".join(doc) + "\n"
-    print(text)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
+    from benchmarks.common import emit
+
+    emit(doc, args.output)
     return 0 if ok else 1
 
 

@@ -42,3 +42,12 @@ def write_result(name: str, title: str, body: str) -> Path:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     path.write_text(f"## {title}\n\n_{stamp}; {machine()}_\n\n{body.strip()}\n")
     return path
+
+
+def emit(lines: Sequence[str], path: Path) -> str:
+    """Join a report's lines, print it and write it to `path` (parents created); returns the text."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return text

@@ -217,10 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         *_table(outcomes), "", "## Speed-up of hetpipe's plan", "", *speed, "", "## Memory", "", *oom, "",
         f"Verdict: speed-up target {'met' if speed_ok else 'NOT met'}; OOM check {'passed' if oom_ok else 'FAILED'}.",
     ]
-    text = "\n".join(doc) + "\n"
-    print(text)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
+    from benchmarks.common import emit
+
+    emit(doc, args.output)
     return 0 if speed_ok and oom_ok else 1
 
 

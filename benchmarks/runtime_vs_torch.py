@@ -267,10 +267,9 @@ def main(argv: list[str] | None = None) -> int:
            "", *table(cfgs, results), "",
            f"Verdict: throughput ratio >= {TARGET_RATIO}: {'met' if ok else 'NOT met'} "
            f"({', '.join(f'{c.stages} stages {x:.3f}' for c, x in zip(cfgs, ratios))}); losses agree step by step."]
-    text = "\n".join(doc) + "\n"
-    print(text)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
+    from benchmarks.common import emit
+
+    emit(doc, args.output)
     return 0 if ok else 1
 
 
