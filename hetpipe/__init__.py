@@ -7,6 +7,7 @@ Public API (see README.md):
     Plan.save(path) / Plan.load(path), check_plan(plan)
     run(plan, model=..., steps=..., emulate=...) -> RunReport   (launches torchrun, one process per stage)
     Trainer(plan, model=..., loss=...).step(inputs, targets)    (one rank inside your own torchrun script)
+    ReplicaTrainer(plan, model=...).step(inputs, targets)       (one rank of a replica plan, plan version 2)
 
 Heavy submodules (torch, OR-Tools) load on first use, so ``hetpipe --help`` is fast.
 
@@ -52,6 +53,7 @@ _LAZY = {
     "Action": "hetpipe.runtime.actions",
     "run": "hetpipe.runtime.trainer",
     "Trainer": "hetpipe.runtime.inprocess",
+    "ReplicaTrainer": "hetpipe.runtime.replicas",
     "RunReport": "hetpipe.runtime.report",
 }
 

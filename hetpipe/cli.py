@@ -201,11 +201,15 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
 def cmd_show(args: argparse.Namespace, console: Console) -> int:
     from hetpipe.inspect_plan import simulate_plan, write_timelines
     from hetpipe.partitioner.plan import Plan
-    from hetpipe.views import baseline_table, memory_table, plan_table
+    from hetpipe.views import baseline_table, memory_table, plan_table, replica_table
 
     plan = Plan.load(args.plan)
     for table in (plan_table(plan), memory_table(plan), baseline_table(plan)):
         console.print(table)
+    if plan.replicas:
+        console.print(replica_table(plan))
+        if plan.sync is not None:
+            console.print(f"sync policy: {plan.sync.reason}")
     for lo in plan.left_out:
         console.print(f"left out {lo.device}: {lo.reason}")
     if args.gantt or args.trace:

@@ -25,6 +25,8 @@ from hetpipe.partitioner.plan import Plan
 
 DEMO_MODEL, DEMO_BATCH, DEMO_SEQ, DEMO_MICROBATCHES = "gpt-demo", 2, 128, 6
 BIG_MODEL, BIG_BATCH, BIG_SEQ = "gpt2-xl", 1, 1024
+#: Search time for the replica planner in the demo (the home lab has 3 cards: it finishes far sooner).
+REPLICA_TIME_LIMIT_S = 10.0
 
 
 def bundled_cluster(name: str) -> Path:
@@ -32,18 +34,51 @@ def bundled_cluster(name: str) -> Path:
     return Path(str(resources.files("hetpipe") / "data" / name))
 
 
-def _plan(model_name: str, cluster_file: Path, *, batch: int, seq: int, precision: str,
-          global_batch: int | None) -> Plan:
-    from hetpipe.cost_models.cluster import load_cluster
+def _graph(model_name: str, *, batch: int, seq: int, precision: str) -> "UnitGraph":  # noqa: F821
     from hetpipe.models import build, training_loss
-    from hetpipe.partitioner.api import partition_graph
     from hetpipe.partitioner.capture import capture
 
     model, inputs = build(model_name, device="meta", batch=batch, seq=seq)
     fn, targets = training_loss(model_name, inputs)
-    graph = capture(model, inputs, name=model_name, optimizer="adam", precision=precision, loss_fn=fn,
-                    targets=targets)
+    return capture(model, inputs, name=model_name, optimizer="adam", precision=precision, loss_fn=fn,
+                   targets=targets)
+
+
+def _plan_graph(graph: "UnitGraph", cluster_file: Path, *, global_batch: int | None) -> Plan:  # noqa: F821
+    from hetpipe.cost_models.cluster import load_cluster
+    from hetpipe.partitioner.api import partition_graph
+
     return partition_graph(graph, load_cluster(cluster_file), global_batch=global_batch)
+
+
+def _plan(model_name: str, cluster_file: Path, *, batch: int, seq: int, precision: str,
+          global_batch: int | None) -> Plan:
+    return _plan_graph(_graph(model_name, batch=batch, seq=seq, precision=precision), cluster_file,
+                       global_batch=global_batch)
+
+
+def _replicas_story(graph: "UnitGraph", cluster_file: Path, single: Plan, out: Path,  # noqa: F821
+                    console: Console) -> None:
+    """Mixed data parallelism (issue #6) on the same cards: shown, and preferred only where it wins."""
+    from hetpipe.cost_models.cluster import load_cluster
+    from hetpipe.errors import InfeasibleError
+    from hetpipe.partitioner.api import partition_replicas
+    from hetpipe.views import format_seconds, replica_table
+
+    try:
+        with console.status("planning mixed data-parallel replicas"):
+            rep = partition_replicas(graph, load_cluster(cluster_file), global_batch=single.training.global_batch,
+                                     time_limit_s=REPLICA_TIME_LIMIT_S)
+    except InfeasibleError as err:
+        console.print(f"  mixed replicas: none fits ({err})")
+        return
+    rep.save(out / "replicas.json")
+    t_rep, t_one = rep.predicted.iteration_s, single.predicted.iteration_s
+    verdict = "replicas win" if t_rep < t_one else "the single pipeline wins"
+    console.print(f"  mixed replicas ({len(rep.replicas)}): {format_seconds(t_rep)} vs one pipeline "
+                  f"{format_seconds(t_one)}: {verdict} ({t_one / t_rep:.2f}x); plan in {out / 'replicas.json'}")
+    if t_rep < t_one:
+        console.print(replica_table(rep))
 
 
 def _timelines(plan: Plan, out: Path) -> tuple[Path, Path]:
@@ -104,12 +139,13 @@ def run_demo(*, out: Path, steps: int, run: bool, console: Console) -> int:
             console.print(f"  {name}: {b.note}")
     console.rule("2. the same question at full size: GPT-2 XL on the real home lab (predicted)")
     with console.status("capturing GPT-2 XL on the meta device and solving"):
-        big = _plan(BIG_MODEL, bundled_cluster("homelab.yaml"), batch=BIG_BATCH, seq=BIG_SEQ, precision="bf16-mixed",
-                    global_batch=None)
+        big_graph = _graph(BIG_MODEL, batch=BIG_BATCH, seq=BIG_SEQ, precision="bf16-mixed")
+        big = _plan_graph(big_graph, bundled_cluster("homelab.yaml"), global_batch=None)
     console.print(plan_table(big))
     console.print(baseline_table(big))
     for lo in big.left_out:
         console.print(f"  left out {lo.device}: {lo.reason}")
+    _replicas_story(big_graph, bundled_cluster("homelab.yaml"), big, out, console)
     png, trace = _timelines(plan, out)
     if run:
         from hetpipe.runtime.trainer import run as run_plan

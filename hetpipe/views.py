@@ -177,3 +177,25 @@ def compare_table(rows: Sequence[PlanSimulation]) -> Table:
 def print_all(console: Console, tables: Iterable[Table | str]) -> None:
     for t in tables:
         console.print(t)
+
+
+def replica_table(plan: Plan) -> Table:
+    """Replicas of a version-2 plan: their cards, batch share, pipeline time, and the sync policy.
+
+    Example:
+        >>> # hetpipe show plan.json   (a plan from partition_replicas) prints this table
+    """
+    sync = plan.sync
+    title = (f"{len(plan.replicas)} replicas; sync {sync.policy}"
+             + (f" every {sync.outer_steps} steps" if sync.outer_steps > 1 else " every step")
+             + f": {format_seconds(sync.sync_s)} per exchange, {format_seconds(sync.amortised_s)} per step"
+             if sync else f"{len(plan.replicas)} replicas")
+    table = Table(title=title)
+    for col in ("replica", "stages (device: units)", "micro-batches", "samples", "gradient weight", "T_r"):
+        table.add_column(col, justify="left" if col.startswith("stages") else "right")
+    for r in plan.replicas:
+        stages = plan.stages[r.first_stage:r.first_stage + r.num_stages]
+        where = " | ".join(f"{s.device}: {s.first_unit}-{s.last_unit}" for s in stages)
+        table.add_row(str(r.index), where, str(r.microbatches), str(r.samples), f"{r.grad_weight:.3f}",
+                      format_seconds(r.iteration_s))
+    return table

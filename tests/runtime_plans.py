@@ -21,3 +21,22 @@ def synthetic_plan() -> Plan:
     """Three stages of the synthetic 6-unit graph on the synthetic 3-device cluster."""
     return plan_for(synthetic_graph(6), synthetic_cluster(), (Stage(0, 0, 2), Stage(1, 3, 4), Stage(2, 5, 5)),
                     microbatches=4)
+
+
+def replica_plan_for(graph, cluster, pipelines, *, policy: str = "synchronous", outer_steps: int | None = None) -> Plan:
+    """A version-2 plan with hand-chosen replicas: ``pipelines`` lists (stages, m_r) per replica."""
+    from hetpipe.cost_models.sync import choose_policy
+    from hetpipe.partitioner.replica_plan import assemble_replica_plan
+    from hetpipe.partitioner.replicas import Replica, ReplicaProblem, ReplicaSolution, evaluate_sync, replica_problem
+
+    total = sum(m for _, m in pipelines)
+    base = build_problem(graph, cluster, microbatches=total)
+    rp = ReplicaProblem(base, grad_bytes=tuple(u.param_bytes for u in graph.units))
+    reps = tuple(Replica(tuple(stages), m, evaluate(replica_problem(base, m), tuple(stages)).iteration_s)
+                 for stages, m in pipelines)
+    sync = evaluate_sync(rp, [r.stages for r in reps])
+    compute_s, sync_s = max(r.iteration_s for r in reps), sum(g.time_s for g in sync)
+    pol = choose_policy(compute_s=compute_s, sync_s=sync_s, policy=policy, outer_steps=outer_steps)
+    sol = ReplicaSolution(reps, sync, pol, compute_s, sync_s, compute_s + pol.amortised_s, "hand", "FEASIBLE",
+                          0.0, 0.0, ())
+    return assemble_replica_plan(graph, cluster, rp=rp, sol=sol, global_batch=graph.micro_batch_size * total)

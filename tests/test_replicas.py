@@ -274,3 +274,17 @@ def test_bad_input_is_one_clear_error():
     tiny = synthetic_cluster((("n0", "small", 10.0, 2.0), ("n0", "small", 10.0, 2.0)))
     with pytest.raises(InfeasibleError):
         partition_replicas(graph, tiny, global_batch=16, solver="exact")
+
+
+def test_show_displays_replicas_batch_shares_and_sync_policy(tmp_path, capsys):
+    from hetpipe import cli
+
+    plan = partition_replicas(synthetic_graph(6), synthetic_cluster(ONE_BOX), global_batch=24, solver="exact")
+    path = tmp_path / "replicas.json"
+    plan.save(path)
+    assert cli.main(["show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(plan.replicas)} replicas; sync {plan.sync.policy}" in out
+    for r in plan.replicas:  # every replica's micro-batch count and gradient weight is listed
+        assert f"{r.grad_weight:.3f}" in out and str(r.samples) in out
+    assert "sync policy:" in out and plan.sync.reason.split(",")[0] in out.replace("\n", " ")
