@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from hetpipe.errors import ConfigError
 from hetpipe.partitioner.plan import Plan
 from hetpipe.partitioner.problem import Stage
 from hetpipe.runtime.report import RunReport
@@ -213,3 +214,39 @@ def test_python_api_trains_on_user_data_like_a_single_process_reference(plan_pat
     assert rep.losses[0] == pytest.approx(sum(losses) / MICROBATCHES, rel=1e-5)
     assert not rep.emulate and rep.time_scale == 1.0 and math.isfinite(rep.losses[1])
     assert rep.losses[1] != rep.losses[0]  # the second batch, after one Adam step
+
+
+def test_replica_plan_runs_end_to_end_like_the_concatenated_batch(tmp_path):
+    """`hetpipe.run` on a version-2 plan (issue #6): replica A = 2 stages with 3 micro-batches, replica B = 1
+    stage with 1 micro-batch, synchronous sync.  Step 0's loss is the unsplit model's mean loss over the
+    whole global batch (each replica weighted by its samples); step 1 ran after a synced update."""
+    import torch
+
+    from hetpipe.models import build, lm_loss
+    from hetpipe.partitioner.capture import capture
+    from hetpipe.runtime.stage import build_stage, split_stages
+    from hetpipe.runtime.trainer import run
+    from tests.runtime_plans import replica_plan_for
+
+    model, inputs = build(MODEL, device="meta", batch=BATCH, seq=SEQ)
+    graph = capture(model, inputs, name=MODEL)
+    n = graph.num_units
+    plan = replica_plan_for(graph, synthetic_cluster(), [((Stage(0, 0, n // 2 - 1), Stage(1, n // 2, n - 1)), 3),
+                                                         ((Stage(2, 0, n - 1),), 1)])
+    path = tmp_path / "replicas.json"
+    plan.save(path)
+    gen = torch.Generator().manual_seed(3)
+    batches = []
+    for _ in range(2):
+        ids = torch.randint(0, 256, (BATCH * 4, SEQ), generator=gen)
+        batches.append((ids, torch.roll(ids, -1, 1)))
+    rep = run(path, model=MODEL, steps=2, data=batches, loss=lm_loss, seq=SEQ, timeout_s=30.0)
+    whole = build_stage(split_stages(graph.module, {}, example_inputs=inputs, num_stages=1), 0, state_dict=None,
+                        device="cpu", seed=0)
+    ids, targets = batches[0]
+    with torch.no_grad():
+        expected = lm_loss(whole(ids), targets).item()  # mean over the 4 equal micro-batches of both replicas
+    assert rep.world_size == 3 and rep.losses[0] == pytest.approx(expected, rel=1e-5)
+    assert math.isfinite(rep.losses[1]) and rep.losses[1] != rep.losses[0]
+    with pytest.raises(ConfigError, match="--emulate does not run replica plans"):
+        run(path, model=MODEL, steps=1, emulate=True, seq=SEQ)

@@ -75,6 +75,10 @@ class Trainer:
                  node: str | None = None) -> None:
         from hetpipe.runtime import worker
 
+        loaded = plan if isinstance(plan, Plan) else Plan.load(plan)
+        if loaded.replicas:
+            raise ConfigError(f"{plan if not isinstance(plan, Plan) else 'the plan'} has {len(loaded.replicas)} "
+                              "replicas; use hetpipe.runtime.replicas.ReplicaTrainer for replica plans")
         plan_path = plan if not isinstance(plan, Plan) else None
         args = argparse.Namespace(plan=plan_path, model=model, seq=seq, seed=seed, schedule=schedule,
                                   timeout=float(timeout_s), emulate=False, lr=lr, loss=None,

@@ -254,13 +254,20 @@ def machine_info() -> dict[str, str]:
 
 def simulated_iteration_s(plan: "Plan", schedule_name: str) -> float:  # noqa: F821
     """The simulator's iteration for `plan`'s stage costs under `schedule_name` (emulated seconds)."""
+    if plan.replicas:  # each replica's own pipeline, the slowest one, plus the amortised sync
+        sync = plan.sync.amortised_s if plan.sync is not None else 0.0
+        return max(_simulate(plan.stages[r.first_stage:r.first_stage + r.num_stages], r.microbatches,
+                             schedule_name) for r in plan.replicas) + sync
+    return _simulate(plan.stages, plan.training.microbatches, schedule_name)
+
+
+def _simulate(stages: Any, microbatches: int, schedule_name: str) -> float:
     from hetpipe.runtime.schedule import make_schedule
     from hetpipe.runtime.simulate import SimCosts, simulate
 
-    p, m = len(plan.stages), plan.training.microbatches
-    costs = SimCosts(fwd_s=tuple(s.fwd_s for s in plan.stages), bwd_s=tuple(s.bwd_s for s in plan.stages),
-                     send_s=tuple(s.send_s for s in plan.stages[:-1]))
-    return simulate(make_schedule(schedule_name, p, m), costs).iteration_s
+    costs = SimCosts(fwd_s=tuple(s.fwd_s for s in stages), bwd_s=tuple(s.bwd_s for s in stages),
+                     send_s=tuple(s.send_s for s in stages[:-1]))
+    return simulate(make_schedule(schedule_name, len(stages), microbatches), costs).iteration_s
 
 
 def _stage_record(plan: "Plan", r: RankResult) -> StageRecord:  # noqa: F821

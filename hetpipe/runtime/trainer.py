@@ -140,8 +140,16 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str) -> Any:
     from hetpipe.runtime.schedule import make_schedule, validate_schedule
     from hetpipe.runtime.worker import capture_for_plan
 
-    p, m = len(plan.stages), plan.training.microbatches
-    validate_schedule(make_schedule(schedule, p, m), num_stages=p, num_microbatches=m)
+    if plan.replicas:  # each replica is its own pipeline
+        from hetpipe.runtime.replicas import check_runnable
+
+        check_runnable(plan, world_size=len(plan.stages))
+        for r in plan.replicas:
+            validate_schedule(make_schedule(schedule, r.num_stages, r.microbatches), num_stages=r.num_stages,
+                              num_microbatches=r.microbatches)
+    else:
+        p, m = len(plan.stages), plan.training.microbatches
+        validate_schedule(make_schedule(schedule, p, m), num_stages=p, num_microbatches=m)
     graph, _ = capture_for_plan(plan, model=model, seq=seq)  # raises PlanError for another model
     report = check_plan(plan)
     for violation in report.violations:
@@ -223,6 +231,9 @@ def run(
     if not isinstance(plan, Plan):
         plan = Plan.load(plan)
     schedule = schedule or plan.training.schedule
+    if plan.replicas and emulate:
+        raise ConfigError("--emulate does not run replica plans yet (emulated links and calibration assume one "
+                          "pipeline); run it without --emulate")
     preflight(plan, model=model, seq=seq, schedule=schedule)
     keep = run_dir is not None
     workdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))

@@ -388,6 +388,10 @@ def train(args: argparse.Namespace, state: _State) -> RankResult:
     """The whole rank: prepare, join the group, (calibrate), run the steps, return the result."""
     from hetpipe.runtime.emulate import RecordingHooks
 
+    if Plan.load(args.plan).replicas:
+        from hetpipe.runtime.replica_worker import train_replicas
+
+        return train_replicas(args, state)
     run = prepare(args, state)
     backend = _join(run, state)
     progress = args.run_dir / f"progress-rank{run.rank}"

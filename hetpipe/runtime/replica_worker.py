@@ -1,0 +1,90 @@
+"""`hetpipe run` for a version-2 plan: one torchrun process per stage of every replica.
+
+The worker (`hetpipe.runtime.worker.train`) hands a plan with ``replicas`` to
+`train_replicas`, which checks it can run on this world size before joining the
+process group, then drives a `ReplicaTrainer` over the same global batches on every
+rank that reads data, and returns the rank's `RankResult` (stage = its index in
+``plan.stages``; losses = the replicas' sample-weighted loss of the global batch).
+
+Emulation (``--emulate``) is not supported for replica plans yet: the emulated links
+and the time-scale calibration treat ``plan.stages`` as one pipeline.
+
+Example:
+    $ hetpipe run replicas.json --model gpt2-small --steps 100     # a plan from partition_replicas
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from hetpipe.errors import ConfigError
+from hetpipe.partitioner.plan import Plan
+from hetpipe.runtime.report import ActionRecord, RankResult
+
+
+def train_replicas(args: argparse.Namespace, state: Any) -> RankResult:
+    """Run this rank's stage of its replica for ``args.steps`` steps (see the module docstring)."""
+    from hetpipe.runtime import worker
+    from hetpipe.runtime.emulate import RecordingHooks
+    from hetpipe.runtime.replicas import ReplicaTrainer, check_runnable
+    from hetpipe.runtime.trainer import data_stream
+
+    plan = Plan.load(args.plan)
+    if args.emulate:
+        raise ConfigError("--emulate does not run replica plans yet (emulated links and calibration assume one "
+                          "pipeline); run it without --emulate, or emulate one replica's pipeline plan")
+    check_runnable(plan, world_size=int(os.environ.get("WORLD_SIZE", "1")))  # refuse before joining
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    state.stage = worker.stage_for(plan, node=args.node, rank=state.rank, local_rank=local_rank)
+    backend, _ = worker._backend(local_rank)
+    state.phase = "joining the process group"
+    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
+    every: list[Any] = [None] * len(plan.stages)
+    dist.all_gather_object(every, state.stage)
+    hooks = RecordingHooks()
+    state.hooks = hooks
+    state.phase = "building the replica"
+    trainer = ReplicaTrainer(plan, model=args.model, loss=worker._loss_fn(args), lr=args.lr,
+                             schedule=args.schedule, seq=args.seq, seed=args.seed, timeout_s=args.timeout,
+                             stage_ranks=worker.stage_ranks(every, len(plan.stages)), hooks=hooks)
+    reads = trainer.is_first or trainer.is_last
+    stream = data_stream(args.data, model=args.model, global_batch=plan.training.global_batch, seed=args.seed,
+                         example=trainer.example, meta_model=trainer.graph_module) if reads else None
+    step_s, losses, out = [], [], None
+    for step in range(args.steps):
+        state.phase = f"step {step}"
+        batch = next(stream, None) if stream is not None else None
+        if stream is not None and batch is None:
+            raise ConfigError(f"--data ran out after {step} batches; the run needs {args.steps}")
+        worker._barrier(backend == "gloo", args.timeout)
+        start = time.monotonic()
+        out = trainer.step(*(batch if batch is not None else (None, None)))
+        step_s.append(time.monotonic() - start)
+        if trainer.is_last and out.loss is not None:
+            losses.append(float(out.loss))
+        worker._touch(args.run_dir / f"progress-rank{state.rank}")
+    state.phase = "finishing"
+    trainer.finish()
+    worker._barrier(backend == "gloo", args.timeout)
+    return _result(plan, trainer, hooks, out, step_s, losses, backend)
+
+
+def _result(plan: Plan, trainer: Any, hooks: Any, out: Any, step_s: list[float], losses: list[float],
+            backend: str) -> RankResult:
+    stage = trainer.place.plan_stage
+    dev = plan.devices[plan.device_index()[plan.stages[stage].device]]
+    stats = out.stats if out is not None else None
+    mem = stats.memory if stats is not None else None
+    return RankResult(
+        rank=trainer.place.rank, stage=stage, device=dev.id, kind=dev.kind, step_s=tuple(step_s),
+        losses=tuple(losses), fwd_s=tuple(hooks.fwd_s), bwd_s=tuple(hooks.bwd_s),
+        fwd_compute_s=tuple(hooks.fwd_compute_s), bwd_compute_s=tuple(hooks.bwd_compute_s),
+        peak_bytes=mem.peak_bytes if mem is not None else 0, backend=backend,
+        last_step_actions=tuple(ActionRecord(a.action, a.start_s, a.duration_s) for a in stats.actions)
+        if stats is not None else ())
