@@ -13,13 +13,17 @@ throughput (global batch / T) of
 
 all under the same cost model, memory check and sync model (`hetpipe.cost_models.sync`).
 The replica search's gap is stated against the exact reference where that is tractable
-(home lab) and against the work lower bound otherwise.  Emulated-measured figures need
-the runtime half of issue #6 and are not here.
+(home lab) and against the work lower bound otherwise.
 
-Writes benchmarks/results/replicas.md.
+Emulated-measured half (`benchmarks/replicas_emulated.py`): (a), (b) and (c) planned for a
+cluster small enough to run on this CPU box and run with ``hetpipe run --emulate``; the
+measured samples per emulated second sit next to the predicted ones.
+
+Writes benchmarks/results/replicas.md (``--emulated-only`` keeps its predicted tables and
+replaces only the emulated section).
 
 Usage:
-    python benchmarks/replicas.py [--quick] [--time-limit S]
+    python benchmarks/replicas.py [--quick] [--time-limit S] [--emulated-only] [--skip-emulated] [--steps N]
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import markdown_table, write_result  # noqa: E402
+from benchmarks.common import RESULTS_DIR, markdown_table, write_result  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -98,20 +102,41 @@ def run_scenario(sc: Scenario, *, time_limit_s: float) -> list[object]:
             f"{sync.sync.sync_s:.2f} s / {sync.sync.compute_s:.2f} s", gap, f"{wall:.1f} s"]
 
 
+def _kept_predicted_table() -> str:
+    """The predicted table of the existing replicas.md, with the date it was measured (``--emulated-only``)."""
+    old = (RESULTS_DIR / "replicas.md").read_text().splitlines()
+    stamp = next((line.strip("_") for line in old if line.startswith("_")), "an earlier run")
+    start = next(i for i, line in enumerate(old) if line.startswith("| cluster |"))
+    end = next((i for i in range(start, len(old)) if not old[i].startswith("|")), len(old))
+    return "\n".join([f"_Predicted table kept from {stamp}._", "", *old[start:end]])
+
+
 def main(argv: list[str] | None = None) -> int:
+    from benchmarks.replicas_emulated import MARKER, emulated_section
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="home lab only")
     ap.add_argument("--time-limit", type=float, default=30.0, help="replica search limit per plan (s)")
+    ap.add_argument("--emulated-only", action="store_true", help="keep the predicted tables in replicas.md")
+    ap.add_argument("--skip-emulated", action="store_true", help="predicted tables only")
+    ap.add_argument("--steps", type=int, default=5, help="emulated steps per run (the first is warm-up)")
     args = ap.parse_args(argv)
     header = ["cluster", "model", "global batch", "(a) DDP equal, samples/s", "(b) one pipeline",
               "(c) replicas, sync every step", "(c)/(b)", "(d) replicas, policy from links",
               "sync / compute of (c)", "search gap", "plan time (c)"]
-    rows = []
-    for sc in QUICK if args.quick else SCENARIOS:
-        rows.append(run_scenario(sc, time_limit_s=args.time_limit))
-        print(" | ".join(map(str, rows[-1])), flush=True)
-    body = f"{__doc__.split('Usage:')[0].strip()}\n\n{markdown_table(header, rows)}\n"
-    print(f"wrote {write_result('replicas', 'Mixed data-parallel replicas, predicted (issue #6)', body)}")
+    intro = __doc__.split("Usage:")[0].strip()
+    if args.emulated_only:
+        predicted = f"{intro}\n\n{_kept_predicted_table()}"
+    else:
+        rows = []
+        for sc in QUICK if args.quick else SCENARIOS:
+            rows.append(run_scenario(sc, time_limit_s=args.time_limit))
+            print(" | ".join(map(str, rows[-1])), flush=True)
+        predicted = f"{intro}\n\n{markdown_table(header, rows)}"
+    emulated = "" if args.skip_emulated else emulated_section(steps=args.steps)
+    print(emulated)
+    body = f"{predicted}\n\n{emulated}\n"
+    print(f"wrote {write_result('replicas', 'Mixed data-parallel replicas, predicted and emulated (issue #6)', body)}")
     return 0
 
 

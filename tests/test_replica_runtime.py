@@ -96,6 +96,39 @@ def test_ranks_replicas_and_sync_buckets_follow_the_plan():
     assert len(every) == len(set(every)) and set(every) == params  # each parameter synced exactly once
 
 
+def test_emulation_uses_each_replicas_own_links_and_the_plans_sync_times():
+    """--emulate on a replica plan: a stage's links are its own replica's neighbours (not the next entry of
+    plan.stages), and the emulated sync of each runtime bucket ends at the plan's cumulative group time."""
+    import time
+
+    from hetpipe.runtime.replica_emulate import sync_emulation
+    from hetpipe.runtime.worker import stage_links
+
+    plan = _numerics_plan()
+    link = {(l.src, l.dst): (l.bandwidth_bytes_s, l.latency_s) for l in plan.links}
+    a, b = plan.stages[0:2], plan.stages[2:3]
+    assert stage_links(plan, 0, stages=a) == {0: link[(a[0].device, a[1].device)]}
+    assert stage_links(plan, 1, stages=a) == {0: link[(a[1].device, a[0].device)]}
+    assert stage_links(plan, 0, stages=b) == {}  # a single-card replica sends nothing
+    # plan.stages as one pipeline would wire replica A's last stage to replica B's card over 1 GbE
+    assert stage_links(plan, 1)[1] == link[(a[1].device, b[0].device)] != link[(a[1].device, a[0].device)]
+    graph, _ = _graph(NUM_BATCH)
+    labels = [bk.label for bk in sync_buckets(plan, param_units(graph.module, plan), range(3))]
+    emu = sync_emulation(plan, time_scale=2.0, timeout_s=5.0, device=torch.device("cpu"))
+    g = plan.sync.groups
+    assert [emu.real_offset_s(x) for x in labels] == pytest.approx(
+        [2.0 * g[0].time_s, 2.0 * (g[0].time_s + g[1].time_s), 2.0 * plan.sync.sync_s])
+    assert plan.sync.sync_s == pytest.approx(g[0].time_s + g[1].time_s)
+    emu = sync_emulation(plan, time_scale=0.05 / plan.sync.sync_s, timeout_s=5.0, device=torch.device("cpu"))
+    start = time.monotonic()
+    emu.begin()  # no process group: this rank alone
+    emu.after_bucket(labels[0])
+    mid = time.monotonic() - start
+    emu.end()
+    whole = time.monotonic() - start
+    assert 0.05 * g[0].time_s / plan.sync.sync_s <= mid < whole and 0.05 <= whole < 1.0
+
+
 # --- refusal before any collective -------------------------------------------------------------
 
 

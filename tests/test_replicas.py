@@ -288,3 +288,11 @@ def test_show_displays_replicas_batch_shares_and_sync_policy(tmp_path, capsys):
     for r in plan.replicas:  # every replica's micro-batch count and gradient weight is listed
         assert f"{r.grad_weight:.3f}" in out and str(r.samples) in out
     assert "sync policy:" in out and plan.sync.reason.split(",")[0] in out.replace("\n", " ")
+
+
+def test_single_pipeline_trainer_refuses_replica_plans_before_any_collective(home_plan):
+    from hetpipe.errors import ConfigError
+    from hetpipe.runtime.inprocess import Trainer
+
+    with pytest.raises(ConfigError, match="replicas; use hetpipe.runtime.replicas.ReplicaTrainer"):
+        Trainer(home_plan, model="gpt-tiny")

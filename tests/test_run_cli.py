@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from hetpipe.errors import ConfigError
 from hetpipe.partitioner.plan import Plan
 from hetpipe.partitioner.problem import Stage
 from hetpipe.runtime.report import RunReport
@@ -248,5 +247,67 @@ def test_replica_plan_runs_end_to_end_like_the_concatenated_batch(tmp_path):
         expected = lm_loss(whole(ids), targets).item()  # mean over the 4 equal micro-batches of both replicas
     assert rep.world_size == 3 and rep.losses[0] == pytest.approx(expected, rel=1e-5)
     assert math.isfinite(rep.losses[1]) and rep.losses[1] != rep.losses[0]
-    with pytest.raises(ConfigError, match="--emulate does not run replica plans"):
-        run(path, model=MODEL, steps=1, emulate=True, seq=SEQ)
+
+
+@pytest.fixture(scope="module")
+def replica_plan_path(tmp_path_factory) -> Path:
+    """Replica A = n0:0 + n0:1 (2 stages, 3 micro-batches), replica B = n1:2 (1 stage, 1 micro-batch), synchronous
+    sync over a 1 GB/s inter-node link, so compute (~1.4 ms) and sync (~1.5 ms) weigh about the same in T."""
+    from hetpipe.models import build
+    from hetpipe.partitioner.capture import capture
+    from tests.runtime_plans import replica_plan_for
+
+    model, inputs = build(MODEL, device="meta", batch=BATCH, seq=SEQ)
+    graph = capture(model, inputs, name=MODEL)
+    n = graph.num_units
+    plan = replica_plan_for(graph, synthetic_cluster(inter_bytes_s=1e9),
+                            [((Stage(0, 0, n // 2 - 1), Stage(1, n // 2, n - 1)), 3), ((Stage(2, 0, n - 1),), 1)])
+    path = tmp_path_factory.mktemp("replicas") / "replicas.json"
+    plan.save(path)
+    return path
+
+
+def test_emulated_replica_run_matches_the_simulated_iteration(replica_plan_path, tmp_path, capsys):
+    """`hetpipe run replicas.json --emulate` (issue #6 + #4): one time scale for every rank, every stage
+    stretched to its own replica's prediction, and the step (slowest replica + the emulated gradient sync)
+    within TOLERANCE_VS_SIMULATED of the simulator's max_r T_r + T_sync."""
+    plan = Plan.load(replica_plan_path)
+    assert plan.sync.policy == "synchronous" and 0.3 < plan.sync.sync_s / plan.sync.compute_s < 3.0
+    report_path = tmp_path / "run.json"
+    rc = hetpipe_run([*_common(replica_plan_path, tmp_path / "run"), "--steps", str(EMULATED_STEPS), "--emulate",
+                      "--report", str(report_path), "--safety-factor", str(SAFETY_FACTOR)])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    rep = RunReport.load(report_path)
+    assert rep.emulate and rep.world_size == 3 and rep.time_scale > 0 and len(rep.losses) == EMULATED_STEPS
+    assert rep.predicted_iteration_s == plan.predicted.iteration_s
+    for st, planned in zip(rep.stages, plan.stages):
+        assert st.device == planned.device and st.calibration_fwd_s > 0
+        if st.overruns_fwd == 0:
+            assert st.fwd_emulated_s == pytest.approx(planned.fwd_s, rel=0.10)
+        if st.overruns_bwd == 0:
+            assert st.bwd_emulated_s == pytest.approx(planned.bwd_s, rel=0.10)
+        assert 0 < st.peak_bytes <= st.usable_bytes
+    # The emulated sync is what separates this from the slowest replica alone: without it the step would be
+    # compute_s, far outside the tolerance (sync_s / compute_s > 0.3 above).
+    assert rep.measured_emulated_iteration_s == pytest.approx(rep.simulated_iteration_s, rel=TOLERANCE_VS_SIMULATED), \
+        (f"time scale {rep.time_scale:.4g}, overruns {rep.overruns}, late messages {rep.late_messages}, real step "
+         f"{rep.measured_iteration_s:.4f} s")
+    assert abs(rep.prediction_error) <= TOLERANCE_VS_PLAN, rep.prediction_error
+
+
+def test_emulated_replica_oom_names_rank_replica_and_stage(replica_plan_path, tmp_path, capsys):
+    plan = Plan.load(replica_plan_path)
+    single = plan.stages[plan.replicas[1].first_stage]  # replica 1's only stage, rank 2
+    devices = tuple(dataclasses.replace(d, usable_bytes=single.memory_bytes // 2) if d.id == single.device else d
+                    for d in plan.devices)
+    small = tmp_path / "small.json"
+    dataclasses.replace(plan, devices=devices).save(small)
+    rc = hetpipe_run([*_common(small, tmp_path / "run"), "--steps", "2", "--emulate"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    line = _error(err)
+    assert line.startswith(f"error: emulated OOM on rank 2 (stage 0, replica 1 on {single.device} (slow)) at 0"), line
+    assert "held >" in line and "usable (params" in line
+    errors = json.loads((tmp_path / "run" / "error-rank2.json").read_text())
+    assert errors["rank"] == 2 and errors["action"].startswith("0")

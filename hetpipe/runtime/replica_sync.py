@@ -205,6 +205,8 @@ class ReplicaSync:
         self.timeout_s, self.where = float(timeout_s), where
         self.bytes_reduced = 0
         self.steps = 0
+        # `hetpipe.runtime.replica_emulate.SyncEmulation` under --emulate: delays each exchange to the plan's time.
+        self.emulation: Any = None
         self.gloo = dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo"
         named = dict(module.named_parameters(remove_duplicate=False))
         self._local = [self._bind(b, named, groups) for b in buckets if rank in b.ranks]
@@ -252,6 +254,9 @@ class ReplicaSync:
         """Synchronous policy: weighted gradient sum over the replicas, before the tied all-reduce."""
         if self.policy != "synchronous":
             return
+        emu = self.emulation
+        if emu is not None:
+            emu.begin()  # every rank, also one holding no bucket: it is a collective
         for lb in self._local:
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in lb.params]
             flat = torch.cat([g.reshape(-1) for g in grads]).mul_(self.weight)
@@ -259,6 +264,10 @@ class ReplicaSync:
             if not lb.owner:
                 flat.zero_()  # the owner copy carries the sum; the executor's tied all-reduce adds zeros
             _scatter(flat, lb.params)
+            if emu is not None:
+                emu.after_bucket(lb.bucket.label)
+        if emu is not None:
+            emu.end()
 
     def after_step(self) -> bool:
         """Count an inner step; on diloco every H-th one runs `outer_step`.  True when it synced."""
@@ -271,6 +280,14 @@ class ReplicaSync:
     @torch.no_grad()
     def outer_step(self) -> None:
         """DiLoCo outer step: averaged pseudo-gradient, Nesterov SGD on the anchor, params <- anchor."""
+        emu = self.emulation
+        if emu is not None:
+            emu.begin()  # every rank: a collective
+        self._outer_exchange()
+        if emu is not None:
+            emu.end()
+
+    def _outer_exchange(self) -> None:
         if self._outer is None:
             return
         for lb in self._local:
@@ -280,6 +297,8 @@ class ReplicaSync:
             self._all_reduce(lb, flat, "DiLoCo outer")
             anchors = [self._anchors[id(p)] for p in lb.params]
             _scatter(flat, anchors)
+            if self.emulation is not None:
+                self.emulation.after_bucket(lb.bucket.label)
         self._outer.step()
         for lb in self._local:
             for p in lb.params:

@@ -6,8 +6,9 @@ process group, then drives a `ReplicaTrainer` over the same global batches on ev
 rank that reads data, and returns the rank's `RankResult` (stage = its index in
 ``plan.stages``; losses = the replicas' sample-weighted loss of the global batch).
 
-Emulation (``--emulate``) is not supported for replica plans yet: the emulated links
-and the time-scale calibration treat ``plan.stages`` as one pipeline.
+With ``--emulate`` each rank pretends to be its plan device: its replica's links, one
+time scale calibrated over every replica, the memory ledger, and the gradient sync (or
+DiLoCo outer step) delayed to the plan's time (`hetpipe.runtime.replica_emulate`).
 
 Example:
     $ hetpipe run replicas.json --model gpt2-small --steps 100     # a plan from partition_replicas
@@ -25,20 +26,18 @@ import torch.distributed as dist
 
 from hetpipe.errors import ConfigError
 from hetpipe.partitioner.plan import Plan
-from hetpipe.runtime.report import ActionRecord, RankResult
+from hetpipe.runtime.report import RankResult
 
 
 def train_replicas(args: argparse.Namespace, state: Any) -> RankResult:
     """Run this rank's stage of its replica for ``args.steps`` steps (see the module docstring)."""
     from hetpipe.runtime import worker
     from hetpipe.runtime.emulate import RecordingHooks
+    from hetpipe.runtime.replica_emulate import SwitchHooks, emulate_replicas
     from hetpipe.runtime.replicas import ReplicaTrainer, check_runnable
     from hetpipe.runtime.trainer import data_stream
 
     plan = Plan.load(args.plan)
-    if args.emulate:
-        raise ConfigError("--emulate does not run replica plans yet (emulated links and calibration assume one "
-                          "pipeline); run it without --emulate, or emulate one replica's pipeline plan")
     check_runnable(plan, world_size=int(os.environ.get("WORLD_SIZE", "1")))  # refuse before joining
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     state.stage = worker.stage_for(plan, node=args.node, rank=state.rank, local_rank=local_rank)
@@ -47,7 +46,7 @@ def train_replicas(args: argparse.Namespace, state: Any) -> RankResult:
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     every: list[Any] = [None] * len(plan.stages)
     dist.all_gather_object(every, state.stage)
-    hooks = RecordingHooks()
+    hooks = SwitchHooks(RecordingHooks())
     state.hooks = hooks
     state.phase = "building the replica"
     trainer = ReplicaTrainer(plan, model=args.model, loss=worker._loss_fn(args), lr=args.lr,
@@ -56,10 +55,16 @@ def train_replicas(args: argparse.Namespace, state: Any) -> RankResult:
     reads = trainer.is_first or trainer.is_last
     stream = data_stream(args.data, model=args.model, global_batch=plan.training.global_batch, seed=args.seed,
                          example=trainer.example, meta_model=trainer.graph_module) if reads else None
+    first = next(stream, None) if stream is not None else None
+    if args.emulate:
+        state.phase = "calibration"
+        emulate_replicas(trainer, hooks, inputs=first[0] if first is not None else None,
+                         targets=first[1] if first is not None else None, timeout_s=args.timeout,
+                         safety_factor=args.safety_factor)
     step_s, losses, out = [], [], None
     for step in range(args.steps):
         state.phase = f"step {step}"
-        batch = next(stream, None) if stream is not None else None
+        batch = (first if step == 0 else next(stream, None)) if stream is not None else None
         if stream is not None and batch is None:
             raise ConfigError(f"--data ran out after {step} batches; the run needs {args.steps}")
         worker._barrier(backend == "gloo", args.timeout)
@@ -77,14 +82,10 @@ def train_replicas(args: argparse.Namespace, state: Any) -> RankResult:
 
 def _result(plan: Plan, trainer: Any, hooks: Any, out: Any, step_s: list[float], losses: list[float],
             backend: str) -> RankResult:
+    from hetpipe.runtime.worker import emulation_fields
+
     stage = trainer.place.plan_stage
     dev = plan.devices[plan.device_index()[plan.stages[stage].device]]
     stats = out.stats if out is not None else None
-    mem = stats.memory if stats is not None else None
-    return RankResult(
-        rank=trainer.place.rank, stage=stage, device=dev.id, kind=dev.kind, step_s=tuple(step_s),
-        losses=tuple(losses), fwd_s=tuple(hooks.fwd_s), bwd_s=tuple(hooks.bwd_s),
-        fwd_compute_s=tuple(hooks.fwd_compute_s), bwd_compute_s=tuple(hooks.bwd_compute_s),
-        peak_bytes=mem.peak_bytes if mem is not None else 0, backend=backend,
-        last_step_actions=tuple(ActionRecord(a.action, a.start_s, a.duration_s) for a in stats.actions)
-        if stats is not None else ())
+    return RankResult(rank=trainer.place.rank, stage=stage, device=dev.id, kind=dev.kind, step_s=tuple(step_s),
+                      losses=tuple(losses), backend=backend, **emulation_fields(hooks, stats, stage))

@@ -236,6 +236,7 @@ class ReplicaTrainer:
             raise ConfigError(f"{self.where}: a {world}-rank replica plan needs torch.distributed; call "
                               "init_process_group first (torchrun and hetpipe's launcher do)")
         groups = self._make_groups(programs, group_ranks(buckets), timeout_s) if world > 1 else {}
+        self.groups = groups  # rank set -> process group (`hetpipe.runtime.replica_emulate` calibrates with them)
         sync = self.plan.sync
         assert sync is not None  # check_runnable
         self.sync = ReplicaSync(buckets, module=self.stage.module, rank=self.place.rank,

@@ -270,8 +270,16 @@ def _simulate(stages: Any, microbatches: int, schedule_name: str) -> float:
     return simulate(make_schedule(schedule_name, len(stages), microbatches), costs).iteration_s
 
 
+def _microbatches_of(plan: "Plan", stage: int) -> int:  # noqa: F821
+    """Micro-batches per step that ``plan.stages[stage]`` runs: its replica's m_r in a replica plan."""
+    for rep in plan.replicas:
+        if rep.first_stage <= stage < rep.first_stage + rep.num_stages:
+            return rep.microbatches
+    return plan.training.microbatches
+
+
 def _stage_record(plan: "Plan", r: RankResult) -> StageRecord:  # noqa: F821
-    st, m = plan.stages[r.stage], plan.training.microbatches
+    st, m = plan.stages[r.stage], _microbatches_of(plan, r.stage)
     fwd, bwd = median(measured_steps(r.fwd_s, m)), median(measured_steps(r.bwd_s, m))
     return StageRecord(
         stage=r.stage, rank=r.rank, device=r.device, kind=r.kind, first_unit=st.first_unit, last_unit=st.last_unit,

@@ -231,9 +231,6 @@ def run(
     if not isinstance(plan, Plan):
         plan = Plan.load(plan)
     schedule = schedule or plan.training.schedule
-    if plan.replicas and emulate:
-        raise ConfigError("--emulate does not run replica plans yet (emulated links and calibration assume one "
-                          "pipeline); run it without --emulate")
     preflight(plan, model=model, seq=seq, schedule=schedule)
     keep = run_dir is not None
     workdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))

@@ -174,15 +174,20 @@ def device_label(plan: Plan, stage: int) -> str:
     return f"{dev.id} ({dev.kind})"
 
 
-def stage_links(plan: Plan, stage: int) -> dict[int, tuple[float, float]]:
-    """Cut -> (bandwidth_bytes_s, latency_s) of the plan link ``stage`` sends over on that cut."""
+def stage_links(plan: Plan, stage: int, *, stages: Sequence[Any] | None = None) -> dict[int, tuple[float, float]]:
+    """Cut -> (bandwidth_bytes_s, latency_s) of the plan link ``stage`` sends over on that cut.
+
+    ``stages`` is the pipeline ``stage`` indexes (default ``plan.stages``; a replica plan
+    passes one replica's own stages, so its neighbours are that replica's).
+    """
     links = {(l.src, l.dst): l for l in plan.links}
-    here, out = plan.stages[stage].device, {}
+    pipe = plan.stages if stages is None else stages
+    here, out = pipe[stage].device, {}
     for cut, peer in ((stage, stage + 1), (stage - 1, stage - 1)):
-        if 0 <= peer < len(plan.stages):
-            link = links.get((here, plan.stages[peer].device))
+        if 0 <= peer < len(pipe):
+            link = links.get((here, pipe[peer].device))
             if link is None:
-                raise PlanError(f"the plan has no link {here} -> {plan.stages[peer].device} (stage {stage} -> "
+                raise PlanError(f"the plan has no link {here} -> {pipe[peer].device} (stage {stage} -> "
                                 f"{peer}); add it to `links` or re-plan")
             out[cut] = (link.bandwidth_bytes_s, link.latency_s)
     return out
@@ -352,25 +357,30 @@ def _peak(hooks: Any, stats: Any) -> tuple[int, dict[str, int], str]:
                             "comm": mem.peak_comm_bytes}, ""
 
 
-def _result(run: _Run, hooks: Any, stats: Any, step_s: list[float], losses: list[float], backend: str) -> RankResult:
+def emulation_fields(hooks: Any, stats: Any, plan_stage: int) -> dict[str, Any]:
+    """The `RankResult` fields that come from the hooks: recorded F/B, time scale, ledger, links."""
     scale, compute = getattr(hooks, "origin", None), getattr(hooks, "compute", None)
-    dev = run.plan.devices[run.plan.device_index()[run.plan.stages[run.index].device]]
     peak, breakdown, peak_action = _peak(hooks, stats)
-    return RankResult(
-        rank=run.rank, stage=run.index, device=dev.id, kind=dev.kind, step_s=tuple(step_s), losses=tuple(losses),
+    return dict(
         fwd_s=tuple(hooks.fwd_s), bwd_s=tuple(hooks.bwd_s), fwd_compute_s=tuple(hooks.fwd_compute_s),
         bwd_compute_s=tuple(hooks.bwd_compute_s),
-        calibration_fwd_s=scale.measured[run.index].fwd_s if scale else None,
-        calibration_bwd_s=scale.measured[run.index].bwd_s if scale else None,
+        calibration_fwd_s=scale.measured[plan_stage].fwd_s if scale else None,
+        calibration_bwd_s=scale.measured[plan_stage].bwd_s if scale else None,
         time_scale=scale.real_s_per_emulated_s if scale else 1.0, time_scale_limiting=scale.limiting if scale else "",
         safety_factor=scale.safety_factor if scale else 1.0, contention_factor=scale.contention_factor if scale else 1.0,
         peak_bytes=peak, peak_breakdown=breakdown, peak_action=peak_action,
         overruns_fwd=compute.overruns["F"] if compute else 0, overruns_bwd=compute.overruns["B"] if compute else 0,
         worst_overrun_ratio=compute.worst_overrun_ratio if compute else 0.0,
         messages=getattr(hooks, "messages", 0), late_messages=getattr(hooks, "late_messages", 0),
-        worst_late_s=getattr(hooks, "worst_late_s", 0.0), backend=backend,
+        worst_late_s=getattr(hooks, "worst_late_s", 0.0),
         last_step_actions=tuple(ActionRecord(a.action, a.start_s, a.duration_s) for a in stats.actions)
         if stats is not None else ())
+
+
+def _result(run: _Run, hooks: Any, stats: Any, step_s: list[float], losses: list[float], backend: str) -> RankResult:
+    dev = run.plan.devices[run.plan.device_index()[run.plan.stages[run.index].device]]
+    return RankResult(rank=run.rank, stage=run.index, device=dev.id, kind=dev.kind, step_s=tuple(step_s),
+                      losses=tuple(losses), backend=backend, **emulation_fields(hooks, stats, run.index))
 
 
 def _join(run: _Run, state: _State) -> str:
