@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.baselines import BASELINES, baseline
 from hetpipe.partitioner.cpsat import solve_cpsat
-from hetpipe.partitioner.dp import device_classes, solve_exact, solve_fixed_order
+from hetpipe.partitioner.dp import device_classes, solve_exact
+from hetpipe.partitioner.fixed_order import solve_fixed_order
 from hetpipe.partitioner.problem import Problem, evaluate
 from hetpipe.partitioner.solve import heuristic, solve
 from tests.instances import all_placements, brute_force, random_problem

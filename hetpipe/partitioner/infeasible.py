@@ -24,7 +24,8 @@ from typing import Callable
 
 from hetpipe.cost_models.quantities import human_bytes
 from hetpipe.errors import InfeasibleError
-from hetpipe.partitioner.dp import StateSpaceTooLarge, solve_exact, solve_fixed_order
+from hetpipe.partitioner.dp import StateSpaceTooLarge, solve_exact
+from hetpipe.partitioner.fixed_order import solve_fixed_order
 from hetpipe.partitioner.problem import Problem, Stage, evaluate, stage_memory_bytes
 
 #: Bisection steps on the memory factor: 2^-30 relative precision, plenty for a message.

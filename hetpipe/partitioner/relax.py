@@ -35,9 +35,9 @@ from hetpipe.partitioner.dp import (
     StateSpaceTooLarge,
     least_bottleneck,
     solve_exact,
-    solve_fixed_order,
     sum_lower_bound,
 )
+from hetpipe.partitioner.fixed_order import solve_fixed_order
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 
 #: Node name every card gets in the relaxed problem.

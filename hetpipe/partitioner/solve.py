@@ -2,16 +2,18 @@
 
 Strategy (issue #3):
 
-1. **Exact DP** (`dp.solve_exact`) over device-class count vectors whenever that space
+1. A fast **heuristic** (`fixed_order.solve_fixed_order` on a few device orders, dropping
+   the slowest devices one at a time) seeds everything below.
+2. **Exact DP** (`dp.solve_exact`) over device-class count vectors whenever that space
    is small enough (`dp.DEFAULT_STATE_BUDGET`): it is exact for the whole contract
    (free device subset and order, memory, links), so its answer is reported as
    ``OPTIMAL`` with bound = objective.
-2. Otherwise a **heuristic** (`dp.solve_fixed_order` on a few device orders, dropping the
-   slowest devices one at a time) gives a good placement, and **CP-SAT**
-   (`cpsat.solve_cpsat`) starts from it as a hint, with a time limit and a seed, and
-   reports its status and best bound (the gap is stated when not proved).
+3. Otherwise the node-free **relaxation** (`relax.relaxed_bound`) gives a valid lower
+   bound and a realised placement; if the gap is above `GOOD_ENOUGH_GAP` and time is
+   left, **CP-SAT** (`cpsat.solve_cpsat`) starts from the best placement as a hint, with
+   a time limit and a seed.  The plan records solver, status, bound and gap.
 
-``solver="cpsat"`` always runs CP-SAT (hinted by the DP or heuristic answer);
+``solver="cpsat"`` always runs CP-SAT (hinted by the DP, relaxation or heuristic answer);
 ``solver="dp"`` insists on the exact DP.  Whatever runs, the returned placement is
 re-evaluated with `problem.evaluate`, so T and memory are exactly the contract's.
 
@@ -37,13 +39,8 @@ from dataclasses import dataclass
 
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.cpsat import solve_cpsat
-from hetpipe.partitioner.dp import (
-    DPResult,
-    StateSpaceTooLarge,
-    solve_exact,
-    simple_lower_bound,
-    solve_fixed_order,
-)
+from hetpipe.partitioner.dp import DPResult, StateSpaceTooLarge, simple_lower_bound, solve_exact
+from hetpipe.partitioner.fixed_order import solve_fixed_order
 from hetpipe.partitioner.infeasible import explain_infeasible
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.relax import relaxed_bound
@@ -208,12 +205,12 @@ def _large(problem: Problem, warm: DPResult | None, *, start: float, time_limit_
     if hint is not None and (hint.iteration_s <= bound * (1 + GOOD_ENOUGH_GAP) or left < MIN_CPSAT_S):
         return _from_dp(problem, hint, name="relaxation", wall_s=time.perf_counter() - start, proved=False,
                         bound_s=bound)
-    return _with_cpsat(problem, hint, lower_bound_s=bound, start=start,
-                       time_limit_s=time_limit_s, seed=seed, num_stages=num_stages)
+    return _with_cpsat(problem, hint, lower_bound_s=bound, start=start, time_limit_s=time_limit_s, seed=seed,
+                       num_stages=num_stages, hint_name="relaxation" if hint is real else "heuristic")
 
 
 def _with_cpsat(problem: Problem, hint: DPResult | None, *, lower_bound_s: float, start: float,
-                time_limit_s: float, seed: int, num_stages: int | None) -> Solution:
+                time_limit_s: float, seed: int, num_stages: int | None, hint_name: str = "dp") -> Solution:
     """Run CP-SAT from `hint` for the time left; the better of the two, with the best bound known."""
     left = max(MIN_CPSAT_S, time_limit_s - (time.perf_counter() - start) - cpsat_build_s(problem))
     res = solve_cpsat(problem, time_limit_s=left, seed=seed, hint=hint.stages if hint else None,
@@ -226,7 +223,7 @@ def _with_cpsat(problem: Problem, hint: DPResult | None, *, lower_bound_s: float
             raise InfeasibleError(f"no plan found within the {time_limit_s:g} s limit (CP-SAT: {res.status}); "
                                   "raise --time-limit")
         proved = hint.exact and hint.bound_s >= hint.iteration_s * (1 - 1e-9) and lower_bound_s >= hint.iteration_s * (1 - 1e-9)
-        return _from_dp(problem, hint, name="dp" if proved else "heuristic", wall_s=wall, proved=proved,
+        return _from_dp(problem, hint, name="dp" if proved else hint_name, wall_s=wall, proved=proved,
                         bound_s=lower_bound_s)
     stages, value = res.stages, res.iteration_s
     if hint is not None and hint.iteration_s < value:
