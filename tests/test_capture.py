@@ -28,7 +28,7 @@ ACTIVATION_RTOL = 0.10  # issue #2: saved bytes within 10% of what autograd save
 def _hf_gpt2(*, n_layer: int = 2, h: int = 64, heads: int = 4, vocab: int = 128, ctx: int = 64,
              attn: str = "eager", device: str = "cpu") -> nn.Module:
     """HF GPT2LMHeadModel from a config, random init (no download)."""
-    transformers = pytest.importorskip("transformers")
+    import transformers  # a dev dependency (pyproject [dev]); a missing install must fail, not skip
     cfg = transformers.GPT2Config(n_layer=n_layer, n_embd=h, n_head=heads, vocab_size=vocab, n_positions=ctx,
                                   use_cache=False, attn_implementation=attn, bos_token_id=0, eos_token_id=0)
     torch.manual_seed(0)
