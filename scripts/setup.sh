@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up hetpipe in ./.venv on a fresh machine.
 #   bash scripts/setup.sh          # runtime dependencies
-#   bash scripts/setup.sh --dev    # plus test dependencies (pytest, hypothesis, transformers, matplotlib)
+#   bash scripts/setup.sh --dev    # plus test dependencies (pytest, hypothesis, transformers)
 # torch is installed first, pinned, where the venv has none: an unpinned `torch`
 # would pull a multi-GB CUDA build; `pip install torch==2.13.0` takes the CPU wheel here.
 set -euo pipefail
