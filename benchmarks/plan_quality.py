@@ -49,15 +49,10 @@ QUICK = SCENARIOS[:2] + SCENARIOS[5:6]
 
 def evaluate_scenario(sc: Scenario) -> dict[str, object]:
     from hetpipe.cost_models.cluster import load_cluster
-    from hetpipe.models import build, training_loss
-    from hetpipe.partitioner.api import partition_graph
-    from hetpipe.partitioner.capture import capture
+    from hetpipe.partitioner.api import capture_builtin, partition_graph
 
     cluster = load_cluster(ROOT / "examples" / "clusters" / sc.cluster)
-    model, inputs = build(sc.model, device="meta", batch=sc.batch, seq=sc.seq)
-    fn, targets = training_loss(sc.model, inputs)
-    graph = capture(model, inputs, name=sc.model, optimizer="adam", precision="bf16-mixed", loss_fn=fn,
-                    targets=targets)
+    graph = capture_builtin(sc.model, batch=sc.batch, seq=sc.seq, precision="bf16-mixed")
     plan = partition_graph(graph, cluster, time_limit_s=10.0, seed=0)
     return {"scenario": sc, "plan": plan}
 

@@ -72,15 +72,11 @@ def _ddp_equal_plan(graph: Any, cluster: Any) -> Any:
 def emulated_plans() -> dict[str, Any]:
     """(a), (b) and (c) for `MODEL` on `CLUSTER`, in that order."""
     from hetpipe.cost_models.cluster import load_cluster
-    from hetpipe.models import build, training_loss
-    from hetpipe.partitioner.api import partition_graph
-    from hetpipe.partitioner.capture import capture
+    from hetpipe.partitioner.api import capture_builtin, partition_graph
     from hetpipe.partitioner.replica_plan import partition_replicas
 
     cluster = load_cluster(CLUSTER)
-    model, inputs = build(MODEL, device="meta", batch=MICRO_BATCH)
-    fn, targets = training_loss(MODEL, inputs)
-    graph = capture(model, inputs, name=MODEL, loss_fn=fn, targets=targets)
+    graph = capture_builtin(MODEL, batch=MICRO_BATCH)
     return {"(a) DDP, equal batches": _ddp_equal_plan(graph, cluster),
             "(b) best single pipeline": partition_graph(graph, cluster, global_batch=GLOBAL_BATCH),
             "(c) hetpipe mixed replicas": partition_replicas(graph, cluster, global_batch=GLOBAL_BATCH,

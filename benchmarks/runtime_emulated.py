@@ -62,17 +62,13 @@ class Outcome:
 def _plans(batch: int, global_batch: int | None, cluster_path: Path = CLUSTER) -> dict[str, object]:
     """hetpipe's plan and the baseline plans, all assembled from one Problem."""
     from hetpipe.cost_models.cluster import load_cluster
-    from hetpipe.models import build, training_loss
-    from hetpipe.partitioner.api import assemble_plan, build_problem, partition_graph
+    from hetpipe.partitioner.api import assemble_plan, build_problem, capture_builtin, partition_graph
     from hetpipe.partitioner.baselines import baseline
-    from hetpipe.partitioner.capture import capture
     from hetpipe.partitioner.plan import SolverReport
     from hetpipe.partitioner.problem import evaluate
 
     cluster = load_cluster(cluster_path)
-    model, inputs = build(MODEL, device="meta", batch=batch)
-    fn, targets = training_loss(MODEL, inputs)
-    graph = capture(model, inputs, name=MODEL, loss_fn=fn, targets=targets)
+    graph = capture_builtin(MODEL, batch=batch)
     plans: dict[str, object] = {"hetpipe": partition_graph(graph, cluster, global_batch=global_batch)}
     m = plans["hetpipe"].training.microbatches
     problem = build_problem(graph, cluster, microbatches=m)

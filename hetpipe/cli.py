@@ -96,15 +96,15 @@ def load_model(spec: str, *, batch: int | None, seq: int | None) -> tuple[Any, A
 
 
 def _capture(args: argparse.Namespace) -> Any:
+    from hetpipe.partitioner.api import capture_builtin
     from hetpipe.partitioner.capture import capture
 
-    from hetpipe import models
-
-    model, inputs, name = load_model(args.model, batch=args.batch, seq=args.seq)
     gran: str | int = int(args.granularity) if str(args.granularity).isdigit() else args.granularity
-    fn, targets = models.training_loss(args.model, inputs) if ":" not in args.model else (None, None)
-    return capture(model, inputs, name=name, granularity=gran, optimizer=args.optimizer, precision=args.precision,
-                   loss_fn=fn, targets=targets)
+    if ":" not in args.model:  # built-in: its loss is known and costed
+        return capture_builtin(args.model, batch=args.batch, seq=args.seq, optimizer=args.optimizer,
+                               precision=args.precision, granularity=gran)
+    model, inputs, name = load_model(args.model, batch=args.batch, seq=args.seq)
+    return capture(model, inputs, name=name, granularity=gran, optimizer=args.optimizer, precision=args.precision)
 
 
 def cmd_models(args: argparse.Namespace, console: Console) -> int:

@@ -35,13 +35,9 @@ def bundled_cluster(name: str) -> Path:
 
 
 def _graph(model_name: str, *, batch: int, seq: int, precision: str) -> "UnitGraph":  # noqa: F821
-    from hetpipe.models import build, training_loss
-    from hetpipe.partitioner.capture import capture
+    from hetpipe.partitioner.api import capture_builtin
 
-    model, inputs = build(model_name, device="meta", batch=batch, seq=seq)
-    fn, targets = training_loss(model_name, inputs)
-    return capture(model, inputs, name=model_name, optimizer="adam", precision=precision, loss_fn=fn,
-                   targets=targets)
+    return capture_builtin(model_name, batch=batch, seq=seq, precision=precision)
 
 
 def _plan_graph(graph: "UnitGraph", cluster_file: Path, *, global_batch: int | None) -> Plan:  # noqa: F821

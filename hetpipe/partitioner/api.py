@@ -237,6 +237,24 @@ def microbatches_for(graph: UnitGraph, global_batch: int | None, num_devices: in
     return global_batch, global_batch // mbs
 
 
+def capture_builtin(name: str, *, batch: int | None = None, seq: int | None = None, optimizer: str = "adam",
+                    precision: str = "fp32", granularity: str | int = "block") -> UnitGraph:
+    """Capture a built-in model (`hetpipe.models.list_models`) on meta, its training loss costed on the last unit.
+
+    Example:
+        >>> g = capture_builtin("mlp-tiny", batch=4)
+        >>> g.model_name, g.micro_batch_size
+        ('mlp-tiny', 4)
+    """
+    from hetpipe.models import build, training_loss
+    from hetpipe.partitioner.capture import capture
+
+    model, inputs = build(name, device="meta", batch=batch, seq=seq)
+    fn, targets = training_loss(name, inputs)
+    return capture(model, inputs, name=name, granularity=granularity, optimizer=optimizer, precision=precision,
+                   loss_fn=fn, targets=targets)
+
+
 def partition(
     model: Any,
     cluster: Cluster | str | Path,
