@@ -91,8 +91,11 @@ def load_model(spec: str, *, batch: int | None, seq: int | None) -> tuple[Any, A
     if ":" not in spec:
         model, inputs = models.build(spec, device="meta", batch=batch, seq=seq)
         return model, inputs, spec
-    model, inputs = models.resolve(spec, batch=batch, seq=seq)
-    return model, inputs, spec
+    resolved = models.resolve(spec, device="meta", batch=batch, seq=seq)
+    if resolved.example_inputs is None:
+        raise ConfigError(f"model factory {spec!r} returned no example inputs; return (module, example_inputs) "
+                          "with one micro-batch so hetpipe can trace and cost it")
+    return resolved.model, resolved.example_inputs, spec
 
 
 def _capture(args: argparse.Namespace) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -121,3 +122,19 @@ def test_global_batch_must_be_a_multiple_of_the_micro_batch():
         microbatches_for(graph, 10, 2)
     assert microbatches_for(graph, 12, 2) == (12, 4)
     assert microbatches_for(graph, None, 3) == (18, 6)
+
+
+def test_cli_plans_a_user_factory_and_refuses_one_without_inputs(tmp_path, capsys):
+    from hetpipe import cli
+
+    root = Path(__file__).resolve().parents[1]
+    cluster = str(root / "examples" / "clusters" / "homelab.yaml")
+    out = tmp_path / "plan.json"
+    assert cli.main(["plan", "tests.factory_models:stack_of_linears", "--cluster", cluster, "-o", str(out)]) == 0
+    plan = Plan.load(out)
+    assert plan.model.name == "tests.factory_models:stack_of_linears" and plan.training.micro_batch_size == 2
+    assert check_plan(plan).ok
+    capsys.readouterr()
+    assert cli.main(["plan", "tests.factory_models:module_only", "--cluster", cluster, "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: model factory") and "example inputs" in err[0]
