@@ -84,6 +84,17 @@ def _error(err: str) -> str:
     return text
 
 
+def _assert_stretched_to_plan(rep: RunReport, plan: Plan) -> None:
+    """Every stage was stretched to its prediction (unless it overran, which the report counts) and fit."""
+    for st, planned in zip(rep.stages, plan.stages):
+        assert st.device == planned.device and st.calibration_fwd_s > 0
+        if st.overruns_fwd == 0:
+            assert st.fwd_emulated_s == pytest.approx(planned.fwd_s, rel=0.10)
+        if st.overruns_bwd == 0:
+            assert st.bwd_emulated_s == pytest.approx(planned.bwd_s, rel=0.10)
+        assert 0 < st.peak_bytes <= st.usable_bytes
+
+
 def _common(plan: Path, run_dir: Path) -> list[str]:
     return [str(plan), "--model", MODEL, "--seq", str(SEQ), "--timeout", "30", "--run-dir", str(run_dir)]
 
@@ -102,14 +113,8 @@ def test_emulated_run_writes_a_report_that_matches_the_plan(plan_path, tmp_path,
     assert rep.steps == EMULATED_STEPS and len(rep.losses) == EMULATED_STEPS and all(math.isfinite(x) for x in rep.losses)
     assert rep.emulate and rep.schedule == "1f1b" and rep.world_size == 3 and rep.time_scale > 0
     assert rep.predicted_iteration_s == plan.predicted.iteration_s
-    # Every stage was stretched to its prediction (unless it overran, which the report counts).
-    for st, planned in zip(rep.stages, plan.stages):
-        assert st.device == planned.device and st.calibration_fwd_s > 0
-        if st.overruns_fwd == 0:
-            assert st.fwd_emulated_s == pytest.approx(planned.fwd_s, rel=0.10)
-        if st.overruns_bwd == 0:
-            assert st.bwd_emulated_s == pytest.approx(planned.bwd_s, rel=0.10)
-        assert 0 < st.peak_bytes <= st.usable_bytes
+    _assert_stretched_to_plan(rep, plan)
+    for st in rep.stages:
         assert st.peak_breakdown["params"] > 0 and st.peak_breakdown["activations"] > 0
     assert rep.measured_emulated_iteration_s == pytest.approx(rep.simulated_iteration_s, rel=TOLERANCE_VS_SIMULATED), \
         (f"time scale {rep.time_scale:.4g}, overruns {rep.overruns}, late messages {rep.late_messages}, real step "
@@ -281,13 +286,7 @@ def test_emulated_replica_run_matches_the_simulated_iteration(replica_plan_path,
     rep = RunReport.load(report_path)
     assert rep.emulate and rep.world_size == 3 and rep.time_scale > 0 and len(rep.losses) == EMULATED_STEPS
     assert rep.predicted_iteration_s == plan.predicted.iteration_s
-    for st, planned in zip(rep.stages, plan.stages):
-        assert st.device == planned.device and st.calibration_fwd_s > 0
-        if st.overruns_fwd == 0:
-            assert st.fwd_emulated_s == pytest.approx(planned.fwd_s, rel=0.10)
-        if st.overruns_bwd == 0:
-            assert st.bwd_emulated_s == pytest.approx(planned.bwd_s, rel=0.10)
-        assert 0 < st.peak_bytes <= st.usable_bytes
+    _assert_stretched_to_plan(rep, plan)
     # The emulated sync is what separates this from the slowest replica alone: without it the step would be
     # compute_s, far outside the tolerance (sync_s / compute_s > 0.3 above).
     assert rep.measured_emulated_iteration_s == pytest.approx(rep.simulated_iteration_s, rel=TOLERANCE_VS_SIMULATED), \
