@@ -73,14 +73,12 @@ def _policy(plan) -> str:
 
 def run_scenario(sc: Scenario, *, time_limit_s: float) -> list[object]:
     from hetpipe.cost_models.cluster import load_cluster
-    from hetpipe.models import build
-    from hetpipe.partitioner.capture import capture
+    from hetpipe.partitioner.api import capture_builtin
     from hetpipe.partitioner.replica_plan import build_replica_problem, partition_replicas
     from hetpipe.partitioner.replicas import solve_replicas_exact
 
     cluster = load_cluster(ROOT / "examples" / "clusters" / sc.cluster)
-    model, inputs = build(sc.model, device="meta", batch=sc.batch, seq=sc.seq)
-    graph = capture(model, inputs, name=sc.model, optimizer="adam", precision="bf16-mixed")
+    graph = capture_builtin(sc.model, batch=sc.batch, seq=sc.seq, precision="bf16-mixed")
     gb = 2 * sc.batch * len(cluster.devices)
     start = time.perf_counter()
     sync = partition_replicas(graph, cluster, global_batch=gb, policy="synchronous", time_limit_s=time_limit_s)
