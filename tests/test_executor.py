@@ -317,8 +317,9 @@ def test_a_hung_peer_times_out_with_the_action_and_peer_named(tmp_path):
     outcomes = run_world(_fault_worker, world_size=2, args=(1, 2, True, timeout_s), timeout_s=WORLD_TIMEOUT_S,
                          out_dir=tmp_path, wait_for=[0])
     zero = outcomes[0]
-    assert zero.error == ("rank 0 (stage 0) timed out after 3.0 s waiting on 0RECV_B0 from rank 1; is rank 1 "
-                          "alive? (if it is only slow, raise timeout_s)"), zero.error
+    # On gloo a RECV of the built-in 1F1B first waits for the rank's earlier sends (wait_sends_at_recv).
+    assert zero.error == ("rank 0 (stage 0) timed out after 3.0 s waiting on 0SEND_F1 to be received by rank 1 "
+                          "before 0RECV_B0; is rank 1 alive? (if it is only slow, raise timeout_s)"), zero.error
     assert timeout_s <= zero.error_at_s < timeout_s + 10.0
 
 
@@ -390,6 +391,21 @@ def test_hooks_see_every_action_and_the_memory_categories():
     activations = [h["activations"] for h in hooks.held]
     assert activations[MICROBATCHES - 1] == max(activations) > 0  # GPipe holds every micro-batch after the forwards
     assert activations[-1] == 0 and hooks.held[-1]["optimizer"] > 0  # SGD momentum buffers after the step
+
+
+@pytest.mark.parametrize("name", ["skip-gpipe", "gpt-1f1b"])
+def test_saved_bytes_measured_on_the_first_step_equal_measuring_every_step(name):
+    """After step 1 the executor drops saved_tensors_hooks and reuses each micro-batch's measured bytes;
+    the held-bytes trace of every later action must equal the exact, every-step accounting."""
+    traces = {}
+    for every in (True, False):
+        hooks = _Recorder()
+        _, ex = _single(CASES[name], hooks=hooks, track_saved_every_step=every)
+        for step in range(3):
+            x, y = _batch(CASES[name], step)
+            stats = ex.step(_split(x), _split(y))
+        traces[every] = ([h["activations"] for h in hooks.held], stats.memory.peak_activation_bytes)
+    assert traces[True] == traces[False] and traces[True][1] > 0
 
 
 def test_bad_inputs_are_named_before_anything_runs():

@@ -30,6 +30,24 @@ def test_generated_schedules_are_valid(p, m, name):
         assert sum(a.op is Op.F for a in actions) == m
 
 
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(1, 8), m=st.integers(1, 24), name=st.sampled_from(["gpipe", "1f1b"]))
+def test_generated_schedules_survive_sends_that_wait_for_their_receiver(p, m, name):
+    """The executor's gloo mode (each RECV first waits for the rank's earlier sends) is safe for both."""
+    validate_schedule(make_schedule(name, p, m), num_stages=p, num_microbatches=m, sends_wait_at_recv=True)
+
+
+def test_gpipe_stages_before_a_1f1b_last_stage_deadlock_only_when_sends_wait():
+    """Valid with asynchronous sends, but rank 2 waits at 2RECV_F1 for 2SEND_B0 to be received while
+    rank 1 (GPipe) waits at 1RECV_F3 for 1SEND_F2, which rank 2 has not reached: the executor must not
+    turn the mode on for a mix, which is why it agrees on the schedule across ranks first."""
+    sched = gpipe(3, 4)
+    sched[2] = one_f_one_b(3, 4)[2]
+    validate_schedule(sched, num_stages=3, num_microbatches=4)
+    with pytest.raises(ScheduleError, match=r"deadlock when each RECV waits.*1RECV_F3.*2RECV_F1"):
+        validate_schedule(sched, num_stages=3, num_microbatches=4, sends_wait_at_recv=True)
+
+
 def test_swapped_backward_before_forward_is_rejected_with_rank():
     sched = one_f_one_b(2, 2)
     acts = sched[1]

@@ -269,6 +269,7 @@ class StageComm:
         self.gloo = distributed and dist.get_backend() == "gloo"
         self.header_device = stage.device if distributed and not self.gloo else torch.device("cpu")
         self._send_delay_s, self._on_bytes, self._on_arrived = send_delay_s, on_comm_bytes, on_arrived
+        self.wait_sends_at_recv = False  # set by the executor (see its ``wait_sends_at_recv``)
         self.reset()
 
     def reset(self) -> None:
@@ -337,6 +338,8 @@ class StageComm:
     def recv(self, action: Action) -> list[torch.Tensor]:
         """Wait for a RECV action's message, check its header, honour the emulated arrival time."""
         self.post_recv(action)
+        if self.wait_sends_at_recv:
+            self.wait_sends(before=action)
         p = self.recvs.pop(action)
         self.wait(p.works[0], f"{action} from rank {p.peer}", f"is rank {p.peer} alive?")
         header, tensors = unpack_frame(p.frame, p.specs)
@@ -386,11 +389,12 @@ class StageComm:
         if kind == KIND_GRAD:
             self._on_bytes(action, num_bytes)
 
-    def wait_sends(self) -> None:
-        """Wait until every posted send was received (bounded per message)."""
+    def wait_sends(self, before: Action | None = None) -> None:
+        """Wait until every posted send was received (bounded per message); ``before``: the RECV waiting."""
+        at = f" before {before}" if before is not None else ""
         for p in self.sends:
             for work in p.works:
-                self.wait(work, f"{p.action} to be received by rank {p.peer}", f"is rank {p.peer} alive?")
+                self.wait(work, f"{p.action} to be received by rank {p.peer}{at}", f"is rank {p.peer} alive?")
             self._on_bytes(p.action, None)
         self.sends.clear()
 

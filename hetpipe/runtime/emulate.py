@@ -347,6 +347,8 @@ class EmulationHooks(RecordingHooks):
         origin: how the time scale was chosen (kept for the run report).
     """
 
+    exact_memory = True  # the limit is enforced on what the stage really holds, every step
+
     def __init__(self, *, rank: int, stage: int, device_label: str, usable_bytes: int, predicted: StageTiming,
                  links: Mapping[int, tuple[float, float]], time_scale: float,
                  origin: TimeScale | None = None) -> None:

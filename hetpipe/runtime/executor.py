@@ -11,10 +11,18 @@
   gradients (on the scaled loss on the last stage); gradients accumulate in the
   parameters over micro-batches; the gradients of the received inputs are kept
   for ``SEND_B``.
-* ``SEND_*`` post ``isend``s; ``RECV_*`` wait for ``irecv``s that were posted up
-  to ``prefetch_depth`` receives ahead, so transfers overlap compute.  On gloo
-  any receive may be posted early; on other backends (NCCL matches P2P in issue
-  order per pair) a receive is never posted ahead of a send to the same peer.
+* ``SEND_*`` post ``isend``s; ``RECV_*`` wait for ``irecv``s posted up to
+  ``prefetch_depth`` receives ahead, so transfers overlap compute (on NCCL, which
+  matches P2P in issue order per pair, never ahead of a send to the same peer).
+  On gloo the stages' compute and gloo's I/O threads share the CPU cores, and
+  two defaults follow measurements (benchmarks/runtime_vs_torch.py, 2-core VM):
+  receives are posted at their own action while every local rank has a core of
+  its own (posting early cost 15-40% there: the I/O thread that completes an
+  early receive must preempt a busy stage), and `PREFETCH_DEPTH` ahead when ranks
+  outnumber cores (ranks then block often and data should flow meanwhile); and,
+  for the built-in GPipe/1F1B lists, a RECV first waits for this rank's earlier
+  sends (``wait_sends_at_recv``; 3-8% faster, and deadlock-free for those lists:
+  `validate_schedule` ``sends_wait_at_recv=True``).
 * ``STEP``: wait for outstanding sends, sum tied-parameter gradients between the
   stages holding a replica (one process group per tied parameter), clip by the
   global gradient norm across all stages (all-reduce of squared norms, torch's
@@ -50,7 +58,9 @@ Example (one stage: no process group needed):
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -63,7 +73,7 @@ from hetpipe.errors import RuntimeFailure
 from hetpipe.runtime import comm
 from hetpipe.runtime.actions import Action, Op
 from hetpipe.runtime.held import MEMORY_CATEGORIES, HeldBytes, grad_bytes, optimizer_bytes, storage_key
-from hetpipe.runtime.schedule import check_actions
+from hetpipe.runtime.schedule import check_actions, make_schedule
 from hetpipe.runtime.stage import StageModule, TensorSpec
 
 log = logging.getLogger(__name__)
@@ -71,6 +81,7 @@ log = logging.getLogger(__name__)
 _RECVS = (Op.RECV_F, Op.RECV_B)
 _SENDS = (Op.SEND_F, Op.SEND_B)
 _CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s epsilon, so clipping matches it
+PREFETCH_DEPTH = 3  # receives posted ahead off gloo (the next one and two more: covers a 1F1B F-B-F window)
 
 
 class ActionHooks:
@@ -85,6 +96,8 @@ class ActionHooks:
         >>> ActionHooks().send_delay_s(0, 1024)
         0.0
     """
+
+    exact_memory = False  # True: account autograd's saved tensors on every step (an emulated memory limit)
 
     def before(self, action: Action) -> None:
         """Called right before ``action`` runs."""
@@ -181,7 +194,8 @@ class PipelineExecutor:
         hooks: `ActionHooks` for emulation / instrumentation.
         loss_reduction: "mean" (average over micro-batches) or "sum".
         broadcast_loss: give every rank the loss (one broadcast per step).
-        prefetch_depth: how many receives beyond the next one may be posted early.
+        prefetch_depth: how many receives may be posted before their action (None: see the module
+            docstring: on gloo 0 unless local ranks outnumber cores, else `PREFETCH_DEPTH`).
         stage_ranks: global rank of each stage (default: rank r runs stage r).
         sync_cuda_timing: synchronise CUDA after F/B so their timings are real.
         group: process group of exactly ``stage_ranks`` for the gradient-norm all-reduce and
@@ -191,6 +205,13 @@ class PipelineExecutor:
             see `hetpipe.runtime.replicas`).
         grad_sync: called in ``STEP`` after the sends completed and before the tied-parameter
             all-reduce (data-parallel gradient sync between replicas).
+        track_saved_every_step: account the tensors autograd saves with ``saved_tensors_hooks``
+            on every step (exact for data-dependent shapes; the default when ``hooks`` emulate a
+            memory limit, i.e. ``hooks.exact_memory``) rather than on the first step only.  A stage's shapes are fixed by its
+            cut specs (checked on every micro-batch), so each micro-batch saves the same bytes
+            every step; skipping the hooks afterwards saves about 0.8 ms per step on the benchmark.
+        wait_sends_at_recv: at each RECV, after posting it, wait until this rank's earlier sends
+            were received (None: on gloo, for the built-in GPipe/1F1B action lists only).
     """
 
     def __init__(self, stage_module: StageModule, *, rank: int, num_stages: int,
@@ -198,16 +219,18 @@ class PipelineExecutor:
                  optimizer: torch.optim.Optimizer, microbatches: int, cut_specs: Sequence[Any] | None = None,
                  timeout_s: float = 300.0, grad_clip_norm: float | None = None, lr_scheduler: Any = None,
                  hooks: ActionHooks | None = None, loss_reduction: str = "mean", broadcast_loss: bool = False,
-                 prefetch_depth: int = 2, stage_ranks: Sequence[int] | None = None,
+                 prefetch_depth: int | None = None, stage_ranks: Sequence[int] | None = None,
                  sync_cuda_timing: bool = True, group: Any = None,
                  tied_group: Callable[[Sequence[int]], Any] | None = None,
-                 grad_sync: Callable[[], None] | None = None) -> None:
+                 grad_sync: Callable[[], None] | None = None, track_saved_every_step: bool | None = None,
+                 wait_sends_at_recv: bool | None = None) -> None:
         self.stage = stage_module
         self.rank, self.num_stages, self.microbatches = rank, num_stages, microbatches
         self.loss_fn, self.optimizer, self.lr_scheduler = loss_fn, optimizer, lr_scheduler
         self.timeout_s, self.grad_clip_norm, self.broadcast_loss = float(timeout_s), grad_clip_norm, broadcast_loss
         self.hooks = hooks or ActionHooks()
-        self.prefetch_depth = max(0, int(prefetch_depth))
+        self._track_every_arg = track_saved_every_step
+        self._saved_bytes: dict[int, int] = {}  # micro-batch -> activation bytes its forward added (first step)
         self.stage_ranks = tuple(stage_ranks) if stage_ranks is not None else tuple(range(num_stages))
         self._group, self._tied_group_fn, self._grad_sync = group, tied_group, grad_sync
         self._where = f"rank {rank} (stage {stage_module.stage})"
@@ -229,6 +252,9 @@ class PipelineExecutor:
                                    send_delay_s=self.hooks.send_delay_s, on_comm_bytes=self._memory.set_comm,
                                    on_arrived=self.hooks.arrived)
         self._tied = self._make_tied_groups()
+        self.prefetch_depth = max(0, int(self._default_prefetch() if prefetch_depth is None else prefetch_depth))
+        self.comm.wait_sends_at_recv = (self.comm.gloo and num_stages > 1 and self._agreed_builtin_schedule()
+                                        if wait_sends_at_recv is None else bool(wait_sends_at_recv))
         self._prefetch_at = self._prefetch_plan()
         self._names = tuple(str(a) for a in self.actions)
         if num_stages > 1:
@@ -290,6 +316,8 @@ class PipelineExecutor:
         self._memory.totals["grads"] = 0
         self._state = _StepState()
         self.comm.reset()
+        explicit = self._track_every_arg
+        self._track_every = bool(self.hooks.exact_memory) if explicit is None else bool(explicit)
         handlers = {Op.F: self._forward, Op.B: self._backward, Op.SEND_F: self._send, Op.SEND_B: self._send,
                     Op.RECV_F: self._recv, Op.RECV_B: self._recv, Op.STEP: self._optimizer_step}
         hooks, clock, memory = self.hooks, time.perf_counter, self._memory
@@ -331,8 +359,30 @@ class PipelineExecutor:
         for action in self._prefetch_at[index]:
             self.comm.post_recv(action)
 
+    def _default_prefetch(self) -> int:
+        """`PREFETCH_DEPTH`, or 0 on gloo while every local rank has a CPU core (module docstring)."""
+        if not self.comm.gloo:
+            return PREFETCH_DEPTH
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+        return PREFETCH_DEPTH if local_ranks > len(os.sched_getaffinity(0)) else 0
+
+    def _agreed_builtin_schedule(self) -> bool:
+        """Does every stage run the same built-in list, GPipe's or 1F1B's (one all-reduce)?
+
+        Those are deadlock-free with ``wait_sends_at_recv`` (tests check `validate_schedule`
+        ``sends_wait_at_recv=True`` for them); a mix of them is not (GPipe stages before a
+        1F1B last stage deadlock), so one rank's list alone does not decide.
+        """
+        p, m, s = self.num_stages, self.microbatches, self.stage.stage
+        code = next((i + 1 for i, name in enumerate(("gpipe", "1f1b"))
+                     if list(self.actions) == make_schedule(name, p, m)[s]), 0)
+        extremes = torch.tensor([code, -code], dtype=torch.int64)  # max of both: (max code, -min code)
+        work = dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+        self._collective(work, "the start-up schedule agreement", self.stage_ranks)
+        return code > 0 and int(extremes[0]) == code == -int(extremes[1])
+
     def _prefetch_plan(self) -> tuple[tuple[Action, ...], ...]:
-        """Per action index: the next receive and up to ``prefetch_depth`` more, in order.
+        """Per action index: the next ``prefetch_depth`` receives, in order (none: each posts itself).
 
         Off gloo (NCCL matches point-to-point operations in issue order per peer), a
         receive is never posted ahead of a send to the same peer.  The list depends only
@@ -345,7 +395,7 @@ class PipelineExecutor:
                 if a.op in _SENDS:
                     blocked.add(self.comm.peer(a))
                 elif a.op in _RECVS:
-                    if found > self.prefetch_depth:
+                    if found >= self.prefetch_depth:
                         break
                     found += 1
                     if self.comm.gloo or self.comm.peer(a) not in blocked:
@@ -389,13 +439,14 @@ class PipelineExecutor:
     def _forward(self, action: Action) -> None:
         mb, st = action.microbatch, self._state
         args = self._forward_args(mb)
+        track = self._track_every or mb not in self._saved_bytes
         saved: list[torch.Tensor] = []
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             saved.append(t)
             return t
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, _identity):
+        with torch.autograd.graph.saved_tensors_hooks(pack, _identity) if track else contextlib.nullcontext():
             out = self.stage(*args)
             if self.stage.is_last:
                 loss = self.loss_fn(out, self._targets[mb])
@@ -410,7 +461,10 @@ class PipelineExecutor:
             outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
             st.outputs[mb] = outs
         st.inputs[mb] = args
-        self._memory.add(mb, [*saved, *args, *outs])
+        if track:
+            self._saved_bytes[mb] = self._memory.add(mb, [*saved, *args, *outs])
+        else:  # same shapes as when it was measured (checked against the cut specs): same bytes
+            self._memory.add_known(mb, self._saved_bytes[mb])
 
     def _backward(self, action: Action) -> None:
         mb, st = action.microbatch, self._state

@@ -11,12 +11,14 @@ Example:
     >>> w = torch.zeros(4)
     >>> held = HeldBytes({w.untyped_storage().data_ptr()})
     >>> act = torch.ones(8)
-    >>> held.add(0, [act, act[:2], w])   # a view and a parameter add nothing more
-    >>> held.observe()["activations"]
+    >>> held.add(0, [act, act[:2], w])   # bytes added: a view and a parameter add nothing more
     32
-    >>> held.release(0)
+    >>> held.add_known(1, 32)            # micro-batch 1 holds what micro-batch 0 did
+    >>> held.observe()["activations"]
+    64
+    >>> held.release(0); held.release(1)
     >>> held.totals["activations"], held.peaks["activations"]
-    (0, 32)
+    (0, 64)
 """
 
 from __future__ import annotations
@@ -50,15 +52,31 @@ class HeldBytes:
     peaks: dict[str, int] = field(default_factory=lambda: {"activations": 0, "comm": 0, "total": 0})
     _owner: dict[int, int] = field(default_factory=dict, repr=False)  # storage ptr -> micro-batch holding it
 
-    def add(self, mb: int, tensors: Sequence[torch.Tensor]) -> None:
-        """Count the storages of ``tensors`` as micro-batch ``mb``'s activations (each storage once)."""
-        held = self.saved.setdefault(mb, {})
+    def add(self, mb: int, tensors: Sequence[torch.Tensor]) -> int:
+        """Count the storages of ``tensors`` as micro-batch ``mb``'s activations (each storage once).
+
+        Returns the bytes this call added.
+        """
+        held, added = self.saved.setdefault(mb, {}), 0
         for t in tensors:
             key = storage_key(t) if isinstance(t, torch.Tensor) else None
             if key and key[0] not in self.static_ptrs and key[0] not in self._owner:
                 held[key[0]] = key[1]
                 self._owner[key[0]] = mb
-                self.totals["activations"] += key[1]
+                added += key[1]
+        self.totals["activations"] += added
+        return added
+
+    def add_known(self, mb: int, num_bytes: int) -> None:
+        """Count ``num_bytes`` as micro-batch ``mb``'s activations without looking at storages.
+
+        For a micro-batch whose forward is known to hold what an earlier, identical one
+        held (``add``'s return value); released by `release` like the rest.
+        """
+        held = self.saved.setdefault(mb, {})
+        key = -1 - len(held)  # never a real data pointer
+        held[key] = num_bytes
+        self.totals["activations"] += num_bytes
 
     def release(self, mb: int) -> None:
         """Micro-batch ``mb``'s backward is done: its activations are freed."""

@@ -61,6 +61,10 @@ class SwitchHooks(ActionHooks):
     def __init__(self, inner: ActionHooks) -> None:
         self.inner = inner
 
+    @property  # type: ignore[override]
+    def exact_memory(self) -> bool:
+        return bool(self.inner.exact_memory)
+
     def before(self, action: Any) -> None:
         self.inner.before(action)
 

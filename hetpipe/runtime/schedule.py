@@ -322,6 +322,51 @@ def _abstract_run(schedule: Schedule) -> tuple[dict[int, int], dict[int, list[tu
     return done, slots
 
 
+def _send_key(rank: int, a: Action) -> tuple[Op, int, int | None]:
+    """The (recv op, receiving rank, micro-batch) a SEND action of ``rank`` is received as."""
+    return _RECV_OF_SEND[a.op], rank + 1 if a.op is Op.SEND_F else rank - 1, a.microbatch
+
+
+def _rendezvous_run(schedule: Schedule) -> dict[int, int]:
+    """Steps completed per rank when, at each RECV, a rank first waits for its own earlier sends.
+
+    The executor's gloo mode (`PipelineExecutor` ``wait_sends_at_recv``): a rank posts
+    the receive of a RECV action when it reaches it, then waits until every SEND it
+    issued before was received -- a send completes once the peer has *reached* (posted)
+    the matching RECV -- and then for the message itself.  A rank that did not finish
+    is blocked.
+    """
+    sent: set[tuple[Op, int, int | None]] = set()
+    posted: set[tuple[Op, int, int | None]] = set()
+    pending: dict[int, list[tuple[Op, int, int | None]]] = {r: [] for r in schedule}  # sends not yet received
+    done = {r: 0 for r in schedule}
+    ready, parked = deque(sorted(schedule)), set()
+    while ready:
+        rank = ready.popleft()
+        actions, i = schedule[rank], done[rank]
+        while i < len(actions):
+            a = actions[i]
+            if a.op is Op.RECV_F or a.op is Op.RECV_B:
+                key = (a.op, rank, a.microbatch)
+                if key not in posted:
+                    posted.add(key)
+                    ready.extend(sorted(parked))  # a blocked sender may now complete
+                    parked.clear()
+                pending[rank] = [k for k in pending[rank] if k not in posted]
+                if pending[rank] or key not in sent:
+                    parked.add(rank)
+                    break
+            elif a.op is Op.SEND_F or a.op is Op.SEND_B:
+                key = _send_key(rank, a)
+                sent.add(key)
+                pending[rank].append(key)
+                ready.extend(sorted(parked))  # a blocked receiver may now run
+                parked.clear()
+            i += 1
+        done[rank] = i
+    return done
+
+
 def _deadlock_problems(schedule: Schedule, done: dict[int, int]) -> list[str]:
     blocked = {r: done[r] for r in sorted(schedule) if done[r] < len(schedule[r])}
     problems = []
@@ -338,13 +383,16 @@ def _deadlock_problems(schedule: Schedule, done: dict[int, int]) -> list[str]:
     return problems
 
 
-def validate_schedule(schedule: Schedule, *, num_stages: int, num_microbatches: int) -> None:
+def validate_schedule(schedule: Schedule, *, num_stages: int, num_microbatches: int,
+                      sends_wait_at_recv: bool = False) -> None:
     """Raise `ScheduleError` unless `schedule` is a complete, ordered, deadlock-free p-stage schedule.
 
     Checks, in order: ranks 0..p-1 present; each action on its rank's stage with
     a valid op and micro-batch; every required (op, mb) exactly once and STEP
     last; RECV_F < F < SEND_F, RECV_B < B < SEND_B and F < B per micro-batch;
-    the same message order on both ends of every FIFO link; no deadlock.
+    the same message order on both ends of every FIFO link; no deadlock.  With
+    ``sends_wait_at_recv`` also no deadlock when each RECV first waits for the
+    rank's earlier sends to be received (`_rendezvous_run`).
 
     Example:
         >>> bad = {0: [Action(0, Op.F, 0), Action(0, Op.B, 0)]}
@@ -362,6 +410,13 @@ def validate_schedule(schedule: Schedule, *, num_stages: int, num_microbatches: 
     _raise_if(_check_link_order(schedule, num_stages))
     done, _ = _abstract_run(schedule)
     _raise_if(_deadlock_problems(schedule, done))
+    if sends_wait_at_recv:
+        done = _rendezvous_run(schedule)
+        stuck = [f"{_at(r, done[r], schedule[r][done[r]])}" for r in sorted(schedule) if done[r] < len(schedule[r])]
+        if stuck:
+            raise ScheduleError("invalid schedule: deadlock when each RECV waits for the rank's earlier sends to be "
+                                f"received: blocked at {', '.join(stuck)}; fix: run it with "
+                                "wait_sends_at_recv=False, or post every SEND's peer RECV before it is awaited")
 
 
 def check_actions(actions: Sequence[Action], *, stage: int, num_stages: int, num_microbatches: int) -> None:
