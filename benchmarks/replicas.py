@@ -15,9 +15,10 @@ all under the same cost model, memory check and sync model (`hetpipe.cost_models
 The replica search's gap is stated against the exact reference where that is tractable
 (home lab) and against the work lower bound otherwise.
 
-Emulated-measured half (`benchmarks/replicas_emulated.py`): (a), (b) and (c) planned for a
-cluster small enough to run on this CPU box and run with ``hetpipe run --emulate``; the
-measured samples per emulated second sit next to the predicted ones.
+Emulated-measured half (`benchmarks/replicas_emulated.py`): (a), (b) and (c), with (c) also with
+its sync after backward, planned for the home lab and the community cluster scaled down so that
+this CPU box runs them with ``hetpipe run --emulate``; the measured samples per emulated second sit
+next to the predicted and simulated ones.
 
 Writes benchmarks/results/replicas.md (``--emulated-only`` keeps its predicted tables and
 replaces only the emulated section).

@@ -1,20 +1,31 @@
 """Issue #6, acceptance 3 (emulated half): DDP with equal batches vs one pipeline vs mixed replicas, run.
 
-On ``examples/clusters/homelab-mini.yaml`` (the home lab scaled down for ``gpt-demo``: a mini
-RTX 3090 and 4090 on one node, a mini RTX 3060 with a quarter of their usable memory on
-another over 1 GbE; figures and their derivation in the file's header), for ``gpt-demo`` at
-micro-batch 1 and a global batch of 12 (Adam, fp32), three plans over the same tables:
+Two clusters scaled down for ``gpt-demo`` (fp32, Adam, micro-batch 1) so that a CPU box can run
+every plan with every card emulated (figures and their derivation in each file's header):
 
-* (a) DDP with equal batches: each card a single-stage replica with 12 / 3 = 4
-  micro-batches, synchronous gradient sync of the whole model every step;
+* ``examples/clusters/homelab-mini.yaml``: a mini RTX 3090 and 4090 on one node, a mini RTX
+  3060 with a quarter of their usable memory on another over 1 GbE; global batch 12;
+* ``examples/clusters/community-16-mini.yaml``: the 16 cards of six homes joined over the
+  internet (100-500 Mbit/s, 20-60 ms), six of them able to hold the whole model; global batch 32.
+
+For each, the same tables give
+
+* (a) DDP with equal batches: each card a single-stage replica with M / n micro-batches,
+  synchronous gradient sync of the whole model every step;
 * (b) the best single pipeline (`partition_graph`);
-* (c) hetpipe's mixed replicas (`partition_replicas`, synchronous sync).
+* (c) hetpipe's mixed replicas (`partition_replicas`, synchronous sync), whose gradient
+  all-reduces run in buckets launched during the last backward (the default), and the same
+  plan with ``--no-sync-overlap`` (all buckets after backward, as T charges them).
+
+Buckets: `MINI_BUCKET_CAP_BYTES`, two gpt-demo blocks of fp32 gradients, the share of the
+model that DDP's 25 MiB default is of GPT-2 small in bf16 (about two of its blocks).
 
 Each runs under ``hetpipe run --emulate`` (every rank a CPU process emulating its card:
 compute stretched to the plan's time, links and the replica sync delayed to theirs, memory
 accounted against the card).  Measured = median emulated step over steps 1..N-1 (step 0 is
-warm-up); throughput = global batch / iteration in samples per emulated second.  A plan the
-planner flags as not fitting is still run, to show its emulated out-of-memory.
+warm-up); throughput = global batch / iteration in samples per emulated second; simulated =
+the simulator's replay of the same plan and schedule (with the sync overlapped as the run
+does).  A plan the planner flags as not fitting is still run, to show its emulated OOM.
 
 Example:
     $ python benchmarks/replicas.py --emulated-only --steps 5
@@ -29,9 +40,18 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-CLUSTER = ROOT / "examples" / "clusters" / "homelab-mini.yaml"
-MODEL, MICRO_BATCH, GLOBAL_BATCH = "gpt-demo", 1, 12
+MODEL, MICRO_BATCH = "gpt-demo", 1
+MINI_BUCKET_CAP_BYTES = 2 * 198_272 * 4  # two gpt-demo blocks (198,272 parameters each) of fp32 gradients
 MARKER = "### Emulated-measured"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    cluster: str  # file under examples/clusters
+    global_batch: int
+
+
+SCENARIOS = (Scenario("homelab-mini.yaml", 12), Scenario("community-16-mini.yaml", 32))
 
 log = logging.getLogger("benchmarks.replicas_emulated")
 
@@ -49,14 +69,14 @@ class EmulatedOutcome:
     error: str  # first error line, "" when it ran
 
 
-def _ddp_equal_plan(graph: Any, cluster: Any) -> Any:
+def _ddp_equal_plan(graph: Any, cluster: Any, global_batch: int) -> Any:
     """(a) as a runnable replica plan: one single-stage replica per card, equal micro-batches."""
     from hetpipe.cost_models.sync import choose_policy
     from hetpipe.partitioner.problem import Stage, evaluate
     from hetpipe.partitioner.replica_plan import assemble_replica_plan, build_replica_problem
     from hetpipe.partitioner.replicas import Replica, ReplicaSolution, evaluate_sync, replica_problem
 
-    rp = build_replica_problem(graph, cluster, global_batch=GLOBAL_BATCH)
+    rp = build_replica_problem(graph, cluster, global_batch=global_batch, bucket_cap_bytes=MINI_BUCKET_CAP_BYTES)
     n, whole = len(rp.base.devices), rp.base.num_units - 1
     m = rp.base.microbatches // n
     reps = tuple(Replica((Stage(d, 0, whole),), m, evaluate(replica_problem(rp.base, m), (Stage(d, 0, whole),))
@@ -66,21 +86,23 @@ def _ddp_equal_plan(graph: Any, cluster: Any) -> Any:
     pol = choose_policy(compute_s=compute_s, sync_s=sync_s, policy="synchronous")
     sol = ReplicaSolution(reps, sync, pol, compute_s, sync_s, compute_s + pol.amortised_s, "ddp-equal", "BASELINE",
                           0.0, 0.0, ())
-    return assemble_replica_plan(graph, cluster, rp=rp, sol=sol, global_batch=GLOBAL_BATCH)
+    return assemble_replica_plan(graph, cluster, rp=rp, sol=sol, global_batch=global_batch)
 
 
-def emulated_plans() -> dict[str, Any]:
-    """(a), (b) and (c) for `MODEL` on `CLUSTER`, in that order."""
+def emulated_plans(sc: Scenario) -> dict[str, tuple[Any, bool]]:
+    """(a), (b), (c) and (c) without overlap for `MODEL` on ``sc``: name -> (plan, sync overlapped)."""
     from hetpipe.cost_models.cluster import load_cluster
     from hetpipe.partitioner.api import capture_builtin, partition_graph
     from hetpipe.partitioner.replica_plan import partition_replicas
 
-    cluster = load_cluster(CLUSTER)
+    cluster = load_cluster(ROOT / "examples" / "clusters" / sc.cluster)
     graph = capture_builtin(MODEL, batch=MICRO_BATCH)
-    return {"(a) DDP, equal batches": _ddp_equal_plan(graph, cluster),
-            "(b) best single pipeline": partition_graph(graph, cluster, global_batch=GLOBAL_BATCH),
-            "(c) hetpipe mixed replicas": partition_replicas(graph, cluster, global_batch=GLOBAL_BATCH,
-                                                             policy="synchronous", time_limit_s=10.0)}
+    replicas = partition_replicas(graph, cluster, global_batch=sc.global_batch, policy="synchronous",
+                                  time_limit_s=10.0, bucket_cap_bytes=MINI_BUCKET_CAP_BYTES)
+    return {"(a) DDP, equal batches": (_ddp_equal_plan(graph, cluster, sc.global_batch), True),
+            "(b) best single pipeline": (partition_graph(graph, cluster, global_batch=sc.global_batch), True),
+            "(c) hetpipe mixed replicas": (replicas, True),
+            "(c) same, sync after backward": (replicas, False)}
 
 
 def layout(plan: Any) -> str:
@@ -97,15 +119,17 @@ def _fits(plan: Any) -> bool:
     return not any("memory" in v or "usable" in v for v in check_plan(plan).violations)
 
 
-def run_emulated(name: str, plan: Any, *, steps: int, workdir: Path) -> EmulatedOutcome:
+def run_emulated(name: str, plan: Any, *, overlap: bool, steps: int, workdir: Path) -> EmulatedOutcome:
     """One emulated run of ``plan`` (an emulated OOM or other failure is recorded, not raised)."""
     from hetpipe.errors import RuntimeFailure
     from hetpipe.runtime.report import simulated_iteration_s
     from hetpipe.runtime.trainer import run
 
-    sim = simulated_iteration_s(plan, plan.training.schedule)
+    sim = simulated_iteration_s(plan, plan.training.schedule, overlap_sync=overlap)
+    tag = name[:3].strip("()") + ("" if overlap else "-late")
     try:
-        rep = run(plan, model=MODEL, steps=steps, emulate=True, timeout_s=60.0, run_dir=workdir / name[:3].strip("()"))
+        rep = run(plan, model=MODEL, steps=steps, emulate=True, timeout_s=120.0, run_dir=workdir / tag,
+                  sync_overlap=overlap)
     except RuntimeFailure as err:
         return EmulatedOutcome(name, layout(plan), _fits(plan), plan.predicted.iteration_s, sim, float("nan"), 0.0,
                                0, str(err).split(" (log: ")[0])
@@ -113,33 +137,46 @@ def run_emulated(name: str, plan: Any, *, steps: int, workdir: Path) -> Emulated
                            rep.measured_emulated_iteration_s, rep.time_scale, rep.overruns, "")
 
 
-def emulated_table(outcomes: list[EmulatedOutcome]) -> list[str]:
-    rate = lambda s: GLOBAL_BATCH / s  # noqa: E731 - samples per emulated second
+def emulated_table(outcomes: list[EmulatedOutcome], global_batch: int) -> list[str]:
+    rate = lambda s: global_batch / s  # noqa: E731 - samples per emulated second
     lines = ["| plan | replicas (m_r x [devices]) | fits (planner) | predicted samples/s | simulated samples/s | "
-             "measured samples/s | measured / predicted samples/s | time scale (real s / emu s) | overruns | result |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "measured samples/s | measured / predicted | measured / simulated | time scale (real s / emu s) | "
+             "overruns | result |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for o in outcomes:
         head = (f"| {o.name} | {o.layout} | {'yes' if o.fits else 'no'} | {rate(o.predicted_s):.2f} | "
                 f"{rate(o.simulated_s):.2f} |")
         if o.error:
-            lines.append(f"{head} - | - | - | - | {o.error.replace('|', '/')} |")
+            lines.append(f"{head} - | - | - | - | - | {o.error.replace('|', '/')} |")
         else:
             lines.append(f"{head} {rate(o.measured_s):.2f} | {o.predicted_s / o.measured_s:.3f} | "
-                         f"{o.time_scale:.4g} | {o.overruns} | ran |")
+                         f"{o.simulated_s / o.measured_s:.3f} | {o.time_scale:.4g} | {o.overruns} | ran |")
     return lines
 
 
-def emulated_section(*, steps: int = 5, workdir: Path | None = None) -> str:
-    """The markdown section: setup, the table, and the measured (c)/(b) next to the predicted one."""
-    workdir = workdir or Path(tempfile.mkdtemp(prefix="hetpipe-bench-replicas-"))
-    plans = emulated_plans()
-    outcomes = [run_emulated(name, plan, steps=steps, workdir=workdir) for name, plan in plans.items()]
-    by = {o.name[:3]: o for o in outcomes}
-    b, c = by["(b)"], by["(c)"]
-    ratio = ""
+def _ratios(outcomes: list[EmulatedOutcome]) -> str:
+    """(c) over (b), and overlap over sync-after-backward, predicted/simulated next to measured."""
+    by = {o.name: o for o in outcomes}
+    b, c, late = (by[k] for k in ("(b) best single pipeline", "(c) hetpipe mixed replicas",
+                                  "(c) same, sync after backward"))
+    out = []
     if not b.error and not c.error:
-        ratio = (f"(c) over (b): predicted {b.predicted_s / c.predicted_s:.3f}x, measured "
-                 f"{b.measured_s / c.measured_s:.3f}x.")
+        out.append(f"(c) over (b): predicted {b.predicted_s / c.predicted_s:.3f}x, simulated "
+                   f"{b.simulated_s / c.simulated_s:.3f}x, measured {b.measured_s / c.measured_s:.3f}x.")
+    if not c.error and not late.error:
+        out.append(f"Sync overlapped with backward over sync after it: simulated {late.simulated_s / c.simulated_s:.3f}x, "
+                   f"measured {late.measured_s / c.measured_s:.3f}x.")
+    return " ".join(out)
+
+
+def emulated_section(*, steps: int = 5, workdir: Path | None = None) -> str:
+    """The markdown section: setup, then per cluster the table and the measured ratios."""
+    workdir = workdir or Path(tempfile.mkdtemp(prefix="hetpipe-bench-replicas-"))
     doc = __doc__.split("Example:")[0].strip().split("\n", 1)[1].strip()
-    return "\n".join([f"{MARKER} (`python benchmarks/replicas.py --emulated-only --steps {steps}`)", "", doc, "",
-                      *emulated_table(outcomes), "", ratio])
+    lines = [f"{MARKER} (`python benchmarks/replicas.py --emulated-only --steps {steps}`)", "", doc]
+    for sc in SCENARIOS:
+        outcomes = [run_emulated(name, plan, overlap=overlap, steps=steps, workdir=workdir / sc.cluster[:-5])
+                    for name, (plan, overlap) in emulated_plans(sc).items()]
+        lines += ["", f"**{sc.cluster}**, global batch {sc.global_batch}:", "",
+                  *emulated_table(outcomes, sc.global_batch), "", _ratios(outcomes)]
+    return "\n".join(lines)

@@ -23,7 +23,8 @@ def synthetic_plan() -> Plan:
                     microbatches=4)
 
 
-def replica_plan_for(graph, cluster, pipelines, *, policy: str = "synchronous", outer_steps: int | None = None) -> Plan:
+def replica_plan_for(graph, cluster, pipelines, *, policy: str = "synchronous", outer_steps: int | None = None,
+                     bucket_cap_bytes: int | None = None) -> Plan:
     """A version-2 plan with hand-chosen replicas: ``pipelines`` lists (stages, m_r) per replica."""
     from hetpipe.cost_models.sync import choose_policy
     from hetpipe.partitioner.replica_plan import assemble_replica_plan
@@ -31,7 +32,8 @@ def replica_plan_for(graph, cluster, pipelines, *, policy: str = "synchronous", 
 
     total = sum(m for _, m in pipelines)
     base = build_problem(graph, cluster, microbatches=total)
-    rp = ReplicaProblem(base, grad_bytes=tuple(u.param_bytes for u in graph.units))
+    rp = ReplicaProblem(base, grad_bytes=tuple(u.param_bytes for u in graph.units),
+                        **({"bucket_cap_bytes": bucket_cap_bytes} if bucket_cap_bytes else {}))
     reps = tuple(Replica(tuple(stages), m, evaluate(replica_problem(base, m), tuple(stages)).iteration_s)
                  for stages, m in pipelines)
     sync = evaluate_sync(rp, [r.stages for r in reps])

@@ -88,12 +88,31 @@ def test_ranks_replicas_and_sync_buckets_follow_the_plan():
     assert [(p.first_sample, p.samples, p.grad_weight) for p in places] == [(0, 6, 0.75), (0, 6, 0.75), (6, 2, 0.25)]
     graph, _ = _graph(NUM_BATCH)
     buckets = sync_buckets(plan, param_units(graph.module, plan), range(3))
+    # One global order by first unit, a tied parameter before the group of its lowest unit (launch: reversed,
+    # so it goes after that group: its gradient is final only when the lowest unit's backward is done).
     assert [(b.label, b.ranks, b.owners) for b in buckets] == [
-        ("units 0-2", (0, 2), (0, 2)), ("units 3-5", (1, 2), (1, 2)),
-        ("tied transformer.wte.weight", (0, 1, 2), (0, 2))]
+        ("tied transformer.wte.weight", (0, 1, 2), (0, 2)), ("units 0-2", (0, 2), (0, 2)),
+        ("units 3-5", (1, 2), (1, 2))]
     every = [n for b in buckets for n in b.names]
     params = {n for n, _ in graph.module.named_parameters(remove_duplicate=False)}
     assert len(every) == len(set(every)) and set(every) == params  # each parameter synced exactly once
+
+
+def test_sync_parts_take_whole_units_last_unit_first_and_cut_big_units_at_parameters():
+    from hetpipe.runtime.grad_buckets import SyncBucket, split_parts
+
+    sizes, units = (10, 10, 30, 30, 20, 5), (0, 0, 1, 1, 2, 2)  # floats per parameter, and its plan unit
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
+    index = {id(p): i for i, p in enumerate(params)}
+    bucket = SyncBucket("units 0-2", (0, 1), tuple(f"p{i}" for i in range(6)), (0, 1), first_unit=0, units=units)
+    parts = split_parts(bucket, params, group=None, owner=True, cap_bytes=4 * 100, units=units)
+    # unit 2 (25 floats) and unit 1 (60) fit together in 100; unit 0 (20) would not: a part of its own
+    assert [([index[id(p)] for p in part.params], part.first_unit) for part in parts] == [
+        ([5, 4, 3, 2], 1), ([1, 0], 0)]
+    parts = split_parts(bucket, params, group=None, owner=True, cap_bytes=4 * 40, units=units)
+    # unit 1 (60 floats) exceeds the cap of 40: it is cut at its parameters, each at most the cap
+    assert [[index[id(p)] for p in part.params] for part in parts] == [[5, 4], [3], [2], [1, 0]]
+    assert [part.num_bytes for part in parts] == [100, 120, 120, 80]
 
 
 def test_emulation_uses_each_replicas_own_links_and_the_plans_sync_times():
@@ -113,16 +132,18 @@ def test_emulation_uses_each_replicas_own_links_and_the_plans_sync_times():
     # plan.stages as one pipeline would wire replica A's last stage to replica B's card over 1 GbE
     assert stage_links(plan, 1)[1] == link[(a[1].device, b[0].device)] != link[(a[1].device, a[0].device)]
     graph, _ = _graph(NUM_BATCH)
-    labels = [bk.label for bk in sync_buckets(plan, param_units(graph.module, plan), range(3))]
+    labels = sorted(bk.label for bk in sync_buckets(plan, param_units(graph.module, plan), range(3)))
+    assert labels == ["tied transformer.wte.weight", "units 0-2", "units 3-5"]
     emu = sync_emulation(plan, time_scale=2.0, timeout_s=5.0, device=torch.device("cpu"))
     g = plan.sync.groups
+    # DiLoCo's serial charge: each unit bucket ends at its group's cumulative time, a tied one with the exchange
     assert [emu.real_offset_s(x) for x in labels] == pytest.approx(
-        [2.0 * g[0].time_s, 2.0 * (g[0].time_s + g[1].time_s), 2.0 * plan.sync.sync_s])
+        [2.0 * plan.sync.sync_s, 2.0 * g[0].time_s, 2.0 * (g[0].time_s + g[1].time_s)])
     assert plan.sync.sync_s == pytest.approx(g[0].time_s + g[1].time_s)
     emu = sync_emulation(plan, time_scale=0.05 / plan.sync.sync_s, timeout_s=5.0, device=torch.device("cpu"))
     start = time.monotonic()
     emu.begin()  # no process group: this rank alone
-    emu.after_bucket(labels[0])
+    emu.after_bucket(labels[1])
     mid = time.monotonic() - start
     emu.end()
     whole = time.monotonic() - start
@@ -168,13 +189,24 @@ def _sgd(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=LR, momentum=0.9)
 
 
+# (overlap_sync, bucket_cap_bytes) of each run: the default; parts of at most 16 KiB (several per bucket,
+# launched from gradient hooks in order); everything in the optimizer step.
+SYNC_MODES = {"overlap": (True, None), "overlap-16k-parts": (True, 16 * 1024), "after-backward": (False, None)}
+
+
 def _numerics_worker(rank: int, world: int, plan: Any) -> dict[str, Any]:
-    trainer = ReplicaTrainer(plan, model=MODEL, seq=SEQ, optimizer=_sgd, grad_clip_norm=CLIP, timeout_s=60.0,
-                             stage_ranks=STAGE_RANKS)
-    losses = [trainer.step(x if trainer.is_first else None, y if trainer.is_last else None).loss
-              for x, y in _num_batches()]
-    return {"losses": losses, "bytes": trainer.bytes_reduced, "replica": trainer.place.replica,
-            "params": {n: p.detach().clone() for n, p in trainer.stage.module.named_parameters(remove_duplicate=False)}}
+    out = {}
+    for mode, (overlap, cap) in SYNC_MODES.items():
+        trainer = ReplicaTrainer(plan, model=MODEL, seq=SEQ, optimizer=_sgd, grad_clip_norm=CLIP, timeout_s=60.0,
+                                 stage_ranks=STAGE_RANKS, overlap_sync=overlap,
+                                 **({"bucket_cap_bytes": cap} if cap else {}))
+        losses = [trainer.step(x if trainer.is_first else None, y if trainer.is_last else None).loss
+                  for x, y in _num_batches()]
+        named = trainer.stage.module.named_parameters(remove_duplicate=False)
+        out[mode] = {"losses": losses, "bytes": trainer.bytes_reduced, "replica": trainer.place.replica,
+                     "parts": [(p.label, p.in_backward, len(p.params)) for p in trainer.sync.parts],
+                     "params": {n: p.detach().clone() for n, p in named}}
+    return out
 
 
 def _whole_model(batch: int) -> Any:
@@ -201,12 +233,36 @@ def _numerics_reference() -> tuple[list[float], dict[str, torch.Tensor], list[fl
     return losses, {n: p.detach() for n, p in whole.module.named_parameters(remove_duplicate=False)}, norms
 
 
-@pytest.mark.slow
-def test_uneven_replicas_of_different_depth_equal_single_device_training(tmp_path):
-    plan = _numerics_plan()
-    outcomes = run_world(_numerics_worker, world_size=3, args=(plan,), timeout_s=WORLD_TIMEOUT_S, out_dir=tmp_path)
+@pytest.fixture(scope="module")
+def numerics_outcomes(tmp_path_factory):
+    outcomes = run_world(_numerics_worker, world_size=3, args=(_numerics_plan(),), timeout_s=WORLD_TIMEOUT_S,
+                         out_dir=tmp_path_factory.mktemp("replica-numerics"))
     for o in outcomes:
         assert o.error is None and o.value is not None, f"rank {o.rank} (exit {o.exitcode}): {o.error}"
+    return outcomes
+
+
+@pytest.mark.slow
+def test_sync_parts_launch_during_the_last_backward_in_one_order(numerics_outcomes):
+    """Overlap: every part is launched from a gradient hook (every parameter gets a gradient in the last
+    backward), the 16 KiB cap splits buckets into several parts, and without overlap nothing launches early."""
+    for o in numerics_outcomes:
+        default, small, late = (o.value[m]["parts"] for m in SYNC_MODES)
+        assert default and all(in_bwd for _, in_bwd, _ in default), (o.rank, default)
+        assert len(small) > len(default) and all(in_bwd for _, in_bwd, _ in small), (o.rank, small)
+        assert not any(in_bwd for _, in_bwd, _ in late)
+        assert sum(n for *_, n in small) == sum(n for *_, n in default)  # the same parameters, cut finer
+    by_rank = {o.rank: [label for label, *_ in o.value["overlap-16k-parts"]["parts"]] for o in numerics_outcomes}
+    for bucket in ("units 0-2", "units 3-5", "tied"):  # holders of a bucket launch its parts in one order
+        orders = [[x for x in labels if x.startswith(bucket)] for labels in by_rank.values()]
+        orders = [x for x in orders if x]
+        assert len(orders) >= 2 and all(x == orders[0] for x in orders), (bucket, by_rank)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", list(SYNC_MODES))
+def test_uneven_replicas_of_different_depth_equal_single_device_training(numerics_outcomes, mode):
+    outcomes = [dataclasses.replace(o, value=o.value[mode]) for o in numerics_outcomes]
     assert [o.value["replica"] for o in outcomes] == [1, 0, 0]
     ref_losses, ref_params, norms = _numerics_reference()
     assert min(norms) > CLIP  # clipping is active: the replica group's norm all-reduce is exercised

@@ -9,7 +9,18 @@ import random
 
 import pytest
 
-from hetpipe.cost_models.sync import SYNC_BUDGET_FRACTION, choose_policy, ring_allreduce_s, sync_groups
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hetpipe.cost_models.sync import (
+    SYNC_BUDGET_FRACTION,
+    Ring,
+    backward_done_fraction,
+    choose_policy,
+    overlapped_sync_end_s,
+    ring_allreduce_s,
+    sync_groups,
+)
 from hetpipe.errors import ConfigError, InfeasibleError, PlanError
 from hetpipe.partitioner.api import assemble_plan, build_problem, partition_replicas
 from hetpipe.partitioner.plan import PLAN_VERSION, Plan, SolverReport, check_plan
@@ -48,6 +59,39 @@ def test_ring_allreduce_follows_the_formula():
     assert ring_allreduce_s(num_bytes=600, ranks=3, bandwidth_bytes_s=100.0, latency_s=0.5) == pytest.approx(
         4 * 0.5 + 4 / 3 * 6.0)
     assert ring_allreduce_s(num_bytes=600, ranks=1, bandwidth_bytes_s=100.0, latency_s=0.5) == 0.0
+
+
+def test_each_bucket_pays_the_ring_latency_once():
+    one = ring_allreduce_s(num_bytes=600, ranks=3, bandwidth_bytes_s=100.0, latency_s=0.5)
+    assert ring_allreduce_s(num_bytes=600, ranks=3, bandwidth_bytes_s=100.0, latency_s=0.5, buckets=3) == \
+        pytest.approx(one + 2 * 4 * 0.5)
+    inf = math.inf
+    bw = ((inf, 10.0), (10.0, inf))
+    lat = ((0.0, 1.0), (1.0, 0.0))
+    coarse, fine = (sync_groups([[(0, 0, 1)], [(1, 0, 1)]], grad_bytes=(60, 40), bandwidth_bytes_s=bw,
+                                latency_s=lat, bucket_cap_bytes=cap)[0] for cap in (100, 30))
+    assert fine.time_s - coarse.time_s == pytest.approx((4 - 1) * 2 * 1.0)  # ceil(100 / 30) = 4 buckets
+
+
+@settings(max_examples=80, deadline=None)
+@given(rings=st.lists(st.tuples(st.lists(st.sampled_from("abcd"), min_size=1, max_size=3, unique=True),
+                                st.floats(0.0, 5.0), st.floats(0.0, 10.0)), min_size=1, max_size=8))
+def test_overlapped_sync_ends_between_its_bounds(rings):
+    """No ring ends before its holders are ready plus its own time; never later than starting every ring,
+    one after the other, once the last holder is ready (T's serial charge, the ready times as compute)."""
+    model = [Ring(tuple(h), s, tuple(r for _ in h)) for h, s, r in rings]
+    end = overlapped_sync_end_s(model)
+    assert end >= max(r + s for _, s, r in rings) - 1e-9
+    assert end <= max(r for *_, r in rings) + sum(s for _, s, _ in rings) + 1e-9
+    # rings on disjoint holders run at once; on one holder they queue
+    assert overlapped_sync_end_s([Ring(("a",), 2.0, (0.0,)), Ring(("b",), 2.0, (0.0,))]) == 2.0
+    assert overlapped_sync_end_s([Ring(("a",), 2.0, (0.0,)), Ring(("a", "b"), 2.0, (0.0, 0.0))]) == 4.0
+
+
+def test_backward_reaches_the_first_units_last():
+    assert backward_done_fraction([1.0, 2.0, 1.0], 2) == pytest.approx(0.25)  # the last unit goes first
+    assert backward_done_fraction([1.0, 2.0, 1.0], 0) == 1.0
+    assert backward_done_fraction([0.0, 0.0], 1) == 1.0
 
 
 def test_sync_groups_are_stages_for_a_shared_layout_and_refined_otherwise():

@@ -7,14 +7,18 @@ replicas share one stage layout, the groups are exactly the stages (per-stage ri
 when layouts differ the exchange is parameter-wise, refined at every replica's cut.
 Each group is one ring all-reduce over its R holders (cost_formulas.md §3.4, α-β model):
 
-    t_group = 2 (R - 1) · latency_max + 2 (R - 1) / R · bytes / bandwidth_min
+    t_group = k · 2 (R - 1) · latency_max + 2 (R - 1) / R · bytes / bandwidth_min
 
 where ``bandwidth_min`` / ``latency_max`` are over every ordered pair of the group's
-holders (a ring is bounded by its slowest link) and ``bytes`` is the groups' parameter
-bytes in the training precision (one gradient per parameter).  T_sync is the *sum* over
-groups: the rings of different groups cross the same node uplinks, which the link
-table does not describe, so they are not assumed to run concurrently; overlap with
-backward is not credited either (both conservative).
+holders (a ring is bounded by its slowest link), ``bytes`` is the groups' parameter
+bytes in the training precision (one gradient per parameter) and k = ceil(bytes /
+`BUCKET_CAP_BYTES`) the buckets the runtime splits the group into (each bucket is one
+all-reduce and pays the latency term; at least k, since a bucket holds whole
+parameters).  T_sync is the *sum* over groups: the rings of different groups cross the
+same node uplinks, which the link table does not describe, so they are not assumed to
+run concurrently.  The runtime overlaps each bucket with the backward passes still
+running (`hetpipe.runtime.replica_sync`); T does not credit that (conservative), the
+simulator does (`overlapped_sync_end_s`).
 
 Policy.  ``synchronous``: every step, gradients weighted by each replica's sample share
 so the update equals the large-batch update.  ``diloco``: H local steps, then an outer
@@ -36,7 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Hashable, Mapping, Sequence
 
 from hetpipe.errors import ConfigError
 
@@ -51,6 +55,11 @@ SYNC_BUDGET_FRACTION = 0.10
 #: arXiv 2311.08105 §3), beyond which it reports no evidence of convergence.
 MAX_OUTER_STEPS = 500
 POLICIES = ("auto", "synchronous", "diloco")
+#: Bytes per gradient all-reduce bucket: torch DistributedDataParallel's default
+#: (``bucket_cap_mb=25``, torch.nn.parallel.DistributedDataParallel docs), a size at which
+#: a ring's bandwidth term dominates its latency term on datacenter links while buckets
+#: stay small enough to start during backward.  The runtime and the cost model share it.
+BUCKET_CAP_BYTES = 25 * 2**20
 
 
 @dataclass(frozen=True)
@@ -76,12 +85,23 @@ class SyncPolicy:
     reason: str
 
 
-def ring_allreduce_s(*, num_bytes: int, ranks: int, bandwidth_bytes_s: float, latency_s: float) -> float:
-    """Ring all-reduce time, 2(d-1)·α + 2(d-1)/d · S / β (cost_formulas.md §3.4)."""
+def ring_allreduce_s(*, num_bytes: int, ranks: int, bandwidth_bytes_s: float, latency_s: float,
+                     buckets: int = 1) -> float:
+    """Ring all-reduce time, k·2(d-1)·α + 2(d-1)/d · S / β for S bytes in k buckets (cost_formulas.md §3.4)."""
     if ranks <= 1 or num_bytes <= 0:
         return 0.0
     steps = 2 * (ranks - 1)
-    return steps * latency_s + steps / ranks * num_bytes / bandwidth_bytes_s
+    return max(1, buckets) * steps * latency_s + steps / ranks * num_bytes / bandwidth_bytes_s
+
+
+def num_buckets(num_bytes: int, cap_bytes: int = BUCKET_CAP_BYTES) -> int:
+    """Least number of all-reduce buckets of at most ``cap_bytes`` for ``num_bytes``.
+
+    Example:
+        >>> num_buckets(60 * 2**20), num_buckets(1)
+        (3, 1)
+    """
+    return max(1, -(-int(num_bytes) // int(cap_bytes)))
 
 
 def _holders(pipelines: Sequence[Sequence[tuple[int, int, int]]], num_units: int) -> list[tuple[int, ...]]:
@@ -100,6 +120,7 @@ def sync_groups(
     grad_bytes: Sequence[int],
     bandwidth_bytes_s: Sequence[Sequence[float]],
     latency_s: Sequence[Sequence[float]],
+    bucket_cap_bytes: int = BUCKET_CAP_BYTES,
 ) -> tuple[SyncGroup, ...]:
     """The rings of one gradient sync (module docstring); empty for a single replica.
 
@@ -126,10 +147,58 @@ def sync_groups(
         bw = min(bandwidth_bytes_s[a][b] for a, b in pairs)
         lat = max(latency_s[a][b] for a, b in pairs)
         num_bytes = sum(grad_bytes[start:u])
-        t = ring_allreduce_s(num_bytes=num_bytes, ranks=replicas, bandwidth_bytes_s=bw, latency_s=lat)
+        t = ring_allreduce_s(num_bytes=num_bytes, ranks=replicas, bandwidth_bytes_s=bw, latency_s=lat,
+                             buckets=num_buckets(num_bytes, bucket_cap_bytes))
         groups.append(SyncGroup(start, u - 1, devs, num_bytes, bw, lat, t))
         start = u
     return tuple(groups)
+
+
+@dataclass(frozen=True)
+class Ring:
+    """One all-reduce as overlap sees it: its holders, its seconds, and when each holder's gradients are final."""
+
+    holders: tuple[Hashable, ...]
+    seconds: float
+    ready_s: tuple[float, ...]  # per holder
+
+
+def overlapped_sync_end_s(rings: Sequence[Ring]) -> float:
+    """When the last ring ends if each starts as soon as its holders are all ready and free.
+
+    ``rings`` in the order the runtime issues them (the reverse of the unit order: a
+    stage's backward produces its last units' gradients first).  A holder runs one ring
+    at a time, so a ring starts at the latest of its holders' ready times and previous
+    rings' ends.  Rings on disjoint holders may run at once even when they share a node
+    uplink, which T does not assume (T charges every ring serially after the slowest
+    replica); the truth lies between the two.
+
+    Example:
+        >>> overlapped_sync_end_s([Ring(("a", "c"), 2.0, (5.0, 4.0)), Ring(("b", "c"), 1.0, (9.0, 4.0))])
+        10.0
+    """
+    free: dict[Hashable, float] = {}
+    end = 0.0
+    for ring in rings:
+        start = max(max(r, free.get(h, r)) for h, r in zip(ring.holders, ring.ready_s)) if ring.holders else 0.0
+        for h in ring.holders:
+            free[h] = start + ring.seconds
+        end = max(end, start + ring.seconds)
+    return end
+
+
+def backward_done_fraction(unit_bwd_s: Sequence[float], first_unit: int) -> float:
+    """Share of a stage's backward done once units ``first_unit..`` are (backward runs last unit first).
+
+    ``unit_bwd_s`` are the stage's units' backward seconds in order; ``first_unit`` is an
+    index into it (the first unit of a sync group held there).
+
+    Example:
+        >>> backward_done_fraction([1.0, 1.0, 2.0], 1)
+        0.75
+    """
+    total = sum(unit_bwd_s)
+    return sum(unit_bwd_s[first_unit:]) / total if total > 0 else 1.0
 
 
 def outer_steps_for(*, compute_s: float, sync_s: float, budget_fraction: float = SYNC_BUDGET_FRACTION) -> int:

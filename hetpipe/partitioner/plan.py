@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from hetpipe.cost_models.sync import BUCKET_CAP_BYTES
 from hetpipe.errors import PlanError
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy, evaluate
 from hetpipe.partitioner.serde import from_json, to_json
@@ -192,6 +193,9 @@ class PlanSync:
     budget_fraction: float
     reason: str
     groups: tuple[PlanSyncGroup, ...] = ()
+    # Largest gradient all-reduce part the runtime sends (whole parameters; the cost model charges
+    # each part one ring latency).  Default: torch DDP's 25 MiB (`hetpipe.cost_models.sync.BUCKET_CAP_BYTES`).
+    bucket_cap_bytes: int = BUCKET_CAP_BYTES
 
 
 @dataclass(frozen=True)

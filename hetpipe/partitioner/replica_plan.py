@@ -23,7 +23,7 @@ import math
 import time
 
 from hetpipe.cost_models.devices import Cluster
-from hetpipe.cost_models.sync import SYNC_BUDGET_FRACTION, sync_groups
+from hetpipe.cost_models.sync import BUCKET_CAP_BYTES, SYNC_BUDGET_FRACTION, sync_groups
 from hetpipe.errors import ConfigError, InfeasibleError, PlanError
 from hetpipe.partitioner.graph import UnitGraph
 from hetpipe.partitioner.plan import (
@@ -59,13 +59,17 @@ from hetpipe.partitioner.replicas import (
 REPLICA_SOLVERS = ("search", "exact")
 
 
-def build_replica_problem(graph: UnitGraph, cluster: Cluster, *, global_batch: int) -> ReplicaProblem:
+def build_replica_problem(graph: UnitGraph, cluster: Cluster, *, global_batch: int,
+                          bucket_cap_bytes: int = BUCKET_CAP_BYTES) -> ReplicaProblem:
     """The replica solver's input: every device, M = global_batch / b, gradients = parameter bytes."""
     from hetpipe.partitioner.api import build_problem, microbatches_for
 
+    if bucket_cap_bytes < 1:
+        raise ConfigError(f"bucket_cap_bytes must be a positive number of bytes, got {bucket_cap_bytes!r}")
     _, m = microbatches_for(graph, global_batch, len(cluster.devices))
     base = build_problem(graph, cluster, microbatches=m)
-    return ReplicaProblem(base, grad_bytes=tuple(u.param_bytes for u in graph.units))
+    return ReplicaProblem(base, grad_bytes=tuple(u.param_bytes for u in graph.units),
+                          bucket_cap_bytes=int(bucket_cap_bytes))
 
 
 def ddp_equal(rp: ReplicaProblem) -> BaselineReport:
@@ -145,13 +149,13 @@ def _predicted(problem: Problem, sol: ReplicaSolution, global_batch: int) -> Pre
     return Predicted(sol.iteration_s, 1.0 - busy / (stages * sol.iteration_s), global_batch / sol.iteration_s, util)
 
 
-def _plan_sync(problem: Problem, sol: ReplicaSolution, budget_fraction: float) -> PlanSync:
+def _plan_sync(problem: Problem, sol: ReplicaSolution, budget_fraction: float, bucket_cap_bytes: int) -> PlanSync:
     ids = [d.id for d in problem.devices]
     groups = tuple(PlanSyncGroup(g.first_unit, g.last_unit, tuple(ids[d] for d in g.devices), g.num_bytes,
                                  g.bandwidth_bytes_s, g.latency_s, g.time_s) for g in sol.sync)
     pol = sol.policy
     return PlanSync(pol.policy, pol.outer_steps, sol.compute_s, sol.sync_s, pol.amortised_s, budget_fraction,
-                    pol.reason, groups)
+                    pol.reason, groups, bucket_cap_bytes)
 
 
 def assemble_replica_plan(graph: UnitGraph, cluster: Cluster, *, rp: ReplicaProblem, sol: ReplicaSolution,
@@ -175,14 +179,17 @@ def assemble_replica_plan(graph: UnitGraph, cluster: Cluster, *, rp: ReplicaProb
         stages.extend(_plan_stages(rp.base, rep.stages, ev))
     return dataclasses.replace(plan, stages=tuple(stages), predicted=_predicted(rp.base, sol, global_batch),
                                version=PLAN_VERSION_REPLICAS, replicas=tuple(replicas),
-                               sync=_plan_sync(rp.base, sol, budget_fraction))
+                               sync=_plan_sync(rp.base, sol, budget_fraction, rp.bucket_cap_bytes))
 
 
 def partition_replicas(graph: UnitGraph, cluster: Cluster, *, global_batch: int | None = None,
                        policy: str = "auto", outer_steps: int | None = None,
                        budget_fraction: float = SYNC_BUDGET_FRACTION, solver: str = "search",
-                       time_limit_s: float = 30.0, seed: int = 0) -> Plan:
+                       time_limit_s: float = 30.0, seed: int = 0, bucket_cap_bytes: int = BUCKET_CAP_BYTES) -> Plan:
     """Plan pipeline replicas for `graph` on `cluster` (see `partitioner.replicas`).
+
+    ``bucket_cap_bytes`` is the runtime's gradient all-reduce part size (recorded in the
+    plan's ``sync``; the cost model charges each part one ring latency).
 
     Raises `ConfigError` for a global batch that is not a multiple of the micro-batch
     size or an unknown solver/policy, `InfeasibleError` when nothing fits.
@@ -192,7 +199,7 @@ def partition_replicas(graph: UnitGraph, cluster: Cluster, *, global_batch: int 
     if solver not in REPLICA_SOLVERS:
         raise ConfigError(f"unknown replica solver {solver!r}; use one of: {', '.join(REPLICA_SOLVERS)}")
     global_batch, _ = microbatches_for(graph, global_batch, len(cluster.devices))
-    rp = build_replica_problem(graph, cluster, global_batch=global_batch)
+    rp = build_replica_problem(graph, cluster, global_batch=global_batch, bucket_cap_bytes=bucket_cap_bytes)
     if solver == "exact":
         sol = solve_replicas_exact(rp, policy=policy, outer_steps=outer_steps, budget_fraction=budget_fraction)
     else:
@@ -265,7 +272,8 @@ def _check_sync(plan: Plan, problem: Problem, stages: tuple[Stage, ...], compute
     pipes = [[(st.device, st.first_unit, st.last_unit) for st in stages[r.first_stage:r.first_stage + r.num_stages]]
              for r in plan.replicas]
     groups = sync_groups(pipes, grad_bytes=[u.param_bytes for u in plan.units],
-                         bandwidth_bytes_s=problem.bandwidth_bytes_s, latency_s=problem.latency_s)
+                         bandwidth_bytes_s=problem.bandwidth_bytes_s, latency_s=problem.latency_s,
+                         bucket_cap_bytes=sync.bucket_cap_bytes)
     ids = [d.id for d in problem.devices]
     want = tuple(PlanSyncGroup(g.first_unit, g.last_unit, tuple(ids[d] for d in g.devices), g.num_bytes,
                                g.bandwidth_bytes_s, g.latency_s, g.time_s) for g in groups)

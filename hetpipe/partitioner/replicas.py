@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 from hetpipe.cost_models.sync import (
+    BUCKET_CAP_BYTES,
     SYNC_BUDGET_FRACTION,
     SyncGroup,
     SyncPolicy,
@@ -75,6 +76,7 @@ class ReplicaProblem:
 
     base: Problem
     grad_bytes: tuple[int, ...]
+    bucket_cap_bytes: int = BUCKET_CAP_BYTES  # the runtime's gradient all-reduce part size
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ def evaluate_sync(rp: ReplicaProblem, pipelines: Sequence[Sequence[Stage]]) -> t
     """Sync groups of replicas running `pipelines` (see `cost_models.sync`)."""
     return sync_groups([[(st.device, st.first_unit, st.last_unit) for st in p] for p in pipelines],
                        grad_bytes=rp.grad_bytes, bandwidth_bytes_s=rp.base.bandwidth_bytes_s,
-                       latency_s=rp.base.latency_s)
+                       latency_s=rp.base.latency_s, bucket_cap_bytes=rp.bucket_cap_bytes)
 
 
 def work_lower_bound(base: Problem) -> float:

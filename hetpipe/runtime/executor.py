@@ -207,11 +207,14 @@ class PipelineExecutor:
             all-reduce (data-parallel gradient sync between replicas).
         track_saved_every_step: account the tensors autograd saves with ``saved_tensors_hooks``
             on every step (exact for data-dependent shapes; the default when ``hooks`` emulate a
-            memory limit, i.e. ``hooks.exact_memory``) rather than on the first step only.  A stage's shapes are fixed by its
-            cut specs (checked on every micro-batch), so each micro-batch saves the same bytes
-            every step; skipping the hooks afterwards saves about 0.8 ms per step on the benchmark.
+            memory limit, i.e. ``hooks.exact_memory``) rather than on the first step only.  A
+            stage's shapes are fixed by its cut specs (checked on every micro-batch), so each
+            micro-batch saves the same bytes every step; skipping the hooks afterwards saves
+            about 0.8 ms per step on the 2-stage benchmark.
         wait_sends_at_recv: at each RECV, after posting it, wait until this rank's earlier sends
             were received (None: on gloo, for the built-in GPipe/1F1B action lists only).
+        final_backward: called right before the step's last ``B`` of this rank (the replica
+            sync launches its all-reduces from gradient hooks from then on).
     """
 
     def __init__(self, stage_module: StageModule, *, rank: int, num_stages: int,
@@ -223,7 +226,7 @@ class PipelineExecutor:
                  sync_cuda_timing: bool = True, group: Any = None,
                  tied_group: Callable[[Sequence[int]], Any] | None = None,
                  grad_sync: Callable[[], None] | None = None, track_saved_every_step: bool | None = None,
-                 wait_sends_at_recv: bool | None = None) -> None:
+                 wait_sends_at_recv: bool | None = None, final_backward: Callable[[], None] | None = None) -> None:
         self.stage = stage_module
         self.rank, self.num_stages, self.microbatches = rank, num_stages, microbatches
         self.loss_fn, self.optimizer, self.lr_scheduler = loss_fn, optimizer, lr_scheduler
@@ -236,6 +239,8 @@ class PipelineExecutor:
         self._where = f"rank {rank} (stage {stage_module.stage})"
         self._check_config(cut_specs, loss_reduction)
         self.actions = tuple(schedule_actions)
+        self._final_backward = final_backward
+        self._last_b = next((a for a in reversed(self.actions) if a.op is Op.B), None)
         check_actions(self.actions, stage=stage_module.stage, num_stages=num_stages, num_microbatches=microbatches)
         self._loss_scale = 1.0 / microbatches if loss_reduction == "mean" else 1.0
         self._distributed = dist.is_available() and dist.is_initialized()
@@ -468,6 +473,8 @@ class PipelineExecutor:
 
     def _backward(self, action: Action) -> None:
         mb, st = action.microbatch, self._state
+        if self._final_backward is not None and action == self._last_b:
+            self._final_backward()
         if self.stage.is_last:
             loss = st.losses.pop(mb)
             roots, grads = ([loss], None) if loss.requires_grad else ([], None)

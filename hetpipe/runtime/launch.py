@@ -79,6 +79,7 @@ class LaunchSpec:
     data: str | None = None  # "package.module:factory" or a path to a saved data file
     loss: str | None = None  # "package.module:function"
     safety_factor: float | None = None
+    sync_overlap: bool = True  # replica plans: overlap the gradient sync with backward
 
 
 def worker_args(spec: LaunchSpec) -> list[str]:
@@ -92,6 +93,8 @@ def worker_args(spec: LaunchSpec) -> list[str]:
             args += [flag, str(value)]
     if spec.emulate:
         args.append("--emulate")
+    if not spec.sync_overlap:
+        args.append("--no-sync-overlap")
     return args
 
 
@@ -325,6 +328,8 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--safety-factor", type=float, default=None,
                    help="emulation: margin of each action's target over its contended real time (default 2)")
     p.add_argument("--run-dir", type=Path, default=None, help="keep per-rank results and the torchrun log here")
+    p.add_argument("--no-sync-overlap", dest="sync_overlap", action="store_false",
+                   help="replica plans: run the gradient sync after backward instead of overlapped with it")
     return p
 
 
@@ -334,7 +339,8 @@ def cmd_run(args: argparse.Namespace, console: Any) -> int:
 
     report = run(args.plan, model=args.model, steps=args.steps, emulate=args.emulate, report=args.report,
                  schedule=args.schedule, timeout_s=args.timeout, seq=args.seq, seed=args.seed, lr=args.lr,
-                 data=args.data, loss=args.loss, safety_factor=args.safety_factor, run_dir=args.run_dir)
+                 data=args.data, loss=args.loss, safety_factor=args.safety_factor, run_dir=args.run_dir,
+                 sync_overlap=args.sync_overlap)
     for table in summary_tables(report):
         console.print(table)
     for note in report.notes:

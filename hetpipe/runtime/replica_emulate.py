@@ -10,13 +10,18 @@ Each rank pretends to be its plan device exactly as in a single pipeline
   between them), so each stage's real F/B is measured uncontended.  The per-stage
   medians are all-gathered and every rank runs `choose_time_scale` on the same
   numbers, over every plan stage, so all ranks agree on one global time scale.
-* **Gradient sync** (synchronous every step, or a DiLoCo outer step every H steps)
-  lasts the plan's time.  `SyncEmulation.begin` all-reduces (MAX) the time every rank
-  entered the sync, i.e. when the slowest replica finished; bucket k (plan sync group
-  k, in the plan's order) ends ``time_scale * sum_{j<=k} groups[j].time_s`` after that,
-  and every rank leaves at ``time_scale * sync_s`` after it, together, as the cost
-  model charges the whole exchange serially after the slowest replica
-  (`hetpipe.cost_models.sync`: T = max_r T_r + T_sync / H).
+* **Gradient sync** lasts the plan's time.  Synchronous sync is overlapped as the
+  runtime overlaps it (`hetpipe.runtime.grad_buckets`): each all-reduce part is charged
+  its sync group's ``time_s`` times its share of the group's bytes, and starts, in the
+  launch order, once every holder finished its last (stretched) backward and its
+  previous part -- one MAX all-reduce of those times over the part's holders
+  (`SyncEmulation.after_part`); the rank leaves the sync when its last part ends.  This is
+  the simulator's model (`hetpipe.cost_models.sync.overlapped_sync_end_s`, at the
+  granularity of whole stages: a part is ready when its stage's backward ends).  A DiLoCo
+  outer step (every H steps, after the inner optimizer step) is charged serially:
+  `SyncEmulation.begin` all-reduces (MAX) the time every rank entered it, bucket k ends
+  ``time_scale * sum_{j<=k} groups[j].time_s`` after that and every rank leaves at
+  ``time_scale * sync_s`` after it, as T charges it (T = max_r T_r + T_sync / H).
 
 The memory ledger checks each stage against its card's ``usable_bytes``; an emulated
 out-of-memory names the rank, its replica, the stage within that replica and the card.
@@ -103,6 +108,53 @@ class SyncEmulation:
     syncs: int = 0
     overrun_s: float = 0.0  # worst real seconds an exchange lasted beyond its emulated end
     _start_s: float = 0.0
+    # Plan sync groups as (first unit, last unit, emulated seconds, bytes): what a part is charged.
+    groups: tuple[tuple[int, int, float, int], ...] = ()
+    bwd_s: float = 0.0  # this rank's stage's emulated backward per micro-batch
+    # plan unit -> share of this stage's backward after which that unit's gradients are final
+    bwd_fraction: Mapping[int, float] = field(default_factory=dict)
+    _armed_s: float = 0.0  # real time the last backward of the step began
+    _free_s: float = 0.0  # when this rank's previous overlapped part ends (real monotonic seconds)
+
+    def armed(self) -> None:
+        """The step's last backward starts now (`hetpipe.runtime.replica_sync.ReplicaSync.arm`)."""
+        self._armed_s = time.monotonic()
+
+    def ready_s(self, part: Any) -> float:
+        """Real time a part's gradients are final in the emulated world (a tied part: the backward's end)."""
+        share = 1.0 if part.bucket.tied else self.bwd_fraction.get(part.first_unit, 1.0)
+        return self._armed_s + self.time_scale * self.bwd_s * share
+
+    def part_s(self, first_unit: int, num_bytes: int) -> float:
+        """Emulated seconds of an all-reduce part of ``num_bytes`` charged to the group holding ``first_unit``."""
+        for first, last, seconds, group_bytes in self.groups:
+            if first <= first_unit <= last:
+                return seconds * num_bytes / group_bytes if group_bytes > 0 else 0.0
+        return 0.0
+
+    def begin_overlapped(self) -> None:
+        """The optimizer step has started: wait for the parts launched since `armed`."""
+        self.syncs += 1
+        self._free_s = self._armed_s
+
+    def after_part(self, part: Any) -> None:
+        """A part's real all-reduce is done: agree on its emulated start with its holders, charge its time."""
+        if part.group is None:
+            return
+        start = torch.tensor([max(self._free_s, self.ready_s(part))], dtype=torch.float64, device=self.device)
+        work = dist.all_reduce(start, op=dist.ReduceOp.MAX, group=part.group, async_op=True)
+        comm.wait_work(work, timeout_s=self.timeout_s, gloo=dist.get_backend() == "gloo",
+                       describe=lambda timed_out, detail: (
+                           f"rank {dist.get_rank()}: the emulated start of {part.label} "
+                           f"{'timed out' if timed_out else 'failed'} ({detail}); is every holder alive?"))
+        self._free_s = float(start.item()) + self.time_scale * self.part_s(part.bucket.first_unit, part.num_bytes)
+        self.overrun_s = max(self.overrun_s, time.monotonic() - self._free_s)
+
+    def end_overlapped(self) -> None:
+        """Leave the sync when this rank's last part ends (emulated)."""
+        late = time.monotonic() - self._free_s
+        if late < 0:
+            time.sleep(-late)
 
     def real_offset_s(self, label: str) -> float:
         return self.time_scale * self.bucket_end_s.get(label, self.total_s)
@@ -133,14 +185,24 @@ class SyncEmulation:
         self._sleep_until(self.time_scale * self.total_s)
 
 
-def sync_emulation(plan: Plan, *, time_scale: float, timeout_s: float, device: torch.device) -> SyncEmulation:
-    """The plan's sync groups as bucket end offsets (the runtime labels unit buckets ``units a-b``)."""
+def sync_emulation(plan: Plan, *, time_scale: float, timeout_s: float, device: torch.device,
+                   plan_stage: int | None = None) -> SyncEmulation:
+    """The plan's sync groups as bucket end offsets (the runtime labels unit buckets ``units a-b``) and
+    part charges; with ``plan_stage``, when that stage's last backward makes each group's gradients final."""
+    from hetpipe.runtime.report import stage_bwd_fraction
+
     assert plan.sync is not None  # check_runnable
     ends, total = {}, 0.0
     for g in plan.sync.groups:
         total += g.time_s
         ends[f"units {g.first_unit}-{g.last_unit}"] = total
-    return SyncEmulation(time_scale, ends, plan.sync.sync_s, timeout_s, device)
+    groups = tuple((g.first_unit, g.last_unit, g.time_s, g.num_bytes) for g in plan.sync.groups)
+    emu = SyncEmulation(time_scale, ends, plan.sync.sync_s, timeout_s, device, groups=groups)
+    if plan_stage is not None:
+        st = plan.stages[plan_stage]
+        emu.bwd_s = st.bwd_s
+        emu.bwd_fraction = {u: stage_bwd_fraction(plan, st, u) for u in range(st.first_unit, st.last_unit + 1)}
+    return emu
 
 
 def replica_label(plan: Plan, trainer: Any) -> str:
@@ -213,6 +275,7 @@ def emulate_replicas(trainer: Any, hooks: SwitchHooks, *, inputs: Any, targets: 
                          origin=scale)
     hooks.inner = emu
     trainer.sync.emulation = sync_emulation(plan, time_scale=scale.real_s_per_emulated_s, timeout_s=timeout_s,
-                                            device=trainer.executor.comm.header_device)
+                                            device=trainer.executor.comm.header_device,
+                                            plan_stage=trainer.place.plan_stage)
     return emu
 

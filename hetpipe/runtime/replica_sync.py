@@ -6,21 +6,33 @@ names (from the captured fx graph: a ``call_module`` node's submodule parameters
 targets of ``get_attr`` nodes belong to that node's unit) and the global ranks holding
 them; a parameter tied across units (GPT-2's ``wte`` / ``lm_head``) gets a bucket of its
 own over every rank holding a copy, because replicas may hold it on different stages.
-Buckets are in one global order (sync groups, then tied parameters), so every rank issues
-its blocking all-reduces in an order consistent with every other rank's (no deadlock).
+Buckets are in one global order (by first unit; a tied parameter at its lowest unit, before
+that unit's group), so every rank issues its all-reduces in an order consistent with every
+other rank's (no deadlock, and matching collectives on each process group).
 
-`ReplicaSync` runs one bucket as one flat fp32 all-reduce (SUM) over a process group of
-its holders, each rank's contribution scaled by its replica's ``grad_weight`` =
-samples_r / global_batch.  With each replica's loss the mean over its own samples, the
-sum is the mean-loss gradient of the concatenated global batch:
+`ReplicaSync` splits each bucket into *parts* of at most ``bucket_cap_bytes``
+(`hetpipe.cost_models.sync.BUCKET_CAP_BYTES`, whole parameters, last parameter first) and
+runs each part as one flat all-reduce (SUM) over a process group of its holders, each
+rank's contribution scaled by its replica's ``grad_weight`` = samples_r / global_batch.
+With each replica's loss the mean over its own samples, the sum is the mean-loss
+gradient of the concatenated global batch:
 
     g = sum_r (n_r / N) * g_r         (n_r samples of replica r, N = sum_r n_r)
 
-* ``synchronous``: `ReplicaSync.sync_grads` runs inside the optimizer step, before the
-  executor sums tied-parameter copies within a replica; a tied copy holds a partial
-  gradient then, so every copy contributes and afterwards only the replica's first copy
-  (its *owner*) keeps the sum and the others are zeroed: the executor's tied all-reduce
-  then gives every copy exactly the sum.
+* ``synchronous``: overlapped with backward.  The executor calls `ReplicaSync.arm` right
+  before the rank's last backward; from then on a post-accumulate-grad hook marks each
+  parameter whose gradient is final, and a part is launched (async all-reduce) as soon
+  as its parameters are all final and every part before it in the rank's *launch
+  order* was launched.  The launch order is the reverse of the one global bucket order
+  (parts of later units first: backward produces them first), so every process group
+  sees its collectives in the same order on every member.  A launched part's gradients
+  become views of its flat buffer (no second copy of the gradients is held).
+  `ReplicaSync.sync_grads`, inside the optimizer step, launches what is left (a
+  parameter that got no gradient, or everything with ``overlap=False``) and waits for
+  all parts, before the executor sums tied-parameter copies within a replica; a tied
+  copy holds a partial gradient then, so every copy contributes and afterwards only the
+  replica's first copy (its *owner*) keeps the sum and the others are zeroed: the
+  executor's tied all-reduce then gives every copy exactly the sum.
 * ``diloco`` (Douillard et al. 2023, "DiLoCo: Distributed Low-Communication Training of
   Language Models", arXiv 2311.08105, Algorithm 1): every replica steps its own inner
   optimizer with no sync; every H steps `ReplicaSync.outer_step` all-reduces the weighted
@@ -46,9 +58,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hetpipe.cost_models.sync import BUCKET_CAP_BYTES
 from hetpipe.errors import PlanError
 from hetpipe.partitioner.plan import Plan
 from hetpipe.runtime import comm
+from hetpipe.runtime.grad_buckets import OverlappedReducer, Part, SyncBucket, split_parts
 
 log = logging.getLogger(__name__)
 
@@ -58,24 +72,6 @@ log = logging.getLogger(__name__)
 DILOCO_OUTER_LR = 0.7
 DILOCO_OUTER_MOMENTUM = 0.9
 SYNC_POLICIES = ("synchronous", "diloco")
-
-
-@dataclass(frozen=True)
-class SyncBucket:
-    """One all-reduce: parameters ``names`` (graph order) held by ``ranks``; ``owners`` contribute in full."""
-
-    label: str  # "units 0-2" or "tied transformer.wte.weight", for messages
-    ranks: tuple[int, ...]  # every holder's global rank, ascending (the process group)
-    names: tuple[str, ...]  # qualified names; a tied bucket lists every alias
-    owners: tuple[int, ...]  # the first holder per replica (all holders for a unit bucket)
-    tied: bool = False  # one parameter under several names; a holder has some of them
-
-    @property
-    def num_ranks(self) -> int:
-        return len(self.ranks)
-
-    def is_owner(self, rank: int) -> bool:
-        return rank in self.owners
 
 
 def param_units(graph_module: Any, plan: Plan) -> dict[str, int]:
@@ -128,7 +124,8 @@ def _check_groups(plan: Plan) -> None:
                         "order; re-plan it with `hetpipe plan` (check_plan lists the mismatch)")
 
 
-def _unit_bucket(plan: Plan, group: Any, names: tuple[str, ...], stage_ranks: Sequence[int]) -> SyncBucket:
+def _unit_bucket(plan: Plan, group: Any, names: tuple[str, ...], stage_ranks: Sequence[int],
+                 units: tuple[int, ...] = ()) -> SyncBucket:
     holders = []
     for r in range(len(plan.replicas)):
         stage = _holder(plan, r, group.first_unit)
@@ -139,7 +136,8 @@ def _unit_bucket(plan: Plan, group: Any, names: tuple[str, ...], stage_ranks: Se
                             f"units {st.first_unit}-{st.last_unit}); re-plan it with `hetpipe plan`")
         holders.append(stage_ranks[stage])
     ranks = tuple(sorted(holders))
-    return SyncBucket(f"units {group.first_unit}-{group.last_unit}", ranks, names, ranks)
+    return SyncBucket(f"units {group.first_unit}-{group.last_unit}", ranks, names, ranks,
+                      first_unit=group.first_unit, units=units)
 
 
 def sync_buckets(plan: Plan, units_of: Mapping[str, int], stage_ranks: Sequence[int]) -> tuple[SyncBucket, ...]:
@@ -156,7 +154,7 @@ def sync_buckets(plan: Plan, units_of: Mapping[str, int], stage_ranks: Sequence[
     for group in plan.sync.groups:
         names = tuple(n for n, u in units_of.items() if group.first_unit <= u <= group.last_unit and n not in tied)
         if names:
-            out.append(_unit_bucket(plan, group, names, stage_ranks))
+            out.append(_unit_bucket(plan, group, names, stage_ranks, tuple(units_of[n] for n in names)))
     for t in plan.model.tied:
         holders, owners = set(), []
         for r in range(len(plan.replicas)):
@@ -164,8 +162,10 @@ def sync_buckets(plan: Plan, units_of: Mapping[str, int], stage_ranks: Sequence[
             holders.update(stage_ranks[s] for s in stages)
             owners.append(stage_ranks[stages[0]])
         out.append(SyncBucket(f"tied {t.names[0]}", tuple(sorted(holders)), tuple(t.names), tuple(sorted(owners)),
-                              tied=True))
-    return tuple(out)
+                              tied=True, first_unit=min(t.units)))
+    # A tied parameter's gradient is final only when its lowest unit's backward is done: it goes before that
+    # unit's group here, i.e. after it in the (reversed) launch order.  Stable sort: group order kept.
+    return tuple(sorted(out, key=lambda b: (b.first_unit, not b.tied)))
 
 
 def group_ranks(buckets: Sequence[SyncBucket]) -> list[tuple[int, ...]]:
@@ -181,6 +181,7 @@ class _Local:
     params: list[nn.Parameter]
     group: Any
     owner: bool
+    units: list[int]  # plan unit of each parameter
 
 
 class ReplicaSync:
@@ -192,12 +193,14 @@ class ReplicaSync:
         rank: global rank.  grad_weight: samples of this replica / global batch.
         policy: "synchronous" or "diloco".  outer_steps: H (diloco).
         groups: rank set -> process group (made on every rank in `group_ranks` order).
+        overlap: synchronous sync launched from gradient hooks during the last backward (else
+            all in the optimizer step).  bucket_cap_bytes: largest all-reduce part.
     """
 
     def __init__(self, buckets: Sequence[SyncBucket], *, module: nn.Module, rank: int, grad_weight: float,
                  policy: str, outer_steps: int, groups: Mapping[tuple[int, ...], Any], timeout_s: float,
-                 where: str, outer_lr: float = DILOCO_OUTER_LR,
-                 outer_momentum: float = DILOCO_OUTER_MOMENTUM) -> None:
+                 where: str, outer_lr: float = DILOCO_OUTER_LR, outer_momentum: float = DILOCO_OUTER_MOMENTUM,
+                 overlap: bool = True, bucket_cap_bytes: int = BUCKET_CAP_BYTES) -> None:
         if policy not in SYNC_POLICIES or outer_steps < 1:
             raise PlanError(f"{where}: sync policy {policy!r} with H = {outer_steps} cannot run; use "
                             f"{' or '.join(SYNC_POLICIES)} with outer_steps >= 1")
@@ -216,6 +219,27 @@ class ReplicaSync:
             anchors = [self._anchor(p) for lb in self._local for p in lb.params]
             if anchors:
                 self._outer = torch.optim.SGD(anchors, lr=outer_lr, momentum=outer_momentum, nesterov=True)
+        # Launch order: the reverse of the global bucket order (later units first), parts last parameter first.
+        parts = [part for lb in reversed(self._local) for part in
+                 split_parts(lb.bucket, lb.params, group=lb.group, owner=lb.owner, cap_bytes=bucket_cap_bytes,
+                             units=lb.units)]
+        self.reducer = OverlappedReducer(parts, weight=self.weight, timeout_s=self.timeout_s, where=where,
+                                         overlap=overlap and policy == "synchronous", on_bytes=self._count)
+
+    def _count(self, num_bytes: int) -> None:
+        self.bytes_reduced += num_bytes
+
+    @property
+    def parts(self) -> list[Part]:
+        """This rank's gradient all-reduce parts, in launch order (with the last step's state)."""
+        return self.reducer.parts
+
+    def arm(self) -> None:
+        """The executor's last backward of the step is next: launch parts as their gradients become final."""
+        if self.policy == "synchronous":
+            if self.emulation is not None:
+                self.emulation.armed()
+            self.reducer.arm()
 
     def _bind(self, bucket: SyncBucket, named: Mapping[str, nn.Parameter],
               groups: Mapping[tuple[int, ...], Any]) -> _Local:
@@ -224,9 +248,12 @@ class ReplicaSync:
             missing = [n for n in bucket.names if n not in named][:3]
             raise PlanError(f"{self.where}: the plan makes this rank a holder of {bucket.label}, but its stage lacks "
                             f"{missing}; the plan does not match the model, re-plan it with `hetpipe plan`")
-        params = list(dict.fromkeys(named[n] for n in present))  # a tied alias set is one parameter
+        first = {}  # a tied alias set is one parameter: the first name of each
+        for n in present:
+            first.setdefault(id(named[n]), n)
+        params = [named[n] for n in first.values()]
         group = groups.get(bucket.ranks) if bucket.num_ranks > 1 else None
-        return _Local(bucket, params, group, bucket.is_owner(self.rank))
+        return _Local(bucket, params, group, bucket.is_owner(self.rank), [bucket.unit_of(n) for n in first.values()])
 
     def _anchor(self, p: nn.Parameter) -> torch.Tensor:
         a = p.detach().clone()
@@ -251,22 +278,19 @@ class ReplicaSync:
         comm.wait_work(work, timeout_s=self.timeout_s, gloo=self.gloo, describe=describe)
 
     def sync_grads(self) -> None:
-        """Synchronous policy: weighted gradient sum over the replicas, before the tied all-reduce."""
+        """Synchronous policy: finish the weighted gradient sum over the replicas, before the tied all-reduce."""
         if self.policy != "synchronous":
             return
         emu = self.emulation
-        if emu is not None:
+        if emu is None:
+            self.reducer.finish()
+        elif self.reducer.overlap:  # each part from when its holders' gradients were final (emulated)
+            emu.begin_overlapped()
+            self.reducer.finish(on_part=emu.after_part)
+            emu.end_overlapped()
+        else:  # serially after the slowest replica, as T charges it
             emu.begin()  # every rank, also one holding no bucket: it is a collective
-        for lb in self._local:
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in lb.params]
-            flat = torch.cat([g.reshape(-1) for g in grads]).mul_(self.weight)
-            self._all_reduce(lb, flat, "gradient")
-            if not lb.owner:
-                flat.zero_()  # the owner copy carries the sum; the executor's tied all-reduce adds zeros
-            _scatter(flat, lb.params)
-            if emu is not None:
-                emu.after_bucket(lb.bucket.label)
-        if emu is not None:
+            self.reducer.finish(on_part=lambda part: emu.after_bucket(part.bucket.label))
             emu.end()
 
     def after_step(self) -> bool:

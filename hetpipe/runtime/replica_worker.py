@@ -51,7 +51,8 @@ def train_replicas(args: argparse.Namespace, state: Any) -> RankResult:
     state.phase = "building the replica"
     trainer = ReplicaTrainer(plan, model=args.model, loss=worker._loss_fn(args), lr=args.lr,
                              schedule=args.schedule, seq=args.seq, seed=args.seed, timeout_s=args.timeout,
-                             stage_ranks=worker.stage_ranks(every, len(plan.stages)), hooks=hooks)
+                             stage_ranks=worker.stage_ranks(every, len(plan.stages)), hooks=hooks,
+                             overlap_sync=args.sync_overlap)
     reads = trainer.is_first or trainer.is_last
     stream = data_stream(args.data, model=args.model, global_batch=plan.training.global_batch, seed=args.seed,
                          example=trainer.example, meta_model=trainer.graph_module) if reads else None

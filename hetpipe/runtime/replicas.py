@@ -200,6 +200,9 @@ class ReplicaTrainer:
         stage_ranks: global rank of each plan stage (default: rank i runs ``plan.stages[i]``).
         global_loss: all-reduce the replicas' sample-weighted loss every step (one scalar).
         outer_lr, outer_momentum: DiLoCo's outer Nesterov SGD (defaults: the paper's).
+        overlap_sync: launch the synchronous gradient all-reduces during the last backward
+            (`hetpipe.runtime.grad_buckets`), else all in the optimizer step.
+        bucket_cap_bytes: largest gradient all-reduce part (default: the plan's ``sync.bucket_cap_bytes``).
         schedule, seq, seed, timeout_s, state_dict, grad_clip_norm, hooks, device: as for
             `hetpipe.runtime.inprocess.Trainer` and `PipelineExecutor`.
     """
@@ -211,7 +214,8 @@ class ReplicaTrainer:
                  stage_ranks: Sequence[int] | None = None, state_dict: Any = None,
                  grad_clip_norm: float | None = None, hooks: ActionHooks | None = None, global_loss: bool = True,
                  outer_lr: float = DILOCO_OUTER_LR, outer_momentum: float = DILOCO_OUTER_MOMENTUM,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, overlap_sync: bool = True,
+                 bucket_cap_bytes: int | None = None) -> None:
         from hetpipe.runtime import worker
 
         self.plan = plan if isinstance(plan, Plan) else Plan.load(plan)
@@ -242,7 +246,8 @@ class ReplicaTrainer:
         self.sync = ReplicaSync(buckets, module=self.stage.module, rank=self.place.rank,
                                 grad_weight=self.place.grad_weight, policy=sync.policy, outer_steps=sync.outer_steps,
                                 groups=groups, timeout_s=timeout_s, where=self.where, outer_lr=outer_lr,
-                                outer_momentum=outer_momentum)
+                                outer_momentum=outer_momentum, overlap=overlap_sync,
+                                bucket_cap_bytes=bucket_cap_bytes or sync.bucket_cap_bytes)
         params = list(self.stage.parameters())
         self.optimizer = optimizer(params) if optimizer is not None else worker.make_optimizer(
             self.plan.training.optimizer, params, lr=lr)
@@ -256,7 +261,8 @@ class ReplicaTrainer:
             loss_fn=loss if loss is not None else _no_loss, optimizer=self.optimizer,
             microbatches=self.place.microbatches, timeout_s=timeout_s, grad_clip_norm=grad_clip_norm, hooks=hooks,
             stage_ranks=self.place.stage_ranks, group=groups.get(tuple(sorted(self.place.stage_ranks))),
-            tied_group=lambda ranks: groups[tuple(sorted(ranks))], grad_sync=self.sync.sync_grads)
+            tied_group=lambda ranks: groups[tuple(sorted(ranks))], grad_sync=self.sync.sync_grads,
+            final_backward=self.sync.arm if overlap_sync else None)
 
     def _schedule(self, name: str) -> list[Any]:
         from hetpipe.runtime.schedule import make_schedule, validate_schedule

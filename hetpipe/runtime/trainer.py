@@ -221,6 +221,7 @@ def run(
     lr: float | None = None,
     safety_factor: float | None = None,
     run_dir: str | Path | None = None,
+    sync_overlap: bool = True,
 ) -> RunReport:
     """Train ``model`` for ``steps`` optimizer steps with ``plan`` (see the module docstring).
 
@@ -243,13 +244,14 @@ def run(
     spec = LaunchSpec(plan_path=plan_path, model=model, steps=steps, nproc=len(plan.stages), run_dir=workdir,
                       emulate=emulate, schedule=schedule, timeout_s=timeout_s, seed=seed, seq=seq, lr=lr,
                       data=_data_arg(data, steps, workdir), loss=function_spec(loss, "loss"),
-                      safety_factor=safety_factor)
+                      safety_factor=safety_factor, sync_overlap=sync_overlap)
     try:
         outcome = launch(spec)
     except RuntimeFailure as err:
         raise RuntimeFailure(f"{err} (log: {workdir / 'torchrun.log'})") from None
     results = [RankResult.load(workdir / f"result-rank{r}.json") for r in range(len(plan.stages))]
-    out = build_report(plan, results, schedule=schedule, emulate=emulate, wall_s=outcome.wall_s)
+    out = build_report(plan, results, schedule=schedule, emulate=emulate, wall_s=outcome.wall_s,
+                       sync_overlap=sync_overlap)
     if report is not None:
         out.save(report)
     if not keep:

@@ -71,6 +71,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loss", default=None)
     p.add_argument("--safety-factor", type=float, default=None)
     p.add_argument("--emulate", action="store_true")
+    p.add_argument("--no-sync-overlap", dest="sync_overlap", action="store_false")
     # Not "--node": torchrun's own parser would take it for an abbreviation of --node-rank.
     p.add_argument("--plan-node", dest="node", default=os.environ.get("HETPIPE_NODE"),
                    help="the plan node this torchrun agent runs (multi-node jobs; default: one node)")
