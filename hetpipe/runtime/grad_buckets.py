@@ -187,11 +187,15 @@ class OverlappedReducer:
             part.work = None
 
     def _wait(self, part: Part) -> None:
-        def describe(timed_out: bool, detail: str) -> str:
-            ranks = list(part.bucket.ranks)
-            if timed_out:
-                return (f"{self.where} timed out after {self.timeout_s:.1f} s in the gradient all-reduce of "
-                        f"{part.label} with ranks {ranks}; is every one alive? (if only slow, raise timeout_s)")
-            return (f"{self.where} failed in the gradient all-reduce of {part.label} with ranks {ranks} "
-                    f"({detail}); check their logs for the first error")
-        comm.wait_work(part.work, timeout_s=self.timeout_s, gloo=self.gloo, describe=describe)
+        wait_all_reduce(part.work, what=f"gradient all-reduce of {part.label}", ranks=part.bucket.ranks,
+                        where=self.where, timeout_s=self.timeout_s, gloo=self.gloo)
+
+
+def wait_all_reduce(work: Any, *, what: str, ranks: Sequence[int], where: str, timeout_s: float, gloo: bool) -> None:
+    """Bounded wait for a bucket's all-reduce; a timeout or a lost peer names ``what`` and the ranks."""
+    def describe(timed_out: bool, detail: str) -> str:
+        if timed_out:
+            return (f"{where} timed out after {timeout_s:.1f} s in the {what} with ranks {list(ranks)}; is every "
+                    "one alive? (if only slow, raise timeout_s)")
+        return f"{where} failed in the {what} with ranks {list(ranks)} ({detail}); check their logs for the first error"
+    comm.wait_work(work, timeout_s=timeout_s, gloo=gloo, describe=describe)

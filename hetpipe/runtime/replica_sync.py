@@ -61,8 +61,7 @@ from torch import nn
 from hetpipe.cost_models.sync import BUCKET_CAP_BYTES
 from hetpipe.errors import PlanError
 from hetpipe.partitioner.plan import Plan
-from hetpipe.runtime import comm
-from hetpipe.runtime.grad_buckets import OverlappedReducer, Part, SyncBucket, split_parts
+from hetpipe.runtime.grad_buckets import OverlappedReducer, Part, SyncBucket, split_parts, wait_all_reduce
 
 log = logging.getLogger(__name__)
 
@@ -267,15 +266,8 @@ class ReplicaSync:
             return
         self.bytes_reduced += flat.numel() * flat.element_size()
         work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=lb.group, async_op=True)
-
-        def describe(timed_out: bool, detail: str) -> str:
-            ranks = list(lb.bucket.ranks)
-            if timed_out:
-                return (f"{self.where} timed out after {self.timeout_s:.1f} s in the {what} all-reduce of "
-                        f"{lb.bucket.label} with ranks {ranks}; is every one alive? (if only slow, raise timeout_s)")
-            return (f"{self.where} failed in the {what} all-reduce of {lb.bucket.label} with ranks {ranks} "
-                    f"({detail}); check their logs for the first error")
-        comm.wait_work(work, timeout_s=self.timeout_s, gloo=self.gloo, describe=describe)
+        wait_all_reduce(work, what=f"{what} all-reduce of {lb.bucket.label}", ranks=lb.bucket.ranks,
+                        where=self.where, timeout_s=self.timeout_s, gloo=self.gloo)
 
     def sync_grads(self) -> None:
         """Synchronous policy: finish the weighted gradient sum over the replicas, before the tied all-reduce."""
