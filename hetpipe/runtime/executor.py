@@ -64,7 +64,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -72,9 +72,10 @@ import torch.distributed as dist
 from hetpipe.errors import RuntimeFailure
 from hetpipe.runtime import comm
 from hetpipe.runtime.actions import Action, Op
-from hetpipe.runtime.held import MEMORY_CATEGORIES, HeldBytes, grad_bytes, optimizer_bytes, storage_key
+from hetpipe.runtime.held import HeldBytes, grad_bytes, optimizer_bytes, storage_key
 from hetpipe.runtime.schedule import check_actions, make_schedule
-from hetpipe.runtime.stage import StageModule, TensorSpec
+from hetpipe.runtime.stage import StageModule
+from hetpipe.runtime.stats import ActionHooks, ActionTiming, MemoryStats, StepStats
 
 log = logging.getLogger(__name__)
 
@@ -82,82 +83,6 @@ _RECVS = (Op.RECV_F, Op.RECV_B)
 _SENDS = (Op.SEND_F, Op.SEND_B)
 _CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s epsilon, so clipping matches it
 PREFETCH_DEPTH = 3  # receives posted ahead off gloo (the next one and two more: covers a 1F1B F-B-F window)
-
-
-class ActionHooks:
-    """Callbacks around every action (the emulation layer subclasses this; the default does nothing).
-
-    ``send_delay_s`` is asked by the *sender* right before it posts a message over
-    cut ``cut``; the arrival time (now + delay, CLOCK_MONOTONIC) travels in the
-    header and the receiver sleeps until it, so the sender never blocks.
-    ``memory`` gets the bytes held after each action by `MEMORY_CATEGORIES`.
-
-    Example:
-        >>> ActionHooks().send_delay_s(0, 1024)
-        0.0
-    """
-
-    exact_memory = False  # True: account autograd's saved tensors on every step (an emulated memory limit)
-
-    def before(self, action: Action) -> None:
-        """Called right before ``action`` runs."""
-
-    def after(self, action: Action, seconds: float) -> None:
-        """Called right after ``action`` ran for ``seconds`` (measured; CUDA synchronised)."""
-
-    def send_delay_s(self, cut: int, num_bytes: int) -> float:
-        return 0.0
-
-    def memory(self, action: Action, held_bytes: Mapping[str, int]) -> None:
-        """Bytes held after ``action``, by category (a read-only live view: copy it to keep it)."""
-
-    def arrived(self, action: Action, late_s: float) -> None:
-        """A RECV's message with an emulated arrival time came ``late_s`` after it (< 0: early)."""
-
-
-@dataclass(frozen=True)
-class ActionTiming:
-    action: str
-    start_s: float  # since the start of the step
-    duration_s: float  # the whole action, including an emulation stretch
-
-
-@dataclass(frozen=True)
-class MemoryStats:
-    """What this rank held, as far as it can account for it (unique storages).
-
-    ``peak_bytes`` is the largest total seen after any action; activations are the
-    storages autograd saved plus the stage inputs/outputs of in-flight
-    micro-batches; comm is posted receive buffers and outgoing gradients.
-    """
-
-    param_bytes: int  # parameters and buffers
-    grad_bytes: int
-    optimizer_state_bytes: int
-    peak_activation_bytes: int
-    peak_comm_bytes: int
-    peak_bytes: int
-
-
-@dataclass(frozen=True)
-class StepStats:
-    """One rank's view of one step; ``loss`` is None off the last stage unless broadcast."""
-
-    rank: int
-    stage: int
-    loss: float | None
-    forward_s: tuple[float, ...]  # per micro-batch index
-    backward_s: tuple[float, ...]
-    actions: tuple[ActionTiming, ...]
-    comm_wait_s: float  # time spent in RECV actions and waiting for sends
-    optimizer_s: float  # the STEP action (tied all-reduce, clipping, optimizer, scheduler)
-    step_s: float
-    grad_norm: float | None  # global norm before clipping (only with grad_clip_norm)
-    memory: MemoryStats
-
-    @property
-    def peak_bytes(self) -> int:
-        return self.memory.peak_bytes
 
 
 @dataclass
