@@ -18,7 +18,7 @@ losses at every step (checked, printed), so the comparison is between two execut
 the same computation.
 
 Usage:
-    python benchmarks/runtime_vs_torch.py [--stages 2 4] [--repeats 15] [--steps 3]
+    python benchmarks/runtime_vs_torch.py [--stages 2 4] [--repeats 41] [--steps 3]
 
 Example:
     $ OMP_NUM_THREADS=1 python benchmarks/runtime_vs_torch.py --stages 2 --repeats 3
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--microbatch", type=int, default=16)
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--steps", type=int, default=3, help="steps per timed block")
-    p.add_argument("--repeats", type=int, default=15, help="timed blocks per executor (median)")
+    p.add_argument("--repeats", type=int, default=41, help="timed blocks per executor (median)")
     p.add_argument("--output", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     from hetpipe.runtime.report import machine_info
