@@ -2,9 +2,9 @@
 
 A `hetpipe.runtime.replica_sync.SyncBucket` (one sync group's parameters, or one tied
 parameter) can be as large as a whole stage.  `split_parts` cuts it into parts of at
-most ``cap_bytes`` (whole parameters, from the last parameter back, because backward
-produces the last gradients first); every holder of the bucket cuts it identically, since
-they hold the same parameters.  `OverlappedReducer` runs the parts of one rank:
+most ``cap_bytes`` (whole units while they fit, else whole parameters, from the last unit
+back, because backward produces the last gradients first); every holder of the bucket cuts
+it identically, since they hold the same parameters.  `OverlappedReducer` runs the parts of one rank:
 
 * `OverlappedReducer.arm` (called by the executor right before the rank's last backward
   of the step) lets a post-accumulate-grad hook mark each parameter whose gradient is

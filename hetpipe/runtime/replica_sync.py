@@ -10,9 +10,9 @@ Buckets are in one global order (by first unit; a tied parameter at its lowest u
 that unit's group), so every rank issues its all-reduces in an order consistent with every
 other rank's (no deadlock, and matching collectives on each process group).
 
-`ReplicaSync` splits each bucket into *parts* of at most ``bucket_cap_bytes``
-(`hetpipe.cost_models.sync.BUCKET_CAP_BYTES`, whole parameters, last parameter first) and
-runs each part as one flat all-reduce (SUM) over a process group of its holders, each
+`ReplicaSync` splits each bucket into *parts* of at most ``bucket_cap_bytes`` (the plan's
+``sync.bucket_cap_bytes``; whole units while they fit, last unit first, see
+`hetpipe.runtime.grad_buckets.split_parts`) and runs each part as one flat all-reduce (SUM) over a process group of its holders, each
 rank's contribution scaled by its replica's ``grad_weight`` = samples_r / global_batch.
 With each replica's loss the mean over its own samples, the sum is the mean-loss
 gradient of the concatenated global batch:
