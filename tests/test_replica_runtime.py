@@ -115,6 +115,27 @@ def test_sync_parts_take_whole_units_last_unit_first_and_cut_big_units_at_parame
     assert [part.num_bytes for part in parts] == [100, 120, 120, 80]
 
 
+def test_frozen_parameters_are_left_out_of_the_sync():
+    """A parameter without gradients has no hook to register and nothing to average: no part holds it, and the
+    others still launch from their hooks during the backward."""
+    from hetpipe.runtime.grad_buckets import SyncBucket
+    from hetpipe.runtime.replica_sync import ReplicaSync
+
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
+    net[0].weight.requires_grad_(False)
+    names = tuple(n for n, _ in net.named_parameters())
+    bucket = SyncBucket("units 0-1", (0,), names, (0,), units=(0, 0, 1, 1))
+    sync = ReplicaSync([bucket], module=net, rank=0, grad_weight=0.5, policy="synchronous", outer_steps=1, groups={},
+                       timeout_s=5.0, where="rank 0")
+    held = [p for part in sync.parts for p in part.params]
+    assert len(held) == 3 and all(p is not net[0].weight for p in held)
+    sync.arm()
+    net(torch.ones(2, 3)).sum().backward()
+    sync.sync_grads()
+    assert all(part.in_backward for part in sync.parts) and net[0].weight.grad is None
+    assert torch.equal(net[1].bias.grad, torch.tensor([1.0]))  # 2 samples x weight 0.5
+
+
 def test_emulation_uses_each_replicas_own_links_and_the_plans_sync_times():
     """--emulate on a replica plan: a stage's links are its own replica's neighbours (not the next entry of
     plan.stages), and the emulated sync of each runtime bucket ends at the plan's cumulative group time."""

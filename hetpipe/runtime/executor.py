@@ -258,8 +258,8 @@ class PipelineExecutor:
             hooks.before(action)
             t0 = clock()
             handlers[action.op](action)
-            if self._sync_cuda and action.op in (Op.F, Op.B):
-                torch.cuda.synchronize(self.stage.device)
+            if self._sync_cuda and action.op in (Op.F, Op.B):  # not the NCCL streams: the sync runs on
+                torch.cuda.current_stream(self.stage.device).synchronize()  # them during the last backward
             seconds = clock() - t0
             self._record(action, seconds)
             hooks.after(action, seconds)  # emulation stretches compute here
@@ -294,7 +294,8 @@ class PipelineExecutor:
         if not self.comm.gloo:
             return PREFETCH_DEPTH
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
-        return PREFETCH_DEPTH if local_ranks > len(os.sched_getaffinity(0)) else 0
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return PREFETCH_DEPTH if local_ranks > cores else 0
 
     def _agreed_builtin_schedule(self) -> bool:
         """Does every stage run the same built-in list, GPipe's or 1F1B's (one all-reduce)?

@@ -184,7 +184,7 @@ class OverlappedReducer:
                 part.flat.zero_()  # the owner copy carries the sum; the executor's tied all-reduce adds zeros
             if on_part is not None:
                 on_part(part)
-            part.work = None
+            part.work, part.flat = None, None  # the gradients (views) keep the buffer until zero_grad
 
     def _wait(self, part: Part) -> None:
         wait_all_reduce(part.work, what=f"gradient all-reduce of {part.label}", ranks=part.bucket.ranks,

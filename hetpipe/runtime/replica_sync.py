@@ -6,8 +6,8 @@ names (from the captured fx graph: a ``call_module`` node's submodule parameters
 targets of ``get_attr`` nodes belong to that node's unit) and the global ranks holding
 them; a parameter tied across units (GPT-2's ``wte`` / ``lm_head``) gets a bucket of its
 own over every rank holding a copy, because replicas may hold it on different stages.
-Buckets are in one global order (by first unit; a tied parameter at its lowest unit, before
-that unit's group), so every rank issues its all-reduces in an order consistent with every
+Buckets are in one global order (by first unit; a tied parameter just before the group of
+its lowest unit), so every rank issues its all-reduces in an order consistent with every
 other rank's (no deadlock, and matching collectives on each process group).
 
 `ReplicaSync` splits each bucket into *parts* of at most ``bucket_cap_bytes`` (the plan's
@@ -160,10 +160,12 @@ def sync_buckets(plan: Plan, units_of: Mapping[str, int], stage_ranks: Sequence[
             stages = sorted({_holder(plan, r, u) for u in t.units})
             holders.update(stage_ranks[s] for s in stages)
             owners.append(stage_ranks[stages[0]])
+        low = min(t.units)  # its gradient is final when this unit's backward is done: charge it to that group
+        group_first = next(g.first_unit for g in plan.sync.groups if g.first_unit <= low <= g.last_unit)
         out.append(SyncBucket(f"tied {t.names[0]}", tuple(sorted(holders)), tuple(t.names), tuple(sorted(owners)),
-                              tied=True, first_unit=min(t.units)))
+                              tied=True, first_unit=group_first))
     # A tied parameter's gradient is final only when its lowest unit's backward is done: it goes before that
-    # unit's group here, i.e. after it in the (reversed) launch order.  Stable sort: group order kept.
+    # unit's group here, i.e. after the whole group in the (reversed) launch order.  Stable sort.
     return tuple(sorted(out, key=lambda b: (b.first_unit, not b.tied)))
 
 
@@ -211,7 +213,7 @@ class ReplicaSync:
         self.emulation: Any = None
         self.gloo = dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo"
         named = dict(module.named_parameters(remove_duplicate=False))
-        self._local = [self._bind(b, named, groups) for b in buckets if rank in b.ranks]
+        self._local = [lb for lb in (self._bind(b, named, groups) for b in buckets if rank in b.ranks) if lb.params]
         self._anchors: dict[int, torch.Tensor] = {}
         self._outer: torch.optim.Optimizer | None = None
         if policy == "diloco":
@@ -247,9 +249,10 @@ class ReplicaSync:
             missing = [n for n in bucket.names if n not in named][:3]
             raise PlanError(f"{self.where}: the plan makes this rank a holder of {bucket.label}, but its stage lacks "
                             f"{missing}; the plan does not match the model, re-plan it with `hetpipe plan`")
-        first = {}  # a tied alias set is one parameter: the first name of each
+        first = {}  # a tied alias set is one parameter: the first name of each; frozen ones get no gradient
         for n in present:
-            first.setdefault(id(named[n]), n)
+            if named[n].requires_grad:
+                first.setdefault(id(named[n]), n)
         params = [named[n] for n in first.values()]
         group = groups.get(bucket.ranks) if bucket.num_ranks > 1 else None
         return _Local(bucket, params, group, bucket.is_owner(self.rank), [bucket.unit_of(n) for n in first.values()])
@@ -282,7 +285,7 @@ class ReplicaSync:
             emu.end_overlapped()
         else:  # serially after the slowest replica, as T charges it
             emu.begin()  # every rank, also one holding no bucket: it is a collective
-            self.reducer.finish(on_part=lambda part: emu.after_bucket(part.bucket.label))
+            self.reducer.finish()
             emu.end()
 
     def after_step(self) -> bool:
