@@ -38,7 +38,7 @@ def child(model_name: str) -> dict[str, float]:
 
     t0 = time.perf_counter()
     from hetpipe.models import build
-    from hetpipe.partitioner.capture import capture
+    from hetpipe.partitioner.capture.capture import capture
 
     model, inputs = build(model_name, device="meta")
     t1 = time.perf_counter()

@@ -24,8 +24,8 @@ from benchmarks.common import RESULTS_DIR, markdown_table, write_result  # noqa:
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
-    from hetpipe.demo import run_demo
-    from hetpipe.partitioner.plan import Plan
+    from hetpipe.cli.demo import run_demo
+    from hetpipe.plan.schema import Plan
     from hetpipe.runtime.report import RunReport
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -11,7 +11,7 @@ checks run in one process on that GPU:
 2. **Memory accounting.**  One `PipelineExecutor` runs the whole model as one stage with
    ``--microbatches`` micro-batches under 1F1B (Adam; one micro-batch in flight, as the
    cost model assumes for a last stage): its peak held
-   bytes (`hetpipe.runtime.held.HeldBytes`: parameters, gradients, optimizer state,
+   bytes (`hetpipe.runtime.execute.held.HeldBytes`: parameters, gradients, optimizer state,
    saved activations) next to ``torch.cuda.max_memory_allocated()`` over the same step
    (the allocator's view: it adds temporaries, workspaces and rounding) and next to the
    cost model's prediction for that stage.
@@ -49,7 +49,7 @@ RTOL, ATOL = 1e-4, 1e-5
 def _setup(args: argparse.Namespace) -> tuple[Any, tuple[torch.Tensor, ...], Any]:
     """(UnitGraph on meta, one meta micro-batch, the model's loss function)."""
     from hetpipe.models import build, training_loss
-    from hetpipe.partitioner.capture import capture
+    from hetpipe.partitioner.capture.capture import capture
 
     model, inputs = build(args.model, device="meta", batch=args.batch, seq=args.seq)
     fn, targets = training_loss(args.model, inputs)
@@ -60,7 +60,7 @@ def _setup(args: argparse.Namespace) -> tuple[Any, tuple[torch.Tensor, ...], Any
 def _batch(args: argparse.Namespace, graph: Any, example: tuple[torch.Tensor, ...], *, rows: int,
            step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``hetpipe run``'s synthetic global batch of ``rows`` samples (inputs, targets) on ``args.device``."""
-    from hetpipe.runtime.trainer import data_stream
+    from hetpipe.runtime.run import data_stream
 
     stream = data_stream(None, model=args.model, global_batch=rows, seed=step, example=example,
                          meta_model=graph.module)
@@ -72,7 +72,7 @@ def _batch(args: argparse.Namespace, graph: Any, example: tuple[torch.Tensor, ..
 def check_stages(args: argparse.Namespace, graph: Any, example: tuple[torch.Tensor, ...], loss_fn: Any
                  ) -> dict[str, float]:
     """Chained stage modules vs the whole model on ``device``: max relative loss and gradient errors."""
-    from hetpipe.runtime.stage import build_stage, split_stages
+    from hetpipe.runtime.stage.build import build_stage, split_stages
 
     stages, device = args.stages, args.device
     n = graph.num_units
@@ -111,11 +111,11 @@ def check_memory_and_timing(args: argparse.Namespace, graph: Any, example: tuple
                             profile: Any) -> dict[str, float]:
     """One-stage 1F1B step: held bytes vs the allocator's peak vs the cost model; timings vs predicted."""
     from hetpipe.cost_models.devices import Cluster, Device
-    from hetpipe.partitioner.api import build_problem
+    from hetpipe.plan.build import build_problem
     from hetpipe.partitioner.problem import Stage, evaluate
-    from hetpipe.runtime.executor import PipelineExecutor
-    from hetpipe.runtime.schedule import one_f_one_b
-    from hetpipe.runtime.stage import build_stage, split_stages
+    from hetpipe.runtime.execute.executor import PipelineExecutor
+    from hetpipe.schedule.builders import one_f_one_b
+    from hetpipe.runtime.stage.build import build_stage, split_stages
 
     microbatches, device = args.microbatches, args.device
     program = split_stages(graph.module, {}, example_inputs=example, num_stages=1, tied=graph.tied)

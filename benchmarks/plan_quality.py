@@ -49,7 +49,7 @@ QUICK = SCENARIOS[:2] + SCENARIOS[5:6]
 
 def evaluate_scenario(sc: Scenario) -> dict[str, object]:
     from hetpipe.cost_models.cluster import load_cluster
-    from hetpipe.partitioner.api import capture_builtin, partition_graph
+    from hetpipe.plan.build import capture_builtin, partition_graph
 
     cluster = load_cluster(ROOT / "examples" / "clusters" / sc.cluster)
     graph = capture_builtin(sc.model, batch=sc.batch, seq=sc.seq, precision="bf16-mixed")

@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import markdown_table, write_result  # noqa: E402
 from benchmarks.scenarios import gpt_graph, mixed_cluster  # noqa: E402
-from hetpipe.partitioner.api import build_problem  # noqa: E402
-from hetpipe.partitioner.dp import device_classes  # noqa: E402
-from hetpipe.partitioner.solve import solve  # noqa: E402
+from hetpipe.plan.build import build_problem  # noqa: E402
+from hetpipe.partitioner.solvers.dp import device_classes  # noqa: E402
+from hetpipe.partitioner.solvers.solve import solve  # noqa: E402
 
 #: Cards per node for each cluster size (4 kinds over the nodes).
 PER_NODE = {4: 1, 8: 2, 16: 4, 32: 8, 64: 8}

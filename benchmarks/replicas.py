@@ -74,8 +74,8 @@ def _policy(plan) -> str:
 
 def run_scenario(sc: Scenario, *, time_limit_s: float) -> list[object]:
     from hetpipe.cost_models.cluster import load_cluster
-    from hetpipe.partitioner.api import capture_builtin
-    from hetpipe.partitioner.replica_plan import build_replica_problem, partition_replicas
+    from hetpipe.plan.build import capture_builtin
+    from hetpipe.plan.replicas import build_replica_problem, partition_replicas
     from hetpipe.partitioner.replicas import solve_replicas_exact
 
     cluster = load_cluster(ROOT / "examples" / "clusters" / sc.cluster)

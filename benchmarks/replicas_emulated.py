@@ -73,7 +73,7 @@ def _ddp_equal_plan(graph: Any, cluster: Any, global_batch: int) -> Any:
     """(a) as a runnable replica plan: one single-stage replica per card, equal micro-batches."""
     from hetpipe.cost_models.sync import choose_policy
     from hetpipe.partitioner.problem import Stage, evaluate
-    from hetpipe.partitioner.replica_plan import assemble_replica_plan, build_replica_problem
+    from hetpipe.plan.replicas import assemble_replica_plan, build_replica_problem
     from hetpipe.partitioner.replicas import Replica, ReplicaSolution, evaluate_sync, replica_problem
 
     rp = build_replica_problem(graph, cluster, global_batch=global_batch, bucket_cap_bytes=MINI_BUCKET_CAP_BYTES)
@@ -92,8 +92,8 @@ def _ddp_equal_plan(graph: Any, cluster: Any, global_batch: int) -> Any:
 def emulated_plans(sc: Scenario) -> dict[str, tuple[Any, bool]]:
     """(a), (b), (c) and (c) without overlap for `MODEL` on ``sc``: name -> (plan, sync overlapped)."""
     from hetpipe.cost_models.cluster import load_cluster
-    from hetpipe.partitioner.api import capture_builtin, partition_graph
-    from hetpipe.partitioner.replica_plan import partition_replicas
+    from hetpipe.plan.build import capture_builtin, partition_graph
+    from hetpipe.plan.replicas import partition_replicas
 
     cluster = load_cluster(ROOT / "examples" / "clusters" / sc.cluster)
     graph = capture_builtin(MODEL, batch=MICRO_BATCH)
@@ -114,7 +114,7 @@ def layout(plan: Any) -> str:
 
 
 def _fits(plan: Any) -> bool:
-    from hetpipe.partitioner.plan import check_plan
+    from hetpipe.plan.schema import check_plan
 
     return not any("memory" in v or "usable" in v for v in check_plan(plan).violations)
 
@@ -123,7 +123,7 @@ def run_emulated(name: str, plan: Any, *, overlap: bool, steps: int, workdir: Pa
     """One emulated run of ``plan`` (an emulated OOM or other failure is recorded, not raised)."""
     from hetpipe.errors import RuntimeFailure
     from hetpipe.runtime.report import simulated_iteration_s
-    from hetpipe.runtime.trainer import run
+    from hetpipe.runtime.run import run
 
     sim = simulated_iteration_s(plan, plan.training.schedule, overlap_sync=overlap)
     tag = name[:3].strip("()") + ("" if overlap else "-late")

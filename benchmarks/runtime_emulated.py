@@ -62,9 +62,9 @@ class Outcome:
 def _plans(batch: int, global_batch: int | None, cluster_path: Path = CLUSTER) -> dict[str, object]:
     """hetpipe's plan and the baseline plans, all assembled from one Problem."""
     from hetpipe.cost_models.cluster import load_cluster
-    from hetpipe.partitioner.api import assemble_plan, build_problem, capture_builtin, partition_graph
+    from hetpipe.plan.build import assemble_plan, build_problem, capture_builtin, partition_graph
     from hetpipe.partitioner.baselines import baseline
-    from hetpipe.partitioner.plan import SolverReport
+    from hetpipe.plan.schema import SolverReport
     from hetpipe.partitioner.problem import evaluate
 
     cluster = load_cluster(cluster_path)
@@ -97,9 +97,9 @@ def _describe(plan: object) -> str:
 def _run_plan(name: str, plan: object, *, steps: int, repeats: int, workdir: Path) -> Outcome:
     from hetpipe.errors import RuntimeFailure
     from hetpipe.partitioner.problem import evaluate
-    from hetpipe.partitioner.plan import problem_from_plan, stages_from_plan
+    from hetpipe.plan.schema import problem_from_plan, stages_from_plan
     from hetpipe.runtime.report import simulated_iteration_s
-    from hetpipe.runtime.trainer import run
+    from hetpipe.runtime.run import run
 
     fits = evaluate(problem_from_plan(plan), stages_from_plan(plan)).fits
     measured, scale, overruns, error = [], 0.0, 0, ""

@@ -2,7 +2,7 @@
 
 Same model, same split, same weights, same data, same optimizer, same process group:
 an MLP of ``--layers`` ``Linear(width, width) + ReLU`` blocks is traced once, split
-unevenly with `hetpipe.runtime.stage.split_stages`, and every rank builds its stage
+unevenly with `hetpipe.runtime.stage.build.split_stages`, and every rank builds its stage
 twice from one state dict -- once driven by `PipelineExecutor` with hetpipe's
 ``one_f_one_b`` action list, once wrapped in torch's ``PipelineStage`` and driven by
 ``Schedule1F1B`` (plus the same ``SGD.step()``; hetpipe's STEP action includes it).
@@ -102,9 +102,9 @@ def batch(cfg: Config, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 class _Hetpipe:
     def __init__(self, program: Any, state: dict[str, torch.Tensor], cfg: Config, rank: int) -> None:
-        from hetpipe.runtime.executor import PipelineExecutor
-        from hetpipe.runtime.schedule import one_f_one_b
-        from hetpipe.runtime.stage import build_stage
+        from hetpipe.runtime.execute.executor import PipelineExecutor
+        from hetpipe.schedule.builders import one_f_one_b
+        from hetpipe.runtime.stage.build import build_stage
 
         self.stage = build_stage(program, rank, state_dict=state, device="cpu")
         self.cfg, self.rank = cfg, rank
@@ -124,7 +124,7 @@ class _Torch:
     def __init__(self, program: Any, state: dict[str, torch.Tensor], cfg: Config, rank: int) -> None:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-        from hetpipe.runtime.stage import build_stage
+        from hetpipe.runtime.stage.build import build_stage
 
         module = build_stage(program, rank, state_dict=state, device="cpu").module
         self.opt = torch.optim.SGD(module.parameters(), lr=LR)
@@ -165,7 +165,7 @@ def _worker(rank: int, cfg: Config, port: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=cfg.stages,
                             timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
-    from hetpipe.runtime.stage import split_stages
+    from hetpipe.runtime.stage.build import split_stages
 
     model = make_model(cfg)
     gm = fx.symbolic_trace(model)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from hetpipe.cost_models.cluster import cluster_from_dict
 from hetpipe.cost_models.devices import Cluster
 from hetpipe.cost_models.memory import state_bytes_per_param
-from hetpipe.partitioner.graph import Unit, UnitGraph
+from hetpipe.partitioner.capture.graph import Unit, UnitGraph
 
 #: Korthikanti et al. 2022, bytes per (s·b·h) of one layer's saved activations, fused attention.
 ACTIVATION_BYTES_PER_SBH = 34

@@ -1,6 +1,6 @@
 """Issue #5: simulating a 64-stage, 256-micro-batch 1F1B iteration takes under 2 s here.
 
-Times `hetpipe.runtime.simulate.simulate` (schedule validation included, as users call
+Times `hetpipe.schedule.simulate.simulate` (schedule validation included, as users call
 it) on heterogeneous stage costs (seeded: F uniform in [1, 2] ms, B = 2F, C uniform in
 [0.1, 0.5] ms), plus building the schedule, for growing pipelines; medians and minima
 over ``--repeats`` runs in one process.  Writes benchmarks/results/simulator.md.
@@ -29,7 +29,7 @@ TARGET_S = 2.0
 
 
 def _costs(p: int, seed: int = 0) -> "SimCosts":  # noqa: F821 - imported lazily, like every benchmark
-    from hetpipe.runtime.simulate import SimCosts
+    from hetpipe.schedule.simulate import SimCosts
 
     rng = random.Random(seed)
     fwd = tuple(rng.uniform(1e-3, 2e-3) for _ in range(p))
@@ -38,8 +38,8 @@ def _costs(p: int, seed: int = 0) -> "SimCosts":  # noqa: F821 - imported lazily
 
 def time_size(p: int, m: int, repeats: int) -> dict[str, float]:
     """Seconds to build the 1F1B schedule and to simulate it (median and min over `repeats`)."""
-    from hetpipe.runtime.schedule import one_f_one_b
-    from hetpipe.runtime.simulate import simulate
+    from hetpipe.schedule.builders import one_f_one_b
+    from hetpipe.schedule.simulate import simulate
 
     costs, build, sim, events = _costs(p), [], [], 0
     for _ in range(repeats):

@@ -3,7 +3,7 @@
 For each plan_quality scenario (a bundled model captured on meta, an example cluster,
 bf16 mixed precision with Adam, the planner's micro-batch count) this script plans with
 hetpipe, then simulates the plan and every baseline placement with the same stage costs
-(`hetpipe.inspect_plan.compare_plan`): analytic T (the H-1F1B formula the solver
+(`hetpipe.plan.analysis.compare_plan`): analytic T (the H-1F1B formula the solver
 minimises), simulated iteration, their gap, and which of the formula's assumptions the
 plan meets (`formula_regime`: "balanced" or "dominant"; where one holds, the tests hold
 the gap within 2%).  It also reports whether the plan still beats each baseline under
@@ -36,7 +36,7 @@ from benchmarks.plan_quality import QUICK, SCENARIOS, Scenario, evaluate_scenari
 
 def scenario_row(sc: Scenario) -> list[object]:
     """One table row: the plan's analytic vs simulated T and the speed-ups under both."""
-    from hetpipe.inspect_plan import compare_plan
+    from hetpipe.plan.analysis import compare_plan
 
     plan = evaluate_scenario(sc)["plan"]
     rows = compare_plan(plan)

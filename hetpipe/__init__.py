@@ -39,21 +39,21 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _LAZY = {
-    "capture": "hetpipe.partitioner.capture",
-    "UnitGraph": "hetpipe.partitioner.graph",
-    "Unit": "hetpipe.partitioner.graph",
-    "partition": "hetpipe.partitioner.api",
-    "partition_graph": "hetpipe.partitioner.api",
-    "Plan": "hetpipe.partitioner.plan",
-    "check_plan": "hetpipe.partitioner.plan",
+    "capture": "hetpipe.partitioner.capture.capture",
+    "UnitGraph": "hetpipe.partitioner.capture.graph",
+    "Unit": "hetpipe.partitioner.capture.graph",
+    "partition": "hetpipe.plan.build",
+    "partition_graph": "hetpipe.plan.build",
+    "Plan": "hetpipe.plan.schema",
+    "check_plan": "hetpipe.plan.schema",
     "load_cluster": "hetpipe.cost_models.cluster",
     "Cluster": "hetpipe.cost_models.devices",
     "Problem": "hetpipe.partitioner.problem",
     "evaluate": "hetpipe.partitioner.problem",
-    "Action": "hetpipe.runtime.actions",
-    "run": "hetpipe.runtime.trainer",
-    "Trainer": "hetpipe.runtime.inprocess",
-    "ReplicaTrainer": "hetpipe.runtime.replicas",
+    "Action": "hetpipe.schedule.actions",
+    "run": "hetpipe.runtime.run",
+    "Trainer": "hetpipe.runtime.trainer",
+    "ReplicaTrainer": "hetpipe.runtime.replicas.trainer",
     "RunReport": "hetpipe.runtime.report",
 }
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from hetpipe.partitioner.api import assemble_plan, build_problem
-from hetpipe.partitioner.plan import Plan, SolverReport
+from hetpipe.plan.build import assemble_plan, build_problem
+from hetpipe.plan.schema import Plan, SolverReport
 from hetpipe.partitioner.problem import Stage, evaluate
 from tests.synthetic import synthetic_cluster, synthetic_graph
 
@@ -27,7 +27,7 @@ def replica_plan_for(graph, cluster, pipelines, *, policy: str = "synchronous", 
                      bucket_cap_bytes: int | None = None) -> Plan:
     """A version-2 plan with hand-chosen replicas: ``pipelines`` lists (stages, m_r) per replica."""
     from hetpipe.cost_models.sync import choose_policy
-    from hetpipe.partitioner.replica_plan import assemble_replica_plan
+    from hetpipe.plan.replicas import assemble_replica_plan
     from hetpipe.partitioner.replicas import Replica, ReplicaProblem, ReplicaSolution, evaluate_sync, replica_problem
 
     total = sum(m for _, m in pipelines)

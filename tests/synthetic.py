@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hetpipe.cost_models.devices import Cluster, Device, DeviceProfile, Link
-from hetpipe.partitioner.graph import Unit, UnitGraph
+from hetpipe.partitioner.capture.graph import Unit, UnitGraph
 
 GB = 10**9
 

@@ -1,4 +1,4 @@
-"""`hetpipe.partitioner.capture` (issue #2): parameters, FLOPs, saved activations, cut bytes,
+"""`hetpipe.partitioner.capture.capture` (issue #2): parameters, FLOPs, saved activations, cut bytes,
 tracing failures, granularities and fingerprints, each checked against an independent reference
 (closed forms, autograd on real CPU tensors, tensors actually sent in a split run)."""
 
@@ -16,8 +16,8 @@ from torch import nn
 from hetpipe.cost_models.activations import SavedTensorMeter, storage_key
 from hetpipe.errors import CaptureError, ConfigError
 from hetpipe.models import build
-from hetpipe.partitioner.capture import capture
-from hetpipe.runtime.stage import build_stage, split_stages
+from hetpipe.partitioner.capture.capture import capture
+from hetpipe.runtime.stage.build import build_stage, split_stages
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT2_SMALL_PARAMS = 124_439_808  # HF's count for GPT-2 small, tied head once (hetpipe.models.gpt)
@@ -266,7 +266,7 @@ def test_leaf_modules_and_precision_options():
 _FINGERPRINT_SCRIPT = """
 import json, sys
 from hetpipe.models import build
-from hetpipe.partitioner.capture import capture
+from hetpipe.partitioner.capture.capture import capture
 model, inputs = build("gpt-tiny", device="meta", batch=2, seq=16)
 print(json.dumps(capture(model, inputs).fingerprint))
 """

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetpipe.cli import main
+from hetpipe.cli.app import main
 from hetpipe.cost_models.catalog import load_catalog, lookup_gpu
 from hetpipe.cost_models.cluster import DEFAULT_RESERVE_BYTES, cluster_from_dict, load_cluster
 from hetpipe.cost_models.links import (

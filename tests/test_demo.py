@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from hetpipe import cli
-from hetpipe.demo import bundled_cluster
-from hetpipe.partitioner.plan import Plan, check_plan
+from hetpipe.cli.demo import bundled_cluster
+from hetpipe.plan.schema import Plan, check_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hetpipe.errors import ConfigError, RuntimeFailure
-from hetpipe.runtime.actions import Action, Op
-from hetpipe.runtime.emulate import (
+from hetpipe.schedule.actions import Action, Op
+from hetpipe.runtime.emulate.pipeline import (
     MIN_ACTION_REAL_S,
     ComputeStretch,
     EmulationHooks,

@@ -27,11 +27,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetpipe.errors import RuntimeFailure, ScheduleError
-from hetpipe.runtime import comm
-from hetpipe.runtime.actions import Action, Op
-from hetpipe.runtime.executor import ActionHooks, PipelineExecutor
-from hetpipe.runtime.schedule import check_actions, make_schedule
-from hetpipe.runtime.stage import build_stage, split_stages
+from hetpipe.runtime.execute import comm
+from hetpipe.schedule.actions import Action, Op
+from hetpipe.runtime.execute.executor import ActionHooks, PipelineExecutor
+from hetpipe.schedule.builders import check_actions, make_schedule
+from hetpipe.runtime.stage.build import build_stage, split_stages
 from tests.dist_helpers import SkipNet, TinyGPT, gpt_loss, run_world, stage_mapping
 
 RTOL, ATOL = 1e-5, 4e-5  # torch's pipelining test tolerances (fp32)

@@ -24,7 +24,7 @@ from hetpipe.runtime.launch import (
     write_error,
 )
 from hetpipe.runtime.report import RankResult, RunReport, build_report
-from hetpipe.runtime.trainer import split_microbatches, synthetic_batch
+from hetpipe.runtime.run import split_microbatches, synthetic_batch
 from hetpipe.runtime.worker import make_optimizer, stage_for, stage_links, stage_ranks
 from tests.runtime_plans import synthetic_plan
 
@@ -236,7 +236,7 @@ def test_watchdog_kills_on_missing_start_up_stalled_progress_and_stuck_teardown(
 
 def test_function_spec_and_saved_data(tmp_path):
     from hetpipe.models import lm_loss
-    from hetpipe.runtime.trainer import function_spec, save_data
+    from hetpipe.runtime.run import function_spec, save_data
 
     assert function_spec(lm_loss, "loss") == "hetpipe.models:lm_loss"
     assert function_spec("pkg.mod:fn", "loss") == "pkg.mod:fn" and function_spec(None, "loss") is None
@@ -253,7 +253,7 @@ def test_function_spec_and_saved_data(tmp_path):
 
 
 def test_collect_report_merges_per_node_run_dirs(tmp_path):
-    from hetpipe.runtime.trainer import collect_report
+    from hetpipe.runtime.run import collect_report
 
     plan = synthetic_plan()
     desk, shelf = tmp_path / "desk", tmp_path / "shelf"

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from hetpipe.cost_models.cluster import cluster_from_dict
 from hetpipe.cost_models.memory import state_bytes_per_param
 from hetpipe.models import build, training_loss
-from hetpipe.partitioner.api import build_problem, partition_graph
-from hetpipe.partitioner.capture import capture
-from hetpipe.partitioner.plan import Plan, check_plan, problem_from_plan
+from hetpipe.plan.build import build_problem, partition_graph
+from hetpipe.partitioner.capture.capture import capture
+from hetpipe.plan.schema import Plan, check_plan, problem_from_plan
 from hetpipe.partitioner.problem import Stage, evaluate, stage_memory_bytes
 
 BATCH, SEQ = 2, 16

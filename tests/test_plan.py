@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from hetpipe.errors import ConfigError, PlanError
-from hetpipe.partitioner.api import assemble_plan, build_problem, microbatches_for
-from hetpipe.partitioner.plan import PLAN_VERSION, Plan, SolverReport, check_plan, verify_model
+from hetpipe.plan.build import assemble_plan, build_problem, microbatches_for
+from hetpipe.plan.schema import PLAN_VERSION, Plan, SolverReport, check_plan, verify_model
 from hetpipe.partitioner.problem import Stage, evaluate
 from tests.synthetic import synthetic_cluster, synthetic_graph
 

@@ -25,8 +25,8 @@ import torch.distributed as dist
 
 from hetpipe.errors import ConfigError, PlanError
 from hetpipe.partitioner.problem import Stage
-from hetpipe.runtime.replica_sync import param_units, sync_buckets
-from hetpipe.runtime.replicas import ReplicaTrainer, place_rank
+from hetpipe.runtime.replicas.sync import param_units, sync_buckets
+from hetpipe.runtime.replicas.trainer import ReplicaTrainer, place_rank
 from tests.dist_helpers import run_world
 from tests.runtime_plans import replica_plan_for
 from tests.synthetic import synthetic_cluster
@@ -55,7 +55,7 @@ DL_MARGIN = 0.10
 
 def _graph(batch: int) -> Any:
     from hetpipe.models import build
-    from hetpipe.partitioner.capture import capture
+    from hetpipe.partitioner.capture.capture import capture
 
     model, inputs = build(MODEL, device="meta", batch=batch, seq=SEQ)
     return capture(model, inputs, name=MODEL), inputs
@@ -99,7 +99,7 @@ def test_ranks_replicas_and_sync_buckets_follow_the_plan():
 
 
 def test_sync_parts_take_whole_units_last_unit_first_and_cut_big_units_at_parameters():
-    from hetpipe.runtime.grad_buckets import SyncBucket, split_parts
+    from hetpipe.runtime.replicas.buckets import SyncBucket, split_parts
 
     sizes, units = (10, 10, 30, 30, 20, 5), (0, 0, 1, 1, 2, 2)  # floats per parameter, and its plan unit
     params = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
@@ -118,8 +118,8 @@ def test_sync_parts_take_whole_units_last_unit_first_and_cut_big_units_at_parame
 def test_frozen_parameters_are_left_out_of_the_sync():
     """A parameter without gradients has no hook to register and nothing to average: no part holds it, and the
     others still launch from their hooks during the backward."""
-    from hetpipe.runtime.grad_buckets import SyncBucket
-    from hetpipe.runtime.replica_sync import ReplicaSync
+    from hetpipe.runtime.replicas.buckets import SyncBucket
+    from hetpipe.runtime.replicas.sync import ReplicaSync
 
     net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
     net[0].weight.requires_grad_(False)
@@ -141,7 +141,7 @@ def test_emulation_uses_each_replicas_own_links_and_the_plans_sync_times():
     plan.stages), and the emulated sync of each runtime bucket ends at the plan's cumulative group time."""
     import time
 
-    from hetpipe.runtime.replica_emulate import sync_emulation
+    from hetpipe.runtime.emulate.replicas import sync_emulation
     from hetpipe.runtime.worker import stage_links
 
     plan = _numerics_plan()
@@ -231,7 +231,7 @@ def _numerics_worker(rank: int, world: int, plan: Any) -> dict[str, Any]:
 
 
 def _whole_model(batch: int) -> Any:
-    from hetpipe.runtime.stage import build_stage, split_stages
+    from hetpipe.runtime.stage.build import build_stage, split_stages
 
     graph, inputs = _graph(batch)
     return build_stage(split_stages(graph.module, {}, example_inputs=inputs, num_stages=1), 0, state_dict=None,

@@ -22,10 +22,10 @@ from hetpipe.cost_models.sync import (
     sync_groups,
 )
 from hetpipe.errors import ConfigError, InfeasibleError, PlanError
-from hetpipe.partitioner.api import assemble_plan, build_problem, partition_replicas
-from hetpipe.partitioner.plan import PLAN_VERSION, Plan, SolverReport, check_plan
+from hetpipe.plan.build import assemble_plan, build_problem, partition_replicas
+from hetpipe.plan.schema import PLAN_VERSION, Plan, SolverReport, check_plan
 from hetpipe.partitioner.problem import Stage, evaluate
-from hetpipe.partitioner.replica_plan import build_replica_problem, ddp_equal
+from hetpipe.plan.replicas import build_replica_problem, ddp_equal
 from hetpipe.partitioner.replicas import (
     PipelineCache,
     ReplicaProblem,
@@ -336,7 +336,7 @@ def test_show_displays_replicas_batch_shares_and_sync_policy(tmp_path, capsys):
 
 def test_single_pipeline_trainer_refuses_replica_plans_before_any_collective(home_plan):
     from hetpipe.errors import ConfigError
-    from hetpipe.runtime.inprocess import Trainer
+    from hetpipe.runtime.trainer import Trainer
 
-    with pytest.raises(ConfigError, match="replicas; use hetpipe.runtime.replicas.ReplicaTrainer"):
+    with pytest.raises(ConfigError, match="replicas; use hetpipe.runtime.replicas.trainer.ReplicaTrainer"):
         Trainer(home_plan, model="gpt-tiny")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hetpipe.partitioner.plan import Plan
+from hetpipe.plan.schema import Plan
 from hetpipe.partitioner.problem import Stage
 from hetpipe.runtime.report import RunReport
 from tests.runtime_plans import plan_for
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 MODEL, BATCH, SEQ, MICROBATCHES = "gpt-tiny", 2, 16, 4
 # The measured emulated iteration (median over steps after the first) vs the plan's T and the
 # simulator's iteration for the same schedule: T is the HARP/AMP 1F1B formula, which the
-# simulator shows can be off by up to ~26% for comm-heavy pipelines (hetpipe.runtime.simulate),
+# simulator shows can be off by up to ~26% for comm-heavy pipelines (hetpipe.schedule.simulate),
 # so T gets the looser bound.  The simulator models exactly what the emulation does.
 TOLERANCE_VS_PLAN = 0.30
 TOLERANCE_VS_SIMULATED = 0.15
@@ -42,7 +42,7 @@ WALL_LIMIT_S = 240.0  # generous: 3 ranks importing torch on 2 shared cores
 @pytest.fixture(scope="module")
 def plan_path(tmp_path_factory) -> Path:
     from hetpipe.models import build
-    from hetpipe.partitioner.capture import capture
+    from hetpipe.partitioner.capture.capture import capture
 
     model, inputs = build(MODEL, device="meta", batch=BATCH, seq=SEQ)
     graph = capture(model, inputs, name=MODEL)
@@ -123,7 +123,7 @@ def test_emulated_run_writes_a_report_that_matches_the_plan(plan_path, tmp_path,
     assert "time scale" in out.out and "median" in out.out
     # The last step's actions per rank (for the measured Gantt): exactly the schedule's actions, in order,
     # non-overlapping, and each F/B lasting its stretched (emulated) time, not just the CPU's compute.
-    from hetpipe.runtime.schedule import one_f_one_b
+    from hetpipe.schedule.builders import one_f_one_b
 
     schedule = one_f_one_b(3, MICROBATCHES)
     assert sorted(t.stage for t in rep.timelines) == [0, 1, 2]
@@ -198,9 +198,9 @@ def test_python_api_trains_on_user_data_like_a_single_process_reference(plan_pat
     import torch
 
     from hetpipe.models import build, lm_loss
-    from hetpipe.partitioner.capture import capture
-    from hetpipe.runtime.stage import build_stage, split_stages
-    from hetpipe.runtime.trainer import run
+    from hetpipe.partitioner.capture.capture import capture
+    from hetpipe.runtime.stage.build import build_stage, split_stages
+    from hetpipe.runtime.run import run
 
     gen = torch.Generator().manual_seed(7)
     batches = []
@@ -227,9 +227,9 @@ def test_replica_plan_runs_end_to_end_like_the_concatenated_batch(tmp_path):
     import torch
 
     from hetpipe.models import build, lm_loss
-    from hetpipe.partitioner.capture import capture
-    from hetpipe.runtime.stage import build_stage, split_stages
-    from hetpipe.runtime.trainer import run
+    from hetpipe.partitioner.capture.capture import capture
+    from hetpipe.runtime.stage.build import build_stage, split_stages
+    from hetpipe.runtime.run import run
     from tests.runtime_plans import replica_plan_for
 
     model, inputs = build(MODEL, device="meta", batch=BATCH, seq=SEQ)
@@ -259,7 +259,7 @@ def replica_plan_path(tmp_path_factory) -> Path:
     """Replica A = n0:0 + n0:1 (2 stages, 3 micro-batches), replica B = n1:2 (1 stage, 1 micro-batch), synchronous
     sync over a 1 GB/s inter-node link, so compute (~1.4 ms) and sync (~1.5 ms) weigh about the same in T."""
     from hetpipe.models import build
-    from hetpipe.partitioner.capture import capture
+    from hetpipe.partitioner.capture.capture import capture
     from tests.runtime_plans import replica_plan_for
 
     model, inputs = build(MODEL, device="meta", batch=BATCH, seq=SEQ)
@@ -301,7 +301,7 @@ def ddp_plan_path(tmp_path_factory) -> Path:
     transformer block (200 kB): the sync (~0.9 ms) outlasts the compute (~0.7 ms) and overlapping it with the
     backward hides about a fifth of the step (simulated 1.3 ms overlapped vs 1.6 ms after backward)."""
     from hetpipe.models import build
-    from hetpipe.partitioner.capture import capture
+    from hetpipe.partitioner.capture.capture import capture
     from tests.runtime_plans import replica_plan_for
 
     model, inputs = build(MODEL, device="meta", batch=BATCH, seq=SEQ)
@@ -346,7 +346,7 @@ def test_emulated_diloco_charges_the_outer_step_every_h_steps(tmp_path, capsys):
     """Issue #6: under --emulate a DiLoCo plan (H = 2) runs its inner steps without sync and every second step
     adds the outer exchange, lasting the plan's sync_s after the slowest replica."""
     from hetpipe.models import build
-    from hetpipe.partitioner.capture import capture
+    from hetpipe.partitioner.capture.capture import capture
     from tests.runtime_plans import replica_plan_for
 
     model, inputs = build(MODEL, device="meta", batch=BATCH, seq=SEQ)

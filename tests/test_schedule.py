@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hetpipe.errors import ScheduleError
-from hetpipe.runtime.actions import Action, Op
-from hetpipe.runtime.schedule import (
+from hetpipe.schedule.actions import Action, Op
+from hetpipe.schedule.builders import (
     format_grid,
     format_schedule,
     gpipe,
@@ -17,7 +17,7 @@ from hetpipe.runtime.schedule import (
     parse_schedule,
     validate_schedule,
 )
-from hetpipe.runtime.simulate import SimCosts, simulate
+from hetpipe.schedule.simulate import SimCosts, simulate
 
 
 @settings(max_examples=60, deadline=None)

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from hetpipe import cli
-from hetpipe.gantt import chrome_trace, gantt_figure, save_gantt_compare, timeline_from_actions
-from hetpipe.inspect_plan import PlanSimulation, compare_plan, divergence_reason, simulate_plan
-from hetpipe.partitioner.api import partition_graph
-from hetpipe.partitioner.plan import Plan
-from hetpipe.runtime.actions import Op
-from hetpipe.runtime.schedule import make_schedule, one_f_one_b
-from hetpipe.runtime.simulate import SimCosts, simulate
-from hetpipe.views import memory_bar
+from hetpipe.cli.timeline import chrome_trace, gantt_figure, save_gantt_compare, timeline_from_actions
+from hetpipe.plan.analysis import PlanSimulation, compare_plan, divergence_reason, simulate_plan
+from hetpipe.plan.build import partition_graph
+from hetpipe.plan.schema import Plan
+from hetpipe.schedule.actions import Op
+from hetpipe.schedule.builders import make_schedule, one_f_one_b
+from hetpipe.schedule.simulate import SimCosts, simulate
+from hetpipe.cli.tables import memory_bar
 from tests.synthetic import synthetic_cluster, synthetic_graph
 
 #: The 3060-like slow card of the synthetic cluster, shrunk so two units (the baselines' split) do not fit.
@@ -132,7 +132,7 @@ def test_measured_action_timings_rebuild_the_same_timeline():
     res = simulate(one_f_one_b(3, 4), SimCosts(fwd_s=(1.0, 2.0, 1.0), bwd_s=(2.0, 4.0, 2.0), send_s=(0.5, 0.5),
                                                step_s=(0.3, 0.3, 0.3)))
 
-    class Timing:  # the shape of hetpipe.runtime.executor.ActionTiming
+    class Timing:  # the shape of hetpipe.runtime.execute.executor.ActionTiming
         def __init__(self, action: str, start_s: float, duration_s: float) -> None:
             self.action, self.start_s, self.duration_s = action, start_s, duration_s
 

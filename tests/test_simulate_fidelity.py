@@ -2,7 +2,7 @@
 
 `problem.evaluate`'s T is the H-1F1B formula ``sum(F+B) + sum 2C + (m-1) max(max(F+B), max 2C)``.
 The simulator replays the 1F1B action lists.  They must agree within 2% wherever the formula's
-assumptions hold (`hetpipe.inspect_plan.formula_regime`):
+assumptions hold (`hetpipe.plan.analysis.formula_regime`):
 
 * "balanced": every stage's F+B within 5% of the others, every cut's 2C <= 1% of the smallest
   F+B, m >= 4p;
@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetpipe.inspect_plan import (
+from hetpipe.plan.analysis import (
     AGREEMENT_RTOL,
     BALANCED_MAX_RATIO,
     CHEAP_COMM_SHARE,
@@ -31,8 +31,8 @@ from hetpipe.inspect_plan import (
     formula_regime,
 )
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate
-from hetpipe.runtime.schedule import gpipe, make_schedule, one_f_one_b
-from hetpipe.runtime.simulate import costs_from_problem, simulate
+from hetpipe.schedule.builders import gpipe, make_schedule, one_f_one_b
+from hetpipe.schedule.simulate import costs_from_problem, simulate
 
 BOUNDARY_BYTES = 10**6
 BIG_BYTES = 10**15

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.baselines import BASELINES, baseline
-from hetpipe.partitioner.cpsat import solve_cpsat
-from hetpipe.partitioner.dp import device_classes, solve_exact
-from hetpipe.partitioner.fixed_order import solve_fixed_order
+from hetpipe.partitioner.solvers.cpsat import solve_cpsat
+from hetpipe.partitioner.solvers.dp import device_classes, solve_exact
+from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
 from hetpipe.partitioner.problem import Problem, evaluate
-from hetpipe.partitioner.solve import heuristic, solve
+from hetpipe.partitioner.solvers.solve import heuristic, solve
 from tests.instances import all_placements, brute_force, random_problem
 
 REL = 1e-6  # float re-evaluation of integer-tick CP-SAT solutions (ticks are 1e-7 of T)
@@ -148,7 +148,7 @@ def test_seeded_exact_dp_is_still_exact() -> None:
 
 
 def test_relaxation_is_a_valid_lower_bound_and_realises_feasible_plans() -> None:
-    from hetpipe.partitioner.relax import relaxed_bound, relaxed_problem
+    from hetpipe.partitioner.solvers.relax import relaxed_bound, relaxed_problem
 
     rng = random.Random(21)
     checked = 0
@@ -168,7 +168,7 @@ def test_relaxation_is_a_valid_lower_bound_and_realises_feasible_plans() -> None
 
 
 def test_beyond_the_dp_budget_solve_reports_a_sound_bound(monkeypatch) -> None:
-    import hetpipe.partitioner.dp as dp_mod
+    import hetpipe.partitioner.solvers.dp as dp_mod
 
     prob = random_problem(random.Random(8), units=10, devices=5, microbatches=6)
     exact = solve_exact(prob)

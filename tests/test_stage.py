@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from hetpipe.errors import CaptureError, RuntimeFailure, ScheduleError
-from hetpipe.runtime.stage import StageModule, build_stage, split_stages
+from hetpipe.runtime.stage.build import StageModule, build_stage, split_stages
 from tests.dist_helpers import SkipNet, TinyGPT, gpt_loss, node_units, stage_mapping
 
 RTOL, ATOL = 1e-5, 4e-5  # torch's pipelining test tolerances (fp32)

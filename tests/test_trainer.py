@@ -39,7 +39,7 @@ def halve(opt: torch.optim.Optimizer) -> Any:
 
 def _trainer_worker(rank: int, world: int, plan_path: str) -> dict[str, Any]:
     from hetpipe.models import lm_loss
-    from hetpipe.runtime.inprocess import Trainer
+    from hetpipe.runtime.trainer import Trainer
 
     trainer = Trainer(plan_path, model=MODEL, seq=SEQ, loss=lm_loss, optimizer=sgd, lr_scheduler=halve,
                       grad_clip_norm=1.0, timeout_s=60.0)
@@ -60,7 +60,7 @@ def _trainer_worker(rank: int, world: int, plan_path: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def plan_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from hetpipe.models import build
-    from hetpipe.partitioner.capture import capture
+    from hetpipe.partitioner.capture.capture import capture
 
     model, inputs = build(MODEL, device="meta", batch=BATCH, seq=SEQ)
     graph = capture(model, inputs, name=MODEL)
@@ -73,8 +73,8 @@ def plan_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _reference() -> tuple[list[float], dict[str, torch.Tensor]]:
     from hetpipe.models import build, lm_loss
-    from hetpipe.partitioner.capture import capture
-    from hetpipe.runtime.stage import build_stage, split_stages
+    from hetpipe.partitioner.capture.capture import capture
+    from hetpipe.runtime.stage.build import build_stage, split_stages
 
     model, inputs = build(MODEL, device="meta", batch=BATCH, seq=SEQ)
     graph = capture(model, inputs, name=MODEL)

@@ -17,7 +17,7 @@ all-reduce and pays the latency term; at least k, since a bucket holds whole
 parameters).  T_sync is the *sum* over groups: the rings of different groups cross the
 same node uplinks, which the link table does not describe, so they are not assumed to
 run concurrently.  The runtime overlaps each bucket with the backward passes still
-running (`hetpipe.runtime.replica_sync`); T does not credit that (conservative), the
+running (`hetpipe.runtime.replicas.sync`); T does not credit that (conservative), the
 simulator does (`overlapped_sync_end_s`).
 
 Policy.  ``synchronous``: every step, gradients weighted by each replica's sample share

@@ -35,7 +35,7 @@ from typing import Sequence
 from hetpipe.cost_models.quantities import human_bytes
 from hetpipe.errors import ConfigError
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
-from hetpipe.partitioner.units import split_bounds
+from hetpipe.partitioner.capture.units import split_bounds
 
 #: Name -> the framework whose default it reproduces.
 BASELINES: dict[str, str] = {

@@ -58,7 +58,7 @@ from hetpipe.cost_models.sync import (
     sync_groups,
 )
 from hetpipe.errors import ConfigError, InfeasibleError
-from hetpipe.partitioner.dp import StateSpaceTooLarge, solve_exact
+from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, solve_exact
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate
 
 log = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ class PipelineCache:
                                   "use solver='search'") from None
             local = None if res is None else res.stages
         else:
-            from hetpipe.partitioner.solve import solve
+            from hetpipe.partitioner.solvers.solve import solve
 
             try:
                 local = solve(sub, time_limit_s=self.time_limit_s, seed=self.seed).stages
@@ -498,6 +498,6 @@ def solve_replicas(rp: ReplicaProblem, *, policy: str = "auto", outer_steps: int
 
 
 def _infeasible(rp: ReplicaProblem) -> InfeasibleError:
-    from hetpipe.partitioner.infeasible import explain_infeasible
+    from hetpipe.partitioner.solvers.infeasible import explain_infeasible
 
     return explain_infeasible(rp.base)

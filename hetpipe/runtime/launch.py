@@ -335,7 +335,7 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def cmd_run(args: argparse.Namespace, console: Any) -> int:
     """``hetpipe run``: launch, print the report's tables, write ``--report``."""
-    from hetpipe.runtime.trainer import run, summary_tables
+    from hetpipe.runtime.run import run, summary_tables
 
     report = run(args.plan, model=args.model, steps=args.steps, emulate=args.emulate, report=args.report,
                  schedule=args.schedule, timeout_s=args.timeout, seq=args.seq, seed=args.seed, lr=args.lr,

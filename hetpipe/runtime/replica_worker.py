@@ -8,7 +8,7 @@ rank that reads data, and returns the rank's `RankResult` (stage = its index in
 
 With ``--emulate`` each rank pretends to be its plan device: its replica's links, one
 time scale calibrated over every replica, the memory ledger, and the gradient sync (or
-DiLoCo outer step) delayed to the plan's time (`hetpipe.runtime.replica_emulate`).
+DiLoCo outer step) delayed to the plan's time (`hetpipe.runtime.emulate.replicas`).
 
 Example:
     $ hetpipe run replicas.json --model gpt2-small --steps 100     # a plan from partition_replicas
@@ -25,17 +25,17 @@ from typing import Any
 import torch.distributed as dist
 
 from hetpipe.errors import ConfigError
-from hetpipe.partitioner.plan import Plan
+from hetpipe.plan.schema import Plan
 from hetpipe.runtime.report import RankResult
 
 
 def train_replicas(args: argparse.Namespace, state: Any) -> RankResult:
     """Run this rank's stage of its replica for ``args.steps`` steps (see the module docstring)."""
     from hetpipe.runtime import worker
-    from hetpipe.runtime.emulate import RecordingHooks
-    from hetpipe.runtime.replica_emulate import SwitchHooks, emulate_replicas
-    from hetpipe.runtime.replicas import ReplicaTrainer, check_runnable
-    from hetpipe.runtime.trainer import data_stream
+    from hetpipe.runtime.emulate.pipeline import RecordingHooks
+    from hetpipe.runtime.emulate.replicas import SwitchHooks, emulate_replicas
+    from hetpipe.runtime.replicas.trainer import ReplicaTrainer, check_runnable
+    from hetpipe.runtime.run import data_stream
 
     plan = Plan.load(args.plan)
     check_runnable(plan, world_size=int(os.environ.get("WORLD_SIZE", "1")))  # refuse before joining

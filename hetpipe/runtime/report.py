@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hetpipe.errors import ConfigError, HetpipeError
-from hetpipe.partitioner.serde import from_json, to_json
+from hetpipe.plan.serde import from_json, to_json
 
 RUN_FORMAT = "hetpipe.run"
 RUN_VERSION = 1
@@ -173,7 +173,7 @@ class RunReport:
     ``predicted_iteration_s`` is the plan's T in emulated (device) seconds,
     ``predicted_real_iteration_s`` = T x ``time_scale``, ``simulated_iteration_s`` the
     simulator's iteration for the same schedule and stage costs (it models 1F1B's
-    overlap exactly where T over- or under-estimates; see `hetpipe.runtime.simulate`).
+    overlap exactly where T over- or under-estimates; see `hetpipe.schedule.simulate`).
     ``measured_emulated_iteration_s`` is the median step time divided by the time scale.
     """
 
@@ -282,7 +282,7 @@ def simulated_iteration_s(plan: "Plan", schedule_name: str, *, overlap_sync: boo
 
 
 def sync_rings(plan: "Plan", last_backward_start_s: Mapping[str, float]) -> list[Any]:  # noqa: F821
-    """The runtime's all-reduce parts as `Ring`s, in launch order (`hetpipe.runtime.grad_buckets`).
+    """The runtime's all-reduce parts as `Ring`s, in launch order (`hetpipe.runtime.replicas.buckets`).
 
     Each sync group, last unit first, is cut into parts of whole units up to the plan's
     ``bucket_cap_bytes`` (the runtime cuts at parameters, a finer but similar grain); a
@@ -325,8 +325,8 @@ def stage_bwd_fraction(plan: "Plan", stage: Any, first_unit: int) -> float:  # n
 
 
 def _simulate(stages: Any, microbatches: int, schedule_name: str) -> Any:
-    from hetpipe.runtime.schedule import make_schedule
-    from hetpipe.runtime.simulate import SimCosts, simulate
+    from hetpipe.schedule.builders import make_schedule
+    from hetpipe.schedule.simulate import SimCosts, simulate
 
     costs = SimCosts(fwd_s=tuple(s.fwd_s for s in stages), bwd_s=tuple(s.bwd_s for s in stages),
                      send_s=tuple(s.send_s for s in stages[:-1]))

@@ -9,11 +9,11 @@ with nothing distributed before step 5:
 1. re-capture ``--model`` on the meta device and verify the plan's fingerprint;
 2. map the plan units' fx node names to stage indices;
 3. build the schedule (``training.schedule`` unless ``--schedule``) and validate it;
-4. split the traced graph and build only this rank's stage (`hetpipe.runtime.stage`);
+4. split the traced graph and build only this rank's stage (`hetpipe.runtime.stage.build`);
 5. join the process group (gloo on CPU, NCCL when CUDA is available), build the
    optimizer named by ``training.optimizer`` and the `PipelineExecutor`;
 6. with ``--emulate``: measure one serialised F+B of every stage, choose the time
-   scale (`hetpipe.runtime.emulate.choose_time_scale`) and install the emulation hooks;
+   scale (`hetpipe.runtime.emulate.pipeline.choose_time_scale`) and install the emulation hooks;
 7. run ``--steps`` steps (a monitored barrier, then the rank's action list) on seeded
    synthetic data or ``--data``, touching ``progress-rank<r>`` after each one;
 8. write ``result-rank<r>.json``; on any failure write ``error-rank<r>.json`` naming
@@ -41,10 +41,10 @@ import torch.distributed as dist
 from torch import nn
 
 from hetpipe.errors import ConfigError, HetpipeError, PlanError, RuntimeFailure
-from hetpipe.partitioner.plan import Plan, verify_model
+from hetpipe.plan.schema import Plan, verify_model
 from hetpipe.runtime.launch import RankError, write_error
 from hetpipe.runtime.report import ActionRecord, RankResult, median
-from hetpipe.runtime.trainer import _import, data_stream, split_microbatches
+from hetpipe.runtime.run import _import, data_stream, split_microbatches
 
 log = logging.getLogger("hetpipe.worker")
 
@@ -84,7 +84,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def capture_for_plan(plan: Plan, *, model: str, seq: int | None) -> tuple[Any, tuple[torch.Tensor, ...]]:
     """(UnitGraph, one meta micro-batch) of ``model``, verified against ``plan``'s fingerprint."""
     from hetpipe import models
-    from hetpipe.partitioner.capture import capture
+    from hetpipe.partitioner.capture.capture import capture
 
     builtin = ":" not in model
     resolved = models.resolve(model, device="meta", batch=plan.training.micro_batch_size if builtin else None,
@@ -257,7 +257,7 @@ class _Run:
 
     def executor(self, *, actions: Sequence[Any], optimizer: Any, microbatches: int, hooks: Any,
                  loss_fn: Any) -> Any:
-        from hetpipe.runtime.executor import PipelineExecutor
+        from hetpipe.runtime.execute.executor import PipelineExecutor
 
         return PipelineExecutor(self.stage, rank=self.rank, num_stages=self.num_stages, schedule_actions=actions,
                                 loss_fn=loss_fn, optimizer=optimizer, microbatches=microbatches,
@@ -274,10 +274,10 @@ def prepare(args: argparse.Namespace, state: _State, *, plan: Plan | None = None
     """Steps 1-4, before any process group work: capture, verify, schedule, this rank's stage.
 
     ``plan`` (default: loaded from ``args.plan``) and ``state_dict`` (default: seeded
-    weights) come from `hetpipe.runtime.inprocess.Trainer`.
+    weights) come from `hetpipe.runtime.trainer.Trainer`.
     """
-    from hetpipe.runtime.schedule import make_schedule, validate_schedule
-    from hetpipe.runtime.stage import build_stage, split_stages
+    from hetpipe.schedule.builders import make_schedule, validate_schedule
+    from hetpipe.runtime.stage.build import build_stage, split_stages
 
     state.phase = "loading the plan"
     plan = plan if plan is not None else Plan.load(args.plan)
@@ -308,11 +308,11 @@ def calibrate(run: _Run, *, loss_fn: Any, batch: tuple[Any, Any] | None) -> list
 
     With a single micro-batch the pipeline is serial (each rank computes while the
     others wait in a receive), which is the single-process measurement
-    `hetpipe.runtime.emulate.choose_time_scale` wants.  The optimizer is SGD with
+    `hetpipe.runtime.emulate.pipeline.choose_time_scale` wants.  The optimizer is SGD with
     learning rate 0, so the weights are untouched.  Returns every stage's `StageTiming`.
     """
-    from hetpipe.runtime.emulate import RecordingHooks, StageTiming
-    from hetpipe.runtime.schedule import make_schedule
+    from hetpipe.runtime.emulate.pipeline import RecordingHooks, StageTiming
+    from hetpipe.schedule.builders import make_schedule
 
     hooks = RecordingHooks()
     executor = run.executor(actions=make_schedule("gpipe", run.num_stages, 1)[run.index],
@@ -328,7 +328,7 @@ def calibrate(run: _Run, *, loss_fn: Any, batch: tuple[Any, Any] | None) -> list
 
 
 def _emulation_hooks(run: _Run, loss_fn: Any, batch: tuple[Any, Any] | None) -> Any:
-    from hetpipe.runtime.emulate import DEFAULT_SAFETY_FACTOR, EmulationHooks, StageTiming, choose_time_scale
+    from hetpipe.runtime.emulate.pipeline import DEFAULT_SAFETY_FACTOR, EmulationHooks, StageTiming, choose_time_scale
 
     plan, s = run.plan, run.index
     measured = calibrate(run, loss_fn=loss_fn, batch=batch)
@@ -397,7 +397,7 @@ def _join(run: _Run, state: _State) -> str:
 
 def train(args: argparse.Namespace, state: _State) -> RankResult:
     """The whole rank: prepare, join the group, (calibrate), run the steps, return the result."""
-    from hetpipe.runtime.emulate import RecordingHooks
+    from hetpipe.runtime.emulate.pipeline import RecordingHooks
 
     if Plan.load(args.plan).replicas:
         from hetpipe.runtime.replica_worker import train_replicas

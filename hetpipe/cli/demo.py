@@ -1,0 +1,164 @@
+"""`hetpipe demo`: the whole story on one CPU box, in under a few minutes.
+
+1. Plan the bundled GPT (``gpt-demo``) on the bundled, emulated home lab
+   (``hetpipe/data/homelab-mini.yaml``: RTX 3090 + RTX 4090 on one node, RTX 3060 12GB on
+   another over 1 GbE, scaled down so a CPU can run it) and show it next to the
+   Megatron/DeepSpeed/torchgpipe baselines, which do not fit on the 3060.
+2. The same comparison for GPT-2 XL on the full-size home lab (``homelab.yaml``), predicted.
+3. Run a few 1F1B training steps of the plan with every device emulated (speed, memory
+   limit, links) under torchrun, and put the measured iteration next to the prediction.
+4. Write plan.json, run.json, a simulated Gantt chart (PNG) and a Perfetto trace.
+
+Example:
+    $ hetpipe demo --out demo-out
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+from rich.console import Console
+
+from hetpipe.plan.schema import Plan
+
+DEMO_MODEL, DEMO_BATCH, DEMO_SEQ, DEMO_MICROBATCHES = "gpt-demo", 2, 128, 6
+BIG_MODEL, BIG_BATCH, BIG_SEQ = "gpt2-xl", 1, 1024
+#: Search time for the replica planner in the demo (the home lab has 3 cards: it finishes far sooner).
+REPLICA_TIME_LIMIT_S = 10.0
+
+
+def bundled_cluster(name: str) -> Path:
+    """Path of a cluster file shipped in the package (``homelab.yaml``, ``homelab-mini.yaml``)."""
+    return Path(str(resources.files("hetpipe") / "data" / name))
+
+
+def _graph(model_name: str, *, batch: int, seq: int, precision: str) -> "UnitGraph":  # noqa: F821
+    from hetpipe.plan.build import capture_builtin
+
+    return capture_builtin(model_name, batch=batch, seq=seq, precision=precision)
+
+
+def _plan_graph(graph: "UnitGraph", cluster_file: Path, *, global_batch: int | None) -> Plan:  # noqa: F821
+    from hetpipe.cost_models.cluster import load_cluster
+    from hetpipe.plan.build import partition_graph
+
+    return partition_graph(graph, load_cluster(cluster_file), global_batch=global_batch)
+
+
+def _plan(model_name: str, cluster_file: Path, *, batch: int, seq: int, precision: str,
+          global_batch: int | None) -> Plan:
+    return _plan_graph(_graph(model_name, batch=batch, seq=seq, precision=precision), cluster_file,
+                       global_batch=global_batch)
+
+
+def _replicas_story(graph: "UnitGraph", cluster_file: Path, single: Plan, out: Path,  # noqa: F821
+                    console: Console) -> None:
+    """Mixed data parallelism (issue #6) on the same cards: shown, and preferred only where it wins."""
+    from hetpipe.cost_models.cluster import load_cluster
+    from hetpipe.errors import InfeasibleError
+    from hetpipe.plan.build import partition_replicas
+    from hetpipe.cli.tables import format_seconds, replica_table
+
+    try:
+        with console.status("planning mixed data-parallel replicas"):
+            rep = partition_replicas(graph, load_cluster(cluster_file), global_batch=single.training.global_batch,
+                                     time_limit_s=REPLICA_TIME_LIMIT_S)
+    except InfeasibleError as err:
+        console.print(f"  mixed replicas: none fits ({err})")
+        return
+    rep.save(out / "replicas.json")
+    t_rep, t_one = rep.predicted.iteration_s, single.predicted.iteration_s
+    verdict = "replicas win" if t_rep < t_one else "the single pipeline wins"
+    console.print(f"  mixed replicas ({len(rep.replicas)}): {format_seconds(t_rep)} vs one pipeline "
+                  f"{format_seconds(t_one)}: {verdict} ({t_one / t_rep:.2f}x); plan in {out / 'replicas.json'}")
+    if t_rep < t_one:
+        console.print(replica_table(rep))
+
+
+def _timelines(plan: Plan, out: Path) -> tuple[Path, Path]:
+    from hetpipe.cli.timeline import chrome_trace, save_gantt
+    from hetpipe.plan.schema import problem_from_plan, stages_from_plan
+    from hetpipe.schedule.builders import one_f_one_b
+    from hetpipe.schedule.simulate import costs_from_problem, simulate
+
+    problem, stages = problem_from_plan(plan), stages_from_plan(plan)
+    result = simulate(one_f_one_b(len(stages), problem.microbatches), costs_from_problem(problem, stages))
+    kinds = {d.id: d.kind for d in plan.devices}
+    labels = [f"{s.device} ({kinds[s.device]})" for s in plan.stages]
+    png = save_gantt(result, out / "gantt.png", labels=labels,
+                     title=f"{plan.model.name}: simulated 1F1B iteration {result.iteration_s:.3f} s "
+                           f"(plan T {plan.predicted.iteration_s:.3f} s)")
+    trace = out / "trace.json"
+    trace.write_text(json.dumps(chrome_trace(result, labels=labels)))
+    return png, trace
+
+
+def _measured_gantt(plan: Plan, report: "RunReport", out: Path) -> Path | None:  # noqa: F821
+    """Predicted (simulated) over measured (emulated seconds) Gantt of the last step, if the run recorded it."""
+    from types import SimpleNamespace
+
+    from hetpipe.cli.timeline import save_gantt_compare, timeline_from_actions
+    from hetpipe.plan.analysis import simulate_plan
+
+    if not report.timelines:
+        return None
+    scale = report.time_scale  # real seconds per emulated second
+    measured = timeline_from_actions({
+        t.stage: [SimpleNamespace(action=a.action, start_s=a.start_s / scale, duration_s=a.duration_s / scale)
+                  for a in t.actions]
+        for t in report.timelines})
+    kinds = {d.id: d.kind for d in plan.devices}
+    labels = [f"{s.device} ({kinds[s.device]})" for s in plan.stages]
+    sim = simulate_plan(plan).result
+    return save_gantt_compare([(f"predicted (simulated): {sim.iteration_s:.3f} s", sim),
+                               (f"measured, emulated: {measured.iteration_s:.3f} s (last step)", measured)],
+                              out / "gantt.png", labels=labels)
+
+
+def run_demo(*, out: Path, steps: int, run: bool, console: Console) -> int:
+    """The demo (see the module docstring); returns the exit code."""
+    from hetpipe.cli.tables import baseline_table, plan_table
+
+    out.mkdir(parents=True, exist_ok=True)
+    console.rule("1. plan gpt-demo on the emulated home lab (3090 + 4090 | 1 GbE | 3060 12GB, scaled down)")
+    with console.status("capturing gpt-demo and solving"):
+        plan = _plan(DEMO_MODEL, bundled_cluster("homelab-mini.yaml"), batch=DEMO_BATCH, seq=DEMO_SEQ,
+                     precision="fp32", global_batch=DEMO_BATCH * DEMO_MICROBATCHES)
+    plan_path = out / "plan.json"
+    plan.save(plan_path)
+    console.print(plan_table(plan))
+    console.print(baseline_table(plan))
+    for name, b in plan.baselines.items():
+        if b.note:
+            console.print(f"  {name}: {b.note}")
+    console.rule("2. the same question at full size: GPT-2 XL on the real home lab (predicted)")
+    with console.status("capturing GPT-2 XL on the meta device and solving"):
+        big_graph = _graph(BIG_MODEL, batch=BIG_BATCH, seq=BIG_SEQ, precision="bf16-mixed")
+        big = _plan_graph(big_graph, bundled_cluster("homelab.yaml"), global_batch=None)
+    console.print(plan_table(big))
+    console.print(baseline_table(big))
+    for lo in big.left_out:
+        console.print(f"  left out {lo.device}: {lo.reason}")
+    _replicas_story(big_graph, bundled_cluster("homelab.yaml"), big, out, console)
+    png, trace = _timelines(plan, out)
+    if run:
+        from hetpipe.runtime.run import run as run_plan
+        from hetpipe.runtime.run import summary_tables
+
+        console.rule(f"3. train {steps} steps of the gpt-demo plan, every device emulated (torchrun, gloo)")
+        with console.status(f"training {steps} steps on 3 emulated devices (torchrun)"):
+            report = run_plan(plan_path, model=DEMO_MODEL, steps=steps, emulate=True, seq=DEMO_SEQ,
+                              report=out / "run.json")
+        for table in summary_tables(report):
+            console.print(table)
+        measured = _measured_gantt(plan, report, out)
+        if measured is not None:
+            png = measured
+    console.rule("files")
+    for path in (plan_path, out / "run.json" if run else None, png, trace):
+        if path is not None:
+            console.print(f"  {path}")
+    console.print(f"  re-check the plan: hetpipe check {plan_path}")
+    return 0

@@ -1,0 +1,201 @@
+"""Terminal views of unit graphs and plans (rich tables; plain text when piped).
+
+Example:
+    >>> print(format_bytes(3 * 2**30))
+    3.00 GiB
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from hetpipe.cost_models.devices import Cluster
+from hetpipe.cost_models.quantities import human_bytes
+from hetpipe.partitioner.capture.graph import UnitGraph
+from hetpipe.plan.schema import Plan, UnitTimes
+
+if TYPE_CHECKING:  # the views take simulations as data; no simulator import at module load
+    from hetpipe.plan.analysis import PlanSimulation
+
+#: Characters of a memory bar (``[#####-----]``): ASCII, so it reads the same in a terminal and piped.
+BAR_WIDTH = 20
+
+
+#: Binary-prefixed byte count, e.g. ``1.50 GiB`` (one formatter for tables and error messages).
+format_bytes = human_bytes
+
+
+def format_flops(n: float) -> str:
+    for unit, scale in (("PF", 1e15), ("TF", 1e12), ("GF", 1e9), ("MF", 1e6)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} F"
+
+
+def format_seconds(s: float) -> str:
+    if s >= 1.0:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def unit_table(graph: UnitGraph, times: dict[str, tuple[UnitTimes, ...]]) -> Table:
+    """One row per unit: FLOPs, params, saved activations, cut bytes, time per device kind."""
+    table = Table(title=f"{graph.model_name}: {graph.num_units} units, micro-batch {graph.micro_batch_size}")
+    for col in ("#", "unit", "fwd FLOPs", "bwd FLOPs", "params", "state", "activations", "cut after"):
+        table.add_column(col, justify="left" if col == "unit" else "right")
+    for kind in times:
+        table.add_column(f"{kind} f+b", justify="right")
+    for u in graph.units:
+        row = [str(u.index), u.name, format_flops(u.fwd_flops), format_flops(u.bwd_flops), f"{u.param_count:,}",
+               format_bytes(u.state_bytes), format_bytes(u.activation_bytes), format_bytes(u.boundary_bytes)]
+        row += [format_seconds(t[u.index].fwd + t[u.index].bwd) for t in times.values()]
+        table.add_row(*row)
+    return table
+
+
+def device_fit_table(graph: UnitGraph, cluster: Cluster) -> Table:
+    """Per device: would the whole model (state + one micro-batch of activations) fit?"""
+    state = graph.total("state_bytes")
+    act = graph.total("activation_bytes")
+    table = Table(title=f"whole-model footprint: state {format_bytes(state)} + activations {format_bytes(act)}/micro-batch")
+    for col in ("device", "kind", "node", "memory", "usable", "whole model", "fits"):
+        table.add_column(col, justify="right" if col in ("memory", "usable", "whole model") else "left")
+    for d in cluster.devices:
+        need = state + act
+        table.add_row(d.id, d.kind, d.node, format_bytes(d.memory_bytes), format_bytes(d.usable_bytes),
+                      format_bytes(need), "yes" if need <= d.usable_bytes else f"no (x{need / d.usable_bytes:.1f})")
+    return table
+
+
+def plan_table(plan: Plan) -> Table:
+    """One row per stage: device, units, memory used/usable, time per micro-batch."""
+    pred = plan.predicted
+    table = Table(
+        title=(f"{plan.model.name}: {len(plan.stages)} stages, {plan.training.microbatches} micro-batches of "
+               f"{plan.training.micro_batch_size}; T = {format_seconds(pred.iteration_s)} "
+               f"({pred.samples_per_s:.1f} samples/s, bubble {pred.bubble_fraction:.0%})"
+               + (f"; simulated {format_seconds(pred.simulated_iteration_s)}" if pred.simulated_iteration_s else ""))
+    )
+    kinds = {d.id: d.kind for d in plan.devices}
+    for col in ("stage", "device", "kind", "units", "memory used / usable", "fwd", "bwd", "send"):
+        table.add_column(col, justify="left" if col in ("device", "kind", "units") else "right")
+    for st in plan.stages:
+        names = f"{st.first_unit}-{st.last_unit} ({plan.units[st.first_unit].name} .. {plan.units[st.last_unit].name})"
+        mem = f"{format_bytes(st.memory_bytes)} / {format_bytes(st.usable_bytes)} ({st.memory_bytes / st.usable_bytes:.0%})"
+        table.add_row(str(st.index), st.device, kinds[st.device], names, mem, format_seconds(st.fwd_s),
+                      format_seconds(st.bwd_s), format_seconds(st.send_s) if st.send_s else "-")
+    return table
+
+
+def baseline_table(plan: Plan) -> Table:
+    table = Table(title=f"vs baselines (solver {plan.solver.name}: {plan.solver.status}, "
+                        f"bound {format_seconds(plan.solver.bound_s)}, {plan.solver.wall_s:.2f} s)")
+    for col in ("plan", "iteration", "fits", "hetpipe speed-up"):
+        table.add_column(col, justify="left" if col == "plan" else "right")
+    table.add_row("hetpipe", format_seconds(plan.predicted.iteration_s), "yes", "1.00x")
+    for name, b in plan.baselines.items():
+        speedup = b.iteration_s / plan.predicted.iteration_s
+        table.add_row(name, format_seconds(b.iteration_s), "yes" if b.fits else "NO (out of memory)",
+                      f"{speedup:.2f}x" + ("" if b.fits else " (would OOM)"))
+    return table
+
+
+def memory_bar(used_bytes: float, usable_bytes: float, width: int = BAR_WIDTH) -> str:
+    """A text bar of used / usable memory; ``!`` marks the part over the limit.
+
+    Example:
+        >>> memory_bar(3, 4, width=8)
+        '[######--]  75%'
+        >>> memory_bar(5, 4, width=8)
+        '[########!!] 125%'
+    """
+    share = used_bytes / usable_bytes if usable_bytes > 0 else float("inf")
+    filled = min(width, round(min(share, 1.0) * width))
+    over = "" if share <= 1.0 else "!" * max(1, min(width, round((share - 1.0) * width)))
+    percent = f"{share:.0%}" if share != float("inf") else "inf"
+    return f"[{'#' * filled}{'-' * (width - filled)}{over}] {percent:>4}"
+
+
+def memory_table(plan: Plan) -> Table:
+    """Per card of the cluster: its stage, memory used / usable and a bar; unused cards say why."""
+    by_device = {st.device: st for st in plan.stages}
+    reasons = {lo.device: lo.reason for lo in plan.left_out}
+    table = Table(title="memory per card (state + in-flight activations + comm buffers)")
+    for col in ("device", "kind", "stage", "used", "usable", "used / usable"):
+        table.add_column(col, justify="left" if col in ("device", "kind", "used / usable") else "right")
+    for d in plan.devices:
+        st = by_device.get(d.id)
+        if st is None:
+            table.add_row(d.id, d.kind, "-", "-", format_bytes(d.usable_bytes), reasons.get(d.id, "unused"))
+            continue
+        table.add_row(d.id, d.kind, str(st.index), format_bytes(st.memory_bytes), format_bytes(st.usable_bytes),
+                      Text(memory_bar(st.memory_bytes, st.usable_bytes)))  # Text: brackets are not markup
+    return table
+
+
+def simulation_table(sim: PlanSimulation) -> Table:
+    """Simulated vs analytic iteration of one placement, and per device busy / idle / in flight."""
+    res = sim.result
+    table = Table(title=(f"{sim.name}, {sim.schedule}, m={sim.microbatches}: simulated {format_seconds(res.iteration_s)}"
+                         f" vs analytic T {format_seconds(sim.analytic_s)} ({sim.gap:+.1%}); bubble "
+                         f"{res.bubble_fraction:.0%} simulated, {sim.analytic_bubble_fraction:.0%} analytic"))
+    for col in ("stage", "device", "F+B / mb", "send / mb", "busy", "idle", "busy %", "waiting on recv",
+                "peak in flight"):
+        table.add_column(col, justify="left" if col == "device" else "right")
+    waits = sim.recv_wait_s()
+    for s, label in enumerate(sim.labels):
+        send = format_seconds(sim.send_s[s]) if s < len(sim.send_s) and sim.send_s[s] else "-"
+        busy_share = res.busy_s[s] / res.iteration_s if res.iteration_s > 0 else 0.0
+        table.add_row(str(s), label, format_seconds(sim.stage_work_s[s]), send, format_seconds(res.busy_s[s]),
+                      format_seconds(res.idle_s[s]), f"{busy_share:.0%}", format_seconds(waits[s]),
+                      str(res.peak_in_flight_microbatches[s]))
+    return table
+
+
+def compare_table(rows: Sequence[PlanSimulation]) -> Table:
+    """The plan (first row) and each baseline: analytic and simulated T, fit, speed-up of the plan under both."""
+    plan = rows[0]
+    table = Table(title=f"{plan.name} vs baselines ({plan.schedule}, m={plan.microbatches}); "
+                        "speed-up = baseline T / plan T")
+    for col in ("plan", "stages", "analytic T", "simulated T", "sim vs analytic", "fits",
+                "speed-up (analytic)", "speed-up (simulated)"):
+        table.add_column(col, justify="left" if col in ("plan", "fits") else "right")
+    for r in rows:
+        fits = "yes" if r.fits else "NO (out of memory)"
+        table.add_row(r.name, str(len(r.stages)), format_seconds(r.analytic_s), format_seconds(r.simulated_s),
+                      f"{r.gap:+.1%}", fits, f"{r.analytic_s / plan.analytic_s:.2f}x",
+                      f"{r.simulated_s / plan.simulated_s:.2f}x")
+    return table
+
+
+def print_all(console: Console, tables: Iterable[Table | str]) -> None:
+    for t in tables:
+        console.print(t)
+
+
+def replica_table(plan: Plan) -> Table:
+    """Replicas of a version-2 plan: their cards, batch share, pipeline time, and the sync policy.
+
+    Example:
+        >>> # hetpipe show plan.json   (a plan from partition_replicas) prints this table
+    """
+    sync = plan.sync
+    title = (f"{len(plan.replicas)} replicas; sync {sync.policy}"
+             + (f" every {sync.outer_steps} steps" if sync.outer_steps > 1 else " every step")
+             + f": {format_seconds(sync.sync_s)} per exchange, {format_seconds(sync.amortised_s)} per step"
+             if sync else f"{len(plan.replicas)} replicas")
+    table = Table(title=title)
+    for col in ("replica", "stages (device: units)", "micro-batches", "samples", "gradient weight", "T_r"):
+        table.add_column(col, justify="left" if col.startswith("stages") else "right")
+    for r in plan.replicas:
+        stages = plan.stages[r.first_stage:r.first_stage + r.num_stages]
+        where = " | ".join(f"{s.device}: {s.first_unit}-{s.last_unit}" for s in stages)
+        table.add_row(str(r.index), where, str(r.microbatches), str(r.samples), f"{r.grad_weight:.3f}",
+                      format_seconds(r.iteration_s))
+    return table

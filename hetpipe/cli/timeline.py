@@ -1,0 +1,181 @@
+"""Timelines of an iteration: a Gantt PNG (matplotlib) and a Chrome/Perfetto trace.
+
+Both draw `hetpipe.schedule.simulate.SimResult.events`: one row per rank (F blue, B
+orange, optimizer step purple, RECV waits grey) and one per link direction (transfers
+green), micro-batch numbers written on the bars.  A measured run's per-action timings
+become the same kind of result with `timeline_from_actions`, so `save_gantt_compare`
+can stack predicted and measured on one time axis.
+
+Example:
+    >>> from hetpipe.schedule.builders import one_f_one_b
+    >>> from hetpipe.schedule.simulate import SimCosts, simulate
+    >>> res = simulate(one_f_one_b(2, 2), SimCosts(fwd_s=(1.0, 1.0), bwd_s=(2.0, 2.0), send_s=(0.5,)))
+    >>> trace = chrome_trace(res, labels=["gpu0", "gpu1"])
+    >>> sorted({e["tid"] for e in trace["traceEvents"]})[:2]
+    ['0: gpu0', '1: gpu1']
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Protocol, Sequence
+
+from hetpipe.schedule.actions import Action, Op
+from hetpipe.schedule.simulate import SimEvent, SimResult
+
+#: Bar colours per op (matplotlib named colours).
+COLOURS = {Op.F: "tab:blue", Op.B: "tab:orange", Op.STEP: "tab:purple"}
+TRANSFER_COLOUR = "tab:green"
+WAIT_COLOUR = "lightgrey"
+#: Chrome trace timestamps are microseconds.
+US_PER_S = 1e6
+#: Micro-batch numbers are written on bars longer than this share of the iteration (readable at 12 in wide).
+LABEL_MIN_SHARE = 1 / 120
+
+
+class TimedAction(Protocol):
+    """What a measured run records per action (`hetpipe.runtime.execute.executor.ActionTiming` has this shape)."""
+
+    action: str  # e.g. "1F3"
+    start_s: float  # since the start of the step, seconds
+    duration_s: float
+
+
+def _lane_label(lane: str, labels: Sequence[str]) -> str:
+    if lane.startswith("rank "):
+        r = int(lane.split()[1])
+        return f"{r}: {labels[r]}" if r < len(labels) else lane
+    return lane
+
+
+def chrome_trace(result: SimResult, *, labels: Sequence[str] = (), pid: str = "hetpipe") -> dict[str, Any]:
+    """The Chrome trace-event JSON (``{"traceEvents": [...]}``) of an iteration; `pid` names the process row."""
+    events = [{"name": e.action, "ph": "X", "ts": e.start_s * US_PER_S, "dur": e.duration_s * US_PER_S,
+               "pid": pid, "tid": _lane_label(e.lane, labels),
+               "args": {"microbatch": e.microbatch, "op": str(e.op.value if hasattr(e.op, "value") else e.op)}}
+              for e in result.events]
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def timeline_from_actions(actions_by_rank: Mapping[int, Sequence[TimedAction]]) -> SimResult:
+    """A `SimResult` from measured per-action timings (rank -> actions of one step), for drawing.
+
+    F, B and STEP count as busy; RECV_* are waits; SEND_* (posting a send) stay on the rank's
+    row.  Raises `ValueError` naming the rank if an action string does not parse.
+
+    Example:
+        >>> from types import SimpleNamespace as T
+        >>> res = timeline_from_actions({0: [T(action="0F0", start_s=0.0, duration_s=1.0),
+        ...                                  T(action="0RECV_B0", start_s=1.0, duration_s=0.5),
+        ...                                  T(action="0B0", start_s=1.5, duration_s=2.0)]})
+        >>> res.iteration_s, res.busy_s, round(res.bubble_fraction, 3)
+        (3.5, (3.0,), 0.143)
+    """
+    events, busy = [], {}
+    for rank in sorted(actions_by_rank):
+        busy[rank] = 0.0
+        for t in actions_by_rank[rank]:
+            try:
+                a = Action.parse(t.action)
+            except ValueError as err:
+                raise ValueError(f"rank {rank}: {err}") from None
+            if a.op in (Op.F, Op.B, Op.STEP):
+                busy[rank] += t.duration_s
+            events.append(SimEvent(rank, f"rank {rank}", t.action, a.op, a.microbatch, t.start_s,
+                                   t.start_s + t.duration_s))
+    ranks = range(max(busy) + 1) if busy else range(0)
+    busy_s = tuple(busy.get(r, 0.0) for r in ranks)
+    iteration = max((e.end_s for e in events), default=0.0)
+    bubble = 1.0 - sum(busy_s) / (len(busy_s) * iteration) if iteration > 0 else 0.0
+    return SimResult(iteration_s=iteration, bubble_fraction=bubble, busy_s=busy_s,
+                     idle_s=tuple(iteration - b for b in busy_s), peak_in_flight_microbatches=(),
+                     events=tuple(sorted(events, key=lambda e: (e.start_s, e.end_s))))
+
+
+def _lanes(result: SimResult) -> list[str]:
+    lanes = list(dict.fromkeys(e.lane for e in result.events))
+    ranks = sorted((lane for lane in lanes if lane.startswith("rank ")), key=lambda s: int(s.split()[1]))
+    return ranks + sorted(lane for lane in lanes if not lane.startswith("rank "))
+
+
+def _draw(ax: Any, result: SimResult, labels: Sequence[str], title: str) -> None:
+    lanes = _lanes(result)
+    row = {lane: i for i, lane in enumerate(lanes)}
+    for e in result.events:
+        if e.duration_s <= 0:
+            continue
+        waiting = e.lane.startswith("rank ") and e.op not in COLOURS
+        colour = WAIT_COLOUR if waiting else COLOURS.get(e.op, TRANSFER_COLOUR)
+        y = row[e.lane]
+        ax.broken_barh([(e.start_s, e.duration_s)], (y - 0.4, 0.8), facecolors=colour, edgecolor="white")
+        if e.microbatch is not None and not waiting and e.duration_s > result.iteration_s * LABEL_MIN_SHARE:
+            ax.text(e.start_s + e.duration_s / 2, y, str(e.microbatch), ha="center", va="center", fontsize=7)
+    ax.set_yticks(range(len(lanes)), [_lane_label(lane, labels) for lane in lanes], fontsize=8)
+    ax.set_ylim(len(lanes) - 0.5, -0.5)  # rank 0 on top
+    ax.set_title(title or f"iteration {result.iteration_s:.4g} s, bubble {result.bubble_fraction:.0%}", fontsize=10)
+
+
+def _legend(ax: Any, plt: Any) -> None:
+    names = {"forward": COLOURS[Op.F], "backward": COLOURS[Op.B], "optimizer step": COLOURS[Op.STEP],
+             "transfer": TRANSFER_COLOUR, "waiting": WAIT_COLOUR}
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in names.values()]
+    # Outside the plot, right of the top panel, so it never hides bars.
+    ax.legend(handles, list(names), fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0)
+
+
+def gantt_figure(panels: Sequence[tuple[str, SimResult]], *, labels: Sequence[str] = ()) -> Any:
+    """The matplotlib Figure of `save_gantt_compare` (one axis per panel, rank rows first, then links).
+
+    Example:
+        >>> from hetpipe.schedule.builders import gpipe
+        >>> from hetpipe.schedule.simulate import SimCosts, simulate
+        >>> sim = simulate(gpipe(2, 2), SimCosts(fwd_s=(1.0, 1.0), bwd_s=(2.0, 2.0), send_s=(0.5,)))
+        >>> fig = gantt_figure([("predicted", sim)], labels=["gpu0", "gpu1"])
+        >>> [t.get_text() for t in fig.axes[0].get_yticklabels()]
+        ['0: gpu0', '1: gpu1', 'link 0->1', 'link 1->0']
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not panels:
+        raise ValueError("a Gantt chart needs at least one (title, result) panel")
+    heights = [max(len(_lanes(r)), 1) for _, r in panels]
+    fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False, gridspec_kw={"height_ratios": heights},
+                             figsize=(12, 0.6 * sum(heights) + 1.2 * len(panels) + 0.5))
+    for ax, (title, result) in zip(axes[:, 0], panels):
+        _draw(ax, result, labels, title)
+    _legend(axes[0, 0], plt)
+    axes[-1, 0].set_xlabel("seconds")
+    fig.tight_layout()
+    return fig
+
+
+def save_gantt_compare(panels: Sequence[tuple[str, SimResult]], path: str | Path, *,
+                       labels: Sequence[str] = ()) -> Path:
+    """Stack one Gantt panel per ``(title, result)`` on a shared time axis (e.g. predicted over measured).
+
+    Example:
+        >>> import tempfile
+        >>> from hetpipe.schedule.builders import gpipe
+        >>> from hetpipe.schedule.simulate import SimCosts, simulate
+        >>> sim = simulate(gpipe(2, 2), SimCosts(fwd_s=(1.0, 1.0), bwd_s=(2.0, 2.0), send_s=(0.5,)))
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     png = save_gantt_compare([("predicted", sim), ("measured", sim)], f"{tmp}/g.png")
+        ...     png.stat().st_size > 1000
+        True
+    """
+    import matplotlib.pyplot as plt
+
+    fig = gantt_figure(panels, labels=labels)
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def save_gantt(result: SimResult, path: str | Path, *, labels: Sequence[str] = (), title: str = "") -> Path:
+    """Draw `result` as a Gantt chart PNG at `path` (one panel of `save_gantt_compare`)."""
+    return save_gantt_compare([(title or f"simulated iteration: {result.iteration_s:.4g} s, bubble "
+                                         f"{result.bubble_fraction:.0%}", result)], path, labels=labels)

@@ -1,0 +1,469 @@
+"""Exact dynamic program for the pipeline-partitioning contract (`problem.evaluate`).
+
+The objective T = S + (m - 1) * b mixes a sum S (every stage's compute and every
+cut's round trip) with a bottleneck b (the largest of those terms).  For a fixed
+cap B on every term, the minimum sum S(B) decomposes over stages, so a DP solves it
+exactly.  `solve_exact` then walks the cap downwards (parametric search):
+
+    B_0 = inf;  (s_i, b_i) = argmin S(B_i);  B_{i+1} = b_i - tol
+
+Every optimum with bottleneck b* is dominated by the answer at the last B_i >= b*
+(its sum is <= the optimum's, its bottleneck <= b*), so min_i (s_i + (m-1) b_i) is
+optimal up to `tol`.  Because S(B) only grows as B shrinks, the walk stops as soon as
+s_i + (m - 1) * lower_bound(b) cannot beat the best T found.
+
+States.  Devices that are interchangeable (same kind, node and usable memory, and the
+same links to everything else) form a *class* (`device_classes`); the DP counts how
+many devices of each class a pipeline suffix uses instead of which ones, which removes
+the symmetry between identical cards.  It runs from the last stage backwards so a
+stage knows how many stages follow it: j stages after stage s means 1F1B keeps
+min(j + 1, m) micro-batches of activations in flight on it (the memory contract).
+State = (count vector, class of the suffix's first stage); value = a vector over the
+unit at which the suffix starts.
+
+`hetpipe.partitioner.solvers.fixed_order.solve_fixed_order` is the same DP for one given
+device sequence (a fast heuristic for clusters whose count space is too large).
+
+Example:
+    >>> from hetpipe.partitioner.problem import DeviceSlot, Problem
+    >>> inf = float("inf")
+    >>> prob = Problem(fwd_s={"a": (1.0, 1.0, 1.0, 1.0)}, bwd_s={"a": (2.0, 2.0, 2.0, 2.0)},
+    ...                state_bytes=(1,) * 4, activation_bytes=(1,) * 4, boundary_bytes=(0, 0, 0, 0),
+    ...                devices=(DeviceSlot("d0", "a", "n", 100), DeviceSlot("d1", "a", "n", 100)),
+    ...                bandwidth_bytes_s=((inf, 1.0), (1.0, inf)), latency_s=((0.0, 0.0), (0.0, 0.0)),
+    ...                microbatches=4)
+    >>> res = solve_exact(prob)
+    >>> res.iteration_s, [(s.first_unit, s.last_unit) for s in res.stages]
+    (30.0, [(0, 1), (2, 3)])
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from hetpipe.partitioner.problem import Problem, Stage, evaluate
+
+log = logging.getLogger(__name__)
+
+#: Relative step below the last bottleneck when the cap is tightened (see module doc).
+CAP_TOLERANCE = 1e-9
+#: DP rows (count vectors x classes x (units + 1)) above which `solve_exact` declines and
+#: the caller falls back to the relaxation and CP-SAT.  Each row costs one band of W
+#: stage lengths per pass; 4e7 rows is about 1 s per pass on the 2-core reference VM
+#: when the cap keeps W near 10 (96-layer GPT, 4 kinds x 16 cards, relaxed).
+DEFAULT_STATE_BUDGET = 40_000_000
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    """Interchangeable devices: indices into `Problem.devices`, in id order."""
+
+    kind: str
+    node: str
+    usable_bytes: int
+    members: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.members)
+
+
+@dataclass(frozen=True)
+class DPResult:
+    """An optimal (or, for `solve_fixed_order`, best-in-order) placement."""
+
+    stages: tuple[Stage, ...]
+    iteration_s: float
+    bound_s: float  # lower bound on T proven by the search (== iteration_s when exact)
+    caps_tried: int
+    exact: bool
+
+
+class StateSpaceTooLarge(Exception):
+    """The count-vector DP would exceed its state budget."""
+
+
+def _links_match(problem: Problem, a: int, b: int) -> bool:
+    """Devices a and b see identical links to every other device (and to each other)."""
+    n = len(problem.devices)
+    bw, lat = problem.bandwidth_bytes_s, problem.latency_s
+    for o in range(n):
+        if o in (a, b):
+            continue
+        if (bw[a][o], lat[a][o], bw[o][a], lat[o][a]) != (bw[b][o], lat[b][o], bw[o][b], lat[o][b]):
+            return False
+    return True
+
+
+def device_classes(problem: Problem) -> tuple[DeviceClass, ...]:
+    """Group devices by (kind, node, usable bytes), splitting groups whose links differ.
+
+    Example:
+        >>> from hetpipe.partitioner.problem import DeviceSlot
+        >>> devs = (DeviceSlot("a", "k", "n", 1), DeviceSlot("b", "k", "n", 1), DeviceSlot("c", "k", "m", 1))
+        >>> one = ((1.0,) * 3,) * 3
+        >>> p = Problem({}, {}, (), (), (), devs, one, ((0.0,) * 3,) * 3, 1)
+        >>> [c.members for c in device_classes(p)]
+        [(0, 1), (2,)]
+    """
+    groups: dict[tuple[str, str, int], list[int]] = {}
+    for i, d in enumerate(problem.devices):
+        groups.setdefault((d.kind, d.node, d.usable_bytes), []).append(i)
+    out: list[DeviceClass] = []
+    for (kind, node, usable), members in groups.items():
+        buckets: list[list[int]] = []
+        for i in members:
+            home = next((b for b in buckets if _links_match(problem, b[0], i)
+                         and _links_match_pair(problem, b, i)), None)
+            if home is None:
+                buckets.append([i])
+            else:
+                home.append(i)
+        out.extend(DeviceClass(kind, node, usable, tuple(b)) for b in buckets)
+    return tuple(out)
+
+
+def _links_match_pair(problem: Problem, bucket: Sequence[int], i: int) -> bool:
+    """Links inside a bucket must all be equal for its devices to be interchangeable."""
+    if not bucket or len(bucket) < 1:
+        return True
+    ref = bucket[0]
+    bw, lat = problem.bandwidth_bytes_s, problem.latency_s
+    for j in bucket[1:]:
+        if (bw[ref][j], lat[ref][j]) != (bw[ref][i], lat[ref][i]) or (bw[j][ref], lat[j][ref]) != (bw[i][ref], lat[i][ref]):
+            return False
+    return True
+
+
+def _tied_band(problem: Problem, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Bytes of tied-parameter replicas a stage [lo, hi) holds (`problem.tied_bytes`), as a band."""
+    extra = np.zeros(np.broadcast_shapes(lo.shape, hi.shape))
+    for t in problem.tied:
+        users = np.zeros(problem.num_units + 1)
+        for u in t.user_units:
+            if u != t.owner_unit:
+                users[u + 1] = 1.0
+        users = np.cumsum(users)
+        has_user = (users[hi] - users[lo]) > 0
+        has_owner = (lo <= t.owner_unit) & (t.owner_unit < hi)
+        extra = extra + np.where(has_user & ~has_owner, float(t.state_bytes), 0.0)
+    return extra
+
+
+class _Tables:
+    """Per-class stage costs in *band* form, shared by every cap (seconds, bytes).
+
+    Entry [lo, w] describes the stage on units [lo, lo + w + 1).  Under a cap on every
+    stage's time, stages are short, so a pass only needs the first W columns
+    (`width`): L*W work instead of L^2.
+    """
+
+    def __init__(self, problem: Problem, classes: Sequence[DeviceClass]) -> None:
+        L = problem.num_units
+        self.L, self.m, self.classes = L, problem.microbatches, tuple(classes)
+        lo = np.arange(L + 1)[:, None]
+        hi = lo + np.arange(L)[None, :] + 1
+        self.valid = hi <= L
+        hi_c = np.minimum(hi, L)
+        self.hi = hi_c
+        st = np.concatenate(([0.0], np.cumsum(np.asarray(problem.state_bytes, dtype=np.float64))))
+        act = np.concatenate(([0.0], np.cumsum(np.asarray(problem.activation_bytes, dtype=np.float64))))
+        bd = np.asarray(problem.boundary_bytes, dtype=np.float64)
+        self.state = st[hi_c] - st[lo] + _tied_band(problem, lo, hi_c)
+        self.act = act[hi_c] - act[lo]
+        self.before = np.broadcast_to(np.where(lo > 0, 2.0 * bd[np.maximum(lo - 1, 0)], 0.0), self.valid.shape)
+        self.after = 2.0 * bd[np.clip(hi_c - 1, 0, L - 1)]  # buffers for the cut after, if a stage follows
+        self.is_last = hi == L
+        # compute per class: F + B of the stage's units on kind(c)
+        self.compute = []
+        for c in classes:
+            work = np.concatenate(([0.0], np.cumsum(np.add(problem.fwd_s[c.kind], problem.bwd_s[c.kind]))))
+            self.compute.append(np.where(self.valid, work[hi_c] - work[lo], np.inf))
+        # round trip 2*C over the cut after unit u-1 (index u = start of the next stage), per class pair
+        self.comm2 = np.zeros((len(classes), len(classes), L + 1))
+        for a, ca in enumerate(classes):
+            for b, cb in enumerate(classes):
+                src, dst = ca.members[0], cb.members[-1]
+                if src == dst:
+                    continue  # a class of one device cannot follow itself: counts forbid it
+                for u in range(1, L):
+                    if problem.boundary_bytes[u - 1] > 0:
+                        self.comm2[a, b, u] = 2.0 * problem.comm_s(src, dst, u - 1)
+
+    def width(self, cap: float) -> int:
+        """Columns a pass under `cap` needs: the longest stage any class can run within the cap."""
+        if not math.isfinite(cap):
+            return self.L
+        longest = 0
+        for comp in self.compute:
+            cols = np.flatnonzero((comp <= cap).any(axis=0))
+            if cols.size:
+                longest = max(longest, int(cols[-1]) + 1)
+        return max(1, longest)
+
+    def band(self, c: int, after_stages: int, cap: float, width: int) -> np.ndarray:
+        """Cost of a stage of class c on [lo, lo+w+1) with `after_stages` stages after it (inf = not allowed)."""
+        inflight = min(after_stages + 1, self.m)
+        sl = np.s_[:, :width]
+        mem = self.state[sl] + inflight * self.act[sl] + self.before[sl] + (self.after[sl] if after_stages else 0.0)
+        cost = self.compute[c][sl]
+        ok = (cost <= cap) & (mem <= self.classes[c].usable_bytes)
+        ok &= self.is_last[sl] if not after_stages else ~self.is_last[sl]  # only the last stage ends at unit L
+        return np.where(ok, cost, np.inf)
+
+    def gather(self, h: np.ndarray, width: int) -> np.ndarray:
+        """h[lo + w + 1] as an (L+1, width) array (h indexed by the next stage's first unit)."""
+        return h[self.hi[:, :width]]
+
+
+@dataclass(frozen=True)
+class _Lattice:
+    """Count vectors grouped by their total, and for each (total, class) which vector is the
+    same one with that class's count lowered by one (the suffix after a stage of that class).
+
+    Built once per solve: it does not depend on the cap.
+    """
+
+    groups: dict[int, list[tuple[int, ...]]]
+    moves: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]  # (k, c) -> (rows in k, rows in k-1)
+
+    @classmethod
+    def build(cls, classes: Sequence[DeviceClass], max_stages: int) -> _Lattice:
+        ranges = [range(c.count + 1) for c in classes]
+        groups: dict[int, list[tuple[int, ...]]] = {}
+        for v in itertools.product(*ranges):
+            if 0 < sum(v) <= max_stages:
+                groups.setdefault(sum(v), []).append(v)
+        moves = {}
+        for k, group in groups.items():
+            if k == 1:
+                continue
+            where = {st: i for i, st in enumerate(groups[k - 1])}
+            for c in range(len(classes)):
+                pairs = [(i, where[st[:c] + (st[c] - 1,) + st[c + 1:]]) for i, st in enumerate(group) if st[c] > 0]
+                moves[(k, c)] = (np.asarray([i for i, _ in pairs], dtype=np.int64),
+                                 np.asarray([q for _, q in pairs], dtype=np.int64))
+        return cls(groups, moves)
+
+
+def _min_sum_counts(tab: _Tables, cap: float, lattice: _Lattice, stages: int | None = None,
+                    *, bottleneck: bool = False) -> tuple[float, list[tuple[int, int, int]]] | None:
+    """min S(cap) over the count vectors (exactly `stages` devices if given); with
+    `bottleneck`, the least max term instead of the least sum.
+
+    Returns (value, [(class, lo, hi)] front to back), or None when nothing fits under the cap.
+    """
+    vals, backs = _run_counts(tab, cap, lattice, np.maximum if bottleneck else np.add)
+    best: tuple[float, int, int, int] | None = None  # (value, total, row, class)
+    for k, val in vals.items():
+        if stages is not None and k != stages:
+            continue
+        i, c = np.unravel_index(int(np.argmin(val[:, :, 0])), val.shape[:2])
+        v = float(val[i, c, 0])
+        if math.isfinite(v) and (best is None or v < best[0]):
+            best = (v, k, int(i), int(c))
+    if best is None:
+        return None
+    return best[0], _unwind(lattice, backs, best[1:], tab.L)
+
+
+def _unwind(lattice: _Lattice, backs: dict[int, np.ndarray], key: tuple[int, int, int],
+            L: int) -> list[tuple[int, int, int]]:
+    """Follow back-pointers from (total, row, class) at unit 0 to the last stage."""
+    k, i, c = key
+    lo, out = 0, []
+    while True:
+        if k == 1:
+            out.append((c, lo, L))
+            return out
+        hi, nxt = (int(x) for x in backs[k][i, c, lo])
+        out.append((c, lo, hi))
+        rows, prev = lattice.moves[(k, c)]
+        i = int(prev[np.flatnonzero(rows == i)[0]])
+        k, lo, c = k - 1, hi, nxt
+
+
+def _assign(classes: Sequence[DeviceClass], picks: Sequence[tuple[int, int, int]]) -> tuple[Stage, ...]:
+    """Concrete devices for (class, lo, hi) stages: each class hands out members in id order."""
+    used = {i: 0 for i in range(len(classes))}
+    stages = []
+    for c, lo, hi in picks:
+        stages.append(Stage(classes[c].members[used[c]], lo, hi - 1))
+        used[c] += 1
+    return tuple(stages)
+
+
+def simple_lower_bound(problem: Problem) -> float:
+    """A valid lower bound on T for any placement: S >= every unit on its fastest kind (S_lb),
+    and the bottleneck >= the largest such unit and >= S_lb / #devices.
+
+    Example:
+        >>> from hetpipe.partitioner.problem import DeviceSlot
+        >>> p = Problem({"a": (1.0, 3.0)}, {"a": (0.0, 0.0)}, (0, 0), (0, 0), (0, 0),
+        ...             (DeviceSlot("x", "a", "n", 1),), ((1.0,),), ((0.0,),), 3)
+        >>> simple_lower_bound(p)  # 4 + 2 * max(3, 4 / 1)
+        12.0
+    """
+    kinds = list(problem.fwd_s)
+    fastest = [min(problem.fwd_s[k][u] + problem.bwd_s[k][u] for k in kinds) for u in range(problem.num_units)]
+    s_lb = sum(fastest)
+    b_lb = max(max(fastest, default=0.0), s_lb / max(1, len(problem.devices)))
+    return s_lb + (problem.microbatches - 1) * b_lb
+
+
+MinSum = Callable[[float, bool], "tuple[float, tuple[Stage, ...]] | None"]
+
+
+def sum_lower_bound(problem: Problem) -> float:
+    """S >= every unit on its fastest kind (comm and memory only add)."""
+    kinds = list(problem.fwd_s)
+    return sum(min(problem.fwd_s[k][u] + problem.bwd_s[k][u] for k in kinds) for u in range(problem.num_units))
+
+
+def _parametric(problem: Problem, min_sum: MinSum, *, time_limit_s: float,
+                seed: Sequence[Stage] | None = None) -> DPResult | None:
+    """The cap walk of the module docstring around `min_sum(cap, bottleneck)`.
+
+    `min_sum(cap, False)` is min S under the cap; `min_sum(cap, True)` the least
+    achievable bottleneck under it (the same DP with max in place of +).  Any placement
+    better than the best T found has S >= S_lb and so a bottleneck below
+    (best - S_lb) / (m - 1): the walk scans only [b_min, that].  A feasible `seed`
+    placement caps the first passes at its bottleneck, so no pass runs uncapped.
+    """
+    m, start, tries = problem.microbatches, time.perf_counter(), 0
+    s_lb = sum_lower_bound(problem)
+    seed_ev = evaluate(problem, seed) if seed is not None else None
+    if seed_ev is not None and seed_ev.fits and m > 1:
+        best, best_stages, cap0 = seed_ev.iteration_s, tuple(seed), seed_ev.bottleneck_s * (1.0 + CAP_TOLERANCE)
+    else:
+        tries += 1
+        first = min_sum(math.inf, False)
+        if first is None:
+            return None
+        s_lb, stages = first
+        ev = evaluate(problem, stages)
+        best, best_stages, cap0 = ev.iteration_s, stages, ev.bottleneck_s * (1.0 + CAP_TOLERANCE)
+        if m == 1:  # T = S: the least sum is optimal
+            return DPResult(best_stages, best, best, tries, True)
+    tries += 2
+    least = min_sum(cap0, True)  # a placement with bottleneck <= cap0 exists ...
+    if least is None:  # ... unless rounding hid it: fall back to the uncapped pass
+        least = min_sum(math.inf, True)
+        if least is None:
+            return None
+    b_min = least[0]
+    bottom = min_sum(b_min * (1.0 + CAP_TOLERANCE), False)  # the window's floor: least sum at b_min
+    if bottom is not None:
+        t_bottom = evaluate(problem, bottom[1]).iteration_s
+        if t_bottom < best:
+            best, best_stages = t_bottom, bottom[1]
+    cap = (best - s_lb) / (m - 1)
+    while cap > b_min * (1.0 + CAP_TOLERANCE):  # walk down; S only grows as the cap falls
+        tries += 1
+        res = min_sum(cap, False)
+        if res is None:
+            break
+        s_cap, stages = res
+        ev = evaluate(problem, stages)
+        if ev.iteration_s < best:
+            best, best_stages = ev.iteration_s, stages
+        if s_cap + (m - 1) * b_min >= best * (1.0 - CAP_TOLERANCE):
+            break
+        if time.perf_counter() - start > time_limit_s:
+            return DPResult(best_stages, best, min(best, s_cap + (m - 1) * b_min), tries, False)
+        cap = min(ev.bottleneck_s, (best - s_lb) / (m - 1)) * (1.0 - CAP_TOLERANCE)
+    return DPResult(best_stages, best, best, tries, True)
+
+
+def solve_exact(problem: Problem, *, state_budget: int = DEFAULT_STATE_BUDGET,
+                time_limit_s: float = 60.0, max_stages: int | None = None,
+                exact_stages: int | None = None, seed: Sequence[Stage] | None = None) -> DPResult | None:
+    """Optimal placement over every device subset and order (None if nothing fits).
+
+    `exact_stages` restricts to pipelines of exactly that many stages; `seed`, any
+    placement (e.g. the heuristic's), only speeds the search up.  Raises
+    `StateSpaceTooLarge` when the count space exceeds `state_budget`.
+    """
+    if seed is not None and exact_stages is not None and len(seed) != exact_stages:
+        seed = None
+    classes = device_classes(problem)
+    limit = min(problem.num_units, len(problem.devices), max_stages or len(problem.devices))
+    size = math.prod(c.count + 1 for c in classes)  # count vectors, before the stage limit prunes them
+    work = size * len(classes) * (problem.num_units + 1)
+    if work > state_budget:
+        raise StateSpaceTooLarge(f"{size} device-count states x {len(classes)} classes x "
+                                 f"{problem.num_units + 1} units > budget {state_budget:.3g}")
+    lattice = _Lattice.build(classes, min(limit, exact_stages or limit))
+    tab = _Tables(problem, classes)
+
+    def min_sum(cap: float, bottleneck: bool) -> tuple[float, tuple[Stage, ...]] | None:
+        out = _min_sum_counts(tab, cap, lattice, exact_stages, bottleneck=bottleneck)
+        return None if out is None else (out[0], _assign(classes, out[1]))
+
+    return _parametric(problem, min_sum, time_limit_s=time_limit_s, seed=seed)
+
+
+def least_bottleneck(problem: Problem, *, cap_s: float = math.inf,
+                     state_budget: int = DEFAULT_STATE_BUDGET) -> tuple[float, tuple[Stage, ...]] | None:
+    """(b_min, a placement achieving it): the least possible max_s of every F_s + B_s and 2 C_s.
+
+    One DP pass; `cap_s` (any feasible placement's bottleneck) narrows it.  Together with
+    `sum_lower_bound`, T >= S_lb + (m - 1) * b_min is a valid lower bound.
+    """
+    classes = device_classes(problem)
+    size = math.prod(c.count + 1 for c in classes)
+    if size * len(classes) * (problem.num_units + 1) > state_budget:
+        raise StateSpaceTooLarge(f"{size} device-count states")
+    lattice = _Lattice.build(classes, min(problem.num_units, len(problem.devices)))
+    out = _min_sum_counts(_Tables(problem, classes), cap_s, lattice, bottleneck=True)
+    return None if out is None else (out[0], _assign(classes, out[1]))
+
+
+def _run_counts(tab: _Tables, cap: float, lattice: _Lattice, combine: Callable = np.add,
+                ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """Backward DP over count vectors, all vectors with the same total k in one numpy batch.
+
+    vals[k][i] has shape (C, L+1): the least cost of a suffix that uses the devices of
+    `lattice.groups[k][i]`, starts at unit u and has its front stage on class f;
+    backs[k][i] (C, L+1, 2) holds the next stage's start unit and front class.
+    """
+    C, L = len(tab.classes), tab.L
+    width, rows = tab.width(cap), np.arange(L + 1)
+    comm_ok = np.where(tab.comm2 <= cap, tab.comm2, np.inf)
+    vals: dict[int, np.ndarray] = {}
+    backs: dict[int, np.ndarray] = {}
+    for k in sorted(lattice.groups):
+        n = len(lattice.groups[k])
+        val = np.full((n, C, L + 1), np.inf)
+        bp = np.full((n, C, L + 1, 2), -1, dtype=np.int32)
+        for c in range(C):
+            band = tab.band(c, k - 1, cap, width)
+            if k == 1:
+                has = np.asarray([st[c] > 0 for st in lattice.groups[1]])
+                val[has, c] = band.min(axis=1)
+                continue
+            idx, prev = lattice.moves[(k, c)]
+            if not idx.size:
+                continue
+            tot = combine(comm_ok[c][None], vals[k - 1][prev])  # (n, C, L+1): 2C(c->f, u) (+|max) suffix
+            f_best = np.argmin(tot, axis=1)
+            h = np.take_along_axis(tot, f_best[:, None, :], axis=1)[:, 0, :]
+            # windows[i, lo, w] = h[i, lo + w + 1] (inf past the last unit), a view, not a copy
+            padded = np.concatenate((h, np.full((h.shape[0], width), np.inf)), axis=1)
+            windows = np.lib.stride_tricks.sliding_window_view(padded, width, axis=1)[:, 1:L + 2, :]
+            cand = combine(band[None], windows)  # (n, L+1, W)
+            w_best = np.argmin(cand, axis=2)
+            val[idx, c] = np.take_along_axis(cand, w_best[..., None], axis=2)[..., 0]
+            u_best = np.minimum(rows[None, :] + w_best + 1, L)
+            bp[idx, c, :, 0] = u_best
+            bp[idx, c, :, 1] = np.take_along_axis(f_best, u_best, axis=1)
+        vals[k], backs[k] = val, bp
+    return vals, backs
+

@@ -1,0 +1,104 @@
+"""Why nothing fits: the memory a plan is missing, where, and what would help.
+
+`explain_infeasible` searches the smallest factor f by which every device's usable
+memory would have to grow for some placement to fit (bisection on f, each step a
+feasibility solve), takes that placement, and names its fullest stage with a
+breakdown (state = params + grads + optimizer, activations x in-flight micro-batches,
+communication buffers) and the remedies that attack the biggest share.
+
+Example:
+    >>> from hetpipe.partitioner.problem import DeviceSlot, Problem
+    >>> prob = Problem(fwd_s={"a": (1.0, 1.0)}, bwd_s={"a": (1.0, 1.0)}, state_bytes=(60, 60),
+    ...                activation_bytes=(1, 1), boundary_bytes=(4, 0),
+    ...                devices=(DeviceSlot("d0", "a", "n", 50),), bandwidth_bytes_s=((float("inf"),),),
+    ...                latency_s=((0.0,),), microbatches=2)
+    >>> print(explain_infeasible(prob))  # doctest: +ELLIPSIS
+    no plan fits in memory: at best, stage 0 on d0 (a) needs 122 B but has 50 B usable (72 B missing; ...
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Callable
+
+from hetpipe.cost_models.quantities import human_bytes
+from hetpipe.errors import InfeasibleError
+from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, solve_exact
+from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
+from hetpipe.partitioner.problem import Problem, Stage, evaluate, stage_memory_bytes
+
+#: Bisection steps on the memory factor: 2^-30 relative precision, plenty for a message.
+BISECTION_STEPS = 30
+
+
+def _scaled(problem: Problem, factor: float) -> Problem:
+    devs = tuple(replace(d, usable_bytes=int(d.usable_bytes * factor)) for d in problem.devices)
+    return replace(problem, devices=devs)
+
+
+def _finder(problem: Problem) -> Callable[[Problem], tuple[Stage, ...] | None]:
+    """A fast feasibility solve: the exact DP where tractable, else the all-devices fixed order."""
+    def exact(p: Problem) -> tuple[Stage, ...] | None:
+        res = solve_exact(p, time_limit_s=0.0)  # one pass of the cap walk: feasibility only
+        return res.stages if res else None
+
+    try:
+        exact(_scaled(problem, 1e30))
+        return exact
+    except StateSpaceTooLarge:
+        order = list(range(min(len(problem.devices), problem.num_units)))
+
+        def fixed(p: Problem) -> tuple[Stage, ...] | None:
+            res = solve_fixed_order(p, order, time_limit_s=0.0)
+            return res.stages if res else None
+
+        return fixed
+
+
+def _least_memory_plan(problem: Problem) -> tuple[float, tuple[Stage, ...]] | None:
+    """(smallest memory factor f, a placement that fits at f) by bisection."""
+    find = _finder(problem)
+    hi = 2.0
+    while find(_scaled(problem, hi)) is None:
+        hi *= 2.0
+        if hi > 1e12:
+            return None
+    lo = 1.0
+    for _ in range(BISECTION_STEPS):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if find(_scaled(problem, mid)) is not None else (mid, hi)
+    stages = find(_scaled(problem, hi))
+    return (hi, stages) if stages else None
+
+
+def explain_infeasible(problem: Problem) -> InfeasibleError:
+    """An `InfeasibleError` that says how much memory is missing, where, and what would help."""
+    found = _least_memory_plan(problem)
+    if found is None:
+        return InfeasibleError("no plan fits in memory on any number of devices; add devices with more memory")
+    _, stages = found
+    ev = evaluate(problem, stages)
+    s = max(range(len(stages)), key=lambda i: ev.stages[i].memory_bytes - ev.stages[i].usable_bytes)
+    st, cost = stages[s], ev.stages[s]
+    dev = problem.devices[st.device]
+    units = range(st.first_unit, st.last_unit + 1)
+    state = sum(problem.state_bytes[u] for u in units)
+    inflight = min(len(stages) - s, problem.microbatches)
+    act = inflight * sum(problem.activation_bytes[u] for u in units)
+    buffers = stage_memory_bytes(problem, stages, s) - state - act
+    missing = cost.memory_bytes - cost.usable_bytes
+    tips = []
+    if act >= state:
+        tips.append("a smaller micro-batch or activation recomputation (activations are the larger share)")
+        tips.append("a lighter optimizer or mixed precision")
+    else:
+        tips.append("a lighter optimizer (sgd/momentum) or mixed precision (model state is the larger share)")
+        tips.append("a smaller micro-batch or activation recomputation")
+    tips.append("more devices or devices with more memory")
+    return InfeasibleError(
+        f"no plan fits in memory: at best, stage {s} on {dev.id} ({dev.kind}) needs {human_bytes(cost.memory_bytes)} "
+        f"but has {human_bytes(cost.usable_bytes)} usable ({human_bytes(missing)} missing; units {st.first_unit}-{st.last_unit}: "
+        f"state {human_bytes(state)}, activations {human_bytes(act)} for {inflight} in-flight micro-batches, buffers "
+        f"{human_bytes(buffers)}); try {'; '.join(tips)}"
+    )

@@ -1,0 +1,241 @@
+"""`solve`: the best placement of a `Problem`, with proof of how good it is.
+
+Strategy (issue #3):
+
+1. A fast **heuristic** (`fixed_order.solve_fixed_order` on a few device orders, dropping
+   the slowest devices one at a time) seeds everything below.
+2. **Exact DP** (`dp.solve_exact`) over device-class count vectors whenever that space
+   is small enough (`dp.DEFAULT_STATE_BUDGET`): it is exact for the whole contract
+   (free device subset and order, memory, links), so its answer is reported as
+   ``OPTIMAL`` with bound = objective.
+3. Otherwise the node-free **relaxation** (`relax.relaxed_bound`) gives a valid lower
+   bound and a realised placement; if the gap is above `GOOD_ENOUGH_GAP` and time is
+   left, **CP-SAT** (`cpsat.solve_cpsat`) starts from the best placement as a hint, with
+   a time limit and a seed.  The plan records solver, status, bound and gap.
+
+``solver="cpsat"`` always runs CP-SAT (hinted by the DP, relaxation or heuristic answer);
+``solver="dp"`` insists on the exact DP.  Whatever runs, the returned placement is
+re-evaluated with `problem.evaluate`, so T and memory are exactly the contract's.
+
+Example:
+    >>> from hetpipe.partitioner.problem import DeviceSlot, Problem
+    >>> inf = float("inf")
+    >>> prob = Problem(fwd_s={"a": (1.0,) * 4}, bwd_s={"a": (2.0,) * 4}, state_bytes=(1,) * 4,
+    ...                activation_bytes=(1,) * 4, boundary_bytes=(0,) * 4,
+    ...                devices=(DeviceSlot("d0", "a", "n", 100), DeviceSlot("d1", "a", "n", 100)),
+    ...                bandwidth_bytes_s=((inf, 1.0), (1.0, inf)), latency_s=((0.0, 0.0), (0.0, 0.0)),
+    ...                microbatches=4)
+    >>> sol = solve(prob)
+    >>> sol.solver, sol.status, sol.iteration_s, sol.unused_devices
+    ('dp', 'OPTIMAL', 30.0, ())
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+from hetpipe.errors import ConfigError, InfeasibleError
+from hetpipe.partitioner.solvers.cpsat import solve_cpsat
+from hetpipe.partitioner.solvers.dp import DPResult, StateSpaceTooLarge, simple_lower_bound, solve_exact
+from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
+from hetpipe.partitioner.solvers.infeasible import explain_infeasible
+from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.solvers.relax import relaxed_bound
+
+log = logging.getLogger(__name__)
+
+SOLVERS = ("auto", "dp", "cpsat")
+#: Devices dropped one by one (slowest first) when the heuristic looks for a shorter pipeline.
+HEURISTIC_MAX_DROPPED = 4
+#: Units x devices above which the exact DP is seeded with the heuristic's placement
+#: (its bottleneck caps the DP's first passes; below this the DP is fast anyway).
+SEED_ABOVE = 200
+#: Share of the remaining time limit the relaxation bound may take on clusters beyond the DP.
+RELAXATION_SHARE = 0.7
+#: Gap to the relaxation bound under which CP-SAT is not started: in our measurements it did
+#: not close a sub-1% gap on 64 cards within 10 s (benchmarks/planner_speed.py).
+GOOD_ENOUGH_GAP = 0.01
+#: Least search time worth starting CP-SAT for, after its model is built.
+MIN_CPSAT_S = 2.0
+#: Seconds to build the CP-SAT model per (position x unit x class pair) term, measured on the
+#: 2-core VM: 64 positions x 98 units x 8^2 class pairs took 1.9 s.
+CPSAT_BUILD_S_PER_TERM = 1.9 / (64 * 98 * 64)
+
+
+def cpsat_build_s(problem: Problem) -> float:
+    """Estimated seconds to build the CP-SAT model of `problem` (see CPSAT_BUILD_S_PER_TERM)."""
+    from hetpipe.partitioner.solvers.dp import device_classes
+
+    classes = len(device_classes(problem))
+    positions = min(problem.num_units, len(problem.devices))
+    return CPSAT_BUILD_S_PER_TERM * positions * problem.num_units * classes * classes
+
+
+@dataclass(frozen=True)
+class Solution:
+    """A solved placement and how it was found."""
+
+    stages: tuple[Stage, ...]
+    solver: str  # dp | cpsat | relaxation | heuristic
+    status: str  # OPTIMAL | FEASIBLE
+    iteration_s: float
+    bound_s: float  # proven lower bound on T (== iteration_s when OPTIMAL)
+    wall_s: float
+    unused_devices: tuple[int, ...]
+
+    @property
+    def gap(self) -> float:
+        """Relative optimality gap (0 when proved optimal)."""
+        if self.iteration_s <= 0:
+            return 0.0
+        return max(0.0, (self.iteration_s - self.bound_s) / self.iteration_s)
+
+
+def device_speed_order(problem: Problem) -> list[int]:
+    """Device indices, fastest kind first (by the whole model's time on that kind), ties by id order."""
+    work = {k: sum(f + b for f, b in zip(problem.fwd_s[k], problem.bwd_s[k])) for k in problem.fwd_s}
+    return sorted(range(len(problem.devices)), key=lambda d: work[problem.devices[d].kind])
+
+
+def _candidate_orders(problem: Problem) -> list[list[int]]:
+    """Device sequences worth trying: node blocks (fast nodes first / last), and plain speed order."""
+    speed = device_speed_order(problem)
+    rank = {d: i for i, d in enumerate(speed)}
+    nodes: dict[str, list[int]] = {}
+    for d in speed:
+        nodes.setdefault(problem.devices[d].node, []).append(d)
+    by_node = sorted(nodes.values(), key=lambda ds: sum(rank[d] for d in ds) / len(ds))
+    blocks = [d for ds in by_node for d in ds]
+    orders = [blocks, blocks[::-1], [d for ds in by_node[::-1] for d in ds], speed]
+    out: list[list[int]] = []
+    for order in orders:
+        if order not in out:
+            out.append(order)
+    return out
+
+
+def heuristic(problem: Problem, *, time_limit_s: float = 10.0, num_stages: int | None = None) -> DPResult | None:
+    """Best fixed-order DP over `_candidate_orders`, also with the slowest devices left out."""
+    start = time.perf_counter()
+    best: DPResult | None = None
+    speed = device_speed_order(problem)
+    for order in _candidate_orders(problem):
+        for dropped in range(0, HEURISTIC_MAX_DROPPED + 1):
+            keep = set(speed[: len(speed) - dropped])
+            seq = [d for d in order if d in keep][: problem.num_units]
+            if not seq or (num_stages is not None and len(seq) != num_stages):
+                continue
+            left = time_limit_s - (time.perf_counter() - start)
+            if left <= 0 and best is not None:
+                return best
+            res = solve_fixed_order(problem, seq, time_limit_s=max(left, 0.0))
+            if res is not None and (best is None or res.iteration_s < best.iteration_s):
+                best = res
+    return best
+
+
+def _unused(problem: Problem, stages: tuple[Stage, ...]) -> tuple[int, ...]:
+    used = {st.device for st in stages}
+    return tuple(i for i in range(len(problem.devices)) if i not in used)
+
+
+def _from_dp(problem: Problem, res: DPResult, *, name: str, wall_s: float, proved: bool,
+             bound_s: float = 0.0) -> Solution:
+    """A Solution from a DP answer; `proved` only for the exact DP's completed walk."""
+    if proved:
+        return Solution(res.stages, name, "OPTIMAL", res.iteration_s, res.iteration_s, wall_s,
+                        _unused(problem, res.stages))
+    return Solution(res.stages, name, "FEASIBLE", res.iteration_s, min(bound_s, res.iteration_s), wall_s,
+                    _unused(problem, res.stages))
+
+
+def _better(a: DPResult | None, b: DPResult | None) -> DPResult | None:
+    if a is None or (b is not None and b.iteration_s < a.iteration_s):
+        return b
+    return a
+
+
+def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0,
+          num_stages: int | None = None) -> Solution:
+    """Best placement of `problem` (see the module docstring).
+
+    Raises `InfeasibleError` (with the missing memory and what would help) when no
+    placement fits, and `ConfigError` for an unknown solver name.
+    """
+    if solver not in SOLVERS:
+        raise ConfigError(f"unknown solver {solver!r}; use one of: {', '.join(SOLVERS)}")
+    if not problem.devices:
+        raise ConfigError("the cluster has no devices; add at least one device to the cluster file")
+    start = time.perf_counter()
+    warm = None
+    if problem.num_units * len(problem.devices) > SEED_ABOVE:
+        warm = heuristic(problem, time_limit_s=time_limit_s / 8, num_stages=num_stages)
+    try:
+        exact = solve_exact(problem, time_limit_s=time_limit_s, exact_stages=num_stages,
+                            seed=warm.stages if warm else None)
+    except StateSpaceTooLarge as err:
+        if solver == "dp":
+            raise ConfigError(f"the exact DP is too large for this cluster ({err}); use --solver cpsat or auto") from None
+        return _large(problem, warm, start=start, time_limit_s=time_limit_s, seed=seed, num_stages=num_stages)
+    if exact is None:
+        raise explain_infeasible(problem)
+    if solver != "cpsat" or not exact.exact:
+        return _from_dp(problem, exact, name="dp", wall_s=time.perf_counter() - start, proved=exact.exact,
+                        bound_s=exact.bound_s)
+    return _with_cpsat(problem, exact, lower_bound_s=exact.iteration_s, start=start, time_limit_s=time_limit_s,
+                       seed=seed, num_stages=num_stages)
+
+
+def _large(problem: Problem, warm: DPResult | None, *, start: float, time_limit_s: float, seed: int,
+           num_stages: int | None) -> Solution:
+    """Too large for the exact DP: relaxation bound + its realised placement, then CP-SAT."""
+    if warm is None:
+        warm = heuristic(problem, time_limit_s=time_limit_s / 8, num_stages=num_stages)
+    left = time_limit_s - (time.perf_counter() - start)
+    bound, real = relaxed_bound(problem, seed=warm.stages if warm else None,
+                                time_limit_s=RELAXATION_SHARE * left, num_stages=num_stages)
+    if math.isinf(bound):
+        raise explain_infeasible(problem)
+    hint = _better(warm, real)
+    bound = max(bound, simple_lower_bound(problem))
+    left = time_limit_s - (time.perf_counter() - start) - cpsat_build_s(problem)
+    if hint is not None and (hint.iteration_s <= bound * (1 + GOOD_ENOUGH_GAP) or left < MIN_CPSAT_S):
+        return _from_dp(problem, hint, name="relaxation", wall_s=time.perf_counter() - start, proved=False,
+                        bound_s=bound)
+    return _with_cpsat(problem, hint, lower_bound_s=bound, start=start, time_limit_s=time_limit_s, seed=seed,
+                       num_stages=num_stages, hint_name="relaxation" if hint is real else "heuristic")
+
+
+def _with_cpsat(problem: Problem, hint: DPResult | None, *, lower_bound_s: float, start: float,
+                time_limit_s: float, seed: int, num_stages: int | None, hint_name: str = "dp") -> Solution:
+    """Run CP-SAT from `hint` for the time left; the better of the two, with the best bound known."""
+    left = max(MIN_CPSAT_S, time_limit_s - (time.perf_counter() - start) - cpsat_build_s(problem))
+    res = solve_cpsat(problem, time_limit_s=left, seed=seed, hint=hint.stages if hint else None,
+                      num_stages=num_stages)
+    wall = time.perf_counter() - start
+    if res.stages is None:
+        if res.status == "INFEASIBLE" and hint is None:
+            raise explain_infeasible(problem)
+        if hint is None:
+            raise InfeasibleError(f"no plan found within the {time_limit_s:g} s limit (CP-SAT: {res.status}); "
+                                  "raise --time-limit")
+        proved = hint.exact and hint.bound_s >= hint.iteration_s * (1 - 1e-9) and lower_bound_s >= hint.iteration_s * (1 - 1e-9)
+        return _from_dp(problem, hint, name="dp" if proved else hint_name, wall_s=wall, proved=proved,
+                        bound_s=lower_bound_s)
+    stages, value = res.stages, res.iteration_s
+    if hint is not None and hint.iteration_s < value:
+        stages, value = hint.stages, hint.iteration_s  # float re-evaluation can favour the hint by a tick
+    bound = min(max(res.bound_s, lower_bound_s), value)
+    status = "OPTIMAL" if res.status == "OPTIMAL" or bound >= value * (1 - 1e-6) else "FEASIBLE"
+    return Solution(stages, "cpsat", status, value, bound, wall, _unused(problem, stages))
+
+
+def solve_fixed(problem: Problem, stages: tuple[Stage, ...]) -> Solution:
+    """Wrap a hand-made placement as a Solution (for tools that take a given split)."""
+    ev = evaluate(problem, stages)
+    return Solution(stages, "given", "FEASIBLE" if ev.fits else "INFEASIBLE", ev.iteration_s, 0.0, 0.0,
+                    _unused(problem, stages))
+

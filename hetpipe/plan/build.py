@@ -1,0 +1,359 @@
+"""`partition()`: model + cluster -> Plan.  The glue between capture, costs and solvers.
+
+Example:
+    >>> import hetpipe
+    >>> from hetpipe.models import build
+    >>> model, inputs = build("gpt-tiny", device="meta", batch=2)        # doctest: +SKIP
+    >>> plan = hetpipe.partition(model, "examples/clusters/homelab.yaml",
+    ...                          example_inputs=inputs, global_batch=16)  # doctest: +SKIP
+    >>> plan.save("plan.json")                                            # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from hetpipe.cost_models.devices import Cluster
+from hetpipe.cost_models.memory import state_bytes_per_param
+from hetpipe.cost_models.timing import efficiencies, peak_flops_s, unit_time_s
+from hetpipe.errors import ConfigError, InfeasibleError
+from hetpipe.partitioner.capture.graph import UnitGraph
+from hetpipe.plan.schema import (
+    BaselineReport,
+    LeftOut,
+    Plan,
+    PlanDevice,
+    PlanLink,
+    PlanModel,
+    PlanStage,
+    PlanTied,
+    PlanTraining,
+    PlanUnit,
+    Predicted,
+    SolverReport,
+    UnitTimes,
+)
+from hetpipe.partitioner.problem import DeviceSlot, Evaluation, Problem, Stage, TiedCopy, evaluate
+
+log = logging.getLogger(__name__)
+
+
+def unit_times(graph: UnitGraph, cluster: Cluster) -> dict[str, tuple[UnitTimes, ...]]:
+    """Per device kind, per unit forward/backward seconds for one micro-batch."""
+    out: dict[str, tuple[UnitTimes, ...]] = {}
+    for kind in cluster.kinds:
+        prof = cluster.profile(kind)
+        times = []
+        for u in graph.units:
+            t = unit_time_s(
+                fwd_flops=u.fwd_flops,
+                bwd_flops=u.bwd_flops,
+                memory_traffic_bytes=u.memory_traffic_bytes,
+                op_count=u.op_count,
+                profile=prof,
+                precision=graph.precision,
+            )
+            times.append(UnitTimes(fwd=t.fwd_s, bwd=t.bwd_s))
+        out[kind] = tuple(times)
+    return out
+
+
+def build_problem(graph: UnitGraph, cluster: Cluster, *, microbatches: int) -> Problem:
+    """The solver input for `graph` on `cluster` with `microbatches` per iteration."""
+    if not cluster.devices:
+        raise ConfigError(f"cluster {cluster.name!r} has no devices; add at least one device to the cluster file")
+    times = unit_times(graph, cluster)
+    ids = [d.id for d in cluster.devices]
+    bandwidth = tuple(
+        tuple(float("inf") if a == b else cluster.link(a, b).bandwidth_bytes_s for b in ids) for a in ids
+    )
+    latency = tuple(tuple(0.0 if a == b else cluster.link(a, b).latency_s for b in ids) for a in ids)
+    return Problem(
+        fwd_s={k: tuple(t.fwd for t in v) for k, v in times.items()},
+        bwd_s={k: tuple(t.bwd for t in v) for k, v in times.items()},
+        state_bytes=tuple(u.state_bytes for u in graph.units),
+        activation_bytes=tuple(u.activation_bytes for u in graph.units),
+        boundary_bytes=tuple(u.boundary_bytes for u in graph.units),
+        devices=tuple(DeviceSlot(d.id, d.kind, d.node, d.usable_bytes) for d in cluster.devices),
+        bandwidth_bytes_s=bandwidth,
+        latency_s=latency,
+        microbatches=microbatches,
+        tied=tied_copies(graph),
+    )
+
+
+def tied_copies(graph: UnitGraph) -> tuple[TiedCopy, ...]:
+    """Tied parameters as the memory model sees them: owner unit, user units, bytes of one replica."""
+    per_param = state_bytes_per_param(graph.optimizer, graph.precision)
+    return tuple(TiedCopy(t.unit_indices[0], tuple(t.unit_indices), int(round(t.numel * per_param)))
+                 for t in graph.tied if len(t.unit_indices) > 1)
+
+
+def cost_model_notes(cluster: Cluster, precision: str) -> dict[str, str]:
+    """Human-readable assumptions per device kind, recorded in the plan."""
+    notes = {}
+    for kind in cluster.kinds:
+        p = cluster.profile(kind)
+        eff = efficiencies(p)
+        notes[kind] = (
+            f"{peak_flops_s(p, precision) / 1e12:.1f} TFLOP/s peak ({precision}) x efficiency {eff.matmul:.2f}"
+            f"{'' if eff.calibrated else ' (default)'}; "
+            f"{p.memory_bandwidth_bytes_s / 1e9:.0f} GB/s x {eff.bandwidth:.2f}; "
+            f"{eff.kernel_overhead_s * 1e6:.1f} us/op; source: {p.source}"
+        )
+    return notes
+
+
+def _predicted(problem: Problem, stages: tuple[Stage, ...], ev: Evaluation, global_batch: int) -> Predicted:
+    m = problem.microbatches
+    util = {d.id: 0.0 for d in problem.devices}
+    busy = 0.0
+    for st, cost in zip(stages, ev.stages):
+        work = m * (cost.fwd_s + cost.bwd_s)
+        util[problem.devices[st.device].id] = work / ev.iteration_s
+        busy += work
+    bubble = 1.0 - busy / (len(stages) * ev.iteration_s)
+    return Predicted(
+        iteration_s=ev.iteration_s,
+        bubble_fraction=bubble,
+        samples_per_s=global_batch / ev.iteration_s,
+        utilisation=util,
+        simulated_iteration_s=simulated_iteration_s(problem, stages),
+    )
+
+
+def simulated_iteration_s(problem: Problem, stages: tuple[Stage, ...]) -> float:
+    """The 1F1B discrete-event simulation of a placement (the analytic T's check; README)."""
+    from hetpipe.schedule.builders import one_f_one_b
+    from hetpipe.schedule.simulate import costs_from_problem, simulate
+
+    return simulate(one_f_one_b(len(stages), problem.microbatches), costs_from_problem(problem, stages)).iteration_s
+
+
+def _plan_units(graph: UnitGraph, problem: Problem) -> tuple[PlanUnit, ...]:
+    """Plan units whose ``time_s`` are the very tables the solver optimised (taken from `problem`)."""
+    return tuple(
+        PlanUnit(
+            index=u.index,
+            name=u.name,
+            node_names=u.node_names,
+            fwd_flops=u.fwd_flops,
+            bwd_flops=u.bwd_flops,
+            param_bytes=u.param_bytes,
+            state_bytes=u.state_bytes,
+            activation_bytes=u.activation_bytes,
+            boundary_bytes=u.boundary_bytes,
+            time_s={k: UnitTimes(fwd=problem.fwd_s[k][u.index], bwd=problem.bwd_s[k][u.index])
+                    for k in problem.fwd_s},
+        )
+        for u in graph.units
+    )
+
+
+def _plan_stages(problem: Problem, stages: tuple[Stage, ...], ev: Evaluation) -> tuple[PlanStage, ...]:
+    return tuple(
+        PlanStage(
+            index=i,
+            device=problem.devices[st.device].id,
+            first_unit=st.first_unit,
+            last_unit=st.last_unit,
+            fwd_s=c.fwd_s,
+            bwd_s=c.bwd_s,
+            memory_bytes=c.memory_bytes,
+            usable_bytes=c.usable_bytes,
+            send_s=c.send_s,
+        )
+        for i, (st, c) in enumerate(zip(stages, ev.stages))
+    )
+
+
+def assemble_plan(
+    graph: UnitGraph,
+    cluster: Cluster,
+    *,
+    problem: Problem,
+    stages: tuple[Stage, ...],
+    solver: SolverReport,
+    global_batch: int,
+    baselines: dict[str, BaselineReport] | None = None,
+    left_out: tuple[LeftOut, ...] = (),
+) -> Plan:
+    """Build the Plan document from a solved placement (tables recorded as optimised)."""
+    ev = evaluate(problem, stages)
+    return Plan(
+        model=PlanModel(
+            name=graph.model_name,
+            fingerprint=graph.fingerprint,
+            param_count=graph.param_count,
+            num_units=graph.num_units,
+            tracer=graph.tracer,
+            tied=tuple(PlanTied(t.qualified_names, t.unit_indices, c.state_bytes if c else 0)
+                       for t, c in _with_copies(graph)),
+        ),
+        training=PlanTraining(
+            global_batch=global_batch,
+            micro_batch_size=graph.micro_batch_size,
+            microbatches=problem.microbatches,
+            optimizer=graph.optimizer,
+            precision=graph.precision,
+        ),
+        devices=tuple(PlanDevice(d.id, d.kind, d.node, d.memory_bytes, d.usable_bytes) for d in cluster.devices),
+        links=tuple(
+            PlanLink(l.src, l.dst, l.bandwidth_bytes_s, l.latency_s, l.kind)
+            for (_, _), l in sorted(cluster.links.items())
+        ),
+        units=_plan_units(graph, problem),
+        stages=_plan_stages(problem, stages, ev),
+        predicted=_predicted(problem, stages, ev, global_batch),
+        solver=solver,
+        baselines=baselines or {},
+        left_out=left_out,
+        cost_model=cost_model_notes(cluster, graph.precision),
+    )
+
+
+def _with_copies(graph: UnitGraph) -> list[tuple[Any, TiedCopy | None]]:
+    copies = {c.user_units: c for c in tied_copies(graph)}
+    return [(t, copies.get(tuple(t.unit_indices))) for t in graph.tied]
+
+
+def microbatches_for(graph: UnitGraph, global_batch: int | None, num_devices: int) -> tuple[int, int]:
+    """(global_batch, microbatches): global_batch must be a multiple of the captured micro-batch size.
+
+    Default: 2 micro-batches per device, which keeps the 1F1B bubble at most
+    (p-1)/(3p-1) < 1/3 for p stages (cost_formulas.md §3.3).
+    """
+    mbs = graph.micro_batch_size
+    if global_batch is None:
+        global_batch = mbs * 2 * max(1, num_devices)
+    if global_batch <= 0 or global_batch % mbs:
+        raise ConfigError(
+            f"global batch {global_batch} is not a positive multiple of the micro-batch size {mbs} "
+            f"(the batch dimension of example_inputs); use e.g. --global-batch {mbs * max(1, global_batch // mbs)} "
+            f"or change the micro-batch size"
+        )
+    return global_batch, global_batch // mbs
+
+
+def capture_builtin(name: str, *, batch: int | None = None, seq: int | None = None, optimizer: str = "adam",
+                    precision: str = "fp32", granularity: str | int = "block") -> UnitGraph:
+    """Capture a built-in model (`hetpipe.models.list_models`) on meta, its training loss costed on the last unit.
+
+    Example:
+        >>> g = capture_builtin("mlp-tiny", batch=4)
+        >>> g.model_name, g.micro_batch_size
+        ('mlp-tiny', 4)
+    """
+    from hetpipe.models import build, training_loss
+    from hetpipe.partitioner.capture.capture import capture
+
+    model, inputs = build(name, device="meta", batch=batch, seq=seq)
+    fn, targets = training_loss(name, inputs)
+    return capture(model, inputs, name=name, granularity=granularity, optimizer=optimizer, precision=precision,
+                   loss_fn=fn, targets=targets)
+
+
+def partition(
+    model: Any,
+    cluster: Cluster | str | Path,
+    *,
+    example_inputs: Any,
+    global_batch: int | None = None,
+    optimizer: str = "adam",
+    precision: str = "fp32",
+    granularity: str | int = "block",
+    solver: str = "auto",
+    time_limit_s: float = 10.0,
+    seed: int = 0,
+    name: str | None = None,
+    loss_fn: Any = None,
+    targets: Any = None,
+) -> Plan:
+    """Capture `model`, cost it on `cluster`, and return the best 1F1B pipeline plan.
+
+    `example_inputs` is ONE micro-batch (its batch dimension is the micro-batch
+    size); `global_batch` must be a multiple of it.  With `loss_fn` and one micro-batch of
+    `targets`, what the loss keeps for backward is counted on the last stage (an LM's
+    cross-entropy keeps b*s*vocab log-probabilities).  Raises `InfeasibleError`
+    when nothing fits, `ConfigError` for bad options.
+    """
+    from hetpipe.cost_models.cluster import load_cluster
+    from hetpipe.partitioner.capture.capture import capture
+
+    if not isinstance(cluster, Cluster):
+        cluster = load_cluster(cluster)
+    graph = capture(model, example_inputs, name=name, granularity=granularity, optimizer=optimizer,
+                    precision=precision, loss_fn=loss_fn, targets=targets)
+    return partition_graph(graph, cluster, global_batch=global_batch, solver=solver,
+                           time_limit_s=time_limit_s, seed=seed)
+
+
+def partition_graph(
+    graph: UnitGraph,
+    cluster: Cluster,
+    *,
+    global_batch: int | None = None,
+    solver: str = "auto",
+    time_limit_s: float = 10.0,
+    seed: int = 0,
+) -> Plan:
+    """`partition` for an already captured `UnitGraph`."""
+    from hetpipe.partitioner.baselines import BASELINES, baseline
+    from hetpipe.partitioner.solvers.solve import solve
+
+    global_batch, m = microbatches_for(graph, global_batch, len(cluster.devices))
+    problem = build_problem(graph, cluster, microbatches=m)
+    log.info("solving %d units on %d devices, %d micro-batches", graph.num_units, len(cluster.devices), m)
+    sol = solve(problem, solver=solver, time_limit_s=time_limit_s, seed=seed)
+    report = SolverReport(sol.solver, sol.status, sol.iteration_s, sol.bound_s, sol.wall_s, time_limit_s, seed)
+    base = {}
+    for bname in BASELINES:
+        res = baseline(problem, bname)
+        base[bname] = BaselineReport(res.iteration_s, res.fits, getattr(res, "note", ""))
+    left = _left_out_reasons(problem, sol, solver=solver, time_limit_s=time_limit_s, seed=seed)
+    return assemble_plan(graph, cluster, problem=problem, stages=sol.stages, solver=report,
+                         global_batch=global_batch, baselines=base, left_out=left)
+
+
+def _left_out_reasons(problem: Problem, sol: Any, *, solver: str, time_limit_s: float, seed: int) -> tuple[LeftOut, ...]:
+    """Explain left-out devices by the best plan that uses every device (or why none exists)."""
+    from hetpipe.partitioner.solvers.solve import solve
+
+    if not sol.unused_devices:
+        return ()
+    n = len(problem.devices)
+    if n > problem.num_units:
+        why = f"the model has only {problem.num_units} units for {n} devices"
+    else:
+        try:
+            full = solve(problem, solver=solver, time_limit_s=time_limit_s, seed=seed, num_stages=n)
+            why = (
+                f"the best plan using all {n} devices predicts {full.iteration_s:.4g} s per iteration vs "
+                f"{sol.iteration_s:.4g} s without it ({full.iteration_s / sol.iteration_s:.2f}x slower)"
+            )
+        except InfeasibleError:
+            why = f"no plan using all {n} devices fits in memory"
+    return tuple(LeftOut(problem.devices[i].id, f"{problem.devices[i].kind}: {why}") for i in sol.unused_devices)
+
+
+def partition_replicas(graph: UnitGraph, cluster: Cluster, *, global_batch: int | None = None,
+                       policy: str = "auto", outer_steps: int | None = None, solver: str = "search",
+                       time_limit_s: float = 30.0, seed: int = 0) -> Plan:
+    """Mixed data parallelism (issue #6): pipeline replicas, their batch split and the sync policy.
+
+    `partition_graph` stays the single-pipeline planner; this one may group the devices
+    into several replicas (see `hetpipe.partitioner.replicas`) and returns a version-2
+    plan.  `policy` is ``auto``, ``synchronous`` or ``diloco`` (`outer_steps` = H).
+
+    Example:
+        >>> from hetpipe.plan.build import partition_replicas
+        >>> plan = partition_replicas(graph, cluster, global_batch=32)   # doctest: +SKIP
+        >>> [(r.microbatches, r.num_stages) for r in plan.replicas], plan.sync.policy  # doctest: +SKIP
+        ([(10, 2), (6, 1)], 'synchronous')
+    """
+    from hetpipe.plan.replicas import partition_replicas as _partition_replicas
+
+    return _partition_replicas(graph, cluster, global_batch=global_batch, policy=policy, outer_steps=outer_steps,
+                               solver=solver, time_limit_s=time_limit_s, seed=seed)

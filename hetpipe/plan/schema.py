@@ -1,0 +1,401 @@
+"""The plan: a versioned, self-describing JSON document (``format: "hetpipe.plan"``).
+
+A plan records the tables the solver optimised (per-unit costs and times per
+device kind, devices, links, micro-batches), the chosen stages, the predicted
+iteration, the solver's status and bound, and the baselines.  Anyone can
+re-check it from the file alone: `check_plan` rebuilds the `Problem` from the
+recorded tables and recomputes T and every M_s with `problem.evaluate`.
+
+Example:
+    >>> plan = Plan.load("plan.json")            # doctest: +SKIP
+    >>> check_plan(plan).ok                       # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from hetpipe.cost_models.sync import BUCKET_CAP_BYTES
+from hetpipe.errors import PlanError
+from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy, evaluate
+from hetpipe.plan.serde import from_json, to_json
+
+PLAN_FORMAT = "hetpipe.plan"
+#: Newest plan version this hetpipe reads and writes.  Version 2 adds `replicas` and `sync`
+#: (issue #6).  Single-pipeline plans are still written as version 1, so older hetpipe
+#: reads them; a plan with replicas is version 2, which older hetpipe refuses instead of
+#: silently running only `stages`.
+PLAN_VERSION = 2
+#: The version of a plan without replicas.
+PLAN_VERSION_SINGLE = 1
+#: The first version that may carry replicas.
+PLAN_VERSION_REPLICAS = 2
+# Relative tolerance when re-checking recorded floats against recomputed ones:
+# JSON round-trips Python floats exactly, so only summation order differs.
+CHECK_RTOL = 1e-9
+
+
+@dataclass(frozen=True)
+class PlanTied:
+    names: tuple[str, ...]  # every qualified name of the shared parameter
+    units: tuple[int, ...]  # units using it; the runtime replicates it on their stages
+    # state bytes (weight, gradient, optimizer state) of one replica: counted in M_s of every
+    # stage that uses it without holding units[0], its owner (0 in plans written before)
+    state_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class PlanModel:
+    name: str
+    fingerprint: str
+    param_count: int
+    num_units: int
+    tracer: str
+    tied: tuple[PlanTied, ...] = ()
+
+
+@dataclass(frozen=True)
+class PlanTraining:
+    global_batch: int
+    micro_batch_size: int
+    microbatches: int
+    optimizer: str
+    precision: str
+    schedule: str = "1f1b"
+
+
+@dataclass(frozen=True)
+class PlanDevice:
+    id: str
+    kind: str
+    node: str
+    memory_bytes: int
+    usable_bytes: int
+
+
+@dataclass(frozen=True)
+class PlanLink:
+    src: str
+    dst: str
+    bandwidth_bytes_s: float
+    latency_s: float
+    kind: str = ""
+
+
+@dataclass(frozen=True)
+class UnitTimes:
+    fwd: float  # seconds per micro-batch
+    bwd: float
+
+
+@dataclass(frozen=True)
+class PlanUnit:
+    index: int
+    name: str
+    node_names: tuple[str, ...]
+    fwd_flops: int
+    bwd_flops: int
+    param_bytes: int
+    state_bytes: int
+    activation_bytes: int
+    boundary_bytes: int
+    time_s: Mapping[str, UnitTimes]  # device kind -> times
+
+
+@dataclass(frozen=True)
+class PlanStage:
+    index: int
+    device: str  # device id
+    first_unit: int
+    last_unit: int
+    fwd_s: float
+    bwd_s: float
+    memory_bytes: int
+    usable_bytes: int
+    send_s: float  # C_s one way to the next stage; 0 for the last
+
+
+@dataclass(frozen=True)
+class Predicted:
+    iteration_s: float
+    bubble_fraction: float
+    samples_per_s: float
+    utilisation: Mapping[str, float]  # device id -> busy fraction of the iteration
+    # The same stages under the discrete-event simulator (`hetpipe.schedule.simulate`, 1F1B):
+    # informational, not the objective; 0.0 in plans written before it was recorded.
+    simulated_iteration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class SolverReport:
+    name: str
+    status: str
+    objective_s: float
+    bound_s: float
+    wall_s: float
+    time_limit_s: float = 0.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class BaselineReport:
+    iteration_s: float
+    fits: bool
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    device: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class PlanReplica:
+    """A pipeline replica (version 2): `stages[first_stage : first_stage + num_stages]` of the plan."""
+
+    index: int
+    first_stage: int
+    num_stages: int
+    microbatches: int  # m_r
+    samples: int  # m_r x micro_batch_size
+    grad_weight: float  # samples / global_batch: the replica's weight in the averaged gradient
+    iteration_s: float  # T_r: its pipeline's time with m_r micro-batches
+
+
+@dataclass(frozen=True)
+class PlanSyncGroup:
+    """One ring all-reduce of a gradient sync: units [first_unit, last_unit], one holder per replica."""
+
+    first_unit: int
+    last_unit: int
+    devices: tuple[str, ...]
+    num_bytes: int
+    bandwidth_bytes_s: float  # slowest link between two holders
+    latency_s: float  # largest latency between two holders
+    time_s: float
+
+
+@dataclass(frozen=True)
+class PlanSync:
+    """How the replicas stay consistent (see `hetpipe.cost_models.sync`)."""
+
+    policy: str  # synchronous | diloco
+    outer_steps: int  # H: steps per sync (1 for synchronous)
+    compute_s: float  # max_r T_r
+    sync_s: float  # one full exchange (sum over groups)
+    amortised_s: float  # sync_s / H, charged per step
+    budget_fraction: float
+    reason: str
+    groups: tuple[PlanSyncGroup, ...] = ()
+    # Largest gradient all-reduce part the runtime sends (whole parameters; the cost model charges
+    # each part one ring latency).  Default: torch DDP's 25 MiB (`hetpipe.cost_models.sync.BUCKET_CAP_BYTES`).
+    bucket_cap_bytes: int = BUCKET_CAP_BYTES
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A pipeline plan.  `Plan.save` / `Plan.load` round-trip exactly.
+
+    With `replicas` (version 2) `stages` lists every replica's stages, replica by replica,
+    each `PlanStage.index` its position in its own pipeline; `training.microbatches` is
+    the sum of the replicas' m_r and `predicted.iteration_s` is max_r T_r + sync_s / H.
+    """
+
+    model: PlanModel
+    training: PlanTraining
+    devices: tuple[PlanDevice, ...]
+    links: tuple[PlanLink, ...]
+    units: tuple[PlanUnit, ...]
+    stages: tuple[PlanStage, ...]
+    predicted: Predicted
+    solver: SolverReport
+    baselines: Mapping[str, BaselineReport] = field(default_factory=dict)
+    left_out: tuple[LeftOut, ...] = ()
+    cost_model: Mapping[str, str] = field(default_factory=dict)  # assumptions, human-readable
+    format: str = PLAN_FORMAT
+    version: int = PLAN_VERSION_SINGLE
+    replicas: tuple[PlanReplica, ...] = ()
+    sync: PlanSync | None = None
+
+    def __post_init__(self) -> None:
+        if (self.replicas or self.sync is not None) and self.version < PLAN_VERSION_REPLICAS:
+            raise PlanError(f"plan.version is {self.version} but the plan has replicas, which need version "
+                            f"{PLAN_VERSION_REPLICAS}; set \"version\": {PLAN_VERSION_REPLICAS}")
+        if bool(self.replicas) != (self.sync is not None):
+            raise PlanError("plan.replicas and plan.sync go together: a replica plan records both; "
+                            "re-create it with `partition_replicas`")
+
+    def to_dict(self) -> dict:
+        doc = to_json(self)
+        # Put the self-description first so `head plan.json` says what it is.
+        return {"format": doc.pop("format"), "version": doc.pop("version"), **doc}
+
+    @classmethod
+    def from_dict(cls, doc: object, *, source: str = "plan") -> "Plan":
+        _check_header(doc, source)
+        try:
+            return from_json(cls, doc, path="plan")
+        except PlanError as err:
+            if source == "plan":
+                raise
+            raise PlanError(f"{source}: {err}; fix the field or re-create the plan with `hetpipe plan`") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Plan":
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as err:
+            raise PlanError(f"cannot read plan {path}: {err.strerror}") from None
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as err:
+            hint = " (the file looks truncated)" if err.pos >= len(text.rstrip()) else ""
+            raise PlanError(
+                f"{path}:{err.lineno}:{err.colno}: not valid JSON{hint}: {err.msg}; re-create it with `hetpipe plan`"
+            ) from None
+        return cls.from_dict(doc, source=str(path))
+
+    def device_index(self) -> dict[str, int]:
+        return {d.id: i for i, d in enumerate(self.devices)}
+
+
+def _check_header(doc: object, source: str) -> None:
+    if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
+        got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise PlanError(f"{source}: not a hetpipe plan (format is {got!r}, expected {PLAN_FORMAT!r})")
+    version = doc.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise PlanError(f"{source}: plan version must be an integer, got {version!r}")
+    if version > PLAN_VERSION:
+        raise PlanError(
+            f"{source}: plan version {version} was written by a newer hetpipe (this one reads up to "
+            f"{PLAN_VERSION}); upgrade hetpipe or re-plan with this version"
+        )
+    if version < 1:
+        raise PlanError(f"{source}: plan version {version} is invalid (versions start at 1)")
+
+
+def problem_from_plan(plan: Plan) -> Problem:
+    """Rebuild the solver's `Problem` from the tables recorded in `plan`."""
+    kinds = sorted({d.kind for d in plan.devices})
+    missing = [(u.index, k) for u in plan.units for k in kinds if k not in u.time_s]
+    if missing:
+        u, k = missing[0]
+        raise PlanError(f"unit {u} has no time_s for device kind {k!r}; re-plan or add the entry")
+    index = plan.device_index()
+    n = len(plan.devices)
+    bandwidth = [[math.inf] * n for _ in range(n)]
+    latency = [[0.0] * n for _ in range(n)]
+    for link in plan.links:
+        if link.src not in index or link.dst not in index:
+            raise PlanError(f"link {link.src} -> {link.dst} names a device that is not in the plan")
+        bandwidth[index[link.src]][index[link.dst]] = link.bandwidth_bytes_s
+        latency[index[link.src]][index[link.dst]] = link.latency_s
+    return Problem(
+        fwd_s={k: tuple(u.time_s[k].fwd for u in plan.units) for k in kinds},
+        bwd_s={k: tuple(u.time_s[k].bwd for u in plan.units) for k in kinds},
+        state_bytes=tuple(u.state_bytes for u in plan.units),
+        activation_bytes=tuple(u.activation_bytes for u in plan.units),
+        boundary_bytes=tuple(u.boundary_bytes for u in plan.units),
+        devices=tuple(DeviceSlot(d.id, d.kind, d.node, d.usable_bytes) for d in plan.devices),
+        bandwidth_bytes_s=tuple(tuple(row) for row in bandwidth),
+        latency_s=tuple(tuple(row) for row in latency),
+        microbatches=plan.training.microbatches,
+        tied=tuple(TiedCopy(t.units[0], tuple(t.units), t.state_bytes) for t in plan.model.tied
+                   if t.units and t.state_bytes),
+    )
+
+
+def stages_from_plan(plan: Plan) -> tuple[Stage, ...]:
+    index = plan.device_index()
+    out = []
+    for st in plan.stages:
+        if st.device not in index:
+            raise PlanError(f"stage {st.index} runs on device {st.device!r}, which the plan does not list")
+        out.append(Stage(index[st.device], st.first_unit, st.last_unit))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """What `check_plan` found: recomputed T and a list of violations (empty when ok)."""
+
+    iteration_s: float
+    violations: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=CHECK_RTOL, abs_tol=1e-15)
+
+
+def _structure_violations(plan: Plan) -> list[str]:
+    out = []
+    t = plan.training
+    if t.micro_batch_size * t.microbatches != t.global_batch:
+        out.append(
+            f"training: micro_batch_size {t.micro_batch_size} x microbatches {t.microbatches} != "
+            f"global_batch {t.global_batch}"
+        )
+    if [u.index for u in plan.units] != list(range(len(plan.units))):
+        out.append("units: indices must be 0..L-1 in order")
+    if plan.model.num_units != len(plan.units):
+        out.append(f"model.num_units is {plan.model.num_units} but {len(plan.units)} units are listed")
+    return out
+
+
+def check_plan(plan: Plan) -> CheckReport:
+    """Recompute T and every M_s from the recorded tables; report every mismatch or violation."""
+    if plan.replicas:
+        from hetpipe.plan.replicas import check_replicas
+
+        return check_replicas(plan)
+    violations = _structure_violations(plan)
+    problem = problem_from_plan(plan)
+    try:
+        ev = evaluate(problem, stages_from_plan(plan))
+    except ValueError as err:
+        return CheckReport(math.nan, tuple(violations + [f"stages: {err}"]))
+    for st, cost in zip(plan.stages, ev.stages):
+        for name, recorded, actual in (
+            ("fwd_s", st.fwd_s, cost.fwd_s),
+            ("bwd_s", st.bwd_s, cost.bwd_s),
+            ("send_s", st.send_s, cost.send_s),
+            ("memory_bytes", st.memory_bytes, cost.memory_bytes),
+        ):
+            if not _close(recorded, actual):
+                violations.append(f"stage {st.index}: recorded {name} {recorded!r} != recomputed {actual!r}")
+        if not cost.fits:
+            violations.append(
+                f"stage {st.index} on {st.device}: needs {cost.memory_bytes / 2**30:.2f} GiB but only "
+                f"{cost.usable_bytes / 2**30:.2f} GiB is usable (over by "
+                f"{(cost.memory_bytes - cost.usable_bytes) / 2**30:.2f} GiB)"
+            )
+    for name, recorded in (("predicted.iteration_s", plan.predicted.iteration_s),
+                           ("solver.objective_s", plan.solver.objective_s)):
+        if not _close(recorded, ev.iteration_s):
+            violations.append(f"{name} {recorded!r} != recomputed T {ev.iteration_s!r}")
+    return CheckReport(ev.iteration_s, tuple(violations))
+
+
+def verify_model(plan: Plan, graph: "UnitGraph") -> None:  # noqa: F821 - avoid importing torch-heavy modules
+    """Refuse to use `plan` for a model whose captured graph differs from the one planned."""
+    if graph.fingerprint != plan.model.fingerprint:
+        raise PlanError(
+            f"this plan was made for model {plan.model.name!r} (fingerprint {plan.model.fingerprint[:12]}), but the "
+            f"given model {graph.model_name!r} captures to fingerprint {graph.fingerprint[:12]} "
+            f"({graph.num_units} units, {graph.param_count:,} parameters); re-plan it with `hetpipe plan`"
+        )

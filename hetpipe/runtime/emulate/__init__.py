@@ -1,0 +1,1 @@
+"""Emulation: a CPU rank behaves like its plan device (speed, memory limit, links)."""

@@ -1,0 +1,482 @@
+"""Run one rank's action list over torch.distributed: forwards, backwards, P2P and the optimizer step.
+
+`PipelineExecutor.step` walks the rank's `Action`s in order:
+
+* ``F``: run the stage on the micro-batch's inputs (the user's inputs on stage 0,
+  the received activations elsewhere) and keep its autograd graph; the last stage
+  also applies ``loss_fn(output, target)``, scaled by ``1 / num_microbatches``
+  (``loss_reduction="mean"``) so that accumulated gradients are the mean over the
+  global batch, or by 1 (``"sum"``).
+* ``B``: ``torch.autograd.backward`` on the stage outputs with the received
+  gradients (on the scaled loss on the last stage); gradients accumulate in the
+  parameters over micro-batches; the gradients of the received inputs are kept
+  for ``SEND_B``.
+* ``SEND_*`` post ``isend``s; ``RECV_*`` wait for ``irecv``s posted up to
+  ``prefetch_depth`` receives ahead, so transfers overlap compute (on NCCL, which
+  matches P2P in issue order per pair, never ahead of a send to the same peer).
+  On gloo the stages' compute and gloo's I/O threads share the CPU cores, and
+  two defaults follow measurements (benchmarks/runtime_vs_torch.py, 2-core VM):
+  receives are posted at their own action while every local rank has a core of
+  its own (posting early cost 15-40% there: the I/O thread that completes an
+  early receive must preempt a busy stage), and `PREFETCH_DEPTH` ahead when ranks
+  outnumber cores (ranks then block often and data should flow meanwhile); and,
+  for the built-in GPipe/1F1B lists, a RECV first waits for this rank's earlier
+  sends (``wait_sends_at_recv``; 3-8% faster, and deadlock-free for those lists:
+  `validate_schedule` ``sends_wait_at_recv=True``).
+* ``STEP``: wait for outstanding sends, sum tied-parameter gradients between the
+  stages holding a replica (one process group per tied parameter), clip by the
+  global gradient norm across all stages (all-reduce of squared norms, torch's
+  ``clip_grad_norm_`` formula, each tied parameter counted once), then
+  ``optimizer.step()`` and ``lr_scheduler.step()``.
+
+Gradients are zeroed at the start of each step, so after ``step`` they can be
+inspected.  Before the first step, neighbours compare cut-spec fingerprints and
+micro-batch counts.  Every wait is bounded by ``timeout_s``; a dead or hung peer
+becomes a `RuntimeFailure` naming this rank, its stage, the action and the peer.
+After a `RuntimeFailure` the process group is unusable: exit the process.
+
+``StepStats.loss`` is the global-batch loss on the last stage and None elsewhere
+(all ranks get it with ``broadcast_loss=True``, one broadcast per step).
+
+Example (one stage: no process group needed):
+    >>> import torch
+    >>> from hetpipe.schedule.actions import Action, Op
+    >>> from hetpipe.runtime.stage.build import build_stage, split_stages
+    >>> net = torch.nn.Linear(3, 1)
+    >>> prog = split_stages(torch.fx.symbolic_trace(net), {}, example_inputs=(torch.zeros(2, 3),))
+    >>> stage = build_stage(prog, 0, state_dict=net.state_dict(), device="cpu")
+    >>> opt = torch.optim.SGD(stage.parameters(), lr=0.1)
+    >>> acts = [Action(0, Op.F, 0), Action(0, Op.F, 1), Action(0, Op.B, 0), Action(0, Op.B, 1), Action(0, Op.STEP)]
+    >>> ex = PipelineExecutor(stage, rank=0, num_stages=1, schedule_actions=acts, optimizer=opt, microbatches=2,
+    ...                       loss_fn=torch.nn.functional.mse_loss, timeout_s=5.0)
+    >>> x, y = torch.ones(4, 3), torch.zeros(4, 1)
+    >>> stats = ex.step([x[:2], x[2:]], [y[:2], y[2:]])
+    >>> ref = torch.nn.functional.mse_loss(net(x), y).item()
+    >>> abs(stats.loss - ref) < 1e-6, len(stats.forward_s)
+    (True, 2)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from hetpipe.errors import RuntimeFailure
+from hetpipe.runtime.execute import comm
+from hetpipe.schedule.actions import Action, Op
+from hetpipe.runtime.execute.held import HeldBytes, grad_bytes, optimizer_bytes, storage_key
+from hetpipe.schedule.builders import check_actions, make_schedule
+from hetpipe.runtime.stage.build import StageModule
+from hetpipe.runtime.execute.stats import ActionHooks, ActionTiming, MemoryStats, StepStats
+
+log = logging.getLogger(__name__)
+
+_RECVS = (Op.RECV_F, Op.RECV_B)
+_SENDS = (Op.SEND_F, Op.SEND_B)
+_CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s epsilon, so clipping matches it
+PREFETCH_DEPTH = 3  # receives posted ahead off gloo (the next one and two more: covers a 1F1B F-B-F window)
+
+
+@dataclass
+class _StepState:
+    inputs: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)
+    outputs: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)
+    losses: dict[int, torch.Tensor] = field(default_factory=dict)
+    loss_values: list[torch.Tensor] = field(default_factory=list)
+    received: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    grads_in: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    grads_out: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    forward_s: dict[int, float] = field(default_factory=dict)
+    backward_s: dict[int, float] = field(default_factory=dict)
+    comm_wait_s: float = 0.0
+    grad_norm: float | None = None
+
+
+
+class PipelineExecutor:
+    """Executes one rank's action list of a pipeline (see the module docstring).
+
+    Args:
+        stage_module: this rank's `StageModule`; its ``device`` is where compute runs.
+        rank: this process's global rank (must be ``stage_ranks[stage_module.stage]``).
+        num_stages: pipeline depth.
+        schedule_actions: this rank's actions, e.g. ``one_f_one_b(p, m)[rank]``.
+        loss_fn: ``loss_fn(output, target) -> scalar`` per micro-batch (last stage only).
+        optimizer: built over ``stage_module.parameters()``.
+        microbatches: micro-batches per step.
+        cut_specs: the program's cuts, checked against the stage's (None: the stage's own).
+        timeout_s: bound of every single wait (receive, send completion, collective).
+        grad_clip_norm: clip the global gradient norm (across all stages) to this.
+        lr_scheduler: stepped after each optimizer step.
+        hooks: `ActionHooks` for emulation / instrumentation.
+        loss_reduction: "mean" (average over micro-batches) or "sum".
+        broadcast_loss: give every rank the loss (one broadcast per step).
+        prefetch_depth: how many receives may be posted before their action (None: see the module
+            docstring: on gloo 0 unless local ranks outnumber cores, else `PREFETCH_DEPTH`).
+        stage_ranks: global rank of each stage (default: rank r runs stage r).
+        sync_cuda_timing: synchronise CUDA after F/B so their timings are real.
+        group: process group of exactly ``stage_ranks`` for the gradient-norm all-reduce and
+            the loss broadcast (default: the world, right when the pipeline spans it).
+        tied_group: ``tied_group(ranks) -> process group`` for each tied parameter (default
+            ``dist.new_group``; replicas of different layouts pass groups made up front,
+            see `hetpipe.runtime.replicas.trainer`).
+        grad_sync: called in ``STEP`` after the sends completed and before the tied-parameter
+            all-reduce (data-parallel gradient sync between replicas).
+        track_saved_every_step: account the tensors autograd saves with ``saved_tensors_hooks``
+            on every step (exact for data-dependent shapes; the default when ``hooks`` emulate a
+            memory limit, i.e. ``hooks.exact_memory``) rather than on the first step only.  A
+            stage's shapes are fixed by its cut specs (checked on every micro-batch), so each
+            micro-batch saves the same bytes every step; skipping the hooks afterwards saves
+            about 0.8 ms per step on the 2-stage benchmark.
+        wait_sends_at_recv: at each RECV, after posting it, wait until this rank's earlier sends
+            were received (None: on gloo, for the built-in GPipe/1F1B action lists only).
+        final_backward: called right before the step's last ``B`` of this rank (the replica
+            sync launches its all-reduces from gradient hooks from then on).
+    """
+
+    def __init__(self, stage_module: StageModule, *, rank: int, num_stages: int,
+                 schedule_actions: Sequence[Action], loss_fn: Callable[[Any, Any], torch.Tensor],
+                 optimizer: torch.optim.Optimizer, microbatches: int, cut_specs: Sequence[Any] | None = None,
+                 timeout_s: float = 300.0, grad_clip_norm: float | None = None, lr_scheduler: Any = None,
+                 hooks: ActionHooks | None = None, loss_reduction: str = "mean", broadcast_loss: bool = False,
+                 prefetch_depth: int | None = None, stage_ranks: Sequence[int] | None = None,
+                 sync_cuda_timing: bool = True, group: Any = None,
+                 tied_group: Callable[[Sequence[int]], Any] | None = None,
+                 grad_sync: Callable[[], None] | None = None, track_saved_every_step: bool | None = None,
+                 wait_sends_at_recv: bool | None = None, final_backward: Callable[[], None] | None = None) -> None:
+        self.stage = stage_module
+        self.rank, self.num_stages, self.microbatches = rank, num_stages, microbatches
+        self.loss_fn, self.optimizer, self.lr_scheduler = loss_fn, optimizer, lr_scheduler
+        self.timeout_s, self.grad_clip_norm, self.broadcast_loss = float(timeout_s), grad_clip_norm, broadcast_loss
+        self.hooks = hooks or ActionHooks()
+        self._track_every_arg = track_saved_every_step
+        self._saved_bytes: dict[int, int] = {}  # micro-batch -> activation bytes its forward added (first step)
+        self.stage_ranks = tuple(stage_ranks) if stage_ranks is not None else tuple(range(num_stages))
+        self._group, self._tied_group_fn, self._grad_sync = group, tied_group, grad_sync
+        self._where = f"rank {rank} (stage {stage_module.stage})"
+        self._check_config(cut_specs, loss_reduction)
+        self.actions = tuple(schedule_actions)
+        self._final_backward = final_backward
+        self._last_b = next((a for a in reversed(self.actions) if a.op is Op.B), None)
+        check_actions(self.actions, stage=stage_module.stage, num_stages=num_stages, num_microbatches=microbatches)
+        self._loss_scale = 1.0 / microbatches if loss_reduction == "mean" else 1.0
+        self._distributed = dist.is_available() and dist.is_initialized()
+        if num_stages > 1 and not self._distributed:
+            raise RuntimeFailure(f"{self._where}: a {num_stages}-stage pipeline needs torch.distributed; call "
+                                 "init_process_group first (hetpipe's launcher does)")
+        self._sync_cuda = sync_cuda_timing and stage_module.device.type == "cuda"
+        self._params = list(dict.fromkeys(stage_module.parameters()))
+        statics = list(dict.fromkeys(self._params + list(stage_module.module.buffers())))
+        self._memory = HeldBytes({k[0] for k in map(storage_key, statics) if k})
+        self._memory.totals["params"] = sum(t.numel() * t.element_size() for t in statics)
+        self._memory.totals["optimizer"] = optimizer_bytes(optimizer)
+        self.comm = comm.StageComm(stage_module, rank=rank, stage_ranks=self.stage_ranks, timeout_s=self.timeout_s,
+                                   send_delay_s=self.hooks.send_delay_s, on_comm_bytes=self._memory.set_comm,
+                                   on_arrived=self.hooks.arrived)
+        self._tied = self._make_tied_groups()
+        self.prefetch_depth = max(0, int(self._default_prefetch() if prefetch_depth is None else prefetch_depth))
+        self.comm.wait_sends_at_recv = (self.comm.gloo and num_stages > 1 and self._agreed_builtin_schedule()
+                                        if wait_sends_at_recv is None else bool(wait_sends_at_recv))
+        self._prefetch_at = self._prefetch_plan()
+        self._names = tuple(str(a) for a in self.actions)
+        if num_stages > 1:
+            self.comm.handshake(microbatches)
+
+    def _check_config(self, cut_specs: Sequence[Any] | None, loss_reduction: str) -> None:
+        s = self.stage
+        if loss_reduction not in ("mean", "sum"):
+            raise RuntimeFailure(f"{self._where}: loss_reduction={loss_reduction!r}; use 'mean' or 'sum'")
+        if self.timeout_s <= 0 or self.microbatches < 1:
+            raise RuntimeFailure(f"{self._where}: timeout_s and microbatches must be positive")
+        if s.num_stages != self.num_stages or len(self.stage_ranks) != self.num_stages:
+            raise RuntimeFailure(f"{self._where}: the stage module is from a {s.num_stages}-stage program, the "
+                                 f"executor was given num_stages={self.num_stages} and {len(self.stage_ranks)} "
+                                 "stage ranks; use the same program everywhere")
+        if self.stage_ranks[s.stage] != self.rank:
+            raise RuntimeFailure(f"{self._where}: stage {s.stage} runs on rank {self.stage_ranks[s.stage]} per "
+                                 "stage_ranks; build this rank's own stage")
+        if cut_specs is not None:
+            if any(c is not None and c not in cut_specs for c in (s.in_cut, s.out_cut)):
+                raise RuntimeFailure(f"{self._where}: the stage's cuts differ from the cut_specs given; build the "
+                                     "stage from the same StagedProgram")
+
+    def _make_tied_groups(self) -> list[tuple[Any, torch.nn.Parameter, str, tuple[int, ...]]]:
+        """(process group, local param, name, ranks) per tied parameter this stage holds.
+
+        ``new_group`` is collective over the world, so every rank creates every group in
+        the same order, also the groups it is not part of; with a ``tied_group`` factory the
+        caller made them up front (replicas of different layouts create different sets).
+        """
+        local = []
+        params = dict(self.stage.module.named_parameters(remove_duplicate=False))
+        for group in self.stage.tied_groups:
+            ranks = sorted(self.stage_ranks[s] for s in set(group.stages))
+            if len(ranks) < 2 or not self._distributed:
+                continue
+            handle = (self._tied_group_fn(ranks) if self._tied_group_fn is not None
+                      else dist.new_group(ranks=ranks, timeout=timedelta(seconds=self.timeout_s)))
+            name = group.local_name(self.stage.stage)
+            if name is not None:
+                local.append((handle, params[name], group.canonical_name, tuple(ranks)))
+        return local
+
+    def _collective(self, work: Any, what: str, ranks: Sequence[int]) -> None:
+        self.comm.wait(work, what, f"is every rank of {list(ranks)} alive?")
+
+    # ------------------------------------------------------------------ step
+
+    def step(self, inputs_mb: Sequence[Any] | None = None, targets_mb: Sequence[Any] | None = None) -> StepStats:
+        """Run the action list once; ``inputs_mb`` is read on the first stage, ``targets_mb`` on the last.
+
+        Each element of ``inputs_mb`` is one micro-batch: a tensor or a tuple of the
+        model's positional inputs, shaped like ``split_stages``' example inputs.
+        """
+        self._check_batch("inputs_mb", inputs_mb, self.stage.is_first)
+        self._check_batch("targets_mb", targets_mb, self.stage.is_last)
+        self._inputs, self._targets = inputs_mb, targets_mb
+        self.optimizer.zero_grad(set_to_none=True)
+        self._memory.totals["grads"] = 0
+        self._state = _StepState()
+        self.comm.reset()
+        explicit = self._track_every_arg
+        self._track_every = bool(self.hooks.exact_memory) if explicit is None else bool(explicit)
+        handlers = {Op.F: self._forward, Op.B: self._backward, Op.SEND_F: self._send, Op.SEND_B: self._send,
+                    Op.RECV_F: self._recv, Op.RECV_B: self._recv, Op.STEP: self._optimizer_step}
+        hooks, clock, memory = self.hooks, time.perf_counter, self._memory
+        start = clock()
+        timings = []
+        for index, action in enumerate(self.actions):
+            self._prefetch(index)
+            hooks.before(action)
+            t0 = clock()
+            handlers[action.op](action)
+            if self._sync_cuda and action.op in (Op.F, Op.B):  # not the NCCL streams: the sync runs on
+                torch.cuda.current_stream(self.stage.device).synchronize()  # them during the last backward
+            seconds = clock() - t0
+            self._record(action, seconds)
+            hooks.after(action, seconds)  # emulation stretches compute here
+            timings.append(ActionTiming(self._names[index], t0 - start, clock() - t0))
+            hooks.memory(action, memory.observe())
+        return self._stats(timings, time.perf_counter() - start)
+
+    def _check_batch(self, name: str, batch: Sequence[Any] | None, needed: bool) -> None:
+        if needed and (batch is None or len(batch) != self.microbatches):
+            got = "None" if batch is None else f"{len(batch)} micro-batches"
+            raise RuntimeFailure(f"{self._where}: step() needs {name} with {self.microbatches} micro-batches on "
+                                 f"this stage, got {got}; split the global batch into equal micro-batches")
+
+    def _record(self, action: Action, seconds: float) -> None:
+        st = self._state
+        if action.op is Op.F:
+            st.forward_s[action.microbatch] = seconds
+        elif action.op is Op.B:
+            st.backward_s[action.microbatch] = seconds
+            if len(st.backward_s) == 1:  # gradients are allocated by the first backward
+                self._memory.totals["grads"] = grad_bytes(self._params)
+        elif action.op in _RECVS:
+            st.comm_wait_s += seconds
+
+    def _prefetch(self, index: int) -> None:
+        """Post the receives `_prefetch_plan` lists for action ``index`` (posting is idempotent)."""
+        for action in self._prefetch_at[index]:
+            self.comm.post_recv(action)
+
+    def _default_prefetch(self) -> int:
+        """`PREFETCH_DEPTH`, or 0 on gloo while every local rank has a CPU core (module docstring)."""
+        if not self.comm.gloo:
+            return PREFETCH_DEPTH
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return PREFETCH_DEPTH if local_ranks > cores else 0
+
+    def _agreed_builtin_schedule(self) -> bool:
+        """Does every stage run the same built-in list, GPipe's or 1F1B's (one all-reduce)?
+
+        Those are deadlock-free with ``wait_sends_at_recv`` (tests check `validate_schedule`
+        ``sends_wait_at_recv=True`` for them); a mix of them is not (GPipe stages before a
+        1F1B last stage deadlock), so one rank's list alone does not decide.
+        """
+        p, m, s = self.num_stages, self.microbatches, self.stage.stage
+        code = next((i + 1 for i, name in enumerate(("gpipe", "1f1b"))
+                     if list(self.actions) == make_schedule(name, p, m)[s]), 0)
+        extremes = torch.tensor([code, -code], dtype=torch.int64)  # max of both: (max code, -min code)
+        work = dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+        self._collective(work, "the start-up schedule agreement", self.stage_ranks)
+        return code > 0 and int(extremes[0]) == code == -int(extremes[1])
+
+    def _prefetch_plan(self) -> tuple[tuple[Action, ...], ...]:
+        """Per action index: the next ``prefetch_depth`` receives, in order (none: each posts itself).
+
+        Off gloo (NCCL matches point-to-point operations in issue order per peer), a
+        receive is never posted ahead of a send to the same peer.  The list depends only
+        on the action list, so it is computed once.
+        """
+        plan = []
+        for index in range(len(self.actions)):
+            found, blocked, post = 0, set(), []
+            for a in self.actions[index:]:
+                if a.op in _SENDS:
+                    blocked.add(self.comm.peer(a))
+                elif a.op in _RECVS:
+                    if found >= self.prefetch_depth:
+                        break
+                    found += 1
+                    if self.comm.gloo or self.comm.peer(a) not in blocked:
+                        post.append(a)
+            plan.append(tuple(post))
+        return tuple(plan)
+
+    # ------------------------------------------------------------------ actions
+
+    def _recv(self, action: Action) -> None:
+        tensors = self.comm.recv(action)
+        mb = action.microbatch
+        if action.op is Op.RECV_F:
+            for t, spec in zip(tensors, self.stage.in_cut.tensors):
+                t.requires_grad_(spec.requires_grad)
+            self._state.received[mb] = tensors
+        else:
+            self._state.grads_in[mb] = tensors
+            self._memory.set_comm(("grad_in", mb), sum(t.numel() * t.element_size() for t in tensors))
+
+    def _send(self, action: Action) -> None:
+        mb = action.microbatch
+        tensors = self._state.outputs[mb] if action.op is Op.SEND_F else self._state.grads_out.pop(mb)
+        self.comm.send(action, tensors)
+
+    def _forward_args(self, mb: int) -> tuple[torch.Tensor, ...]:
+        if not self.stage.is_first:
+            return tuple(self._state.received.pop(mb))
+        raw = self._inputs[mb]
+        args = tuple(raw) if isinstance(raw, (tuple, list)) else (raw,)
+        specs = self.stage.input_specs
+        if len(args) != len(specs):
+            raise RuntimeFailure(f"{self._where}: micro-batch {mb} has {len(args)} inputs, the model takes "
+                                 f"{len(specs)} ({', '.join(s.name for s in specs)}); pass them as a tuple")
+        problem = comm.mismatch(args, specs)
+        if problem:
+            raise RuntimeFailure(f"{self._where}: micro-batch {mb} input {problem.removeprefix('tensor ')}; split the "
+                                 "global batch into equal micro-batches shaped like split_stages' example inputs")
+        return tuple(a.to(self.stage.device) for a in args)
+
+    def _forward(self, action: Action) -> None:
+        mb, st = action.microbatch, self._state
+        args = self._forward_args(mb)
+        track = self._track_every or mb not in self._saved_bytes
+        saved: list[torch.Tensor] = []
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            saved.append(t)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, _identity) if track else contextlib.nullcontext():
+            out = self.stage(*args)
+            if self.stage.is_last:
+                loss = self.loss_fn(out, self._targets[mb])
+        if self.stage.is_last:
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                raise RuntimeFailure(f"{self._where}: loss_fn returned {type(loss).__name__} "
+                                     f"{getattr(loss, 'shape', '')} for micro-batch {mb}; it must return a scalar")
+            st.losses[mb] = loss * self._loss_scale
+            st.loss_values.append(loss.detach())
+            outs: tuple[torch.Tensor, ...] = ()
+        else:
+            outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            st.outputs[mb] = outs
+        st.inputs[mb] = args
+        if track:
+            self._saved_bytes[mb] = self._memory.add(mb, [*saved, *args, *outs])
+        else:  # same shapes as when it was measured (checked against the cut specs): same bytes
+            self._memory.add_known(mb, self._saved_bytes[mb])
+
+    def _backward(self, action: Action) -> None:
+        mb, st = action.microbatch, self._state
+        if self._final_backward is not None and action == self._last_b:
+            self._final_backward()
+        if self.stage.is_last:
+            loss = st.losses.pop(mb)
+            roots, grads = ([loss], None) if loss.requires_grad else ([], None)
+        else:
+            outs = [o for o, s in zip(st.outputs.pop(mb), self.stage.out_cut.tensors) if s.requires_grad]
+            pairs = [(o, g) for o, g in zip(outs, st.grads_in.pop(mb)) if o.requires_grad]
+            roots, grads = [o for o, _ in pairs], [g for _, g in pairs]
+            self._memory.set_comm(("grad_in", mb), None)
+        if roots:
+            torch.autograd.backward(roots, grads)
+        inputs = st.inputs.pop(mb)
+        if not self.stage.is_first:
+            st.grads_out[mb] = [x.grad if x.grad is not None else torch.zeros_like(x)
+                                for x, s in zip(inputs, self.stage.in_cut.tensors) if s.requires_grad]
+        self._memory.release(mb)
+
+    def _optimizer_step(self, action: Action) -> None:
+        t0 = time.perf_counter()
+        self.comm.wait_sends()
+        self._state.comm_wait_s += time.perf_counter() - t0
+        if self._grad_sync is not None:
+            self._grad_sync()
+        for handle, param, name, ranks in self._tied:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            work = dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=handle, async_op=True)
+            self._collective(work, f"the gradient all-reduce of tied parameter {name!r}", ranks)
+        if self.grad_clip_norm is not None:
+            self._state.grad_norm = self._clip_grads(float(self.grad_clip_norm))
+        self.optimizer.step()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        self._memory.totals["grads"] = grad_bytes(self._params)
+        self._memory.totals["optimizer"] = optimizer_bytes(self.optimizer)
+
+    def _clip_grads(self, max_norm: float) -> float:
+        """Global L2 norm over every stage (tied replicas counted once); scale grads like clip_grad_norm_."""
+        not_owned = {id(p) for _, p, name, _ in self._tied
+                     if self._owner_stage(name) != self.stage.stage}
+        grads = [p.grad for p in self._params if p.grad is not None]
+        norms = [torch.linalg.vector_norm(g, 2.0) for p, g in zip(self._params, grads) if id(p) not in not_owned]
+        squared = torch.stack(norms).pow(2).sum() if norms else torch.zeros((), device=self.stage.device)
+        if self._distributed and self.num_stages > 1:
+            work = dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=self._group, async_op=True)
+            self._collective(work, "the gradient-norm all-reduce", self.stage_ranks)
+        total = squared.sqrt()
+        coef = torch.clamp(max_norm / (total + _CLIP_EPS), max=1.0)
+        for g in grads:
+            g.mul_(coef.to(g.dtype))
+        return float(total)
+
+    def _owner_stage(self, canonical_name: str) -> int:
+        return next(g.owner_stage for g in self.stage.tied_groups if g.canonical_name == canonical_name)
+
+    def _stats(self, timings: list[ActionTiming], step_s: float) -> StepStats:
+        st = self._state
+        loss = None
+        if self.stage.is_last:
+            loss = float(torch.stack(st.loss_values).sum() * self._loss_scale)
+        if self.broadcast_loss and self._distributed and self.num_stages > 1:
+            value = torch.tensor([loss if loss is not None else 0.0], dtype=torch.float64,
+                                 device=self.comm.header_device)
+            work = dist.broadcast(value, src=self.stage_ranks[-1], group=self._group, async_op=True)
+            self._collective(work, "the loss broadcast", self.stage_ranks)
+            loss = float(value.item())
+        m = self._memory
+        memory = MemoryStats(m.totals["params"], m.totals["grads"], m.totals["optimizer"], m.peaks["activations"],
+                             m.peaks["comm"], m.peaks["total"])
+        optimizer_s = next(t.duration_s for t in reversed(timings) if t.action.endswith("STEP"))
+        return StepStats(
+            rank=self.rank, stage=self.stage.stage, loss=loss,
+            forward_s=tuple(st.forward_s[i] for i in range(self.microbatches)),
+            backward_s=tuple(st.backward_s[i] for i in range(self.microbatches)),
+            actions=tuple(timings), comm_wait_s=st.comm_wait_s, optimizer_s=optimizer_s, step_s=step_s,
+            grad_norm=st.grad_norm, memory=memory)
+
+
+def _identity(t: torch.Tensor) -> torch.Tensor:
+    return t

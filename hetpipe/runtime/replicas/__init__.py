@@ -1,0 +1,1 @@
+"""Mixed data-parallel replicas: the replica trainer, gradient sync and its buckets."""

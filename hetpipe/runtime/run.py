@@ -1,0 +1,302 @@
+"""`run()`: train a model with a plan, one torchrun process per stage, and return the `RunReport`.
+
+Before anything is launched, `preflight` checks on this process what would
+otherwise fail on every rank: the schedule name and its validity, and that the
+plan was made for ``model`` (re-captured on the meta device, fingerprints compared).
+Then `hetpipe.runtime.launch.launch` runs torchrun, and the per-rank results are
+merged into one report.
+
+Data: by default every step draws a seeded synthetic global batch (token ids for
+language models, images for vision models); only the first and last stages read
+it.  Bring your own with ``data=``: an iterable of ``(inputs, targets)`` global
+batches (its first ``steps`` items are saved into the run directory for the first
+and last ranks) or ``"package.module:factory"`` (each rank that needs data calls it).
+``loss=`` is a module-level function ``loss(output, targets)`` or its
+``"package.module:function"`` name; the default is the built-in model's loss.
+
+Example:
+    >>> from hetpipe.runtime.run import run
+    >>> report = run("plan.json", model="gpt-demo", steps=4, emulate=True,
+    ...              report="run.json")                             # doctest: +SKIP
+    >>> report.losses, report.measured_emulated_iteration_s         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hetpipe.errors import ConfigError, RuntimeFailure
+from hetpipe.plan.schema import Plan, check_plan
+from hetpipe.runtime.launch import LaunchSpec, launch
+from hetpipe.runtime.report import RankResult, RunReport, build_report
+
+log = logging.getLogger(__name__)
+
+DATA_FILE = "data.pt"
+_DATA_SEED_STRIDE = 1_000_003  # seed * stride + step: one independent stream per step
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def _vocab_size(meta_model: nn.Module) -> int:
+    for mod in meta_model.modules():
+        if isinstance(mod, nn.Embedding):
+            return int(mod.num_embeddings)
+    raise ConfigError("the model takes integer inputs but has no nn.Embedding to size synthetic token ids; "
+                      "pass --data")
+
+
+def synthetic_batch(model: str, example: Sequence[torch.Tensor], *, global_batch: int, vocab: int | None,
+                    seed: int, step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """Seeded (inputs, targets) of one global batch shaped like ``example`` (one meta micro-batch).
+
+    Integer inputs are token ids in ``[0, vocab)``, float inputs standard normal; targets
+    come from `hetpipe.models.example_targets`.  Every rank calling it with the same
+    arguments gets the same tensors.
+
+    Example:
+        >>> ex = (torch.empty(2, 8, dtype=torch.int64, device="meta"),)
+        >>> a, _ = synthetic_batch("gpt-tiny", ex, global_batch=4, vocab=256, seed=0, step=1)
+        >>> b, t = synthetic_batch("gpt-tiny", ex, global_batch=4, vocab=256, seed=0, step=1)
+        >>> a[0].shape, torch.equal(a[0], b[0]), torch.equal(t, torch.roll(a[0], -1, 1))
+        (torch.Size([4, 8]), True, True)
+    """
+    from hetpipe.models import example_targets
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed * _DATA_SEED_STRIDE + step)
+        inputs = []
+        for t in example:
+            shape = (global_batch, *t.shape[1:])
+            if t.dtype.is_floating_point:
+                inputs.append(torch.randn(shape, dtype=t.dtype))
+            else:
+                if vocab is None:
+                    raise ConfigError(f"model {model!r} takes integer inputs; pass --data")
+                inputs.append(torch.randint(0, vocab, shape, dtype=t.dtype))
+        targets = example_targets(model, tuple(inputs))
+    return tuple(inputs), targets
+
+
+def _import(spec: str, what: str) -> Any:
+    from hetpipe.models import _load_factory  # same import rules as model factories
+
+    try:
+        return _load_factory(spec)
+    except ConfigError as err:
+        raise ConfigError(f"{what}: {err}") from None
+
+
+def data_stream(data: str | None, *, model: str, global_batch: int, seed: int, example: Sequence[torch.Tensor],
+                meta_model: nn.Module) -> Iterator[tuple[Any, Any]]:
+    """Global batches (inputs, targets): synthetic (``data=None``), a file `save_data` wrote, or
+    the iterable a ``"package.module:factory"`` returns (it must yield the same batches on every rank)."""
+    if data is None:
+        ints = any(not t.dtype.is_floating_point for t in example)
+        vocab = _vocab_size(meta_model) if ints else None
+        step = 0
+        while True:
+            yield synthetic_batch(model, example, global_batch=global_batch, vocab=vocab, seed=seed, step=step)
+            step += 1
+    elif ":" not in data and Path(data).is_file():
+        yield from torch.load(data, weights_only=False)
+    else:
+        yield from _import(data, "--data")()
+
+
+def split_microbatches(batch: Any, microbatches: int, *, what: str) -> list[Any]:
+    """Cut a global batch (a tensor or tuple of tensors) into ``microbatches`` along dim 0.
+
+    Example:
+        >>> [t.shape[0] for t in split_microbatches(torch.zeros(6, 2), 3, what="x")]
+        [2, 2, 2]
+    """
+    tensors = (batch,) if isinstance(batch, torch.Tensor) else tuple(batch)
+    n = tensors[0].shape[0]
+    if n % microbatches:
+        raise ConfigError(f"{what}: batch of {n} is not divisible into {microbatches} micro-batches; "
+                          f"yield global batches of {microbatches} x micro-batch size")
+    parts = [t.chunk(microbatches) for t in tensors]
+    mbs = [tuple(p[i] for p in parts) for i in range(microbatches)]
+    return [m[0] for m in mbs] if isinstance(batch, torch.Tensor) else mbs
+
+
+
+# ----------------------------------------------------------------------------- run
+
+
+def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str) -> Any:
+    """Refuse, before launching, a plan for another model or an invalid schedule; returns the UnitGraph."""
+    from hetpipe.schedule.builders import make_schedule, validate_schedule
+    from hetpipe.runtime.worker import capture_for_plan
+
+    if plan.replicas:  # each replica is its own pipeline
+        from hetpipe.runtime.replicas.trainer import check_runnable
+
+        check_runnable(plan, world_size=len(plan.stages))
+        for r in plan.replicas:
+            validate_schedule(make_schedule(schedule, r.num_stages, r.microbatches), num_stages=r.num_stages,
+                              num_microbatches=r.microbatches)
+    else:
+        p, m = len(plan.stages), plan.training.microbatches
+        validate_schedule(make_schedule(schedule, p, m), num_stages=p, num_microbatches=m)
+    graph, _ = capture_for_plan(plan, model=model, seq=seq)  # raises PlanError for another model
+    report = check_plan(plan)
+    for violation in report.violations:
+        # Not fatal: an over-full plan is exactly what --emulate demonstrates (emulated OOM).
+        log.warning("plan check: %s", violation)
+    return graph
+
+
+def function_spec(fn: Callable[..., Any] | str | None, what: str) -> str | None:
+    """``"module:qualname"`` of a module-level function, so a worker process can import it."""
+    if fn is None or isinstance(fn, str):
+        return fn
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or "<" in qualname or module == "__main__":
+        raise ConfigError(f"{what} {fn!r} cannot be imported by the worker processes; define it at module level "
+                          "in an importable module (not __main__, not a lambda) or pass 'package.module:function'")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if obj is not fn:
+        raise ConfigError(f"{what} {module}:{qualname} does not resolve back to the given function; "
+                          "pass 'package.module:function'")
+    return f"{module}:{qualname}"
+
+
+def save_data(data: Iterable[Any], steps: int, path: Path) -> None:
+    """Materialise the first ``steps`` (inputs, targets) batches of ``data`` for the worker processes."""
+    batches = []
+    for i, item in enumerate(data):
+        if i == steps:
+            break
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise ConfigError(f"data item {i} is a {type(item).__name__}; each item must be (inputs, targets) "
+                              "for one global batch")
+        batches.append((item[0], item[1]))
+    if len(batches) < steps:
+        raise ConfigError(f"data yielded {len(batches)} batches, the run needs {steps}; pass more data or fewer steps")
+    torch.save(batches, path)
+
+
+def _data_arg(data: Iterable[Any] | str | None, steps: int, run_dir: Path) -> str | None:
+    if data is None or isinstance(data, str):
+        return data
+    path = run_dir / DATA_FILE
+    save_data(data, steps, path)
+    return str(path)
+
+
+def _check_args(steps: int, timeout_s: float) -> None:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"steps must be a positive integer, got {steps!r}")
+    if not timeout_s > 0:
+        raise ConfigError(f"timeout must be positive seconds, got {timeout_s!r}")
+
+
+def run(
+    plan: Plan | str | Path,
+    *,
+    model: str,
+    steps: int,
+    emulate: bool = False,
+    data: Iterable[Any] | str | None = None,
+    loss: Callable[..., Any] | str | None = None,
+    report: str | Path | None = None,
+    schedule: str | None = None,
+    timeout_s: float = 60.0,
+    seq: int | None = None,
+    seed: int = 0,
+    lr: float | None = None,
+    safety_factor: float | None = None,
+    run_dir: str | Path | None = None,
+    sync_overlap: bool = True,
+) -> RunReport:
+    """Train ``model`` for ``steps`` optimizer steps with ``plan`` (see the module docstring).
+
+    Raises `PlanError` (plan for another model), `ScheduleError`, `ConfigError` before
+    launching; `RuntimeFailure` naming the rank, stage and action if a rank fails.
+    """
+    _check_args(steps, timeout_s)
+    if not isinstance(plan, Plan):
+        plan = Plan.load(plan)
+    schedule = schedule or plan.training.schedule
+    preflight(plan, model=model, seq=seq, schedule=schedule)
+    keep = run_dir is not None
+    workdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("result-rank*.json"),
+                  *workdir.glob("progress-rank*")]:
+        stale.unlink()
+    plan_path = workdir / "plan.json"
+    plan.save(plan_path)
+    spec = LaunchSpec(plan_path=plan_path, model=model, steps=steps, nproc=len(plan.stages), run_dir=workdir,
+                      emulate=emulate, schedule=schedule, timeout_s=timeout_s, seed=seed, seq=seq, lr=lr,
+                      data=_data_arg(data, steps, workdir), loss=function_spec(loss, "loss"),
+                      safety_factor=safety_factor, sync_overlap=sync_overlap)
+    try:
+        outcome = launch(spec)
+    except RuntimeFailure as err:
+        raise RuntimeFailure(f"{err} (log: {workdir / 'torchrun.log'})") from None
+    results = [RankResult.load(workdir / f"result-rank{r}.json") for r in range(len(plan.stages))]
+    out = build_report(plan, results, schedule=schedule, emulate=emulate, wall_s=outcome.wall_s,
+                       sync_overlap=sync_overlap)
+    if report is not None:
+        out.save(report)
+    if not keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return out
+
+
+def collect_report(plan: Plan | str | Path, run_dirs: Sequence[str | Path], *, schedule: str | None = None,
+                   emulate: bool = False) -> RunReport:
+    """Merge the ``result-rank<r>.json`` files of a multi-node job (one run directory per node).
+
+    Example:
+        >>> collect_report("plan.json", ["desk/run", "shelf/run"]).losses   # doctest: +SKIP
+    """
+    if not isinstance(plan, Plan):
+        plan = Plan.load(plan)
+    paths = [p for d in run_dirs for p in sorted(Path(d).glob("result-rank*.json"))]
+    if not paths:
+        raise ConfigError(f"no result-rank*.json in {', '.join(map(str, run_dirs))}; did the job finish?")
+    results = [RankResult.load(p) for p in paths]
+    return build_report(plan, results, schedule=schedule or plan.training.schedule, emulate=emulate)
+
+
+def summary_tables(report: RunReport) -> list[Any]:
+    """rich Tables for the CLI: steps, and stages measured next to predicted."""
+    from rich.table import Table
+
+    unit = "emulated s" if report.emulate else "s"
+    steps = Table(title=f"{report.model}: {report.steps} steps, {report.schedule}, {report.world_size} stages"
+                        + (f", time scale {report.time_scale:.4g} real s per emulated s" if report.emulate else ""))
+    for col in ("step", "loss", "step (real s)", f"step ({unit})"):
+        steps.add_column(col, justify="right")
+    for r in report.step_records:
+        steps.add_row(str(r.step), f"{r.loss:.4f}", f"{r.step_s:.4f}", f"{r.emulated_step_s:.4g}")
+    steps.add_row("median", "", f"{report.measured_iteration_s:.4f}", f"{report.measured_emulated_iteration_s:.4g}")
+    steps.add_row("predicted", "", f"{report.predicted_real_iteration_s:.4f}", f"{report.predicted_iteration_s:.4g}")
+    stages = Table(title="stages: measured per micro-batch vs plan")
+    for col in ("stage", "device", "units", f"F ({unit})", "F plan", f"B ({unit})", "B plan", "peak MiB",
+                "plan MiB", "usable MiB", "overruns"):
+        stages.add_column(col, justify="right")
+    mib = 2**20
+    for s in report.stages:
+        stages.add_row(str(s.stage), f"{s.device} ({s.kind})", f"{s.first_unit}-{s.last_unit}",
+                       f"{s.fwd_emulated_s:.4g}", f"{s.predicted_fwd_s:.4g}", f"{s.bwd_emulated_s:.4g}",
+                       f"{s.predicted_bwd_s:.4g}", f"{s.peak_bytes / mib:.1f}", f"{s.predicted_memory_bytes / mib:.1f}",
+                       f"{s.usable_bytes / mib:.1f}", str(s.overruns_fwd + s.overruns_bwd))
+    return [steps, stages]
+

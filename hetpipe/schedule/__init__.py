@@ -1,0 +1,1 @@
+"""Schedules as action lists: actions, builders, validator, simulator (torch-free)."""

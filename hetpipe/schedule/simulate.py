@@ -1,0 +1,258 @@
+"""Discrete-event simulation of a pipeline schedule on heterogeneous stages.
+
+Model (the executor's semantics, `hetpipe.schedule.builders`): F, B and STEP
+occupy their rank for ``fwd_s[s]``, ``bwd_s[s]``, ``step_s[s]``.  A SEND does
+not block its rank; its transfer starts when the SEND is reached and that
+direction of the link is free (one transfer at a time per direction, FIFO),
+and lasts ``send_s[cut]`` (activation and gradient have the same size).  A
+RECV completes at ``max(RECV reached, transfer end)``; the rank waits meanwhile.
+
+Every resource (a rank, a direction of a link) has exactly one user whose
+order is fixed by the schedule, so each event's time is a max-plus recurrence
+of its predecessors.  The simulator therefore evaluates events in dependency
+order with a worklist of runnable ranks (O(actions), no global event heap);
+a schedule that shares a resource between two senders would need a heap.
+
+Where it agrees with `hetpipe.partitioner.problem.evaluate` (1F1B, the
+H-1F1B formula ``T = sum(F+B) + sum(2C) + (m-1) max(max(F+B), max(2C))``,
+cost_formulas.md §3.3), and where it does not:
+
+* Exact: one stage (``m (F+B)``); uniform stages with zero comm
+  (``(m+p-1)(F+B)`` for GPipe and 1F1B); a bottleneck on the last stage.
+* Downstream double counting.  When stage k dominates (every other stage's
+  ``F+B+2C`` at most ``min(F_k, B_k)``), 1F1B hides the round trip of the
+  stages after k under k's warm-up forwards: the simulated time is
+  ``sum_{j<k}(F_j+B_j+2C_j) + m (F_k+B_k)``, so the formula over-estimates by
+  ``sum_{j>k}(F_j+B_j) + 2 sum_{j>=k} C_j``.  Example (tests): p=4, F=B=1,
+  stage 1 at F=B=3, m=8: simulated 50 s, formula 54 s (+8%).  GPipe has no such
+  overlap and takes the formula's 54 s.  The gap shrinks as 1/m: with that
+  dominance at least 8x and m >= 4p it is under 2%.
+* A slow link.  The formula charges a link ``2C`` per micro-batch, but the two
+  directions are independent, and what actually binds is 1F1B's in-flight cap:
+  stage s holds at most ``p-s`` micro-batches, so its period is at least
+  ``(sum_{j>=s}(F_j+B_j) + 2 sum_{j>=s} C_j) / (p-s)``.  The formula misses this
+  when the round trip through a slow link is long.  With p=4, F=B=0.5 and
+  m=32: C=0.5 on the middle cut (2C equal to F+B) gives 35.0 s against the
+  formula's 37.0 s; C=1.5 on the middle cut gives 69.5 s against the
+  formula's 102.0 s (the middle stage's period is (2+3+1)/2 = 3 s, not 2C = 3 s
+  plus fill); C=0.5 on every cut gives 51.5 s against 38.0 s (the formula is
+  26% short: stage 0 needs (4+6)/4 = 2.5 s per micro-batch, not 1).
+* Bubbles from non-bottleneck stages: with two near-equal slow stages the
+  second one's fill/drain does not overlap the first's, which the single
+  ``max`` cannot express; the simulator charges it exactly.
+
+Example:
+    >>> from hetpipe.schedule.builders import one_f_one_b
+    >>> res = simulate(one_f_one_b(2, 4), SimCosts(fwd_s=(1.0, 1.0), bwd_s=(2.0, 2.0), send_s=(0.0,)))
+    >>> res.iteration_s, round(res.bubble_fraction, 3), res.peak_in_flight_microbatches
+    (15.0, 0.2, (2, 1))
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Sequence
+
+from hetpipe.errors import ConfigError, ScheduleError
+from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.schedule.actions import Action, Op
+from hetpipe.schedule.builders import Schedule, validate_schedule
+
+
+#: ``str(Action)`` without the enum attribute lookup per event (the 64x256 benchmark makes ~85k events).
+_OP_TEXT = {op: op.value for op in Op}
+
+
+def _label(a: Action) -> str:
+    """``str(a)``, e.g. ``1F3``, computed cheaply."""
+    return f"{a.stage}{_OP_TEXT[a.op]}{'' if a.microbatch is None else a.microbatch}"
+
+
+@dataclass(frozen=True)
+class SimCosts:
+    """Per-stage costs in seconds: per micro-batch for F/B, per cut for a one-way transfer.
+
+    Example:
+        >>> SimCosts(fwd_s=(1.0, 2.0), bwd_s=(2.0, 4.0), send_s=(0.1,)).step_s
+        ()
+    """
+
+    fwd_s: tuple[float, ...]  # stage s forward of one micro-batch
+    bwd_s: tuple[float, ...]  # stage s backward of one micro-batch
+    send_s: tuple[float, ...]  # cut s (stage s <-> s+1), len p-1; gradient same size as activation
+    step_s: tuple[float, ...] = ()  # optimizer step per stage; empty means 0
+
+    def __post_init__(self) -> None:
+        for name in ("fwd_s", "bwd_s", "send_s", "step_s"):
+            values = tuple(float(v) for v in getattr(self, name))
+            bad = [v for v in values if not (math.isfinite(v) and v >= 0.0)]
+            if bad:
+                raise ConfigError(f"SimCosts.{name} must be finite and >= 0 seconds, got {bad[0]!r}")
+            object.__setattr__(self, name, values)
+        p = len(self.fwd_s)
+        if p == 0 or len(self.bwd_s) != p:
+            raise ConfigError(f"SimCosts needs fwd_s and bwd_s of equal, non-zero length (stages), got {p} and {len(self.bwd_s)}")
+        if len(self.send_s) != p - 1:
+            raise ConfigError(f"SimCosts.send_s has {len(self.send_s)} entries; {p} stages have {p - 1} cuts")
+        if len(self.step_s) not in (0, p):
+            raise ConfigError(f"SimCosts.step_s has {len(self.step_s)} entries; give one per stage ({p}) or none")
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.fwd_s)
+
+
+@dataclass(frozen=True, slots=True)
+class SimEvent:
+    """One timed interval: compute or a RECV wait on ``lane == "rank r"``, a transfer on ``"link a->b"``.
+
+    `rank` is the rank whose action it is (the sender, for a transfer).
+    """
+
+    rank: int
+    lane: str
+    action: str
+    op: Op
+    microbatch: int | None
+    start_s: float
+    end_s: float
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Outcome of one simulated iteration; per-rank tuples are indexed by rank (= stage).
+
+    ``bubble_fraction = 1 - sum(busy_s) / (p * iteration_s)``; busy time is F, B and STEP.
+    `events` are sorted by start time.
+    """
+
+    iteration_s: float
+    bubble_fraction: float
+    busy_s: tuple[float, ...]
+    idle_s: tuple[float, ...]
+    peak_in_flight_microbatches: tuple[int, ...]  # max over time of (F done - B done) per stage
+    events: tuple[SimEvent, ...]
+
+
+@dataclass
+class _State:
+    """Mutable simulation state (internal)."""
+
+    clock: list[float]
+    busy: list[float]
+    in_flight: list[int]
+    peak: list[int]
+    done: list[int]
+    link_free: dict[tuple[int, int], float]  # (src, dst) -> time the direction is free
+    arrival: dict[tuple[Op, int, int | None], float]  # (recv op, receiving rank, mb) -> transfer end
+    waiting: dict[tuple[Op, int, int | None], int]  # same key -> rank blocked on it
+    events: list[SimEvent]
+
+
+def _send(st: _State, costs: SimCosts, rank: int, a: Action, t: float, ready: deque[int]) -> None:
+    forward = a.op is Op.SEND_F
+    dst = rank + 1 if forward else rank - 1
+    start = max(t, st.link_free.get((rank, dst), 0.0))
+    end = start + costs.send_s[rank if forward else dst]
+    st.link_free[(rank, dst)] = end
+    key = (Op.RECV_F if forward else Op.RECV_B, dst, a.microbatch)
+    st.arrival[key] = end
+    st.events.append(SimEvent(rank, f"link {rank}->{dst}", _label(a), a.op, a.microbatch, start, end))
+    if key in st.waiting:
+        ready.append(st.waiting.pop(key))
+
+
+def _advance(st: _State, schedule: Schedule, costs: SimCosts, rank: int, ready: deque[int]) -> None:
+    """Run `rank` from its current step until it finishes or blocks on a RECV."""
+    actions, i, t = schedule[rank], st.done[rank], st.clock[rank]
+    lane = f"rank {rank}"
+    durations = {Op.F: costs.fwd_s[rank], Op.B: costs.bwd_s[rank],
+                 Op.STEP: costs.step_s[rank] if costs.step_s else 0.0}
+    while i < len(actions):
+        a = actions[i]
+        op = a.op
+        if op is Op.RECV_F or op is Op.RECV_B:
+            key = (op, rank, a.microbatch)
+            end = st.arrival.get(key)
+            if end is None:
+                st.waiting[key] = rank
+                break
+            if end > t:
+                st.events.append(SimEvent(rank, lane, _label(a), op, a.microbatch, t, end))
+                t = end
+        elif op is Op.SEND_F or op is Op.SEND_B:
+            _send(st, costs, rank, a, t, ready)
+        else:
+            dur = durations[op]
+            st.events.append(SimEvent(rank, lane, _label(a), op, a.microbatch, t, t + dur))
+            t += dur
+            st.busy[rank] += dur
+            if op is Op.F:
+                st.in_flight[rank] += 1
+                st.peak[rank] = max(st.peak[rank], st.in_flight[rank])
+            elif op is Op.B:
+                st.in_flight[rank] -= 1
+        i += 1
+    st.done[rank], st.clock[rank] = i, t
+
+
+def _check_match(schedule: Schedule, costs: SimCosts) -> None:
+    p = costs.num_stages
+    if not isinstance(schedule, dict) or len(schedule) != p:
+        ranks = len(schedule) if isinstance(schedule, dict) else type(schedule).__name__
+        raise ScheduleError(f"the costs describe {p} stages but the schedule has {ranks} ranks; "
+                            f"fix: build the schedule with num_stages={p}")
+    first = schedule.get(0, [])
+    m = sum(1 for a in first if isinstance(a, Action) and a.op is Op.F)
+    validate_schedule(schedule, num_stages=p, num_microbatches=max(m, 1))
+
+
+def simulate(schedule: Schedule, costs: SimCosts) -> SimResult:
+    """Simulate one training iteration of a validated `schedule` under `costs`.
+
+    Raises `ScheduleError` if the schedule is invalid or its stage count differs from the costs'.
+
+    Example:
+        >>> from hetpipe.schedule.builders import gpipe
+        >>> simulate(gpipe(1, 3), SimCosts(fwd_s=(1.0,), bwd_s=(2.0,), send_s=())).iteration_s
+        9.0
+    """
+    _check_match(schedule, costs)
+    p = costs.num_stages
+    st = _State(clock=[0.0] * p, busy=[0.0] * p, in_flight=[0] * p, peak=[0] * p, done=[0] * p,
+                link_free={}, arrival={}, waiting={}, events=[])
+    ready: deque[int] = deque(range(p))
+    while ready:
+        _advance(st, schedule, costs, ready.popleft(), ready)
+    assert all(st.done[r] == len(schedule[r]) for r in range(p)), "validated schedule did not finish"
+    iteration = max(max(st.clock), max((e.end_s for e in st.events), default=0.0))
+    busy = tuple(st.busy)
+    bubble = 1.0 - sum(busy) / (p * iteration) if iteration > 0 else 0.0
+    events = sorted(st.events, key=lambda e: (e.start_s, e.end_s))
+    return SimResult(iteration_s=iteration, bubble_fraction=bubble, busy_s=busy,
+                     idle_s=tuple(iteration - b for b in busy),
+                     peak_in_flight_microbatches=tuple(st.peak), events=tuple(events))
+
+
+def costs_from_problem(problem: Problem, stages: Sequence[Stage]) -> SimCosts:
+    """Per-stage F, B and one-way C exactly as `evaluate` computes them (no optimizer step).
+
+    Example:
+        >>> from hetpipe.partitioner.problem import DeviceSlot
+        >>> prob = Problem(fwd_s={"a": (1.0, 1.0)}, bwd_s={"a": (2.0, 2.0)},
+        ...                state_bytes=(10, 10), activation_bytes=(1, 1), boundary_bytes=(4, 0),
+        ...                devices=(DeviceSlot("d0", "a", "n0", 100), DeviceSlot("d1", "a", "n0", 100)),
+        ...                bandwidth_bytes_s=((1.0, 4.0), (4.0, 1.0)), latency_s=((0.0, 0.0), (0.0, 0.0)),
+        ...                microbatches=4)
+        >>> costs_from_problem(prob, (Stage(0, 0, 0), Stage(1, 1, 1)))
+        SimCosts(fwd_s=(1.0, 1.0), bwd_s=(2.0, 2.0), send_s=(1.0,), step_s=())
+    """
+    ev = evaluate(problem, stages)
+    return SimCosts(fwd_s=tuple(c.fwd_s for c in ev.stages), bwd_s=tuple(c.bwd_s for c in ev.stages),
+                    send_s=tuple(c.send_s for c in ev.stages[:-1]))
