@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hetpipe import cli
+from hetpipe.cli import app as cli
 from hetpipe.cli.demo import bundled_cluster
 from hetpipe.plan.schema import Plan, check_plan
 

@@ -125,7 +125,7 @@ def test_global_batch_must_be_a_multiple_of_the_micro_batch():
 
 
 def test_cli_plans_a_user_factory_and_refuses_one_without_inputs(tmp_path, capsys):
-    from hetpipe import cli
+    from hetpipe.cli import app as cli
 
     root = Path(__file__).resolve().parents[1]
     cluster = str(root / "examples" / "clusters" / "homelab.yaml")

@@ -321,7 +321,7 @@ def test_bad_input_is_one_clear_error():
 
 
 def test_show_displays_replicas_batch_shares_and_sync_policy(tmp_path, capsys):
-    from hetpipe import cli
+    from hetpipe.cli import app as cli
 
     plan = partition_replicas(synthetic_graph(6), synthetic_cluster(ONE_BOX), global_batch=24, solver="exact")
     path = tmp_path / "replicas.json"

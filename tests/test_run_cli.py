@@ -56,7 +56,7 @@ def plan_path(tmp_path_factory) -> Path:
 
 def hetpipe_run(argv: list[str]) -> int:
     """`hetpipe run ...` through the CLI's error convention (``error:`` line, exit 2)."""
-    from hetpipe import cli
+    from hetpipe.cli import app as cli
 
     if "run" in cli.COMMANDS:
         return cli.main(["run", *argv])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hetpipe import cli
+from hetpipe.cli import app as cli
 from hetpipe.cli.timeline import chrome_trace, gantt_figure, save_gantt_compare, timeline_from_actions
 from hetpipe.plan.analysis import PlanSimulation, compare_plan, divergence_reason, simulate_plan
 from hetpipe.plan.build import partition_graph
