@@ -81,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     from hetpipe.runtime.launch import add_run_parser  # no torch import: `hetpipe --help` stays fast
 
     add_run_parser(sub)
+    from hetpipe.cli.weights import add_init_weights_parser
+
+    add_init_weights_parser(sub)
     return parser
 
 
@@ -195,6 +198,13 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     return run_plan(args, console)
 
 
+def cmd_init_weights(args: argparse.Namespace, console: Console) -> int:
+    """``hetpipe init-weights MODEL -o DIR [--seed N] [--init seeded|model]``."""
+    from hetpipe.cli.weights import cmd_init_weights as write
+
+    return write(args, console)
+
+
 def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     from hetpipe.cli.demo import run_demo
 
@@ -261,6 +271,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "show": cmd_show,
     "simulate": cmd_simulate,
     "compare": cmd_compare,
+    "init-weights": cmd_init_weights,
 }
 
 
