@@ -114,7 +114,7 @@ def layout(plan: Any) -> str:
 
 
 def _fits(plan: Any) -> bool:
-    from hetpipe.plan.schema import check_plan
+    from hetpipe.plan.check import check_plan
 
     return not any("memory" in v or "usable" in v for v in check_plan(plan).violations)
 

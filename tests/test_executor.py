@@ -221,7 +221,7 @@ PERMUTED_STAGE_RANKS = (2, 0, 1)
 
 
 def _permuted_worker(rank: int, world: int) -> dict[str, Any]:
-    from hetpipe.runtime.worker import stage_ranks
+    from hetpipe.runtime.rank import stage_ranks
 
     case = CASES["gpt-1f1b"]
     stage_index = PERMUTED_STAGE_RANKS.index(rank)

@@ -325,12 +325,11 @@ def stage_bwd_fraction(plan: "Plan", stage: Any, first_unit: int) -> float:  # n
 
 
 def _simulate(stages: Any, microbatches: int, schedule_name: str) -> Any:
-    from hetpipe.schedule.builders import make_schedule
-    from hetpipe.schedule.simulate import SimCosts, simulate
+    from hetpipe.schedule.simulate import SimCosts, simulate_stages
 
     costs = SimCosts(fwd_s=tuple(s.fwd_s for s in stages), bwd_s=tuple(s.bwd_s for s in stages),
                      send_s=tuple(s.send_s for s in stages[:-1]))
-    return simulate(make_schedule(schedule_name, len(stages), microbatches), costs)
+    return simulate_stages(costs, microbatches, schedule=schedule_name)
 
 
 def _microbatches_of(plan: "Plan", stage: int) -> int:  # noqa: F821
