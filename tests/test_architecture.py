@@ -240,3 +240,21 @@ def test_file_and_function_sizes(path: Path) -> None:
         and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
     ]
     assert not long, f"{path.name}: functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_schedule_layer_is_torch_free() -> None:
+    """`schedule/` (actions, builders, validator, simulator) and what it imports never load torch:
+    the planner and the plan views simulate without it."""
+    deps = graph()
+    seen, todo = set(), [m for m in deps if m.startswith("hetpipe.schedule")]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo += deps[module]
+    heavy = []
+    for path in source_files():
+        if module_name(path) in seen:
+            heavy += [f"{e.source}:{e.line} imports {e.target}" for e in imports_of(path)
+                      if e.target.split(".")[0] == "torch"]
+    assert not heavy, "torch imported under schedule/:\n" + "\n".join(heavy)
