@@ -119,7 +119,7 @@ def _fits(plan: Any) -> bool:
 def run_emulated(name: str, plan: Any, *, overlap: bool, steps: int, workdir: Path) -> EmulatedOutcome:
     """One emulated run of ``plan`` (an emulated OOM or other failure is recorded, not raised)."""
     from hetpipe.errors import RuntimeFailure
-    from hetpipe.runtime.report import simulated_iteration_s
+    from hetpipe.plan.run_sim import simulated_iteration_s
     from hetpipe.runtime.run import run
 
     sim = simulated_iteration_s(plan, plan.training.schedule, overlap_sync=overlap)

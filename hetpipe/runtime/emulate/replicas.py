@@ -189,7 +189,7 @@ def sync_emulation(plan: Plan, *, time_scale: float, timeout_s: float, device: t
                    plan_stage: int | None = None) -> SyncEmulation:
     """The plan's sync groups as bucket end offsets (the runtime labels unit buckets ``units a-b``) and
     part charges; with ``plan_stage``, when that stage's last backward makes each group's gradients final."""
-    from hetpipe.runtime.report import stage_bwd_fraction
+    from hetpipe.plan.run_sim import stage_bwd_fraction
 
     assert plan.sync is not None  # check_runnable
     ends, total = {}, 0.0
