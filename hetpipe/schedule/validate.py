@@ -27,7 +27,6 @@ from hetpipe.schedule.actions import Action, Op, Schedule
 _Key = tuple[Op, "int | None"]
 
 _MAX_REPORTED = 6  # problems listed in one error message; the rest are counted
-_MAX_PROBLEMS = 5  # the same for one rank's action list (check_actions)
 _RECV_OF_SEND = {Op.SEND_F: Op.RECV_F, Op.SEND_B: Op.RECV_B}
 _COMPUTE = (Op.F, Op.B)
 # (earlier, later, why) orderings every rank must respect for each micro-batch.
@@ -50,16 +49,16 @@ def _at(rank: int, step: int, action: object) -> str:
     return f"rank {rank}, step {step} ({action})"
 
 
-def _raise_if(problems: list[str]) -> None:
+def _raise_if(problems: list[str], what: str = "invalid schedule") -> None:
     if not problems:
         return
     if len(problems) == 1:
-        raise ScheduleError(f"invalid schedule: {problems[0]}")
+        raise ScheduleError(f"{what}: {problems[0]}")
     shown = problems[:_MAX_REPORTED]
     more = len(problems) - len(shown)
     tail = f"\n  ... and {more} more" if more else ""
     lines = "\n  - ".join(shown)
-    raise ScheduleError(f"invalid schedule ({len(problems)} problems):\n  - {lines}{tail}")
+    raise ScheduleError(f"{what} ({len(problems)} problems):\n  - {lines}{tail}")
 
 
 def _allowed_ops(stage: int, num_stages: int) -> set[Op]:
@@ -88,9 +87,10 @@ def _check_shape(schedule: Schedule, num_stages: int) -> list[str]:
     return problems
 
 
-def _check_actions(schedule: Schedule, num_stages: int, num_microbatches: int) -> list[str]:
+def _check_actions(schedule: Schedule, num_stages: int, num_microbatches: int,
+                   ranks: Sequence[int] | None = None) -> list[str]:
     problems = []
-    for rank in range(num_stages):
+    for rank in range(num_stages) if ranks is None else ranks:
         allowed = _allowed_ops(rank, num_stages)
         for step, a in enumerate(schedule[rank]):
             where = _at(rank, step, a)
@@ -116,7 +116,7 @@ def _positions(actions: list[Action]) -> dict[_Key, list[int]]:
 def _missing_hint(rank: int, key: _Key, pos: dict[_Key, list[int]]) -> str:
     op, mb = key
     anchors = {Op.RECV_F: (Op.F, "before"), Op.SEND_F: (Op.F, "after"),
-               Op.RECV_B: (Op.B, "before"), Op.SEND_B: (Op.B, "after")}
+               Op.RECV_B: (Op.B, "before"), Op.SEND_B: (Op.B, "after"), Op.B: (Op.F, "after")}
     if op in anchors:
         anchor, side = anchors[op]
         steps = pos.get((anchor, mb))
@@ -128,7 +128,7 @@ def _missing_hint(rank: int, key: _Key, pos: dict[_Key, list[int]]) -> str:
 def _check_coverage(schedule: Schedule, num_stages: int, num_microbatches: int,
                     positions: dict[int, dict[_Key, list[int]]]) -> list[str]:
     problems = []
-    for rank in range(num_stages):
+    for rank in positions:
         pos, actions = positions[rank], schedule[rank]
         required: list[_Key] = [(op, mb) for mb in range(num_microbatches)
                                 for op in _allowed_ops(rank, num_stages) - {Op.STEP}]
@@ -151,7 +151,7 @@ def _check_coverage(schedule: Schedule, num_stages: int, num_microbatches: int,
 def _check_local_order(num_stages: int, num_microbatches: int,
                        positions: dict[int, dict[_Key, list[int]]]) -> list[str]:
     problems = []
-    for rank in range(num_stages):
+    for rank in positions:
         pos = positions[rank]
         for mb in range(num_microbatches):
             for first, later, why in _LOCAL_ORDER:
@@ -322,45 +322,28 @@ def validate_schedule(schedule: Schedule, *, num_stages: int, num_microbatches: 
 def check_actions(actions: Sequence[Action], *, stage: int, num_stages: int, num_microbatches: int) -> None:
     """Raise `ScheduleError` unless ``actions`` is a complete, locally ordered list for ``stage``.
 
-    (`hetpipe.schedule.builders.validate_schedule` checks the whole schedule, links
-    and deadlocks included; this is the part one rank can check alone.)
+    The part of `validate_schedule` one rank can check alone (the same checks, on one
+    rank): every action on this stage with a valid op and micro-batch, each exactly once,
+    STEP last, RECV < F < SEND and F < B per micro-batch.  Links and deadlocks need
+    every rank's list.
 
     Example:
         >>> check_actions([Action(0, Op.F, 0), Action(0, Op.STEP)], stage=0, num_stages=1, num_microbatches=1)
         Traceback (most recent call last):
         ...
-        hetpipe.errors.ScheduleError: stage 0's action list: no 0B0; fix: add it after 0F0
+        hetpipe.errors.ScheduleError: stage 0's action list: rank 0 has no 0B0; fix: add it after 0F0 (step 0)
     """
-    allowed = {Op.F, Op.B, Op.STEP} | ({Op.RECV_F, Op.SEND_B} if stage > 0 else set()) | (
-        {Op.SEND_F, Op.RECV_B} if stage < num_stages - 1 else set())
-    problems, at = [], {}
-    for i, a in enumerate(actions):
-        if not isinstance(a, Action) or a.stage != stage or a.op not in allowed:
-            problems.append(f"step {i} ({a}) is not an action of stage {stage} of {num_stages}; remove it")
-        elif a.op is not Op.STEP and not (isinstance(a.microbatch, int) and 0 <= a.microbatch < num_microbatches):
-            problems.append(f"step {i} ({a}): micro-batch outside 0..{num_microbatches - 1}")
-        elif (a.op, a.microbatch) in at:
-            problems.append(f"step {i} ({a}) repeats step {at[(a.op, a.microbatch)]}; remove one")
-        else:
-            at[(a.op, a.microbatch)] = i
-    anchor = {Op.RECV_F: (Op.F, "before"), Op.SEND_F: (Op.F, "after"), Op.RECV_B: (Op.B, "before"),
-              Op.SEND_B: (Op.B, "after"), Op.B: (Op.F, "after")}
-    for mb in range(num_microbatches):
-        for op in sorted(allowed - {Op.STEP}, key=lambda o: o.value):
-            if (op, mb) not in at:
-                hint = f"; fix: add it {anchor[op][1]} {Action(stage, anchor[op][0], mb)}" if op in anchor else ""
-                problems.append(f"no {Action(stage, op, mb)}{hint}")
-            elif op in anchor and (anchor[op][0], mb) in at:
-                first, later = ((op, mb), (anchor[op][0], mb)) if anchor[op][1] == "before" else (
-                    (anchor[op][0], mb), (op, mb))
-                if at[first] > at[later]:
-                    problems.append(f"{Action(stage, *later)} (step {at[later]}) runs before "
-                                    f"{Action(stage, *first)} (step {at[first]}); swap them")
-    if at.get((Op.STEP, None)) != len(actions) - 1:
-        problems.append(f"{stage}STEP must be the last action, exactly once")
-    if problems:
-        more = f" (+{len(problems) - _MAX_PROBLEMS} more)" if len(problems) > _MAX_PROBLEMS else ""
-        raise ScheduleError(f"stage {stage}'s action list: " + "; ".join(problems[:_MAX_PROBLEMS]) + more)
+    check_sizes(num_stages, num_microbatches)
+    what = f"stage {stage}'s action list"
+    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < num_stages:
+        raise ScheduleError(f"{what}: stage {stage!r} is not one of 0..{num_stages - 1}")
+    one: Schedule = {stage: list(actions)}
+    _raise_if([f"{_at(stage, i, repr(a))}: not an Action; build it with Action.parse('{stage}F0')"
+               for i, a in enumerate(one[stage]) if not isinstance(a, Action)], what)
+    _raise_if(_check_actions(one, num_stages, num_microbatches, ranks=(stage,)), what)
+    positions = {stage: _positions(one[stage])}
+    _raise_if(_check_coverage(one, num_stages, num_microbatches, positions), what)
+    _raise_if(_check_local_order(num_stages, num_microbatches, positions), what)
 
 
 def compute_slots(schedule: Schedule) -> dict[int, list[tuple[int, Action]]]:
