@@ -28,7 +28,6 @@ Example:
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -304,47 +303,3 @@ def launch(spec: LaunchSpec, *, env: dict[str, str] | None = None) -> LaunchOutc
             message = f"{reason}; {message}"
         raise RuntimeFailure(message)
     return outcome
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``hetpipe run`` to the CLI's subparsers (the lead wires it into cli.py)."""
-    p = subparsers.add_parser("run", help="train with a plan: torchrun, one process per stage (or --emulate)")
-    p.add_argument("plan", type=Path, help="plan.json from `hetpipe plan`")
-    p.add_argument("--model", required=True, help="the model the plan was made for (built-in or package.module:factory)")
-    p.add_argument("--steps", type=int, required=True, help="optimizer steps to run")
-    p.add_argument("--emulate", action="store_true",
-                   help="emulate the plan's devices on this machine (speed, memory limit, links)")
-    p.add_argument("--report", type=Path, default=None, help="write the run report (run.json) here")
-    p.add_argument("--schedule", default=None, help="1f1b | gpipe (default: the plan's training.schedule)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds any rank waits for a peer (default 60)")
-    p.add_argument("--seq", type=int, default=None, help="sequence length the plan was made with (LMs)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the synthetic data")
-    p.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-3 Adam/AdamW, 1e-2 SGD)")
-    p.add_argument("--data", default=None, help="package.module:factory returning an iterable of (inputs, targets)")
-    p.add_argument("--loss", default=None, help="package.module:function(output, targets) (default: the model's)")
-    p.add_argument("--safety-factor", type=float, default=None,
-                   help="emulation: margin of each action's target over its contended real time (default 2)")
-    p.add_argument("--run-dir", type=Path, default=None, help="keep per-rank results and the torchrun log here")
-    p.add_argument("--no-sync-overlap", dest="sync_overlap", action="store_false",
-                   help="replica plans: run the gradient sync after backward instead of overlapped with it")
-    return p
-
-
-def cmd_run(args: argparse.Namespace, console: Any) -> int:
-    """``hetpipe run``: launch, print the report's tables, write ``--report``."""
-    from hetpipe.runtime.run import run, summary_tables
-
-    report = run(args.plan, model=args.model, steps=args.steps, emulate=args.emulate, report=args.report,
-                 schedule=args.schedule, timeout_s=args.timeout, seq=args.seq, seed=args.seed, lr=args.lr,
-                 data=args.data, loss=args.loss, safety_factor=args.safety_factor, run_dir=args.run_dir,
-                 sync_overlap=args.sync_overlap)
-    for table in summary_tables(report):
-        console.print(table)
-    for note in report.notes:
-        console.print(f"note: {note}")
-    if args.report:
-        console.print(f"wrote {args.report}")
-    return 0
