@@ -69,4 +69,4 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write `text` to `path` through `atomic_path` (never a half-written file)."""
     with atomic_path(path) as tmp:
-        tmp.write_text(text)
+        tmp.write_text(text, encoding="utf-8")

@@ -263,7 +263,7 @@ class Plan:
                                 f"({MAX_PLAN_FILE_BYTES}); pass the plan.json written by `hetpipe plan`")
             text = path.read_text(encoding="utf-8")
         except OSError as err:
-            raise PlanError(f"cannot read plan {path}: {err.strerror}; pass the plan.json written by `hetpipe plan`") from None
+            raise PlanError(f"cannot read plan {path}: {err.strerror}") from None
         except UnicodeDecodeError:
             raise PlanError(f"{path}: not a text file (not UTF-8); pass the plan.json written by `hetpipe plan`") from None
         try:
