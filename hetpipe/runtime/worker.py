@@ -15,7 +15,8 @@ with nothing distributed before step 5:
 6. with ``--emulate``: measure one serialised F+B of every stage, choose the time
    scale (`hetpipe.runtime.emulate.pipeline.choose_time_scale`) and install the emulation hooks;
 7. run ``--steps`` steps (a monitored barrier, then the rank's action list) on seeded
-   synthetic data or ``--data``, touching ``progress-rank<r>`` after each one;
+   synthetic data or ``--data``, touching ``progress-rank<r>`` after each step and, through
+   `hetpipe.runtime.execute.heartbeat`, at least every second while actions finish;
 8. write ``result-rank<r>.json``; on any failure write ``error-rank<r>.json`` naming
    the rank, stage and action, and exit 1 (torchrun then tears the job down).
 
@@ -42,6 +43,7 @@ from torch import nn
 
 from hetpipe.errors import ConfigError, HetpipeError, PlanError, RuntimeFailure
 from hetpipe.plan.schema import Plan, verify_model
+from hetpipe.runtime.execute import heartbeat
 from hetpipe.runtime.launch import RankError, write_error
 from hetpipe.runtime.report import ActionRecord, RankResult, median
 from hetpipe.runtime.run import _import, data_stream, split_microbatches
@@ -406,7 +408,7 @@ def train(args: argparse.Namespace, state: _State) -> RankResult:
     run = prepare(args, state)
     backend = _join(run, state)
     progress = args.run_dir / f"progress-rank{run.rank}"
-    _touch(progress)
+    heartbeat.install(progress)  # from here on the executor beats per action (calibration included)
     last = run.index == run.num_stages - 1
     loss_fn = _loss_fn(args) if last else None
     stream = run.data() if run.index == 0 or last else None
