@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 
+from hetpipe.errors import PlanError
 from hetpipe.partitioner.problem import evaluate
 from hetpipe.plan.replica_check import check_replicas
 from hetpipe.plan.schema import (
@@ -32,10 +33,15 @@ from hetpipe.plan.schema import (
     stages_from_plan,
     structure_violations,
 )
+from hetpipe.plan.validate import validate_plan
 
 
 def check_plan(plan: Plan) -> CheckReport:
     """Recompute T and every M_s from the recorded tables; report every mismatch or violation."""
+    if not isinstance(plan, Plan):
+        raise PlanError(f"plan: expected a Plan (from Plan.load or hetpipe.partition), got {type(plan).__name__}; "
+                        "load it with hetpipe.Plan.load(path)")
+    validate_plan(plan)  # NaN, a deleted link: one PlanError naming the field, not a symptom below
     if plan.replicas:
         return check_replicas(plan)
     violations = structure_violations(plan)

@@ -38,6 +38,7 @@ from hetpipe.runtime.report import RankResult
 
 def train_replicas(args: argparse.Namespace, state: Any) -> RankResult:
     """Run this rank's stage of its replica for ``args.steps`` steps (see the module docstring)."""
+    from hetpipe.runtime.execute import heartbeat
     from hetpipe.runtime.emulate.pipeline import RecordingHooks
     from hetpipe.runtime.emulate.replicas import SwitchHooks, emulate_replicas
     from hetpipe.runtime.replicas.trainer import ReplicaTrainer, check_runnable
@@ -49,6 +50,7 @@ def train_replicas(args: argparse.Namespace, state: Any) -> RankResult:
     state.phase = "joining the process group"
     backend = join_process_group(args.timeout)
     ranks = gather_stage_ranks(state.stage, len(plan.stages))
+    heartbeat.install(args.run_dir / f"progress-rank{state.rank}")  # the executor beats per action from here
     hooks = SwitchHooks(RecordingHooks())
     state.hooks = hooks
     state.phase = "building the replica"

@@ -38,6 +38,7 @@ from hetpipe.plan.check import check_plan
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.launch import LaunchSpec, launch
 from hetpipe.runtime.report import RankResult, RunReport, build_report
+from hetpipe.runtime.user_checks import check_user_code
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,10 @@ DATA_FILE = "data.pt"
 # ----------------------------------------------------------------------------- run
 
 
-def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str) -> Any:
-    """Refuse, before launching, a plan for another model or an invalid schedule; returns the UnitGraph."""
+def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: str | None = None,
+              loss: str | None = None) -> Any:
+    """Refuse, before launching, a plan for another model, an invalid schedule, or ``data`` / ``loss``
+    (import specs or a data file) the workers would fail on; returns the UnitGraph."""
     from hetpipe.schedule.builders import make_schedule, validate_schedule
     from hetpipe.runtime.rank import capture_for_plan
 
@@ -62,7 +65,8 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str) -> Any:
     else:
         p, m = len(plan.stages), plan.training.microbatches
         validate_schedule(make_schedule(schedule, p, m), num_stages=p, num_microbatches=m)
-    graph, _ = capture_for_plan(plan, model=model, seq=seq)  # raises PlanError for another model
+    graph, example = capture_for_plan(plan, model=model, seq=seq)  # raises PlanError for another model
+    check_user_code(plan, model=model, data=data, loss=loss, example=example, meta_model=graph.module)
     report = check_plan(plan)
     for violation in report.violations:
         # Not fatal: an over-full plan is exactly what --emulate demonstrates (emulated OOM).
@@ -110,11 +114,31 @@ def _data_arg(data: Iterable[Any] | str | None, steps: int, run_dir: Path) -> st
     return str(path)
 
 
+def _default_timeout_s(plan: Plan, *, steps: int, emulate: bool, safety_factor: float | None) -> float:
+    from hetpipe.runtime.estimate import BASE_TIMEOUT_S, default_timeout_s, estimate_wall
+
+    if not emulate:
+        return BASE_TIMEOUT_S
+    est = estimate_wall(plan, steps=max(1, steps) if isinstance(steps, int) else 1, safety_factor=safety_factor)
+    log.info("%s", est.line())
+    return default_timeout_s(est)
+
+
 def _check_args(steps: int, timeout_s: float) -> None:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"steps must be a positive integer, got {steps!r}")
     if not timeout_s > 0:
         raise ConfigError(f"timeout must be positive seconds, got {timeout_s!r}")
+
+
+def _fresh_run_dir(workdir: Path, plan: Plan) -> Path:
+    """Drop a previous run's rank files from ``workdir`` and write the plan the workers load; returns its path."""
+    for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("result-rank*.json"),
+                  *workdir.glob("progress-rank*")]:
+        stale.unlink()
+    plan_path = workdir / "plan.json"
+    plan.save(plan_path)
+    return plan_path
 
 
 def run(
@@ -127,7 +151,7 @@ def run(
     loss: Callable[..., Any] | str | None = None,
     report: str | Path | None = None,
     schedule: str | None = None,
-    timeout_s: float = 60.0,
+    timeout_s: float | None = None,
     seq: int | None = None,
     seed: int = 0,
     lr: float | None = None,
@@ -137,26 +161,33 @@ def run(
 ) -> RunReport:
     """Train ``model`` for ``steps`` optimizer steps with ``plan`` (see the module docstring).
 
+    ``timeout_s`` defaults to 60 s, and under ``emulate`` to at least three real iterations
+    at the estimated time scale (`hetpipe.runtime.estimate.default_timeout_s`).
+
     Raises `PlanError` (plan for another model), `ScheduleError`, `ConfigError` before
     launching; `RuntimeFailure` naming the rank, stage and action if a rank fails.
     """
-    _check_args(steps, timeout_s)
     if not isinstance(plan, Plan):
         plan = Plan.load(plan)
+    if timeout_s is None:
+        timeout_s = _default_timeout_s(plan, steps=steps, emulate=emulate, safety_factor=safety_factor)
+    _check_args(steps, timeout_s)
     schedule = schedule or plan.training.schedule
-    preflight(plan, model=model, seq=seq, schedule=schedule)
+    loss_spec = function_spec(loss, "loss")
     keep = run_dir is not None
     workdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("result-rank*.json"),
-                  *workdir.glob("progress-rank*")]:
-        stale.unlink()
-    plan_path = workdir / "plan.json"
-    plan.save(plan_path)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        data_spec = _data_arg(data, steps, workdir)
+        preflight(plan, model=model, seq=seq, schedule=schedule, data=data_spec, loss=loss_spec)
+    except BaseException:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    plan_path = _fresh_run_dir(workdir, plan)
     spec = LaunchSpec(plan_path=plan_path, model=model, steps=steps, nproc=len(plan.stages), run_dir=workdir,
                       emulate=emulate, schedule=schedule, timeout_s=timeout_s, seed=seed, seq=seq, lr=lr,
-                      data=_data_arg(data, steps, workdir), loss=function_spec(loss, "loss"),
-                      safety_factor=safety_factor, sync_overlap=sync_overlap)
+                      data=data_spec, loss=loss_spec, safety_factor=safety_factor, sync_overlap=sync_overlap)
     try:
         outcome = launch(spec)
     except RuntimeFailure as err:

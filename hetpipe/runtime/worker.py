@@ -15,7 +15,8 @@ with nothing distributed before step 5:
 6. with ``--emulate``: measure one serialised F+B of every stage, choose the time
    scale (`hetpipe.runtime.emulate.pipeline.choose_time_scale`) and install the emulation hooks;
 7. run ``--steps`` steps (a monitored barrier, then the rank's action list) on seeded
-   synthetic data or ``--data``, touching ``progress-rank<r>`` after each one;
+   synthetic data or ``--data``, touching ``progress-rank<r>`` after each step and, through
+   `hetpipe.runtime.execute.heartbeat`, at least every second while actions finish;
 8. write ``result-rank<r>.json``; on any failure write ``error-rank<r>.json`` naming
    the rank, stage and action, and exit 1 (torchrun then tears the job down).
 
@@ -40,6 +41,7 @@ import torch.distributed as dist
 
 from hetpipe.errors import ConfigError, HetpipeError
 from hetpipe.plan.schema import Plan
+from hetpipe.runtime.execute import heartbeat
 from hetpipe.runtime.launch import RankError, write_error
 from hetpipe.runtime.report import RankResult, median
 from hetpipe.runtime.data import data_stream, split_microbatches
@@ -230,7 +232,7 @@ def train(args: argparse.Namespace, state: RankState) -> RankResult:
     run = prepare(args, state)
     backend = _join(run, state)
     progress = args.run_dir / f"progress-rank{run.rank}"
-    touch(progress)
+    heartbeat.install(progress)  # from here on the executor beats per action (calibration included)
     last = run.index == run.num_stages - 1
     loss_fn = loss_for(args.model, args.loss) if last else None
     stream = run.data() if run.index == 0 or last else None
