@@ -28,7 +28,7 @@ from hetpipe.runtime.stage.weights import (
     shard_name,
     write_index,
 )
-from hetpipe.runtime.worker import node_to_stage
+from hetpipe.runtime.rank import node_to_stage
 from tests.runtime_plans import plan_for
 from tests.synthetic import synthetic_cluster
 from hetpipe.partitioner.problem import Stage

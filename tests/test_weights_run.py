@@ -18,7 +18,7 @@ from hetpipe.plan.schema import Plan
 from hetpipe.runtime.report import RunReport
 from hetpipe.runtime.stage.build import build_stage, split_stages
 from hetpipe.runtime.stage.weights import SAFE_INDEX_NAME, open_weights
-from hetpipe.runtime.worker import DEFAULT_LR, node_to_stage
+from hetpipe.runtime.rank import DEFAULT_LR, node_to_stage
 from tests.runtime_plans import plan_for
 from tests.synthetic import synthetic_cluster
 from tests.test_run_cli import _error, hetpipe_run

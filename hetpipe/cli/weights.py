@@ -18,7 +18,9 @@ def add_init_weights_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("init-weights", help="write a model's initial weights (seeded or its own init) to a "
                                                    "safetensors folder usable with `hetpipe run --weights`")
     p.add_argument("model", help="built-in name or package.module:factory")
-    p.add_argument("-o", "--output", type=Path, required=True, help="folder to write model.safetensors into")
+    # dest out_dir: a folder, not a file (the CLI's generic --output check wants a file)
+    p.add_argument("-o", "--output", dest="out_dir", type=Path, required=True,
+                   help="folder to write model.safetensors into (created if missing)")
     p.add_argument("--seed", type=int, default=0, help="the seed (as `hetpipe run --seed`; default 0)")
     p.add_argument("--init", choices=("seeded", "model"), default="seeded",
                    help="seeded: what `hetpipe run` uses without --weights (default); model: the model's own "
@@ -30,6 +32,6 @@ def add_init_weights_parser(subparsers: Any) -> argparse.ArgumentParser:
 def cmd_init_weights(args: argparse.Namespace, console: Any) -> int:
     from hetpipe.runtime.stage.initial import write_initial_weights
 
-    path = write_initial_weights(args.model, args.output, seed=args.seed, init=args.init, seq=args.seq)
+    path = write_initial_weights(args.model, args.out_dir, seed=args.seed, init=args.init, seq=args.seq)
     console.print(f"wrote {path} ({args.init} init, seed {args.seed})")
     return 0
