@@ -120,10 +120,12 @@ class _Run:
     def executor(self, *, actions: Sequence[Any], optimizer: Any, microbatches: int, hooks: Any,
                  loss_fn: Any) -> Any:
         from hetpipe.runtime.execute.executor import PipelineExecutor
+        from hetpipe.runtime.execute.options import ExecutorOptions
 
         return PipelineExecutor(self.stage, rank=self.rank, num_stages=self.num_stages, schedule_actions=actions,
                                 loss_fn=loss_fn, optimizer=optimizer, microbatches=microbatches,
-                                timeout_s=self.args.timeout, hooks=hooks, stage_ranks=self.stage_ranks)
+                                stage_ranks=self.stage_ranks, options=ExecutorOptions(timeout_s=self.args.timeout),
+                                hooks=hooks)
 
     def data(self) -> Any:
         a = self.args
