@@ -249,7 +249,9 @@ class Plan:
         except PlanError as err:
             if source == "plan":
                 raise
-            raise PlanError(f"{source}: {err}") from None
+            fix = "" if "re-create" in str(err) or "remove it" in str(err) else (
+                "; fix the field or re-create the plan with `hetpipe plan`")
+            raise PlanError(f"{source}: {err}{fix}") from None
 
     def save(self, path: str | Path) -> None:
         atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")  # never a half-written plan
