@@ -138,6 +138,7 @@ def split_microbatches(batch: Any, microbatches: int, *, what: str) -> list[Any]
 def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str) -> Any:
     """Refuse, before launching, a plan for another model or an invalid schedule; returns the UnitGraph."""
     from hetpipe.schedule.builders import make_schedule, validate_schedule
+    from hetpipe.plan.tables import verify_tables
     from hetpipe.runtime.worker import capture_for_plan
 
     if plan.replicas:  # each replica is its own pipeline
@@ -151,6 +152,8 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str) -> Any:
         p, m = len(plan.stages), plan.training.microbatches
         validate_schedule(make_schedule(schedule, p, m), num_stages=p, num_microbatches=m)
     graph, _ = capture_for_plan(plan, model=model, seq=seq)  # raises PlanError for another model
+    if [u.node_names for u in plan.units] == [tuple(u.node_names) for u in graph.units]:
+        verify_tables(plan, graph, loss_costed=False)  # edited tables never reach the ranks (plan/tables.py)
     report = check_plan(plan)
     for violation in report.violations:
         # Not fatal: an over-full plan is exactly what --emulate demonstrates (emulated OOM).
