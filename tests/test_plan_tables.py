@@ -104,3 +104,15 @@ def test_check_model_accepts_the_real_plan_and_rederives_times(planned: Path, tm
     assert main(["check", str(path), "--model", "gpt-tiny"]) == 0  # without the cluster, times are not derivable
     assert main(["check", str(path), "--model", "gpt-tiny", "--cluster", str(CLUSTER)]) == 2
     assert f"unit 0 ({u0.name}): time_s.{kind}.fwd" in capsys.readouterr().err
+
+
+def test_run_refuses_a_consistent_lie_before_launch(planned: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    lie = _consistent(Plan.load(planned), LIES[0][1])  # activations set to 0 everywhere
+    path = tmp_path / "lie.json"
+    lie.save(path)
+    assert main(["run", str(path), "--model", "gpt-tiny", "--steps", "1", "--emulate",
+                 "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "unit 0" in err and "activation_bytes" in err, err
+    assert not (tmp_path / "run").exists()  # refused before anything was launched or written
