@@ -357,5 +357,7 @@ def partition_replicas(graph: UnitGraph, cluster: Cluster, *, global_batch: int 
     """
     from hetpipe.plan.replicas import partition_replicas as _partition_replicas
 
+    check_solver_options(solver, time_limit_s, seed)
+    cluster = as_cluster(cluster)
     return _partition_replicas(graph, cluster, global_batch=global_batch, policy=policy, outer_steps=outer_steps,
                                solver=solver, time_limit_s=time_limit_s, seed=seed)

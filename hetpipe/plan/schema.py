@@ -267,7 +267,8 @@ class Plan:
         except OSError as err:
             raise PlanError(f"cannot read plan {path}: {err.strerror}") from None
         except UnicodeDecodeError:
-            raise PlanError(f"{path}: not a text file (not UTF-8); pass the plan.json written by `hetpipe plan`") from None
+            raise PlanError(f"{path}: not a text file (not UTF-8); pass the plan.json written by "
+                            "`hetpipe plan`") from None
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as err:

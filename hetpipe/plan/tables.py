@@ -29,7 +29,8 @@ UNIT_FIELDS = ("fwd_flops", "bwd_flops", "param_bytes", "state_bytes", "activati
 #: Fields the training loss adds to the last unit (`capture(..., loss_fn=...)`).
 LOSS_FIELDS = ("fwd_flops", "bwd_flops", "activation_bytes")
 
-_FIX = "the plan's tables are not this model's (edited, or planned with other options); re-create it with `hetpipe plan`"
+_FIX = ("the plan's tables are not this model's (edited, or planned with other options); "
+        "re-create it with `hetpipe plan`")
 
 
 def _unit_mismatch(plan: Plan, graph: Any, *, loss_costed: bool) -> str | None:
@@ -75,7 +76,8 @@ def _time_mismatch(plan: Plan, graph: Any, cluster: Any) -> str | None:
             for name in ("fwd", "bwd"):
                 got, want = getattr(rec.time_s[kind], name), getattr(times, name)
                 if not math.isclose(got, want, rel_tol=TIME_RTOL, abs_tol=0.0):
-                    return f"unit {rec.index} ({rec.name}): time_s.{kind}.{name} is {got!r} s, the model's is {want!r} s"
+                    return (f"unit {rec.index} ({rec.name}): time_s.{kind}.{name} is {got!r} s, "
+                            f"the model's is {want!r} s")
     return None
 
 
