@@ -9,12 +9,15 @@ Example:
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from hetpipe.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -25,6 +28,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", default="adam", help="sgd | momentum | adam | adamw (default adam)")
     p.add_argument("--precision", default="fp32", help="fp32 | bf16-mixed | fp16-mixed (default fp32)")
     p.add_argument("--granularity", default="block", help="block | node | N (merge to about N units)")
+    p.add_argument("--loss", default=None,
+                   help="package.module:function(output, targets): cost what your loss saves for backward "
+                        "(default: a built-in model's own loss)")
+    p.add_argument("--data", default=None,
+                   help="package.module:factory yielding (inputs, targets) global batches; its first batch's "
+                        "targets are what --loss is costed with")
 
 
 def load_model(spec: str, *, batch: int | None, seq: int | None) -> tuple[Any, Any, str]:
@@ -46,12 +55,20 @@ def capture_args(args: argparse.Namespace) -> Any:
     from hetpipe.plan.build import capture_builtin
     from hetpipe.partitioner.capture.capture import capture
 
+    from hetpipe.plan.user_code import loss_for_capture
+
     gran: str | int = int(args.granularity) if str(args.granularity).isdigit() else args.granularity
-    if ":" not in args.model:  # built-in: its loss is known and costed
+    loss, data = getattr(args, "loss", None), getattr(args, "data", None)
+    if ":" not in args.model and not loss and not data:  # built-in: its loss is known and costed
         return capture_builtin(args.model, batch=args.batch, seq=args.seq, optimizer=args.optimizer,
                                precision=args.precision, granularity=gran)
     model, inputs, name = load_model(args.model, batch=args.batch, seq=args.seq)
-    return capture(model, inputs, name=name, granularity=gran, optimizer=args.optimizer, precision=args.precision)
+    fn, targets = loss_for_capture(args.model, model, inputs, loss=loss, data=data)
+    if fn is None:
+        log.warning("the loss of %s is not costed (what it saves for backward counts on the last stage); pass "
+                    "--loss package.module:function and --data", args.model)
+    return capture(model, inputs, name=name, granularity=gran, optimizer=args.optimizer, precision=args.precision,
+                   loss_fn=fn, targets=targets)
 
 
 def cmd_models(args: argparse.Namespace, console: Console) -> int:
@@ -119,7 +136,8 @@ def _recapture(args: argparse.Namespace, plan: Any, granularity: str | int) -> A
 
 
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
-    from hetpipe.plan.schema import Plan, check_plan, verify_model
+    from hetpipe.plan.check import check_plan
+    from hetpipe.plan.schema import Plan, verify_model
 
     plan = Plan.load(args.plan)
     if args.model:

@@ -8,6 +8,8 @@ from typing import Any
 
 from rich.console import Console
 
+from hetpipe.runtime.estimate import DEFAULT_MAX_MINUTES
+
 
 def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``hetpipe run`` to the CLI's subparsers."""
@@ -19,7 +21,10 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="emulate the plan's devices on this machine (speed, memory limit, links)")
     p.add_argument("--report", type=Path, default=None, help="write the run report (run.json) here")
     p.add_argument("--schedule", default=None, help="1f1b | gpipe (default: the plan's training.schedule)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds any rank waits for a peer (default 60)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds any rank waits for a peer (default 60; with --emulate 3 emulated iterations if longer)")
+    p.add_argument("--max-minutes", type=float, default=DEFAULT_MAX_MINUTES,
+                   help=f"--emulate: refuse a run estimated above this many minutes (default {DEFAULT_MAX_MINUTES:g})")
     p.add_argument("--seq", type=int, default=None, help="sequence length the plan was made with (LMs)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the synthetic data")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-3 Adam/AdamW, 1e-2 SGD)")
@@ -37,8 +42,18 @@ def cmd_run(args: argparse.Namespace, console: Any) -> int:
     """``hetpipe run``: launch, print the report's tables, write ``--report``."""
     from hetpipe.runtime.run import run, summary_tables
 
+    timeout_s = args.timeout
+    if args.emulate:  # the estimate first: a run of hours is refused before anything starts
+        from hetpipe.plan.schema import Plan
+        from hetpipe.runtime.estimate import default_timeout_s, estimate_wall, refuse_if_too_long
+
+        plan = Plan.load(args.plan)
+        est = estimate_wall(plan, steps=args.steps, safety_factor=args.safety_factor)
+        console.print(est.line())
+        refuse_if_too_long(est, plan, max_minutes=args.max_minutes)
+        timeout_s = timeout_s or default_timeout_s(est)
     report = run(args.plan, model=args.model, steps=args.steps, emulate=args.emulate, report=args.report,
-                 schedule=args.schedule, timeout_s=args.timeout, seq=args.seq, seed=args.seed, lr=args.lr,
+                 schedule=args.schedule, timeout_s=timeout_s, seq=args.seq, seed=args.seed, lr=args.lr,
                  data=args.data, loss=args.loss, safety_factor=args.safety_factor, run_dir=args.run_dir,
                  sync_overlap=args.sync_overlap)
     for table in summary_tables(report):

@@ -10,8 +10,8 @@ rendezvous instead (`multinode_command`).
 Failure behaviour: every rank bounds each wait by ``timeout_s`` and, when it fails,
 writes ``error-rank<r>.json`` (rank, stage, action, message) into the run directory
 before exiting.  `launch` adds a watchdog on top -- start-up must finish within
-`startup_timeout_s`, and then some rank must report progress (a finished step)
-at least every ``timeout_s + PROGRESS_GRACE_S`` -- and kills the job's process
+`startup_timeout_s`, and then some rank must report progress (a finished action,
+`hetpipe.runtime.execute.heartbeat`, or step) at least every ``timeout_s + PROGRESS_GRACE_S`` -- and kills the job's process
 group otherwise.  `first_error` then picks the earliest rank error (the root cause;
 the others are its consequences), or the torchrun exit summary when no rank
 managed to write one.
@@ -243,7 +243,7 @@ def _progress_times(run_dir: Path) -> list[float]:
     return [p.stat().st_mtime for p in run_dir.glob("progress-rank*")]
 
 
-def _watchdog_reason(spec: LaunchSpec, started: float, error_seen: float | None) -> str:
+def watchdog_reason(spec: LaunchSpec, started: float, error_seen: float | None) -> str:
     """Why the job must be killed now, or ""."""
     now = time.time()
     if error_seen is not None and now - error_seen > TEARDOWN_GRACE_S:
@@ -288,7 +288,7 @@ def launch(spec: LaunchSpec, *, env: dict[str, str] | None = None) -> LaunchOutc
                 time.sleep(POLL_S)
                 if error_seen is None and any(spec.run_dir.glob("error-rank*.json")):
                     error_seen = time.time()
-                reason = _watchdog_reason(spec, started, error_seen)
+                reason = watchdog_reason(spec, started, error_seen)
                 if reason:
                     log.warning("killing the job: %s", reason)
                     _kill(proc)

@@ -27,119 +27,34 @@ import importlib
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from hetpipe.errors import ConfigError, RuntimeFailure
-from hetpipe.plan.schema import Plan, check_plan
+from hetpipe.plan.check import check_plan
+from hetpipe.plan.schema import Plan
 from hetpipe.runtime.launch import LaunchSpec, launch
 from hetpipe.runtime.report import RankResult, RunReport, build_report
+from hetpipe.runtime.user_checks import check_user_code
 
 log = logging.getLogger(__name__)
 
 DATA_FILE = "data.pt"
-_DATA_SEED_STRIDE = 1_000_003  # seed * stride + step: one independent stream per step
-
-
-# ----------------------------------------------------------------------------- data
-
-
-def _vocab_size(meta_model: nn.Module) -> int:
-    for mod in meta_model.modules():
-        if isinstance(mod, nn.Embedding):
-            return int(mod.num_embeddings)
-    raise ConfigError("the model takes integer inputs but has no nn.Embedding to size synthetic token ids; "
-                      "pass --data")
-
-
-def synthetic_batch(model: str, example: Sequence[torch.Tensor], *, global_batch: int, vocab: int | None,
-                    seed: int, step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-    """Seeded (inputs, targets) of one global batch shaped like ``example`` (one meta micro-batch).
-
-    Integer inputs are token ids in ``[0, vocab)``, float inputs standard normal; targets
-    come from `hetpipe.models.example_targets`.  Every rank calling it with the same
-    arguments gets the same tensors.
-
-    Example:
-        >>> ex = (torch.empty(2, 8, dtype=torch.int64, device="meta"),)
-        >>> a, _ = synthetic_batch("gpt-tiny", ex, global_batch=4, vocab=256, seed=0, step=1)
-        >>> b, t = synthetic_batch("gpt-tiny", ex, global_batch=4, vocab=256, seed=0, step=1)
-        >>> a[0].shape, torch.equal(a[0], b[0]), torch.equal(t, torch.roll(a[0], -1, 1))
-        (torch.Size([4, 8]), True, True)
-    """
-    from hetpipe.models import example_targets
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed * _DATA_SEED_STRIDE + step)
-        inputs = []
-        for t in example:
-            shape = (global_batch, *t.shape[1:])
-            if t.dtype.is_floating_point:
-                inputs.append(torch.randn(shape, dtype=t.dtype))
-            else:
-                if vocab is None:
-                    raise ConfigError(f"model {model!r} takes integer inputs; pass --data")
-                inputs.append(torch.randint(0, vocab, shape, dtype=t.dtype))
-        targets = example_targets(model, tuple(inputs))
-    return tuple(inputs), targets
-
-
-def _import(spec: str, what: str) -> Any:
-    from hetpipe.models import _load_factory  # same import rules as model factories
-
-    try:
-        return _load_factory(spec)
-    except ConfigError as err:
-        raise ConfigError(f"{what}: {err}") from None
-
-
-def data_stream(data: str | None, *, model: str, global_batch: int, seed: int, example: Sequence[torch.Tensor],
-                meta_model: nn.Module) -> Iterator[tuple[Any, Any]]:
-    """Global batches (inputs, targets): synthetic (``data=None``), a file `save_data` wrote, or
-    the iterable a ``"package.module:factory"`` returns (it must yield the same batches on every rank)."""
-    if data is None:
-        ints = any(not t.dtype.is_floating_point for t in example)
-        vocab = _vocab_size(meta_model) if ints else None
-        step = 0
-        while True:
-            yield synthetic_batch(model, example, global_batch=global_batch, vocab=vocab, seed=seed, step=step)
-            step += 1
-    elif ":" not in data and Path(data).is_file():
-        yield from torch.load(data, weights_only=False)
-    else:
-        yield from _import(data, "--data")()
-
-
-def split_microbatches(batch: Any, microbatches: int, *, what: str) -> list[Any]:
-    """Cut a global batch (a tensor or tuple of tensors) into ``microbatches`` along dim 0.
-
-    Example:
-        >>> [t.shape[0] for t in split_microbatches(torch.zeros(6, 2), 3, what="x")]
-        [2, 2, 2]
-    """
-    tensors = (batch,) if isinstance(batch, torch.Tensor) else tuple(batch)
-    n = tensors[0].shape[0]
-    if n % microbatches:
-        raise ConfigError(f"{what}: batch of {n} is not divisible into {microbatches} micro-batches; "
-                          f"yield global batches of {microbatches} x micro-batch size")
-    parts = [t.chunk(microbatches) for t in tensors]
-    mbs = [tuple(p[i] for p in parts) for i in range(microbatches)]
-    return [m[0] for m in mbs] if isinstance(batch, torch.Tensor) else mbs
-
 
 
 # ----------------------------------------------------------------------------- run
 
 
-def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str) -> Any:
-    """Refuse, before launching, a plan for another model or an invalid schedule; returns the UnitGraph."""
+def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: str | None = None,
+              loss: str | None = None) -> Any:
+    """Refuse, before launching, a plan for another model, an invalid schedule, or ``data`` / ``loss``
+    (import specs or a data file) the workers would fail on; returns the UnitGraph."""
     from hetpipe.schedule.builders import make_schedule, validate_schedule
     from hetpipe.plan.tables import verify_tables
-    from hetpipe.runtime.worker import capture_for_plan
+    from hetpipe.runtime.rank import capture_for_plan
 
     if plan.replicas:  # each replica is its own pipeline
         from hetpipe.runtime.replicas.trainer import check_runnable
@@ -151,9 +66,10 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str) -> Any:
     else:
         p, m = len(plan.stages), plan.training.microbatches
         validate_schedule(make_schedule(schedule, p, m), num_stages=p, num_microbatches=m)
-    graph, _ = capture_for_plan(plan, model=model, seq=seq)  # raises PlanError for another model
+    graph, example = capture_for_plan(plan, model=model, seq=seq)  # raises PlanError for another model
     if [u.node_names for u in plan.units] == [tuple(u.node_names) for u in graph.units]:
         verify_tables(plan, graph, loss_costed=False)  # edited tables never reach the ranks (plan/tables.py)
+    check_user_code(plan, model=model, data=data, loss=loss, example=example, meta_model=graph.module)
     report = check_plan(plan)
     for violation in report.violations:
         # Not fatal: an over-full plan is exactly what --emulate demonstrates (emulated OOM).
@@ -201,11 +117,31 @@ def _data_arg(data: Iterable[Any] | str | None, steps: int, run_dir: Path) -> st
     return str(path)
 
 
+def _default_timeout_s(plan: Plan, *, steps: int, emulate: bool, safety_factor: float | None) -> float:
+    from hetpipe.runtime.estimate import BASE_TIMEOUT_S, default_timeout_s, estimate_wall
+
+    if not emulate:
+        return BASE_TIMEOUT_S
+    est = estimate_wall(plan, steps=max(1, steps) if isinstance(steps, int) else 1, safety_factor=safety_factor)
+    log.info("%s", est.line())
+    return default_timeout_s(est)
+
+
 def _check_args(steps: int, timeout_s: float) -> None:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"steps must be a positive integer, got {steps!r}")
     if not timeout_s > 0:
         raise ConfigError(f"timeout must be positive seconds, got {timeout_s!r}")
+
+
+def _fresh_run_dir(workdir: Path, plan: Plan) -> Path:
+    """Drop a previous run's rank files from ``workdir`` and write the plan the workers load; returns its path."""
+    for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("result-rank*.json"),
+                  *workdir.glob("progress-rank*")]:
+        stale.unlink()
+    plan_path = workdir / "plan.json"
+    plan.save(plan_path)
+    return plan_path
 
 
 def run(
@@ -218,7 +154,7 @@ def run(
     loss: Callable[..., Any] | str | None = None,
     report: str | Path | None = None,
     schedule: str | None = None,
-    timeout_s: float = 60.0,
+    timeout_s: float | None = None,
     seq: int | None = None,
     seed: int = 0,
     lr: float | None = None,
@@ -228,26 +164,33 @@ def run(
 ) -> RunReport:
     """Train ``model`` for ``steps`` optimizer steps with ``plan`` (see the module docstring).
 
+    ``timeout_s`` defaults to 60 s, and under ``emulate`` to at least three real iterations
+    at the estimated time scale (`hetpipe.runtime.estimate.default_timeout_s`).
+
     Raises `PlanError` (plan for another model), `ScheduleError`, `ConfigError` before
     launching; `RuntimeFailure` naming the rank, stage and action if a rank fails.
     """
-    _check_args(steps, timeout_s)
     if not isinstance(plan, Plan):
         plan = Plan.load(plan)
+    if timeout_s is None:
+        timeout_s = _default_timeout_s(plan, steps=steps, emulate=emulate, safety_factor=safety_factor)
+    _check_args(steps, timeout_s)
     schedule = schedule or plan.training.schedule
-    preflight(plan, model=model, seq=seq, schedule=schedule)
+    loss_spec = function_spec(loss, "loss")
     keep = run_dir is not None
     workdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("result-rank*.json"),
-                  *workdir.glob("progress-rank*")]:
-        stale.unlink()
-    plan_path = workdir / "plan.json"
-    plan.save(plan_path)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        data_spec = _data_arg(data, steps, workdir)
+        preflight(plan, model=model, seq=seq, schedule=schedule, data=data_spec, loss=loss_spec)
+    except BaseException:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    plan_path = _fresh_run_dir(workdir, plan)
     spec = LaunchSpec(plan_path=plan_path, model=model, steps=steps, nproc=len(plan.stages), run_dir=workdir,
                       emulate=emulate, schedule=schedule, timeout_s=timeout_s, seed=seed, seq=seq, lr=lr,
-                      data=_data_arg(data, steps, workdir), loss=function_spec(loss, "loss"),
-                      safety_factor=safety_factor, sync_overlap=sync_overlap)
+                      data=data_spec, loss=loss_spec, safety_factor=safety_factor, sync_overlap=sync_overlap)
     try:
         outcome = launch(spec)
     except RuntimeFailure as err:
