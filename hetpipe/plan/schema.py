@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -269,6 +270,9 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
+        if not isinstance(path, (str, os.PathLike)):
+            raise PlanError(f"plan: expected a plan file path or a Plan, got {type(path).__name__}; "
+                            "pass the plan.json written by `hetpipe plan` or a Plan object")
         path = Path(path)
         try:
             if path.is_file() and path.stat().st_size > MAX_PLAN_FILE_BYTES:
