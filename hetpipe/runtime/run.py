@@ -53,6 +53,7 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: s
     """Refuse, before launching, a plan for another model, an invalid schedule, or ``data`` / ``loss``
     (import specs or a data file) the workers would fail on; returns the UnitGraph."""
     from hetpipe.schedule.builders import make_schedule, validate_schedule
+    from hetpipe.plan.tables import verify_tables
     from hetpipe.runtime.rank import capture_for_plan
 
     if plan.replicas:  # each replica is its own pipeline
@@ -66,6 +67,8 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: s
         p, m = len(plan.stages), plan.training.microbatches
         validate_schedule(make_schedule(schedule, p, m), num_stages=p, num_microbatches=m)
     graph, example = capture_for_plan(plan, model=model, seq=seq)  # raises PlanError for another model
+    if [u.node_names for u in plan.units] == [tuple(u.node_names) for u in graph.units]:
+        verify_tables(plan, graph, loss_costed=False)  # edited tables never reach the ranks (plan/tables.py)
     check_user_code(plan, model=model, data=data, loss=loss, example=example, meta_model=graph.module)
     report = check_plan(plan)
     for violation in report.violations:
