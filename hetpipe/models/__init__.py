@@ -20,7 +20,8 @@ Tracers (checked in ``tests/test_models.py``): ``torch.fx.symbolic_trace`` and
 rotary tables are cut with ``torch.narrow`` for that reason (see `hetpipe.models.llama`).
 
 `resolve` also accepts ``"package.module:factory"``, where ``factory()`` returns an
-``nn.Module`` or ``(nn.Module, example_inputs)``.
+``nn.Module`` or ``(nn.Module, example_inputs)``, and Hugging Face models: the tiny
+``hf-*`` configs and ``hf:path/to/config.json[#Class]`` (`hetpipe.models.hf`).
 
 Example:
     >>> model, (ids,) = build("gpt-tiny", batch=2, seq=16)
@@ -48,13 +49,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetpipe.errors import ConfigError
+from hetpipe.models import hf
 from hetpipe.models.gpt import GPT, GPTConfig
 from hetpipe.models.llama import Llama, LlamaConfig
 from hetpipe.models.mlp import MLP, MLPConfig
 from hetpipe.models.resnet import ResNet, ResNetConfig
 from hetpipe.models.unet import UNet, UNetConfig
 
-Task = Literal["lm", "image", "regression"]
+Task = Literal["lm", "image", "regression", "causal", "mlm", "seq2seq", "hidden"]  # the last four: hf.task_of
 ModelConfig = GPTConfig | LlamaConfig | ResNetConfig | UNetConfig | MLPConfig
 
 __all__ = [
@@ -150,7 +152,18 @@ def list_models() -> tuple[ModelSpec, ...]:
         >>> "gpt2-small" in [s.name for s in list_models()]
         True
     """
-    return tuple(e.spec for e in _ENTRIES)
+    return tuple(e.spec for e in _ENTRIES) + tuple(ModelSpec(n, hf.describe(n), hf.task_of(n), hf.DEFAULT_BATCH,  # type: ignore[arg-type]
+                                                             hf.DEFAULT_SEQ) for n in hf.HF_ZOO)
+
+
+def takes_size(spec: str) -> bool:
+    """Whether `resolve` sizes ``spec``'s inputs with batch/seq (built-in and Hugging Face models do)."""
+    return ":" not in spec or hf.is_hf(spec)
+
+
+def input_vocab(spec: str) -> int | None:
+    """Vocabulary of a Hugging Face model's token ids (None for others: read it from the nn.Embedding)."""
+    return hf.vocab_size(spec) if hf.is_hf(spec) else None
 
 
 def _entry(name: str) -> _Entry:
@@ -236,6 +249,8 @@ def build(
         >>> x.shape, model(x).shape
         (torch.Size([3, 3, 32, 32]), torch.Size([3, 10]))
     """
+    if hf.is_hf(name):
+        return hf.build_hf(name, device=_check_device(device), batch=batch, seq=seq, dtype=dtype)
     entry = _entry(name)
     dev = _check_device(device)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -271,6 +286,8 @@ def example_targets(
         >>> example_targets("resnet-tiny", (torch.zeros(4, 3, 32, 32),), num_classes=2).shape
         torch.Size([4])
     """
+    if hf.is_hf(name):
+        return hf.example_targets(name, inputs)
     entry = _entry(name)
     if not inputs or not isinstance(inputs[0], torch.Tensor):
         raise ConfigError(f"example_targets({name!r}) needs the inputs tuple from build(), got {inputs!r}")
@@ -332,7 +349,7 @@ def loss_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         >>> loss_fn("gpt2-small") is lm_loss, loss_fn("mlp-tiny") is regression_loss
         (True, True)
     """
-    return _LOSSES[_task(name)]
+    return hf.loss_fn(name) if hf.is_hf(name) else _LOSSES[_task(name)]
 
 
 def training_loss(name: str, inputs: tuple[torch.Tensor, ...]) -> tuple[Callable[..., torch.Tensor], torch.Tensor]:
@@ -462,6 +479,8 @@ def resolve(
         >>> resolve("hetpipe.models.mlp:MLP").example_inputs is None  # MLP() uses its default config
         True
     """
+    if hf.is_hf(spec):
+        return ResolvedModel(spec, *build(spec, device=device, batch=batch, seq=seq, dtype=dtype), None)
     if ":" not in spec:
         model, inputs = build(spec, device=device, batch=batch, seq=seq, dtype=dtype or torch.float32)
         return ResolvedModel(spec, model, inputs, _entry(spec).spec)

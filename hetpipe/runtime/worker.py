@@ -81,14 +81,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # ----------------------------------------------------------------------------- model and plan
 
 
-def capture_for_plan(plan: Plan, *, model: str, seq: int | None) -> tuple[Any, tuple[torch.Tensor, ...]]:
-    """(UnitGraph, one meta micro-batch) of ``model``, verified against ``plan``'s fingerprint."""
+def resolve_for_plan(plan: Plan, *, model: str, seq: int | None) -> Any:
+    """``model`` on meta (`hetpipe.models.ResolvedModel`), sized like the plan's micro-batch when it can be."""
     from hetpipe import models
+
+    sized = models.takes_size(model)
+    return models.resolve(model, device="meta", batch=plan.training.micro_batch_size if sized else None,
+                          seq=seq if sized else None)
+
+
+def capture_for_plan(plan: Plan, *, model: str, seq: int | None,
+                     resolved: Any = None) -> tuple[Any, tuple[torch.Tensor, ...]]:
+    """(UnitGraph, one meta micro-batch) of ``model``, verified against ``plan``'s fingerprint."""
     from hetpipe.partitioner.capture.capture import capture
 
-    builtin = ":" not in model
-    resolved = models.resolve(model, device="meta", batch=plan.training.micro_batch_size if builtin else None,
-                              seq=seq if builtin else None)
+    resolved = resolved if resolved is not None else resolve_for_plan(plan, model=model, seq=seq)
     if resolved.example_inputs is None:
         raise ConfigError(f"model factory {model!r} returned no example inputs; return (module, example_inputs) "
                           "with one micro-batch so the plan's fingerprint can be checked")
@@ -277,6 +284,7 @@ def prepare(args: argparse.Namespace, state: _State, *, plan: Plan | None = None
     weights) come from `hetpipe.runtime.trainer.Trainer`.
     """
     from hetpipe.schedule.builders import make_schedule, validate_schedule
+    from hetpipe.runtime.stage.buffers import ModelBuffers
     from hetpipe.runtime.stage.build import build_stage, split_stages
 
     state.phase = "loading the plan"
@@ -292,14 +300,16 @@ def prepare(args: argparse.Namespace, state: _State, *, plan: Plan | None = None
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     state.stage = stage_for(plan, node=args.node, rank=state.rank, local_rank=local_rank)
     state.phase = "capture"
-    graph, example = capture_for_plan(plan, model=args.model, seq=args.seq)
+    resolved = resolve_for_plan(plan, model=args.model, seq=args.seq)
+    graph, example = capture_for_plan(plan, model=args.model, seq=args.seq, resolved=resolved)
     mapping = node_to_stage(plan, graph.module)
     state.phase = "schedule validation"
     schedule = make_schedule(args.schedule or plan.training.schedule, p, m)
     validate_schedule(schedule, num_stages=p, num_microbatches=m)
     state.phase = "building the stage"
     program = split_stages(graph.module, mapping, example_inputs=example, num_stages=p)
-    stage = build_stage(program, state.stage, state_dict=state_dict, device=_backend(local_rank)[1], seed=args.seed)
+    stage = build_stage(program, state.stage, state_dict=state_dict, device=_backend(local_rank)[1], seed=args.seed,
+                        buffers=ModelBuffers(resolved.model))
     return _Run(args, plan, stage, state.stage, schedule[state.stage], graph.module, example)
 
 
@@ -319,8 +329,12 @@ def calibrate(run: _Run, *, loss_fn: Any, batch: tuple[Any, Any] | None) -> list
                             optimizer=torch.optim.SGD(run.stage.parameters(), lr=0.0), microbatches=1,
                             hooks=hooks, loss_fn=loss_fn)
     inputs, targets = _microbatches(batch, run.plan, run.index)
+    buffers = {name: b.clone() for name, b in run.stage.module.named_buffers()}  # BatchNorm statistics move
     for _ in range(CALIBRATION_PASSES):
         executor.step(inputs[:1] if inputs else None, targets[:1] if targets else None)
+    with torch.no_grad():  # calibration is not training: the run starts from the initial buffers
+        for name, b in run.stage.module.named_buffers():
+            b.copy_(buffers[name])
     every: list[Any] = [None] * run.num_stages
     dist.all_gather_object(every, (run.index, median(hooks.fwd_compute_s[1:]), median(hooks.bwd_compute_s[1:])))
     by_stage = {s: StageTiming(f, b) for s, f, b in every}

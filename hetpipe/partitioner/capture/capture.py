@@ -74,6 +74,7 @@ from hetpipe.cost_models.memory import (
     weight_bytes_per_param,
 )
 from hetpipe.errors import CaptureError, ConfigError
+from hetpipe.partitioner.capture.export import export_for_training
 from hetpipe.partitioner.capture.graph import TiedParameter, Unit, UnitGraph
 from hetpipe.partitioner.capture.measure import (
     CALL_OPS,
@@ -244,8 +245,7 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], *,
         if names or types:
             log.warning("torch.export ignores leaf_modules=%s", list(leaf_modules))
         try:
-            exported = torch.export.export(model, tuple(inputs), strict=False)
-            return exported.module(check_guards=False), "export"
+            return export_for_training(model, inputs), "export"
         except Exception as exp_err:  # export raises many types (UserError, GuardOnDataDependentSymNode, ...)
             raise CaptureError(_trace_failure(model, sym_err, exp_err)) from exp_err
 
