@@ -80,6 +80,8 @@ class LaunchSpec:
     loss: str | None = None  # "package.module:function"
     safety_factor: float | None = None
     sync_overlap: bool = True  # replica plans: overlap the gradient sync with backward
+    weights: str | None = None  # a checkpoint file or folder (`hetpipe.runtime.stage.weights`)
+    save_weights: str | None = None  # a folder: each rank writes its stage's shard, stage 0 the index
 
 
 def worker_args(spec: LaunchSpec) -> list[str]:
@@ -87,7 +89,8 @@ def worker_args(spec: LaunchSpec) -> list[str]:
     args = [str(spec.plan_path), "--model", spec.model, "--steps", str(spec.steps), "--run-dir",
             str(spec.run_dir), "--timeout", repr(float(spec.timeout_s)), "--seed", str(spec.seed)]
     optional = {"--schedule": spec.schedule, "--seq": spec.seq, "--lr": spec.lr, "--data": spec.data,
-                "--loss": spec.loss, "--safety-factor": spec.safety_factor}
+                "--loss": spec.loss, "--safety-factor": spec.safety_factor, "--weights": spec.weights,
+                "--save-weights": spec.save_weights}
     for flag, value in optional.items():
         if value is not None:
             args += [flag, str(value)]
@@ -325,6 +328,11 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-3 Adam/AdamW, 1e-2 SGD)")
     p.add_argument("--data", default=None, help="package.module:factory returning an iterable of (inputs, targets)")
     p.add_argument("--loss", default=None, help="package.module:function(output, targets) (default: the model's)")
+    p.add_argument("--weights", default=None,
+                   help="initial weights: a state-dict file, a .safetensors file or a save_pretrained folder "
+                        "(each rank reads only its stage's tensors; default: seeded weights, see --seed)")
+    p.add_argument("--save-weights", default=None, metavar="DIR",
+                   help="after the run, write the trained weights to DIR as safetensors shards + index")
     p.add_argument("--safety-factor", type=float, default=None,
                    help="emulation: margin of each action's target over its contended real time (default 2)")
     p.add_argument("--run-dir", type=Path, default=None, help="keep per-rank results and the torchrun log here")
@@ -340,7 +348,7 @@ def cmd_run(args: argparse.Namespace, console: Any) -> int:
     report = run(args.plan, model=args.model, steps=args.steps, emulate=args.emulate, report=args.report,
                  schedule=args.schedule, timeout_s=args.timeout, seq=args.seq, seed=args.seed, lr=args.lr,
                  data=args.data, loss=args.loss, safety_factor=args.safety_factor, run_dir=args.run_dir,
-                 sync_overlap=args.sync_overlap)
+                 sync_overlap=args.sync_overlap, weights=args.weights, save_weights=args.save_weights)
     for table in summary_tables(report):
         console.print(table)
     for note in report.notes:

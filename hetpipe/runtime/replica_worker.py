@@ -36,6 +36,7 @@ def train_replicas(args: argparse.Namespace, state: Any) -> RankResult:
     from hetpipe.runtime.emulate.replicas import SwitchHooks, emulate_replicas
     from hetpipe.runtime.replicas.trainer import ReplicaTrainer, check_runnable
     from hetpipe.runtime.run import data_stream
+    from hetpipe.runtime.stage.weights import open_weights
 
     plan = Plan.load(args.plan)
     check_runnable(plan, world_size=int(os.environ.get("WORLD_SIZE", "1")))  # refuse before joining
@@ -52,7 +53,7 @@ def train_replicas(args: argparse.Namespace, state: Any) -> RankResult:
     trainer = ReplicaTrainer(plan, model=args.model, loss=worker._loss_fn(args), lr=args.lr,
                              schedule=args.schedule, seq=args.seq, seed=args.seed, timeout_s=args.timeout,
                              stage_ranks=worker.stage_ranks(every, len(plan.stages)), hooks=hooks,
-                             overlap_sync=args.sync_overlap)
+                             overlap_sync=args.sync_overlap, state_dict=open_weights(getattr(args, "weights", None)))
     reads = trainer.is_first or trainer.is_last
     stream = data_stream(args.data, model=args.model, global_batch=plan.training.global_batch, seed=args.seed,
                          example=trainer.example, meta_model=trainer.graph_module) if reads else None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -137,8 +138,9 @@ def split_microbatches(batch: Any, microbatches: int, *, what: str) -> list[Any]
 # ----------------------------------------------------------------------------- run
 
 
-def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str) -> Any:
-    """Refuse, before launching, a plan for another model or an invalid schedule; returns the UnitGraph."""
+def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, weights: str | None = None) -> Any:
+    """Refuse, before launching, a plan for another model, an invalid schedule or ``weights`` that lack a
+    tensor of the model or hold one of another shape (headers only); returns the UnitGraph."""
     from hetpipe.schedule.builders import make_schedule, validate_schedule
     from hetpipe.runtime.worker import capture_for_plan
 
@@ -152,12 +154,46 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str) -> Any:
     else:
         p, m = len(plan.stages), plan.training.microbatches
         validate_schedule(make_schedule(schedule, p, m), num_stages=p, num_microbatches=m)
-    graph, _ = capture_for_plan(plan, model=model, seq=seq)  # raises PlanError for another model
+    graph, example = capture_for_plan(plan, model=model, seq=seq)  # raises PlanError for another model
+    if weights is not None:
+        _check_weights(plan, graph, example, weights)
     report = check_plan(plan)
     for violation in report.violations:
         # Not fatal: an over-full plan is exactly what --emulate demonstrates (emulated OOM).
         log.warning("plan check: %s", violation)
     return graph
+
+
+def _check_weights(plan: Plan, graph: Any, example: Any, weights: str) -> None:
+    from hetpipe.runtime.stage.build import split_stages
+    from hetpipe.runtime.stage.weights import check_stage, open_weights
+    from hetpipe.runtime.worker import node_to_stage
+
+    ckpt = open_weights(weights)
+    if plan.replicas:  # every replica holds the whole model: one stage covers every name
+        program = split_stages(graph.module, {}, example_inputs=example, num_stages=1)
+    else:
+        program = split_stages(graph.module, node_to_stage(plan, graph.module), example_inputs=example,
+                               num_stages=len(plan.stages))
+    for stage in range(program.num_stages):
+        check_stage(program, stage, ckpt)
+
+
+def _save_dir(save_weights: str | Path | None, plan: Plan) -> str | None:
+    if save_weights is None:
+        return None
+    if plan.replicas:
+        raise ConfigError("--save-weights is not supported for replica plans yet; run the plan without it, or save "
+                          "from a single-pipeline plan")
+    out = Path(save_weights).absolute()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"--save-weights {save_weights}: cannot create the folder ({err.strerror}); pass a "
+                          "writable folder") from None
+    if not os.access(out, os.W_OK):
+        raise ConfigError(f"--save-weights {save_weights}: the folder is not writable; pass a writable folder")
+    return str(out)
 
 
 def function_spec(fn: Callable[..., Any] | str | None, what: str) -> str | None:
@@ -224,8 +260,14 @@ def run(
     safety_factor: float | None = None,
     run_dir: str | Path | None = None,
     sync_overlap: bool = True,
+    weights: str | Path | None = None,
+    save_weights: str | Path | None = None,
 ) -> RunReport:
     """Train ``model`` for ``steps`` optimizer steps with ``plan`` (see the module docstring).
+
+    ``weights`` is a checkpoint file or folder (`hetpipe.runtime.stage.weights`; each rank
+    reads only its stage's tensors; default: `seeded_init` weights from ``seed``);
+    ``save_weights`` a folder that receives the trained weights (safetensors shards + index).
 
     Raises `PlanError` (plan for another model), `ScheduleError`, `ConfigError` before
     launching; `RuntimeFailure` naming the rank, stage and action if a rank fails.
@@ -234,7 +276,9 @@ def run(
     if not isinstance(plan, Plan):
         plan = Plan.load(plan)
     schedule = schedule or plan.training.schedule
-    preflight(plan, model=model, seq=seq, schedule=schedule)
+    weights_arg = str(Path(weights).absolute()) if weights is not None else None
+    preflight(plan, model=model, seq=seq, schedule=schedule, weights=weights_arg)
+    save_arg = _save_dir(save_weights, plan)
     keep = run_dir is not None
     workdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -246,7 +290,8 @@ def run(
     spec = LaunchSpec(plan_path=plan_path, model=model, steps=steps, nproc=len(plan.stages), run_dir=workdir,
                       emulate=emulate, schedule=schedule, timeout_s=timeout_s, seed=seed, seq=seq, lr=lr,
                       data=_data_arg(data, steps, workdir), loss=function_spec(loss, "loss"),
-                      safety_factor=safety_factor, sync_overlap=sync_overlap)
+                      safety_factor=safety_factor, sync_overlap=sync_overlap, weights=weights_arg,
+                      save_weights=save_arg)
     try:
         outcome = launch(spec)
     except RuntimeFailure as err:

@@ -64,6 +64,8 @@ class Trainer:
         lr_scheduler: ``factory(optimizer) -> scheduler``, stepped after each optimizer step.
         grad_clip_norm: clip the global gradient norm (across all stages) to this.
         state_dict: full-model weights; each rank copies only its stage's tensors.
+        weights: a checkpoint file or folder instead (state-dict file, ``.safetensors``,
+            ``save_pretrained`` folder); each rank reads only its stage's tensors.
         node: the plan node this process runs on (multi-node jobs; default ``$HETPIPE_NODE``).
     """
 
@@ -72,7 +74,7 @@ class Trainer:
                  lr: float | None = None, schedule: str | None = None, seq: int | None = None, seed: int = 0,
                  timeout_s: float = 60.0, lr_scheduler: Callable[[Any], Any] | None = None,
                  grad_clip_norm: float | None = None, state_dict: Mapping[str, torch.Tensor] | None = None,
-                 node: str | None = None) -> None:
+                 node: str | None = None, weights: str | Path | None = None) -> None:
         from hetpipe.runtime import worker
 
         loaded = plan if isinstance(plan, Plan) else Plan.load(plan)
@@ -82,11 +84,13 @@ class Trainer:
         plan_path = plan if not isinstance(plan, Plan) else None
         args = argparse.Namespace(plan=plan_path, model=model, seq=seq, seed=seed, schedule=schedule,
                                   timeout=float(timeout_s), emulate=False, lr=lr, loss=None,
+                                  weights=str(weights) if weights is not None else None,
                                   node=node if node is not None else os.environ.get("HETPIPE_NODE"))
         state = worker._State(dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0")))
         run = worker.prepare(args, state, plan=plan if isinstance(plan, Plan) else None, state_dict=state_dict)
         self.backend = _join(run)
         self.plan, self.stage, self.rank = run.plan, run.stage, run.rank
+        self._saved_names = run.saved_names
         if self.is_last and loss is None:
             loss = worker._loss_fn(args)
         params = list(run.stage.parameters())
@@ -125,6 +129,17 @@ class Trainer:
             raise ConfigError(f"rank {self.rank} (stage {self.stage.stage}, the last) needs the targets of every step")
         return self.executor.step(split_microbatches(inputs, m, what="inputs") if self.is_first else None,
                                   split_microbatches(targets, m, what="targets") if self.is_last else None)
+
+    def save_weights(self, out_dir: str | Path) -> None:
+        """Write the current weights to ``out_dir`` as safetensors shards + ``model.safetensors.index.json``.
+
+        Collective: every rank calls it (after the same step); ``out_dir`` is loadable
+        with ``weights=`` and, for a Hugging Face model, with ``from_pretrained``.
+        """
+        from hetpipe.runtime.stage.weights import save_pipeline
+
+        save_pipeline(self.stage.module, self._saved_names, out_dir, stage=self.stage.stage,
+                      num_stages=self.stage.num_stages)
 
     def close(self) -> None:
         """Leave the process group (after the last step, on every rank)."""

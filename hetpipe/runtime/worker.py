@@ -69,6 +69,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--data", default=None)
     p.add_argument("--loss", default=None)
+    p.add_argument("--weights", default=None)
+    p.add_argument("--save-weights", default=None)
     p.add_argument("--safety-factor", type=float, default=None)
     p.add_argument("--emulate", action="store_true")
     p.add_argument("--no-sync-overlap", dest="sync_overlap", action="store_false")
@@ -261,6 +263,7 @@ class _Run:
         self.rank = int(os.environ.get("RANK", "0"))
         self.num_stages = len(plan.stages)
         self.stage_ranks: list[int] = list(range(self.num_stages))
+        self.saved_names: dict[str, str] = {}  # local -> saved name (`hetpipe.runtime.stage.weights.saved_names`)
 
     def executor(self, *, actions: Sequence[Any], optimizer: Any, microbatches: int, hooks: Any,
                  loss_fn: Any) -> Any:
@@ -286,6 +289,7 @@ def prepare(args: argparse.Namespace, state: _State, *, plan: Plan | None = None
     from hetpipe.schedule.builders import make_schedule, validate_schedule
     from hetpipe.runtime.stage.buffers import ModelBuffers
     from hetpipe.runtime.stage.build import build_stage, split_stages
+    from hetpipe.runtime.stage.weights import check_stage, open_weights, saved_names
 
     state.phase = "loading the plan"
     plan = plan if plan is not None else Plan.load(args.plan)
@@ -308,9 +312,16 @@ def prepare(args: argparse.Namespace, state: _State, *, plan: Plan | None = None
     validate_schedule(schedule, num_stages=p, num_microbatches=m)
     state.phase = "building the stage"
     program = split_stages(graph.module, mapping, example_inputs=example, num_stages=p)
+    if state_dict is None and getattr(args, "weights", None):
+        state.phase = "checking --weights"
+        state_dict = open_weights(args.weights)
+        check_stage(program, state.stage, state_dict)  # names and shapes from the headers, before any read
+        state.phase = "building the stage"
     stage = build_stage(program, state.stage, state_dict=state_dict, device=_backend(local_rank)[1], seed=args.seed,
                         buffers=ModelBuffers(resolved.model))
-    return _Run(args, plan, stage, state.stage, schedule[state.stage], graph.module, example)
+    run = _Run(args, plan, stage, state.stage, schedule[state.stage], graph.module, example)
+    run.saved_names = saved_names(program, state.stage)
+    return run
 
 
 def calibrate(run: _Run, *, loss_fn: Any, batch: tuple[Any, Any] | None) -> list[Any]:
@@ -447,6 +458,11 @@ def train(args: argparse.Namespace, state: _State) -> RankResult:
         _touch(progress)
     state.phase = "finishing"
     _barrier(backend == "gloo", args.timeout)
+    if args.save_weights:
+        from hetpipe.runtime.stage.weights import save_pipeline
+
+        state.phase = "saving the weights"
+        save_pipeline(run.stage.module, run.saved_names, args.save_weights, stage=run.index, num_stages=run.num_stages)
     return _result(run, hooks, stats, step_s, losses, backend)
 
 
