@@ -84,10 +84,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def resolve_for_plan(plan: Plan, *, model: str, seq: int | None) -> Any:
-    """``model`` on meta (`hetpipe.models.ResolvedModel`), sized like the plan's micro-batch when it can be."""
+    """``model`` on meta (`hetpipe.models.ResolvedModel`)."""
     from hetpipe import models
-
-    sized = models.takes_size(model)
+    sized = models.takes_size(model)  # built-in and Hugging Face models: sized like the plan's micro-batch
     return models.resolve(model, device="meta", batch=plan.training.micro_batch_size if sized else None,
                           seq=seq if sized else None)
 
@@ -333,6 +332,7 @@ def calibrate(run: _Run, *, loss_fn: Any, batch: tuple[Any, Any] | None) -> list
     learning rate 0, so the weights are untouched.  Returns every stage's `StageTiming`.
     """
     from hetpipe.runtime.emulate.pipeline import RecordingHooks, StageTiming
+    from hetpipe.runtime.stage.buffers import kept_buffers
     from hetpipe.schedule.builders import make_schedule
 
     hooks = RecordingHooks()
@@ -340,12 +340,9 @@ def calibrate(run: _Run, *, loss_fn: Any, batch: tuple[Any, Any] | None) -> list
                             optimizer=torch.optim.SGD(run.stage.parameters(), lr=0.0), microbatches=1,
                             hooks=hooks, loss_fn=loss_fn)
     inputs, targets = _microbatches(batch, run.plan, run.index)
-    buffers = {name: b.clone() for name, b in run.stage.module.named_buffers()}  # BatchNorm statistics move
-    for _ in range(CALIBRATION_PASSES):
-        executor.step(inputs[:1] if inputs else None, targets[:1] if targets else None)
-    with torch.no_grad():  # calibration is not training: the run starts from the initial buffers
-        for name, b in run.stage.module.named_buffers():
-            b.copy_(buffers[name])
+    with kept_buffers(run.stage.module):  # calibration is not training: BatchNorm statistics are restored
+        for _ in range(CALIBRATION_PASSES):
+            executor.step(inputs[:1] if inputs else None, targets[:1] if targets else None)
     every: list[Any] = [None] * run.num_stages
     dist.all_gather_object(every, (run.index, median(hooks.fwd_compute_s[1:]), median(hooks.bwd_compute_s[1:])))
     by_stage = {s: StageTiming(f, b) for s, f, b in every}

@@ -33,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from collections.abc import Iterator, Mapping
@@ -119,3 +120,23 @@ class ModelBuffers(Mapping[str, torch.Tensor]):
     def __len__(self) -> int:
         return len(self._buffers)
 
+
+
+@contextlib.contextmanager
+def kept_buffers(module: nn.Module) -> Iterator[None]:
+    """Restore every buffer of ``module`` on exit (passes that must not count, e.g. timing calibration).
+
+    Example:
+        >>> bn = torch.nn.BatchNorm1d(2)
+        >>> with kept_buffers(bn):
+        ...     _ = bn(torch.randn(4, 2))
+        >>> bn.num_batches_tracked.item(), bn.running_mean.tolist()
+        (0, [0.0, 0.0])
+    """
+    saved = {name: b.detach().clone() for name, b in module.named_buffers()}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, b in module.named_buffers():
+                b.copy_(saved[name])
