@@ -152,8 +152,9 @@ def list_models() -> tuple[ModelSpec, ...]:
         >>> "gpt2-small" in [s.name for s in list_models()]
         True
     """
-    return tuple(e.spec for e in _ENTRIES) + tuple(ModelSpec(n, hf.describe(n), hf.task_of(n), hf.DEFAULT_BATCH,  # type: ignore[arg-type]
-                                                             hf.DEFAULT_SEQ) for n in hf.HF_ZOO)
+    hf_specs = tuple(ModelSpec(n, hf.describe(n), hf.task_of(n), hf.DEFAULT_BATCH, hf.DEFAULT_SEQ)  # type: ignore[arg-type]
+                     for n in hf.HF_ZOO)
+    return tuple(e.spec for e in _ENTRIES) + hf_specs
 
 
 def takes_size(spec: str) -> bool:

@@ -49,6 +49,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import warnings
 import zlib
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping, Sequence
@@ -380,7 +381,9 @@ def build_stage(program: StagedProgram, stage: int, *, state_dict: Mapping[str, 
         raise ScheduleError(f"stage {stage} is not a stage of this {program.num_stages}-stage program; "
                             f"use 0..{program.num_stages - 1}")
     device = torch.device(device)
-    module = copy.deepcopy(program.modules[stage])  # meta: no weight memory
+    with warnings.catch_warnings():  # torch's own pytree deprecation, raised while copying an export's out spec
+        warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
+        module = copy.deepcopy(program.modules[stage])  # meta: no weight memory
     retarget_devices(module, device)
     _materialise(module, device)
     _load(module, stage=stage, program=program, state_dict=state_dict, seed=seed, device=device,
@@ -438,8 +441,8 @@ def _load(module: fx.GraphModule, *, stage: int, program: StagedProgram,
         if value is None:
             where = "the state dict" if state_dict is not None else "the traced module (it is on meta)"
             raise RuntimeFailure(f"stage {stage}: {kind} {names[0]!r} (also tried {keys[1:] or 'no alias'}) is not in "
-                                 f"{where} nor in buffers=; pass state_dict= a full state dict of the same model or "
-                                 "buffers=ModelBuffers(model)")
+                                 f"{where} nor in buffers=; pass state_dict= a full state dict of the same model "
+                                 "or buffers=ModelBuffers(model)")
         if tuple(value.shape) != tuple(tensor.shape):
             raise RuntimeFailure(f"stage {stage}: {kind} {names[0]!r} has shape {tuple(value.shape)} in the state dict, "
                                  f"the traced model expects {tuple(tensor.shape)}; load a checkpoint of this model")
