@@ -68,7 +68,9 @@ def test_check_reports_memory_overflow():
     plan = _plan()
     devices = list(plan.devices)
     devices[2] = dataclasses.replace(devices[2], usable_bytes=10)
-    report = check_plan(dataclasses.replace(plan, devices=tuple(devices)))
+    # the stage records its device's usable bytes; a stage that contradicts its device is refused outright
+    stages = tuple(dataclasses.replace(st, usable_bytes=10) if st.device == "n1:2" else st for st in plan.stages)
+    report = check_plan(dataclasses.replace(plan, devices=tuple(devices), stages=stages))
     assert any("stage 2 on n1:2: needs" in v and "usable" in v for v in report.violations)
 
 

@@ -232,7 +232,8 @@ def test_replica_plan_round_trips_and_checks(home_plan, tmp_path):
      "memory_bytes"),
     (lambda p: dataclasses.replace(p, sync=dataclasses.replace(p.sync, sync_s=p.sync.sync_s * 2)), "sync.sync_s"),
     (lambda p: dataclasses.replace(p, sync=dataclasses.replace(p.sync, groups=())), "sync.groups"),
-    (lambda p: dataclasses.replace(p, devices=tuple(dataclasses.replace(d, usable_bytes=10**6) for d in p.devices)),
+    (lambda p: dataclasses.replace(p, devices=tuple(dataclasses.replace(d, usable_bytes=10**6) for d in p.devices),
+                                   stages=tuple(dataclasses.replace(s, usable_bytes=10**6) for s in p.stages)),
      "usable"),
 ])
 def test_check_catches_edited_replica_plans(home_plan, edit, message):

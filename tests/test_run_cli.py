@@ -66,7 +66,7 @@ def hetpipe_run(argv: list[str]) -> int:
     from rich.console import Console
 
     from hetpipe.errors import HetpipeError
-    from hetpipe.runtime.launch import add_run_parser, cmd_run
+    from hetpipe.cli.run_cmds import add_run_parser, cmd_run
 
     parser = argparse.ArgumentParser(prog="hetpipe")
     add_run_parser(parser.add_subparsers(dest="command", required=True))

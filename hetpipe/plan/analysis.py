@@ -224,13 +224,16 @@ def write_timelines(sim: PlanSimulation, *, gantt: Path | None = None, trace: Pa
         write_timelines(simulate_plan(Plan.load("plan.json")), gantt=Path("g.png"), trace=Path("t.json"))
     """
     from hetpipe.cli.timeline import chrome_trace, save_gantt
+    from hetpipe.cost_models.outputs import atomic_path, atomic_write_text
 
     written = []
     if gantt is not None:
         title = title or (f"{sim.name}: simulated {sim.schedule} iteration {sim.simulated_s:.4g} s "
                           f"(analytic T {sim.analytic_s:.4g} s), m={sim.microbatches}")
-        written.append(save_gantt(sim.result, gantt, labels=sim.labels, title=title))
+        with atomic_path(gantt) as tmp:  # an existing picture survives a failed drawing
+            save_gantt(sim.result, tmp, labels=sim.labels, title=title)
+        written.append(Path(gantt))
     if trace is not None:
-        Path(trace).write_text(json.dumps(chrome_trace(sim.result, labels=sim.labels)))
+        atomic_write_text(trace, json.dumps(chrome_trace(sim.result, labels=sim.labels)))
         written.append(Path(trace))
     return tuple(written)

@@ -15,7 +15,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from hetpipe.cost_models.cluster_checks import as_cluster
 from hetpipe.cost_models.devices import Cluster
+from hetpipe.cost_models.validate import check_solver_options
 from hetpipe.cost_models.memory import state_bytes_per_param
 from hetpipe.cost_models.timing import efficiencies, peak_flops_s, unit_time_s
 from hetpipe.errors import ConfigError, InfeasibleError
@@ -279,11 +281,9 @@ def partition(
     cross-entropy keeps b*s*vocab log-probabilities).  Raises `InfeasibleError`
     when nothing fits, `ConfigError` for bad options.
     """
-    from hetpipe.cost_models.cluster import load_cluster
     from hetpipe.partitioner.capture.capture import capture
 
-    if not isinstance(cluster, Cluster):
-        cluster = load_cluster(cluster)
+    cluster = as_cluster(cluster)  # a path, a dict or a Cluster; checked before the capture
     graph = capture(model, example_inputs, name=name, granularity=granularity, optimizer=optimizer,
                     precision=precision, loss_fn=loss_fn, targets=targets)
     return partition_graph(graph, cluster, global_batch=global_batch, solver=solver,
@@ -303,6 +303,8 @@ def partition_graph(
     from hetpipe.partitioner.baselines import BASELINES, baseline
     from hetpipe.partitioner.solvers.solve import solve
 
+    cluster = as_cluster(cluster)
+    check_solver_options(solver, time_limit_s, seed)
     global_batch, m = microbatches_for(graph, global_batch, len(cluster.devices))
     problem = build_problem(graph, cluster, microbatches=m)
     log.info("solving %d units on %d devices, %d micro-batches", graph.num_units, len(cluster.devices), m)

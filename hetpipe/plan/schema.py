@@ -20,10 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from hetpipe.cost_models.outputs import atomic_write_text
 from hetpipe.cost_models.sync import BUCKET_CAP_BYTES
+from hetpipe.cost_models.validate import MAX_PLAN_FILE_BYTES
 from hetpipe.errors import PlanError
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy, evaluate
 from hetpipe.plan.serde import from_json, to_json
+from hetpipe.plan.validate import validate_plan
 
 PLAN_FORMAT = "hetpipe.plan"
 #: Newest plan version this hetpipe reads and writes.  Version 2 adds `replicas` and `sync`
@@ -240,22 +243,29 @@ class Plan:
     def from_dict(cls, doc: object, *, source: str = "plan") -> "Plan":
         _check_header(doc, source)
         try:
-            return from_json(cls, doc, path="plan")
+            plan = from_json(cls, doc, path="plan")
+            validate_plan(plan)
+            return plan
         except PlanError as err:
             if source == "plan":
                 raise
-            raise PlanError(f"{source}: {err}; fix the field or re-create the plan with `hetpipe plan`") from None
+            raise PlanError(f"{source}: {err}") from None
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")  # never a half-written plan
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
         path = Path(path)
         try:
-            text = path.read_text()
+            if path.is_file() and path.stat().st_size > MAX_PLAN_FILE_BYTES:
+                raise PlanError(f"{path}: {path.stat().st_size} bytes is more than a plan file may have "
+                                f"({MAX_PLAN_FILE_BYTES}); pass the plan.json written by `hetpipe plan`")
+            text = path.read_text(encoding="utf-8")
         except OSError as err:
             raise PlanError(f"cannot read plan {path}: {err.strerror}") from None
+        except UnicodeDecodeError:
+            raise PlanError(f"{path}: not a text file (not UTF-8); pass the plan.json written by `hetpipe plan`") from None
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as err:
@@ -359,6 +369,7 @@ def _structure_violations(plan: Plan) -> list[str]:
 
 def check_plan(plan: Plan) -> CheckReport:
     """Recompute T and every M_s from the recorded tables; report every mismatch or violation."""
+    validate_plan(plan)  # a dict, NaN, a deleted link: one PlanError naming the field, not a symptom below
     if plan.replicas:
         from hetpipe.plan.replicas import check_replicas
 

@@ -10,8 +10,8 @@ rendezvous instead (`multinode_command`).
 Failure behaviour: every rank bounds each wait by ``timeout_s`` and, when it fails,
 writes ``error-rank<r>.json`` (rank, stage, action, message) into the run directory
 before exiting.  `launch` adds a watchdog on top -- start-up must finish within
-`startup_timeout_s`, and then some rank must report progress (a finished step)
-at least every ``timeout_s + PROGRESS_GRACE_S`` -- and kills the job's process
+`startup_timeout_s`, and then some rank must report progress (a finished action,
+`hetpipe.runtime.execute.heartbeat`, or step) at least every ``timeout_s + PROGRESS_GRACE_S`` -- and kills the job's process
 group otherwise.  `first_error` then picks the earliest rank error (the root cause;
 the others are its consequences), or the torchrun exit summary when no rank
 managed to write one.
@@ -28,7 +28,6 @@ Example:
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -247,7 +246,7 @@ def _progress_times(run_dir: Path) -> list[float]:
     return [p.stat().st_mtime for p in run_dir.glob("progress-rank*")]
 
 
-def _watchdog_reason(spec: LaunchSpec, started: float, error_seen: float | None) -> str:
+def watchdog_reason(spec: LaunchSpec, started: float, error_seen: float | None) -> str:
     """Why the job must be killed now, or ""."""
     now = time.time()
     if error_seen is not None and now - error_seen > TEARDOWN_GRACE_S:
@@ -292,7 +291,7 @@ def launch(spec: LaunchSpec, *, env: dict[str, str] | None = None) -> LaunchOutc
                 time.sleep(POLL_S)
                 if error_seen is None and any(spec.run_dir.glob("error-rank*.json")):
                     error_seen = time.time()
-                reason = _watchdog_reason(spec, started, error_seen)
+                reason = watchdog_reason(spec, started, error_seen)
                 if reason:
                     log.warning("killing the job: %s", reason)
                     _kill(proc)
@@ -307,52 +306,3 @@ def launch(spec: LaunchSpec, *, env: dict[str, str] | None = None) -> LaunchOutc
             message = f"{reason}; {message}"
         raise RuntimeFailure(message)
     return outcome
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``hetpipe run`` to the CLI's subparsers (the lead wires it into cli.py)."""
-    p = subparsers.add_parser("run", help="train with a plan: torchrun, one process per stage (or --emulate)")
-    p.add_argument("plan", type=Path, help="plan.json from `hetpipe plan`")
-    p.add_argument("--model", required=True, help="the model the plan was made for (built-in or package.module:factory)")
-    p.add_argument("--steps", type=int, required=True, help="optimizer steps to run")
-    p.add_argument("--emulate", action="store_true",
-                   help="emulate the plan's devices on this machine (speed, memory limit, links)")
-    p.add_argument("--report", type=Path, default=None, help="write the run report (run.json) here")
-    p.add_argument("--schedule", default=None, help="1f1b | gpipe (default: the plan's training.schedule)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds any rank waits for a peer (default 60)")
-    p.add_argument("--seq", type=int, default=None, help="sequence length the plan was made with (LMs)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the synthetic data")
-    p.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-3 Adam/AdamW, 1e-2 SGD)")
-    p.add_argument("--data", default=None, help="package.module:factory returning an iterable of (inputs, targets)")
-    p.add_argument("--loss", default=None, help="package.module:function(output, targets) (default: the model's)")
-    p.add_argument("--weights", default=None,
-                   help="initial weights: a state-dict file, a .safetensors file or a save_pretrained folder "
-                        "(each rank reads only its stage's tensors; default: seeded weights, see --seed)")
-    p.add_argument("--save-weights", default=None, metavar="DIR",
-                   help="after the run, write the trained weights to DIR as safetensors shards + index")
-    p.add_argument("--safety-factor", type=float, default=None,
-                   help="emulation: margin of each action's target over its contended real time (default 2)")
-    p.add_argument("--run-dir", type=Path, default=None, help="keep per-rank results and the torchrun log here")
-    p.add_argument("--no-sync-overlap", dest="sync_overlap", action="store_false",
-                   help="replica plans: run the gradient sync after backward instead of overlapped with it")
-    return p
-
-
-def cmd_run(args: argparse.Namespace, console: Any) -> int:
-    """``hetpipe run``: launch, print the report's tables, write ``--report``."""
-    from hetpipe.runtime.run import run, summary_tables
-
-    report = run(args.plan, model=args.model, steps=args.steps, emulate=args.emulate, report=args.report,
-                 schedule=args.schedule, timeout_s=args.timeout, seq=args.seq, seed=args.seed, lr=args.lr,
-                 data=args.data, loss=args.loss, safety_factor=args.safety_factor, run_dir=args.run_dir,
-                 sync_overlap=args.sync_overlap, weights=args.weights, save_weights=args.save_weights)
-    for table in summary_tables(report):
-        console.print(table)
-    for note in report.notes:
-        console.print(f"note: {note}")
-    if args.report:
-        console.print(f"wrote {args.report}")
-    return 0

@@ -32,6 +32,7 @@ from hetpipe.runtime.report import RankResult
 def train_replicas(args: argparse.Namespace, state: Any) -> RankResult:
     """Run this rank's stage of its replica for ``args.steps`` steps (see the module docstring)."""
     from hetpipe.runtime import worker
+    from hetpipe.runtime.execute import heartbeat
     from hetpipe.runtime.emulate.pipeline import RecordingHooks
     from hetpipe.runtime.emulate.replicas import SwitchHooks, emulate_replicas
     from hetpipe.runtime.replicas.trainer import ReplicaTrainer, check_runnable
@@ -47,6 +48,7 @@ def train_replicas(args: argparse.Namespace, state: Any) -> RankResult:
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     every: list[Any] = [None] * len(plan.stages)
     dist.all_gather_object(every, state.stage)
+    heartbeat.install(args.run_dir / f"progress-rank{state.rank}")  # the executor beats per action from here
     hooks = SwitchHooks(RecordingHooks())
     state.hooks = hooks
     state.phase = "building the replica"

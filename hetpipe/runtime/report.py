@@ -219,7 +219,9 @@ class RunReport:
         return {"format": doc.pop("format"), "version": doc.pop("version"), **doc}
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        from hetpipe.cost_models.outputs import atomic_write_text
+
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> "RunReport":

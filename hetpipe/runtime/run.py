@@ -39,6 +39,7 @@ from hetpipe.errors import ConfigError, RuntimeFailure
 from hetpipe.plan.schema import Plan, check_plan
 from hetpipe.runtime.launch import LaunchSpec, launch
 from hetpipe.runtime.report import RankResult, RunReport, build_report
+from hetpipe.runtime.user_checks import check_user_code
 
 log = logging.getLogger(__name__)
 
@@ -138,9 +139,11 @@ def split_microbatches(batch: Any, microbatches: int, *, what: str) -> list[Any]
 # ----------------------------------------------------------------------------- run
 
 
-def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, weights: str | None = None) -> Any:
-    """Refuse, before launching, a plan for another model, an invalid schedule or ``weights`` that lack a
-    tensor of the model or hold one of another shape (headers only); returns the UnitGraph."""
+def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: str | None = None,
+              loss: str | None = None, weights: str | None = None) -> Any:
+    """Refuse, before launching, a plan for another model, an invalid schedule, ``data`` / ``loss``
+    (import specs or a data file) the workers would fail on, or ``weights`` that lack a tensor of the
+    model or hold one of another shape (headers only); returns the UnitGraph."""
     from hetpipe.schedule.builders import make_schedule, validate_schedule
     from hetpipe.runtime.worker import capture_for_plan
 
@@ -155,6 +158,7 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, weights
         p, m = len(plan.stages), plan.training.microbatches
         validate_schedule(make_schedule(schedule, p, m), num_stages=p, num_microbatches=m)
     graph, example = capture_for_plan(plan, model=model, seq=seq)  # raises PlanError for another model
+    check_user_code(plan, model=model, data=data, loss=loss, example=example, meta_model=graph.module)
     if weights is not None:
         _check_weights(plan, graph, example, weights)
     report = check_plan(plan)
@@ -236,6 +240,16 @@ def _data_arg(data: Iterable[Any] | str | None, steps: int, run_dir: Path) -> st
     return str(path)
 
 
+def _default_timeout_s(plan: Plan, *, steps: int, emulate: bool, safety_factor: float | None) -> float:
+    from hetpipe.runtime.estimate import BASE_TIMEOUT_S, default_timeout_s, estimate_wall
+
+    if not emulate:
+        return BASE_TIMEOUT_S
+    est = estimate_wall(plan, steps=max(1, steps) if isinstance(steps, int) else 1, safety_factor=safety_factor)
+    log.info("%s", est.line())
+    return default_timeout_s(est)
+
+
 def _check_args(steps: int, timeout_s: float) -> None:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"steps must be a positive integer, got {steps!r}")
@@ -253,7 +267,7 @@ def run(
     loss: Callable[..., Any] | str | None = None,
     report: str | Path | None = None,
     schedule: str | None = None,
-    timeout_s: float = 60.0,
+    timeout_s: float | None = None,
     seq: int | None = None,
     seed: int = 0,
     lr: float | None = None,
@@ -268,20 +282,31 @@ def run(
     ``weights`` is a checkpoint file or folder (`hetpipe.runtime.stage.weights`; each rank
     reads only its stage's tensors; default: `seeded_init` weights from ``seed``);
     ``save_weights`` a folder that receives the trained weights (safetensors shards + index).
+    ``timeout_s`` defaults to 60 s, and under ``emulate`` to at least three real iterations
+    at the estimated time scale (`hetpipe.runtime.estimate.default_timeout_s`).
 
     Raises `PlanError` (plan for another model), `ScheduleError`, `ConfigError` before
     launching; `RuntimeFailure` naming the rank, stage and action if a rank fails.
     """
-    _check_args(steps, timeout_s)
     if not isinstance(plan, Plan):
         plan = Plan.load(plan)
+    if timeout_s is None:
+        timeout_s = _default_timeout_s(plan, steps=steps, emulate=emulate, safety_factor=safety_factor)
+    _check_args(steps, timeout_s)
     schedule = schedule or plan.training.schedule
+    loss_spec = function_spec(loss, "loss")
     weights_arg = str(Path(weights).absolute()) if weights is not None else None
-    preflight(plan, model=model, seq=seq, schedule=schedule, weights=weights_arg)
-    save_arg = _save_dir(save_weights, plan)
     keep = run_dir is not None
     workdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        data_spec = _data_arg(data, steps, workdir)
+        preflight(plan, model=model, seq=seq, schedule=schedule, data=data_spec, loss=loss_spec, weights=weights_arg)
+        save_arg = _save_dir(save_weights, plan)
+    except BaseException:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
     for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("result-rank*.json"),
                   *workdir.glob("progress-rank*")]:
         stale.unlink()
@@ -289,9 +314,8 @@ def run(
     plan.save(plan_path)
     spec = LaunchSpec(plan_path=plan_path, model=model, steps=steps, nproc=len(plan.stages), run_dir=workdir,
                       emulate=emulate, schedule=schedule, timeout_s=timeout_s, seed=seed, seq=seq, lr=lr,
-                      data=_data_arg(data, steps, workdir), loss=function_spec(loss, "loss"),
-                      safety_factor=safety_factor, sync_overlap=sync_overlap, weights=weights_arg,
-                      save_weights=save_arg)
+                      data=data_spec, loss=loss_spec, safety_factor=safety_factor, sync_overlap=sync_overlap,
+                      weights=weights_arg, save_weights=save_arg)
     try:
         outcome = launch(spec)
     except RuntimeFailure as err:

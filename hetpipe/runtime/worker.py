@@ -15,7 +15,8 @@ with nothing distributed before step 5:
 6. with ``--emulate``: measure one serialised F+B of every stage, choose the time
    scale (`hetpipe.runtime.emulate.pipeline.choose_time_scale`) and install the emulation hooks;
 7. run ``--steps`` steps (a monitored barrier, then the rank's action list) on seeded
-   synthetic data or ``--data``, touching ``progress-rank<r>`` after each one;
+   synthetic data or ``--data``, touching ``progress-rank<r>`` after each step and, through
+   `hetpipe.runtime.execute.heartbeat`, at least every second while actions finish;
 8. write ``result-rank<r>.json``; on any failure write ``error-rank<r>.json`` naming
    the rank, stage and action, and exit 1 (torchrun then tears the job down).
 
@@ -42,9 +43,11 @@ from torch import nn
 
 from hetpipe.errors import ConfigError, HetpipeError, PlanError, RuntimeFailure
 from hetpipe.plan.schema import Plan, verify_model
+from hetpipe.runtime.execute import heartbeat
 from hetpipe.runtime.launch import RankError, write_error
 from hetpipe.runtime.report import ActionRecord, RankResult, median
 from hetpipe.runtime.run import _import, data_stream, split_microbatches
+from hetpipe.runtime.stage.buffers import ModelBuffers, kept_buffers
 
 log = logging.getLogger("hetpipe.worker")
 
@@ -84,19 +87,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def resolve_for_plan(plan: Plan, *, model: str, seq: int | None) -> Any:
-    """``model`` on meta (`hetpipe.models.ResolvedModel`)."""
+    """``model`` on meta (`hetpipe.models.ResolvedModel`); a fresh one per call (its buffers: `ModelBuffers`)."""
     from hetpipe import models
+
     sized = models.takes_size(model)  # built-in and Hugging Face models: sized like the plan's micro-batch
     return models.resolve(model, device="meta", batch=plan.training.micro_batch_size if sized else None,
                           seq=seq if sized else None)
 
 
-def capture_for_plan(plan: Plan, *, model: str, seq: int | None,
-                     resolved: Any = None) -> tuple[Any, tuple[torch.Tensor, ...]]:
+def capture_for_plan(plan: Plan, *, model: str, seq: int | None) -> tuple[Any, tuple[torch.Tensor, ...]]:
     """(UnitGraph, one meta micro-batch) of ``model``, verified against ``plan``'s fingerprint."""
     from hetpipe.partitioner.capture.capture import capture
 
-    resolved = resolved if resolved is not None else resolve_for_plan(plan, model=model, seq=seq)
+    resolved = resolve_for_plan(plan, model=model, seq=seq)
     if resolved.example_inputs is None:
         raise ConfigError(f"model factory {model!r} returned no example inputs; return (module, example_inputs) "
                           "with one micro-batch so the plan's fingerprint can be checked")
@@ -286,7 +289,6 @@ def prepare(args: argparse.Namespace, state: _State, *, plan: Plan | None = None
     weights) come from `hetpipe.runtime.trainer.Trainer`.
     """
     from hetpipe.schedule.builders import make_schedule, validate_schedule
-    from hetpipe.runtime.stage.buffers import ModelBuffers
     from hetpipe.runtime.stage.build import build_stage, split_stages
     from hetpipe.runtime.stage.weights import check_stage, open_weights, saved_names
 
@@ -303,8 +305,7 @@ def prepare(args: argparse.Namespace, state: _State, *, plan: Plan | None = None
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     state.stage = stage_for(plan, node=args.node, rank=state.rank, local_rank=local_rank)
     state.phase = "capture"
-    resolved = resolve_for_plan(plan, model=args.model, seq=args.seq)
-    graph, example = capture_for_plan(plan, model=args.model, seq=args.seq, resolved=resolved)
+    graph, example = capture_for_plan(plan, model=args.model, seq=args.seq)
     mapping = node_to_stage(plan, graph.module)
     state.phase = "schedule validation"
     schedule = make_schedule(args.schedule or plan.training.schedule, p, m)
@@ -317,7 +318,7 @@ def prepare(args: argparse.Namespace, state: _State, *, plan: Plan | None = None
         check_stage(program, state.stage, state_dict)  # names and shapes from the headers, before any read
         state.phase = "building the stage"
     stage = build_stage(program, state.stage, state_dict=state_dict, device=_backend(local_rank)[1], seed=args.seed,
-                        buffers=ModelBuffers(resolved.model))
+                        buffers=ModelBuffers(resolve_for_plan(plan, model=args.model, seq=args.seq).model))
     run = _Run(args, plan, stage, state.stage, schedule[state.stage], graph.module, example)
     run.saved_names = saved_names(program, state.stage)
     return run
@@ -332,7 +333,6 @@ def calibrate(run: _Run, *, loss_fn: Any, batch: tuple[Any, Any] | None) -> list
     learning rate 0, so the weights are untouched.  Returns every stage's `StageTiming`.
     """
     from hetpipe.runtime.emulate.pipeline import RecordingHooks, StageTiming
-    from hetpipe.runtime.stage.buffers import kept_buffers
     from hetpipe.schedule.builders import make_schedule
 
     hooks = RecordingHooks()
@@ -428,7 +428,7 @@ def train(args: argparse.Namespace, state: _State) -> RankResult:
     run = prepare(args, state)
     backend = _join(run, state)
     progress = args.run_dir / f"progress-rank{run.rank}"
-    _touch(progress)
+    heartbeat.install(progress)  # from here on the executor beats per action (calibration included)
     last = run.index == run.num_stages - 1
     loss_fn = _loss_fn(args) if last else None
     stream = run.data() if run.index == 0 or last else None

@@ -131,15 +131,17 @@ def device_classes(problem: Problem) -> tuple[DeviceClass, ...]:
 
 
 def _links_match_pair(problem: Problem, bucket: Sequence[int], i: int) -> bool:
-    """Links inside a bucket must all be equal for its devices to be interchangeable."""
-    if not bucket or len(bucket) < 1:
-        return True
-    ref = bucket[0]
+    """Every link inside the bucket plus `i`, in both directions, must be the same link.
+
+    The DP prices a stage handing over to another card of its own class with one link
+    (first member -> last member); that is only right when the links between members are
+    all equal *and symmetric*.  Two cards whose links differ by direction (possible through
+    the API or an edited plan) stay in separate classes.
+    """
     bw, lat = problem.bandwidth_bytes_s, problem.latency_s
-    for j in bucket[1:]:
-        if (bw[ref][j], lat[ref][j]) != (bw[ref][i], lat[ref][i]) or (bw[j][ref], lat[j][ref]) != (bw[i][ref], lat[i][ref]):
-            return False
-    return True
+    ref = bucket[0]
+    want = (bw[ref][bucket[1]], lat[ref][bucket[1]]) if len(bucket) > 1 else (bw[ref][i], lat[ref][i])
+    return all((bw[j][i], lat[j][i]) == want and (bw[i][j], lat[i][j]) == want for j in bucket)
 
 
 def _tied_band(problem: Problem, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -193,9 +195,8 @@ class _Tables:
                 src, dst = ca.members[0], cb.members[-1]
                 if src == dst:
                     continue  # a class of one device cannot follow itself: counts forbid it
-                for u in range(1, L):
-                    if problem.boundary_bytes[u - 1] > 0:
-                        self.comm2[a, b, u] = 2.0 * problem.comm_s(src, dst, u - 1)
+                for u in range(1, L):  # a 0-byte cut still pays the latency (`Problem.comm_s`)
+                    self.comm2[a, b, u] = 2.0 * problem.comm_s(src, dst, u - 1)
 
     def width(self, cap: float) -> int:
         """Columns a pass under `cap` needs: the longest stage any class can run within the cap."""

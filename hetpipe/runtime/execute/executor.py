@@ -70,7 +70,7 @@ import torch
 import torch.distributed as dist
 
 from hetpipe.errors import RuntimeFailure
-from hetpipe.runtime.execute import comm
+from hetpipe.runtime.execute import comm, heartbeat
 from hetpipe.schedule.actions import Action, Op
 from hetpipe.runtime.execute.held import HeldBytes, grad_bytes, optimizer_bytes, storage_key
 from hetpipe.schedule.builders import check_actions, make_schedule
@@ -263,6 +263,7 @@ class PipelineExecutor:
             seconds = clock() - t0
             self._record(action, seconds)
             hooks.after(action, seconds)  # emulation stretches compute here
+            heartbeat.beat()  # per-action progress for the launcher's watchdog
             timings.append(ActionTiming(self._names[index], t0 - start, clock() - t0))
             hooks.memory(action, memory.observe())
         return self._stats(timings, time.perf_counter() - start)

@@ -227,16 +227,16 @@ class ReplicaTrainer:
         self.where = f"rank {self.place.rank} (replica {self.place.replica}, stage {self.place.stage})"
         schedule = schedule or self.plan.training.schedule
         actions = self._schedule(schedule)
-        resolved = worker.resolve_for_plan(self.plan, model=model, seq=seq)
-        graph, example = worker.capture_for_plan(self.plan, model=model, seq=seq, resolved=resolved)
+        graph, example = worker.capture_for_plan(self.plan, model=model, seq=seq)
         self.graph_module, self.example = graph.module, example  # meta: for data_stream(meta_model=, example=)
         programs = self._programs(graph.module, example)
         dev = torch.device(device) if device is not None else worker._backend(int(os.environ.get("LOCAL_RANK", "0")))[1]
         from hetpipe.runtime.stage.buffers import ModelBuffers
         from hetpipe.runtime.stage.build import build_stage
 
+        buffers = ModelBuffers(worker.resolve_for_plan(self.plan, model=model, seq=seq).model)
         self.stage = build_stage(programs[self.place.replica], self.place.stage, state_dict=state_dict, device=dev,
-                                 seed=seed, buffers=ModelBuffers(resolved.model))
+                                 seed=seed, buffers=buffers)
         buckets = sync_buckets(self.plan, param_units(graph.module, self.plan), self._ranks)
         if world > 1 and not (dist.is_available() and dist.is_initialized()):
             raise ConfigError(f"{self.where}: a {world}-rank replica plan needs torch.distributed; call "

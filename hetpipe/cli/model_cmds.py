@@ -1,0 +1,149 @@
+"""``hetpipe models``, ``inspect``, ``plan``, ``check``, ``profile``: a model and a cluster become a plan.
+
+Example:
+    >>> p = argparse.ArgumentParser(); add_model_args(p)
+    >>> p.parse_args(["gpt-demo", "--cluster", "c.yaml"]).optimizer
+    'adam'
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from hetpipe.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="built-in model name (see `hetpipe models`) or package.module:factory")
+    p.add_argument("--cluster", required=True, type=Path, help="cluster file (YAML or JSON)")
+    p.add_argument("--batch", type=int, default=None, help="micro-batch size (batch dimension of one micro-batch)")
+    p.add_argument("--seq", type=int, default=None, help="sequence length for language models")
+    p.add_argument("--optimizer", default="adam", help="sgd | momentum | adam | adamw (default adam)")
+    p.add_argument("--precision", default="fp32", help="fp32 | bf16-mixed | fp16-mixed (default fp32)")
+    p.add_argument("--granularity", default="block", help="block | node | N (merge to about N units)")
+    p.add_argument("--loss", default=None,
+                   help="package.module:function(output, targets): cost what your loss saves for backward "
+                        "(default: a built-in model's own loss)")
+    p.add_argument("--data", default=None,
+                   help="package.module:factory yielding (inputs, targets) global batches; its first batch's "
+                        "targets are what --loss is costed with")
+
+
+def load_model(spec: str, *, batch: int | None, seq: int | None) -> tuple[Any, Any, str]:
+    """(model on meta, example inputs, display name) for a built-in name or ``pkg.mod:factory``."""
+    from hetpipe import models
+
+    if models.takes_size(spec):  # built-in and Hugging Face models
+        model, inputs = models.build(spec, device="meta", batch=batch, seq=seq)
+        return model, inputs, spec
+    resolved = models.resolve(spec, device="meta", batch=batch, seq=seq)
+    if resolved.example_inputs is None:
+        raise ConfigError(f"model factory {spec!r} returned no example inputs; return (module, example_inputs) "
+                          "with one micro-batch so hetpipe can trace and cost it")
+    return resolved.model, resolved.example_inputs, spec
+
+
+def capture_args(args: argparse.Namespace) -> Any:
+    """The unit graph of ``args.model`` as the model commands see it (built-ins with their loss costed)."""
+    from hetpipe import models
+    from hetpipe.partitioner.capture.capture import capture
+    from hetpipe.plan.build import capture_builtin
+    from hetpipe.plan.user_code import loss_for_capture
+
+    gran: str | int = int(args.granularity) if str(args.granularity).isdigit() else args.granularity
+    loss, data = getattr(args, "loss", None), getattr(args, "data", None)
+    if models.takes_size(args.model) and not loss and not data:  # built-in or HF: its loss is known
+        return capture_builtin(args.model, batch=args.batch, seq=args.seq, optimizer=args.optimizer,
+                               precision=args.precision, granularity=gran)
+    model, inputs, name = load_model(args.model, batch=args.batch, seq=args.seq)
+    fn, targets = loss_for_capture(args.model, model, inputs, loss=loss, data=data)
+    if fn is None:
+        log.warning("the loss of %s is not costed (what it saves for backward counts on the last stage); pass "
+                    "--loss package.module:function and --data", args.model)
+    return capture(model, inputs, name=name, granularity=gran, optimizer=args.optimizer, precision=args.precision,
+                   loss_fn=fn, targets=targets)
+
+
+def cmd_models(args: argparse.Namespace, console: Console) -> int:
+    from rich.table import Table
+
+    from hetpipe import models
+
+    table = Table(title="built-in models")
+    for col in ("name", "task", "default batch", "default seq", "description"):
+        table.add_column(col)
+    for spec in models.list_models():
+        table.add_row(spec.name, spec.task, str(spec.default_batch), str(spec.default_seq or "-"), spec.description)
+    console.print(table)
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
+    from hetpipe.cost_models.cluster import load_cluster
+    from hetpipe.plan.build import unit_times
+    from hetpipe.cli.tables import device_fit_table, unit_table
+
+    cluster = load_cluster(args.cluster)
+    with console.status(f"capturing {args.model} on the meta device"):
+        graph = capture_args(args)
+    console.print(unit_table(graph, unit_times(graph, cluster)))
+    console.print(device_fit_table(graph, cluster))
+    if graph.tied:
+        for t in graph.tied:
+            console.print(f"tied parameter: {' = '.join(t.qualified_names)} (units {list(t.unit_indices)})")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace, console: Console) -> int:
+    from hetpipe.cost_models.cluster import load_cluster
+    from hetpipe.plan.build import partition_graph
+    from hetpipe.cli.tables import baseline_table, plan_table
+
+    cluster = load_cluster(args.cluster)
+    with console.status(f"capturing {args.model} on the meta device"):
+        graph = capture_args(args)
+    with console.status(f"solving: {graph.num_units} units on {len(cluster.devices)} devices "
+                        f"(limit {args.time_limit:g} s)"):
+        plan = partition_graph(graph, cluster, global_batch=args.global_batch, solver=args.solver,
+                               time_limit_s=args.time_limit, seed=args.seed)
+    plan.save(args.output)
+    console.print(plan_table(plan))
+    console.print(baseline_table(plan))
+    for lo in plan.left_out:
+        console.print(f"left out {lo.device}: {lo.reason}")
+    console.print(f"wrote {args.output}")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace, console: Console) -> int:
+    from hetpipe.plan.schema import Plan, check_plan, verify_model
+
+    plan = Plan.load(args.plan)
+    if args.model:
+        from hetpipe.partitioner.capture.capture import capture
+
+        model, inputs, name = load_model(args.model, batch=args.batch or plan.training.micro_batch_size, seq=args.seq)
+        verify_model(plan, capture(model, inputs, name=name, optimizer=plan.training.optimizer,
+                                   precision=plan.training.precision))
+    report = check_plan(plan)
+    if report.ok:
+        console.print(f"{args.plan}: ok; T = {report.iteration_s:.6g} s, every stage fits")
+        return 0
+    for v in report.violations:
+        console.print(f"{args.plan}: {v}")
+    return 1
+
+
+def cmd_profile(args: argparse.Namespace, console: Console) -> int:
+    from hetpipe.cost_models.profile import run_profile
+
+    _, summary = run_profile(output=args.output, calibrate=args.calibrate)
+    console.print(summary)
+    return 0

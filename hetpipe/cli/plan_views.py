@@ -1,0 +1,56 @@
+"""``hetpipe show``, ``simulate``, ``compare``: read a plan, simulate it, set it beside the baselines."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+
+def cmd_show(args: argparse.Namespace, console: Console) -> int:
+    from hetpipe.plan.analysis import simulate_plan, write_timelines
+    from hetpipe.plan.schema import Plan
+    from hetpipe.cli.tables import baseline_table, memory_table, plan_table, replica_table
+
+    plan = Plan.load(args.plan)
+    for table in (plan_table(plan), memory_table(plan), baseline_table(plan)):
+        console.print(table)
+    if plan.replicas:
+        console.print(replica_table(plan))
+        if plan.sync is not None:
+            console.print(f"sync policy: {plan.sync.reason}")
+    for lo in plan.left_out:
+        console.print(f"left out {lo.device}: {lo.reason}")
+    if args.gantt or args.trace:
+        for path in write_timelines(simulate_plan(plan), gantt=args.gantt, trace=args.trace):
+            console.print(f"wrote {path}")
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace, console: Console) -> int:
+    from hetpipe.plan.analysis import divergence_reason, simulate_plan, write_timelines
+    from hetpipe.plan.schema import Plan
+    from hetpipe.cli.tables import simulation_table
+
+    sim = simulate_plan(Plan.load(args.plan), microbatches=args.microbatches, schedule=args.schedule)
+    console.print(simulation_table(sim))
+    if reason := divergence_reason(sim):
+        console.print(reason)
+    for path in write_timelines(sim, gantt=args.gantt, trace=args.trace):
+        console.print(f"wrote {path}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace, console: Console) -> int:
+    from hetpipe.plan.analysis import compare_plan
+    from hetpipe.plan.schema import Plan
+    from hetpipe.cli.tables import compare_table
+
+    names = None if args.baselines == "all" else [n.strip() for n in args.baselines.split(",") if n.strip()]
+    rows = compare_plan(Plan.load(args.plan), baselines=names, microbatches=args.microbatches,
+                        schedule=args.schedule)
+    console.print(compare_table(rows))
+    for r in rows:
+        if r.note:
+            console.print(f"  {r.name}: {r.note}")
+    return 0

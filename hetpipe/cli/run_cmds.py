@@ -1,0 +1,76 @@
+"""``hetpipe run`` (torchrun, one process per stage) and ``hetpipe demo``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from hetpipe.runtime.estimate import DEFAULT_MAX_MINUTES
+
+
+def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``hetpipe run`` to the CLI's subparsers."""
+    p = subparsers.add_parser("run", help="train with a plan: torchrun, one process per stage (or --emulate)")
+    p.add_argument("plan", type=Path, help="plan.json from `hetpipe plan`")
+    p.add_argument("--model", required=True, help="the model the plan was made for (built-in or package.module:factory)")
+    p.add_argument("--steps", type=int, required=True, help="optimizer steps to run")
+    p.add_argument("--emulate", action="store_true",
+                   help="emulate the plan's devices on this machine (speed, memory limit, links)")
+    p.add_argument("--report", type=Path, default=None, help="write the run report (run.json) here")
+    p.add_argument("--schedule", default=None, help="1f1b | gpipe (default: the plan's training.schedule)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds any rank waits for a peer (default 60; with --emulate 3 emulated iterations if longer)")
+    p.add_argument("--max-minutes", type=float, default=DEFAULT_MAX_MINUTES,
+                   help=f"--emulate: refuse a run estimated above this many minutes (default {DEFAULT_MAX_MINUTES:g})")
+    p.add_argument("--seq", type=int, default=None, help="sequence length the plan was made with (LMs)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the synthetic data")
+    p.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-3 Adam/AdamW, 1e-2 SGD)")
+    p.add_argument("--data", default=None, help="package.module:factory returning an iterable of (inputs, targets)")
+    p.add_argument("--loss", default=None, help="package.module:function(output, targets) (default: the model's)")
+    p.add_argument("--weights", default=None,
+                   help="initial weights: a state-dict file, a .safetensors file or a save_pretrained folder "
+                        "(each rank reads only its stage's tensors; default: seeded weights, see --seed)")
+    p.add_argument("--save-weights", default=None, metavar="DIR",
+                   help="after the run, write the trained weights to DIR as safetensors shards + index")
+    p.add_argument("--safety-factor", type=float, default=None,
+                   help="emulation: margin of each action's target over its contended real time (default 2)")
+    p.add_argument("--run-dir", type=Path, default=None, help="keep per-rank results and the torchrun log here")
+    p.add_argument("--no-sync-overlap", dest="sync_overlap", action="store_false",
+                   help="replica plans: run the gradient sync after backward instead of overlapped with it")
+    return p
+
+
+def cmd_run(args: argparse.Namespace, console: Any) -> int:
+    """``hetpipe run``: launch, print the report's tables, write ``--report``."""
+    from hetpipe.runtime.run import run, summary_tables
+
+    timeout_s = args.timeout
+    if args.emulate:  # the estimate first: a run of hours is refused before anything starts
+        from hetpipe.plan.schema import Plan
+        from hetpipe.runtime.estimate import default_timeout_s, estimate_wall, refuse_if_too_long
+
+        plan = Plan.load(args.plan)
+        est = estimate_wall(plan, steps=args.steps, safety_factor=args.safety_factor)
+        console.print(est.line())
+        refuse_if_too_long(est, plan, max_minutes=args.max_minutes)
+        timeout_s = timeout_s or default_timeout_s(est)
+    report = run(args.plan, model=args.model, steps=args.steps, emulate=args.emulate, report=args.report,
+                 schedule=args.schedule, timeout_s=timeout_s, seq=args.seq, seed=args.seed, lr=args.lr,
+                 data=args.data, loss=args.loss, safety_factor=args.safety_factor, run_dir=args.run_dir,
+                 sync_overlap=args.sync_overlap, weights=args.weights, save_weights=args.save_weights)
+    for table in summary_tables(report):
+        console.print(table)
+    for note in report.notes:
+        console.print(f"note: {note}")
+    if args.report:
+        console.print(f"wrote {args.report}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace, console: Console) -> int:
+    from hetpipe.cli.demo import run_demo
+
+    return run_demo(out=args.out, steps=args.steps, run=not args.fast, console=console)
