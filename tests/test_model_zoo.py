@@ -114,7 +114,7 @@ def test_hf_model_from_a_local_config_file(tmp_path):
 
     from hetpipe import models
 
-    cfg, _ = hf._config_and_class("hf-llama-tiny")
+    cfg, _ = hf.config_and_class("hf-llama-tiny")
     cfg.architectures = ["LlamaForCausalLM"]
     cfg.save_pretrained(tmp_path)
     by_dir = models.resolve(f"hf:{tmp_path}", batch=3, seq=8)
@@ -137,7 +137,7 @@ def test_hf_model_from_a_local_config_file(tmp_path):
 def test_use_cache_default_and_a_cpu_built_model_capture():
     import transformers
 
-    cfg, _ = hf._config_and_class("hf-llama-tiny")
+    cfg, _ = hf.config_and_class("hf-llama-tiny")
     assert cfg.use_cache  # HF's default, which export cannot flatten (a DynamicCache in the output)
     with torch.device("meta"):
         meta = transformers.LlamaForCausalLM(cfg)

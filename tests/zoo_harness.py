@@ -65,9 +65,9 @@ def by_model(name: str) -> Family:
 
 
 def _load(spec: str) -> Callable[..., Any]:
-    from hetpipe.models import _load_factory  # noqa: PLC2701 - the CLI's own import rules, for the test only
+    from hetpipe.plan.user_code import import_callable  # the CLI's own import rules
 
-    return _load_factory(spec)
+    return import_callable(spec, option="--loss")
 
 
 def reference_model(family: Family) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:

@@ -113,7 +113,7 @@ def _read_config(spec: str) -> tuple[dict[str, Any], str | None]:
 
 
 @functools.lru_cache(maxsize=32)
-def _config_and_class(spec: str) -> tuple[Any, str]:
+def config_and_class(spec: str) -> tuple[Any, str]:
     """(transformers config, model class name) of a zoo name or ``hf:PATH[#Class]``."""
     from transformers import AutoConfig
 
@@ -139,7 +139,7 @@ def task_of(spec: str) -> str:
     """``causal``, ``mlm``, ``seq2seq`` or ``hidden`` (see the module docstring)."""
     if spec in HF_ZOO:  # without importing transformers (``hetpipe models`` lists them)
         return _class_task(spec, HF_ZOO[spec][0], HF_ZOO[spec][0].endswith("ForConditionalGeneration"))
-    config, cls_name = _config_and_class(spec)
+    config, cls_name = config_and_class(spec)
     return _class_task(spec, cls_name, bool(getattr(config, "is_encoder_decoder", False)))
 
 
@@ -179,7 +179,7 @@ def model_class(spec: str) -> type:
     """The transformers class ``spec`` builds (wrapped by `Seq2SeqTraining` for encoder-decoders)."""
     import transformers
 
-    config, cls_name = _config_and_class(spec)
+    config, cls_name = config_and_class(spec)
     cls = getattr(transformers, cls_name, None)
     if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
         raise ConfigError(f"model {spec!r}: {cls_name!r} is not a transformers model class; name one with "
@@ -197,7 +197,7 @@ def _max_positions(config: Any) -> int | None:
 def build_hf(spec: str, *, device: str | torch.device = "meta", batch: int | None = None, seq: int | None = None,
              dtype: torch.dtype | None = None) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """(model on ``device``, one random micro-batch of token ids) for a zoo name or ``hf:PATH``."""
-    config, _ = _config_and_class(spec)
+    config, _ = config_and_class(spec)
     b, t = batch or DEFAULT_BATCH, seq or min(DEFAULT_SEQ, _max_positions(config) or DEFAULT_SEQ)
     limit = _max_positions(config)
     if b < 1 or t < 1 or (limit is not None and t > limit):
@@ -213,7 +213,7 @@ def build_hf(spec: str, *, device: str | torch.device = "meta", batch: int | Non
 
 def vocab_size(spec: str) -> int:
     """The vocabulary synthetic token ids are drawn from."""
-    return int(_config_and_class(spec)[0].vocab_size)
+    return int(config_and_class(spec)[0].vocab_size)
 
 
 def example_targets(spec: str, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -225,7 +225,7 @@ def example_targets(spec: str, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor
         return inputs[0].clone()
     if task == "seq2seq":
         return torch.roll(inputs[1], shifts=-1, dims=1)
-    hidden = _config_and_class(spec)[0].hidden_size
+    hidden = config_and_class(spec)[0].hidden_size
     return torch.randn(*inputs[0].shape, hidden, device=inputs[0].device)
 
 

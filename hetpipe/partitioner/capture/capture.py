@@ -26,8 +26,8 @@ Approximations (also see `hetpipe.partitioner.capture.measure`): a storage saved
 counts in both; attention is costed as the fused kernel (grouped-query attention with k, v
 expanded); parameters the forward never reads are left out (with a warning); frozen
 parameters (``requires_grad=False``) cost their weight bytes only; buffers are not model state.
-The returned ``module`` is all meta, buffers included: ``build_stage(state_dict=None)`` cannot
-recover a non-persistent buffer (Llama's rotary tables) or BatchNorm statistics from it.
+The returned ``module`` is all meta, buffers included; each stage gets its buffers' values from the
+weights or the model's own initialisation (`hetpipe.runtime.stage.buffers.ModelBuffers`).
 
 The fingerprint is a sha256 over every node's op, target, arguments and output shapes
 and dtypes (no object addresses, no devices), so it is equal across processes and runs
