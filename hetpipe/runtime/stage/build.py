@@ -139,7 +139,9 @@ def _meta_copy(gm: fx.GraphModule) -> fx.GraphModule:
         if id(t) not in memo:
             memo[id(t)] = _to_meta(t)
             keep.append(t)
-    return copy.deepcopy(gm, memo)
+    with warnings.catch_warnings():  # torch's own pytree deprecation, raised while copying an export's specs
+        warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
+        return copy.deepcopy(gm, memo)
 
 
 def _retie(meta_gm: fx.GraphModule, tied: Sequence[Any]) -> None:
