@@ -10,7 +10,8 @@ import pytest
 
 from hetpipe.errors import ConfigError, PlanError
 from hetpipe.plan.build import assemble_plan, build_problem, microbatches_for
-from hetpipe.plan.schema import PLAN_VERSION, Plan, SolverReport, check_plan, verify_model
+from hetpipe.plan.check import check_plan
+from hetpipe.plan.schema import PLAN_VERSION, Plan, SolverReport, verify_model
 from hetpipe.partitioner.problem import Stage, evaluate
 from tests.synthetic import synthetic_cluster, synthetic_graph
 

@@ -28,7 +28,7 @@ from hetpipe.runtime.stage.weights import (
     shard_name,
     write_index,
 )
-from hetpipe.runtime.worker import node_to_stage
+from hetpipe.runtime.rank import node_to_stage
 from tests.runtime_plans import plan_for
 from tests.synthetic import synthetic_cluster
 from hetpipe.partitioner.problem import Stage
@@ -241,3 +241,38 @@ def test_the_memory_check_catches_a_whole_model_load(big_checkpoints):
     folder, whole = big_checkpoints
     peak, stage = _peak_while_loading(folder / "w.pt", "whole")
     assert peak > 2 * stage + MARGIN_BYTES and peak >= whole
+
+
+# ----------------------------------------------------------------------------- initial weights
+
+
+def test_seeded_initial_weights_are_what_every_stage_of_a_run_starts_from(tied_lm, tmp_path):
+    from hetpipe.cli.app import main
+
+    _, _, program, _, hf_state = tied_lm
+    assert main(["init-weights", MODEL, "-o", str(tmp_path / "init"), "--seed", "4"]) == 0
+    written = load_file(str(tmp_path / "init" / "model.safetensors"))
+    assert sorted(written) == sorted(hf_state)  # HF layout: the tied head once, under the embedding's name
+    ckpt = open_weights(tmp_path / "init")
+    for s in range(program.num_stages):
+        seeded = build_stage(program, s, state_dict=None, device="cpu", seed=4)  # a run without --weights
+        loaded = build_stage(program, s, state_dict=ckpt, device="cpu")
+        for (name, a), (_, b) in zip(seeded.module.named_parameters(), loaded.module.named_parameters()):
+            assert torch.equal(a, b), name
+    other = build_stage(program, 0, state_dict=None, device="cpu", seed=5)
+    assert not all(torch.equal(a, written[n]) for n, a in other.module.named_parameters() if n in written)
+
+
+def test_model_init_is_the_models_own_constructor_under_the_seed(tmp_path):
+    from hetpipe.runtime.stage.initial import write_initial_weights
+
+    path = write_initial_weights(MODEL, tmp_path, seed=9, init="model")
+    torch.manual_seed(9)
+    model, _ = build(MODEL, device="cpu")
+    written = load_file(str(path))
+    state = model.state_dict()
+    assert set(written) < set(state) and len(state) - len(written) == 1  # the tied head once
+    for k, v in written.items():
+        assert torch.equal(v, state[k]), k
+    with pytest.raises(ConfigError, match="init='bogus'"):
+        write_initial_weights(MODEL, tmp_path, init="bogus")

@@ -18,7 +18,7 @@ from hetpipe.plan.schema import Plan
 from hetpipe.runtime.report import RunReport
 from hetpipe.runtime.stage.build import build_stage, split_stages
 from hetpipe.runtime.stage.weights import SAFE_INDEX_NAME, open_weights
-from hetpipe.runtime.worker import DEFAULT_LR, node_to_stage
+from hetpipe.runtime.rank import DEFAULT_LR, node_to_stage
 from tests.runtime_plans import plan_for
 from tests.synthetic import synthetic_cluster
 from tests.test_run_cli import _error, hetpipe_run
@@ -120,3 +120,34 @@ def test_bad_weights_are_refused_before_launch(setup, tmp_path, capsys, case):
     err = _error(capsys.readouterr().err)
     assert rc == 2 and "--weights" in err and expect in err, err
     assert not (run_dir / "torchrun.log").exists()  # nothing was launched
+
+
+def _trainer_worker(rank: int, world: int, folder: str, out: str) -> list:
+    from hetpipe.runtime.trainer import Trainer
+
+    trainer = Trainer(f"{folder}/plan.json", model=MODEL, seq=SEQ, loss=lm_loss, timeout_s=60.0,
+                      weights=f"{folder}/init")
+    losses = [trainer.step(ids if trainer.is_first else None, targets if trainer.is_last else None).loss
+              for ids, targets in torch.load(f"{folder}/data.pt")]
+    trainer.save_weights(out)
+    trainer.close()
+    return losses
+
+
+@pytest.mark.slow
+def test_trainer_loads_and_saves_weights_like_the_cli(setup, tmp_path):
+    from tests.dist_helpers import run_world
+
+    folder, state, batches, graph, _ = setup
+    outcomes = run_world(_trainer_worker, world_size=3, args=(str(folder), str(tmp_path / "saved")),
+                         timeout_s=240.0, out_dir=tmp_path / "world")
+    for o in outcomes:
+        assert o.error is None, f"rank {o.rank}: {o.error}"
+    ref_losses, ref_model = _reference(state, batches)
+    assert outcomes[2].value == pytest.approx(ref_losses, rel=RTOL, abs=ATOL)
+    merged = {k: v for f in sorted((tmp_path / "saved").glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+    head = graph.tied[0].qualified_names[-1]
+    assert sorted(merged) == sorted(k for k in state if k != head)
+    for name, p in ref_model.state_dict().items():
+        if name != head:
+            torch.testing.assert_close(merged[name], p, rtol=RTOL, atol=ATOL, msg=name)

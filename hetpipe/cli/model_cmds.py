@@ -123,7 +123,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
-    from hetpipe.plan.schema import Plan, check_plan, verify_model
+    from hetpipe.plan.check import check_plan
+    from hetpipe.plan.schema import Plan, verify_model
 
     plan = Plan.load(args.plan)
     if args.model:

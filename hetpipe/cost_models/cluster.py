@@ -116,9 +116,9 @@ def load_cluster(path: str | Path) -> Cluster:
     """Read a cluster file (YAML, or JSON for ``*.json``) into a `Cluster`.
 
     Example:
-        >>> c = load_cluster("examples/clusters/homelab.yaml")  # doctest: +SKIP
-        >>> c.kinds  # doctest: +SKIP
-        ('rtx3090', 'rtx4090', 'rtx3060-12gb')
+        >>> c = load_cluster("examples/clusters/homelab.yaml")
+        >>> [d.kind for d in c.devices]
+        ['rtx3090', 'rtx4090', 'rtx3060-12gb']
     """
     path = Path(path)
     try:

@@ -19,8 +19,8 @@ Whether the tables are the model's (and not consistently edited) is `check --mod
 job (`hetpipe.plan.tables`).
 
 Example:
-    >>> from hetpipe.plan.schema import Plan
-    >>> validate_plan("not a plan")
+    >>> from hetpipe.plan.check import check_plan    # refuses a non-Plan first, then runs validate_plan
+    >>> check_plan("not a plan")
     Traceback (most recent call last):
     ...
     hetpipe.errors.PlanError: plan: expected a Plan (from Plan.load or hetpipe.partition), got str; load it with hetpipe.Plan.load(path)
@@ -131,12 +131,11 @@ def _figures(plan: Any) -> None:
 
 
 def validate_plan(plan: Any) -> None:
-    """Raise `PlanError` unless `plan` is a `Plan` whose tables are physically possible (module docstring)."""
-    from hetpipe.plan.schema import Plan
+    """Raise `PlanError` unless the `Plan` `plan`'s tables are physically possible (module docstring).
 
-    if not isinstance(plan, Plan):
-        raise PlanError(f"plan: expected a Plan (from Plan.load or hetpipe.partition), got {type(plan).__name__}; "
-                        "load it with hetpipe.Plan.load(path)")
+    (`plan.check.check_plan` first refuses anything that is not a `Plan`; this module sits
+    below `plan.schema`, which validates every plan it loads.)
+    """
     _training(plan)
     ids = _devices(plan)
     _links(plan, ids)

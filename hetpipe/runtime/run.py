@@ -28,15 +28,15 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from hetpipe.errors import ConfigError, RuntimeFailure
-from hetpipe.plan.schema import Plan, check_plan
+from hetpipe.plan.check import check_plan
+from hetpipe.plan.schema import Plan
 from hetpipe.runtime.launch import LaunchSpec, launch
 from hetpipe.runtime.report import RankResult, RunReport, build_report
 from hetpipe.runtime.user_checks import check_user_code
@@ -44,96 +44,6 @@ from hetpipe.runtime.user_checks import check_user_code
 log = logging.getLogger(__name__)
 
 DATA_FILE = "data.pt"
-_DATA_SEED_STRIDE = 1_000_003  # seed * stride + step: one independent stream per step
-
-
-# ----------------------------------------------------------------------------- data
-
-
-def _vocab_size(meta_model: nn.Module) -> int:
-    for mod in meta_model.modules():
-        if isinstance(mod, nn.Embedding):
-            return int(mod.num_embeddings)
-    raise ConfigError("the model takes integer inputs but has no nn.Embedding to size synthetic token ids; "
-                      "pass --data")
-
-
-def synthetic_batch(model: str, example: Sequence[torch.Tensor], *, global_batch: int, vocab: int | None,
-                    seed: int, step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-    """Seeded (inputs, targets) of one global batch shaped like ``example`` (one meta micro-batch).
-
-    Integer inputs are token ids in ``[0, vocab)``, float inputs standard normal; targets
-    come from `hetpipe.models.example_targets`.  Every rank calling it with the same
-    arguments gets the same tensors.
-
-    Example:
-        >>> ex = (torch.empty(2, 8, dtype=torch.int64, device="meta"),)
-        >>> a, _ = synthetic_batch("gpt-tiny", ex, global_batch=4, vocab=256, seed=0, step=1)
-        >>> b, t = synthetic_batch("gpt-tiny", ex, global_batch=4, vocab=256, seed=0, step=1)
-        >>> a[0].shape, torch.equal(a[0], b[0]), torch.equal(t, torch.roll(a[0], -1, 1))
-        (torch.Size([4, 8]), True, True)
-    """
-    from hetpipe.models import example_targets
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed * _DATA_SEED_STRIDE + step)
-        inputs = []
-        for t in example:
-            shape = (global_batch, *t.shape[1:])
-            if t.dtype.is_floating_point:
-                inputs.append(torch.randn(shape, dtype=t.dtype))
-            else:
-                if vocab is None:
-                    raise ConfigError(f"model {model!r} takes integer inputs; pass --data")
-                inputs.append(torch.randint(0, vocab, shape, dtype=t.dtype))
-        targets = example_targets(model, tuple(inputs))
-    return tuple(inputs), targets
-
-
-def _import(spec: str, what: str) -> Any:
-    from hetpipe.models import _load_factory  # same import rules as model factories
-
-    try:
-        return _load_factory(spec)
-    except ConfigError as err:
-        raise ConfigError(f"{what}: {err}") from None
-
-
-def data_stream(data: str | None, *, model: str, global_batch: int, seed: int, example: Sequence[torch.Tensor],
-                meta_model: nn.Module) -> Iterator[tuple[Any, Any]]:
-    """Global batches (inputs, targets): synthetic (``data=None``), a file `save_data` wrote, or
-    the iterable a ``"package.module:factory"`` returns (it must yield the same batches on every rank)."""
-    if data is None:
-        ints = any(not t.dtype.is_floating_point for t in example)
-        from hetpipe.models import input_vocab
-
-        vocab = (input_vocab(model) or _vocab_size(meta_model)) if ints else None
-        step = 0
-        while True:
-            yield synthetic_batch(model, example, global_batch=global_batch, vocab=vocab, seed=seed, step=step)
-            step += 1
-    elif ":" not in data and Path(data).is_file():
-        yield from torch.load(data, weights_only=False)
-    else:
-        yield from _import(data, "--data")()
-
-
-def split_microbatches(batch: Any, microbatches: int, *, what: str) -> list[Any]:
-    """Cut a global batch (a tensor or tuple of tensors) into ``microbatches`` along dim 0.
-
-    Example:
-        >>> [t.shape[0] for t in split_microbatches(torch.zeros(6, 2), 3, what="x")]
-        [2, 2, 2]
-    """
-    tensors = (batch,) if isinstance(batch, torch.Tensor) else tuple(batch)
-    n = tensors[0].shape[0]
-    if n % microbatches:
-        raise ConfigError(f"{what}: batch of {n} is not divisible into {microbatches} micro-batches; "
-                          f"yield global batches of {microbatches} x micro-batch size")
-    parts = [t.chunk(microbatches) for t in tensors]
-    mbs = [tuple(p[i] for p in parts) for i in range(microbatches)]
-    return [m[0] for m in mbs] if isinstance(batch, torch.Tensor) else mbs
-
 
 
 # ----------------------------------------------------------------------------- run
@@ -145,7 +55,7 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: s
     (import specs or a data file) the workers would fail on, or ``weights`` that lack a tensor of the
     model or hold one of another shape (headers only); returns the UnitGraph."""
     from hetpipe.schedule.builders import make_schedule, validate_schedule
-    from hetpipe.runtime.worker import capture_for_plan
+    from hetpipe.runtime.rank import capture_for_plan
 
     if plan.replicas:  # each replica is its own pipeline
         from hetpipe.runtime.replicas.trainer import check_runnable
@@ -169,9 +79,9 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: s
 
 
 def _check_weights(plan: Plan, graph: Any, example: Any, weights: str) -> None:
+    from hetpipe.runtime.rank import node_to_stage
     from hetpipe.runtime.stage.build import split_stages
     from hetpipe.runtime.stage.weights import check_stage, open_weights
-    from hetpipe.runtime.worker import node_to_stage
 
     ckpt = open_weights(weights)
     if plan.replicas:  # every replica holds the whole model: one stage covers every name
@@ -183,9 +93,12 @@ def _check_weights(plan: Plan, graph: Any, example: Any, weights: str) -> None:
         check_stage(program, stage, ckpt)
 
 
-def _save_dir(save_weights: str | Path | None, plan: Plan) -> str | None:
+def _weights_args(weights: str | Path | None, save_weights: str | Path | None,
+                  plan: Plan) -> tuple[str | None, str | None]:
+    """Absolute ``weights`` and ``save_weights`` paths for the workers; the save folder created and writable."""
+    weights_arg = str(Path(weights).absolute()) if weights is not None else None
     if save_weights is None:
-        return None
+        return weights_arg, None
     if plan.replicas:
         raise ConfigError("--save-weights is not supported for replica plans yet; run the plan without it, or save "
                           "from a single-pipeline plan")
@@ -197,7 +110,7 @@ def _save_dir(save_weights: str | Path | None, plan: Plan) -> str | None:
                           "writable folder") from None
     if not os.access(out, os.W_OK):
         raise ConfigError(f"--save-weights {save_weights}: the folder is not writable; pass a writable folder")
-    return str(out)
+    return weights_arg, str(out)
 
 
 def function_spec(fn: Callable[..., Any] | str | None, what: str) -> str | None:
@@ -257,6 +170,16 @@ def _check_args(steps: int, timeout_s: float) -> None:
         raise ConfigError(f"timeout must be positive seconds, got {timeout_s!r}")
 
 
+def _fresh_run_dir(workdir: Path, plan: Plan) -> Path:
+    """Drop a previous run's rank files from ``workdir`` and write the plan the workers load; returns its path."""
+    for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("result-rank*.json"),
+                  *workdir.glob("progress-rank*")]:
+        stale.unlink()
+    plan_path = workdir / "plan.json"
+    plan.save(plan_path)
+    return plan_path
+
+
 def run(
     plan: Plan | str | Path,
     *,
@@ -279,11 +202,11 @@ def run(
 ) -> RunReport:
     """Train ``model`` for ``steps`` optimizer steps with ``plan`` (see the module docstring).
 
+    ``timeout_s`` defaults to 60 s, and under ``emulate`` to at least three real iterations
+    at the estimated time scale (`hetpipe.runtime.estimate.default_timeout_s`).
     ``weights`` is a checkpoint file or folder (`hetpipe.runtime.stage.weights`; each rank
     reads only its stage's tensors; default: `seeded_init` weights from ``seed``);
     ``save_weights`` a folder that receives the trained weights (safetensors shards + index).
-    ``timeout_s`` defaults to 60 s, and under ``emulate`` to at least three real iterations
-    at the estimated time scale (`hetpipe.runtime.estimate.default_timeout_s`).
 
     Raises `PlanError` (plan for another model), `ScheduleError`, `ConfigError` before
     launching; `RuntimeFailure` naming the rank, stage and action if a rank fails.
@@ -295,23 +218,18 @@ def run(
     _check_args(steps, timeout_s)
     schedule = schedule or plan.training.schedule
     loss_spec = function_spec(loss, "loss")
-    weights_arg = str(Path(weights).absolute()) if weights is not None else None
     keep = run_dir is not None
     workdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
     try:
         workdir.mkdir(parents=True, exist_ok=True)
         data_spec = _data_arg(data, steps, workdir)
+        weights_arg, save_arg = _weights_args(weights, save_weights, plan)
         preflight(plan, model=model, seq=seq, schedule=schedule, data=data_spec, loss=loss_spec, weights=weights_arg)
-        save_arg = _save_dir(save_weights, plan)
     except BaseException:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
         raise
-    for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("result-rank*.json"),
-                  *workdir.glob("progress-rank*")]:
-        stale.unlink()
-    plan_path = workdir / "plan.json"
-    plan.save(plan_path)
+    plan_path = _fresh_run_dir(workdir, plan)
     spec = LaunchSpec(plan_path=plan_path, model=model, steps=steps, nproc=len(plan.stages), run_dir=workdir,
                       emulate=emulate, schedule=schedule, timeout_s=timeout_s, seed=seed, seq=seq, lr=lr,
                       data=data_spec, loss=loss_spec, safety_factor=safety_factor, sync_overlap=sync_overlap,

@@ -48,6 +48,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from hetpipe.cost_models.stage_memory import RECV_PREFETCH
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 
 log = logging.getLogger(__name__)
@@ -159,7 +160,7 @@ def _tied_band(problem: Problem, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return extra
 
 
-class _Tables:
+class StageTables:
     """Per-class stage costs in *band* form, shared by every cap (seconds, bytes).
 
     Entry [lo, w] describes the stage on units [lo, lo + w + 1).  Under a cap on every
@@ -180,8 +181,10 @@ class _Tables:
         bd = np.asarray(problem.boundary_bytes, dtype=np.float64)
         self.state = st[hi_c] - st[lo] + _tied_band(problem, lo, hi_c)
         self.act = act[hi_c] - act[lo]
-        self.before = np.broadcast_to(np.where(lo > 0, 2.0 * bd[np.maximum(lo - 1, 0)], 0.0), self.valid.shape)
-        self.after = 2.0 * bd[np.clip(hi_c - 1, 0, L - 1)]  # buffers for the cut after, if a stage follows
+        # in/out cut bytes of a stage on [lo, hi): the cut before (none for the first) and after
+        self.before = np.broadcast_to(np.where(lo > 0, bd[np.maximum(lo - 1, 0)], 0.0), self.valid.shape)
+        self.after = bd[np.clip(hi_c - 1, 0, L - 1)]  # counted only if a stage follows
+        self.first = np.broadcast_to(lo == 0, self.valid.shape)
         self.is_last = hi == L
         # compute per class: F + B of the stage's units on kind(c)
         self.compute = []
@@ -213,7 +216,10 @@ class _Tables:
         """Cost of a stage of class c on [lo, lo+w+1) with `after_stages` stages after it (inf = not allowed)."""
         inflight = min(after_stages + 1, self.m)
         sl = np.s_[:, :width]
-        mem = self.state[sl] + inflight * self.act[sl] + self.before[sl] + (self.after[sl] if after_stages else 0.0)
+        cut_in, cut_out = self.before[sl], (self.after[sl] if after_stages else 0.0)
+        # M_s of `pipeline_stage_bytes`, vectorised over the band
+        mem = (self.state[sl] + inflight * (self.act[sl] + cut_in + cut_out)
+               + (RECV_PREFETCH + 1) * np.maximum(cut_in, cut_out) + np.where(self.first[sl], inflight - 1, 0) * cut_out)
         cost = self.compute[c][sl]
         ok = (cost <= cap) & (mem <= self.classes[c].usable_bytes)
         ok &= self.is_last[sl] if not after_stages else ~self.is_last[sl]  # only the last stage ends at unit L
@@ -254,7 +260,7 @@ class _Lattice:
         return cls(groups, moves)
 
 
-def _min_sum_counts(tab: _Tables, cap: float, lattice: _Lattice, stages: int | None = None,
+def _min_sum_counts(tab: StageTables, cap: float, lattice: _Lattice, stages: int | None = None,
                     *, bottleneck: bool = False) -> tuple[float, list[tuple[int, int, int]]] | None:
     """min S(cap) over the count vectors (exactly `stages` devices if given); with
     `bottleneck`, the least max term instead of the least sum.
@@ -291,7 +297,7 @@ def _unwind(lattice: _Lattice, backs: dict[int, np.ndarray], key: tuple[int, int
         k, lo, c = k - 1, hi, nxt
 
 
-def _assign(classes: Sequence[DeviceClass], picks: Sequence[tuple[int, int, int]]) -> tuple[Stage, ...]:
+def assign_stages(classes: Sequence[DeviceClass], picks: Sequence[tuple[int, int, int]]) -> tuple[Stage, ...]:
     """Concrete devices for (class, lo, hi) stages: each class hands out members in id order."""
     used = {i: 0 for i in range(len(classes))}
     stages = []
@@ -328,7 +334,7 @@ def sum_lower_bound(problem: Problem) -> float:
     return sum(min(problem.fwd_s[k][u] + problem.bwd_s[k][u] for k in kinds) for u in range(problem.num_units))
 
 
-def _parametric(problem: Problem, min_sum: MinSum, *, time_limit_s: float,
+def parametric_search(problem: Problem, min_sum: MinSum, *, time_limit_s: float,
                 seed: Sequence[Stage] | None = None) -> DPResult | None:
     """The cap walk of the module docstring around `min_sum(cap, bottleneck)`.
 
@@ -402,13 +408,13 @@ def solve_exact(problem: Problem, *, state_budget: int = DEFAULT_STATE_BUDGET,
         raise StateSpaceTooLarge(f"{size} device-count states x {len(classes)} classes x "
                                  f"{problem.num_units + 1} units > budget {state_budget:.3g}")
     lattice = _Lattice.build(classes, min(limit, exact_stages or limit))
-    tab = _Tables(problem, classes)
+    tab = StageTables(problem, classes)
 
     def min_sum(cap: float, bottleneck: bool) -> tuple[float, tuple[Stage, ...]] | None:
         out = _min_sum_counts(tab, cap, lattice, exact_stages, bottleneck=bottleneck)
-        return None if out is None else (out[0], _assign(classes, out[1]))
+        return None if out is None else (out[0], assign_stages(classes, out[1]))
 
-    return _parametric(problem, min_sum, time_limit_s=time_limit_s, seed=seed)
+    return parametric_search(problem, min_sum, time_limit_s=time_limit_s, seed=seed)
 
 
 def least_bottleneck(problem: Problem, *, cap_s: float = math.inf,
@@ -423,11 +429,11 @@ def least_bottleneck(problem: Problem, *, cap_s: float = math.inf,
     if size * len(classes) * (problem.num_units + 1) > state_budget:
         raise StateSpaceTooLarge(f"{size} device-count states")
     lattice = _Lattice.build(classes, min(problem.num_units, len(problem.devices)))
-    out = _min_sum_counts(_Tables(problem, classes), cap_s, lattice, bottleneck=True)
-    return None if out is None else (out[0], _assign(classes, out[1]))
+    out = _min_sum_counts(StageTables(problem, classes), cap_s, lattice, bottleneck=True)
+    return None if out is None else (out[0], assign_stages(classes, out[1]))
 
 
-def _run_counts(tab: _Tables, cap: float, lattice: _Lattice, combine: Callable = np.add,
+def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callable = np.add,
                 ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
     """Backward DP over count vectors, all vectors with the same total k in one numpy batch.
 

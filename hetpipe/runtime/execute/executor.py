@@ -69,6 +69,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from hetpipe.cost_models.stage_memory import RECV_PREFETCH
 from hetpipe.errors import RuntimeFailure
 from hetpipe.runtime.execute import comm, heartbeat
 from hetpipe.schedule.actions import Action, Op
@@ -82,7 +83,9 @@ log = logging.getLogger(__name__)
 _RECVS = (Op.RECV_F, Op.RECV_B)
 _SENDS = (Op.SEND_F, Op.SEND_B)
 _CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s epsilon, so clipping matches it
-PREFETCH_DEPTH = 3  # receives posted ahead off gloo (the next one and two more: covers a 1F1B F-B-F window)
+# Receives posted ahead off gloo (the next one and two more: covers a 1F1B F-B-F window); the
+# memory model counts a buffer for each (`hetpipe.cost_models.stage_memory.RECV_PREFETCH`).
+PREFETCH_DEPTH = RECV_PREFETCH
 
 
 @dataclass
