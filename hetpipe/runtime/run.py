@@ -55,6 +55,7 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: s
     (import specs or a data file) the workers would fail on, or ``weights`` that lack a tensor of the
     model or hold one of another shape (headers only); returns the UnitGraph."""
     from hetpipe.schedule.builders import make_schedule, validate_schedule
+    from hetpipe.plan.tables import verify_tables
     from hetpipe.runtime.rank import capture_for_plan
 
     if plan.replicas:  # each replica is its own pipeline
@@ -68,6 +69,8 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: s
         p, m = len(plan.stages), plan.training.microbatches
         validate_schedule(make_schedule(schedule, p, m), num_stages=p, num_microbatches=m)
     graph, example = capture_for_plan(plan, model=model, seq=seq)  # raises PlanError for another model
+    if [u.node_names for u in plan.units] == [tuple(u.node_names) for u in graph.units]:
+        verify_tables(plan, graph, loss_costed=False)  # edited tables never reach the ranks (plan/tables.py)
     check_user_code(plan, model=model, data=data, loss=loss, example=example, meta_model=graph.module)
     if weights is not None:
         _check_weights(plan, graph, example, weights)

@@ -46,6 +46,7 @@ from hetpipe.errors import ConfigError
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.data import split_microbatches
 from hetpipe.runtime.execute.executor import PipelineExecutor, StepStats
+from hetpipe.runtime.execute.options import ExecutorOptions
 from hetpipe.runtime.rank import RankState, gather_stage_ranks, join_process_group, loss_for, make_optimizer
 from hetpipe.runtime.worker import prepare
 
@@ -101,8 +102,9 @@ class Trainer:
         self.executor = PipelineExecutor(
             run.stage, rank=run.rank, num_stages=run.num_stages, schedule_actions=run.actions,
             loss_fn=loss if loss is not None else _no_loss, optimizer=opt,
-            microbatches=run.plan.training.microbatches, timeout_s=float(timeout_s), stage_ranks=run.stage_ranks,
-            lr_scheduler=lr_scheduler(opt) if lr_scheduler is not None else None, grad_clip_norm=grad_clip_norm)
+            microbatches=run.plan.training.microbatches, stage_ranks=run.stage_ranks,
+            options=ExecutorOptions(timeout_s=float(timeout_s), grad_clip_norm=grad_clip_norm),
+            lr_scheduler=lr_scheduler(opt) if lr_scheduler is not None else None)
 
     @property
     def is_first(self) -> bool:

@@ -40,6 +40,7 @@ from hetpipe.errors import ConfigError, PlanError
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.data import split_microbatches
 from hetpipe.runtime.execute.executor import ActionHooks, PipelineExecutor, StepStats
+from hetpipe.runtime.execute.options import ExecutorOptions, ReplicaWiring
 from hetpipe.runtime.rank import capture_for_plan, device_backend, make_optimizer, resolve_for_plan
 from hetpipe.runtime.replicas.sync import (
     DILOCO_OUTER_LR,
@@ -259,10 +260,11 @@ class ReplicaTrainer:
         self.executor = PipelineExecutor(
             self.stage, rank=self.place.rank, num_stages=self.place.num_stages, schedule_actions=actions,
             loss_fn=loss if loss is not None else _no_loss, optimizer=self.optimizer,
-            microbatches=self.place.microbatches, timeout_s=timeout_s, grad_clip_norm=grad_clip_norm, hooks=hooks,
-            stage_ranks=self.place.stage_ranks, group=groups.get(tuple(sorted(self.place.stage_ranks))),
-            tied_group=lambda ranks: groups[tuple(sorted(ranks))], grad_sync=self.sync.sync_grads,
-            final_backward=self.sync.arm if overlap_sync else None)
+            microbatches=self.place.microbatches, stage_ranks=self.place.stage_ranks,
+            options=ExecutorOptions(timeout_s=timeout_s, grad_clip_norm=grad_clip_norm), hooks=hooks,
+            wiring=ReplicaWiring(group=groups.get(tuple(sorted(self.place.stage_ranks))),
+                                 tied_group=lambda ranks: groups[tuple(sorted(ranks))], grad_sync=self.sync.sync_grads,
+                                 final_backward=self.sync.arm if overlap_sync else None))
 
     def _schedule(self, name: str) -> list[Any]:
         from hetpipe.schedule.builders import make_schedule, validate_schedule
