@@ -205,14 +205,12 @@ def run(
 ) -> RunReport:
     """Train ``model`` for ``steps`` optimizer steps with ``plan`` (see the module docstring).
 
-    ``timeout_s`` defaults to 60 s, and under ``emulate`` to at least three real iterations
-    at the estimated time scale (`hetpipe.runtime.estimate.default_timeout_s`).
-    ``weights`` is a checkpoint file or folder (`hetpipe.runtime.stage.weights`; each rank
-    reads only its stage's tensors; default: `seeded_init` weights from ``seed``);
-    ``save_weights`` a folder that receives the trained weights (safetensors shards + index).
-
-    Raises `PlanError` (plan for another model), `ScheduleError`, `ConfigError` before
-    launching; `RuntimeFailure` naming the rank, stage and action if a rank fails.
+    ``timeout_s`` defaults to 60 s (emulated: at least three real iterations at the estimated time scale,
+    `hetpipe.runtime.estimate.default_timeout_s`); ``weights``: a checkpoint file or folder each rank reads
+    only its stage's tensors of (`hetpipe.runtime.stage.weights`; default: `seeded_init` from ``seed``);
+    ``save_weights``: a folder for the trained weights (safetensors shards + index).  Raises `PlanError`
+    (plan for another model), `ScheduleError`, `ConfigError` before launching; `RuntimeFailure` naming
+    the rank, stage and action if a rank fails.
     """
     if not isinstance(plan, Plan):
         plan = Plan.load(plan)
@@ -237,18 +235,22 @@ def run(
                       emulate=emulate, schedule=schedule, timeout_s=timeout_s, seed=seed, seq=seq, lr=lr,
                       data=data_spec, loss=loss_spec, safety_factor=safety_factor, sync_overlap=sync_overlap,
                       weights=weights_arg, save_weights=save_arg)
-    try:
-        outcome = launch(spec)
-    except RuntimeFailure as err:
-        raise RuntimeFailure(f"{err} (log: {workdir / 'torchrun.log'})") from None
-    results = [RankResult.load(workdir / f"result-rank{r}.json") for r in range(len(plan.stages))]
-    out = build_report(plan, results, schedule=schedule, emulate=emulate, wall_s=outcome.wall_s,
-                       sync_overlap=sync_overlap)
+    outcome = _launch(spec)
+    out = build_report(plan, [RankResult.load(workdir / f"result-rank{r}.json") for r in range(len(plan.stages))],
+                       schedule=schedule, emulate=emulate, wall_s=outcome.wall_s, sync_overlap=sync_overlap)
     if report is not None:
         out.save(report)
-    if not keep:
+    if not keep:  # a kept run directory (--run-dir) holds the per-rank results and the torchrun log
         shutil.rmtree(workdir, ignore_errors=True)
     return out
+
+
+def _launch(spec: LaunchSpec) -> Any:
+    """`launch`, its failure naming the torchrun log."""
+    try:
+        return launch(spec)
+    except RuntimeFailure as err:
+        raise RuntimeFailure(f"{err} (log: {spec.run_dir / 'torchrun.log'})") from None
 
 
 def collect_report(plan: Plan | str | Path, run_dirs: Sequence[str | Path], *, schedule: str | None = None,
