@@ -205,12 +205,13 @@ def run(
 ) -> RunReport:
     """Train ``model`` for ``steps`` optimizer steps with ``plan`` (see the module docstring).
 
-    ``timeout_s`` defaults to 60 s (emulated: at least three real iterations at the estimated time scale,
-    `hetpipe.runtime.estimate.default_timeout_s`); ``weights``: a checkpoint file or folder each rank reads
-    only its stage's tensors of (`hetpipe.runtime.stage.weights`; default: `seeded_init` from ``seed``);
-    ``save_weights``: a folder for the trained weights (safetensors shards + index).  Raises `PlanError`
-    (plan for another model), `ScheduleError`, `ConfigError` before launching; `RuntimeFailure` naming
-    the rank, stage and action if a rank fails.
+    ``timeout_s`` defaults to 60 s, and under ``emulate`` to at least three real iterations
+    at the estimated time scale (`hetpipe.runtime.estimate.default_timeout_s`).
+    ``weights``: a checkpoint to start from, each rank reading its stage only (default: `seeded_init`
+    from ``seed``); ``save_weights``: a folder for the trained weights (`hetpipe.runtime.stage.weights`).
+
+    Raises `PlanError` (plan for another model), `ScheduleError`, `ConfigError` before
+    launching; `RuntimeFailure` naming the rank, stage and action if a rank fails.
     """
     if not isinstance(plan, Plan):
         plan = Plan.load(plan)
@@ -235,22 +236,23 @@ def run(
                       emulate=emulate, schedule=schedule, timeout_s=timeout_s, seed=seed, seq=seq, lr=lr,
                       data=data_spec, loss=loss_spec, safety_factor=safety_factor, sync_overlap=sync_overlap,
                       weights=weights_arg, save_weights=save_arg)
-    outcome = _launch(spec)
-    out = build_report(plan, [RankResult.load(workdir / f"result-rank{r}.json") for r in range(len(plan.stages))],
-                       schedule=schedule, emulate=emulate, wall_s=outcome.wall_s, sync_overlap=sync_overlap)
+    out = _launch_and_report(spec, plan, sync_overlap=sync_overlap)
     if report is not None:
         out.save(report)
-    if not keep:  # a kept run directory (--run-dir) holds the per-rank results and the torchrun log
+    if not keep:
         shutil.rmtree(workdir, ignore_errors=True)
     return out
 
 
-def _launch(spec: LaunchSpec) -> Any:
-    """`launch`, its failure naming the torchrun log."""
+def _launch_and_report(spec: LaunchSpec, plan: Plan, *, sync_overlap: bool) -> RunReport:
+    """Run torchrun for ``spec`` and merge the ranks' results with ``plan``."""
     try:
-        return launch(spec)
+        outcome = launch(spec)
     except RuntimeFailure as err:
         raise RuntimeFailure(f"{err} (log: {spec.run_dir / 'torchrun.log'})") from None
+    results = [RankResult.load(spec.run_dir / f"result-rank{r}.json") for r in range(len(plan.stages))]
+    return build_report(plan, results, schedule=spec.schedule or plan.training.schedule, emulate=spec.emulate,
+                        wall_s=outcome.wall_s, sync_overlap=sync_overlap)
 
 
 def collect_report(plan: Plan | str | Path, run_dirs: Sequence[str | Path], *, schedule: str | None = None,
