@@ -54,6 +54,7 @@ from hetpipe.plan.schema import Plan
 from hetpipe.runtime.execute import heartbeat
 from hetpipe.runtime.launch import RankError, write_error
 from hetpipe.runtime.report import RankResult, median
+from hetpipe.runtime.stage.buffers import ModelBuffers, kept_buffers
 from hetpipe.runtime.data import data_stream, split_microbatches
 from hetpipe.runtime.emulate.pipeline import RecordingHooks
 from hetpipe.runtime.emulate.replicas import SwitchHooks, emulate_replicas
@@ -62,6 +63,7 @@ from hetpipe.runtime.rank import (
     RankState,
     barrier,
     capture_for_plan,
+    resolve_for_plan,
     device_backend,
     device_label,
     emulation_fields,
@@ -75,7 +77,6 @@ from hetpipe.runtime.rank import (
     touch,
 )
 from hetpipe.runtime.replicas.trainer import ReplicaTrainer, check_runnable
-from hetpipe.runtime.stage.weights import check_stage, open_weights, save_pipeline, saved_names
 
 log = logging.getLogger("hetpipe.worker")
 
@@ -159,6 +160,7 @@ def prepare(args: argparse.Namespace, state: RankState, *, plan: Plan | None = N
     """
     from hetpipe.schedule.builders import make_schedule, validate_schedule
     from hetpipe.runtime.stage.build import build_stage, split_stages
+    from hetpipe.runtime.stage.weights import check_stage, open_weights, saved_names
 
     state.phase = "loading the plan"
     plan = plan if plan is not None else Plan.load(args.plan)
@@ -185,7 +187,8 @@ def prepare(args: argparse.Namespace, state: RankState, *, plan: Plan | None = N
         state_dict = open_weights(args.weights)
         check_stage(program, state.stage, state_dict)  # names and shapes from the headers, before any read
         state.phase = "building the stage"
-    stage = build_stage(program, state.stage, state_dict=state_dict, device=device_backend(local_rank)[1], seed=args.seed)
+    stage = build_stage(program, state.stage, state_dict=state_dict, device=device_backend(local_rank)[1], seed=args.seed,
+                        buffers=ModelBuffers(resolve_for_plan(plan, model=args.model, seq=args.seq).model))
     run = _Run(args, plan, stage, state.stage, schedule[state.stage], graph.module, example)
     run.saved_names = saved_names(program, state.stage)
     return run
@@ -207,8 +210,9 @@ def calibrate(run: _Run, *, loss_fn: Any, batch: tuple[Any, Any] | None) -> list
                             optimizer=torch.optim.SGD(run.stage.parameters(), lr=0.0), microbatches=1,
                             hooks=hooks, loss_fn=loss_fn)
     inputs, targets = _microbatches(batch, run.plan, run.index)
-    for _ in range(CALIBRATION_PASSES):
-        executor.step(inputs[:1] if inputs else None, targets[:1] if targets else None)
+    with kept_buffers(run.stage.module):  # calibration is not training: BatchNorm statistics are restored
+        for _ in range(CALIBRATION_PASSES):
+            executor.step(inputs[:1] if inputs else None, targets[:1] if targets else None)
     every: list[Any] = [None] * run.num_stages
     dist.all_gather_object(every, (run.index, median(hooks.fwd_compute_s[1:]), median(hooks.bwd_compute_s[1:])))
     by_stage = {s: StageTiming(f, b) for s, f, b in every}
@@ -266,6 +270,8 @@ def _pipeline_rank(args: argparse.Namespace, state: RankState, run: _Run, ranks:
 
     def finish() -> None:  # collective: every stage writes its shard, stage 0 the index
         if args.save_weights:
+            from hetpipe.runtime.stage.weights import save_pipeline
+
             state.phase = "saving the weights"
             save_pipeline(run.stage.module, run.saved_names, args.save_weights, stage=run.index,
                           num_stages=run.num_stages)
@@ -275,13 +281,15 @@ def _pipeline_rank(args: argparse.Namespace, state: RankState, run: _Run, ranks:
 
 def _replica_rank(args: argparse.Namespace, state: RankState, plan: Plan, ranks: list[int]) -> _RankLoop:
     """This rank's stage of its replica (plan version 2), (calibrated and) emulated with ``--emulate``."""
+    from hetpipe.runtime.stage.weights import open_weights
+
     hooks = SwitchHooks(RecordingHooks())
     state.hooks = hooks
     state.phase = "building the replica"
     trainer = ReplicaTrainer(plan, model=args.model, loss=loss_for(args.model, args.loss), lr=args.lr,
                              schedule=args.schedule, seq=args.seq, seed=args.seed, timeout_s=args.timeout,
                              stage_ranks=ranks, hooks=hooks, overlap_sync=args.sync_overlap,
-                             state_dict=open_weights(getattr(args, "weights", None)))
+                             state_dict=open_weights(args.weights))
     reads = trainer.is_first or trainer.is_last
     stream = data_stream(args.data, model=args.model, global_batch=plan.training.global_batch, seed=args.seed,
                          example=trainer.example, meta_model=trainer.graph_module) if reads else None

@@ -49,6 +49,7 @@ from hetpipe.runtime.execute import comm
 from hetpipe.runtime.emulate.pipeline import DEFAULT_SAFETY_FACTOR, EmulationHooks, RecordingHooks, StageTiming
 from hetpipe.runtime.execute.executor import ActionHooks
 from hetpipe.runtime.execute.options import ExecutorOptions, ReplicaWiring
+from hetpipe.runtime.stage.buffers import kept_buffers
 
 log = logging.getLogger(__name__)
 
@@ -236,8 +237,9 @@ def calibrate_replicas(trainer: Any, *, inputs: Any, targets: Any, timeout_s: fl
     tgs = replica_batch(targets, p, what="targets")[:1] if trainer.is_last else None
     for rep in trainer.plan.replicas:  # one replica at a time: the others wait at the barrier
         if rep.index == p.replica:
-            for _ in range(passes):
-                executor.step(ins, tgs)
+            with kept_buffers(trainer.stage.module):  # calibration is not training: BatchNorm statistics kept
+                for _ in range(passes):
+                    executor.step(ins, tgs)
         barrier(gloo, timeout_s)
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, (p.plan_stage, median(hooks.fwd_compute_s[1:]), median(hooks.bwd_compute_s[1:])))

@@ -35,17 +35,20 @@ INITS = ("seeded", "model")
 def _seeded_state(model: str, *, seed: int, batch: int | None, seq: int | None) -> dict[str, torch.Tensor]:
     from hetpipe import models
     from hetpipe.partitioner.capture.capture import capture
+    from hetpipe.runtime.stage.buffers import ModelBuffers
     from hetpipe.runtime.stage.build import build_stage, split_stages
     from hetpipe.runtime.stage.weights import saved_names
 
-    builtin = ":" not in model
+    builtin = models.takes_size(model)
     resolved = models.resolve(model, device="meta", batch=batch if builtin else None, seq=seq if builtin else None)
     if resolved.example_inputs is None:
         raise ConfigError(f"model factory {model!r} returned no example inputs; return (module, example_inputs) "
                           "so hetpipe can trace it")
     graph = capture(resolved.model, resolved.example_inputs, name=model)
     program = split_stages(graph.module, {}, example_inputs=resolved.example_inputs, num_stages=1)
-    stage = build_stage(program, 0, state_dict=None, device="cpu", seed=seed)  # what every rank draws
+    stage = build_stage(program, 0, state_dict=None, device="cpu", seed=seed,  # what every rank draws
+                        buffers=ModelBuffers(models.resolve(model, device="meta", batch=batch if builtin else None,
+                                                            seq=seq if builtin else None).model))
     local = dict(stage.module.named_parameters(remove_duplicate=False))
     local.update(stage.module.named_buffers(remove_duplicate=False))
     return {key: local[name].detach() for name, key in saved_names(program, 0).items()}
@@ -54,7 +57,7 @@ def _seeded_state(model: str, *, seed: int, batch: int | None, seq: int | None) 
 def _model_state(model: str, *, seed: int, batch: int | None, seq: int | None) -> dict[str, torch.Tensor]:
     from hetpipe import models
 
-    builtin = ":" not in model
+    builtin = models.takes_size(model)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         module = models.resolve(model, device="cpu", batch=batch if builtin else None,
