@@ -40,7 +40,7 @@ def load_model(spec: str, *, batch: int | None, seq: int | None) -> tuple[Any, A
     """(model on meta, example inputs, display name) for a built-in name or ``pkg.mod:factory``."""
     from hetpipe import models
 
-    if ":" not in spec:
+    if models.takes_size(spec):  # built-in and Hugging Face models
         model, inputs = models.build(spec, device="meta", batch=batch, seq=seq)
         return model, inputs, spec
     resolved = models.resolve(spec, device="meta", batch=batch, seq=seq)
@@ -52,14 +52,14 @@ def load_model(spec: str, *, batch: int | None, seq: int | None) -> tuple[Any, A
 
 def capture_args(args: argparse.Namespace) -> Any:
     """The unit graph of ``args.model`` as the model commands see it (built-ins with their loss costed)."""
-    from hetpipe.plan.build import capture_builtin
+    from hetpipe import models
     from hetpipe.partitioner.capture.capture import capture
-
+    from hetpipe.plan.build import capture_builtin
     from hetpipe.plan.user_code import loss_for_capture
 
     gran: str | int = int(args.granularity) if str(args.granularity).isdigit() else args.granularity
     loss, data = getattr(args, "loss", None), getattr(args, "data", None)
-    if ":" not in args.model and not loss and not data:  # built-in: its loss is known and costed
+    if models.takes_size(args.model) and not loss and not data:  # built-in or HF: its loss is known
         return capture_builtin(args.model, batch=args.batch, seq=args.seq, optimizer=args.optimizer,
                                precision=args.precision, granularity=gran)
     model, inputs, name = load_model(args.model, batch=args.batch, seq=args.seq)
