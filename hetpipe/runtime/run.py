@@ -220,15 +220,17 @@ def run(
     _check_args(steps, timeout_s)
     schedule = schedule or plan.training.schedule
     loss_spec = function_spec(loss, "loss")
+    # A folder this call creates is removed again when a check refuses the run: nothing is left behind.
+    workdir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
     keep = run_dir is not None
-    workdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
+    existed = keep and workdir.exists()
     try:
         workdir.mkdir(parents=True, exist_ok=True)
         data_spec = _data_arg(data, steps, workdir)
         weights_arg, save_arg = _weights_args(weights, save_weights, plan)
         preflight(plan, model=model, seq=seq, schedule=schedule, data=data_spec, loss=loss_spec, weights=weights_arg)
     except BaseException:
-        if not keep:
+        if not existed:
             shutil.rmtree(workdir, ignore_errors=True)
         raise
     plan_path = _fresh_run_dir(workdir, plan)
