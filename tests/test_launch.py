@@ -222,16 +222,16 @@ def test_watchdog_kills_on_missing_start_up_stalled_progress_and_stuck_teardown(
 
     spec = _spec(tmp_path, nproc=2, timeout_s=10.0)
     now = time.time()
-    assert L._watchdog_reason(spec, now, None) == ""  # starting up
-    assert "only 0 of 2 ranks started" in L._watchdog_reason(spec, now - L.startup_timeout_s(2) - 1, None)
+    assert L.watchdog_reason(spec, now, None) == ""  # starting up
+    assert "only 0 of 2 ranks started" in L.watchdog_reason(spec, now - L.startup_timeout_s(2) - 1, None)
     for r in range(2):
         (tmp_path / f"progress-rank{r}").write_text("")
-    assert L._watchdog_reason(spec, now - 1000, None) == ""  # both ranks report progress
+    assert L.watchdog_reason(spec, now - 1000, None) == ""  # both ranks report progress
     stale = now - (10.0 + L.PROGRESS_GRACE_S + 5)
     for r in range(2):
         os.utime(tmp_path / f"progress-rank{r}", (stale, stale))
-    assert "no rank reported progress" in L._watchdog_reason(spec, now - 1000, None)
-    assert "did not tear the job down" in L._watchdog_reason(spec, now, now - L.TEARDOWN_GRACE_S - 1)
+    assert "no rank reported progress" in L.watchdog_reason(spec, now - 1000, None)
+    assert "did not tear the job down" in L.watchdog_reason(spec, now, now - L.TEARDOWN_GRACE_S - 1)
 
 
 def test_function_spec_and_saved_data(tmp_path):

@@ -136,10 +136,10 @@ def split_microbatches(batch: Any, microbatches: int, *, what: str) -> list[Any]
 # ----------------------------------------------------------------------------- run
 
 
-def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: str | None = None,
+def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: Any = None,
               loss: str | None = None) -> Any:
     """Refuse, before launching, a plan for another model, an invalid schedule, or ``data`` / ``loss``
-    (import specs or a data file) the workers would fail on; returns the UnitGraph."""
+    the workers would fail on (``data``: an import spec, a data file, or the list of batches); returns the UnitGraph."""
     from hetpipe.schedule.builders import make_schedule, validate_schedule
     from hetpipe.runtime.worker import capture_for_plan
 
@@ -181,6 +181,11 @@ def function_spec(fn: Callable[..., Any] | str | None, what: str) -> str | None:
 
 def save_data(data: Iterable[Any], steps: int, path: Path) -> None:
     """Materialise the first ``steps`` (inputs, targets) batches of ``data`` for the worker processes."""
+    torch.save(take_batches(data, steps), path)
+
+
+def take_batches(data: Iterable[Any], steps: int) -> list[tuple[Any, Any]]:
+    """The first ``steps`` (inputs, targets) batches of ``data``, checked to be pairs."""
     batches = []
     for i, item in enumerate(data):
         if i == steps:
@@ -191,15 +196,7 @@ def save_data(data: Iterable[Any], steps: int, path: Path) -> None:
         batches.append((item[0], item[1]))
     if len(batches) < steps:
         raise ConfigError(f"data yielded {len(batches)} batches, the run needs {steps}; pass more data or fewer steps")
-    torch.save(batches, path)
-
-
-def _data_arg(data: Iterable[Any] | str | None, steps: int, run_dir: Path) -> str | None:
-    if data is None or isinstance(data, str):
-        return data
-    path = run_dir / DATA_FILE
-    save_data(data, steps, path)
-    return str(path)
+    return batches
 
 
 def _default_timeout_s(plan: Plan, *, steps: int, emulate: bool, safety_factor: float | None) -> float:
@@ -252,16 +249,15 @@ def run(
     _check_args(steps, timeout_s)
     schedule = schedule or plan.training.schedule
     loss_spec = function_spec(loss, "loss")
+    batches = None if data is None or isinstance(data, str) else take_batches(data, steps)
+    preflight(plan, model=model, seq=seq, schedule=schedule, data=data if batches is None else batches,
+              loss=loss_spec)
     keep = run_dir is not None
     workdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
-    try:
-        workdir.mkdir(parents=True, exist_ok=True)
-        data_spec = _data_arg(data, steps, workdir)
-        preflight(plan, model=model, seq=seq, schedule=schedule, data=data_spec, loss=loss_spec)
-    except BaseException:
-        if not keep:
-            shutil.rmtree(workdir, ignore_errors=True)
-        raise
+    workdir.mkdir(parents=True, exist_ok=True)
+    data_spec = data if batches is None else str(workdir / DATA_FILE)
+    if batches is not None:
+        torch.save(batches, workdir / DATA_FILE)
     for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("result-rank*.json"),
                   *workdir.glob("progress-rank*")]:
         stale.unlink()
