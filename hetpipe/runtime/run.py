@@ -1,8 +1,9 @@
 """`run()`: train a model with a plan, one torchrun process per stage, and return the `RunReport`.
 
 Before anything is launched, `preflight` checks on this process what would
-otherwise fail on every rank: the schedule name and its validity, and that the
-plan was made for ``model`` (re-captured on the meta device, fingerprints compared).
+otherwise fail on every rank: the schedule name and its validity, that the
+plan was made for ``model`` (re-captured on the meta device, fingerprints compared),
+and the data and loss, tried on one batch on meta (`hetpipe.runtime.user_checks`).
 Then `hetpipe.runtime.launch.launch` runs torchrun, and the per-rank results are
 merged into one report.
 
@@ -199,6 +200,16 @@ def take_batches(data: Iterable[Any], steps: int) -> list[tuple[Any, Any]]:
     return batches
 
 
+def _workdir(run_dir: str | Path | None) -> Path:
+    """The run directory (a fresh temporary one by default), without a previous run's rank files."""
+    workdir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("result-rank*.json"),
+                  *workdir.glob("progress-rank*")]:
+        stale.unlink()
+    return workdir
+
+
 def _default_timeout_s(plan: Plan, *, steps: int, emulate: bool, safety_factor: float | None) -> float:
     from hetpipe.runtime.estimate import BASE_TIMEOUT_S, default_timeout_s, estimate_wall
 
@@ -253,14 +264,10 @@ def run(
     preflight(plan, model=model, seq=seq, schedule=schedule, data=data if batches is None else batches,
               loss=loss_spec)
     keep = run_dir is not None
-    workdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = _workdir(run_dir)
     data_spec = data if batches is None else str(workdir / DATA_FILE)
     if batches is not None:
         torch.save(batches, workdir / DATA_FILE)
-    for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("result-rank*.json"),
-                  *workdir.glob("progress-rank*")]:
-        stale.unlink()
     plan_path = workdir / "plan.json"
     plan.save(plan_path)
     spec = LaunchSpec(plan_path=plan_path, model=model, steps=steps, nproc=len(plan.stages), run_dir=workdir,
