@@ -60,7 +60,7 @@ def _setup(args: argparse.Namespace) -> tuple[Any, tuple[torch.Tensor, ...], Any
 def _batch(args: argparse.Namespace, graph: Any, example: tuple[torch.Tensor, ...], *, rows: int,
            step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``hetpipe run``'s synthetic global batch of ``rows`` samples (inputs, targets) on ``args.device``."""
-    from hetpipe.runtime.run import data_stream
+    from hetpipe.runtime.data import data_stream
 
     stream = data_stream(None, model=args.model, global_batch=rows, seed=step, example=example,
                          meta_model=graph.module)

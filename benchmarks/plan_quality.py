@@ -17,22 +17,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import RESULTS_DIR, markdown_table, write_result  # noqa: E402
-
-
-@dataclass(frozen=True)
-class Scenario:
-    cluster: str  # file under examples/clusters
-    model: str
-    batch: int  # micro-batch size
-    seq: int | None
-    mixed: bool  # heterogeneous cluster (hetpipe must win) or homogeneous control
+from benchmarks.scenarios import Scenario  # noqa: E402
 
 
 SCENARIOS = (
@@ -51,7 +42,7 @@ def evaluate_scenario(sc: Scenario) -> dict[str, object]:
     from hetpipe.cost_models.cluster import load_cluster
     from hetpipe.plan.build import capture_builtin, partition_graph
 
-    cluster = load_cluster(ROOT / "examples" / "clusters" / sc.cluster)
+    cluster = load_cluster(sc.cluster_path())
     graph = capture_builtin(sc.model, batch=sc.batch, seq=sc.seq, precision="bf16-mixed")
     plan = partition_graph(graph, cluster, time_limit_s=10.0, seed=0)
     return {"scenario": sc, "plan": plan}

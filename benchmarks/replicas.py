@@ -32,21 +32,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import RESULTS_DIR, markdown_table, write_result  # noqa: E402
-
-
-@dataclass(frozen=True)
-class Scenario:
-    cluster: str  # file under examples/clusters
-    model: str
-    batch: int  # micro-batch size
-    seq: int
+from benchmarks.scenarios import Scenario  # noqa: E402
 
 
 SCENARIOS = (
@@ -78,7 +70,7 @@ def run_scenario(sc: Scenario, *, time_limit_s: float) -> list[object]:
     from hetpipe.plan.replicas import build_replica_problem, partition_replicas
     from hetpipe.partitioner.replicas import solve_replicas_exact
 
-    cluster = load_cluster(ROOT / "examples" / "clusters" / sc.cluster)
+    cluster = load_cluster(sc.cluster_path())
     graph = capture_builtin(sc.model, batch=sc.batch, seq=sc.seq, precision="bf16-mixed")
     gb = 2 * sc.batch * len(cluster.devices)
     start = time.perf_counter()

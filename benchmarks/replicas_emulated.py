@@ -39,19 +39,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.scenarios import Scenario
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL, MICRO_BATCH = "gpt-demo", 1
 MINI_BUCKET_CAP_BYTES = 2 * 198_272 * 4  # two gpt-demo blocks (198,272 parameters each) of fp32 gradients
 MARKER = "### Emulated-measured"
 
 
-@dataclass(frozen=True)
-class Scenario:
-    cluster: str  # file under examples/clusters
-    global_batch: int
-
-
-SCENARIOS = (Scenario("homelab-mini.yaml", 12), Scenario("community-16-mini.yaml", 32))
+SCENARIOS = (Scenario("homelab-mini.yaml", MODEL, MICRO_BATCH, global_batch=12),
+             Scenario("community-16-mini.yaml", MODEL, MICRO_BATCH, global_batch=32))
 
 log = logging.getLogger("benchmarks.replicas_emulated")
 
@@ -95,8 +92,8 @@ def emulated_plans(sc: Scenario) -> dict[str, tuple[Any, bool]]:
     from hetpipe.plan.build import capture_builtin, partition_graph
     from hetpipe.plan.replicas import partition_replicas
 
-    cluster = load_cluster(ROOT / "examples" / "clusters" / sc.cluster)
-    graph = capture_builtin(MODEL, batch=MICRO_BATCH)
+    cluster = load_cluster(sc.cluster_path())
+    graph = capture_builtin(sc.model, batch=sc.batch)
     replicas = partition_replicas(graph, cluster, global_batch=sc.global_batch, policy="synchronous",
                                   time_limit_s=10.0, bucket_cap_bytes=MINI_BUCKET_CAP_BYTES)
     return {"(a) DDP, equal batches": (_ddp_equal_plan(graph, cluster, sc.global_batch), True),
@@ -114,7 +111,7 @@ def layout(plan: Any) -> str:
 
 
 def _fits(plan: Any) -> bool:
-    from hetpipe.plan.schema import check_plan
+    from hetpipe.plan.check import check_plan
 
     return not any("memory" in v or "usable" in v for v in check_plan(plan).violations)
 
@@ -122,7 +119,7 @@ def _fits(plan: Any) -> bool:
 def run_emulated(name: str, plan: Any, *, overlap: bool, steps: int, workdir: Path) -> EmulatedOutcome:
     """One emulated run of ``plan`` (an emulated OOM or other failure is recorded, not raised)."""
     from hetpipe.errors import RuntimeFailure
-    from hetpipe.runtime.report import simulated_iteration_s
+    from hetpipe.plan.run_sim import simulated_iteration_s
     from hetpipe.runtime.run import run
 
     sim = simulated_iteration_s(plan, plan.training.schedule, overlap_sync=overlap)

@@ -98,7 +98,7 @@ def _run_plan(name: str, plan: object, *, steps: int, repeats: int, workdir: Pat
     from hetpipe.errors import RuntimeFailure
     from hetpipe.partitioner.problem import evaluate
     from hetpipe.plan.schema import problem_from_plan, stages_from_plan
-    from hetpipe.runtime.report import simulated_iteration_s
+    from hetpipe.plan.run_sim import simulated_iteration_s
     from hetpipe.runtime.run import run
 
     fits = evaluate(problem_from_plan(plan), stages_from_plan(plan)).fits

@@ -21,10 +21,37 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 from hetpipe.cost_models.cluster import cluster_from_dict
 from hetpipe.cost_models.devices import Cluster
 from hetpipe.cost_models.memory import state_bytes_per_param
 from hetpipe.partitioner.capture.graph import Unit, UnitGraph
+
+#: The example cluster files every scenario names.
+CLUSTERS_DIR = Path(__file__).resolve().parents[1] / "examples" / "clusters"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One benchmark case: a cluster file under examples/clusters and a built-in model's shape.
+
+    Example:
+        >>> Scenario("homelab.yaml", "gpt2-small", 4, 1024).cluster_path().name
+        'homelab.yaml'
+    """
+
+    cluster: str  # file under examples/clusters
+    model: str  # built-in model name (hetpipe.models)
+    batch: int  # micro-batch size
+    seq: int | None = None  # sequence length (None: the model's default)
+    mixed: bool = True  # heterogeneous cluster (hetpipe must win) or homogeneous control
+    global_batch: int | None = None  # None: the planner's default (two micro-batches per card)
+
+    def cluster_path(self) -> Path:
+        return CLUSTERS_DIR / self.cluster
+
 
 #: Korthikanti et al. 2022, bytes per (s·b·h) of one layer's saved activations, fused attention.
 ACTIVATION_BYTES_PER_SBH = 34

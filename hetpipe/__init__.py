@@ -45,7 +45,7 @@ _LAZY = {
     "partition": "hetpipe.plan.build",
     "partition_graph": "hetpipe.plan.build",
     "Plan": "hetpipe.plan.schema",
-    "check_plan": "hetpipe.plan.schema",
+    "check_plan": "hetpipe.plan.check",
     "load_cluster": "hetpipe.cost_models.cluster",
     "Cluster": "hetpipe.cost_models.devices",
     "Problem": "hetpipe.partitioner.problem",

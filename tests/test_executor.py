@@ -221,7 +221,7 @@ PERMUTED_STAGE_RANKS = (2, 0, 1)
 
 
 def _permuted_worker(rank: int, world: int) -> dict[str, Any]:
-    from hetpipe.runtime.worker import stage_ranks
+    from hetpipe.runtime.rank import stage_ranks
 
     case = CASES["gpt-1f1b"]
     stage_index = PERMUTED_STAGE_RANKS.index(rank)
@@ -430,12 +430,12 @@ def test_bad_inputs_are_named_before_anything_runs():
 
 
 @pytest.mark.parametrize("actions,message", [
-    ("1RECV_F0 1F0 1B0 1SEND_B0 1STEP", r"step 0 \(1RECV_F0\) is not an action of stage 0"),
+    ("1RECV_F0 1F0 1B0 1SEND_B0 1STEP", r"step 0 \(1RECV_F0\): names stage 1, but rank 0 runs stage 0 only"),
     ("0F0 0SEND_F0 0B0 0STEP", r"no 0RECV_B0; fix: add it before 0B0"),
-    ("0F0 0SEND_F0 0B0 0RECV_B0 0STEP", r"0B0 \(step 2\) runs before 0RECV_B0 \(step 3\); swap them"),
-    ("0F0 0SEND_F0 0RECV_B0 0B0 0STEP 0F0", r"repeats step 0"),
-    ("0F0 0SEND_F0 0RECV_B0 0B0", r"0STEP must be the last action"),
-    ("0F5 0SEND_F0 0RECV_B0 0B0 0STEP", r"\(0F5\): micro-batch outside 0..0"),
+    ("0F0 0SEND_F0 0B0 0RECV_B0 0STEP", r"step 2 \(0B0\) comes before 0RECV_B0 \(step 3\) .*fix: move 0B0 after"),
+    ("0F0 0SEND_F0 0RECV_B0 0B0 0STEP 0F0", r"duplicate of step 0"),
+    ("0F0 0SEND_F0 0RECV_B0 0B0", r"no 0STEP; fix: append it as the last action"),
+    ("0F5 0SEND_F0 0RECV_B0 0B0 0STEP", r"\(0F5\): micro-batch 5 is outside 0..0"),
 ])
 def test_local_action_lists_are_checked(actions, message):
     with pytest.raises(ScheduleError, match=message):

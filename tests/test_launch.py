@@ -24,8 +24,8 @@ from hetpipe.runtime.launch import (
     write_error,
 )
 from hetpipe.runtime.report import RankResult, RunReport, build_report
-from hetpipe.runtime.run import split_microbatches, synthetic_batch
-from hetpipe.runtime.worker import make_optimizer, stage_for, stage_links, stage_ranks
+from hetpipe.runtime.data import split_microbatches, synthetic_batch
+from hetpipe.runtime.rank import make_optimizer, stage_for, stage_links, stage_ranks
 from tests.runtime_plans import synthetic_plan
 
 

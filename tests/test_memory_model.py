@@ -11,7 +11,8 @@ from hetpipe.cost_models.memory import state_bytes_per_param
 from hetpipe.models import build, training_loss
 from hetpipe.plan.build import build_problem, partition_graph
 from hetpipe.partitioner.capture.capture import capture
-from hetpipe.plan.schema import Plan, check_plan, problem_from_plan
+from hetpipe.plan.check import check_plan
+from hetpipe.plan.schema import Plan, problem_from_plan
 from hetpipe.partitioner.problem import Stage, evaluate, stage_memory_bytes
 
 BATCH, SEQ = 2, 16

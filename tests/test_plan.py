@@ -10,7 +10,8 @@ import pytest
 
 from hetpipe.errors import ConfigError, PlanError
 from hetpipe.plan.build import assemble_plan, build_problem, microbatches_for
-from hetpipe.plan.schema import PLAN_VERSION, Plan, SolverReport, check_plan, verify_model
+from hetpipe.plan.check import check_plan
+from hetpipe.plan.schema import PLAN_VERSION, Plan, SolverReport, verify_model
 from hetpipe.partitioner.problem import Stage, evaluate
 from tests.synthetic import synthetic_cluster, synthetic_graph
 
@@ -68,7 +69,9 @@ def test_check_reports_memory_overflow():
     plan = _plan()
     devices = list(plan.devices)
     devices[2] = dataclasses.replace(devices[2], usable_bytes=10)
-    report = check_plan(dataclasses.replace(plan, devices=tuple(devices)))
+    # the stage records its device's usable bytes; a stage that contradicts its device is refused outright
+    stages = tuple(dataclasses.replace(st, usable_bytes=10) if st.device == "n1:2" else st for st in plan.stages)
+    report = check_plan(dataclasses.replace(plan, devices=tuple(devices), stages=stages))
     assert any("stage 2 on n1:2: needs" in v and "usable" in v for v in report.violations)
 
 

@@ -142,7 +142,7 @@ def test_emulation_uses_each_replicas_own_links_and_the_plans_sync_times():
     import time
 
     from hetpipe.runtime.emulate.replicas import sync_emulation
-    from hetpipe.runtime.worker import stage_links
+    from hetpipe.runtime.rank import stage_links
 
     plan = _numerics_plan()
     link = {(l.src, l.dst): (l.bandwidth_bytes_s, l.latency_s) for l in plan.links}

@@ -22,8 +22,10 @@ from hetpipe.cost_models.sync import (
     sync_groups,
 )
 from hetpipe.errors import ConfigError, InfeasibleError, PlanError
-from hetpipe.plan.build import assemble_plan, build_problem, partition_replicas
-from hetpipe.plan.schema import PLAN_VERSION, Plan, SolverReport, check_plan
+from hetpipe.plan.build import assemble_plan, build_problem
+from hetpipe.plan.replicas import partition_replicas
+from hetpipe.plan.check import check_plan
+from hetpipe.plan.schema import PLAN_VERSION, Plan, SolverReport
 from hetpipe.partitioner.problem import Stage, evaluate
 from hetpipe.plan.replicas import build_replica_problem, ddp_equal
 from hetpipe.partitioner.replicas import (
@@ -232,7 +234,8 @@ def test_replica_plan_round_trips_and_checks(home_plan, tmp_path):
      "memory_bytes"),
     (lambda p: dataclasses.replace(p, sync=dataclasses.replace(p.sync, sync_s=p.sync.sync_s * 2)), "sync.sync_s"),
     (lambda p: dataclasses.replace(p, sync=dataclasses.replace(p.sync, groups=())), "sync.groups"),
-    (lambda p: dataclasses.replace(p, devices=tuple(dataclasses.replace(d, usable_bytes=10**6) for d in p.devices)),
+    (lambda p: dataclasses.replace(p, devices=tuple(dataclasses.replace(d, usable_bytes=10**6) for d in p.devices),
+                                   stages=tuple(dataclasses.replace(s, usable_bytes=10**6) for s in p.stages)),
      "usable"),
 ])
 def test_check_catches_edited_replica_plans(home_plan, edit, message):

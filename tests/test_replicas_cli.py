@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from hetpipe.cli import app
-from hetpipe.plan.schema import Plan, check_plan
+from hetpipe.plan.check import check_plan
+from hetpipe.plan.schema import Plan
 from hetpipe.runtime.report import RunReport
 
 HOMELAB = "examples/clusters/homelab.yaml"

@@ -318,7 +318,7 @@ def ddp_plan_path(tmp_path_factory) -> Path:
 def test_emulated_sync_overlapped_with_backward_beats_sync_after_it(ddp_plan_path, tmp_path, capsys):
     """Issue #6: the emulated step with the sync overlapped (the default) and with ``--no-sync-overlap`` each
     match their own simulation, and overlapping is measurably faster."""
-    from hetpipe.runtime.report import simulated_iteration_s
+    from hetpipe.plan.run_sim import simulated_iteration_s
 
     # Each rank steps Adam over the whole model (~3 ms of real CPU), which the emulation does not stretch and T
     # does not count: a time scale ~3x the other tests' keeps its share of the ~1.3 ms emulated step near 3%.

@@ -104,7 +104,7 @@ def test_compare_reproduces_recorded_baselines_and_simulates_each(plans, capsys)
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["simulate", "{plan}", "--microbatches", "0"], "--microbatches must be at least 1"),
+    (["simulate", "{plan}", "--microbatches", "0"], "--microbatches: must be a whole number >= 1, got 0"),
     (["simulate", "{plan}", "--schedule", "zero-bubble"], "unknown schedule 'zero-bubble'"),
     (["compare", "{plan}", "--baselines", "pipedream"], "unknown baseline 'pipedream'"),
     (["show", "{missing}"], "cannot read plan"),

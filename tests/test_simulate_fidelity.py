@@ -32,7 +32,8 @@ from hetpipe.plan.analysis import (
 )
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate
 from hetpipe.schedule.builders import gpipe, make_schedule, one_f_one_b
-from hetpipe.schedule.simulate import costs_from_problem, simulate
+from hetpipe.partitioner.placement import costs_from_problem
+from hetpipe.schedule.simulate import simulate
 
 BOUNDARY_BYTES = 10**6
 BIG_BYTES = 10**15

@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 
 from rich.console import Console
 
+from hetpipe.cli.checks import OneLineParser, check_args
 from hetpipe.cli.model_cmds import add_model_args, cmd_check, cmd_inspect, cmd_models, cmd_plan, cmd_profile
 from hetpipe.cli.plan_views import cmd_compare, cmd_show, cmd_simulate
 from hetpipe.cli.run_cmds import add_run_parser, cmd_demo, cmd_run
@@ -30,7 +31,7 @@ log = logging.getLogger("hetpipe.cli.app")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hetpipe", description="Heterogeneous pipeline partitioning for PyTorch training")
+    parser = OneLineParser(prog="hetpipe", description="Heterogeneous pipeline partitioning for PyTorch training")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("models", help="list built-in models")
@@ -93,10 +94,12 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console(width=160 if not sys.stdout.isatty() else None)
     try:
+        args = _parser().parse_args(argv)
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                            format="%(levelname)s %(name)s: %(message)s")
+        check_args(args)  # flags in range and outputs writable before any long work (cli/checks.py)
         return COMMANDS[args.command](args, console)
     except HetpipeError as err:
         Console(stderr=True, soft_wrap=True).print(f"error: {err}", markup=False, highlight=False)

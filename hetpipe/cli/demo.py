@@ -58,7 +58,7 @@ def _replicas_story(graph: "UnitGraph", cluster_file: Path, single: Plan, out: P
     """Mixed data parallelism (issue #6) on the same cards: shown, and preferred only where it wins."""
     from hetpipe.cost_models.cluster import load_cluster
     from hetpipe.errors import InfeasibleError
-    from hetpipe.plan.build import partition_replicas
+    from hetpipe.plan.replicas import partition_replicas
     from hetpipe.cli.tables import format_seconds, replica_table
 
     try:
@@ -80,11 +80,9 @@ def _replicas_story(graph: "UnitGraph", cluster_file: Path, single: Plan, out: P
 def _timelines(plan: Plan, out: Path) -> tuple[Path, Path]:
     from hetpipe.cli.timeline import chrome_trace, save_gantt
     from hetpipe.plan.schema import problem_from_plan, stages_from_plan
-    from hetpipe.schedule.builders import one_f_one_b
-    from hetpipe.schedule.simulate import costs_from_problem, simulate
+    from hetpipe.partitioner.placement import simulate_placement
 
-    problem, stages = problem_from_plan(plan), stages_from_plan(plan)
-    result = simulate(one_f_one_b(len(stages), problem.microbatches), costs_from_problem(problem, stages))
+    result = simulate_placement(problem_from_plan(plan), stages_from_plan(plan))
     kinds = {d.id: d.kind for d in plan.devices}
     labels = [f"{s.device} ({kinds[s.device]})" for s in plan.stages]
     png = save_gantt(result, out / "gantt.png", labels=labels,

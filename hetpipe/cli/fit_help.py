@@ -2,7 +2,7 @@
 
 Example:
     $ hetpipe plan gpt2-xl --cluster examples/clusters/homelab.yaml
-    error: no plan fits in memory: ...; these settings fit: --batch 1 (fullest stage ... of 22.00 GiB on desk:1), ...
+    error: no plan fits in memory: ... These settings fit: --batch 2 (fullest stage 16.66 GiB of 22.00 GiB on desk:1), ...
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from hetpipe.cost_models.devices import Cluster
 from hetpipe.errors import InfeasibleError
 
 
-def _current(args: argparse.Namespace, graph: Any) -> Any:
+def _current(args: argparse.Namespace, graph: Any) -> tuple[Any, Any]:
+    """(the `Settings` the graph was captured with, the built-in model's spec or None)."""
     from hetpipe import models
     from hetpipe.plan.fit_hints import Settings
 

@@ -118,9 +118,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     except InfeasibleError as err:
         from hetpipe.cli.fit_help import with_fit_hints
 
-        if isinstance(replicas, int) and replicas > 1:
+        if isinstance(replicas, int) and replicas > 1:  # the hints are for one pipeline
             raise
-
         with console.status("nothing fits: trying lighter settings (memory only)"):
             raise with_fit_hints(err, args, graph, cluster, capture_args) from None
     plan.save(args.output)
@@ -135,7 +134,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
-    from hetpipe.plan.schema import Plan, check_plan, verify_model
+    from hetpipe.plan.check import check_plan
+    from hetpipe.plan.schema import Plan, verify_model
 
     plan = Plan.load(args.plan)
     if args.model:

@@ -8,7 +8,8 @@ from rich.console import Console
 
 
 def cmd_show(args: argparse.Namespace, console: Console) -> int:
-    from hetpipe.plan.analysis import simulate_plan, write_timelines
+    from hetpipe.cli.timeline import write_timelines
+    from hetpipe.plan.analysis import simulate_plan
     from hetpipe.plan.schema import Plan
     from hetpipe.cli.tables import baseline_table, memory_table, plan_table, replica_table
 
@@ -28,7 +29,8 @@ def cmd_show(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace, console: Console) -> int:
-    from hetpipe.plan.analysis import divergence_reason, simulate_plan, write_timelines
+    from hetpipe.cli.timeline import write_timelines
+    from hetpipe.plan.analysis import divergence_reason, simulate_plan
     from hetpipe.plan.schema import Plan
     from hetpipe.cli.tables import simulation_table
 

@@ -17,9 +17,12 @@ Example:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
+from hetpipe.cost_models.outputs import atomic_path, atomic_write_text
+from hetpipe.plan.analysis import PlanSimulation
 from hetpipe.schedule.actions import Action, Op
 from hetpipe.schedule.simulate import SimEvent, SimResult
 
@@ -179,3 +182,23 @@ def save_gantt(result: SimResult, path: str | Path, *, labels: Sequence[str] = (
     """Draw `result` as a Gantt chart PNG at `path` (one panel of `save_gantt_compare`)."""
     return save_gantt_compare([(title or f"simulated iteration: {result.iteration_s:.4g} s, bubble "
                                          f"{result.bubble_fraction:.0%}", result)], path, labels=labels)
+
+
+def write_timelines(sim: PlanSimulation, *, gantt: Path | None = None, trace: Path | None = None,
+                    title: str = "") -> tuple[Path, ...]:
+    """Write the Gantt PNG and/or Chrome trace JSON of `sim`; returns the paths written.
+
+    Example:
+        write_timelines(simulate_plan(Plan.load("plan.json")), gantt=Path("g.png"), trace=Path("t.json"))
+    """
+    written = []
+    if gantt is not None:
+        title = title or (f"{sim.name}: simulated {sim.schedule} iteration {sim.simulated_s:.4g} s "
+                          f"(analytic T {sim.analytic_s:.4g} s), m={sim.microbatches}")
+        with atomic_path(gantt) as tmp:  # an existing picture survives a failed drawing
+            save_gantt(sim.result, tmp, labels=sim.labels, title=title)
+        written.append(Path(gantt))
+    if trace is not None:
+        atomic_write_text(trace, json.dumps(chrome_trace(sim.result, labels=sim.labels)))
+        written.append(Path(trace))
+    return tuple(written)

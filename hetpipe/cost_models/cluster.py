@@ -34,6 +34,7 @@ import yaml
 from hetpipe.cost_models.catalog import load_catalog, lookup_gpu
 from hetpipe.cost_models.cluster_fields import Where, check_keys, device_entry, network_spec, text
 from hetpipe.cost_models.devices import Cluster, Device, Link
+from hetpipe.cost_models.validate import MAX_CLUSTER_FILE_BYTES, MAX_YAML_ALIASES, check_device_count
 from hetpipe.cost_models.links import (
     INTRA_KINDS, NETWORK_KIND, LinkEnds, NetworkSpec, intra_figures, intra_kind, slower,
 )
@@ -55,7 +56,22 @@ _LINK_KEYS = ("between", "bandwidth", "latency")
 
 
 class _LineLoader(yaml.SafeLoader):
-    """SafeLoader whose mappings remember their 1-based line (for error messages)."""
+    """SafeLoader whose mappings remember their 1-based line (for error messages).
+
+    It counts aliases while composing (before anything is expanded) and refuses more than
+    `MAX_YAML_ALIASES`: a few hundred bytes of nested aliases expand to gigabytes.
+    """
+
+    aliases_seen = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self.aliases_seen += 1
+            if self.aliases_seen > MAX_YAML_ALIASES:
+                mark = self.peek_event().start_mark
+                raise ConfigError(f"{self.name}:{mark.line + 1}: more than {MAX_YAML_ALIASES} YAML aliases (*name); "
+                                  "write the values out, or share fewer anchors")
+        return super().compose_node(parent, index)
 
 
 class _LineDict(dict):  # type: ignore[type-arg]
@@ -80,7 +96,12 @@ def _parse_text(raw: str, source: str) -> Any:
             raise ConfigError(f"{source}:{err.lineno}: malformed JSON: {err.msg} (column {err.colno}); "
                               "fix the syntax, or write the file as YAML") from None
     try:
-        return yaml.load(raw, Loader=_LineLoader)  # noqa: S506 - _LineLoader is a SafeLoader
+        loader = _LineLoader(raw)
+        loader.name = source
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -95,12 +116,16 @@ def load_cluster(path: str | Path) -> Cluster:
     """Read a cluster file (YAML, or JSON for ``*.json``) into a `Cluster`.
 
     Example:
-        >>> c = load_cluster("examples/clusters/homelab.yaml")  # doctest: +SKIP
-        >>> c.kinds  # doctest: +SKIP
-        ('rtx3090', 'rtx4090', 'rtx3060-12gb')
+        >>> c = load_cluster("examples/clusters/homelab.yaml")
+        >>> [d.kind for d in c.devices]
+        ['rtx3090', 'rtx4090', 'rtx3060-12gb']
     """
     path = Path(path)
     try:
+        if path.is_file() and path.stat().st_size > MAX_CLUSTER_FILE_BYTES:
+            raise ConfigError(f"cluster file {str(path)!r} is {path.stat().st_size} bytes, more than the "
+                              f"{MAX_CLUSTER_FILE_BYTES} a cluster file may have; pass the cluster file, "
+                              "not another file")
         raw = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"cluster file {str(path)!r} not found; pass an existing YAML/JSON file "
@@ -247,6 +272,7 @@ def cluster_from_dict(doc: Any, *, source: str = "<dict>", default_name: str = "
                                             "or remove the node")
         built = [device_entry(e, at.field(f"devices[{k}]", e), default_reserve_bytes=DEFAULT_RESERVE_BYTES)
                  for k, e in enumerate(entries)]
+        check_device_count(len(devices) + sum(len(g) for g in built), f"{source}: nodes[{i}].devices")
         node_devices = [Device(f"{name}:{n}", name, profile, reserve)
                         for n, (profile, reserve, _) in enumerate(x for group in built for x in group)]
         ends = [e for group in built for (_, _, e) in group]

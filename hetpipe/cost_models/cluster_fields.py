@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
@@ -20,6 +21,9 @@ from hetpipe.cost_models.catalog import load_catalog
 from hetpipe.cost_models.devices import DeviceProfile
 from hetpipe.cost_models.links import LinkEnds, NetworkSpec, PCIE4_X16_BANDWIDTH_BYTES_S
 from hetpipe.cost_models.quantities import parse_bandwidth_bytes_s, parse_bytes, parse_latency_s
+from hetpipe.cost_models.validate import (
+    MAX_BANDWIDTH_BYTES_S, MAX_DEVICE_FLOPS_S, MAX_DEVICE_MEMORY_BYTES, MAX_DEVICES, MAX_LATENCY_S, MAX_SHOWN_CHARS, show,
+)
 from hetpipe.errors import ConfigError
 
 #: FLOP/s per TFLOP/s (cluster files give compute in TFLOP/s).
@@ -57,44 +61,49 @@ def check_keys(entry: object, allowed: tuple[str, ...], where: Where) -> None:
         if key not in allowed:
             close = difflib.get_close_matches(str(key), allowed, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise where.field(str(key)).error(f"unknown field; {hint}allowed here: {', '.join(allowed)}")
+            raise where.field(str(key)[:MAX_SHOWN_CHARS]).error(f"unknown field; {hint}allowed here: {', '.join(allowed)}")
 
 
 def text(value: object, where: Where) -> str:
     """A non-empty string."""
     if not isinstance(value, str) or not value.strip():
-        raise where.error(f"must be a non-empty string, got {value!r}; quote it if it is a number")
+        raise where.error(f"must be a non-empty string, got {show(value)}; quote it if it is a number")
     return value.strip()
 
 
-def quantity(value: object, parse: Callable[[object], float], where: Where, *, allow_zero: bool = False) -> float:
-    """`value` parsed by `parse`, which must be positive (or zero when `allow_zero`)."""
+def quantity(value: object, parse: Callable[[object], float], where: Where, *, allow_zero: bool = False,
+             maximum: float = math.inf) -> float:
+    """`value` parsed by `parse`: finite, positive (or zero when `allow_zero`) and at most `maximum`."""
     if value is None:
         raise where.error("is missing a value; see docs/cluster-file.md for units")
     try:
         number = parse(value)
-    except ValueError as err:
+    except (ValueError, OverflowError) as err:
         raise where.error(str(err)) from None
-    if number < 0 or (number == 0 and not allow_zero):
-        raise where.error(f"must be {'non-negative' if allow_zero else 'positive'}, got {value!r}")
+    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+        raise where.error(f"must be {'non-negative' if allow_zero else 'positive'} and finite, got {show(value)}; "
+                          "see docs/cluster-file.md for units")
+    if number > maximum:
+        raise where.error(f"{show(value)} is above the sanity bound {maximum:g} (base units); "
+                          "check the unit (e.g. GB, not TB) and the exponent")
     return number
 
 
 def _fraction(value: object, where: Where) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise where.error(f"must be a fraction in (0, 1], got {value!r}; it is achieved / peak")
+        raise where.error(f"must be a fraction in (0, 1], got {show(value)}; it is achieved / peak")
     return float(value)
 
 
 def _flag(value: object, where: Where) -> bool:
     if not isinstance(value, bool):
-        raise where.error(f"must be true or false, got {value!r}")
+        raise where.error(f"must be true or false, got {show(value)}")
     return value
 
 
 def _tflops(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"must be a number of TFLOP/s (e.g. 71), got {value!r}")
+        raise ValueError(f"must be a number of TFLOP/s (e.g. 71), got {show(value)}")
     return float(value) * FLOPS_PER_TFLOP
 
 
@@ -110,23 +119,26 @@ def network_spec(entry: object, where: Where, *, allowed: tuple[str, ...] = NETW
     for key in NETWORK_KEYS:
         if key not in entry:
             raise where.field(key).error("is missing; give both, e.g. {bandwidth: 1Gbit/s, latency: 0.2ms}")
-    return NetworkSpec(quantity(entry["bandwidth"], parse_bandwidth_bytes_s, where.field("bandwidth")),
-                       quantity(entry["latency"], parse_latency_s, where.field("latency"), allow_zero=True))
+    return NetworkSpec(quantity(entry["bandwidth"], parse_bandwidth_bytes_s, where.field("bandwidth"),
+                                maximum=MAX_BANDWIDTH_BYTES_S),
+                       quantity(entry["latency"], parse_latency_s, where.field("latency"), allow_zero=True,
+                                maximum=MAX_LATENCY_S))
 
 
 def _figures(entry: Mapping[str, Any], where: Where) -> dict[str, Any]:
     """DeviceProfile fields the entry sets explicitly."""
     parsers: dict[str, tuple[str, Callable[[object, Where], Any]]] = {
-        "memory": ("memory_bytes", lambda v, w: int(quantity(v, parse_bytes, w))),
-        "tensor_tflops": ("tensor_flops_s", lambda v, w: quantity(v, _tflops, w)),
-        "fp32_tflops": ("fp32_flops_s", lambda v, w: quantity(v, _tflops, w)),
-        "memory_bandwidth": ("memory_bandwidth_bytes_s", lambda v, w: quantity(v, parse_bandwidth_bytes_s, w)),
+        "memory": ("memory_bytes", lambda v, w: int(quantity(v, parse_bytes, w, maximum=MAX_DEVICE_MEMORY_BYTES))),
+        "tensor_tflops": ("tensor_flops_s", lambda v, w: quantity(v, _tflops, w, maximum=MAX_DEVICE_FLOPS_S)),
+        "fp32_tflops": ("fp32_flops_s", lambda v, w: quantity(v, _tflops, w, maximum=MAX_DEVICE_FLOPS_S)),
+        "memory_bandwidth": ("memory_bandwidth_bytes_s",
+                             lambda v, w: quantity(v, parse_bandwidth_bytes_s, w, maximum=MAX_BANDWIDTH_BYTES_S)),
         "nvlink": ("nvlink", _flag),
         "p2p": ("p2p", _flag),
         "matmul_efficiency": ("matmul_efficiency", _fraction),
         "bandwidth_efficiency": ("bandwidth_efficiency", _fraction),
         "kernel_overhead": ("kernel_overhead_s",
-                            lambda v, w: quantity(v, parse_latency_s, w, allow_zero=True)),
+                            lambda v, w: quantity(v, parse_latency_s, w, allow_zero=True, maximum=MAX_LATENCY_S)),
     }
     return {attr: parse(entry[key], where.field(key)) for key, (attr, parse) in parsers.items() if key in entry}
 
@@ -156,9 +168,11 @@ def _base(entry: Mapping[str, Any], where: Where) -> tuple[DeviceProfile | None,
 def _ends(entry: Mapping[str, Any], where: Where, ends: LinkEnds, profile: DeviceProfile) -> LinkEnds:
     pcie, nvlink = ends.pcie_bandwidth_bytes_s, ends.nvlink_bandwidth_bytes_s
     if "pcie_bandwidth" in entry:
-        pcie = quantity(entry["pcie_bandwidth"], parse_bandwidth_bytes_s, where.field("pcie_bandwidth"))
+        pcie = quantity(entry["pcie_bandwidth"], parse_bandwidth_bytes_s, where.field("pcie_bandwidth"),
+                        maximum=MAX_BANDWIDTH_BYTES_S)
     if "nvlink_bandwidth" in entry:
-        nvlink = quantity(entry["nvlink_bandwidth"], parse_bandwidth_bytes_s, where.field("nvlink_bandwidth"))
+        nvlink = quantity(entry["nvlink_bandwidth"], parse_bandwidth_bytes_s, where.field("nvlink_bandwidth"),
+                          maximum=MAX_BANDWIDTH_BYTES_S)
     if profile.nvlink and nvlink is None:
         raise where.field("nvlink").error("a card with nvlink: true needs nvlink_bandwidth (NVIDIA's figure, "
                                           "both directions, e.g. 112.5GB/s)")
@@ -186,11 +200,13 @@ def device_entry(entry: object, where: Where, *,
         note = f"{base.source}; {', '.join(overridden)} from {where.source}" if overridden else base.source
         profile = replace(base, kind=kind, **figures, source=source or note)
     count = entry.get("count", 1)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise where.field("count").error(f"must be a whole number of cards, at least 1, got {count!r}")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_DEVICES:
+        raise where.field("count").error(f"must be a whole number of cards, at least 1 and at most {MAX_DEVICES}, "
+                                         f"got {show(count)}; fix the count")
     reserve = default_reserve_bytes
     if "reserve" in entry:
-        reserve = int(quantity(entry["reserve"], parse_bytes, where.field("reserve"), allow_zero=True))
+        reserve = int(quantity(entry["reserve"], parse_bytes, where.field("reserve"), allow_zero=True,
+                               maximum=MAX_DEVICE_MEMORY_BYTES))
     if reserve >= profile.memory_bytes:
         raise where.field("reserve").error(
             f"reserve of {reserve} bytes leaves nothing of the card's {profile.memory_bytes} bytes; "

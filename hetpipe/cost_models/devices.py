@@ -96,9 +96,7 @@ class Link:
     kind: str = ""  # nvlink | pcie-p2p | pcie-host | network | loopback
 
     def transfer_s(self, num_bytes: int) -> float:
-        """Alpha-beta model of one message (cost_formulas.md §3.4)."""
-        if num_bytes <= 0:
-            return 0.0
+        """Alpha-beta model of one message (cost_formulas.md §3.4); an empty message still pays the latency."""
         return self.latency_s + num_bytes / self.bandwidth_bytes_s
 
 

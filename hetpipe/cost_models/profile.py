@@ -37,6 +37,7 @@ from hetpipe.cost_models.calibrate import (
 )
 from hetpipe.cost_models.catalog import load_catalog, normalize_name
 from hetpipe.cost_models.cluster import cluster_from_dict, load_cluster
+from hetpipe.cost_models.outputs import atomic_write_text
 from hetpipe.cost_models.devices import Cluster, DeviceProfile
 from hetpipe.errors import ConfigError
 
@@ -327,7 +328,7 @@ def run_profile(*, output: Path | None, calibrate: bool) -> tuple[Cluster, str]:
                   f"on {socket.gethostname()}; {detection.note}\n# see docs/cluster-file.md\n")
         try:
             output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text(header + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+            atomic_write_text(output, header + yaml.safe_dump(doc, sort_keys=False))
         except OSError as err:
             raise ConfigError(f"cannot write {output}: {err.strerror}; choose a writable path with -o") from None
         cluster = load_cluster(output)

@@ -92,6 +92,8 @@ def parse_bytes(value: object) -> int:
     """
     number, factor = _split(value, BYTE_UNITS, "memory size")
     total = number * factor
+    if not math.isfinite(total):  # 1e300TB: finite number, infinite product
+        raise ValueError(f"{str(value)[:40]!r} is too large to be a memory size; check the unit and the exponent")
     rounded = round(total)
     if abs(total - rounded) > 1e-6 * max(1.0, abs(total)):
         raise ValueError(f"{value!r} is not a whole number of bytes")

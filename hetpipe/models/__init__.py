@@ -393,8 +393,18 @@ def _import_module(spec: str, module_name: str) -> ModuleType:
         ) from err
 
 
-def _load_factory(spec: str) -> Callable[[], Any]:
-    """The callable named by ``"package.module:factory"`` (``factory`` may be dotted)."""
+def load_factory(spec: str) -> Callable[[], Any]:
+    """The callable named by ``"package.module:factory"`` (``factory`` may be dotted): the one loader
+    for model factories, ``--loss`` functions and ``--data`` iterables.
+
+    Example:
+        >>> load_factory("hetpipe.models.mlp:MLP").__name__
+        'MLP'
+        >>> load_factory("hetpipe.models.mlp")
+        Traceback (most recent call last):
+        ...
+        hetpipe.errors.ConfigError: model spec 'hetpipe.models.mlp' is malformed; expected 'package.module:factory'
+    """
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr or ":" in attr:
         raise ConfigError(f"model spec {spec!r} is malformed; expected 'package.module:factory'")
@@ -420,7 +430,7 @@ def _normalise_inputs(spec: str, raw: Any) -> tuple[torch.Tensor, ...]:
 
 def _call_factory(spec: str, *, device: torch.device) -> tuple[nn.Module, tuple[torch.Tensor, ...] | None]:
     """Call the factory under ``torch.device(device)`` and check what it returned."""
-    factory = _load_factory(spec)
+    factory = load_factory(spec)
     try:
         with torch.device(device):
             result = factory()

@@ -96,11 +96,12 @@ class Problem:
         return len(self.state_bytes)
 
     def comm_s(self, src: int, dst: int, cut_after: int) -> float:
-        """C: one-way time of the cut after unit `cut_after` over link src -> dst."""
-        num_bytes = self.boundary_bytes[cut_after]
-        if num_bytes <= 0:
-            return 0.0
-        return self.latency_s[src][dst] + num_bytes / self.bandwidth_bytes_s[src][dst]
+        """C: one-way time of the cut after unit `cut_after` over link src -> dst.
+
+        A cut that carries 0 bytes still pays the latency: the stage still sends a message
+        (the contract is C = latency + bytes / bandwidth for every cut, with no exception).
+        """
+        return self.latency_s[src][dst] + self.boundary_bytes[cut_after] / self.bandwidth_bytes_s[src][dst]
 
 
 @dataclass(frozen=True)

@@ -48,18 +48,25 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 from hetpipe.cost_models.sync import (
-    BUCKET_CAP_BYTES,
     SYNC_BUDGET_FRACTION,
     SyncGroup,
     SyncPolicy,
     check_policy,
     choose_policy,
     outer_steps_for,
-    sync_groups,
 )
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, solve_exact
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate
+from hetpipe.partitioner.replica_types import (  # the data types live apart; re-exported here
+    Replica,
+    ReplicaProblem,
+    ReplicaSolution,
+    evaluate_sync,
+    replica_problem,
+    sub_problem,
+    work_lower_bound,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,71 +75,6 @@ EXACT_MAX_CANDIDATES = 200_000
 #: Replicas up to this size are tried in every two-way split by the local search (2^7 - 1 splits).
 SPLIT_ALL_MAX = 8
 Groups = tuple[tuple[int, ...], ...]
-
-
-@dataclass(frozen=True)
-class ReplicaProblem:
-    """`base` covers every device with `base.microbatches` = M in all; `grad_bytes[u]` are synced per step."""
-
-    base: Problem
-    grad_bytes: tuple[int, ...]
-    bucket_cap_bytes: int = BUCKET_CAP_BYTES  # the runtime's gradient all-reduce part size
-
-
-@dataclass(frozen=True)
-class Replica:
-    """One pipeline replica: its stages (device indices into the base problem) and its m_r."""
-
-    stages: tuple[Stage, ...]
-    microbatches: int
-    iteration_s: float  # T_r
-
-
-@dataclass(frozen=True)
-class ReplicaSolution:
-    """A replica plan and how it was found."""
-
-    replicas: tuple[Replica, ...]
-    sync: tuple[SyncGroup, ...]
-    policy: SyncPolicy
-    compute_s: float  # max_r T_r
-    sync_s: float  # one full exchange, sum of the groups
-    iteration_s: float  # compute_s + sync_s / H
-    solver: str  # replicas-exact | replicas-search
-    status: str  # OPTIMAL (within the search space) | FEASIBLE
-    bound_s: float
-    wall_s: float
-    unused_devices: tuple[int, ...]
-
-
-def replica_problem(base: Problem, microbatches: int) -> Problem:
-    """`base` with m_r micro-batches: the problem a replica's stages are evaluated on."""
-    return dataclasses.replace(base, microbatches=microbatches)
-
-
-def sub_problem(base: Problem, group: Sequence[int], microbatches: int) -> Problem:
-    """`base` restricted to the devices in `group` (indices renumbered 0..len-1)."""
-    return dataclasses.replace(
-        base,
-        devices=tuple(base.devices[i] for i in group),
-        bandwidth_bytes_s=tuple(tuple(base.bandwidth_bytes_s[i][j] for j in group) for i in group),
-        latency_s=tuple(tuple(base.latency_s[i][j] for j in group) for i in group),
-        microbatches=microbatches,
-    )
-
-
-def evaluate_sync(rp: ReplicaProblem, pipelines: Sequence[Sequence[Stage]]) -> tuple[SyncGroup, ...]:
-    """Sync groups of replicas running `pipelines` (see `cost_models.sync`)."""
-    return sync_groups([[(st.device, st.first_unit, st.last_unit) for st in p] for p in pipelines],
-                       grad_bytes=rp.grad_bytes, bandwidth_bytes_s=rp.base.bandwidth_bytes_s,
-                       latency_s=rp.base.latency_s, bucket_cap_bytes=rp.bucket_cap_bytes)
-
-
-def work_lower_bound(base: Problem) -> float:
-    """M / sum_d 1/w_d: no plan processes M micro-batches faster than every device at full speed."""
-    rate = sum(1.0 / sum(base.fwd_s[d.kind][u] + base.bwd_s[d.kind][u] for u in range(base.num_units))
-               for d in base.devices)
-    return base.microbatches / rate
 
 
 class PipelineCache:

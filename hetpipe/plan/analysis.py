@@ -16,9 +16,7 @@ Example (the CLI front-ends):
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 from hetpipe.errors import ConfigError
@@ -26,8 +24,8 @@ from hetpipe.partitioner.baselines import BASELINES, baseline_stages
 from hetpipe.plan.schema import Plan, problem_from_plan, stages_from_plan
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.schedule.actions import Op
-from hetpipe.schedule.builders import make_schedule
-from hetpipe.schedule.simulate import SimResult, costs_from_problem, simulate
+from hetpipe.partitioner.placement import costs_from_problem
+from hetpipe.schedule.simulate import SimResult, simulate_stages
 
 #: Relative gap between simulated and analytic T above which views explain the difference
 #: (the fidelity tests hold the two within this where the formula's assumptions hold).
@@ -144,7 +142,7 @@ def _simulate_stages(problem: Problem, stages: tuple[Stage, ...], *, name: str, 
                      note: str = "") -> PlanSimulation:
     ev = evaluate(problem, stages)
     costs = costs_from_problem(problem, stages)
-    result = simulate(make_schedule(schedule, len(stages), problem.microbatches), costs)
+    result = simulate_stages(costs, problem.microbatches, schedule=schedule)
     labels = tuple(f"{problem.devices[st.device].id} ({problem.devices[st.device].kind})" for st in stages)
     return PlanSimulation(
         name=name, schedule=schedule.lower(), microbatches=problem.microbatches, stages=stages, labels=labels,
@@ -214,23 +212,3 @@ def divergence_reason(sim: PlanSimulation) -> str:
         return "the simulator is slower: the formula is 1F1B's; GPipe drains all backwards after all forwards"
     return ("the simulator is slower: 1F1B keeps at most p - s micro-batches in flight on stage s, so every "
             "transfer on a round trip lands on the critical path, which the formula does not charge")
-
-
-def write_timelines(sim: PlanSimulation, *, gantt: Path | None = None, trace: Path | None = None,
-                    title: str = "") -> tuple[Path, ...]:
-    """Write the Gantt PNG and/or Chrome trace JSON of `sim`; returns the paths written.
-
-    Example:
-        write_timelines(simulate_plan(Plan.load("plan.json")), gantt=Path("g.png"), trace=Path("t.json"))
-    """
-    from hetpipe.cli.timeline import chrome_trace, save_gantt
-
-    written = []
-    if gantt is not None:
-        title = title or (f"{sim.name}: simulated {sim.schedule} iteration {sim.simulated_s:.4g} s "
-                          f"(analytic T {sim.analytic_s:.4g} s), m={sim.microbatches}")
-        written.append(save_gantt(sim.result, gantt, labels=sim.labels, title=title))
-    if trace is not None:
-        Path(trace).write_text(json.dumps(chrome_trace(sim.result, labels=sim.labels)))
-        written.append(Path(trace))
-    return tuple(written)

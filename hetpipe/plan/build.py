@@ -1,12 +1,17 @@
 """`partition()`: model + cluster -> Plan.  The glue between capture, costs and solvers.
 
-Example:
+Example (the tiny test MLP on the home lab; `partition` captures it on meta, no weights):
     >>> import hetpipe
     >>> from hetpipe.models import build
-    >>> model, inputs = build("gpt-tiny", device="meta", batch=2)        # doctest: +SKIP
+    >>> model, inputs = build("mlp-tiny", device="meta", batch=2)
     >>> plan = hetpipe.partition(model, "examples/clusters/homelab.yaml",
-    ...                          example_inputs=inputs, global_batch=16)  # doctest: +SKIP
-    >>> plan.save("plan.json")                                            # doctest: +SKIP
+    ...                          example_inputs=inputs, global_batch=8)
+    >>> plan.solver.name, plan.solver.status, plan.training.microbatches
+    ('dp', 'OPTIMAL', 4)
+    >>> [(s.device, s.first_unit, s.last_unit) for s in plan.stages]   # the 4090 first, then the 3090
+    [('desk:1', 0, 3), ('desk:0', 4, 7)]
+    >>> hetpipe.check_plan(plan).ok
+    True
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from hetpipe.cost_models.cluster_checks import as_cluster
 from hetpipe.cost_models.devices import Cluster
+from hetpipe.cost_models.validate import check_solver_options
 from hetpipe.cost_models.memory import state_bytes_per_param
 from hetpipe.cost_models.timing import efficiencies, peak_flops_s, unit_time_s
 from hetpipe.errors import ConfigError, InfeasibleError
@@ -35,6 +42,7 @@ from hetpipe.plan.schema import (
     SolverReport,
     UnitTimes,
 )
+from hetpipe.partitioner.placement import simulate_placement
 from hetpipe.partitioner.problem import DeviceSlot, Evaluation, Problem, Stage, TiedCopy, evaluate
 
 log = logging.getLogger(__name__)
@@ -126,10 +134,7 @@ def _predicted(problem: Problem, stages: tuple[Stage, ...], ev: Evaluation, glob
 
 def simulated_iteration_s(problem: Problem, stages: tuple[Stage, ...]) -> float:
     """The 1F1B discrete-event simulation of a placement (the analytic T's check; README)."""
-    from hetpipe.schedule.builders import one_f_one_b
-    from hetpipe.schedule.simulate import costs_from_problem, simulate
-
-    return simulate(one_f_one_b(len(stages), problem.microbatches), costs_from_problem(problem, stages)).iteration_s
+    return simulate_placement(problem, stages).iteration_s
 
 
 def _plan_units(graph: UnitGraph, problem: Problem) -> tuple[PlanUnit, ...]:
@@ -152,7 +157,8 @@ def _plan_units(graph: UnitGraph, problem: Problem) -> tuple[PlanUnit, ...]:
     )
 
 
-def _plan_stages(problem: Problem, stages: tuple[Stage, ...], ev: Evaluation) -> tuple[PlanStage, ...]:
+def plan_stages(problem: Problem, stages: tuple[Stage, ...], ev: Evaluation) -> tuple[PlanStage, ...]:
+    """The plan's stage records of an evaluated placement (indices 0..p-1, device ids, costs as evaluated)."""
     return tuple(
         PlanStage(
             index=i,
@@ -205,7 +211,7 @@ def assemble_plan(
             for (_, _), l in sorted(cluster.links.items())
         ),
         units=_plan_units(graph, problem),
-        stages=_plan_stages(problem, stages, ev),
+        stages=plan_stages(problem, stages, ev),
         predicted=_predicted(problem, stages, ev, global_batch),
         solver=solver,
         baselines=baselines or {},
@@ -279,11 +285,9 @@ def partition(
     cross-entropy keeps b*s*vocab log-probabilities).  Raises `InfeasibleError`
     when nothing fits, `ConfigError` for bad options.
     """
-    from hetpipe.cost_models.cluster import load_cluster
     from hetpipe.partitioner.capture.capture import capture
 
-    if not isinstance(cluster, Cluster):
-        cluster = load_cluster(cluster)
+    cluster = as_cluster(cluster)  # a path, a dict or a Cluster; checked before the capture
     graph = capture(model, example_inputs, name=name, granularity=granularity, optimizer=optimizer,
                     precision=precision, loss_fn=loss_fn, targets=targets)
     return partition_graph(graph, cluster, global_batch=global_batch, solver=solver,
@@ -303,6 +307,8 @@ def partition_graph(
     from hetpipe.partitioner.baselines import BASELINES, baseline
     from hetpipe.partitioner.solvers.solve import solve
 
+    cluster = as_cluster(cluster)
+    check_solver_options(solver, time_limit_s, seed)
     global_batch, m = microbatches_for(graph, global_batch, len(cluster.devices))
     problem = build_problem(graph, cluster, microbatches=m)
     log.info("solving %d units on %d devices, %d micro-batches", graph.num_units, len(cluster.devices), m)
@@ -337,23 +343,3 @@ def _left_out_reasons(problem: Problem, sol: Any, *, solver: str, time_limit_s: 
             why = f"no plan using all {n} devices fits in memory"
     return tuple(LeftOut(problem.devices[i].id, f"{problem.devices[i].kind}: {why}") for i in sol.unused_devices)
 
-
-def partition_replicas(graph: UnitGraph, cluster: Cluster, *, global_batch: int | None = None,
-                       policy: str = "auto", outer_steps: int | None = None, solver: str = "search",
-                       time_limit_s: float = 30.0, seed: int = 0) -> Plan:
-    """Mixed data parallelism (issue #6): pipeline replicas, their batch split and the sync policy.
-
-    `partition_graph` stays the single-pipeline planner; this one may group the devices
-    into several replicas (see `hetpipe.partitioner.replicas`) and returns a version-2
-    plan.  `policy` is ``auto``, ``synchronous`` or ``diloco`` (`outer_steps` = H).
-
-    Example:
-        >>> from hetpipe.plan.build import partition_replicas
-        >>> plan = partition_replicas(graph, cluster, global_batch=32)   # doctest: +SKIP
-        >>> [(r.microbatches, r.num_stages) for r in plan.replicas], plan.sync.policy  # doctest: +SKIP
-        ([(10, 2), (6, 1)], 'synchronous')
-    """
-    from hetpipe.plan.replicas import partition_replicas as _partition_replicas
-
-    return _partition_replicas(graph, cluster, global_batch=global_batch, policy=policy, outer_steps=outer_steps,
-                               solver=solver, time_limit_s=time_limit_s, seed=seed)

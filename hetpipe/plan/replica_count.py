@@ -24,16 +24,14 @@ from hetpipe.cost_models.devices import Cluster
 from hetpipe.cost_models.sync import SYNC_BUDGET_FRACTION, choose_policy
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.capture.graph import UnitGraph
+from hetpipe.partitioner.replica_types import ReplicaProblem, ReplicaSolution, work_lower_bound
 from hetpipe.partitioner.replicas import (
     GroupingSearch,
     PipelineCache,
-    ReplicaProblem,
-    ReplicaSolution,
     canon_groups,
     scorer_for,
     seed_groupings,
     set_partitions,
-    work_lower_bound,
 )
 from hetpipe.plan.schema import LeftOut, Plan
 

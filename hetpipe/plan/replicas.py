@@ -1,35 +1,38 @@
 """Replica plans (plan version 2): build them from a captured graph, write them, re-check them.
 
-`partition_replicas` is the entry point (re-exported by `partitioner.api`); it solves with
-`replicas.solve_replicas` (or the exact reference), records every replica's stages, its
+`partition_replicas` is the entry point; it solves with `partitioner.replicas.solve_replicas` (or the exact reference), records every replica's stages, its
 m_r and gradient weight, the sync groups and the policy, and the baselines a user
 compares against: ``ddp-equal`` (one replica per card, equal batches, every-step sync;
 ``fits`` is False where a card cannot hold it) and ``single-pipeline`` (issue #3's plan).
-`check_replicas` recomputes every T_r, M_s, sync group and T from the plan's tables.
+`plan.replica_check.check_replicas` re-checks such a plan from its tables.
 
-Example:
-    >>> from hetpipe.plan.schema import check_plan
-    >>> from tests.synthetic import synthetic_cluster, synthetic_graph   # doctest: +SKIP
-    >>> plan = partition_replicas(synthetic_graph(6), synthetic_cluster(), global_batch=16,
-    ...                           time_limit_s=5)  # doctest: +SKIP
-    >>> check_plan(plan).ok                          # doctest: +SKIP
+Example (the tiny test MLP on the home lab: the 3090 and 4090 each hold the whole model, so
+two one-card replicas with 2 micro-batches each beat a two-stage pipeline):
+    >>> from hetpipe.cost_models.cluster import load_cluster
+    >>> from hetpipe.plan.build import capture_builtin
+    >>> from hetpipe.plan.check import check_plan
+    >>> graph = capture_builtin("mlp-tiny", batch=2)
+    >>> plan = partition_replicas(graph, load_cluster("examples/clusters/homelab.yaml"), global_batch=8,
+    ...                           time_limit_s=2)
+    >>> plan.version, [(r.microbatches, r.num_stages) for r in plan.replicas], plan.sync.policy
+    (2, [(2, 1), (2, 1)], 'synchronous')
+    >>> check_plan(plan).ok
     True
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 
 from hetpipe.cost_models.devices import Cluster
-from hetpipe.cost_models.sync import BUCKET_CAP_BYTES, SYNC_BUDGET_FRACTION, sync_groups
-from hetpipe.errors import ConfigError, InfeasibleError, PlanError
+from hetpipe.cost_models.sync import BUCKET_CAP_BYTES, SYNC_BUDGET_FRACTION
+from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.capture.graph import UnitGraph
+from hetpipe.plan.build import assemble_plan, build_problem, microbatches_for, plan_stages
 from hetpipe.plan.schema import (
     PLAN_VERSION_REPLICAS,
     BaselineReport,
-    CheckReport,
     LeftOut,
     Plan,
     PlanReplica,
@@ -37,10 +40,6 @@ from hetpipe.plan.schema import (
     PlanSyncGroup,
     Predicted,
     SolverReport,
-    _close,
-    _structure_violations,
-    problem_from_plan,
-    stages_from_plan,
 )
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.replicas import (
@@ -62,8 +61,6 @@ REPLICA_SOLVERS = ("search", "exact")
 def build_replica_problem(graph: UnitGraph, cluster: Cluster, *, global_batch: int,
                           bucket_cap_bytes: int = BUCKET_CAP_BYTES) -> ReplicaProblem:
     """The replica solver's input: every device, M = global_batch / b, gradients = parameter bytes."""
-    from hetpipe.plan.build import build_problem, microbatches_for
-
     if bucket_cap_bytes < 1:
         raise ConfigError(f"bucket_cap_bytes must be a positive number of bytes, got {bucket_cap_bytes!r}")
     _, m = microbatches_for(graph, global_batch, len(cluster.devices))
@@ -164,8 +161,6 @@ def assemble_replica_plan(graph: UnitGraph, cluster: Cluster, *, rp: ReplicaProb
                           baselines: dict[str, BaselineReport] | None = None,
                           left_out: tuple[LeftOut, ...] = ()) -> Plan:
     """A version-2 plan from a solved replica layout (tables recorded exactly as optimised)."""
-    from hetpipe.plan.build import _plan_stages, assemble_plan
-
     report = SolverReport(sol.solver, sol.status, sol.iteration_s, sol.bound_s, sol.wall_s, time_limit_s, seed)
     first = sol.replicas[0].stages
     plan = assemble_plan(graph, cluster, problem=rp.base, stages=first, solver=report, global_batch=global_batch,
@@ -176,7 +171,7 @@ def assemble_replica_plan(graph: UnitGraph, cluster: Cluster, *, rp: ReplicaProb
         ev = evaluate(replica_problem(rp.base, rep.microbatches), rep.stages)
         replicas.append(PlanReplica(r, len(stages), len(rep.stages), rep.microbatches, rep.microbatches * b,
                                     rep.microbatches * b / global_batch, ev.iteration_s))
-        stages.extend(_plan_stages(rp.base, rep.stages, ev))
+        stages.extend(plan_stages(rp.base, rep.stages, ev))
     return dataclasses.replace(plan, stages=tuple(stages), predicted=_predicted(rp.base, sol, global_batch),
                                version=PLAN_VERSION_REPLICAS, replicas=tuple(replicas),
                                sync=_plan_sync(rp.base, sol, budget_fraction, rp.bucket_cap_bytes))
@@ -194,8 +189,6 @@ def partition_replicas(graph: UnitGraph, cluster: Cluster, *, global_batch: int 
     Raises `ConfigError` for a global batch that is not a multiple of the micro-batch
     size or an unknown solver/policy, `InfeasibleError` when nothing fits.
     """
-    from hetpipe.plan.build import microbatches_for
-
     if solver not in REPLICA_SOLVERS:
         raise ConfigError(f"unknown replica solver {solver!r}; use one of: {', '.join(REPLICA_SOLVERS)}")
     global_batch, _ = microbatches_for(graph, global_batch, len(cluster.devices))
@@ -212,105 +205,3 @@ def partition_replicas(graph: UnitGraph, cluster: Cluster, *, global_batch: int 
     return assemble_replica_plan(graph, cluster, rp=rp, sol=sol, global_batch=global_batch,
                                  time_limit_s=time_limit_s, seed=seed, budget_fraction=budget_fraction,
                                  baselines=base, left_out=left)
-
-
-def _replica_structure(plan: Plan) -> list[str]:
-    """Replicas tile `stages`, split the micro-batches, weigh gradients by samples, use disjoint devices."""
-    out, t = [], plan.training
-    pos = 0
-    for k, rep in enumerate(plan.replicas):
-        where = f"replicas[{k}]"
-        if rep.index != k or rep.first_stage != pos or rep.num_stages < 1 or rep.microbatches < 1:
-            out.append(f"{where}: expected index {k}, first_stage {pos}, num_stages >= 1, microbatches >= 1")
-        if rep.samples != rep.microbatches * t.micro_batch_size:
-            out.append(f"{where}: samples {rep.samples} != {rep.microbatches} x {t.micro_batch_size}")
-        if not _close(rep.grad_weight, rep.samples / t.global_batch):
-            out.append(f"{where}: grad_weight {rep.grad_weight!r} != samples / global_batch")
-        pos += rep.num_stages
-    if pos != len(plan.stages):
-        out.append(f"replicas cover {pos} stages, the plan lists {len(plan.stages)}")
-    if sum(r.microbatches for r in plan.replicas) != t.microbatches:
-        out.append(f"replicas' micro-batches sum to {sum(r.microbatches for r in plan.replicas)}, "
-                   f"training.microbatches is {t.microbatches}")
-    used = [s.device for s in plan.stages]
-    if len(set(used)) != len(used):
-        out.append(f"a device runs two stages: {sorted(d for d in set(used) if used.count(d) > 1)}")
-    return out
-
-
-def _check_stages(plan: Plan, problem: Problem, stages: tuple[Stage, ...]) -> tuple[list[float], list[str]]:
-    """Per replica T_r, and every stage-level mismatch or memory violation."""
-    out, times = [], []
-    for rep in plan.replicas:
-        sl = slice(rep.first_stage, rep.first_stage + rep.num_stages)
-        try:
-            ev = evaluate(replica_problem(problem, rep.microbatches), stages[sl])
-        except ValueError as err:
-            out.append(f"replicas[{rep.index}]: {err}")
-            times.append(math.nan)
-            continue
-        times.append(ev.iteration_s)
-        if not _close(rep.iteration_s, ev.iteration_s):
-            out.append(f"replicas[{rep.index}]: recorded iteration_s {rep.iteration_s!r} != "
-                       f"recomputed {ev.iteration_s!r}")
-        for st, cost in zip(plan.stages[sl], ev.stages):
-            for name, recorded, actual in (("fwd_s", st.fwd_s, cost.fwd_s), ("bwd_s", st.bwd_s, cost.bwd_s),
-                                           ("send_s", st.send_s, cost.send_s),
-                                           ("memory_bytes", st.memory_bytes, cost.memory_bytes)):
-                if not _close(recorded, actual):
-                    out.append(f"replica {rep.index} stage {st.index}: recorded {name} {recorded!r} != {actual!r}")
-            if not cost.fits:
-                out.append(f"replica {rep.index} stage {st.index} on {st.device}: needs {cost.memory_bytes / 2**30:.2f}"
-                           f" GiB but only {cost.usable_bytes / 2**30:.2f} GiB is usable")
-    return times, out
-
-
-def _check_sync(plan: Plan, problem: Problem, stages: tuple[Stage, ...], compute_s: float) -> tuple[float, list[str]]:
-    """Recompute the sync groups and the policy's amortised time; returns (T, violations)."""
-    sync, out = plan.sync, []
-    assert sync is not None  # Plan.__post_init__: replicas and sync go together
-    pipes = [[(st.device, st.first_unit, st.last_unit) for st in stages[r.first_stage:r.first_stage + r.num_stages]]
-             for r in plan.replicas]
-    groups = sync_groups(pipes, grad_bytes=[u.param_bytes for u in plan.units],
-                         bandwidth_bytes_s=problem.bandwidth_bytes_s, latency_s=problem.latency_s,
-                         bucket_cap_bytes=sync.bucket_cap_bytes)
-    ids = [d.id for d in problem.devices]
-    want = tuple(PlanSyncGroup(g.first_unit, g.last_unit, tuple(ids[d] for d in g.devices), g.num_bytes,
-                               g.bandwidth_bytes_s, g.latency_s, g.time_s) for g in groups)
-    if len(want) != len(sync.groups) or any(
-            (a.first_unit, a.last_unit, a.devices, a.num_bytes) != (b.first_unit, b.last_unit, b.devices, b.num_bytes)
-            or not all(_close(x, y) for x, y in ((a.bandwidth_bytes_s, b.bandwidth_bytes_s),
-                                                (a.latency_s, b.latency_s), (a.time_s, b.time_s)))
-            for a, b in zip(want, sync.groups)):
-        out.append("sync.groups do not match the groups recomputed from the stages, units and links")
-    sync_s = sum((g.time_s for g in groups), 0.0)
-    if sync.policy not in ("synchronous", "diloco") or sync.outer_steps < 1 or (
-            sync.policy == "synchronous" and sync.outer_steps != 1):
-        out.append(f"sync: policy {sync.policy!r} with H = {sync.outer_steps} is not valid "
-                   "(synchronous has H = 1, diloco H >= 1)")
-    total = compute_s + sync_s / max(1, sync.outer_steps)
-    for name, recorded, actual in (("sync.compute_s", sync.compute_s, compute_s), ("sync.sync_s", sync.sync_s, sync_s),
-                                   ("sync.amortised_s", sync.amortised_s, sync_s / max(1, sync.outer_steps)),
-                                   ("predicted.iteration_s", plan.predicted.iteration_s, total),
-                                   ("solver.objective_s", plan.solver.objective_s, total)):
-        if not _close(recorded, actual):
-            out.append(f"{name} {recorded!r} != recomputed {actual!r}")
-    return total, out
-
-
-def check_replicas(plan: Plan) -> CheckReport:
-    """`check_plan` for a version-2 plan with replicas: every T_r, M_s, sync group and T."""
-    violations = _structure_violations(plan) + _replica_structure(plan)
-    problem = problem_from_plan(plan)
-    try:
-        stages = stages_from_plan(plan)
-    except PlanError as err:  # a stage names a device the plan does not list
-        return CheckReport(math.nan, tuple(violations + [str(err)]))
-    if violations:
-        return CheckReport(math.nan, tuple(violations))
-    times, out = _check_stages(plan, problem, stages)
-    violations += out
-    if any(math.isnan(t) for t in times):
-        return CheckReport(math.nan, tuple(violations))
-    total, out = _check_sync(plan, problem, stages, max(times))
-    return CheckReport(total, tuple(violations + out))

@@ -6,10 +6,21 @@ iteration, the solver's status and bound, and the baselines.  Anyone can
 re-check it from the file alone: `check_plan` rebuilds the `Problem` from the
 recorded tables and recomputes T and every M_s with `problem.evaluate`.
 
-Example:
-    >>> plan = Plan.load("plan.json")            # doctest: +SKIP
-    >>> check_plan(plan).ok                       # doctest: +SKIP
+`check_plan` lives in `plan.check` (it never needs the planner).
+
+Example (a plan saved, loaded back unchanged, and rebuilt into the solver's problem):
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from hetpipe.models import build
+    >>> from hetpipe.plan.build import partition
+    >>> model, inputs = build("mlp-tiny", device="meta", batch=2)
+    >>> plan = partition(model, "examples/clusters/homelab.yaml", example_inputs=inputs, global_batch=8)
+    >>> path = Path(tempfile.mkdtemp()) / "plan.json"
+    >>> plan.save(path)
+    >>> Plan.load(path) == plan
     True
+    >>> plan.version, len(problem_from_plan(plan).devices), stages_from_plan(plan)[0].device
+    (1, 3, 1)
 """
 
 from __future__ import annotations
@@ -20,10 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from hetpipe.cost_models.outputs import atomic_write_text
 from hetpipe.cost_models.sync import BUCKET_CAP_BYTES
+from hetpipe.cost_models.validate import MAX_PLAN_FILE_BYTES
 from hetpipe.errors import PlanError
-from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy, evaluate
+from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy
 from hetpipe.plan.serde import from_json, to_json
+from hetpipe.plan.validate import validate_plan
 
 PLAN_FORMAT = "hetpipe.plan"
 #: Newest plan version this hetpipe reads and writes.  Version 2 adds `replicas` and `sync`
@@ -240,22 +254,29 @@ class Plan:
     def from_dict(cls, doc: object, *, source: str = "plan") -> "Plan":
         _check_header(doc, source)
         try:
-            return from_json(cls, doc, path="plan")
+            plan = from_json(cls, doc, path="plan")
+            validate_plan(plan)
+            return plan
         except PlanError as err:
             if source == "plan":
                 raise
-            raise PlanError(f"{source}: {err}; fix the field or re-create the plan with `hetpipe plan`") from None
+            raise PlanError(f"{source}: {err}") from None
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")  # never a half-written plan
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
         path = Path(path)
         try:
-            text = path.read_text()
+            if path.is_file() and path.stat().st_size > MAX_PLAN_FILE_BYTES:
+                raise PlanError(f"{path}: {path.stat().st_size} bytes is more than a plan file may have "
+                                f"({MAX_PLAN_FILE_BYTES}); pass the plan.json written by `hetpipe plan`")
+            text = path.read_text(encoding="utf-8")
         except OSError as err:
             raise PlanError(f"cannot read plan {path}: {err.strerror}") from None
+        except UnicodeDecodeError:
+            raise PlanError(f"{path}: not a text file (not UTF-8); pass the plan.json written by `hetpipe plan`") from None
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as err:
@@ -338,11 +359,18 @@ class CheckReport:
         return not self.violations
 
 
-def _close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=CHECK_RTOL, abs_tol=1e-15)
+def close_to_recorded(recorded: float, actual: float) -> bool:
+    """Whether a float recorded in a plan equals the recomputed one (`CHECK_RTOL`).
+
+    Example:
+        >>> close_to_recorded(0.1 + 0.2, 0.3), close_to_recorded(1.0, 1.001)
+        (True, False)
+    """
+    return math.isclose(recorded, actual, rel_tol=CHECK_RTOL, abs_tol=1e-15)
 
 
-def _structure_violations(plan: Plan) -> list[str]:
+def structure_violations(plan: Plan) -> list[str]:
+    """The batch arithmetic and unit numbering every plan version must satisfy."""
     out = []
     t = plan.training
     if t.micro_batch_size * t.microbatches != t.global_batch:
@@ -355,40 +383,6 @@ def _structure_violations(plan: Plan) -> list[str]:
     if plan.model.num_units != len(plan.units):
         out.append(f"model.num_units is {plan.model.num_units} but {len(plan.units)} units are listed")
     return out
-
-
-def check_plan(plan: Plan) -> CheckReport:
-    """Recompute T and every M_s from the recorded tables; report every mismatch or violation."""
-    if plan.replicas:
-        from hetpipe.plan.replicas import check_replicas
-
-        return check_replicas(plan)
-    violations = _structure_violations(plan)
-    problem = problem_from_plan(plan)
-    try:
-        ev = evaluate(problem, stages_from_plan(plan))
-    except ValueError as err:
-        return CheckReport(math.nan, tuple(violations + [f"stages: {err}"]))
-    for st, cost in zip(plan.stages, ev.stages):
-        for name, recorded, actual in (
-            ("fwd_s", st.fwd_s, cost.fwd_s),
-            ("bwd_s", st.bwd_s, cost.bwd_s),
-            ("send_s", st.send_s, cost.send_s),
-            ("memory_bytes", st.memory_bytes, cost.memory_bytes),
-        ):
-            if not _close(recorded, actual):
-                violations.append(f"stage {st.index}: recorded {name} {recorded!r} != recomputed {actual!r}")
-        if not cost.fits:
-            violations.append(
-                f"stage {st.index} on {st.device}: needs {cost.memory_bytes / 2**30:.2f} GiB but only "
-                f"{cost.usable_bytes / 2**30:.2f} GiB is usable (over by "
-                f"{(cost.memory_bytes - cost.usable_bytes) / 2**30:.2f} GiB)"
-            )
-    for name, recorded in (("predicted.iteration_s", plan.predicted.iteration_s),
-                           ("solver.objective_s", plan.solver.objective_s)):
-        if not _close(recorded, ev.iteration_s):
-            violations.append(f"{name} {recorded!r} != recomputed T {ev.iteration_s!r}")
-    return CheckReport(ev.iteration_s, tuple(violations))
 
 
 def verify_model(plan: Plan, graph: "UnitGraph") -> None:  # noqa: F821 - avoid importing torch-heavy modules

@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from collections.abc import Mapping
@@ -87,6 +88,12 @@ def from_json(cls: type[T], data: Any, *, path: str = "plan") -> T:
     if not isinstance(data, dict):
         raise PlanError(f"{path}: expected an object, got {_type_name(data)}")
     hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    for key in data:
+        if key not in names:  # an extra field is a typo or another tool's: refuse rather than drop it
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise PlanError(f"{path}.{str(key)[:60]}: unknown field; {hint}remove it (fields here: {', '.join(names)})")
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.name not in data:

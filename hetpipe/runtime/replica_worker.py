@@ -19,41 +19,44 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from datetime import timedelta
 from typing import Any
-
-import torch.distributed as dist
 
 from hetpipe.errors import ConfigError
 from hetpipe.plan.schema import Plan
+from hetpipe.runtime.data import data_stream
+from hetpipe.runtime.rank import (
+    barrier,
+    emulation_fields,
+    gather_stage_ranks,
+    join_process_group,
+    loss_for,
+    stage_for,
+    touch,
+)
 from hetpipe.runtime.report import RankResult
 
 
 def train_replicas(args: argparse.Namespace, state: Any) -> RankResult:
     """Run this rank's stage of its replica for ``args.steps`` steps (see the module docstring)."""
-    from hetpipe.runtime import worker
     from hetpipe.runtime.execute import heartbeat
     from hetpipe.runtime.emulate.pipeline import RecordingHooks
     from hetpipe.runtime.emulate.replicas import SwitchHooks, emulate_replicas
     from hetpipe.runtime.replicas.trainer import ReplicaTrainer, check_runnable
-    from hetpipe.runtime.run import data_stream
 
     plan = Plan.load(args.plan)
     check_runnable(plan, world_size=int(os.environ.get("WORLD_SIZE", "1")))  # refuse before joining
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    state.stage = worker.stage_for(plan, node=args.node, rank=state.rank, local_rank=local_rank)
-    backend, _ = worker._backend(local_rank)
+    state.stage = stage_for(plan, node=args.node, rank=state.rank, local_rank=local_rank)
     state.phase = "joining the process group"
-    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
-    every: list[Any] = [None] * len(plan.stages)
-    dist.all_gather_object(every, state.stage)
+    backend = join_process_group(args.timeout)
+    ranks = gather_stage_ranks(state.stage, len(plan.stages))
     heartbeat.install(args.run_dir / f"progress-rank{state.rank}")  # the executor beats per action from here
     hooks = SwitchHooks(RecordingHooks())
     state.hooks = hooks
     state.phase = "building the replica"
-    trainer = ReplicaTrainer(plan, model=args.model, loss=worker._loss_fn(args), lr=args.lr,
+    trainer = ReplicaTrainer(plan, model=args.model, loss=loss_for(args.model, args.loss), lr=args.lr,
                              schedule=args.schedule, seq=args.seq, seed=args.seed, timeout_s=args.timeout,
-                             stage_ranks=worker.stage_ranks(every, len(plan.stages)), hooks=hooks,
+                             stage_ranks=ranks, hooks=hooks,
                              overlap_sync=args.sync_overlap)
     reads = trainer.is_first or trainer.is_last
     stream = data_stream(args.data, model=args.model, global_batch=plan.training.global_batch, seed=args.seed,
@@ -70,23 +73,21 @@ def train_replicas(args: argparse.Namespace, state: Any) -> RankResult:
         batch = (first if step == 0 else next(stream, None)) if stream is not None else None
         if stream is not None and batch is None:
             raise ConfigError(f"--data ran out after {step} batches; the run needs {args.steps}")
-        worker._barrier(backend == "gloo", args.timeout)
+        barrier(backend == "gloo", args.timeout)
         start = time.monotonic()
         out = trainer.step(*(batch if batch is not None else (None, None)))
         step_s.append(time.monotonic() - start)
         if trainer.is_last and out.loss is not None:
             losses.append(float(out.loss))
-        worker._touch(args.run_dir / f"progress-rank{state.rank}")
+        touch(args.run_dir / f"progress-rank{state.rank}")
     state.phase = "finishing"
     trainer.finish()
-    worker._barrier(backend == "gloo", args.timeout)
+    barrier(backend == "gloo", args.timeout)
     return _result(plan, trainer, hooks, out, step_s, losses, backend)
 
 
 def _result(plan: Plan, trainer: Any, hooks: Any, out: Any, step_s: list[float], losses: list[float],
             backend: str) -> RankResult:
-    from hetpipe.runtime.worker import emulation_fields
-
     stage = trainer.place.plan_stage
     dev = plan.devices[plan.device_index()[plan.stages[stage].device]]
     stats = out.stats if out is not None else None

@@ -34,9 +34,10 @@ import os
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from hetpipe.errors import ConfigError, HetpipeError
+from hetpipe.plan.run_sim import simulated_iteration_s
 from hetpipe.plan.serde import from_json, to_json
 
 RUN_FORMAT = "hetpipe.run"
@@ -219,7 +220,9 @@ class RunReport:
         return {"format": doc.pop("format"), "version": doc.pop("version"), **doc}
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        from hetpipe.cost_models.outputs import atomic_write_text
+
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> "RunReport":
@@ -250,87 +253,6 @@ def machine_info() -> dict[str, str]:
         "cpus": str(os.cpu_count()),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
-
-
-def simulated_iteration_s(plan: "Plan", schedule_name: str, *, overlap_sync: bool = True) -> float:  # noqa: F821
-    """The simulator's iteration for `plan`'s stage costs under `schedule_name` (emulated seconds).
-
-    A replica plan: every replica's own pipeline, then its gradient sync.  Synchronous sync
-    with ``overlap_sync`` (the runtime's default) starts each sync group's ring once every
-    holder's last backward has produced that group's gradients (`sync_rings`), groups
-    issued from the last unit back (`overlapped_sync_end_s`); otherwise (DiLoCo, or overlap
-    off) the slowest replica plus the amortised sync, as T charges it.
-    """
-    if not plan.replicas:
-        return _simulate(plan.stages, plan.training.microbatches, schedule_name).iteration_s
-    from hetpipe.cost_models.sync import overlapped_sync_end_s
-
-    sims = [_simulate(plan.stages[r.first_stage:r.first_stage + r.num_stages], r.microbatches, schedule_name)
-            for r in plan.replicas]
-    compute = max(res.iteration_s for res in sims)
-    sync = plan.sync
-    if sync is None or not sync.groups:
-        return compute
-    if sync.policy != "synchronous" or not overlap_sync:
-        return compute + sync.amortised_s
-    last_b: dict[str, float] = {}  # device -> start of its last backward
-    for rep, res in zip(plan.replicas, sims):
-        for i in range(rep.num_stages):
-            last_b[plan.stages[rep.first_stage + i].device] = max(
-                e.start_s for e in res.events if e.lane == f"rank {i}" and e.op.value == "B")
-    return max(compute, overlapped_sync_end_s(sync_rings(plan, last_b)))
-
-
-def sync_rings(plan: "Plan", last_backward_start_s: Mapping[str, float]) -> list[Any]:  # noqa: F821
-    """The runtime's all-reduce parts as `Ring`s, in launch order (`hetpipe.runtime.replicas.buckets`).
-
-    Each sync group, last unit first, is cut into parts of whole units up to the plan's
-    ``bucket_cap_bytes`` (the runtime cuts at parameters, a finer but similar grain); a
-    part costs the group's time times its share of the group's bytes, and a holder is
-    ready for it once its last backward (starting at ``last_backward_start_s[device]``)
-    has passed the part's lowest unit.
-    """
-    from hetpipe.cost_models.sync import Ring
-
-    assert plan.sync is not None
-    by_device = {s.device: s for s in plan.stages}
-    rings = []
-    for g in sorted(plan.sync.groups, key=lambda g: -g.first_unit):
-        for lowest, num_bytes in _unit_parts(plan, g.first_unit, g.last_unit, plan.sync.bucket_cap_bytes):
-            ready = tuple(last_backward_start_s[d] + by_device[d].bwd_s * stage_bwd_fraction(plan, by_device[d], lowest)
-                          for d in g.devices)
-            seconds = g.time_s * num_bytes / g.num_bytes if g.num_bytes > 0 else 0.0
-            rings.append(Ring(tuple(g.devices), seconds, ready))
-    return rings
-
-
-def _unit_parts(plan: "Plan", first: int, last: int, cap_bytes: int) -> list[tuple[int, int]]:  # noqa: F821
-    """(lowest unit, bytes) of each part of units ``first..last``, cut last unit first at ``cap_bytes``."""
-    parts: list[list[int]] = []  # [lowest unit, bytes]
-    for u in range(last, first - 1, -1):
-        nbytes = plan.units[u].param_bytes
-        if not parts or (parts[-1][1] + nbytes > cap_bytes and parts[-1][1] > 0):
-            parts.append([u, 0])
-        parts[-1][0], parts[-1][1] = u, parts[-1][1] + nbytes
-    return [(u, b) for u, b in parts]
-
-
-def stage_bwd_fraction(plan: "Plan", stage: Any, first_unit: int) -> float:  # noqa: F821
-    """Share of ``stage``'s backward after which units ``first_unit..stage.last_unit`` have gradients."""
-    from hetpipe.cost_models.sync import backward_done_fraction
-
-    kind = plan.devices[plan.device_index()[stage.device]].kind
-    times = [plan.units[u].time_s[kind].bwd for u in range(stage.first_unit, stage.last_unit + 1)]
-    return backward_done_fraction(times, max(0, first_unit - stage.first_unit))
-
-
-def _simulate(stages: Any, microbatches: int, schedule_name: str) -> Any:
-    from hetpipe.schedule.builders import make_schedule
-    from hetpipe.schedule.simulate import SimCosts, simulate
-
-    costs = SimCosts(fwd_s=tuple(s.fwd_s for s in stages), bwd_s=tuple(s.bwd_s for s in stages),
-                     send_s=tuple(s.send_s for s in stages[:-1]))
-    return simulate(make_schedule(schedule_name, len(stages), microbatches), costs)
 
 
 def _microbatches_of(plan: "Plan", stage: int) -> int:  # noqa: F821

@@ -28,15 +28,15 @@ import importlib
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from hetpipe.errors import ConfigError, RuntimeFailure
-from hetpipe.plan.schema import Plan, check_plan
+from hetpipe.plan.check import check_plan
+from hetpipe.plan.schema import Plan
 from hetpipe.runtime.launch import LaunchSpec, launch
 from hetpipe.runtime.report import RankResult, RunReport, build_report
 from hetpipe.runtime.user_checks import check_user_code
@@ -44,94 +44,6 @@ from hetpipe.runtime.user_checks import check_user_code
 log = logging.getLogger(__name__)
 
 DATA_FILE = "data.pt"
-_DATA_SEED_STRIDE = 1_000_003  # seed * stride + step: one independent stream per step
-
-
-# ----------------------------------------------------------------------------- data
-
-
-def _vocab_size(meta_model: nn.Module) -> int:
-    for mod in meta_model.modules():
-        if isinstance(mod, nn.Embedding):
-            return int(mod.num_embeddings)
-    raise ConfigError("the model takes integer inputs but has no nn.Embedding to size synthetic token ids; "
-                      "pass --data")
-
-
-def synthetic_batch(model: str, example: Sequence[torch.Tensor], *, global_batch: int, vocab: int | None,
-                    seed: int, step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-    """Seeded (inputs, targets) of one global batch shaped like ``example`` (one meta micro-batch).
-
-    Integer inputs are token ids in ``[0, vocab)``, float inputs standard normal; targets
-    come from `hetpipe.models.example_targets`.  Every rank calling it with the same
-    arguments gets the same tensors.
-
-    Example:
-        >>> ex = (torch.empty(2, 8, dtype=torch.int64, device="meta"),)
-        >>> a, _ = synthetic_batch("gpt-tiny", ex, global_batch=4, vocab=256, seed=0, step=1)
-        >>> b, t = synthetic_batch("gpt-tiny", ex, global_batch=4, vocab=256, seed=0, step=1)
-        >>> a[0].shape, torch.equal(a[0], b[0]), torch.equal(t, torch.roll(a[0], -1, 1))
-        (torch.Size([4, 8]), True, True)
-    """
-    from hetpipe.models import example_targets
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed * _DATA_SEED_STRIDE + step)
-        inputs = []
-        for t in example:
-            shape = (global_batch, *t.shape[1:])
-            if t.dtype.is_floating_point:
-                inputs.append(torch.randn(shape, dtype=t.dtype))
-            else:
-                if vocab is None:
-                    raise ConfigError(f"model {model!r} takes integer inputs; pass --data")
-                inputs.append(torch.randint(0, vocab, shape, dtype=t.dtype))
-        targets = example_targets(model, tuple(inputs))
-    return tuple(inputs), targets
-
-
-def _import(spec: str, what: str) -> Any:
-    from hetpipe.models import _load_factory  # same import rules as model factories
-
-    try:
-        return _load_factory(spec)
-    except ConfigError as err:
-        raise ConfigError(f"{what}: {err}") from None
-
-
-def data_stream(data: str | None, *, model: str, global_batch: int, seed: int, example: Sequence[torch.Tensor],
-                meta_model: nn.Module) -> Iterator[tuple[Any, Any]]:
-    """Global batches (inputs, targets): synthetic (``data=None``), a file `save_data` wrote, or
-    the iterable a ``"package.module:factory"`` returns (it must yield the same batches on every rank)."""
-    if data is None:
-        ints = any(not t.dtype.is_floating_point for t in example)
-        vocab = _vocab_size(meta_model) if ints else None
-        step = 0
-        while True:
-            yield synthetic_batch(model, example, global_batch=global_batch, vocab=vocab, seed=seed, step=step)
-            step += 1
-    elif ":" not in data and Path(data).is_file():
-        yield from torch.load(data, weights_only=False)
-    else:
-        yield from _import(data, "--data")()
-
-
-def split_microbatches(batch: Any, microbatches: int, *, what: str) -> list[Any]:
-    """Cut a global batch (a tensor or tuple of tensors) into ``microbatches`` along dim 0.
-
-    Example:
-        >>> [t.shape[0] for t in split_microbatches(torch.zeros(6, 2), 3, what="x")]
-        [2, 2, 2]
-    """
-    tensors = (batch,) if isinstance(batch, torch.Tensor) else tuple(batch)
-    n = tensors[0].shape[0]
-    if n % microbatches:
-        raise ConfigError(f"{what}: batch of {n} is not divisible into {microbatches} micro-batches; "
-                          f"yield global batches of {microbatches} x micro-batch size")
-    parts = [t.chunk(microbatches) for t in tensors]
-    mbs = [tuple(p[i] for p in parts) for i in range(microbatches)]
-    return [m[0] for m in mbs] if isinstance(batch, torch.Tensor) else mbs
-
 
 
 # ----------------------------------------------------------------------------- run
@@ -142,7 +54,7 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: A
     """Refuse, before launching, a plan for another model, an invalid schedule, or ``data`` / ``loss``
     the workers would fail on (``data``: an import spec, a data file, or the list of batches); returns the UnitGraph."""
     from hetpipe.schedule.builders import make_schedule, validate_schedule
-    from hetpipe.runtime.worker import capture_for_plan
+    from hetpipe.runtime.rank import capture_for_plan
 
     if plan.replicas:  # each replica is its own pipeline
         from hetpipe.runtime.replicas.trainer import check_runnable
@@ -200,16 +112,6 @@ def take_batches(data: Iterable[Any], steps: int) -> list[tuple[Any, Any]]:
     return batches
 
 
-def _workdir(run_dir: str | Path | None) -> Path:
-    """The run directory (a fresh temporary one by default), without a previous run's rank files."""
-    workdir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("result-rank*.json"),
-                  *workdir.glob("progress-rank*")]:
-        stale.unlink()
-    return workdir
-
-
 def _default_timeout_s(plan: Plan, *, steps: int, emulate: bool, safety_factor: float | None) -> float:
     from hetpipe.runtime.estimate import BASE_TIMEOUT_S, default_timeout_s, estimate_wall
 
@@ -225,6 +127,16 @@ def _check_args(steps: int, timeout_s: float) -> None:
         raise ConfigError(f"steps must be a positive integer, got {steps!r}")
     if not timeout_s > 0:
         raise ConfigError(f"timeout must be positive seconds, got {timeout_s!r}")
+
+
+def _fresh_run_dir(workdir: Path, plan: Plan) -> Path:
+    """Drop a previous run's rank files from ``workdir`` and write the plan the workers load; returns its path."""
+    for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("result-rank*.json"),
+                  *workdir.glob("progress-rank*")]:
+        stale.unlink()
+    plan_path = workdir / "plan.json"
+    plan.save(plan_path)
+    return plan_path
 
 
 def run(
@@ -264,12 +176,12 @@ def run(
     preflight(plan, model=model, seq=seq, schedule=schedule, data=data if batches is None else batches,
               loss=loss_spec)
     keep = run_dir is not None
-    workdir = _workdir(run_dir)
+    workdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     data_spec = data if batches is None else str(workdir / DATA_FILE)
     if batches is not None:
         torch.save(batches, workdir / DATA_FILE)
-    plan_path = workdir / "plan.json"
-    plan.save(plan_path)
+    plan_path = _fresh_run_dir(workdir, plan)
     spec = LaunchSpec(plan_path=plan_path, model=model, steps=steps, nproc=len(plan.stages), run_dir=workdir,
                       emulate=emulate, schedule=schedule, timeout_s=timeout_s, seed=seed, seq=seq, lr=lr,
                       data=data_spec, loss=loss_spec, safety_factor=safety_factor, sync_overlap=sync_overlap)

@@ -44,7 +44,10 @@ import torch.distributed as dist
 
 from hetpipe.errors import ConfigError
 from hetpipe.plan.schema import Plan
+from hetpipe.runtime.data import split_microbatches
 from hetpipe.runtime.execute.executor import PipelineExecutor, StepStats
+from hetpipe.runtime.rank import RankState, gather_stage_ranks, join_process_group, loss_for, make_optimizer
+from hetpipe.runtime.worker import prepare
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +76,6 @@ class Trainer:
                  timeout_s: float = 60.0, lr_scheduler: Callable[[Any], Any] | None = None,
                  grad_clip_norm: float | None = None, state_dict: Mapping[str, torch.Tensor] | None = None,
                  node: str | None = None) -> None:
-        from hetpipe.runtime import worker
-
         loaded = plan if isinstance(plan, Plan) else Plan.load(plan)
         if loaded.replicas:
             raise ConfigError(f"{plan if not isinstance(plan, Plan) else 'the plan'} has {len(loaded.replicas)} "
@@ -83,14 +84,14 @@ class Trainer:
         args = argparse.Namespace(plan=plan_path, model=model, seq=seq, seed=seed, schedule=schedule,
                                   timeout=float(timeout_s), emulate=False, lr=lr, loss=None,
                                   node=node if node is not None else os.environ.get("HETPIPE_NODE"))
-        state = worker._State(dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0")))
-        run = worker.prepare(args, state, plan=plan if isinstance(plan, Plan) else None, state_dict=state_dict)
+        state = RankState(dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0")))
+        run = prepare(args, state, plan=plan if isinstance(plan, Plan) else None, state_dict=state_dict)
         self.backend = _join(run)
         self.plan, self.stage, self.rank = run.plan, run.stage, run.rank
         if self.is_last and loss is None:
-            loss = worker._loss_fn(args)
+            loss = loss_for(model, None)
         params = list(run.stage.parameters())
-        opt = optimizer(params) if optimizer is not None else worker.make_optimizer(
+        opt = optimizer(params) if optimizer is not None else make_optimizer(
             run.plan.training.optimizer, params, lr=lr)
         self.optimizer = opt
         self.executor = PipelineExecutor(
@@ -115,8 +116,6 @@ class Trainer:
         Pass the same global batch on every rank that reads data (or None on the others);
         it is cut into the plan's micro-batches along dim 0.
         """
-        from hetpipe.runtime.run import split_microbatches
-
         m = self.plan.training.microbatches
         if self.is_first and inputs is None:
             raise ConfigError(f"rank {self.rank} (stage 0) needs the inputs of every step; pass trainer.step(inputs, "
@@ -138,15 +137,7 @@ def _no_loss(output: Any, targets: Any) -> torch.Tensor:
 
 def _join(run: Any) -> str:
     """Join torchrun's process group (or reuse one) and learn every stage's global rank."""
-    from hetpipe.runtime.worker import _backend, stage_ranks
-
-    backend, _ = _backend(int(os.environ.get("LOCAL_RANK", "0")))
-    if not dist.is_initialized():
-        from datetime import timedelta
-
-        dist.init_process_group(backend, timeout=timedelta(seconds=run.args.timeout))
+    backend = join_process_group(run.args.timeout)
     run.rank = dist.get_rank()
-    every: list[Any] = [None] * run.num_stages
-    dist.all_gather_object(every, run.index)
-    run.stage_ranks = stage_ranks(every, run.num_stages)
-    return dist.get_backend()
+    run.stage_ranks = gather_stage_ranks(run.index, run.num_stages)
+    return backend

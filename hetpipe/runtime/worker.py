@@ -33,30 +33,37 @@ import os
 import sys
 import time
 import traceback
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
-from hetpipe.errors import ConfigError, HetpipeError, PlanError, RuntimeFailure
-from hetpipe.plan.schema import Plan, verify_model
+from hetpipe.errors import ConfigError, HetpipeError
+from hetpipe.plan.schema import Plan
 from hetpipe.runtime.execute import heartbeat
 from hetpipe.runtime.launch import RankError, write_error
-from hetpipe.runtime.report import ActionRecord, RankResult, median
-from hetpipe.runtime.run import _import, data_stream, split_microbatches
+from hetpipe.runtime.report import RankResult, median
+from hetpipe.runtime.data import data_stream, split_microbatches
+from hetpipe.runtime.rank import (
+    CALIBRATION_PASSES,
+    RankState,
+    barrier,
+    capture_for_plan,
+    device_backend,
+    device_label,
+    emulation_fields,
+    gather_stage_ranks,
+    join_process_group,
+    loss_for,
+    make_optimizer,
+    node_to_stage,
+    stage_for,
+    stage_links,
+    touch,
+)
 
 log = logging.getLogger("hetpipe.worker")
-
-# Default learning rates: Adam's paper default (Kingma & Ba 2015) and a common SGD one.
-DEFAULT_LR = {"adam": 1e-3, "adamw": 1e-3, "sgd": 1e-2, "momentum": 1e-2}
-MOMENTUM = 0.9  # "momentum" optimizer: SGD with the classic heavy-ball coefficient
-# Calibration passes of one micro-batch through the pipeline; the first is warm-up
-# (lazy allocations, first-call dispatch), the median of the rest is used.
-CALIBRATION_PASSES = 4
-
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="hetpipe.runtime.worker", description="one pipeline stage (run by torchrun)")
@@ -83,157 +90,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # ----------------------------------------------------------------------------- model and plan
 
 
-def capture_for_plan(plan: Plan, *, model: str, seq: int | None) -> tuple[Any, tuple[torch.Tensor, ...]]:
-    """(UnitGraph, one meta micro-batch) of ``model``, verified against ``plan``'s fingerprint."""
-    from hetpipe import models
-    from hetpipe.partitioner.capture.capture import capture
-
-    builtin = ":" not in model
-    resolved = models.resolve(model, device="meta", batch=plan.training.micro_batch_size if builtin else None,
-                              seq=seq if builtin else None)
-    if resolved.example_inputs is None:
-        raise ConfigError(f"model factory {model!r} returned no example inputs; return (module, example_inputs) "
-                          "with one micro-batch so the plan's fingerprint can be checked")
-    graph = capture(resolved.model, resolved.example_inputs, name=model, optimizer=plan.training.optimizer,
-                    precision=plan.training.precision)
-    verify_model(plan, graph)
-    return graph, resolved.example_inputs
-
-
-def node_to_stage(plan: Plan, graph_module: Any) -> dict[str, int]:
-    """fx node name -> stage index, from the plan's units and stage ranges.
-
-    Example:
-        >>> # plan stage 0 holds units 0-1, stage 1 unit 2: every node of units 0-1 maps to 0
-    """
-    known = {n.name for n in graph_module.graph.nodes}
-    unit_stage = {u: st.index for st in plan.stages for u in range(st.first_unit, st.last_unit + 1)}
-    out: dict[str, int] = {}
-    for unit in plan.units:
-        for name in unit.node_names:
-            if name not in known:
-                raise PlanError(f"plan unit {unit.index} ({unit.name}) names fx node {name!r}, which the captured "
-                                "model does not have; re-plan it with `hetpipe plan`")
-            out[name] = unit_stage[unit.index]
-    return out
-
-
-def make_optimizer(name: str, params: Sequence[nn.Parameter], *, lr: float | None) -> torch.optim.Optimizer:
-    """The optimizer ``training.optimizer`` names: adam, adamw, sgd or momentum.
-
-    Example:
-        >>> type(make_optimizer("momentum", [nn.Parameter(torch.zeros(1))], lr=None)).__name__
-        'SGD'
-    """
-    key = name.lower()
-    if key not in DEFAULT_LR:
-        raise ConfigError(f"unknown optimizer {name!r} in the plan; use one of {', '.join(DEFAULT_LR)}")
-    rate = DEFAULT_LR[key] if lr is None else lr
-    if key == "adam":
-        return torch.optim.Adam(params, lr=rate)
-    if key == "adamw":
-        return torch.optim.AdamW(params, lr=rate)
-    return torch.optim.SGD(params, lr=rate, momentum=MOMENTUM if key == "momentum" else 0.0)
-
-
-def stage_for(plan: Plan, *, node: str | None, rank: int, local_rank: int) -> int:
-    """The stage this process runs: ``rank`` on one node, else the ``local_rank``-th stage on ``node``.
-
-    Example:
-        >>> # plan stages on nodes (desk, desk, shelf): node "shelf", local rank 0 -> stage 2
-    """
-    if node is None:
-        return rank
-    here = [st.index for st in plan.stages if plan.devices[plan.device_index()[st.device]].node == node]
-    if not here:
-        nodes = sorted({d.node for d in plan.devices})
-        raise ConfigError(f"--plan-node {node!r} runs no stage of this plan; the plan's nodes are {nodes}")
-    if local_rank >= len(here):
-        raise ConfigError(f"node {node!r} has {len(here)} stages in the plan but torchrun started local rank "
-                          f"{local_rank}; use --nproc-per-node={len(here)} on that node")
-    return here[local_rank]
-
-
-def stage_ranks(stage_of_rank: Sequence[int], num_stages: int) -> list[int]:
-    """Global rank of each stage from every rank's stage (all-gathered); refuses gaps and duplicates.
-
-    Example:
-        >>> stage_ranks([2, 0, 1], 3)
-        [1, 2, 0]
-    """
-    if sorted(stage_of_rank) != list(range(num_stages)):
-        raise ConfigError(f"the ranks run stages {list(stage_of_rank)}, but each of the {num_stages} stages needs "
-                          "exactly one rank; give each node --plan-node with its plan name and --nproc-per-node equal "
-                          "to its stage count")
-    return [list(stage_of_rank).index(s) for s in range(num_stages)]
-
-
 # ----------------------------------------------------------------------------- emulation inputs
 
 
-def device_label(plan: Plan, stage: int) -> str:
-    """``"n1:0 (rtx3060-12gb)"``: the plan device of ``stage``, for messages."""
-    dev = plan.devices[plan.device_index()[plan.stages[stage].device]]
-    return f"{dev.id} ({dev.kind})"
-
-
-def stage_links(plan: Plan, stage: int, *, stages: Sequence[Any] | None = None) -> dict[int, tuple[float, float]]:
-    """Cut -> (bandwidth_bytes_s, latency_s) of the plan link ``stage`` sends over on that cut.
-
-    ``stages`` is the pipeline ``stage`` indexes (default ``plan.stages``; a replica plan
-    passes one replica's own stages, so its neighbours are that replica's).
-    """
-    links = {(l.src, l.dst): l for l in plan.links}
-    pipe = plan.stages if stages is None else stages
-    here, out = pipe[stage].device, {}
-    for cut, peer in ((stage, stage + 1), (stage - 1, stage - 1)):
-        if 0 <= peer < len(pipe):
-            link = links.get((here, pipe[peer].device))
-            if link is None:
-                raise PlanError(f"the plan has no link {here} -> {pipe[peer].device} (stage {stage} -> "
-                                f"{peer}); add it to `links` or re-plan")
-            out[cut] = (link.bandwidth_bytes_s, link.latency_s)
-    return out
-
-
 # ----------------------------------------------------------------------------- the run
-
-
-class _State:
-    """Where this rank is, for the error file."""
-
-    def __init__(self, rank: int) -> None:
-        self.rank, self.stage, self.phase, self.hooks = rank, rank, "start-up", None
-
-
-def _touch(path: Path) -> None:
-    path.write_text(str(time.time()))
-
-
-def _backend(local_rank: int) -> tuple[str, torch.device]:
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-        return "nccl", torch.device("cuda", local_rank)
-    return "gloo", torch.device("cpu")
-
-
-def _loss_fn(args: argparse.Namespace) -> Any:
-    if args.loss:
-        return _import(args.loss, "--loss")
-    from hetpipe.models import loss_fn
-
-    try:
-        return loss_fn(args.model)
-    except ConfigError:
-        raise ConfigError(f"model {args.model!r} is not built in, so hetpipe has no loss for it; pass --loss "
-                          "package.module:function") from None
-
-
-def _barrier(gloo: bool, timeout_s: float) -> None:
-    if gloo:  # names the rank that did not arrive
-        dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
-    else:
-        dist.barrier()
 
 
 def _microbatches(batch: tuple[Any, Any] | None, plan: Plan, stage: int) -> tuple[list[Any] | None, list[Any] | None]:
@@ -271,7 +131,7 @@ class _Run:
                            example=self.example, meta_model=self.meta_model)
 
 
-def prepare(args: argparse.Namespace, state: _State, *, plan: Plan | None = None,
+def prepare(args: argparse.Namespace, state: RankState, *, plan: Plan | None = None,
             state_dict: Any = None) -> _Run:
     """Steps 1-4, before any process group work: capture, verify, schedule, this rank's stage.
 
@@ -301,7 +161,7 @@ def prepare(args: argparse.Namespace, state: _State, *, plan: Plan | None = None
     validate_schedule(schedule, num_stages=p, num_microbatches=m)
     state.phase = "building the stage"
     program = split_stages(graph.module, mapping, example_inputs=example, num_stages=p)
-    stage = build_stage(program, state.stage, state_dict=state_dict, device=_backend(local_rank)[1], seed=args.seed)
+    stage = build_stage(program, state.stage, state_dict=state_dict, device=device_backend(local_rank)[1], seed=args.seed)
     return _Run(args, plan, stage, state.stage, schedule[state.stage], graph.module, example)
 
 
@@ -347,57 +207,21 @@ def _emulation_hooks(run: _Run, loss_fn: Any, batch: tuple[Any, Any] | None) -> 
                           time_scale=scale.real_s_per_emulated_s, origin=scale)
 
 
-def _peak(hooks: Any, stats: Any) -> tuple[int, dict[str, int], str]:
-    """(peak bytes, breakdown at the peak, action) from the emulation ledger or the executor's stats."""
-    ledger = getattr(hooks, "ledger", None)
-    if ledger is not None:
-        return ledger.peak_bytes, dict(ledger.peak_breakdown), ledger.peak_action
-    if stats is None:
-        return 0, {}, ""
-    mem = stats.memory
-    return mem.peak_bytes, {"params": mem.param_bytes, "grads": mem.grad_bytes,
-                            "optimizer": mem.optimizer_state_bytes, "activations": mem.peak_activation_bytes,
-                            "comm": mem.peak_comm_bytes}, ""
-
-
-def emulation_fields(hooks: Any, stats: Any, plan_stage: int) -> dict[str, Any]:
-    """The `RankResult` fields that come from the hooks: recorded F/B, time scale, ledger, links."""
-    scale, compute = getattr(hooks, "origin", None), getattr(hooks, "compute", None)
-    peak, breakdown, peak_action = _peak(hooks, stats)
-    return dict(
-        fwd_s=tuple(hooks.fwd_s), bwd_s=tuple(hooks.bwd_s), fwd_compute_s=tuple(hooks.fwd_compute_s),
-        bwd_compute_s=tuple(hooks.bwd_compute_s),
-        calibration_fwd_s=scale.measured[plan_stage].fwd_s if scale else None,
-        calibration_bwd_s=scale.measured[plan_stage].bwd_s if scale else None,
-        time_scale=scale.real_s_per_emulated_s if scale else 1.0, time_scale_limiting=scale.limiting if scale else "",
-        safety_factor=scale.safety_factor if scale else 1.0, contention_factor=scale.contention_factor if scale else 1.0,
-        peak_bytes=peak, peak_breakdown=breakdown, peak_action=peak_action,
-        overruns_fwd=compute.overruns["F"] if compute else 0, overruns_bwd=compute.overruns["B"] if compute else 0,
-        worst_overrun_ratio=compute.worst_overrun_ratio if compute else 0.0,
-        messages=getattr(hooks, "messages", 0), late_messages=getattr(hooks, "late_messages", 0),
-        worst_late_s=getattr(hooks, "worst_late_s", 0.0),
-        last_step_actions=tuple(ActionRecord(a.action, a.start_s, a.duration_s) for a in stats.actions)
-        if stats is not None else ())
-
-
 def _result(run: _Run, hooks: Any, stats: Any, step_s: list[float], losses: list[float], backend: str) -> RankResult:
     dev = run.plan.devices[run.plan.device_index()[run.plan.stages[run.index].device]]
     return RankResult(rank=run.rank, stage=run.index, device=dev.id, kind=dev.kind, step_s=tuple(step_s),
                       losses=tuple(losses), backend=backend, **emulation_fields(hooks, stats, run.index))
 
 
-def _join(run: _Run, state: _State) -> str:
+def _join(run: _Run, state: RankState) -> str:
     """Step 5: join the process group and learn every stage's global rank."""
-    backend, _ = _backend(int(os.environ.get("LOCAL_RANK", "0")))
     state.phase = "joining the process group"
-    dist.init_process_group(backend, timeout=timedelta(seconds=run.args.timeout))
-    every: list[Any] = [None] * run.num_stages
-    dist.all_gather_object(every, run.index)
-    run.stage_ranks = stage_ranks(every, run.num_stages)
+    backend = join_process_group(run.args.timeout)
+    run.stage_ranks = gather_stage_ranks(run.index, run.num_stages)
     return backend
 
 
-def train(args: argparse.Namespace, state: _State) -> RankResult:
+def train(args: argparse.Namespace, state: RankState) -> RankResult:
     """The whole rank: prepare, join the group, (calibrate), run the steps, return the result."""
     from hetpipe.runtime.emulate.pipeline import RecordingHooks
 
@@ -410,7 +234,7 @@ def train(args: argparse.Namespace, state: _State) -> RankResult:
     progress = args.run_dir / f"progress-rank{run.rank}"
     heartbeat.install(progress)  # from here on the executor beats per action (calibration included)
     last = run.index == run.num_stages - 1
-    loss_fn = _loss_fn(args) if last else None
+    loss_fn = loss_for(args.model, args.loss) if last else None
     stream = run.data() if run.index == 0 or last else None
     first = next(stream, None) if stream is not None else None
     state.phase = "calibration"
@@ -426,19 +250,19 @@ def train(args: argparse.Namespace, state: _State) -> RankResult:
         if stream is not None and batch is None:
             raise ConfigError(f"--data ran out after {step} batches; the run needs {args.steps}")
         inputs, targets = _microbatches(batch, run.plan, run.index)
-        _barrier(backend == "gloo", args.timeout)
+        barrier(backend == "gloo", args.timeout)
         start = time.monotonic()
         stats = executor.step(inputs, targets)
         step_s.append(time.monotonic() - start)
         if stats.loss is not None:
             losses.append(float(stats.loss))
-        _touch(progress)
+        touch(progress)
     state.phase = "finishing"
-    _barrier(backend == "gloo", args.timeout)
+    barrier(backend == "gloo", args.timeout)
     return _result(run, hooks, stats, step_s, losses, backend)
 
 
-def _error_message(err: BaseException, state: _State) -> str:
+def _error_message(err: BaseException, state: RankState) -> str:
     if isinstance(err, HetpipeError):
         return str(err)
     at = getattr(state.hooks, "current", "") if state.phase.startswith("step") else ""
@@ -453,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     args = parse_args(argv)
-    state = _State(rank)
+    state = RankState(rank)
     try:
         result = train(args, state)
     except BaseException as err:  # noqa: BLE001 - every failure must reach the error file

@@ -56,3 +56,7 @@ class Action:
             raise ValueError(f"cannot parse action {text!r}; expected e.g. '1F3', '0SEND_F2', '1STEP'")
         stage, op, mb = match.groups()
         return cls(int(stage), Op(op), int(mb) if mb else None)
+
+
+#: A schedule: rank r's actions in execution order (rank r runs stage r).
+Schedule = dict[int, list[Action]]

@@ -13,7 +13,8 @@ of its predecessors.  The simulator therefore evaluates events in dependency
 order with a worklist of runnable ranks (O(actions), no global event heap);
 a schedule that shares a resource between two senders would need a heap.
 
-Where it agrees with `hetpipe.partitioner.problem.evaluate` (1F1B, the
+The simulator reads plain per-stage costs (`SimCosts`); `hetpipe.partitioner.placement`
+turns a solver placement into them.  Where it agrees with `hetpipe.partitioner.problem.evaluate` (1F1B, the
 H-1F1B formula ``T = sum(F+B) + sum(2C) + (m-1) max(max(F+B), max(2C))``,
 cost_formulas.md §3.3), and where it does not:
 
@@ -53,12 +54,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Sequence
 
 from hetpipe.errors import ConfigError, ScheduleError
-from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.schedule.actions import Action, Op
-from hetpipe.schedule.builders import Schedule, validate_schedule
+from hetpipe.schedule.builders import Schedule, make_schedule, validate_schedule
 
 
 #: ``str(Action)`` without the enum attribute lookup per event (the 64x256 benchmark makes ~85k events).
@@ -240,19 +239,11 @@ def simulate(schedule: Schedule, costs: SimCosts) -> SimResult:
                      peak_in_flight_microbatches=tuple(st.peak), events=tuple(events))
 
 
-def costs_from_problem(problem: Problem, stages: Sequence[Stage]) -> SimCosts:
-    """Per-stage F, B and one-way C exactly as `evaluate` computes them (no optimizer step).
+def simulate_stages(costs: SimCosts, microbatches: int, *, schedule: str = "1f1b") -> SimResult:
+    """Simulate the schedule called `schedule` over stages with these plain costs (one stage per rank).
 
     Example:
-        >>> from hetpipe.partitioner.problem import DeviceSlot
-        >>> prob = Problem(fwd_s={"a": (1.0, 1.0)}, bwd_s={"a": (2.0, 2.0)},
-        ...                state_bytes=(10, 10), activation_bytes=(1, 1), boundary_bytes=(4, 0),
-        ...                devices=(DeviceSlot("d0", "a", "n0", 100), DeviceSlot("d1", "a", "n0", 100)),
-        ...                bandwidth_bytes_s=((1.0, 4.0), (4.0, 1.0)), latency_s=((0.0, 0.0), (0.0, 0.0)),
-        ...                microbatches=4)
-        >>> costs_from_problem(prob, (Stage(0, 0, 0), Stage(1, 1, 1)))
-        SimCosts(fwd_s=(1.0, 1.0), bwd_s=(2.0, 2.0), send_s=(1.0,), step_s=())
+        >>> simulate_stages(SimCosts(fwd_s=(1.0, 1.0), bwd_s=(2.0, 2.0), send_s=(0.0,)), 4).iteration_s
+        15.0
     """
-    ev = evaluate(problem, stages)
-    return SimCosts(fwd_s=tuple(c.fwd_s for c in ev.stages), bwd_s=tuple(c.bwd_s for c in ev.stages),
-                    send_s=tuple(c.send_s for c in ev.stages[:-1]))
+    return simulate(make_schedule(schedule, len(costs.fwd_s), microbatches), costs)

@@ -97,8 +97,7 @@ from hetpipe.partitioner.capture.units import (
 
 log = logging.getLogger(__name__)
 
-_TORCH_DIR = os.path.dirname(torch.__file__)
-_THIS_DIR = os.path.dirname(os.path.abspath(__file__))
+_TORCH_DIR, _THIS_DIR = os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__))
 
 
 def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None, granularity: str | int = "block",
@@ -121,15 +120,14 @@ def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None, g
         loss_fn, targets: the training loss ``loss_fn(output, targets)`` and one micro-batch of
             targets; what the loss saves for backward and its FLOPs are added to the last unit
             (`measure.measure_loss`).  Without them the loss is not costed.
-
     Raises:
         CaptureError: the model cannot be traced or run on the meta device.
-        ConfigError: a bad option (granularity, optimizer, precision, split point, leaf module).
+        ConfigError: a bad option (granularity, optimizer, split point...) or a non-Module model.
     """
     check_optimizer(optimizer)
     check_precision(precision)
     _check_granularity(granularity)
-    inputs = _as_inputs(example_inputs)
+    inputs = _as_inputs(model, example_inputs)
     traced, tracer = trace(model, inputs, leaf_modules=leaf_modules)
     gm = _meta_copy(traced)
     meta_inputs = tuple(torch.empty_like(x, device="meta") for x in inputs)
@@ -178,8 +176,11 @@ def _check_granularity(granularity: Any) -> None:
                           "(the number of units)")
 
 
-def _as_inputs(example_inputs: Any) -> tuple[torch.Tensor, ...]:
-    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs or ())
+def _as_inputs(model: Any, example_inputs: Any) -> tuple[torch.Tensor, ...]:
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model: expected a torch.nn.Module, got {type(model).__name__}; pass the module itself")
+    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs or ()) if (
+        isinstance(example_inputs, (tuple, list))) else ()
     bad = [type(x).__name__ for x in inputs if not isinstance(x, torch.Tensor)]
     if not inputs or bad:
         raise ConfigError(f"example_inputs must be one micro-batch: a tensor or a tuple of tensors, got "

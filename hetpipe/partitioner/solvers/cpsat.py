@@ -143,9 +143,9 @@ class _Model:
         self.horizon = horizon
 
     def _round_trip_ticks(self, a: int, b: int, u: int) -> int:
-        """2 * C over the cut after unit u from class a to class b (0 when nothing crosses)."""
+        """2 * C over the cut after unit u from class a to class b (a 0-byte cut still pays the latency)."""
         src, dst = self.classes[a].members[0], self.classes[b].members[-1]
-        if src == dst or self.problem.boundary_bytes[u] <= 0:
+        if src == dst:
             return 0
         return self.ticks(2.0 * self.problem.comm_s(src, dst, u))
 

@@ -131,15 +131,17 @@ def device_classes(problem: Problem) -> tuple[DeviceClass, ...]:
 
 
 def _links_match_pair(problem: Problem, bucket: Sequence[int], i: int) -> bool:
-    """Links inside a bucket must all be equal for its devices to be interchangeable."""
-    if not bucket or len(bucket) < 1:
-        return True
-    ref = bucket[0]
+    """Every link inside the bucket plus `i`, in both directions, must be the same link.
+
+    The DP prices a stage handing over to another card of its own class with one link
+    (first member -> last member); that is only right when the links between members are
+    all equal *and symmetric*.  Two cards whose links differ by direction (possible through
+    the API or an edited plan) stay in separate classes.
+    """
     bw, lat = problem.bandwidth_bytes_s, problem.latency_s
-    for j in bucket[1:]:
-        if (bw[ref][j], lat[ref][j]) != (bw[ref][i], lat[ref][i]) or (bw[j][ref], lat[j][ref]) != (bw[i][ref], lat[i][ref]):
-            return False
-    return True
+    ref = bucket[0]
+    want = (bw[ref][bucket[1]], lat[ref][bucket[1]]) if len(bucket) > 1 else (bw[ref][i], lat[ref][i])
+    return all((bw[j][i], lat[j][i]) == want and (bw[i][j], lat[i][j]) == want for j in bucket)
 
 
 def _tied_band(problem: Problem, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -157,7 +159,7 @@ def _tied_band(problem: Problem, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return extra
 
 
-class _Tables:
+class StageTables:
     """Per-class stage costs in *band* form, shared by every cap (seconds, bytes).
 
     Entry [lo, w] describes the stage on units [lo, lo + w + 1).  Under a cap on every
@@ -193,9 +195,8 @@ class _Tables:
                 src, dst = ca.members[0], cb.members[-1]
                 if src == dst:
                     continue  # a class of one device cannot follow itself: counts forbid it
-                for u in range(1, L):
-                    if problem.boundary_bytes[u - 1] > 0:
-                        self.comm2[a, b, u] = 2.0 * problem.comm_s(src, dst, u - 1)
+                for u in range(1, L):  # a 0-byte cut still pays the latency (`Problem.comm_s`)
+                    self.comm2[a, b, u] = 2.0 * problem.comm_s(src, dst, u - 1)
 
     def width(self, cap: float) -> int:
         """Columns a pass under `cap` needs: the longest stage any class can run within the cap."""
@@ -253,7 +254,7 @@ class _Lattice:
         return cls(groups, moves)
 
 
-def _min_sum_counts(tab: _Tables, cap: float, lattice: _Lattice, stages: int | None = None,
+def _min_sum_counts(tab: StageTables, cap: float, lattice: _Lattice, stages: int | None = None,
                     *, bottleneck: bool = False) -> tuple[float, list[tuple[int, int, int]]] | None:
     """min S(cap) over the count vectors (exactly `stages` devices if given); with
     `bottleneck`, the least max term instead of the least sum.
@@ -290,7 +291,7 @@ def _unwind(lattice: _Lattice, backs: dict[int, np.ndarray], key: tuple[int, int
         k, lo, c = k - 1, hi, nxt
 
 
-def _assign(classes: Sequence[DeviceClass], picks: Sequence[tuple[int, int, int]]) -> tuple[Stage, ...]:
+def assign_stages(classes: Sequence[DeviceClass], picks: Sequence[tuple[int, int, int]]) -> tuple[Stage, ...]:
     """Concrete devices for (class, lo, hi) stages: each class hands out members in id order."""
     used = {i: 0 for i in range(len(classes))}
     stages = []
@@ -327,7 +328,7 @@ def sum_lower_bound(problem: Problem) -> float:
     return sum(min(problem.fwd_s[k][u] + problem.bwd_s[k][u] for k in kinds) for u in range(problem.num_units))
 
 
-def _parametric(problem: Problem, min_sum: MinSum, *, time_limit_s: float,
+def parametric_search(problem: Problem, min_sum: MinSum, *, time_limit_s: float,
                 seed: Sequence[Stage] | None = None) -> DPResult | None:
     """The cap walk of the module docstring around `min_sum(cap, bottleneck)`.
 
@@ -401,13 +402,13 @@ def solve_exact(problem: Problem, *, state_budget: int = DEFAULT_STATE_BUDGET,
         raise StateSpaceTooLarge(f"{size} device-count states x {len(classes)} classes x "
                                  f"{problem.num_units + 1} units > budget {state_budget:.3g}")
     lattice = _Lattice.build(classes, min(limit, exact_stages or limit))
-    tab = _Tables(problem, classes)
+    tab = StageTables(problem, classes)
 
     def min_sum(cap: float, bottleneck: bool) -> tuple[float, tuple[Stage, ...]] | None:
         out = _min_sum_counts(tab, cap, lattice, exact_stages, bottleneck=bottleneck)
-        return None if out is None else (out[0], _assign(classes, out[1]))
+        return None if out is None else (out[0], assign_stages(classes, out[1]))
 
-    return _parametric(problem, min_sum, time_limit_s=time_limit_s, seed=seed)
+    return parametric_search(problem, min_sum, time_limit_s=time_limit_s, seed=seed)
 
 
 def least_bottleneck(problem: Problem, *, cap_s: float = math.inf,
@@ -422,11 +423,11 @@ def least_bottleneck(problem: Problem, *, cap_s: float = math.inf,
     if size * len(classes) * (problem.num_units + 1) > state_budget:
         raise StateSpaceTooLarge(f"{size} device-count states")
     lattice = _Lattice.build(classes, min(problem.num_units, len(problem.devices)))
-    out = _min_sum_counts(_Tables(problem, classes), cap_s, lattice, bottleneck=True)
-    return None if out is None else (out[0], _assign(classes, out[1]))
+    out = _min_sum_counts(StageTables(problem, classes), cap_s, lattice, bottleneck=True)
+    return None if out is None else (out[0], assign_stages(classes, out[1]))
 
 
-def _run_counts(tab: _Tables, cap: float, lattice: _Lattice, combine: Callable = np.add,
+def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callable = np.add,
                 ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
     """Backward DP over count vectors, all vectors with the same total k in one numpy batch.
 

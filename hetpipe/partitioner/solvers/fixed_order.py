@@ -24,11 +24,11 @@ from typing import Sequence
 
 import numpy as np
 
-from hetpipe.partitioner.solvers.dp import DeviceClass, DPResult, _assign, _parametric, _Tables
+from hetpipe.partitioner.solvers.dp import DeviceClass, DPResult, assign_stages, parametric_search, StageTables
 from hetpipe.partitioner.problem import Problem, Stage
 
 
-def _min_sum_fixed(tab: _Tables, cap: float, order: Sequence[int], *,
+def _min_sum_fixed(tab: StageTables, cap: float, order: Sequence[int], *,
                    bottleneck: bool = False) -> tuple[float, list[tuple[int, int, int]]] | None:
     """min S(cap) (or the least max term) when stage i runs on class `order[i]`, every position used."""
     combine = np.maximum if bottleneck else np.add
@@ -74,11 +74,11 @@ def solve_fixed_order(problem: Problem, order: Sequence[int], *, time_limit_s: f
         return None
     singles = tuple(DeviceClass(problem.devices[d].kind, problem.devices[d].node,
                                 problem.devices[d].usable_bytes, (d,)) for d in order)
-    tab = _Tables(problem, singles)
+    tab = StageTables(problem, singles)
     positions = list(range(len(order)))
 
     def min_sum(cap: float, bottleneck: bool) -> tuple[float, tuple[Stage, ...]] | None:
         out = _min_sum_fixed(tab, cap, positions, bottleneck=bottleneck)
-        return None if out is None else (out[0], _assign(singles, out[1]))
+        return None if out is None else (out[0], assign_stages(singles, out[1]))
 
-    return _parametric(problem, min_sum, time_limit_s=time_limit_s)
+    return parametric_search(problem, min_sum, time_limit_s=time_limit_s)

@@ -3,7 +3,7 @@
 Each rank pretends to be its plan device exactly as in a single pipeline
 (`hetpipe.runtime.emulate.pipeline`), with three replica-specific pieces:
 
-* **Links** are its own replica's neighbours (`hetpipe.runtime.worker.stage_links` over
+* **Links** are its own replica's neighbours (`hetpipe.runtime.rank.stage_links` over
   that replica's stages; cut k sits between the replica's stages k and k + 1).
 * **Calibration and time scale.**  Every replica pushes one micro-batch through its own
   pipeline `CALIBRATION_PASSES` times, one replica after the other (a world barrier
@@ -189,7 +189,7 @@ def sync_emulation(plan: Plan, *, time_scale: float, timeout_s: float, device: t
                    plan_stage: int | None = None) -> SyncEmulation:
     """The plan's sync groups as bucket end offsets (the runtime labels unit buckets ``units a-b``) and
     part charges; with ``plan_stage``, when that stage's last backward makes each group's gradients final."""
-    from hetpipe.runtime.report import stage_bwd_fraction
+    from hetpipe.plan.run_sim import stage_bwd_fraction
 
     assert plan.sync is not None  # check_runnable
     ends, total = {}, 0.0
@@ -218,7 +218,7 @@ def calibrate_replicas(trainer: Any, *, inputs: Any, targets: Any, timeout_s: fl
     from hetpipe.runtime.replicas.trainer import replica_batch
     from hetpipe.runtime.report import median
     from hetpipe.schedule.builders import make_schedule
-    from hetpipe.runtime.worker import _barrier
+    from hetpipe.runtime.rank import barrier
 
     p = trainer.place
     gloo = dist.get_backend() == "gloo"
@@ -236,7 +236,7 @@ def calibrate_replicas(trainer: Any, *, inputs: Any, targets: Any, timeout_s: fl
         if rep.index == p.replica:
             for _ in range(passes):
                 executor.step(ins, tgs)
-        _barrier(gloo, timeout_s)
+        barrier(gloo, timeout_s)
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, (p.plan_stage, median(hooks.fwd_compute_s[1:]), median(hooks.bwd_compute_s[1:])))
     by_stage = {s: StageTiming(f, b) for s, f, b in every}
@@ -251,7 +251,7 @@ def emulate_replicas(trainer: Any, hooks: SwitchHooks, *, inputs: Any, targets: 
     `SyncEmulation` into ``trainer.sync``; returns the emulation hooks.
     """
     from hetpipe.runtime.emulate.pipeline import choose_time_scale
-    from hetpipe.runtime.worker import CALIBRATION_PASSES, stage_links
+    from hetpipe.runtime.rank import CALIBRATION_PASSES, stage_links
 
     plan, p = trainer.plan, trainer.place
     world = dist.get_world_size()

@@ -38,7 +38,9 @@ import torch.distributed as dist
 
 from hetpipe.errors import ConfigError, PlanError
 from hetpipe.plan.schema import Plan
+from hetpipe.runtime.data import split_microbatches
 from hetpipe.runtime.execute.executor import ActionHooks, PipelineExecutor, StepStats
+from hetpipe.runtime.rank import capture_for_plan, device_backend, make_optimizer
 from hetpipe.runtime.replicas.sync import (
     DILOCO_OUTER_LR,
     DILOCO_OUTER_MOMENTUM,
@@ -84,7 +86,7 @@ def check_runnable(plan: Plan, *, world_size: int, stage_ranks: Sequence[int] | 
         ...
         hetpipe.errors.PlanError: this plan has no replicas (a single pipeline); run it with `hetpipe run` ...
     """
-    from hetpipe.plan.replicas import _replica_structure
+    from hetpipe.plan.replica_check import replica_structure
 
     if not plan.replicas or plan.sync is None:
         raise PlanError("this plan has no replicas (a single pipeline); run it with `hetpipe run` or "
@@ -97,7 +99,7 @@ def check_runnable(plan: Plan, *, world_size: int, stage_ranks: Sequence[int] | 
     ranks = tuple(range(n)) if stage_ranks is None else tuple(int(r) for r in stage_ranks)
     if sorted(ranks) != list(range(n)):
         raise ConfigError(f"stage_ranks {list(ranks)} must give each of the {n} plan stages its own rank 0..{n - 1}")
-    problems = _replica_structure(plan)
+    problems = replica_structure(plan)
     for rep in plan.replicas:
         own = plan.stages[rep.first_stage:rep.first_stage + rep.num_stages]
         if [st.index for st in own] != list(range(len(own))):
@@ -159,8 +161,6 @@ def replica_batch(batch: Any, place: ReplicaPlace, *, what: str) -> list[Any]:
         >>> [t.tolist() for t in replica_batch(torch.arange(8), p, what="x")]
         [[6, 7]]
     """
-    from hetpipe.runtime.run import split_microbatches
-
     tensors = (batch,) if isinstance(batch, torch.Tensor) else tuple(batch)
     end = place.first_sample + place.samples
     if tensors[0].shape[0] < end:
@@ -216,8 +216,6 @@ class ReplicaTrainer:
                  outer_lr: float = DILOCO_OUTER_LR, outer_momentum: float = DILOCO_OUTER_MOMENTUM,
                  device: torch.device | str | None = None, overlap_sync: bool = True,
                  bucket_cap_bytes: int | None = None) -> None:
-        from hetpipe.runtime import worker
-
         self.plan = plan if isinstance(plan, Plan) else Plan.load(plan)
         here, world = _world()
         world = world if world_size is None else world_size
@@ -227,10 +225,10 @@ class ReplicaTrainer:
         self.where = f"rank {self.place.rank} (replica {self.place.replica}, stage {self.place.stage})"
         schedule = schedule or self.plan.training.schedule
         actions = self._schedule(schedule)
-        graph, example = worker.capture_for_plan(self.plan, model=model, seq=seq)
+        graph, example = capture_for_plan(self.plan, model=model, seq=seq)
         self.graph_module, self.example = graph.module, example  # meta: for data_stream(meta_model=, example=)
         programs = self._programs(graph.module, example)
-        dev = torch.device(device) if device is not None else worker._backend(int(os.environ.get("LOCAL_RANK", "0")))[1]
+        dev = torch.device(device) if device is not None else device_backend(int(os.environ.get("LOCAL_RANK", "0")))[1]
         from hetpipe.runtime.stage.build import build_stage
 
         self.stage = build_stage(programs[self.place.replica], self.place.stage, state_dict=state_dict, device=dev,
@@ -249,7 +247,7 @@ class ReplicaTrainer:
                                 outer_momentum=outer_momentum, overlap=overlap_sync,
                                 bucket_cap_bytes=bucket_cap_bytes or sync.bucket_cap_bytes)
         params = list(self.stage.parameters())
-        self.optimizer = optimizer(params) if optimizer is not None else worker.make_optimizer(
+        self.optimizer = optimizer(params) if optimizer is not None else make_optimizer(
             self.plan.training.optimizer, params, lr=lr)
         if loss is None and self.stage.is_last:
             from hetpipe.models import loss_fn

@@ -1,0 +1,72 @@
+"""Re-check a plan from the file alone: `check_plan` (every plan version).
+
+`check_plan` rebuilds the solver's `Problem` from the tables the plan records and
+recomputes T and every stage's M_s with `problem.evaluate`; a plan with replicas
+(version 2) is checked by `plan.replica_check`.  Nothing here imports a solver or the
+replica planner: checking a plan is cheap and needs no torch.
+
+Example (a plan is re-checked; an edited prediction is caught):
+    >>> from hetpipe.models import build
+    >>> from hetpipe.plan.build import partition
+    >>> model, inputs = build("mlp-tiny", device="meta", batch=2)
+    >>> plan = partition(model, "examples/clusters/homelab.yaml", example_inputs=inputs, global_batch=8)
+    >>> check_plan(plan).ok
+    True
+    >>> import dataclasses
+    >>> edited = dataclasses.replace(plan, predicted=dataclasses.replace(plan.predicted, iteration_s=1.0))
+    >>> check_plan(edited).violations[0].startswith("predicted.iteration_s 1.0 != recomputed T")
+    True
+"""
+
+from __future__ import annotations
+
+import math
+
+from hetpipe.errors import PlanError
+from hetpipe.partitioner.problem import evaluate
+from hetpipe.plan.replica_check import check_replicas
+from hetpipe.plan.schema import (
+    CheckReport,
+    Plan,
+    close_to_recorded,
+    problem_from_plan,
+    stages_from_plan,
+    structure_violations,
+)
+from hetpipe.plan.validate import validate_plan
+
+
+def check_plan(plan: Plan) -> CheckReport:
+    """Recompute T and every M_s from the recorded tables; report every mismatch or violation."""
+    if not isinstance(plan, Plan):
+        raise PlanError(f"plan: expected a Plan (from Plan.load or hetpipe.partition), got {type(plan).__name__}; "
+                        "load it with hetpipe.Plan.load(path)")
+    validate_plan(plan)  # NaN, a deleted link: one PlanError naming the field, not a symptom below
+    if plan.replicas:
+        return check_replicas(plan)
+    violations = structure_violations(plan)
+    problem = problem_from_plan(plan)
+    try:
+        ev = evaluate(problem, stages_from_plan(plan))
+    except ValueError as err:
+        return CheckReport(math.nan, tuple(violations + [f"stages: {err}"]))
+    for st, cost in zip(plan.stages, ev.stages):
+        for name, recorded, actual in (
+            ("fwd_s", st.fwd_s, cost.fwd_s),
+            ("bwd_s", st.bwd_s, cost.bwd_s),
+            ("send_s", st.send_s, cost.send_s),
+            ("memory_bytes", st.memory_bytes, cost.memory_bytes),
+        ):
+            if not close_to_recorded(recorded, actual):
+                violations.append(f"stage {st.index}: recorded {name} {recorded!r} != recomputed {actual!r}")
+        if not cost.fits:
+            violations.append(
+                f"stage {st.index} on {st.device}: needs {cost.memory_bytes / 2**30:.2f} GiB but only "
+                f"{cost.usable_bytes / 2**30:.2f} GiB is usable (over by "
+                f"{(cost.memory_bytes - cost.usable_bytes) / 2**30:.2f} GiB)"
+            )
+    for name, recorded in (("predicted.iteration_s", plan.predicted.iteration_s),
+                           ("solver.objective_s", plan.solver.objective_s)):
+        if not close_to_recorded(recorded, ev.iteration_s):
+            violations.append(f"{name} {recorded!r} != recomputed T {ev.iteration_s!r}")
+    return CheckReport(ev.iteration_s, tuple(violations))

@@ -1,0 +1,143 @@
+"""Every solver path against brute-force enumeration of the README's contract, on >= 10,000 instances.
+
+The instances are tiny (1-4 units, 1-3 devices) so that enumerating every ordered device
+subset and every set of cuts is cheap, and varied where the solvers take shortcuts:
+cards of one kind on one node (which the DP merges into a class) with links that differ
+by direction, cuts that carry 0 bytes (which still pay the link latency), latencies of
+0, memory tight enough to leave cards out, a tied parameter.
+
+`contract_t` is written from the README's formulas, independently of `problem.evaluate`,
+so the test also checks `evaluate` itself.  Paths: the exact DP (`solve_exact`), the
+fixed-order DP given the optimum's device order, the node-free relaxation (a lower bound:
+bound <= optimum, and what it realises is a real, correctly priced placement), and CP-SAT
+on a smaller sample (it is slower per instance).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy, evaluate
+from hetpipe.partitioner.solvers.cpsat import solve_cpsat
+from hetpipe.partitioner.solvers.dp import solve_exact
+from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
+from hetpipe.partitioner.solvers.relax import relaxed_bound
+
+#: Relative tolerance between two float sums of the same terms in different orders.
+REL = 1e-9
+#: CP-SAT works in integer ticks of about 1e-7 T (cpsat.py), re-evaluated in floats.
+REL_CPSAT = 1e-5
+KIND_SPEED = {"fast": 1.0, "slow": 2.5}  # time multiplier per kind
+
+
+@st.composite
+def instances(draw: st.DrawFn) -> Problem:
+    units = draw(st.integers(1, 4))
+    n = draw(st.integers(1, 3))
+    base = [draw(st.sampled_from((0.5, 1.0, 1.5, 2.0))) for _ in range(units)]
+    tight = draw(st.booleans())
+    devs = tuple(DeviceSlot(f"d{i}", draw(st.sampled_from(tuple(KIND_SPEED))), draw(st.sampled_from(("n0", "n1"))),
+                            draw(st.integers(20, 90)) if tight else 10**6) for i in range(n))
+    # every ordered pair drawn on its own: links are often equal (classes form) and sometimes
+    # differ by direction (two same-kind cards that must not be merged)
+    bw = tuple(tuple(math.inf if i == j else draw(st.sampled_from((1.0, 4.0, 10.0))) for j in range(n))
+               for i in range(n))
+    lat = tuple(tuple(0.0 if i == j else draw(st.sampled_from((0.0, 0.05, 0.3))) for j in range(n))
+                for i in range(n))
+    kinds = sorted({d.kind for d in devs})
+    tied = ()
+    if units >= 2 and draw(st.booleans()):
+        tied = (TiedCopy(0, (0, units - 1), draw(st.integers(1, 8))),)
+    return Problem(
+        fwd_s={k: tuple(b * KIND_SPEED[k] for b in base) for k in kinds},
+        bwd_s={k: tuple(2 * b * KIND_SPEED[k] for b in base) for k in kinds},
+        state_bytes=tuple(draw(st.integers(1, 10)) for _ in range(units)),
+        activation_bytes=tuple(draw(st.integers(0, 6)) for _ in range(units)),
+        boundary_bytes=tuple(draw(st.sampled_from((0, 0, 1, 4, 8))) for _ in range(units)),  # 0-byte cuts often
+        devices=devs, bandwidth_bytes_s=bw, latency_s=lat, microbatches=draw(st.integers(1, 6)), tied=tied)
+
+
+def contract_t(prob: Problem, stages: tuple[Stage, ...]) -> tuple[float, bool]:
+    """(T, fits) straight from the README: C_s = latency + bytes / bandwidth for every cut."""
+    p, m = len(stages), prob.microbatches
+    work, comm2, fits = [], [], True
+    for s, st_ in enumerate(stages):
+        dev = prob.devices[st_.device]
+        held = range(st_.first_unit, st_.last_unit + 1)
+        work.append(sum(prob.fwd_s[dev.kind][u] + prob.bwd_s[dev.kind][u] for u in held))
+        if s < p - 1:
+            nxt = stages[s + 1].device
+            comm2.append(2 * (prob.latency_s[st_.device][nxt]
+                              + prob.boundary_bytes[st_.last_unit] / prob.bandwidth_bytes_s[st_.device][nxt]))
+        mem = sum(prob.state_bytes[u] for u in held) + min(p - s, m) * sum(prob.activation_bytes[u] for u in held)
+        mem += 2 * prob.boundary_bytes[st_.first_unit - 1] if s > 0 else 0
+        mem += 2 * prob.boundary_bytes[st_.last_unit] if s < p - 1 else 0
+        mem += sum(t.state_bytes for t in prob.tied
+                   if t.owner_unit not in held and any(u in held for u in t.user_units if u != t.owner_unit))
+        fits = fits and mem <= dev.usable_bytes
+    return sum(work) + sum(comm2) + (m - 1) * max(work + comm2), fits
+
+
+def brute(prob: Problem) -> tuple[float, dict[tuple[int, ...], float]]:
+    """(least T over fitting placements, least T per device order), checking `evaluate` on each."""
+    L, n = prob.num_units, len(prob.devices)
+    best, per_order = math.inf, {}
+    for p in range(1, min(n, L) + 1):
+        for cuts in itertools.combinations(range(1, L), p - 1):
+            bounds = (0, *cuts, L)
+            for order in itertools.permutations(range(n), p):
+                stages = tuple(Stage(order[s], bounds[s], bounds[s + 1] - 1) for s in range(p))
+                t, fits = contract_t(prob, stages)
+                ev = evaluate(prob, stages)
+                assert ev.fits == fits and math.isclose(ev.iteration_s, t, rel_tol=REL), (stages, ev, t)
+                if fits:
+                    best = min(best, t)
+                    per_order[order] = min(per_order.get(order, math.inf), t)
+    return best, per_order
+
+
+def _same(a: float, b: float, rel: float = REL) -> bool:
+    return a == b or math.isclose(a, b, rel_tol=rel)
+
+
+def _check_result(prob: Problem, res: object, want: float, rel: float = REL) -> None:
+    got_t = res.iteration_s if res is not None else math.inf  # type: ignore[attr-defined]
+    assert _same(got_t, want, rel), (got_t, want)
+    if res is not None:  # what the solver reports is what its stages cost under the contract
+        t, fits = contract_t(prob, tuple(res.stages))  # type: ignore[attr-defined]
+        assert fits and _same(t, got_t, rel), (t, got_t)
+
+
+@settings(max_examples=10_000, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(prob=instances())
+def test_dp_fixed_order_and_relaxation_agree_with_brute_force(prob: Problem) -> None:
+    best, per_order = brute(prob)
+    _check_result(prob, solve_exact(prob), best)
+    if per_order:
+        order = min(per_order, key=per_order.get)  # the optimum's device order
+        _check_result(prob, solve_fixed_order(prob, list(order)), best)
+        other = sorted(per_order)[0]  # and one more order, against its own best
+        _check_result(prob, solve_fixed_order(prob, list(other)), per_order[other])
+    bound, realised = relaxed_bound(prob, seed=None, time_limit_s=5.0)
+    assert bound <= best * (1 + REL), (bound, best)  # a lower bound (inf only when nothing fits)
+    if realised is not None:
+        t, fits = contract_t(prob, tuple(realised.stages))
+        assert fits and _same(t, realised.iteration_s) and t >= best * (1 - REL), (t, best)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(prob=instances())
+def test_cpsat_agrees_with_brute_force(prob: Problem) -> None:
+    best, _ = brute(prob)
+    res = solve_cpsat(prob, time_limit_s=20.0, seed=0)  # no hint: an independent answer
+    if math.isinf(best):
+        assert res.status == "INFEASIBLE", res
+        return
+    assert res.status == "OPTIMAL", res
+    _check_result(prob, res, best, REL_CPSAT)
