@@ -114,6 +114,7 @@ def check_memory_and_timing(args: argparse.Namespace, graph: Any, example: tuple
     from hetpipe.plan.build import build_problem
     from hetpipe.partitioner.problem import Stage, evaluate
     from hetpipe.runtime.execute.executor import PipelineExecutor
+    from hetpipe.runtime.execute.options import ExecutorOptions
     from hetpipe.schedule.builders import one_f_one_b
     from hetpipe.runtime.stage.build import build_stage, split_stages
 
@@ -122,7 +123,7 @@ def check_memory_and_timing(args: argparse.Namespace, graph: Any, example: tuple
     stage = build_stage(program, 0, state_dict=None, device=device, seed=0)
     opt = torch.optim.Adam(stage.parameters(), lr=1e-4)
     ex = PipelineExecutor(stage, rank=0, num_stages=1, schedule_actions=one_f_one_b(1, microbatches)[0], loss_fn=loss_fn,
-                          optimizer=opt, microbatches=microbatches, timeout_s=60.0)
+                          optimizer=opt, microbatches=microbatches, options=ExecutorOptions(timeout_s=60.0))
     x, y = _batch(args, graph, example, rows=args.batch * microbatches, step=1)
     xs, ys = list(x.chunk(microbatches)), list(y.chunk(microbatches))
     cuda = device.startswith("cuda")

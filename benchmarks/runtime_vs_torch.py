@@ -103,6 +103,7 @@ def batch(cfg: Config, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 class _Hetpipe:
     def __init__(self, program: Any, state: dict[str, torch.Tensor], cfg: Config, rank: int) -> None:
         from hetpipe.runtime.execute.executor import PipelineExecutor
+        from hetpipe.runtime.execute.options import ExecutorOptions
         from hetpipe.schedule.builders import one_f_one_b
         from hetpipe.runtime.stage.build import build_stage
 
@@ -111,7 +112,7 @@ class _Hetpipe:
         self.ex = PipelineExecutor(self.stage, rank=rank, num_stages=cfg.stages,
                                    schedule_actions=one_f_one_b(cfg.stages, cfg.microbatches)[rank],
                                    loss_fn=F.mse_loss, optimizer=torch.optim.SGD(self.stage.parameters(), lr=LR),
-                                   microbatches=cfg.microbatches, timeout_s=PG_TIMEOUT_S)
+                                   microbatches=cfg.microbatches, options=ExecutorOptions(timeout_s=PG_TIMEOUT_S))
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> float | None:
         first, last = self.rank == 0, self.rank == self.cfg.stages - 1

@@ -61,6 +61,9 @@ def instances(draw: st.DrawFn) -> Problem:
         devices=devs, bandwidth_bytes_s=bw, latency_s=lat, microbatches=draw(st.integers(1, 6)), tied=tied)
 
 
+RECEIVES_AHEAD = 3  # the README's R: receive buffers a rank posts ahead
+
+
 def contract_t(prob: Problem, stages: tuple[Stage, ...]) -> tuple[float, bool]:
     """(T, fits) straight from the README: C_s = latency + bytes / bandwidth for every cut."""
     p, m = len(stages), prob.microbatches
@@ -73,9 +76,12 @@ def contract_t(prob: Problem, stages: tuple[Stage, ...]) -> tuple[float, bool]:
             nxt = stages[s + 1].device
             comm2.append(2 * (prob.latency_s[st_.device][nxt]
                               + prob.boundary_bytes[st_.last_unit] / prob.bandwidth_bytes_s[st_.device][nxt]))
-        mem = sum(prob.state_bytes[u] for u in held) + min(p - s, m) * sum(prob.activation_bytes[u] for u in held)
-        mem += 2 * prob.boundary_bytes[st_.first_unit - 1] if s > 0 else 0
-        mem += 2 * prob.boundary_bytes[st_.last_unit] if s < p - 1 else 0
+        k = min(p - s, m)
+        cut_in = prob.boundary_bytes[st_.first_unit - 1] if s > 0 else 0
+        cut_out = prob.boundary_bytes[st_.last_unit] if s < p - 1 else 0
+        mem = sum(prob.state_bytes[u] for u in held) + k * (sum(prob.activation_bytes[u] for u in held)
+                                                             + cut_in + cut_out)
+        mem += (RECEIVES_AHEAD + 1) * max(cut_in, cut_out) + ((k - 1) * cut_out if s == 0 else 0)
         mem += sum(t.state_bytes for t in prob.tied
                    if t.owner_unit not in held and any(u in held for u in t.user_units if u != t.owner_unit))
         fits = fits and mem <= dev.usable_bytes

@@ -156,14 +156,23 @@ def test_hooks_stretch_compute_to_the_scaled_prediction():
     assert hooks.compute.overruns["F"] == 1
 
 
-def test_hooks_delay_sends_by_link_without_blocking():
+def test_hooks_delay_sends_by_link_without_blocking(monkeypatch):
+    import types
+
+    from hetpipe.runtime.emulate import pipeline
+
     hooks = _hooks(time_scale=1.0)
-    t0 = time.monotonic()
+
+    def waited(seconds: float) -> None:
+        raise AssertionError(f"the sender slept {seconds} s")
+
+    # A frozen clock and a sleep that fails: "did not wait" and the delays are exact, whatever the machine's load
+    # (a wall-time bound of a few ms here failed on a loaded 2-core box).
+    monkeypatch.setattr(pipeline, "time", types.SimpleNamespace(monotonic=lambda: 100.0, sleep=waited))
     d1 = hooks.send_delay_s(0, 10_000)  # 1 ms + 10 ms
     d2 = hooks.send_delay_s(0, 10_000)  # queued behind the first
-    assert time.monotonic() - t0 < 0.005  # the sender did not wait
-    assert d1 == pytest.approx(0.011, abs=2e-3)
-    assert d2 == pytest.approx(0.022, abs=3e-3)
+    assert d1 == pytest.approx(0.011, rel=1e-9)
+    assert d2 == pytest.approx(0.022, rel=1e-9)
     with pytest.raises(RuntimeFailure, match="no outgoing link on cut 3"):
         hooks.send_delay_s(3, 1)
 

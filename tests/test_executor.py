@@ -30,6 +30,7 @@ from hetpipe.errors import RuntimeFailure, ScheduleError
 from hetpipe.runtime.execute import comm
 from hetpipe.schedule.actions import Action, Op
 from hetpipe.runtime.execute.executor import ActionHooks, PipelineExecutor
+from hetpipe.runtime.execute.options import ExecutorOptions
 from hetpipe.schedule.builders import check_actions, make_schedule
 from hetpipe.runtime.stage.build import build_stage, split_stages
 from tests.dist_helpers import SkipNet, TinyGPT, gpt_loss, run_world, stage_mapping
@@ -105,15 +106,15 @@ def _program(case: Case, num_stages: int):
     return model, split_stages(gm, mapping, example_inputs=(x[:MB_SIZE],))
 
 
-def _executor(case: Case, rank: int, world: int, **kwargs: Any) -> tuple[Any, PipelineExecutor]:
+def _executor(case: Case, rank: int, world: int, *, hooks: Any = None, **options: Any) -> tuple[Any, PipelineExecutor]:
     model, program = _program(case, world)
     stage = build_stage(program, rank, state_dict=model.state_dict(), device="cpu")
     opt, sched = _optimizer(case, stage.parameters())
     actions = make_schedule(case.schedule, world, MICROBATCHES)[rank]
+    opts = ExecutorOptions(**{"timeout_s": 60.0, "cut_specs": program.cuts, "grad_clip_norm": case.clip,
+                              "loss_reduction": case.reduction, "broadcast_loss": case.broadcast_loss, **options})
     ex = PipelineExecutor(stage, rank=rank, num_stages=world, schedule_actions=actions, loss_fn=_loss_fn(case),
-                          optimizer=opt, microbatches=MICROBATCHES, cut_specs=program.cuts,
-                          grad_clip_norm=case.clip, lr_scheduler=sched, loss_reduction=case.reduction,
-                          broadcast_loss=case.broadcast_loss, **{"timeout_s": 60.0, **kwargs})
+                          optimizer=opt, microbatches=MICROBATCHES, options=opts, hooks=hooks, lr_scheduler=sched)
     return stage, ex
 
 
@@ -233,8 +234,8 @@ def _permuted_worker(rank: int, world: int) -> dict[str, Any]:
     opt, _ = _optimizer(case, stage.parameters())
     ex = PipelineExecutor(stage, rank=rank, num_stages=world,
                           schedule_actions=make_schedule(case.schedule, world, MICROBATCHES)[stage_index],
-                          loss_fn=_loss_fn(case), optimizer=opt, microbatches=MICROBATCHES, timeout_s=60.0,
-                          grad_clip_norm=case.clip, stage_ranks=ranks)
+                          loss_fn=_loss_fn(case), optimizer=opt, microbatches=MICROBATCHES, stage_ranks=ranks,
+                          options=ExecutorOptions(timeout_s=60.0, grad_clip_norm=case.clip))
     losses = []
     for step in range(2):
         x, y = _batch(case, step)
@@ -426,7 +427,7 @@ def test_bad_inputs_are_named_before_anything_runs():
     with pytest.raises(RuntimeFailure, match="cuts differ from the cut_specs"):
         PipelineExecutor(stage, rank=0, num_stages=2, schedule_actions=make_schedule("gpipe", 2, 1)[0],
                          loss_fn=F.mse_loss, optimizer=torch.optim.SGD(stage.parameters(), lr=0.1), microbatches=1,
-                         cut_specs=_program(CASES["skip-gpipe"], 3)[1].cuts)
+                         options=ExecutorOptions(cut_specs=_program(CASES["skip-gpipe"], 3)[1].cuts))
 
 
 @pytest.mark.parametrize("actions,message", [

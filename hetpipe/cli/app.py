@@ -1,7 +1,7 @@
 """The `hetpipe` console script.
 
 Subcommands: ``models``, ``inspect``, ``plan``, ``check``, ``profile``, ``run``, ``demo``, ``show``,
-``simulate``, ``compare``.
+``simulate``, ``compare``, ``init-weights``.
 Every `HetpipeError` becomes one ``error: ...`` line on stderr and exit code 2;
 ``check`` exits 1 when a plan violates its own tables.
 
@@ -25,6 +25,7 @@ from hetpipe.cli.checks import OneLineParser, check_args
 from hetpipe.cli.model_cmds import add_model_args, cmd_check, cmd_inspect, cmd_models, cmd_plan, cmd_profile
 from hetpipe.cli.plan_views import cmd_compare, cmd_show, cmd_simulate
 from hetpipe.cli.run_cmds import add_run_parser, cmd_demo, cmd_run
+from hetpipe.cli.weights import add_init_weights_parser, cmd_init_weights
 from hetpipe.errors import HetpipeError
 
 log = logging.getLogger("hetpipe.cli.app")
@@ -49,7 +50,8 @@ def _parser() -> argparse.ArgumentParser:
                         "replicas, each with its own batch share) | N (exactly N pipeline replicas)")
     p = sub.add_parser("check", help="recompute a plan's objective and memory from its own tables")
     p.add_argument("plan", type=Path)
-    p.add_argument("--model", default=None, help="also verify the plan was made for this model")
+    p.add_argument("--model", default=None, help="also verify the plan was made for this model, tables included")
+    p.add_argument("--cluster", type=Path, default=None, help="with --model: also re-derive every unit time on it")
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--seq", type=int, default=None)
     p = sub.add_parser("profile", help="detect local GPUs (pynvml) and write a cluster file")
@@ -76,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatches", type=int, default=None, help="micro-batches per iteration (default: the plan's)")
     p.add_argument("--schedule", default=None, help="1f1b | gpipe (default: the plan's)")
     add_run_parser(sub)
+    add_init_weights_parser(sub)
     return parser
 
 
@@ -90,6 +93,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "show": cmd_show,
     "simulate": cmd_simulate,
     "compare": cmd_compare,
+    "init-weights": cmd_init_weights,
 }
 
 

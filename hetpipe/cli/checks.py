@@ -40,7 +40,7 @@ _POSITIVE = {
     "timeout": ("--timeout", MAX_TIME_LIMIT_S, "give the seconds a rank waits for a peer, e.g. --timeout 60"),
     "lr": ("--lr", 1e3, "give a learning rate such as --lr 1e-3"),
     "safety_factor": ("--safety-factor", 1e3, "give a margin such as --safety-factor 2"),
-    "max_minutes": ("--max-minutes", 1e6, "give the longest emulated run you accept, e.g. --max-minutes 10"),
+    "max_minutes": ("--max-minutes", 7 * 24 * 60.0, "give the longest run you accept, e.g. --max-minutes 10"),
 }
 #: Output files: attribute -> flag.
 _OUTPUTS = {"output": "-o/--output", "gantt": "--gantt", "trace": "--trace", "report": "--report"}

@@ -40,7 +40,7 @@ def load_model(spec: str, *, batch: int | None, seq: int | None) -> tuple[Any, A
     """(model on meta, example inputs, display name) for a built-in name or ``pkg.mod:factory``."""
     from hetpipe import models
 
-    if ":" not in spec:
+    if models.takes_size(spec):  # built-in and Hugging Face models
         model, inputs = models.build(spec, device="meta", batch=batch, seq=seq)
         return model, inputs, spec
     resolved = models.resolve(spec, device="meta", batch=batch, seq=seq)
@@ -52,14 +52,14 @@ def load_model(spec: str, *, batch: int | None, seq: int | None) -> tuple[Any, A
 
 def capture_args(args: argparse.Namespace) -> Any:
     """The unit graph of ``args.model`` as the model commands see it (built-ins with their loss costed)."""
-    from hetpipe.plan.build import capture_builtin
+    from hetpipe import models
     from hetpipe.partitioner.capture.capture import capture
-
+    from hetpipe.plan.build import capture_builtin
     from hetpipe.plan.user_code import loss_for_capture
 
     gran: str | int = int(args.granularity) if str(args.granularity).isdigit() else args.granularity
     loss, data = getattr(args, "loss", None), getattr(args, "data", None)
-    if ":" not in args.model and not loss and not data:  # built-in: its loss is known and costed
+    if models.takes_size(args.model) and not loss and not data:  # built-in or HF: its loss is known
         return capture_builtin(args.model, batch=args.batch, seq=args.seq, optimizer=args.optimizer,
                                precision=args.precision, granularity=gran)
     model, inputs, name = load_model(args.model, batch=args.batch, seq=args.seq)
@@ -133,17 +133,35 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _recapture(args: argparse.Namespace, plan: Any, granularity: str | int) -> Any:
+    """The model captured as `hetpipe plan` captured it for `plan` (built-ins with their loss)."""
+    from hetpipe.plan.build import capture_builtin
+    from hetpipe.partitioner.capture.capture import capture
+
+    batch, t = args.batch or plan.training.micro_batch_size, plan.training
+    if ":" not in args.model:
+        return capture_builtin(args.model, batch=batch, seq=args.seq, optimizer=t.optimizer, precision=t.precision,
+                               granularity=granularity)
+    model, inputs, name = load_model(args.model, batch=batch, seq=args.seq)
+    return capture(model, inputs, name=name, granularity=granularity, optimizer=t.optimizer, precision=t.precision)
+
+
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
     from hetpipe.plan.check import check_plan
     from hetpipe.plan.schema import Plan, verify_model
 
     plan = Plan.load(args.plan)
     if args.model:
-        from hetpipe.partitioner.capture.capture import capture
+        from hetpipe.cost_models.cluster import load_cluster
+        from hetpipe.plan.tables import verify_tables
 
-        model, inputs, name = load_model(args.model, batch=args.batch or plan.training.micro_batch_size, seq=args.seq)
-        verify_model(plan, capture(model, inputs, name=name, optimizer=plan.training.optimizer,
-                                   precision=plan.training.precision))
+        cluster = load_cluster(args.cluster) if args.cluster else None
+        graph = _recapture(args, plan, "block")
+        verify_model(plan, graph)
+        if graph.num_units != len(plan.units):  # planned with --granularity N: group the same way
+            graph = _recapture(args, plan, len(plan.units))
+        # a factory's plan may have costed a --loss this capture does not know: its share is a lower bound
+        verify_tables(plan, graph, cluster=cluster, loss_costed=":" not in args.model)
     report = check_plan(plan)
     if report.ok:
         console.print(f"{args.plan}: ok; T = {report.iteration_s:.6g} s, every stage fits")

@@ -30,6 +30,11 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-3 Adam/AdamW, 1e-2 SGD)")
     p.add_argument("--data", default=None, help="package.module:factory returning an iterable of (inputs, targets)")
     p.add_argument("--loss", default=None, help="package.module:function(output, targets) (default: the model's)")
+    p.add_argument("--weights", default=None,
+                   help="initial weights: a state-dict file, a .safetensors file or a save_pretrained folder "
+                        "(each rank reads only its stage's tensors; default: seeded weights, see --seed)")
+    p.add_argument("--save-weights", default=None, metavar="DIR",
+                   help="after the run, write the trained weights to DIR as safetensors shards + index")
     p.add_argument("--safety-factor", type=float, default=None,
                    help="emulation: margin of each action's target over its contended real time (default 2)")
     p.add_argument("--run-dir", type=Path, default=None, help="keep per-rank results and the torchrun log here")
@@ -55,7 +60,7 @@ def cmd_run(args: argparse.Namespace, console: Any) -> int:
     report = run(args.plan, model=args.model, steps=args.steps, emulate=args.emulate, report=args.report,
                  schedule=args.schedule, timeout_s=timeout_s, seq=args.seq, seed=args.seed, lr=args.lr,
                  data=args.data, loss=args.loss, safety_factor=args.safety_factor, run_dir=args.run_dir,
-                 sync_overlap=args.sync_overlap)
+                 sync_overlap=args.sync_overlap, weights=args.weights, save_weights=args.save_weights)
     for table in summary_tables(report):
         console.print(table)
     for note in report.notes:

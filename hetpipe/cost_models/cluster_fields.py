@@ -61,7 +61,8 @@ def check_keys(entry: object, allowed: tuple[str, ...], where: Where) -> None:
         if key not in allowed:
             close = difflib.get_close_matches(str(key), allowed, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise where.field(str(key)[:MAX_SHOWN_CHARS]).error(f"unknown field; {hint}allowed here: {', '.join(allowed)}")
+            raise where.field(str(key)[:MAX_SHOWN_CHARS]).error(
+                f"unknown field; {hint}allowed here: {', '.join(allowed)}")
 
 
 def text(value: object, where: Where) -> str:

@@ -66,7 +66,7 @@ def _split(value: object, units: dict[str, float] | dict[str, int], what: str) -
     else:
         raise ValueError(f"expected a {what} (number or string with a unit), got {type(value).__name__}")
     if not math.isfinite(number):
-        raise ValueError(f"{what} must be finite, got {value!r}")
+        raise ValueError(f"{what} must be finite, got {value!r}; give a finite number with a unit")
     return number, factor
 
 

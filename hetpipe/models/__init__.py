@@ -20,7 +20,8 @@ Tracers (checked in ``tests/test_models.py``): ``torch.fx.symbolic_trace`` and
 rotary tables are cut with ``torch.narrow`` for that reason (see `hetpipe.models.llama`).
 
 `resolve` also accepts ``"package.module:factory"``, where ``factory()`` returns an
-``nn.Module`` or ``(nn.Module, example_inputs)``.
+``nn.Module`` or ``(nn.Module, example_inputs)``, and Hugging Face models: the tiny
+``hf-*`` configs and ``hf:path/to/config.json[#Class]`` (`hetpipe.models.hf`).
 
 Example:
     >>> model, (ids,) = build("gpt-tiny", batch=2, seq=16)
@@ -44,17 +45,18 @@ from types import ModuleType
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hetpipe.errors import ConfigError
+from hetpipe.models import hf
+from hetpipe.models.losses import classification_loss, lm_loss, regression_loss
 from hetpipe.models.gpt import GPT, GPTConfig
 from hetpipe.models.llama import Llama, LlamaConfig
 from hetpipe.models.mlp import MLP, MLPConfig
 from hetpipe.models.resnet import ResNet, ResNetConfig
 from hetpipe.models.unet import UNet, UNetConfig
 
-Task = Literal["lm", "image", "regression"]
+Task = Literal["lm", "image", "regression", "causal", "mlm", "seq2seq", "hidden"]  # the last four: hf.task_of
 ModelConfig = GPTConfig | LlamaConfig | ResNetConfig | UNetConfig | MLPConfig
 
 __all__ = [
@@ -150,7 +152,19 @@ def list_models() -> tuple[ModelSpec, ...]:
         >>> "gpt2-small" in [s.name for s in list_models()]
         True
     """
-    return tuple(e.spec for e in _ENTRIES)
+    hf_specs = tuple(ModelSpec(n, hf.describe(n), hf.task_of(n), hf.DEFAULT_BATCH, hf.DEFAULT_SEQ)  # type: ignore[arg-type]
+                     for n in hf.HF_ZOO)
+    return tuple(e.spec for e in _ENTRIES) + hf_specs
+
+
+def takes_size(spec: str) -> bool:
+    """Whether `resolve` sizes ``spec``'s inputs with batch/seq (built-in and Hugging Face models do)."""
+    return ":" not in spec or hf.is_hf(spec)
+
+
+def input_vocab(spec: str) -> int | None:
+    """Vocabulary of a Hugging Face model's token ids (None for others: read it from the nn.Embedding)."""
+    return hf.vocab_size(spec) if hf.is_hf(spec) else None
 
 
 def _entry(name: str) -> _Entry:
@@ -236,6 +250,8 @@ def build(
         >>> x.shape, model(x).shape
         (torch.Size([3, 3, 32, 32]), torch.Size([3, 10]))
     """
+    if hf.is_hf(name):
+        return hf.build_hf(name, device=_check_device(device), batch=batch, seq=seq, dtype=dtype)
     entry = _entry(name)
     dev = _check_device(device)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -271,6 +287,8 @@ def example_targets(
         >>> example_targets("resnet-tiny", (torch.zeros(4, 3, 32, 32),), num_classes=2).shape
         torch.Size([4])
     """
+    if hf.is_hf(name):
+        return hf.example_targets(name, inputs)
     entry = _entry(name)
     if not inputs or not isinstance(inputs[0], torch.Tensor):
         raise ConfigError(f"example_targets({name!r}) needs the inputs tuple from build(), got {inputs!r}")
@@ -288,36 +306,6 @@ def example_targets(
     return torch.randn_like(x)
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over all tokens: logits ``(..., vocab)``, targets ``(...)``.
-
-    Example:
-        >>> round(lm_loss(torch.zeros(2, 3, 4), torch.zeros(2, 3, dtype=torch.long)).item(), 4)  # ln 4
-        1.3863
-    """
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
-def classification_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy: logits ``(batch, classes)``, targets ``(batch,)``.
-
-    Example:
-        >>> round(classification_loss(torch.zeros(2, 2), torch.tensor([0, 1])).item(), 4)  # ln 2
-        0.6931
-    """
-    return F.cross_entropy(logits, targets)
-
-
-def regression_loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean squared error.
-
-    Example:
-        >>> regression_loss(torch.ones(2, 2), torch.zeros(2, 2)).item()
-        1.0
-    """
-    return F.mse_loss(output, targets)
-
-
 _LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "lm": lm_loss,
     "image": classification_loss,
@@ -332,7 +320,7 @@ def loss_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         >>> loss_fn("gpt2-small") is lm_loss, loss_fn("mlp-tiny") is regression_loss
         (True, True)
     """
-    return _LOSSES[_task(name)]
+    return hf.loss_fn(name) if hf.is_hf(name) else _LOSSES[_task(name)]
 
 
 def training_loss(name: str, inputs: tuple[torch.Tensor, ...]) -> tuple[Callable[..., torch.Tensor], torch.Tensor]:
@@ -472,6 +460,8 @@ def resolve(
         >>> resolve("hetpipe.models.mlp:MLP").example_inputs is None  # MLP() uses its default config
         True
     """
+    if hf.is_hf(spec):
+        return ResolvedModel(spec, *build(spec, device=device, batch=batch, seq=seq, dtype=dtype), None)
     if ":" not in spec:
         model, inputs = build(spec, device=device, batch=batch, seq=seq, dtype=dtype or torch.float32)
         return ResolvedModel(spec, model, inputs, _entry(spec).spec)

@@ -13,10 +13,13 @@ Objective (units u = 0..L-1; p stages; stage s on device d_s holds [l_s, r_s]):
     C_s       = latency(d_s, d_{s+1}) + boundary_bytes[r_s] / bandwidth(d_s, d_{s+1})   (s < p-1)
     T         = sum_s (F_s + B_s) + sum_{s<p-1} 2 C_s
                 + (m - 1) * max( max_s (F_s + B_s), max_{s<p-1} 2 C_s )
-    M_s       = sum state_bytes + min(p - s, m) * sum activation_bytes + buffer_bytes(s) + tied_bytes(s)
-    buffer_bytes(s) = 2 * (boundary_bytes[l_s - 1] if s > 0 else 0)
-                    + 2 * (boundary_bytes[r_s] if s < p - 1 else 0)
-                      (one activation and one gradient buffer per adjacent cut)
+    M_s       = sum state_bytes + tied_bytes(s) + k_s * (sum activation_bytes + in_s + out_s)
+                + (RECV_PREFETCH + 1) * max(in_s, out_s) + [s = 0] * (k_s - 1) * out_s
+    k_s = min(p - s, m);  in_s = boundary_bytes[l_s - 1] (0 for s = 0);  out_s = boundary_bytes[r_s]
+                      (0 for s = p - 1): every in-flight micro-batch keeps its received input and
+                      its output until its backward; receive buffers posted ahead and one unreleased
+                      send; the first stage's warm-up sends wait for its first receive
+                      (`hetpipe.cost_models.memory.pipeline_stage_bytes`, which this calls)
     tied_bytes(s)   = state bytes of every tied parameter (GPT-2's wte = lm_head) that a unit of
                       stage s uses but whose owner unit (counted in state_bytes) is elsewhere:
                       the runtime keeps a replica there (weights, gradient, optimizer state)
@@ -42,6 +45,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Mapping, Sequence
+
+from hetpipe.cost_models.stage_memory import pipeline_stage_bytes
 
 
 @dataclass(frozen=True)
@@ -136,14 +141,12 @@ def stage_memory_bytes(problem: Problem, stages: Sequence[Stage], s: int) -> int
     """M_s of the contract for stage index `s` of `stages`."""
     st, p = stages[s], len(stages)
     units = range(st.first_unit, st.last_unit + 1)
-    state = sum(problem.state_bytes[u] for u in units)
+    state = sum(problem.state_bytes[u] for u in units) + tied_bytes(problem, st)
     act = sum(problem.activation_bytes[u] for u in units)
-    buffers = 0
-    if s > 0:
-        buffers += 2 * problem.boundary_bytes[st.first_unit - 1]
-    if s < p - 1:
-        buffers += 2 * problem.boundary_bytes[st.last_unit]
-    return state + min(p - s, problem.microbatches) * act + buffers + tied_bytes(problem, st)
+    return pipeline_stage_bytes(
+        state_bytes=state, activation_bytes=act, inflight=min(p - s, problem.microbatches), first=s == 0,
+        in_bytes=problem.boundary_bytes[st.first_unit - 1] if s > 0 else 0,
+        out_bytes=problem.boundary_bytes[st.last_unit] if s < p - 1 else 0)
 
 
 def tied_bytes(problem: Problem, stage: Stage) -> int:

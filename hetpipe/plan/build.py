@@ -342,4 +342,3 @@ def _left_out_reasons(problem: Problem, sol: Any, *, solver: str, time_limit_s: 
         except InfeasibleError:
             why = f"no plan using all {n} devices fits in memory"
     return tuple(LeftOut(problem.devices[i].id, f"{problem.devices[i].kind}: {why}") for i in sol.unused_devices)
-

@@ -25,7 +25,9 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from hetpipe.cost_models.cluster_checks import as_cluster
 from hetpipe.cost_models.devices import Cluster
+from hetpipe.cost_models.validate import check_solver_options
 from hetpipe.cost_models.sync import BUCKET_CAP_BYTES, SYNC_BUDGET_FRACTION
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.capture.graph import UnitGraph
@@ -191,6 +193,8 @@ def partition_replicas(graph: UnitGraph, cluster: Cluster, *, global_batch: int 
     """
     if solver not in REPLICA_SOLVERS:
         raise ConfigError(f"unknown replica solver {solver!r}; use one of: {', '.join(REPLICA_SOLVERS)}")
+    check_solver_options(solver, time_limit_s, seed)
+    cluster = as_cluster(cluster)  # a path, a dict or a checked Cluster
     global_batch, _ = microbatches_for(graph, global_batch, len(cluster.devices))
     rp = build_replica_problem(graph, cluster, global_batch=global_batch, bucket_cap_bytes=bucket_cap_bytes)
     if solver == "exact":

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -260,13 +261,18 @@ class Plan:
         except PlanError as err:
             if source == "plan":
                 raise
-            raise PlanError(f"{source}: {err}") from None
+            fix = "" if "re-create" in str(err) or "remove it" in str(err) else (
+                "; fix the field or re-create the plan with `hetpipe plan`")
+            raise PlanError(f"{source}: {err}{fix}") from None
 
     def save(self, path: str | Path) -> None:
         atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")  # never a half-written plan
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
+        if not isinstance(path, (str, os.PathLike)):
+            raise PlanError(f"plan: expected a plan file path or a Plan, got {type(path).__name__}; "
+                            "pass the plan.json written by `hetpipe plan` or a Plan object")
         path = Path(path)
         try:
             if path.is_file() and path.stat().st_size > MAX_PLAN_FILE_BYTES:
@@ -276,7 +282,8 @@ class Plan:
         except OSError as err:
             raise PlanError(f"cannot read plan {path}: {err.strerror}") from None
         except UnicodeDecodeError:
-            raise PlanError(f"{path}: not a text file (not UTF-8); pass the plan.json written by `hetpipe plan`") from None
+            raise PlanError(f"{path}: not a text file (not UTF-8); pass the plan.json written by "
+                            "`hetpipe plan`") from None
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as err:

@@ -169,7 +169,7 @@ def loss_for_capture(model_name: str, model: torch.nn.Module, inputs: tuple[torc
     """
     from hetpipe import models
 
-    builtin = ":" not in model_name
+    builtin = models.takes_size(model_name)  # built-in and Hugging Face models
     fn: Callable[..., Any] | None = import_callable(loss, option="--loss") if loss else None
     if fn is None and builtin:
         fn = models.loss_fn(model_name)

@@ -82,7 +82,9 @@ def data_stream(data: str | None, *, model: str, global_batch: int, seed: int, e
     the iterable a ``"package.module:factory"`` returns (it must yield the same batches on every rank)."""
     if data is None:
         ints = any(not t.dtype.is_floating_point for t in example)
-        vocab = _vocab_size(meta_model) if ints else None
+        from hetpipe.models import input_vocab
+
+        vocab = (input_vocab(model) or _vocab_size(meta_model)) if ints else None
         step = 0
         while True:
             yield synthetic_batch(model, example, global_batch=global_batch, vocab=vocab, seed=seed, step=step)

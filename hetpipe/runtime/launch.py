@@ -79,6 +79,8 @@ class LaunchSpec:
     loss: str | None = None  # "package.module:function"
     safety_factor: float | None = None
     sync_overlap: bool = True  # replica plans: overlap the gradient sync with backward
+    weights: str | None = None  # a checkpoint file or folder (`hetpipe.runtime.stage.weights`)
+    save_weights: str | None = None  # a folder: each rank writes its stage's shard, stage 0 the index
 
 
 def worker_args(spec: LaunchSpec) -> list[str]:
@@ -86,7 +88,8 @@ def worker_args(spec: LaunchSpec) -> list[str]:
     args = [str(spec.plan_path), "--model", spec.model, "--steps", str(spec.steps), "--run-dir",
             str(spec.run_dir), "--timeout", repr(float(spec.timeout_s)), "--seed", str(spec.seed)]
     optional = {"--schedule": spec.schedule, "--seq": spec.seq, "--lr": spec.lr, "--data": spec.data,
-                "--loss": spec.loss, "--safety-factor": spec.safety_factor}
+                "--loss": spec.loss, "--safety-factor": spec.safety_factor, "--weights": spec.weights,
+                "--save-weights": spec.save_weights}
     for flag, value in optional.items():
         if value is not None:
             args += [flag, str(value)]

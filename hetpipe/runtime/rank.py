@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hetpipe.errors import ConfigError, PlanError
-from hetpipe.models import loss_fn, resolve
+from hetpipe.models import loss_fn, resolve, takes_size
 from hetpipe.partitioner.capture.capture import capture
 from hetpipe.plan.schema import Plan, verify_model
 from hetpipe.runtime.data import import_object
@@ -102,11 +102,16 @@ def gather_stage_ranks(stage: int, num_stages: int) -> list[int]:
 # ----------------------------------------------------------------------------- model and plan
 
 
+def resolve_for_plan(plan: Plan, *, model: str, seq: int | None) -> Any:
+    """``model`` on meta (`hetpipe.models.ResolvedModel`); a fresh one per call (its buffers: `ModelBuffers`)."""
+    sized = takes_size(model)  # built-in and Hugging Face models: sized like the plan's micro-batch
+    return resolve(model, device="meta", batch=plan.training.micro_batch_size if sized else None,
+                   seq=seq if sized else None)
+
+
 def capture_for_plan(plan: Plan, *, model: str, seq: int | None) -> tuple[Any, tuple[torch.Tensor, ...]]:
     """(UnitGraph, one meta micro-batch) of ``model``, verified against ``plan``'s fingerprint."""
-    builtin = ":" not in model
-    resolved = resolve(model, device="meta", batch=plan.training.micro_batch_size if builtin else None,
-                              seq=seq if builtin else None)
+    resolved = resolve_for_plan(plan, model=model, seq=seq)
     if resolved.example_inputs is None:
         raise ConfigError(f"model factory {model!r} returned no example inputs; return (module, example_inputs) "
                           "with one micro-batch so the plan's fingerprint can be checked")

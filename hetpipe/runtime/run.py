@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
@@ -50,10 +51,13 @@ DATA_FILE = "data.pt"
 
 
 def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: Any = None,
-              loss: str | None = None) -> Any:
-    """Refuse, before launching, a plan for another model, an invalid schedule, or ``data`` / ``loss``
-    the workers would fail on (``data``: an import spec, a data file, or the list of batches); returns the UnitGraph."""
+              loss: str | None = None, weights: str | None = None) -> Any:
+    """Refuse, before launching, a plan for another model, an invalid schedule, ``data`` / ``loss``
+    the workers would fail on (``data``: an import spec, a data file, or the list of batches), or
+    ``weights`` that lack a tensor of the model or hold one of another shape (headers only); returns
+    the UnitGraph."""
     from hetpipe.schedule.builders import make_schedule, validate_schedule
+    from hetpipe.plan.tables import verify_tables
     from hetpipe.runtime.rank import capture_for_plan
 
     if plan.replicas:  # each replica is its own pipeline
@@ -67,12 +71,51 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: A
         p, m = len(plan.stages), plan.training.microbatches
         validate_schedule(make_schedule(schedule, p, m), num_stages=p, num_microbatches=m)
     graph, example = capture_for_plan(plan, model=model, seq=seq)  # raises PlanError for another model
+    if [u.node_names for u in plan.units] == [tuple(u.node_names) for u in graph.units]:
+        verify_tables(plan, graph, loss_costed=False)  # edited tables never reach the ranks (plan/tables.py)
     check_user_code(plan, model=model, data=data, loss=loss, example=example, meta_model=graph.module)
+    if weights is not None:
+        _check_weights(plan, graph, example, weights)
     report = check_plan(plan)
     for violation in report.violations:
         # Not fatal: an over-full plan is exactly what --emulate demonstrates (emulated OOM).
         log.warning("plan check: %s", violation)
     return graph
+
+
+def _check_weights(plan: Plan, graph: Any, example: Any, weights: str) -> None:
+    from hetpipe.runtime.rank import node_to_stage
+    from hetpipe.runtime.stage.build import split_stages
+    from hetpipe.runtime.stage.weights import check_stage, open_weights
+
+    ckpt = open_weights(weights)
+    if plan.replicas:  # every replica holds the whole model: one stage covers every name
+        program = split_stages(graph.module, {}, example_inputs=example, num_stages=1)
+    else:
+        program = split_stages(graph.module, node_to_stage(plan, graph.module), example_inputs=example,
+                               num_stages=len(plan.stages))
+    for stage in range(program.num_stages):
+        check_stage(program, stage, ckpt)
+
+
+def _weights_args(weights: str | Path | None, save_weights: str | Path | None,
+                  plan: Plan) -> tuple[str | None, str | None]:
+    """Absolute ``weights`` and ``save_weights`` paths for the workers; the save folder created and writable."""
+    weights_arg = str(Path(weights).absolute()) if weights is not None else None
+    if save_weights is None:
+        return weights_arg, None
+    if plan.replicas:
+        raise ConfigError("--save-weights is not supported for replica plans yet; run the plan without it, or save "
+                          "from a single-pipeline plan")
+    out = Path(save_weights).absolute()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"--save-weights {save_weights}: cannot create the folder ({err.strerror}); pass a "
+                          "writable folder") from None
+    if not os.access(out, os.W_OK):
+        raise ConfigError(f"--save-weights {save_weights}: the folder is not writable; pass a writable folder")
+    return weights_arg, str(out)
 
 
 def function_spec(fn: Callable[..., Any] | str | None, what: str) -> str | None:
@@ -156,11 +199,15 @@ def run(
     safety_factor: float | None = None,
     run_dir: str | Path | None = None,
     sync_overlap: bool = True,
+    weights: str | Path | None = None,
+    save_weights: str | Path | None = None,
 ) -> RunReport:
     """Train ``model`` for ``steps`` optimizer steps with ``plan`` (see the module docstring).
 
     ``timeout_s`` defaults to 60 s, and under ``emulate`` to at least three real iterations
     at the estimated time scale (`hetpipe.runtime.estimate.default_timeout_s`).
+    ``weights``: a checkpoint to start from, each rank reading its stage only (default: `seeded_init`
+    from ``seed``); ``save_weights``: a folder for the trained weights (`hetpipe.runtime.stage.weights`).
 
     Raises `PlanError` (plan for another model), `ScheduleError`, `ConfigError` before
     launching; `RuntimeFailure` naming the rank, stage and action if a rank fails.
@@ -174,7 +221,8 @@ def run(
     loss_spec = function_spec(loss, "loss")
     batches = None if data is None or isinstance(data, str) else take_batches(data, steps)
     preflight(plan, model=model, seq=seq, schedule=schedule, data=data if batches is None else batches,
-              loss=loss_spec)
+              loss=loss_spec, weights=str(Path(weights).absolute()) if weights is not None else None)
+    weights_arg, save_arg = _weights_args(weights, save_weights, plan)  # creates the save folder: after the checks
     keep = run_dir is not None
     workdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -184,19 +232,25 @@ def run(
     plan_path = _fresh_run_dir(workdir, plan)
     spec = LaunchSpec(plan_path=plan_path, model=model, steps=steps, nproc=len(plan.stages), run_dir=workdir,
                       emulate=emulate, schedule=schedule, timeout_s=timeout_s, seed=seed, seq=seq, lr=lr,
-                      data=data_spec, loss=loss_spec, safety_factor=safety_factor, sync_overlap=sync_overlap)
-    try:
-        outcome = launch(spec)
-    except RuntimeFailure as err:
-        raise RuntimeFailure(f"{err} (log: {workdir / 'torchrun.log'})") from None
-    results = [RankResult.load(workdir / f"result-rank{r}.json") for r in range(len(plan.stages))]
-    out = build_report(plan, results, schedule=schedule, emulate=emulate, wall_s=outcome.wall_s,
-                       sync_overlap=sync_overlap)
+                      data=data_spec, loss=loss_spec, safety_factor=safety_factor, sync_overlap=sync_overlap,
+                      weights=weights_arg, save_weights=save_arg)
+    out = _launch_and_report(spec, plan, sync_overlap=sync_overlap)
     if report is not None:
         out.save(report)
     if not keep:
         shutil.rmtree(workdir, ignore_errors=True)
     return out
+
+
+def _launch_and_report(spec: LaunchSpec, plan: Plan, *, sync_overlap: bool) -> RunReport:
+    """Run torchrun for ``spec`` and merge the ranks' results with ``plan``."""
+    try:
+        outcome = launch(spec)
+    except RuntimeFailure as err:
+        raise RuntimeFailure(f"{err} (log: {spec.run_dir / 'torchrun.log'})") from None
+    results = [RankResult.load(spec.run_dir / f"result-rank{r}.json") for r in range(len(plan.stages))]
+    return build_report(plan, results, schedule=spec.schedule or plan.training.schedule, emulate=spec.emulate,
+                        wall_s=outcome.wall_s, sync_overlap=sync_overlap)
 
 
 def collect_report(plan: Plan | str | Path, run_dirs: Sequence[str | Path], *, schedule: str | None = None,

@@ -46,6 +46,7 @@ from hetpipe.errors import ConfigError
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.data import split_microbatches
 from hetpipe.runtime.execute.executor import PipelineExecutor, StepStats
+from hetpipe.runtime.execute.options import ExecutorOptions
 from hetpipe.runtime.rank import RankState, gather_stage_ranks, join_process_group, loss_for, make_optimizer
 from hetpipe.runtime.worker import prepare
 
@@ -67,6 +68,8 @@ class Trainer:
         lr_scheduler: ``factory(optimizer) -> scheduler``, stepped after each optimizer step.
         grad_clip_norm: clip the global gradient norm (across all stages) to this.
         state_dict: full-model weights; each rank copies only its stage's tensors.
+        weights: a checkpoint file or folder instead (state-dict file, ``.safetensors``,
+            ``save_pretrained`` folder); each rank reads only its stage's tensors.
         node: the plan node this process runs on (multi-node jobs; default ``$HETPIPE_NODE``).
     """
 
@@ -75,7 +78,7 @@ class Trainer:
                  lr: float | None = None, schedule: str | None = None, seq: int | None = None, seed: int = 0,
                  timeout_s: float = 60.0, lr_scheduler: Callable[[Any], Any] | None = None,
                  grad_clip_norm: float | None = None, state_dict: Mapping[str, torch.Tensor] | None = None,
-                 node: str | None = None) -> None:
+                 node: str | None = None, weights: str | Path | None = None) -> None:
         loaded = plan if isinstance(plan, Plan) else Plan.load(plan)
         if loaded.replicas:
             raise ConfigError(f"{plan if not isinstance(plan, Plan) else 'the plan'} has {len(loaded.replicas)} "
@@ -83,11 +86,13 @@ class Trainer:
         plan_path = plan if not isinstance(plan, Plan) else None
         args = argparse.Namespace(plan=plan_path, model=model, seq=seq, seed=seed, schedule=schedule,
                                   timeout=float(timeout_s), emulate=False, lr=lr, loss=None,
+                                  weights=str(weights) if weights is not None else None,
                                   node=node if node is not None else os.environ.get("HETPIPE_NODE"))
         state = RankState(dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0")))
         run = prepare(args, state, plan=plan if isinstance(plan, Plan) else None, state_dict=state_dict)
         self.backend = _join(run)
         self.plan, self.stage, self.rank = run.plan, run.stage, run.rank
+        self._saved_names = run.saved_names
         if self.is_last and loss is None:
             loss = loss_for(model, None)
         params = list(run.stage.parameters())
@@ -97,8 +102,9 @@ class Trainer:
         self.executor = PipelineExecutor(
             run.stage, rank=run.rank, num_stages=run.num_stages, schedule_actions=run.actions,
             loss_fn=loss if loss is not None else _no_loss, optimizer=opt,
-            microbatches=run.plan.training.microbatches, timeout_s=float(timeout_s), stage_ranks=run.stage_ranks,
-            lr_scheduler=lr_scheduler(opt) if lr_scheduler is not None else None, grad_clip_norm=grad_clip_norm)
+            microbatches=run.plan.training.microbatches, stage_ranks=run.stage_ranks,
+            options=ExecutorOptions(timeout_s=float(timeout_s), grad_clip_norm=grad_clip_norm),
+            lr_scheduler=lr_scheduler(opt) if lr_scheduler is not None else None)
 
     @property
     def is_first(self) -> bool:
@@ -124,6 +130,17 @@ class Trainer:
             raise ConfigError(f"rank {self.rank} (stage {self.stage.stage}, the last) needs the targets of every step")
         return self.executor.step(split_microbatches(inputs, m, what="inputs") if self.is_first else None,
                                   split_microbatches(targets, m, what="targets") if self.is_last else None)
+
+    def save_weights(self, out_dir: str | Path) -> None:
+        """Write the current weights to ``out_dir`` as safetensors shards + ``model.safetensors.index.json``.
+
+        Collective: every rank calls it (after the same step); ``out_dir`` is loadable
+        with ``weights=`` and, for a Hugging Face model, with ``from_pretrained``.
+        """
+        from hetpipe.runtime.stage.weights import save_pipeline
+
+        save_pipeline(self.stage.module, self._saved_names, out_dir, stage=self.stage.stage,
+                      num_stages=self.stage.num_stages)
 
     def close(self) -> None:
         """Leave the process group (after the last step, on every rank)."""

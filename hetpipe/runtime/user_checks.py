@@ -43,11 +43,11 @@ def check_user_code(plan: Plan, *, model: str, data: str | Sequence[Any] | None,
     from hetpipe import models
 
     g, b = plan.training.global_batch, plan.training.micro_batch_size
-    if ":" in model and data is None:
+    if not models.takes_size(model) and data is None:
         raise ConfigError(f"--data is missing: model {model!r} is not built in, so hetpipe cannot make synthetic "
                           f"targets for it; pass --data package.module:factory returning an iterable of "
                           f"(inputs, targets) global batches of {g} samples")
-    if ":" in model and loss is None:
+    if not models.takes_size(model) and loss is None:
         raise ConfigError(f"--loss is missing: model {model!r} is not built in, so hetpipe has no loss for it; "
                           "pass --loss package.module:function(output, targets) returning a scalar tensor")
     fn = import_callable(loss, option="--loss") if loss else models.loss_fn(model)

@@ -10,8 +10,9 @@ with nothing distributed before step 5:
 2. map the plan units' fx node names to stage indices;
 3. build the schedule (``training.schedule`` unless ``--schedule``) and validate it;
 4. split the traced graph and build only this rank's stage (`hetpipe.runtime.stage.build`);
-5. join the process group (gloo on CPU, NCCL when CUDA is available), build the
-   optimizer named by ``training.optimizer`` and the `PipelineExecutor`;
+5. join the process group, once, whatever the plan version (gloo on CPU, NCCL when CUDA
+   is available), build the optimizer named by ``training.optimizer`` and the
+   `PipelineExecutor`;
 6. with ``--emulate``: measure one serialised F+B of every stage, choose the time
    scale (`hetpipe.runtime.emulate.pipeline.choose_time_scale`) and install the emulation hooks;
 7. run ``--steps`` steps (a monitored barrier, then the rank's action list) on seeded
@@ -19,6 +20,13 @@ with nothing distributed before step 5:
    `hetpipe.runtime.execute.heartbeat`, at least every second while actions finish;
 8. write ``result-rank<r>.json``; on any failure write ``error-rank<r>.json`` naming
    the rank, stage and action, and exit 1 (torchrun then tears the job down).
+
+A replica plan (version 2) runs the same loop: it is checked against the world size
+before step 5 (`hetpipe.runtime.replicas.trainer.check_runnable`), steps 1-4 happen in a
+`ReplicaTrainer` after the join (it makes the replicas' process groups), and with
+``--emulate`` `hetpipe.runtime.emulate.replicas` calibrates every replica and delays the
+sync to the plan's time.  Each step is one global batch; the last stage of each replica
+reports the replicas' sample-weighted loss.
 
 Example:
     $ torchrun --standalone --nproc-per-node=3 -m hetpipe.runtime.worker plan.json \\
@@ -33,6 +41,8 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -44,12 +54,16 @@ from hetpipe.plan.schema import Plan
 from hetpipe.runtime.execute import heartbeat
 from hetpipe.runtime.launch import RankError, write_error
 from hetpipe.runtime.report import RankResult, median
+from hetpipe.runtime.stage.buffers import ModelBuffers, kept_buffers
 from hetpipe.runtime.data import data_stream, split_microbatches
+from hetpipe.runtime.emulate.pipeline import RecordingHooks
+from hetpipe.runtime.emulate.replicas import SwitchHooks, emulate_replicas
 from hetpipe.runtime.rank import (
     CALIBRATION_PASSES,
     RankState,
     barrier,
     capture_for_plan,
+    resolve_for_plan,
     device_backend,
     device_label,
     emulation_fields,
@@ -62,6 +76,7 @@ from hetpipe.runtime.rank import (
     stage_links,
     touch,
 )
+from hetpipe.runtime.replicas.trainer import ReplicaTrainer, check_runnable
 
 log = logging.getLogger("hetpipe.worker")
 
@@ -78,6 +93,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--data", default=None)
     p.add_argument("--loss", default=None)
+    p.add_argument("--weights", default=None)
+    p.add_argument("--save-weights", default=None)
     p.add_argument("--safety-factor", type=float, default=None)
     p.add_argument("--emulate", action="store_true")
     p.add_argument("--no-sync-overlap", dest="sync_overlap", action="store_false")
@@ -116,14 +133,17 @@ class _Run:
         self.rank = int(os.environ.get("RANK", "0"))
         self.num_stages = len(plan.stages)
         self.stage_ranks: list[int] = list(range(self.num_stages))
+        self.saved_names: dict[str, str] = {}  # local -> saved name (`hetpipe.runtime.stage.weights.saved_names`)
 
     def executor(self, *, actions: Sequence[Any], optimizer: Any, microbatches: int, hooks: Any,
                  loss_fn: Any) -> Any:
         from hetpipe.runtime.execute.executor import PipelineExecutor
+        from hetpipe.runtime.execute.options import ExecutorOptions
 
         return PipelineExecutor(self.stage, rank=self.rank, num_stages=self.num_stages, schedule_actions=actions,
                                 loss_fn=loss_fn, optimizer=optimizer, microbatches=microbatches,
-                                timeout_s=self.args.timeout, hooks=hooks, stage_ranks=self.stage_ranks)
+                                stage_ranks=self.stage_ranks, options=ExecutorOptions(timeout_s=self.args.timeout),
+                                hooks=hooks)
 
     def data(self) -> Any:
         a = self.args
@@ -140,6 +160,7 @@ def prepare(args: argparse.Namespace, state: RankState, *, plan: Plan | None = N
     """
     from hetpipe.schedule.builders import make_schedule, validate_schedule
     from hetpipe.runtime.stage.build import build_stage, split_stages
+    from hetpipe.runtime.stage.weights import check_stage, open_weights, saved_names
 
     state.phase = "loading the plan"
     plan = plan if plan is not None else Plan.load(args.plan)
@@ -161,8 +182,16 @@ def prepare(args: argparse.Namespace, state: RankState, *, plan: Plan | None = N
     validate_schedule(schedule, num_stages=p, num_microbatches=m)
     state.phase = "building the stage"
     program = split_stages(graph.module, mapping, example_inputs=example, num_stages=p)
-    stage = build_stage(program, state.stage, state_dict=state_dict, device=device_backend(local_rank)[1], seed=args.seed)
-    return _Run(args, plan, stage, state.stage, schedule[state.stage], graph.module, example)
+    if state_dict is None and getattr(args, "weights", None):
+        state.phase = "checking --weights"
+        state_dict = open_weights(args.weights)
+        check_stage(program, state.stage, state_dict)  # names and shapes from the headers, before any read
+        state.phase = "building the stage"
+    stage = build_stage(program, state.stage, state_dict=state_dict, device=device_backend(local_rank)[1], seed=args.seed,
+                        buffers=ModelBuffers(resolve_for_plan(plan, model=args.model, seq=args.seq).model))
+    run = _Run(args, plan, stage, state.stage, schedule[state.stage], graph.module, example)
+    run.saved_names = saved_names(program, state.stage)
+    return run
 
 
 def calibrate(run: _Run, *, loss_fn: Any, batch: tuple[Any, Any] | None) -> list[Any]:
@@ -173,7 +202,7 @@ def calibrate(run: _Run, *, loss_fn: Any, batch: tuple[Any, Any] | None) -> list
     `hetpipe.runtime.emulate.pipeline.choose_time_scale` wants.  The optimizer is SGD with
     learning rate 0, so the weights are untouched.  Returns every stage's `StageTiming`.
     """
-    from hetpipe.runtime.emulate.pipeline import RecordingHooks, StageTiming
+    from hetpipe.runtime.emulate.pipeline import StageTiming
     from hetpipe.schedule.builders import make_schedule
 
     hooks = RecordingHooks()
@@ -181,8 +210,9 @@ def calibrate(run: _Run, *, loss_fn: Any, batch: tuple[Any, Any] | None) -> list
                             optimizer=torch.optim.SGD(run.stage.parameters(), lr=0.0), microbatches=1,
                             hooks=hooks, loss_fn=loss_fn)
     inputs, targets = _microbatches(batch, run.plan, run.index)
-    for _ in range(CALIBRATION_PASSES):
-        executor.step(inputs[:1] if inputs else None, targets[:1] if targets else None)
+    with kept_buffers(run.stage.module):  # calibration is not training: BatchNorm statistics are restored
+        for _ in range(CALIBRATION_PASSES):
+            executor.step(inputs[:1] if inputs else None, targets[:1] if targets else None)
     every: list[Any] = [None] * run.num_stages
     dist.all_gather_object(every, (run.index, median(hooks.fwd_compute_s[1:]), median(hooks.bwd_compute_s[1:])))
     by_stage = {s: StageTiming(f, b) for s, f, b in every}
@@ -207,32 +237,22 @@ def _emulation_hooks(run: _Run, loss_fn: Any, batch: tuple[Any, Any] | None) -> 
                           time_scale=scale.real_s_per_emulated_s, origin=scale)
 
 
-def _result(run: _Run, hooks: Any, stats: Any, step_s: list[float], losses: list[float], backend: str) -> RankResult:
-    dev = run.plan.devices[run.plan.device_index()[run.plan.stages[run.index].device]]
-    return RankResult(rank=run.rank, stage=run.index, device=dev.id, kind=dev.kind, step_s=tuple(step_s),
-                      losses=tuple(losses), backend=backend, **emulation_fields(hooks, stats, run.index))
+@dataclass(frozen=True)
+class _RankLoop:
+    """What the step loop drives, for either plan version: one step on a global batch, the hooks
+    whose records go into the result, this rank's plan stage, and its data."""
+
+    step: Callable[[Any], tuple[Any, float | None]]  # global batch (or None) -> (executor stats, loss or None)
+    hooks: Any
+    plan_stage: int
+    stream: Iterator[Any] | None
+    first: Any
+    finish: Callable[[], Any] = lambda: None
 
 
-def _join(run: _Run, state: RankState) -> str:
-    """Step 5: join the process group and learn every stage's global rank."""
-    state.phase = "joining the process group"
-    backend = join_process_group(run.args.timeout)
-    run.stage_ranks = gather_stage_ranks(run.index, run.num_stages)
-    return backend
-
-
-def train(args: argparse.Namespace, state: RankState) -> RankResult:
-    """The whole rank: prepare, join the group, (calibrate), run the steps, return the result."""
-    from hetpipe.runtime.emulate.pipeline import RecordingHooks
-
-    if Plan.load(args.plan).replicas:
-        from hetpipe.runtime.replica_worker import train_replicas
-
-        return train_replicas(args, state)
-    run = prepare(args, state)
-    backend = _join(run, state)
-    progress = args.run_dir / f"progress-rank{run.rank}"
-    heartbeat.install(progress)  # from here on the executor beats per action (calibration included)
+def _pipeline_rank(args: argparse.Namespace, state: RankState, run: _Run, ranks: list[int]) -> _RankLoop:
+    """A single pipeline (plan version 1): (calibration,) the optimizer and this stage's executor."""
+    run.stage_ranks = ranks
     last = run.index == run.num_stages - 1
     loss_fn = loss_for(args.model, args.loss) if last else None
     stream = run.data() if run.index == 0 or last else None
@@ -243,23 +263,92 @@ def train(args: argparse.Namespace, state: RankState) -> RankResult:
     optimizer = make_optimizer(run.plan.training.optimizer, list(run.stage.parameters()), lr=args.lr)
     executor = run.executor(actions=run.actions, optimizer=optimizer, microbatches=run.plan.training.microbatches,
                             hooks=hooks, loss_fn=loss_fn)
+
+    def step(batch: Any) -> tuple[Any, float | None]:
+        stats = executor.step(*_microbatches(batch, run.plan, run.index))
+        return stats, stats.loss
+
+    def finish() -> None:  # collective: every stage writes its shard, stage 0 the index
+        if args.save_weights:
+            from hetpipe.runtime.stage.weights import save_pipeline
+
+            state.phase = "saving the weights"
+            save_pipeline(run.stage.module, run.saved_names, args.save_weights, stage=run.index,
+                          num_stages=run.num_stages)
+
+    return _RankLoop(step, hooks, run.index, stream, first, finish=finish)
+
+
+def _replica_rank(args: argparse.Namespace, state: RankState, plan: Plan, ranks: list[int]) -> _RankLoop:
+    """This rank's stage of its replica (plan version 2), (calibrated and) emulated with ``--emulate``."""
+    from hetpipe.runtime.stage.weights import open_weights
+
+    hooks = SwitchHooks(RecordingHooks())
+    state.hooks = hooks
+    state.phase = "building the replica"
+    trainer = ReplicaTrainer(plan, model=args.model, loss=loss_for(args.model, args.loss), lr=args.lr,
+                             schedule=args.schedule, seq=args.seq, seed=args.seed, timeout_s=args.timeout,
+                             stage_ranks=ranks, hooks=hooks, overlap_sync=args.sync_overlap,
+                             state_dict=open_weights(args.weights))
+    reads = trainer.is_first or trainer.is_last
+    stream = data_stream(args.data, model=args.model, global_batch=plan.training.global_batch, seed=args.seed,
+                         example=trainer.example, meta_model=trainer.graph_module) if reads else None
+    first = next(stream, None) if stream is not None else None
+    if args.emulate:
+        state.phase = "calibration"
+        emulate_replicas(trainer, hooks, inputs=first[0] if first is not None else None,
+                         targets=first[1] if first is not None else None, timeout_s=args.timeout,
+                         safety_factor=args.safety_factor)
+
+    def step(batch: Any) -> tuple[Any, float | None]:
+        out = trainer.step(*(batch if batch is not None else (None, None)))
+        return out.stats, out.loss if trainer.is_last else None  # every rank has the loss; the last reports it
+
+    return _RankLoop(step, hooks, trainer.place.plan_stage, stream, first, finish=trainer.finish)
+
+
+def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, plan: Plan,
+               backend: str) -> RankResult:
+    """Step 7: the same loop for every plan version: barrier, one step, heartbeat; then the result."""
+    progress = args.run_dir / f"progress-rank{state.rank}"
     step_s, losses, stats = [], [], None
     for step in range(args.steps):
         state.phase = f"step {step}"
-        batch = (first if step == 0 else next(stream, None)) if stream is not None else None
-        if stream is not None and batch is None:
+        batch = (loop.first if step == 0 else next(loop.stream, None)) if loop.stream is not None else None
+        if loop.stream is not None and batch is None:
             raise ConfigError(f"--data ran out after {step} batches; the run needs {args.steps}")
-        inputs, targets = _microbatches(batch, run.plan, run.index)
         barrier(backend == "gloo", args.timeout)
         start = time.monotonic()
-        stats = executor.step(inputs, targets)
+        stats, loss = loop.step(batch)
         step_s.append(time.monotonic() - start)
-        if stats.loss is not None:
-            losses.append(float(stats.loss))
+        if loss is not None:
+            losses.append(float(loss))
         touch(progress)
     state.phase = "finishing"
+    loop.finish()
     barrier(backend == "gloo", args.timeout)
-    return _result(run, hooks, stats, step_s, losses, backend)
+    dev = plan.devices[plan.device_index()[plan.stages[loop.plan_stage].device]]
+    return RankResult(rank=state.rank, stage=loop.plan_stage, device=dev.id, kind=dev.kind, step_s=tuple(step_s),
+                      losses=tuple(losses), backend=backend, **emulation_fields(loop.hooks, stats, loop.plan_stage))
+
+
+def train(args: argparse.Namespace, state: RankState) -> RankResult:
+    """The whole rank, for every plan version: check and build what needs no peers, join the
+    process group once, (calibrate), run the steps, return the result."""
+    plan = Plan.load(args.plan)
+    run = None
+    if plan.replicas:
+        check_runnable(plan, world_size=int(os.environ.get("WORLD_SIZE", "1")))  # refuse before joining
+        state.stage = stage_for(plan, node=args.node, rank=state.rank,
+                                local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    else:
+        run = prepare(args, state, plan=plan)  # steps 1-4
+    state.phase = "joining the process group"
+    backend = join_process_group(args.timeout)  # step 5, the one join
+    ranks = gather_stage_ranks(state.stage, len(plan.stages))
+    heartbeat.install(args.run_dir / f"progress-rank{state.rank}")  # the executor beats per action from here
+    loop = _replica_rank(args, state, plan, ranks) if run is None else _pipeline_rank(args, state, run, ranks)
+    return _run_steps(args, state, loop, plan=plan, backend=backend)
 
 
 def _error_message(err: BaseException, state: RankState) -> str:

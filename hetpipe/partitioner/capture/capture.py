@@ -26,8 +26,8 @@ Approximations (also see `hetpipe.partitioner.capture.measure`): a storage saved
 counts in both; attention is costed as the fused kernel (grouped-query attention with k, v
 expanded); parameters the forward never reads are left out (with a warning); frozen
 parameters (``requires_grad=False``) cost their weight bytes only; buffers are not model state.
-The returned ``module`` is all meta, buffers included: ``build_stage(state_dict=None)`` cannot
-recover a non-persistent buffer (Llama's rotary tables) or BatchNorm statistics from it.
+The returned ``module`` is all meta, buffers included; each stage gets its buffers' values from the
+weights or the model's own initialisation (`hetpipe.runtime.stage.buffers.ModelBuffers`).
 
 The fingerprint is a sha256 over every node's op, target, arguments and output shapes
 and dtypes (no object addresses, no devices), so it is equal across processes and runs
@@ -74,6 +74,7 @@ from hetpipe.cost_models.memory import (
     weight_bytes_per_param,
 )
 from hetpipe.errors import CaptureError, ConfigError
+from hetpipe.partitioner.capture.export import export_for_training
 from hetpipe.partitioner.capture.graph import TiedParameter, Unit, UnitGraph
 from hetpipe.partitioner.capture.measure import (
     CALL_OPS,
@@ -245,8 +246,7 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], *,
         if names or types:
             log.warning("torch.export ignores leaf_modules=%s", list(leaf_modules))
         try:
-            exported = torch.export.export(model, tuple(inputs), strict=False)
-            return exported.module(check_guards=False), "export"
+            return export_for_training(model, inputs), "export"
         except Exception as exp_err:  # export raises many types (UserError, GuardOnDataDependentSymNode, ...)
             raise CaptureError(_trace_failure(model, sym_err, exp_err)) from exp_err
 

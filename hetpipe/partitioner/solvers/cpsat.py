@@ -44,6 +44,7 @@ from typing import Sequence
 
 from ortools.sat.python import cp_model
 
+from hetpipe.cost_models.stage_memory import RECV_PREFETCH
 from hetpipe.partitioner.solvers.dp import DeviceClass, device_classes
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 
@@ -168,11 +169,20 @@ class _Model:
         bd = prob.boundary_bytes
         # bytes of the cut after position j (between j and j-1): sum_u last[u][j] * boundary[u]
         cut_bytes = [sum(bd[u] * self.last[u][j] for u in range(self.L - 1)) for j in range(self.P)]
+        top = max(bd, default=0)
         for j in range(self.P):
             inflight = min(j + 1, self.m)
+            cut_out, cut_in = cut_bytes[j], (cut_bytes[j + 1] if j + 1 < self.P else 0)
             held = sum((prob.state_bytes[u] + inflight * prob.activation_bytes[u]) * self.in_[u][j]
                        for u in range(self.L))
-            buffers = 2 * cut_bytes[j] + (2 * cut_bytes[j + 1] if j + 1 < self.P else 0)
+            # M_s of `pipeline_stage_bytes`: in-flight inputs and outputs, receive buffers sized by the
+            # larger cut (widest >= both is exact under <=), and the first stage's warm-up sends.
+            widest = md.new_int_var(0, top, f"widest_cut_j{j}")
+            md.add(widest >= cut_out)
+            md.add(widest >= cut_in)
+            warmup = md.new_int_var(0, top, f"first_out_j{j}")
+            md.add(warmup >= cut_out).only_enforce_if(self.in_[0][j])  # unit 0 here: the first stage
+            buffers = inflight * (cut_in + cut_out) + (RECV_PREFETCH + 1) * widest + (inflight - 1) * warmup
             buffers += self._tied_copies(j)
             # M_j <= usable bytes of the class on position j.
             md.add(held + buffers <= sum(cl.usable_bytes * self.on[j][c] for c, cl in enumerate(self.classes)))

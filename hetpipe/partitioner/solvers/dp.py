@@ -48,6 +48,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from hetpipe.cost_models.stage_memory import RECV_PREFETCH
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 
 log = logging.getLogger(__name__)
@@ -180,8 +181,10 @@ class StageTables:
         bd = np.asarray(problem.boundary_bytes, dtype=np.float64)
         self.state = st[hi_c] - st[lo] + _tied_band(problem, lo, hi_c)
         self.act = act[hi_c] - act[lo]
-        self.before = np.broadcast_to(np.where(lo > 0, 2.0 * bd[np.maximum(lo - 1, 0)], 0.0), self.valid.shape)
-        self.after = 2.0 * bd[np.clip(hi_c - 1, 0, L - 1)]  # buffers for the cut after, if a stage follows
+        # in/out cut bytes of a stage on [lo, hi): the cut before (none for the first) and after
+        self.before = np.broadcast_to(np.where(lo > 0, bd[np.maximum(lo - 1, 0)], 0.0), self.valid.shape)
+        self.after = bd[np.clip(hi_c - 1, 0, L - 1)]  # counted only if a stage follows
+        self.first = np.broadcast_to(lo == 0, self.valid.shape)
         self.is_last = hi == L
         # compute per class: F + B of the stage's units on kind(c)
         self.compute = []
@@ -213,7 +216,10 @@ class StageTables:
         """Cost of a stage of class c on [lo, lo+w+1) with `after_stages` stages after it (inf = not allowed)."""
         inflight = min(after_stages + 1, self.m)
         sl = np.s_[:, :width]
-        mem = self.state[sl] + inflight * self.act[sl] + self.before[sl] + (self.after[sl] if after_stages else 0.0)
+        cut_in, cut_out = self.before[sl], (self.after[sl] if after_stages else 0.0)
+        # M_s of `pipeline_stage_bytes`, vectorised over the band
+        mem = (self.state[sl] + inflight * (self.act[sl] + cut_in + cut_out)
+               + (RECV_PREFETCH + 1) * np.maximum(cut_in, cut_out) + np.where(self.first[sl], inflight - 1, 0) * cut_out)
         cost = self.compute[c][sl]
         ok = (cost <= cap) & (mem <= self.classes[c].usable_bytes)
         ok &= self.is_last[sl] if not after_stages else ~self.is_last[sl]  # only the last stage ends at unit L

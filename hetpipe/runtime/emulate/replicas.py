@@ -48,6 +48,8 @@ from hetpipe.plan.schema import Plan
 from hetpipe.runtime.execute import comm
 from hetpipe.runtime.emulate.pipeline import DEFAULT_SAFETY_FACTOR, EmulationHooks, RecordingHooks, StageTiming
 from hetpipe.runtime.execute.executor import ActionHooks
+from hetpipe.runtime.execute.options import ExecutorOptions, ReplicaWiring
+from hetpipe.runtime.stage.buffers import kept_buffers
 
 log = logging.getLogger(__name__)
 
@@ -227,15 +229,17 @@ def calibrate_replicas(trainer: Any, *, inputs: Any, targets: Any, timeout_s: fl
     executor = PipelineExecutor(
         trainer.stage, rank=p.rank, num_stages=p.num_stages,
         schedule_actions=make_schedule("gpipe", p.num_stages, 1)[p.stage], loss_fn=trainer.executor.loss_fn,
-        optimizer=torch.optim.SGD(trainer.stage.parameters(), lr=0.0), microbatches=1, timeout_s=timeout_s,
-        hooks=hooks, stage_ranks=p.stage_ranks, group=groups.get(tuple(sorted(p.stage_ranks))),
-        tied_group=lambda ranks: groups[tuple(sorted(ranks))])
+        optimizer=torch.optim.SGD(trainer.stage.parameters(), lr=0.0), microbatches=1, stage_ranks=p.stage_ranks,
+        options=ExecutorOptions(timeout_s=timeout_s), hooks=hooks,
+        wiring=ReplicaWiring(group=groups.get(tuple(sorted(p.stage_ranks))),
+                             tied_group=lambda ranks: groups[tuple(sorted(ranks))]))
     ins = replica_batch(inputs, p, what="inputs")[:1] if trainer.is_first else None
     tgs = replica_batch(targets, p, what="targets")[:1] if trainer.is_last else None
     for rep in trainer.plan.replicas:  # one replica at a time: the others wait at the barrier
         if rep.index == p.replica:
-            for _ in range(passes):
-                executor.step(ins, tgs)
+            with kept_buffers(trainer.stage.module):  # calibration is not training: BatchNorm statistics kept
+                for _ in range(passes):
+                    executor.step(ins, tgs)
         barrier(gloo, timeout_s)
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, (p.plan_stage, median(hooks.fwd_compute_s[1:]), median(hooks.bwd_compute_s[1:])))

@@ -386,8 +386,7 @@ class StageComm:
             raise RuntimeFailure(f"{self.where}: {action}: micro-batch {mb}, {problem}; the stage produced another "
                                  "shape than split_stages propagated: feed micro-batches shaped like its example inputs")
         self.sends.append(Pending(action, dst, specs, frame, [work]))
-        if kind == KIND_GRAD:
-            self._on_bytes(action, num_bytes)
+        self._on_bytes(action, num_bytes)  # the frame is a copy, held until the send is waited
 
     def wait_sends(self, before: Action | None = None) -> None:
         """Wait until every posted send was received (bounded per message); ``before``: the RECV waiting."""

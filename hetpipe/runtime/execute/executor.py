@@ -48,7 +48,7 @@ Example (one stage: no process group needed):
     >>> opt = torch.optim.SGD(stage.parameters(), lr=0.1)
     >>> acts = [Action(0, Op.F, 0), Action(0, Op.F, 1), Action(0, Op.B, 0), Action(0, Op.B, 1), Action(0, Op.STEP)]
     >>> ex = PipelineExecutor(stage, rank=0, num_stages=1, schedule_actions=acts, optimizer=opt, microbatches=2,
-    ...                       loss_fn=torch.nn.functional.mse_loss, timeout_s=5.0)
+    ...                       loss_fn=torch.nn.functional.mse_loss, options=ExecutorOptions(timeout_s=5.0))
     >>> x, y = torch.ones(4, 3), torch.zeros(4, 1)
     >>> stats = ex.step([x[:2], x[2:]], [y[:2], y[2:]])
     >>> ref = torch.nn.functional.mse_loss(net(x), y).item()
@@ -69,10 +69,12 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from hetpipe.cost_models.stage_memory import RECV_PREFETCH
 from hetpipe.errors import RuntimeFailure
 from hetpipe.runtime.execute import comm, heartbeat
 from hetpipe.schedule.actions import Action, Op
 from hetpipe.runtime.execute.held import HeldBytes, grad_bytes, optimizer_bytes, storage_key
+from hetpipe.runtime.execute.options import ExecutorOptions, ReplicaWiring
 from hetpipe.schedule.builders import check_actions, make_schedule
 from hetpipe.runtime.stage.build import StageModule
 from hetpipe.runtime.execute.stats import ActionHooks, ActionTiming, MemoryStats, StepStats
@@ -82,7 +84,9 @@ log = logging.getLogger(__name__)
 _RECVS = (Op.RECV_F, Op.RECV_B)
 _SENDS = (Op.SEND_F, Op.SEND_B)
 _CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s epsilon, so clipping matches it
-PREFETCH_DEPTH = 3  # receives posted ahead off gloo (the next one and two more: covers a 1F1B F-B-F window)
+# Receives posted ahead off gloo (the next one and two more: covers a 1F1B F-B-F window); the
+# memory model counts a buffer for each (`hetpipe.cost_models.stage_memory.RECV_PREFETCH`).
+PREFETCH_DEPTH = RECV_PREFETCH
 
 
 @dataclass
@@ -112,67 +116,45 @@ class PipelineExecutor:
         loss_fn: ``loss_fn(output, target) -> scalar`` per micro-batch (last stage only).
         optimizer: built over ``stage_module.parameters()``.
         microbatches: micro-batches per step.
-        cut_specs: the program's cuts, checked against the stage's (None: the stage's own).
-        timeout_s: bound of every single wait (receive, send completion, collective).
-        grad_clip_norm: clip the global gradient norm (across all stages) to this.
-        lr_scheduler: stepped after each optimizer step.
-        hooks: `ActionHooks` for emulation / instrumentation.
-        loss_reduction: "mean" (average over micro-batches) or "sum".
-        broadcast_loss: give every rank the loss (one broadcast per step).
-        prefetch_depth: how many receives may be posted before their action (None: see the module
-            docstring: on gloo 0 unless local ranks outnumber cores, else `PREFETCH_DEPTH`).
         stage_ranks: global rank of each stage (default: rank r runs stage r).
-        sync_cuda_timing: synchronise CUDA after F/B so their timings are real.
-        group: process group of exactly ``stage_ranks`` for the gradient-norm all-reduce and
-            the loss broadcast (default: the world, right when the pipeline spans it).
-        tied_group: ``tied_group(ranks) -> process group`` for each tied parameter (default
-            ``dist.new_group``; replicas of different layouts pass groups made up front,
-            see `hetpipe.runtime.replicas.trainer`).
-        grad_sync: called in ``STEP`` after the sends completed and before the tied-parameter
-            all-reduce (data-parallel gradient sync between replicas).
-        track_saved_every_step: account the tensors autograd saves with ``saved_tensors_hooks``
-            on every step (exact for data-dependent shapes; the default when ``hooks`` emulate a
-            memory limit, i.e. ``hooks.exact_memory``) rather than on the first step only.  A
-            stage's shapes are fixed by its cut specs (checked on every micro-batch), so each
-            micro-batch saves the same bytes every step; skipping the hooks afterwards saves
+        options: `ExecutorOptions` (timeouts, loss reduction, clipping, prefetch, memory
+            accounting; see its docstring).  Prefetch: on gloo 0 unless local ranks outnumber
+            cores, else `PREFETCH_DEPTH` (module docstring).  Saved-tensor accounting on every
+            step is exact for data-dependent shapes; a stage's shapes are fixed by its cut
+            specs, so the first step's bytes repeat and skipping the hooks afterwards saves
             about 0.8 ms per step on the 2-stage benchmark.
-        wait_sends_at_recv: at each RECV, after posting it, wait until this rank's earlier sends
-            were received (None: on gloo, for the built-in GPipe/1F1B action lists only).
-        final_backward: called right before the step's last ``B`` of this rank (the replica
-            sync launches its all-reduces from gradient hooks from then on).
+        hooks: `ActionHooks` for emulation / instrumentation.
+        lr_scheduler: stepped after each optimizer step.
+        wiring: `ReplicaWiring`: the process groups and callbacks of a replica plan.
     """
 
     def __init__(self, stage_module: StageModule, *, rank: int, num_stages: int,
                  schedule_actions: Sequence[Action], loss_fn: Callable[[Any, Any], torch.Tensor],
-                 optimizer: torch.optim.Optimizer, microbatches: int, cut_specs: Sequence[Any] | None = None,
-                 timeout_s: float = 300.0, grad_clip_norm: float | None = None, lr_scheduler: Any = None,
-                 hooks: ActionHooks | None = None, loss_reduction: str = "mean", broadcast_loss: bool = False,
-                 prefetch_depth: int | None = None, stage_ranks: Sequence[int] | None = None,
-                 sync_cuda_timing: bool = True, group: Any = None,
-                 tied_group: Callable[[Sequence[int]], Any] | None = None,
-                 grad_sync: Callable[[], None] | None = None, track_saved_every_step: bool | None = None,
-                 wait_sends_at_recv: bool | None = None, final_backward: Callable[[], None] | None = None) -> None:
-        self.stage = stage_module
+                 optimizer: torch.optim.Optimizer, microbatches: int, stage_ranks: Sequence[int] | None = None,
+                 options: ExecutorOptions = ExecutorOptions(), hooks: ActionHooks | None = None,
+                 lr_scheduler: Any = None, wiring: ReplicaWiring = ReplicaWiring()) -> None:
+        self.stage, self.options = stage_module, options
         self.rank, self.num_stages, self.microbatches = rank, num_stages, microbatches
         self.loss_fn, self.optimizer, self.lr_scheduler = loss_fn, optimizer, lr_scheduler
-        self.timeout_s, self.grad_clip_norm, self.broadcast_loss = float(timeout_s), grad_clip_norm, broadcast_loss
+        self.timeout_s, self.grad_clip_norm = float(options.timeout_s), options.grad_clip_norm
+        self.broadcast_loss = options.broadcast_loss
         self.hooks = hooks or ActionHooks()
-        self._track_every_arg = track_saved_every_step
+        self._track_every_arg = options.track_saved_every_step
         self._saved_bytes: dict[int, int] = {}  # micro-batch -> activation bytes its forward added (first step)
         self.stage_ranks = tuple(stage_ranks) if stage_ranks is not None else tuple(range(num_stages))
-        self._group, self._tied_group_fn, self._grad_sync = group, tied_group, grad_sync
+        self._group, self._tied_group_fn, self._grad_sync = wiring.group, wiring.tied_group, wiring.grad_sync
         self._where = f"rank {rank} (stage {stage_module.stage})"
-        self._check_config(cut_specs, loss_reduction)
+        self._check_config(options.cut_specs)
         self.actions = tuple(schedule_actions)
-        self._final_backward = final_backward
+        self._final_backward = wiring.final_backward
         self._last_b = next((a for a in reversed(self.actions) if a.op is Op.B), None)
         check_actions(self.actions, stage=stage_module.stage, num_stages=num_stages, num_microbatches=microbatches)
-        self._loss_scale = 1.0 / microbatches if loss_reduction == "mean" else 1.0
+        self._loss_scale = 1.0 / microbatches if options.loss_reduction == "mean" else 1.0
         self._distributed = dist.is_available() and dist.is_initialized()
         if num_stages > 1 and not self._distributed:
             raise RuntimeFailure(f"{self._where}: a {num_stages}-stage pipeline needs torch.distributed; call "
                                  "init_process_group first (hetpipe's launcher does)")
-        self._sync_cuda = sync_cuda_timing and stage_module.device.type == "cuda"
+        self._sync_cuda = options.sync_cuda_timing and stage_module.device.type == "cuda"
         self._params = list(dict.fromkeys(stage_module.parameters()))
         statics = list(dict.fromkeys(self._params + list(stage_module.module.buffers())))
         self._memory = HeldBytes({k[0] for k in map(storage_key, statics) if k})
@@ -182,20 +164,20 @@ class PipelineExecutor:
                                    send_delay_s=self.hooks.send_delay_s, on_comm_bytes=self._memory.set_comm,
                                    on_arrived=self.hooks.arrived)
         self._tied = self._make_tied_groups()
-        self.prefetch_depth = max(0, int(self._default_prefetch() if prefetch_depth is None else prefetch_depth))
+        depth = options.prefetch_depth
+        self.prefetch_depth = max(0, int(self._default_prefetch() if depth is None else depth))
+        wait = options.wait_sends_at_recv
         self.comm.wait_sends_at_recv = (self.comm.gloo and num_stages > 1 and self._agreed_builtin_schedule()
-                                        if wait_sends_at_recv is None else bool(wait_sends_at_recv))
+                                        if wait is None else bool(wait))
         self._prefetch_at = self._prefetch_plan()
         self._names = tuple(str(a) for a in self.actions)
         if num_stages > 1:
             self.comm.handshake(microbatches)
 
-    def _check_config(self, cut_specs: Sequence[Any] | None, loss_reduction: str) -> None:
+    def _check_config(self, cut_specs: Sequence[Any] | None) -> None:
         s = self.stage
-        if loss_reduction not in ("mean", "sum"):
-            raise RuntimeFailure(f"{self._where}: loss_reduction={loss_reduction!r}; use 'mean' or 'sum'")
-        if self.timeout_s <= 0 or self.microbatches < 1:
-            raise RuntimeFailure(f"{self._where}: timeout_s and microbatches must be positive")
+        if self.microbatches < 1:
+            raise RuntimeFailure(f"{self._where}: microbatches must be positive, got {self.microbatches}")
         if s.num_stages != self.num_stages or len(self.stage_ranks) != self.num_stages:
             raise RuntimeFailure(f"{self._where}: the stage module is from a {s.num_stages}-stage program, the "
                                  f"executor was given num_stages={self.num_stages} and {len(self.stage_ranks)} "

@@ -40,7 +40,8 @@ from hetpipe.errors import ConfigError, PlanError
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.data import split_microbatches
 from hetpipe.runtime.execute.executor import ActionHooks, PipelineExecutor, StepStats
-from hetpipe.runtime.rank import capture_for_plan, device_backend, make_optimizer
+from hetpipe.runtime.execute.options import ExecutorOptions, ReplicaWiring
+from hetpipe.runtime.rank import capture_for_plan, device_backend, make_optimizer, resolve_for_plan
 from hetpipe.runtime.replicas.sync import (
     DILOCO_OUTER_LR,
     DILOCO_OUTER_MOMENTUM,
@@ -229,10 +230,12 @@ class ReplicaTrainer:
         self.graph_module, self.example = graph.module, example  # meta: for data_stream(meta_model=, example=)
         programs = self._programs(graph.module, example)
         dev = torch.device(device) if device is not None else device_backend(int(os.environ.get("LOCAL_RANK", "0")))[1]
+        from hetpipe.runtime.stage.buffers import ModelBuffers
         from hetpipe.runtime.stage.build import build_stage
 
+        buffers = ModelBuffers(resolve_for_plan(self.plan, model=model, seq=seq).model)
         self.stage = build_stage(programs[self.place.replica], self.place.stage, state_dict=state_dict, device=dev,
-                                 seed=seed)
+                                 seed=seed, buffers=buffers)
         buckets = sync_buckets(self.plan, param_units(graph.module, self.plan), self._ranks)
         if world > 1 and not (dist.is_available() and dist.is_initialized()):
             raise ConfigError(f"{self.where}: a {world}-rank replica plan needs torch.distributed; call "
@@ -257,10 +260,11 @@ class ReplicaTrainer:
         self.executor = PipelineExecutor(
             self.stage, rank=self.place.rank, num_stages=self.place.num_stages, schedule_actions=actions,
             loss_fn=loss if loss is not None else _no_loss, optimizer=self.optimizer,
-            microbatches=self.place.microbatches, timeout_s=timeout_s, grad_clip_norm=grad_clip_norm, hooks=hooks,
-            stage_ranks=self.place.stage_ranks, group=groups.get(tuple(sorted(self.place.stage_ranks))),
-            tied_group=lambda ranks: groups[tuple(sorted(ranks))], grad_sync=self.sync.sync_grads,
-            final_backward=self.sync.arm if overlap_sync else None)
+            microbatches=self.place.microbatches, stage_ranks=self.place.stage_ranks,
+            options=ExecutorOptions(timeout_s=timeout_s, grad_clip_norm=grad_clip_norm), hooks=hooks,
+            wiring=ReplicaWiring(group=groups.get(tuple(sorted(self.place.stage_ranks))),
+                                 tied_group=lambda ranks: groups[tuple(sorted(ranks))], grad_sync=self.sync.sync_grads,
+                                 final_backward=self.sync.arm if overlap_sync else None))
 
     def _schedule(self, name: str) -> list[Any]:
         from hetpipe.schedule.builders import make_schedule, validate_schedule

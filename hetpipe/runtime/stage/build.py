@@ -49,6 +49,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import warnings
 import zlib
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping, Sequence
@@ -58,6 +59,8 @@ import torch.fx as fx
 from torch import nn
 
 from hetpipe.errors import CaptureError, RuntimeFailure, ScheduleError
+from hetpipe.partitioner.capture.devices import retarget_devices
+from hetpipe.runtime.stage.outputs import keep_output_structure
 from hetpipe.runtime.stage.types import (  # noqa: F401 - re-exported: the runtime imports them from here
     CutSpec,
     StagedProgram,
@@ -106,6 +109,7 @@ def split_stages(gm: fx.GraphModule, node_to_stage: Mapping[str, int], *, exampl
     modules = tuple(
         fx.GraphModule(meta_gm, _stage_graph(meta_gm.graph, k, stage_of, cuts, values), class_name=f"Stage{k}")
         for k in range(count))
+    keep_output_structure(modules[-1], meta_gm)  # the last stage returns what the model returns
     placeholders = [n for n in meta_gm.graph.nodes if n.op == "placeholder"]
     return StagedProgram(
         num_stages=count, modules=modules,
@@ -135,7 +139,9 @@ def _meta_copy(gm: fx.GraphModule) -> fx.GraphModule:
         if id(t) not in memo:
             memo[id(t)] = _to_meta(t)
             keep.append(t)
-    return copy.deepcopy(gm, memo)
+    with warnings.catch_warnings():  # torch's own pytree deprecation, raised while copying an export's specs
+        warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
+        return copy.deepcopy(gm, memo)
 
 
 def _retie(meta_gm: fx.GraphModule, tied: Sequence[Any]) -> None:
@@ -354,13 +360,16 @@ def _tied_groups(modules: Sequence[fx.GraphModule]) -> tuple[TiedGroup, ...]:
 
 
 def build_stage(program: StagedProgram, stage: int, *, state_dict: Mapping[str, torch.Tensor] | None,
-                device: torch.device | str, seed: int = 0) -> StageModule:
+                device: torch.device | str, seed: int = 0,
+                buffers: Mapping[str, torch.Tensor] | None = None) -> StageModule:
     """Materialise stage ``stage`` on ``device``: only its own parameters and buffers are allocated.
 
     Tensors come from ``state_dict`` by their original qualified names (any alias of a
     tied parameter works); only this stage's keys are read.  With ``state_dict=None``
     parameters get `seeded_init` (identical on every stage holding a tied replica and
-    independent of the partition) and buffers come from the traced module.
+    independent of the partition).  Buffers missing from ``state_dict`` come from ``buffers``
+    (`hetpipe.runtime.stage.buffers.ModelBuffers`: the model's own initialisation), else from
+    the traced module.  Device constants in the graph are rewritten to ``device``.
 
     Example:
         >>> import torch
@@ -374,9 +383,13 @@ def build_stage(program: StagedProgram, stage: int, *, state_dict: Mapping[str, 
         raise ScheduleError(f"stage {stage} is not a stage of this {program.num_stages}-stage program; "
                             f"use 0..{program.num_stages - 1}")
     device = torch.device(device)
-    module = copy.deepcopy(program.modules[stage])  # meta: no weight memory
+    with warnings.catch_warnings():  # torch's own pytree deprecation, raised while copying an export's out spec
+        warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
+        module = copy.deepcopy(program.modules[stage])  # meta: no weight memory
+    retarget_devices(module, device)
     _materialise(module, device)
-    _load(module, stage=stage, program=program, state_dict=state_dict, seed=seed, device=device)
+    _load(module, stage=stage, program=program, state_dict=state_dict, seed=seed, device=device,
+          buffers=buffers or {})
     last = stage == program.num_stages - 1
     return StageModule(
         module=module, stage=stage, num_stages=program.num_stages,
@@ -418,18 +431,20 @@ def _local_tensors(module: fx.GraphModule) -> list[tuple[torch.Tensor, list[str]
 
 
 def _load(module: fx.GraphModule, *, stage: int, program: StagedProgram,
-          state_dict: Mapping[str, torch.Tensor] | None, seed: int, device: torch.device) -> None:
+          state_dict: Mapping[str, torch.Tensor] | None, seed: int, device: torch.device,
+          buffers: Mapping[str, torch.Tensor]) -> None:
     for tensor, names, kind in _local_tensors(module):
         keys = list(dict.fromkeys(a for n in names for a in program.aliases.get(n, (n,))))
         value = next((state_dict[k] for k in keys if k in state_dict), None) if state_dict is not None else None
-        if value is None and kind != "parameter":
-            value = next((program.fallback_tensors[k] for k in keys if k in program.fallback_tensors), None)
+        for source in (buffers, program.fallback_tensors) if kind != "parameter" else ():
+            value = value if value is not None else next((source[k] for k in keys if k in source), None)
         if value is None and kind == "parameter" and state_dict is None:
             value = seeded_init(keys[0], tuple(tensor.shape), seed=seed)
         if value is None:
             where = "the state dict" if state_dict is not None else "the traced module (it is on meta)"
             raise RuntimeFailure(f"stage {stage}: {kind} {names[0]!r} (also tried {keys[1:] or 'no alias'}) is not in "
-                                 f"{where}; pass state_dict= a full state dict of the same model")
+                                 f"{where} nor in buffers=; pass state_dict= a full state dict of the same model "
+                                 "or buffers=ModelBuffers(model)")
         if tuple(value.shape) != tuple(tensor.shape):
             raise RuntimeFailure(f"stage {stage}: {kind} {names[0]!r} has shape {tuple(value.shape)} in the state dict, "
                                  f"the traced model expects {tuple(tensor.shape)}; load a checkpoint of this model")
