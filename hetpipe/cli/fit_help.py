@@ -2,7 +2,7 @@
 
 Example:
     $ hetpipe plan gpt2-xl --cluster examples/clusters/homelab.yaml
-    error: no plan fits in memory: ... These settings fit: --batch 2 (fullest stage 16.66 GiB of 22.00 GiB on desk:1), ...
+    error: no plan fits in memory: ... These settings fit: --batch 2 (fullest stage 7.60 GiB of 10.00 GiB on shelf:0), ...
 """
 
 from __future__ import annotations
