@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--solver", default="auto", help="auto | cpsat | dp")
     p.add_argument("--time-limit", type=float, default=10.0, help="CP-SAT time limit in seconds")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--replicas", default="1",
+                   help="1 (one pipeline, default) | auto (the planner picks one pipeline or several data-parallel "
+                        "replicas, each with its own batch share) | N (exactly N pipeline replicas)")
     p = sub.add_parser("check", help="recompute a plan's objective and memory from its own tables")
     p.add_argument("plan", type=Path)
     p.add_argument("--model", default=None, help="also verify the plan was made for this model, tables included")

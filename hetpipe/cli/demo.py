@@ -115,6 +115,18 @@ def _measured_gantt(plan: Plan, report: "RunReport", out: Path) -> Path | None: 
                               out / "gantt.png", labels=labels)
 
 
+def settings_line(plan: Plan, *, seq: int) -> str:
+    """What a plan was made with, as the flags of ``hetpipe plan`` (the demo's choices are not hidden).
+
+    Example:
+        >>> # settings_line(plan, seq=1024)
+        >>> # 'settings: --batch 1 --seq 1024 --precision bf16-mixed --optimizer adam --global-batch 6 (6 micro-batches)'
+    """
+    t = plan.training
+    return (f"settings: --batch {t.micro_batch_size} --seq {seq} --precision {t.precision} --optimizer {t.optimizer} "
+            f"--global-batch {t.global_batch} ({t.microbatches} micro-batches of {t.micro_batch_size})")
+
+
 def run_demo(*, out: Path, steps: int, run: bool, console: Console) -> int:
     """The demo (see the module docstring); returns the exit code."""
     from hetpipe.cli.tables import baseline_table, plan_table
@@ -126,6 +138,7 @@ def run_demo(*, out: Path, steps: int, run: bool, console: Console) -> int:
                      precision="fp32", global_batch=DEMO_BATCH * DEMO_MICROBATCHES)
     plan_path = out / "plan.json"
     plan.save(plan_path)
+    console.print(settings_line(plan, seq=DEMO_SEQ))
     console.print(plan_table(plan))
     console.print(baseline_table(plan))
     for name, b in plan.baselines.items():
@@ -135,6 +148,8 @@ def run_demo(*, out: Path, steps: int, run: bool, console: Console) -> int:
     with console.status("capturing GPT-2 XL on the meta device and solving"):
         big_graph = _graph(BIG_MODEL, batch=BIG_BATCH, seq=BIG_SEQ, precision="bf16-mixed")
         big = _plan_graph(big_graph, bundled_cluster("homelab.yaml"), global_batch=None)
+    console.print(settings_line(big, seq=BIG_SEQ) + "; GPT-2 XL's default micro-batch of 4 in fp32 does not fit "
+                  "the home lab (`hetpipe plan gpt2-xl` names the flags that do)")
     console.print(plan_table(big))
     console.print(baseline_table(big))
     for lo in big.left_out:

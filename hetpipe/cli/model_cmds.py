@@ -15,7 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
-from hetpipe.errors import ConfigError
+from hetpipe.errors import ConfigError, InfeasibleError
 
 log = logging.getLogger(__name__)
 
@@ -103,18 +103,29 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from hetpipe.cost_models.cluster import load_cluster
-    from hetpipe.plan.build import partition_graph
-    from hetpipe.cli.tables import baseline_table, plan_table
+    from hetpipe.plan.replica_count import parse_replicas, plan_replicas
+    from hetpipe.cli.tables import baseline_table, plan_table, replica_table
 
+    replicas = parse_replicas(getattr(args, "replicas", "1"))
     cluster = load_cluster(args.cluster)
     with console.status(f"capturing {args.model} on the meta device"):
         graph = capture_args(args)
-    with console.status(f"solving: {graph.num_units} units on {len(cluster.devices)} devices "
-                        f"(limit {args.time_limit:g} s)"):
-        plan = partition_graph(graph, cluster, global_batch=args.global_batch, solver=args.solver,
-                               time_limit_s=args.time_limit, seed=args.seed)
+    try:
+        with console.status(f"solving: {graph.num_units} units on {len(cluster.devices)} devices "
+                            f"(limit {args.time_limit:g} s)"):
+            plan = plan_replicas(graph, cluster, replicas, global_batch=args.global_batch, solver=args.solver,
+                                 time_limit_s=args.time_limit, seed=args.seed)
+    except InfeasibleError as err:
+        from hetpipe.cli.fit_help import with_fit_hints
+
+        if isinstance(replicas, int) and replicas > 1:  # the hints are for one pipeline
+            raise
+        with console.status("nothing fits: trying lighter settings (memory only)"):
+            raise with_fit_hints(err, args, graph, cluster, capture_args) from None
     plan.save(args.output)
     console.print(plan_table(plan))
+    if plan.replicas:
+        console.print(replica_table(plan))
     console.print(baseline_table(plan))
     for lo in plan.left_out:
         console.print(f"left out {lo.device}: {lo.reason}")

@@ -1,8 +1,9 @@
 """`run()`: train a model with a plan, one torchrun process per stage, and return the `RunReport`.
 
 Before anything is launched, `preflight` checks on this process what would
-otherwise fail on every rank: the schedule name and its validity, and that the
-plan was made for ``model`` (re-captured on the meta device, fingerprints compared).
+otherwise fail on every rank: the schedule name and its validity, that the
+plan was made for ``model`` (re-captured on the meta device, fingerprints compared),
+and the data and loss, tried on one batch on meta (`hetpipe.runtime.user_checks`).
 Then `hetpipe.runtime.launch.launch` runs torchrun, and the per-rank results are
 merged into one report.
 
@@ -49,11 +50,12 @@ DATA_FILE = "data.pt"
 # ----------------------------------------------------------------------------- run
 
 
-def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: str | None = None,
+def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: Any = None,
               loss: str | None = None, weights: str | None = None) -> Any:
     """Refuse, before launching, a plan for another model, an invalid schedule, ``data`` / ``loss``
-    (import specs or a data file) the workers would fail on, or ``weights`` that lack a tensor of the
-    model or hold one of another shape (headers only); returns the UnitGraph."""
+    the workers would fail on (``data``: an import spec, a data file, or the list of batches), or
+    ``weights`` that lack a tensor of the model or hold one of another shape (headers only); returns
+    the UnitGraph."""
     from hetpipe.schedule.builders import make_schedule, validate_schedule
     from hetpipe.plan.tables import verify_tables
     from hetpipe.runtime.rank import capture_for_plan
@@ -135,6 +137,11 @@ def function_spec(fn: Callable[..., Any] | str | None, what: str) -> str | None:
 
 def save_data(data: Iterable[Any], steps: int, path: Path) -> None:
     """Materialise the first ``steps`` (inputs, targets) batches of ``data`` for the worker processes."""
+    torch.save(take_batches(data, steps), path)
+
+
+def take_batches(data: Iterable[Any], steps: int) -> list[tuple[Any, Any]]:
+    """The first ``steps`` (inputs, targets) batches of ``data``, checked to be pairs."""
     batches = []
     for i, item in enumerate(data):
         if i == steps:
@@ -145,15 +152,7 @@ def save_data(data: Iterable[Any], steps: int, path: Path) -> None:
         batches.append((item[0], item[1]))
     if len(batches) < steps:
         raise ConfigError(f"data yielded {len(batches)} batches, the run needs {steps}; pass more data or fewer steps")
-    torch.save(batches, path)
-
-
-def _data_arg(data: Iterable[Any] | str | None, steps: int, run_dir: Path) -> str | None:
-    if data is None or isinstance(data, str):
-        return data
-    path = run_dir / DATA_FILE
-    save_data(data, steps, path)
-    return str(path)
+    return batches
 
 
 def _default_timeout_s(plan: Plan, *, steps: int, emulate: bool, safety_factor: float | None) -> float:
@@ -220,19 +219,16 @@ def run(
     _check_args(steps, timeout_s)
     schedule = schedule or plan.training.schedule
     loss_spec = function_spec(loss, "loss")
-    # A folder this call creates is removed again when a check refuses the run: nothing is left behind.
-    workdir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
+    batches = None if data is None or isinstance(data, str) else take_batches(data, steps)
+    preflight(plan, model=model, seq=seq, schedule=schedule, data=data if batches is None else batches,
+              loss=loss_spec, weights=str(Path(weights).absolute()) if weights is not None else None)
+    weights_arg, save_arg = _weights_args(weights, save_weights, plan)  # creates the save folder: after the checks
     keep = run_dir is not None
-    existed = keep and workdir.exists()
-    try:
-        workdir.mkdir(parents=True, exist_ok=True)
-        data_spec = _data_arg(data, steps, workdir)
-        weights_arg, save_arg = _weights_args(weights, save_weights, plan)
-        preflight(plan, model=model, seq=seq, schedule=schedule, data=data_spec, loss=loss_spec, weights=weights_arg)
-    except BaseException:
-        if not existed:
-            shutil.rmtree(workdir, ignore_errors=True)
-        raise
+    workdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    data_spec = data if batches is None else str(workdir / DATA_FILE)
+    if batches is not None:
+        torch.save(batches, workdir / DATA_FILE)
     plan_path = _fresh_run_dir(workdir, plan)
     spec = LaunchSpec(plan_path=plan_path, model=model, steps=steps, nproc=len(plan.stages), run_dir=workdir,
                       emulate=emulate, schedule=schedule, timeout_s=timeout_s, seed=seed, seq=seq, lr=lr,

@@ -16,7 +16,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -33,9 +33,13 @@ from hetpipe.plan.user_code import (
 )
 
 
-def check_user_code(plan: Plan, *, model: str, data: str | None, loss: str | None,
+def check_user_code(plan: Plan, *, model: str, data: str | Sequence[Any] | None, loss: str | None,
                     example: tuple[torch.Tensor, ...], meta_model: torch.nn.Module) -> None:
-    """Refuse, before launch, data or a loss the workers would fail on (see the module docstring)."""
+    """Refuse, before launch, data or a loss the workers would fail on (see the module docstring).
+
+    ``data`` is ``--data`` (an import spec or a data file) or, from `hetpipe.run`, the list of
+    ``(inputs, targets)`` batches it was given.
+    """
     from hetpipe import models
 
     g, b = plan.training.global_batch, plan.training.micro_batch_size
@@ -48,9 +52,10 @@ def check_user_code(plan: Plan, *, model: str, data: str | None, loss: str | Non
                           "pass --loss package.module:function(output, targets) returning a scalar tensor")
     fn = import_callable(loss, option="--loss") if loss else models.loss_fn(model)
     if data is not None:
-        inputs, targets = first_batch(data)
-        check_inputs(data, inputs, example, batch=g)
-        check_targets(data, targets, batch=g)
+        label = data if isinstance(data, str) else "data"
+        inputs, targets = first_batch(data) if isinstance(data, str) else data[0]
+        check_inputs(label, inputs, example, batch=g)
+        check_targets(label, targets, batch=g)
         micro_targets: Any = meta_rows(targets, b)
     else:
         micro_targets = models.example_targets(model, example)

@@ -19,7 +19,7 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from hetpipe.cost_models.quantities import human_bytes
@@ -70,6 +70,59 @@ def _least_memory_plan(problem: Problem) -> tuple[float, tuple[Stage, ...]] | No
         lo, hi = (lo, mid) if find(_scaled(problem, mid)) is not None else (mid, hi)
     stages = find(_scaled(problem, hi))
     return (hi, stages) if stages else None
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """The least-memory placement of a problem: how full its fullest stage is.
+
+    Attributes:
+        factor: the smallest factor on every device's usable memory at which some placement fits
+            (<= 1: it fits as it is; within 2^-30 relative).
+        stage, device: the fullest stage (largest memory / usable) of that placement and its device id.
+        memory_bytes, usable_bytes: that stage's M_s and its device's usable memory.
+    """
+
+    factor: float
+    stage: int
+    device: str
+    memory_bytes: int
+    usable_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes <= self.usable_bytes
+
+
+def least_memory_fit(problem: Problem) -> MemoryFit | None:
+    """`MemoryFit` of the placement that needs the least memory (feasibility solves only), or None.
+
+    Example:
+        >>> from hetpipe.partitioner.problem import DeviceSlot
+        >>> prob = Problem(fwd_s={"a": (1.0,)}, bwd_s={"a": (1.0,)}, state_bytes=(60,), activation_bytes=(1,),
+        ...                boundary_bytes=(0,), devices=(DeviceSlot("d0", "a", "n", 100),),
+        ...                bandwidth_bytes_s=((float("inf"),),), latency_s=((0.0,),), microbatches=1)
+        >>> fit = least_memory_fit(prob); fit.fits, fit.memory_bytes, fit.usable_bytes
+        (True, 61, 100)
+    """
+    find = _finder(problem)
+    lo, hi = 1.0, 1.0
+    while find(_scaled(problem, hi)) is None:  # grow until something fits
+        lo, hi = hi, hi * 2.0
+        if hi > 1e12:
+            return None
+    if lo == hi:  # fits as it is: shrink until nothing does
+        while find(_scaled(problem, lo)) is not None and lo > 1e-12:
+            hi, lo = lo, lo / 2.0
+    for _ in range(BISECTION_STEPS):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if find(_scaled(problem, mid)) is not None else (mid, hi)
+    stages = find(_scaled(problem, hi))
+    if not stages:
+        return None
+    ev = evaluate(problem, stages)
+    s = max(range(len(stages)), key=lambda i: ev.stages[i].memory_bytes / max(1, ev.stages[i].usable_bytes))
+    return MemoryFit(hi, s, problem.devices[stages[s].device].id, ev.stages[s].memory_bytes, ev.stages[s].usable_bytes)
 
 
 def explain_infeasible(problem: Problem) -> InfeasibleError:

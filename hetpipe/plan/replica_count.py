@@ -1,0 +1,158 @@
+"""``hetpipe plan --replicas auto|N``: one pipeline, several pipeline replicas, or exactly N of them.
+
+* ``1`` (the default): `partition_graph`, one pipeline (plan version 1).
+* ``auto``: the replica planner (`hetpipe.plan.replicas.partition_replicas`, whose search
+  includes the one-pipeline layout) against the exact single pipeline; the faster
+  prediction wins (a tie keeps the single pipeline, a version-1 plan).
+* ``N >= 2``: the replica search restricted to groupings of exactly N replicas
+  (`solve_n_replicas`): every grouping of up to `EXHAUSTIVE_MAX_DEVICES` cards, else
+  local search from N-replica seeds; each replica's pipeline and the water-filled split
+  of the micro-batches are the replica planner's own.
+
+Example:
+    >>> parse_replicas("auto"), parse_replicas("2")
+    ('auto', 2)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Iterator
+
+from hetpipe.cost_models.devices import Cluster
+from hetpipe.cost_models.sync import SYNC_BUDGET_FRACTION, choose_policy
+from hetpipe.errors import ConfigError, InfeasibleError
+from hetpipe.partitioner.capture.graph import UnitGraph
+from hetpipe.partitioner.replica_types import ReplicaProblem, ReplicaSolution, work_lower_bound
+from hetpipe.partitioner.replicas import (
+    GroupingSearch,
+    PipelineCache,
+    canon_groups,
+    scorer_for,
+    seed_groupings,
+    set_partitions,
+)
+from hetpipe.plan.schema import LeftOut, Plan
+
+log = logging.getLogger(__name__)
+
+#: Up to this many cards every grouping into N replicas is scored (Bell(6) = 203 groupings with
+#: a "left out" block); beyond it, local search from seeds under the time limit.
+EXHAUSTIVE_MAX_DEVICES = 5
+
+
+def parse_replicas(value: str) -> str | int:
+    """``"auto"`` or a positive replica count, else a `ConfigError` naming ``--replicas``."""
+    if str(value).strip().lower() == "auto":
+        return "auto"
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = 0
+    if n < 1:
+        raise ConfigError(f"--replicas {value!r} is not 'auto' or a positive number of pipeline replicas; "
+                          "use --replicas auto, 1 (one pipeline) or e.g. 2")
+    return n
+
+
+class _CountedSearch(GroupingSearch):
+    """`GroupingSearch` that scores only groupings of exactly ``count`` replicas."""
+
+    def __init__(self, *args: Any, count: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.count = count
+
+    def score(self, groups: Any) -> Any:
+        return super().score(groups) if len(groups) == self.count else None
+
+    def run(self) -> Any:
+        base = self.rp.base
+        seeds = [g for g in seed_groupings(base, lambda d: self.cache.best((d,), 1) is not None)
+                 if len(g) == self.count]
+        seeds += list(_groupings(len(base.devices), self.count))
+        best = None
+        for groups in dict.fromkeys(seeds):
+            if time.perf_counter() >= self.deadline and best is not None:
+                break
+            cand = self.score(groups)
+            if cand is not None and (best is None or cand.iteration_s < best.iteration_s):
+                best = cand
+        return self.descend(best) if best is not None else None
+
+
+def _groupings(n: int, count: int) -> Iterator[Any]:
+    """Groupings of ``count`` replicas: all of them (some cards left out) for small n, else contiguous chunks."""
+    if n <= EXHAUSTIVE_MAX_DEVICES:
+        for part in set_partitions(list(range(n + 1))):  # the block holding n is left out
+            blocks = [b for b in part if n not in b]
+            if len(blocks) == count:
+                yield canon_groups(blocks)
+    elif count <= n:
+        size = n / count
+        yield canon_groups([list(range(round(k * size), round((k + 1) * size))) for k in range(count)])
+
+
+def solve_n_replicas(rp: ReplicaProblem, count: int, *, policy: str = "auto", outer_steps: int | None = None,
+                     time_limit_s: float = 30.0, seed: int = 0) -> ReplicaSolution:
+    """The best layout of exactly ``count`` replicas found within ``time_limit_s`` (status FEASIBLE)."""
+    start = time.perf_counter()
+    n, m = len(rp.base.devices), rp.base.microbatches
+    if count > min(n, m):
+        raise ConfigError(f"--replicas {count}: the cluster has {n} cards and the global batch {m} micro-batches; "
+                          f"each replica needs at least one of each, so use --replicas {min(n, m)} or fewer")
+    cache = PipelineCache(rp.base, exact=False, time_limit_s=max(1.0, min(5.0, time_limit_s / 6)), seed=seed)
+    kind = "diloco" if policy == "diloco" else "synchronous"
+    scorer = scorer_for(kind, outer_steps=outer_steps)
+    best = _CountedSearch(rp, cache, scorer, start + time_limit_s, count=count).run()
+    if best is None:
+        raise InfeasibleError(f"--replicas {count}: no layout of {count} pipeline replicas fits in memory on "
+                              f"these {n} cards; use fewer replicas (--replicas auto or 1)")
+    pol = choose_policy(compute_s=best.compute_s, sync_s=best.sync_s, policy=policy, outer_steps=outer_steps,
+                        budget_fraction=SYNC_BUDGET_FRACTION)
+    used = {st.device for r in best.replicas for st in r.stages}
+    total = best.compute_s + pol.amortised_s
+    return ReplicaSolution(best.replicas, best.sync, pol, best.compute_s, best.sync_s, total, "replicas-count",
+                           "FEASIBLE", min(work_lower_bound(rp.base), total), time.perf_counter() - start,
+                           tuple(i for i in range(n) if i not in used))
+
+
+def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, global_batch: int | None,
+                  solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0) -> Plan:
+    """The plan ``hetpipe plan --replicas`` writes (see the module docstring)."""
+    from hetpipe.plan.build import microbatches_for, partition_graph
+    from hetpipe.plan.replicas import (
+        assemble_replica_plan,
+        build_replica_problem,
+        ddp_equal,
+        explain_unused,
+        partition_replicas,
+        single_pipeline,
+    )
+
+    if replicas == 1:
+        return partition_graph(graph, cluster, global_batch=global_batch, solver=solver,
+                               time_limit_s=time_limit_s, seed=seed)
+    if replicas == "auto":
+        try:
+            single: Plan | None = partition_graph(graph, cluster, global_batch=global_batch, solver=solver,
+                                                  time_limit_s=time_limit_s, seed=seed)
+        except InfeasibleError:
+            single = None
+        several = partition_replicas(graph, cluster, global_batch=global_batch, time_limit_s=time_limit_s, seed=seed)
+        if single is not None and (len(several.replicas) <= 1
+                                   or single.predicted.iteration_s <= several.predicted.iteration_s):
+            log.info("--replicas auto: one pipeline (%.4g s) vs replicas (%.4g s)", single.predicted.iteration_s,
+                     several.predicted.iteration_s)
+            return single
+        return several
+    assert isinstance(replicas, int)
+    g, _ = microbatches_for(graph, global_batch, len(cluster.devices))
+    rp = build_replica_problem(graph, cluster, global_batch=g)
+    sol = solve_n_replicas(rp, replicas, time_limit_s=time_limit_s, seed=seed)
+    base = {"ddp-equal": ddp_equal(rp),
+            "single-pipeline": single_pipeline(rp, time_limit_s=max(1.0, time_limit_s / 3), seed=seed)}
+    why = explain_unused(rp, sol, time_limit_s=max(1.0, time_limit_s / 6))
+    left = tuple(LeftOut(rp.base.devices[d].id, f"{rp.base.devices[d].kind}: {text}") for d, text in why.items())
+    return assemble_replica_plan(graph, cluster, rp=rp, sol=sol, global_batch=g, time_limit_s=time_limit_s,
+                                 seed=seed, baselines=base, left_out=left)
