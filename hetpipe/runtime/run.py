@@ -222,13 +222,14 @@ def run(
     loss_spec = function_spec(loss, "loss")
     keep = run_dir is not None
     workdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
+    made = not keep or not workdir.exists()  # a folder made here goes again when the run is refused
     try:
         workdir.mkdir(parents=True, exist_ok=True)
         data_spec = _data_arg(data, steps, workdir)
         weights_arg, save_arg = _weights_args(weights, save_weights, plan)
         preflight(plan, model=model, seq=seq, schedule=schedule, data=data_spec, loss=loss_spec, weights=weights_arg)
     except BaseException:
-        if not keep:
+        if made:
             shutil.rmtree(workdir, ignore_errors=True)
         raise
     plan_path = _fresh_run_dir(workdir, plan)
