@@ -238,7 +238,7 @@ def test_function_spec_and_saved_data(tmp_path):
     from hetpipe.models import lm_loss
     from hetpipe.runtime.run import function_spec, save_data
 
-    assert function_spec(lm_loss, "loss") == "hetpipe.models:lm_loss"
+    assert function_spec(lm_loss, "loss") == "hetpipe.models.losses:lm_loss"
     assert function_spec("pkg.mod:fn", "loss") == "pkg.mod:fn" and function_spec(None, "loss") is None
     with pytest.raises(ConfigError, match="define it at module level"):
         function_spec(lambda out, y: out, "loss")
