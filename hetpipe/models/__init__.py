@@ -45,11 +45,11 @@ from types import ModuleType
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hetpipe.errors import ConfigError
 from hetpipe.models import hf
+from hetpipe.models.losses import classification_loss, lm_loss, regression_loss
 from hetpipe.models.hf import input_vocab, takes_size  # noqa: F401 - public here
 from hetpipe.models.gpt import GPT, GPTConfig
 from hetpipe.models.llama import Llama, LlamaConfig
@@ -295,36 +295,6 @@ def example_targets(
         n = _check_size("num_classes", num_classes, entry.config.num_classes)
         return torch.randint(0, n, (x.shape[0],), dtype=torch.int64, device=x.device)
     return torch.randn_like(x)
-
-
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over all tokens: logits ``(..., vocab)``, targets ``(...)``.
-
-    Example:
-        >>> round(lm_loss(torch.zeros(2, 3, 4), torch.zeros(2, 3, dtype=torch.long)).item(), 4)  # ln 4
-        1.3863
-    """
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
-def classification_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy: logits ``(batch, classes)``, targets ``(batch,)``.
-
-    Example:
-        >>> round(classification_loss(torch.zeros(2, 2), torch.tensor([0, 1])).item(), 4)  # ln 2
-        0.6931
-    """
-    return F.cross_entropy(logits, targets)
-
-
-def regression_loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean squared error.
-
-    Example:
-        >>> regression_loss(torch.ones(2, 2), torch.zeros(2, 2)).item()
-        1.0
-    """
-    return F.mse_loss(output, targets)
 
 
 _LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
