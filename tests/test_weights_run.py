@@ -151,3 +151,50 @@ def test_trainer_loads_and_saves_weights_like_the_cli(setup, tmp_path):
     for name, p in ref_model.state_dict().items():
         if name != head:
             torch.testing.assert_close(merged[name], p, rtol=RTOL, atol=ATOL, msg=name)
+
+
+@pytest.mark.slow
+def test_a_replica_plan_starts_from_the_weights_and_refuses_save_weights(setup, tmp_path):
+    """Replica plans (version 2) load --weights too (each replica its own stages); --save-weights is refused
+    before launch (not supported for them yet)."""
+    from hetpipe.errors import ConfigError
+    from hetpipe.runtime.run import run
+    from tests.runtime_plans import replica_plan_for
+
+    folder, state, batches, graph, _ = setup
+    n = graph.num_units
+    plan = replica_plan_for(graph, synthetic_cluster(), [((Stage(0, 0, n // 2 - 1), Stage(1, n // 2, n - 1)), 3),
+                                                         ((Stage(2, 0, n - 1),), 1)])
+    plan.save(tmp_path / "replicas.json")
+    with pytest.raises(ConfigError, match="--save-weights is not supported for replica plans"):
+        run(tmp_path / "replicas.json", model=MODEL, steps=1, seq=SEQ, weights=folder / "init",
+            save_weights=tmp_path / "out")
+    ids, targets = batches[0]
+    rep = run(tmp_path / "replicas.json", model=MODEL, steps=1, data=[(ids, targets)], loss=lm_loss, seq=SEQ,
+              timeout_s=30.0, weights=folder / "init")
+    model, _ = build(MODEL, device="cpu", batch=BATCH, seq=SEQ)
+    model.load_state_dict(state)
+    with torch.no_grad():
+        expected = lm_loss(model(ids), targets).item()  # the mean over the global batch, both replicas
+    assert rep.losses[0] == pytest.approx(expected, rel=RTOL, abs=ATOL)
+
+
+@pytest.mark.slow
+def test_saved_hf_weights_load_with_from_pretrained(tmp_path):
+    """An HF Llama trained from its `save_pretrained` folder through the CLI (the zoo's acceptance run):
+    the `--save-weights` folder loads with `from_pretrained` with no missing or unexpected key, and the
+    loaded model holds exactly the saved (trained) tensors."""
+    from tests.zoo_harness import by_model, zoo_case
+
+    result = zoo_case(by_model("hf-llama-tiny"), tmp_path)
+    assert result.returncode == 0 and result.max_loss_diff <= 1e-5 and result.max_state_diff <= 1e-5
+    from hetpipe import models
+
+    config = models.resolve("hf-llama-tiny", device="meta").model.config
+    loaded, info = type(models.resolve("hf-llama-tiny", device="meta").model).from_pretrained(
+        str(tmp_path / "trained"), config=config, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    saved = {k: v for f in sorted((tmp_path / "trained").glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+    for name, p in loaded.state_dict().items():
+        if name in saved:
+            assert torch.equal(p, saved[name]), name

@@ -251,6 +251,10 @@ def _launch_and_report(spec: LaunchSpec, plan: Plan, *, sync_overlap: bool) -> R
         outcome = launch(spec)
     except RuntimeFailure as err:
         raise RuntimeFailure(f"{err} (log: {spec.run_dir / 'torchrun.log'})") from None
+    if spec.save_weights and spec.weights:  # config.json & co.: the saved folder is a from_pretrained folder too
+        from hetpipe.runtime.stage.weights import copy_side_files
+
+        copy_side_files(spec.weights, spec.save_weights)
     results = [RankResult.load(spec.run_dir / f"result-rank{r}.json") for r in range(len(plan.stages))]
     return build_report(plan, results, schedule=spec.schedule or plan.training.schedule, emulate=spec.emulate,
                         wall_s=outcome.wall_s, sync_overlap=sync_overlap)

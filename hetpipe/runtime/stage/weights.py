@@ -285,3 +285,31 @@ def save_pipeline(module: torch.nn.Module, names: Mapping[str, str], out_dir: st
     if stage == 0:
         write_index(out_dir, [shard for _, shard in sorted(every)])
     dist.barrier(group=group)
+
+
+def copy_side_files(weights: str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> list[Path]:
+    """Copy what a ``save_pretrained`` folder holds besides weights (``config.json``,
+    ``generation_config.json``, tokenizer files) from a ``--weights`` folder into ``out_dir``,
+    so the saved folder loads with ``from_pretrained`` as the original did; files already there
+    are kept.  Returns the files copied (none when ``weights`` is a file).
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> src, dst = pathlib.Path(tempfile.mkdtemp()), pathlib.Path(tempfile.mkdtemp())
+        >>> _ = (src / "config.json").write_text("{}"); _ = (src / "model.safetensors").write_bytes(b"")
+        >>> [p.name for p in copy_side_files(src, dst)]
+        ['config.json']
+    """
+    import shutil
+
+    src, out = Path(weights), Path(out_dir)
+    if not src.is_dir():
+        return []
+    weight_like = (".safetensors", ".bin", ".pt", ".pth")
+    copied = []
+    for f in sorted(src.iterdir()):
+        if f.is_file() and f.name != SAFE_INDEX_NAME and not f.name.endswith(weight_like) \
+                and not (out / f.name).exists():
+            shutil.copy2(f, out / f.name)
+            copied.append(out / f.name)
+    return copied
