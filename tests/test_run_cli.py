@@ -12,6 +12,7 @@ import json
 import math
 import time
 from pathlib import Path
+from statistics import median
 
 import pytest
 
@@ -368,15 +369,17 @@ def test_emulated_diloco_charges_the_outer_step_every_h_steps(tmp_path, capsys):
     path = tmp_path / "diloco.json"
     plan.save(path)
     report_path = tmp_path / "run.json"
-    rc = hetpipe_run([*_common(path, tmp_path / "run"), "--steps", "5", "--emulate", "--report", str(report_path),
+    rc = hetpipe_run([*_common(path, tmp_path / "run"), "--steps", "9", "--emulate", "--report", str(report_path),
                       "--safety-factor", str(SAFETY_FACTOR)])
     assert rc == 0, capsys.readouterr().err
     steps = [r.emulated_step_s for r in RunReport.load(report_path).step_records]
-    inner = (steps[2] + steps[4]) / 2  # steps 1 and 3 end with an outer step (the 2nd and 4th inner steps)
+    # odd steps end with an outer step (every 2nd inner step); step 0 is the warm-up.  Medians of four
+    # samples each, not single steps: one late wake-up on a loaded 2-core machine moved a single step by 30%.
+    inner = median(steps[2::2])
+    outer = median(steps[1::2])
     compute = plan.sync.compute_s
     assert inner == pytest.approx(compute, rel=TOLERANCE_VS_SIMULATED), (steps, compute)
-    for outer in (steps[1], steps[3]):
-        assert outer - inner == pytest.approx(plan.sync.sync_s, rel=0.3), (steps, plan.sync.sync_s)
+    assert outer - inner == pytest.approx(plan.sync.sync_s, rel=0.3), (steps, plan.sync.sync_s)
     print(f"diloco H=2: emulated steps {[round(x * 1e3, 3) for x in steps]} ms; compute {compute * 1e3:.3f} ms, "
           f"outer exchange {plan.sync.sync_s * 1e3:.3f} ms")
 

@@ -209,7 +209,6 @@ def run(
     at the estimated time scale (`hetpipe.runtime.estimate.default_timeout_s`).
     ``weights``: a checkpoint to start from, each rank reading its stage only (default: `seeded_init`
     from ``seed``); ``save_weights``: a folder for the trained weights (`hetpipe.runtime.stage.weights`).
-
     Raises `PlanError` (plan for another model), `ScheduleError`, `ConfigError` before
     launching; `RuntimeFailure` naming the rank, stage and action if a rank fails.
     """
@@ -220,16 +219,17 @@ def run(
     _check_args(steps, timeout_s)
     schedule = schedule or plan.training.schedule
     loss_spec = function_spec(loss, "loss")
+    # A folder this call creates is removed again when a check refuses the run: nothing is left behind.
+    workdir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
     keep = run_dir is not None
-    workdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
-    made = not keep or not workdir.exists()  # a folder made here goes again when the run is refused
+    existed = keep and workdir.exists()
     try:
         workdir.mkdir(parents=True, exist_ok=True)
         data_spec = _data_arg(data, steps, workdir)
         weights_arg, save_arg = _weights_args(weights, save_weights, plan)
         preflight(plan, model=model, seq=seq, schedule=schedule, data=data_spec, loss=loss_spec, weights=weights_arg)
     except BaseException:
-        if made:
+        if not existed:
             shutil.rmtree(workdir, ignore_errors=True)
         raise
     plan_path = _fresh_run_dir(workdir, plan)
