@@ -165,3 +165,19 @@ def test_zoo_family_trains_through_the_cli_like_a_single_device_loop(family, tmp
     assert result.max_state_diff <= ATOL and result.missing == ()
     if "BatchNorm" in family.label:
         assert result.buffers_saved > 0  # running statistics and num_batches_tracked were compared too
+
+
+def test_hetpipe_plan_takes_a_local_hf_config(tmp_path):
+    """The README's `hetpipe plan hf:path/config.json ...`: sized by --batch/--seq, its loss costed like a built-in."""
+    from hetpipe.cli import app
+    from hetpipe.plan.schema import Plan
+
+    cfg, _ = hf.config_and_class("hf-gpt2-tiny")
+    cfg.architectures = ["GPT2LMHeadModel"]
+    cfg.save_pretrained(tmp_path / "gpt2")
+    out = tmp_path / "plan.json"
+    rc = app.main(["plan", f"hf:{tmp_path / 'gpt2' / 'config.json'}", "--cluster", str(zoo_harness.CLUSTER),
+                   "--batch", "2", "--seq", "8", "--global-batch", "8", "-o", str(out)])
+    assert rc == 0
+    plan = Plan.load(out)
+    assert plan.training.micro_batch_size == 2 and len(plan.stages) == 3

@@ -50,6 +50,7 @@ from torch import nn
 from hetpipe.errors import ConfigError
 from hetpipe.models import hf
 from hetpipe.models.losses import classification_loss, lm_loss, regression_loss
+from hetpipe.models.hf import input_vocab, takes_size  # noqa: F401 - public here
 from hetpipe.models.gpt import GPT, GPTConfig
 from hetpipe.models.llama import Llama, LlamaConfig
 from hetpipe.models.mlp import MLP, MLPConfig
@@ -155,16 +156,6 @@ def list_models() -> tuple[ModelSpec, ...]:
     hf_specs = tuple(ModelSpec(n, hf.describe(n), hf.task_of(n), hf.DEFAULT_BATCH, hf.DEFAULT_SEQ)  # type: ignore[arg-type]
                      for n in hf.HF_ZOO)
     return tuple(e.spec for e in _ENTRIES) + hf_specs
-
-
-def takes_size(spec: str) -> bool:
-    """Whether `resolve` sizes ``spec``'s inputs with batch/seq (built-in and Hugging Face models do)."""
-    return ":" not in spec or hf.is_hf(spec)
-
-
-def input_vocab(spec: str) -> int | None:
-    """Vocabulary of a Hugging Face model's token ids (None for others: read it from the nn.Embedding)."""
-    return hf.vocab_size(spec) if hf.is_hf(spec) else None
 
 
 def _entry(name: str) -> _Entry:

@@ -93,6 +93,21 @@ def is_hf(spec: str) -> bool:
     return spec in HF_ZOO or spec.startswith(HF_PREFIX)
 
 
+def takes_size(spec: str) -> bool:
+    """Whether `hetpipe.models.resolve` sizes ``spec``'s inputs with batch/seq (built-in and HF models do).
+
+    Example:
+        >>> takes_size("gpt-tiny"), takes_size("hf:cfg.json"), takes_size("pkg.mod:factory")
+        (True, True, False)
+    """
+    return ":" not in spec or is_hf(spec)
+
+
+def input_vocab(spec: str) -> int | None:
+    """Vocabulary of a Hugging Face model's token ids (None for others: read it from the nn.Embedding)."""
+    return vocab_size(spec) if is_hf(spec) else None
+
+
 def _read_config(spec: str) -> tuple[dict[str, Any], str | None]:
     """(config dict, class name or None) of ``hf:PATH[#Class]``."""
     path_text, _, cls_name = spec[len(HF_PREFIX):].partition("#")
