@@ -133,6 +133,10 @@ class PlanStage:
     memory_bytes: int
     usable_bytes: int
     send_s: float  # C_s one way to the next stage; 0 for the last
+    # Version 3 (issue 14): global unit indices in [first_unit, last_unit] whose forward the stage
+    # recomputes in the backward (torch.utils.checkpoint, non-reentrant) instead of keeping what
+    # autograd saves.  Left out of the file while empty, so plans without levers stay version 1/2.
+    recompute_units: tuple[int, ...] = field(default=(), metadata={"since": 3})
 
 
 @dataclass(frozen=True)

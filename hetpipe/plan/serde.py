@@ -33,9 +33,15 @@ T = TypeVar("T")
 
 
 def to_json(obj: Any) -> Any:
-    """Encode dataclasses, tuples, mappings and primitives as JSON-ready values."""
+    """Encode dataclasses, tuples, mappings and primitives as JSON-ready values.
+
+    A field declared with ``metadata={"since": N}`` (added in plan version N) is left out
+    while it holds its default, so a plan that does not use it stays readable by a hetpipe
+    that predates the field (which refuses unknown fields).
+    """
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if not ("since" in f.metadata and getattr(obj, f.name) == f.default)}
     if isinstance(obj, (tuple, list)):
         return [to_json(v) for v in obj]
     if isinstance(obj, Mapping):
