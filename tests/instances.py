@@ -7,6 +7,7 @@ construction (and only usable on tiny instances).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -35,7 +36,7 @@ def random_problem(rng: random.Random, *, units: int, devices: int, microbatches
     lat = tuple(tuple(0.0 if a is b else (0.01 if a.node == b.node else 0.1) for b in devs) for a in devs)
     # half the instances tie the first and last unit (GPT-2's wte = lm_head)
     tied = (TiedCopy(0, (0, units - 1), rng.randint(1, 8)),) if units >= 2 and rng.random() < 0.5 else ()
-    return Problem(
+    prob = Problem(
         tied=tied,
         fwd_s=fwd,
         bwd_s=bwd,
@@ -47,6 +48,11 @@ def random_problem(rng: random.Random, *, units: int, devices: int, microbatches
         latency_s=lat,
         microbatches=microbatches or rng.randint(1, 8),
     )
+    # memory model 2's tables, drawn last (the draws above keep their seeds' instances): gradients
+    # within the state, the held share and the gradient message of each cut
+    return dataclasses.replace(prob, grad_bytes=tuple(rng.randint(0, s) for s in prob.state_bytes),
+                               boundary_held_bytes=tuple(rng.randint(0, b) for b in prob.boundary_bytes),
+                               boundary_grad_bytes=tuple(rng.randint(0, b) for b in prob.boundary_bytes))
 
 
 def all_placements(problem: Problem, *, stages: int | None = None):

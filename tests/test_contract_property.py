@@ -26,6 +26,7 @@ from hetpipe.partitioner.solvers.cpsat import solve_cpsat
 from hetpipe.partitioner.solvers.dp import solve_exact
 from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
 from hetpipe.partitioner.solvers.relax import relaxed_bound
+from hetpipe.schedule.held import stage_held_terms
 
 #: Relative tolerance between two float sums of the same terms in different orders.
 REL = 1e-9
@@ -52,20 +53,24 @@ def instances(draw: st.DrawFn) -> Problem:
     tied = ()
     if units >= 2 and draw(st.booleans()):
         tied = (TiedCopy(0, (0, units - 1), draw(st.integers(1, 8))),)
+    state = tuple(draw(st.integers(1, 10)) for _ in range(units))
+    cuts = tuple(draw(st.sampled_from((0, 0, 1, 4, 8))) for _ in range(units))  # 0-byte cuts often
     return Problem(
         fwd_s={k: tuple(b * KIND_SPEED[k] for b in base) for k in kinds},
         bwd_s={k: tuple(2 * b * KIND_SPEED[k] for b in base) for k in kinds},
-        state_bytes=tuple(draw(st.integers(1, 10)) for _ in range(units)),
+        state_bytes=state,
         activation_bytes=tuple(draw(st.integers(0, 6)) for _ in range(units)),
-        boundary_bytes=tuple(draw(st.sampled_from((0, 0, 1, 4, 8))) for _ in range(units)),  # 0-byte cuts often
-        devices=devs, bandwidth_bytes_s=bw, latency_s=lat, microbatches=draw(st.integers(1, 6)), tied=tied)
-
-
-RECEIVES_AHEAD = 3  # the README's R: receive buffers a rank posts ahead
+        boundary_bytes=cuts,
+        devices=devs, bandwidth_bytes_s=bw, latency_s=lat, microbatches=draw(st.integers(1, 6)), tied=tied,
+        grad_bytes=tuple(draw(st.integers(0, s)) for s in state),  # gradients within the state
+        boundary_held_bytes=tuple(draw(st.integers(0, b)) for b in cuts),  # the cut's held share
+        boundary_grad_bytes=tuple(draw(st.integers(0, b)) for b in cuts))  # its gradient message
 
 
 def contract_t(prob: Problem, stages: tuple[Stage, ...]) -> tuple[float, bool]:
-    """(T, fits) straight from the README: C_s = latency + bytes / bandwidth for every cut."""
+    """(T, fits) straight from the README: C_s = latency + bytes / bandwidth for every cut, M_s over the
+    moments of the stage's action list (`stage_held_terms`, checked against the runtime's ledger in
+    tests/test_memory_truth.py)."""
     p, m = len(stages), prob.microbatches
     work, comm2, fits = [], [], True
     for s, st_ in enumerate(stages):
@@ -76,12 +81,17 @@ def contract_t(prob: Problem, stages: tuple[Stage, ...]) -> tuple[float, bool]:
             nxt = stages[s + 1].device
             comm2.append(2 * (prob.latency_s[st_.device][nxt]
                               + prob.boundary_bytes[st_.last_unit] / prob.bandwidth_bytes_s[st_.device][nxt]))
-        k = min(p - s, m)
         cut_in = prob.boundary_bytes[st_.first_unit - 1] if s > 0 else 0
         cut_out = prob.boundary_bytes[st_.last_unit] if s < p - 1 else 0
-        mem = sum(prob.state_bytes[u] for u in held) + k * (sum(prob.activation_bytes[u] for u in held)
-                                                             + cut_in + cut_out)
-        mem += (RECEIVES_AHEAD + 1) * max(cut_in, cut_out) + ((k - 1) * cut_out if s == 0 else 0)
+        grad_in = prob.boundary_grad_bytes[st_.first_unit - 1] if s > 0 else 0
+        grad_out = prob.boundary_grad_bytes[st_.last_unit] if s < p - 1 else 0
+        grads = sum(prob.grad_bytes[u] for u in held)
+        act = sum(prob.activation_bytes[u] for u in held) - prob.boundary_held_bytes[st_.last_unit]
+        # the moments of this very stage's 1F1B list (p, s, m), not the solvers' position shortcut
+        peak = max(c.grads * grads + c.microbatches * (act + cut_in + cut_out) + c.in_frames * cut_in
+                   + c.in_grad_frames * grad_in + c.out_frames * cut_out + c.out_grad_frames * grad_out
+                   for c in stage_held_terms(p, s, m))
+        mem = sum(prob.state_bytes[u] for u in held) - grads + peak
         mem += sum(t.state_bytes for t in prob.tied
                    if t.owner_unit not in held and any(u in held for u in t.user_units if u != t.owner_unit))
         fits = fits and mem <= dev.usable_bytes

@@ -1,14 +1,15 @@
-"""Memory truth: each stage's measured peak held bytes (the run report, the executor's ledger) never
-exceeds the plan's M_s, and is within 5% of it for language models (GPT with a tied head, a bigger GPT).
+"""Memory truth (issue 11, item 5): each stage's measured peak held bytes (the run report, the executor's
+ledger) is within 5% of the plan's M_s and never above it.
 
-Also, in one process: M_s counts what the runtime holds beyond saved activations -- every
-in-flight micro-batch's received input and output, the receive buffers posted ahead, an unreleased
-send, and the first stage's warm-up sends -- and the ledger counts activation sends, which it did not.
+The pieces, each checked on its own here:
 
-Known and left as is (asserted, so a change shows): a model whose units save the tensors that cross
-their boundaries (U-Net skips: a conv output saved by the next ReLU and the next unit's conv) is
-over-predicted, because the capture costs each unit on its own and counts such a storage in every
-unit that saves it, while a stage holds it once.
+* the capture counts a storage a micro-batch keeps for backward once, in the unit that produces it,
+  and the held share of every cut (`hetpipe.partitioner.capture.storages`): a stage's A_s + in_s + out_s
+  equals the unique storages the stage's CPU forward saves, receives and returns;
+* M_s is the largest moment of the stage's 1F1B action list (`hetpipe.schedule.held`): parameter
+  gradients only after the step's first backward, in-flight micro-batches, posted receive buffers,
+  received gradients and unwaited sends;
+* end to end, the runtime's ledger against the plan on 3 stages (slow).
 """
 
 from __future__ import annotations
@@ -16,32 +17,97 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
-from hetpipe.cost_models.stage_memory import RECV_PREFETCH, pipeline_stage_bytes
-from hetpipe.models import build, training_loss
+from hetpipe.cost_models.stage_memory import HeldCounts
+from hetpipe.models import build, resolve, takes_size, training_loss
 from hetpipe.partitioner.capture.capture import capture
-from hetpipe.partitioner.problem import Problem, Stage, DeviceSlot, evaluate
+from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate, stage_activation_bytes
+from hetpipe.runtime.stage.buffers import ModelBuffers
+from hetpipe.runtime.stage.build import build_stage, split_stages
+from hetpipe.schedule.held import position_held_terms, stage_held_terms
 from tests.runtime_plans import plan_for
 from tests.synthetic import synthetic_cluster
 
 MICROBATCHES = 4
-TOLERANCE = 0.05  # the issue's acceptance: within 5%, never above
+LOWEST, HIGHEST = 0.95, 1.0  # the issue's acceptance: within 5%, never above
 
 
-def test_stage_memory_counts_inflight_cuts_receive_buffers_and_first_stage_sends():
+def test_stage_memory_is_the_largest_moment_of_its_action_list():
     prob = Problem(fwd_s={"a": (1.0,) * 3}, bwd_s={"a": (1.0,) * 3}, state_bytes=(1000, 1000, 1000),
                    activation_bytes=(100, 100, 100), boundary_bytes=(10, 20, 0),
                    devices=tuple(DeviceSlot(f"d{i}", "a", "n", 10**6) for i in range(3)),
-                   bandwidth_bytes_s=((1.0,) * 3,) * 3, latency_s=((0.0,) * 3,) * 3, microbatches=4)
+                   bandwidth_bytes_s=((1.0,) * 3,) * 3, latency_s=((0.0,) * 3,) * 3, microbatches=4,
+                   grad_bytes=(250, 250, 250), boundary_held_bytes=(4, 8, 0), boundary_grad_bytes=(6, 12, 0))
     ev = evaluate(prob, (Stage(0, 0, 0), Stage(1, 1, 1), Stage(2, 2, 2)))
-    d = RECV_PREFETCH + 1
     assert [s.memory_bytes for s in ev.stages] == [
-        1000 + 3 * (100 + 10) + d * 10 + 2 * 10,  # first: 3 in flight, its 2 extra warm-up sends
-        1000 + 2 * (100 + 10 + 20) + d * 20,      # middle: in and out per micro-batch, the larger cut buffered
-        1000 + 1 * (100 + 20) + d * 20,           # last: its input, no output
+        # first: 3 in flight (A 96 + out 10) after its 4th forward (gradients, 1 send, 3 gradient
+        # receives posted) beats the end of the warm-up (no gradients yet, 3 sends, 3 receives)
+        750 + max(250 + 3 * 106 + 10 + 3 * 6, 3 * 106 + 3 * 10 + 3 * 6),
+        # middle: A 92 + in 10 + out 20; 2 in flight, 1 input and 1 output send, 2 gradient receives
+        750 + 250 + 2 * 122 + 10 + 20 + 2 * 12,
+        # last: A 100 + in 20; 1 in flight and 2 receives posted
+        750 + 250 + 120 + 2 * 20,
     ]
-    assert ev.stages[1].memory_bytes == pipeline_stage_bytes(state_bytes=1000, activation_bytes=100, in_bytes=10,
-                                                             out_bytes=20, inflight=2, first=False)
+    assert stage_activation_bytes(prob, Stage(1, 1, 1)) == 100 - 8
+
+
+def test_held_moments_of_1f1b_depend_on_stages_after_and_first_only():
+    for p in range(1, 7):
+        for s in range(p):
+            for m in range(1, 10):
+                assert stage_held_terms(p, s, m) == position_held_terms(p - 1 - s, first=s == 0, microbatches=m)
+                # never more in flight than 1F1B's min(p - s, m)
+                assert max(c.microbatches for c in stage_held_terms(p, s, m)) == min(p - s, m)
+    assert stage_held_terms(3, 0, 4) == (HeldCounts(1, 3, out_frames=1, out_grad_frames=3),
+                                         HeldCounts(0, 3, out_frames=3, out_grad_frames=3))
+
+
+def _random_inputs(example: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(t.shape, generator=gen) if t.dtype.is_floating_point
+                 else torch.randint(0, 8, t.shape, generator=gen) for t in example)
+
+
+def _held_on_cpu(stage, args: tuple[torch.Tensor, ...]) -> tuple[int, tuple[torch.Tensor, ...]]:
+    """Unique storages (bytes) one forward of ``stage`` keeps: saved tensors, its inputs, its outputs."""
+    statics = {t.untyped_storage().data_ptr() for t in [*stage.parameters(), *stage.module.buffers()]}
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = stage(*args)
+    outs = () if stage.is_last else (tuple(out) if isinstance(out, (tuple, list)) else (out,))
+    held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in [*saved, *args, *outs]
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in statics}
+    return sum(held.values()), outs
+
+
+@pytest.mark.parametrize("model, cuts", [
+    ("tests.zoo_models:bn_cnn", (1, 2)),     # BatchNorm, ReLU saving its output, which is also sent on
+    ("tests.zoo_models:tied_lm", (1, 3)),    # residual stream saved by the next block's LayerNorm
+    ("unet-tiny", (2, 4)),                   # skips saved by a unit two stages later
+    ("resnet-tiny", (2, 5)),
+])
+def test_capture_counts_each_kept_storage_once_per_stage(model, cuts):
+    """A_s + in_s + out_s of every stage == what the stage's CPU forward keeps (the ledger's count)."""
+    sized = takes_size(model)
+    r = resolve(model, device="meta", batch=2 if sized else None)
+    graph = capture(r.model, r.example_inputs)
+    bounds = (0, *cuts, graph.num_units)
+    stage_of = {n: s for s in range(3) for u in graph.units[bounds[s]:bounds[s + 1]] for n in u.node_names}
+    program = split_stages(graph.module, stage_of, example_inputs=r.example_inputs, num_stages=3)
+    prob = Problem(fwd_s={}, bwd_s={}, state_bytes=(0,) * graph.num_units,
+                   activation_bytes=tuple(u.activation_bytes for u in graph.units),
+                   boundary_bytes=tuple(u.boundary_bytes for u in graph.units), devices=(), bandwidth_bytes_s=(),
+                   latency_s=(), microbatches=1, boundary_held_bytes=tuple(u.boundary_held_bytes for u in graph.units))
+    x = _random_inputs(r.example_inputs)
+    for s in range(3):
+        stage = build_stage(program, s, state_dict=None, device="cpu", seed=1, buffers=ModelBuffers(r.model))
+        args = x if s == 0 else tuple(t.detach().clone().requires_grad_(t.is_floating_point()) for t in x)
+        held, x = _held_on_cpu(stage, args)
+        first, last = bounds[s], bounds[s + 1] - 1
+        cut_in = graph.units[first - 1].boundary_bytes if s else 0
+        cut_out = graph.units[last].boundary_bytes if s < 2 else 0
+        assert held == stage_activation_bytes(prob, Stage(s, first, last)) + cut_in + cut_out, (model, s)
 
 
 def _plan(model: str, batch: int, seq: int | None, folder: Path) -> Path:
@@ -56,16 +122,13 @@ def _plan(model: str, batch: int, seq: int | None, folder: Path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model, batch, seq, lowest", [
-    ("gpt-tiny", 2, 16, 1 - TOLERANCE),    # GPT, tied embedding / head
-    ("gpt-demo", 2, 32, 1 - TOLERANCE),    # the demo GPT
-    ("unet-tiny", 4, None, 0.70),          # skip connections: over-predicted (module docstring)
-    # HF Llama (rotary tables, GQA): the middle stage within 5%; the embedding-only first stage (150 kB,
-    # 40% of it communication buffers) 0.84: the formula keeps the warm-up sends and the gradients at
-    # once, while the runtime frees gradients between steps (zero_grad(set_to_none=True)).
-    ("hf-llama-tiny", 2, 32, 0.80),
+@pytest.mark.parametrize("model, batch, seq", [
+    ("gpt-tiny", 2, 16),        # GPT, tied embedding / head
+    ("gpt-demo", 2, 32),        # the demo GPT
+    ("unet-tiny", 4, None),     # skip connections saved units later
+    ("hf-llama-tiny", 2, 32),   # HF Llama: rotary tables, GQA
 ])
-def test_measured_peak_is_never_above_the_plan_and_close_for_lms(tmp_path, model, batch, seq, lowest):
+def test_measured_peak_is_within_5_percent_below_the_plan(tmp_path, model, batch, seq):
     from hetpipe.plan.schema import Plan
     from hetpipe.runtime.run import run
 
@@ -73,7 +136,6 @@ def test_measured_peak_is_never_above_the_plan_and_close_for_lms(tmp_path, model
     report = run(path, model=model, steps=2, seq=seq, timeout_s=60.0)
     plan = Plan.load(path)
     for st, planned in zip(report.stages, plan.stages):
-        ratio = st.peak_bytes / planned.memory_bytes
         assert st.predicted_memory_bytes == planned.memory_bytes
-        assert ratio <= 1.0, (st.stage, st.peak_bytes, planned.memory_bytes, dict(st.peak_breakdown))
-        assert ratio >= lowest, (st.stage, ratio, dict(st.peak_breakdown))
+        ratio = st.peak_bytes / planned.memory_bytes
+        assert LOWEST <= ratio <= HIGHEST, (model, st.stage, ratio, st.peak_action, dict(st.peak_breakdown))

@@ -11,7 +11,8 @@ import pytest
 from hetpipe.errors import ConfigError, PlanError
 from hetpipe.plan.build import assemble_plan, build_problem, microbatches_for
 from hetpipe.plan.check import check_plan
-from hetpipe.plan.schema import PLAN_VERSION, Plan, SolverReport, verify_model
+from hetpipe.cost_models.stage_memory import MEMORY_MODEL
+from hetpipe.plan.schema import PLAN_VERSION, PLAN_VERSION_MEMORY, Plan, SolverReport, verify_model
 from hetpipe.partitioner.problem import Stage, evaluate
 from tests.synthetic import synthetic_cluster, synthetic_graph
 
@@ -33,7 +34,8 @@ def test_round_trip_is_exact(tmp_path):
     assert Plan.load(path) == plan
     doc = json.loads(path.read_text())
     assert list(doc)[:2] == ["format", "version"]
-    assert doc["format"] == "hetpipe.plan" and doc["version"] == 1
+    assert doc["format"] == "hetpipe.plan" and doc["version"] == PLAN_VERSION_MEMORY == 3
+    assert doc["memory_model"] == MEMORY_MODEL
     for key in ("model", "training", "devices", "links", "units", "stages", "predicted", "solver", "baselines"):
         assert key in doc
     assert set(doc["units"][0]["time_s"]) == {"fast", "mid", "slow"}

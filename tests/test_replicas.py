@@ -212,7 +212,7 @@ def test_replica_plan_round_trips_and_checks(home_plan, tmp_path):
     path = tmp_path / "plan.json"
     home_plan.save(path)
     doc = json.loads(path.read_text())
-    assert doc["version"] == PLAN_VERSION == 2 and doc["replicas"] and doc["sync"]["policy"] == "synchronous"
+    assert doc["version"] == PLAN_VERSION == 3 and doc["replicas"] and doc["sync"]["policy"] == "synchronous"
     loaded = Plan.load(path)
     assert loaded == home_plan
     report = check_plan(loaded)
@@ -243,7 +243,7 @@ def test_check_catches_edited_replica_plans(home_plan, edit, message):
     assert not report.ok and any(message in v for v in report.violations), report.violations
 
 
-def test_v1_plans_still_load(tmp_path):
+def test_v1_plans_still_load_and_check_names_their_memory_model(tmp_path):
     graph, cluster = synthetic_graph(6), synthetic_cluster(HOME)
     problem = build_problem(graph, cluster, microbatches=8)
     stages = (Stage(0, 0, 2), Stage(1, 3, 4), Stage(2, 5, 5))
@@ -251,13 +251,33 @@ def test_v1_plans_still_load(tmp_path):
     plan = assemble_plan(graph, cluster, problem=problem, stages=stages, global_batch=16,
                          solver=SolverReport("hand", "FEASIBLE", ev.iteration_s, 0.0, 0.0))
     doc = plan.to_dict()
-    assert doc["version"] == 1  # single-pipeline plans stay readable by older hetpipe
+    assert doc["version"] == 3 and doc["memory_model"] == 2  # memory model 2's fields need version 3
     for key in ("replicas", "sync"):  # a file written before version 2 has neither field
-        doc.pop(key)
+        assert key not in doc or doc[key] in ((), [], None)
+    # a version-1 file: no version-3 field, stage memory from memory model 1 (one more in-flight output)
+    doc.update(version=1)
+    del doc["memory_model"]
+    for u in doc["units"]:
+        u.pop("boundary_held_bytes", None), u.pop("grad_bytes", None)
+    doc["stages"][0]["memory_bytes"] += 1000
     path = tmp_path / "v1.json"
     path.write_text(json.dumps(doc))
     loaded = Plan.load(path)
-    assert loaded == plan and loaded.replicas == () and check_plan(loaded).ok
+    assert loaded.replicas == () and loaded.memory_model == 1 and loaded.version == 1
+    report = check_plan(loaded)
+    assert report.violations == (
+        "memory_model: this plan was made with memory model 1, this hetpipe uses memory model 2 (each stage's "
+        "memory_bytes is computed differently); re-plan with `hetpipe plan`",)
+    assert report.iteration_s == pytest.approx(plan.predicted.iteration_s, rel=1e-12)  # T is unchanged
+
+
+def test_memory_model_2_fields_in_an_older_version_are_refused(home_plan, tmp_path):
+    doc = home_plan.to_dict()
+    doc["version"] = 2
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PlanError, match="memory model 2 .* needs version 3"):
+        Plan.load(path)
 
 
 def test_replicas_in_a_version_1_file_are_refused(home_plan, tmp_path):

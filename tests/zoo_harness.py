@@ -3,7 +3,7 @@
 For one `Family`: build the model on the CPU with its own initialisation (seeded), write
 those weights where ``--weights`` reads them (``save_pretrained`` for Hugging Face models,
 a torch state dict otherwise), write 3 global batches for ``--data``, then through the CLI
-``hetpipe plan`` on the mini home lab in one box (examples/clusters/zoo-mini.yaml: 3 uneven
+``hetpipe plan --loss --data`` on the mini home lab in one box (examples/clusters/zoo-mini.yaml: 3 uneven
 stages) and ``hetpipe run --emulate --weights --data --loss --save-weights``; finally train the same CPU model with a plain PyTorch
 loop (gradient accumulation over the same micro-batches in the same order, Adam at the
 runtime's default learning rate) and compare per-step losses and the saved final
@@ -188,8 +188,10 @@ def cli(argv: list[str]) -> int:
     return app.main(argv)
 
 
-def plan_family(family: Family, out: Path) -> tuple[Path, float]:
-    """``hetpipe plan`` on `CLUSTER`; returns (plan path, capture seconds measured apart)."""
+def plan_family(family: Family, out: Path, data: Path) -> tuple[Path, float]:
+    """``hetpipe plan`` on `CLUSTER` with the run's ``--loss`` and ``--data`` (so the plan costs what that
+    loss saves on the last stage, as the run's memory ledger counts it); returns (plan path, capture
+    seconds measured apart)."""
     from hetpipe import models
     from hetpipe.partitioner.capture.capture import capture
 
@@ -201,7 +203,7 @@ def plan_family(family: Family, out: Path) -> tuple[Path, float]:
     path = out / "plan.json"
     sizes = ["--batch", str(MICRO_BATCH)] + (["--seq", str(family.seq)] if family.seq else []) if family.sized else []
     rc = cli(["plan", family.model, "--cluster", str(CLUSTER), *sizes, "--global-batch",
-              str(MICRO_BATCH * MICROBATCHES), "-o", str(path)])
+              str(MICRO_BATCH * MICROBATCHES), "--loss", family.loss, "--data", str(data), "-o", str(path)])
     assert rc == 0, f"hetpipe plan {family.model} exited {rc}"
     return path, capture_s
 
@@ -209,11 +211,11 @@ def plan_family(family: Family, out: Path) -> tuple[Path, float]:
 def zoo_case(family: Family, out: Path) -> ZooResult:
     """The whole acceptance run of one family in ``out`` (see the module docstring)."""
     out.mkdir(parents=True, exist_ok=True)
-    plan_path, capture_s = plan_family(family, out)
     model, example = reference_model(family)
     weights = write_weights(family, model, out)
     batches = make_batches(family, example)
     torch.save(batches, out / "data.pt")
+    plan_path, capture_s = plan_family(family, out, out / "data.pt")
     saved_dir, report_path = out / "trained", out / "run.json"
     argv = ["run", str(plan_path), "--model", family.model, "--steps", str(STEPS), "--emulate",
             "--weights", str(weights), "--data", str(out / "data.pt"), "--loss", family.loss,

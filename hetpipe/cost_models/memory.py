@@ -89,6 +89,16 @@ def state_bytes_per_param(optimizer: str, precision: str) -> float:
     return float(weight_b + grad_b + master_b + moments_b)
 
 
+def grad_bytes_per_param(precision: str) -> int:
+    """Bytes of one parameter's gradient in ``precision`` (part of `state_bytes_per_param`).
+
+    Example:
+        >>> grad_bytes_per_param("fp32"), grad_bytes_per_param("bf16-mixed")
+        (4, 2)
+    """
+    return PRECISIONS[check_precision(precision)][1]
+
+
 def weight_bytes_per_param(precision: str) -> int:
     """Bytes of one stored (compute) weight in ``precision``.
 

@@ -8,38 +8,82 @@ counts the same things on a running stage: tests/test_memory_truth.py compares t
 
 from __future__ import annotations
 
+from dataclasses import astuple, dataclass
+from typing import Sequence
+
+#: Version of the memory model (the terms of M_s and what the per-unit tables mean); plans
+#: record it (`Plan.memory_model`) and `hetpipe check` refuses to compare across versions.
+#: 1: every unit's activation_bytes counted each storage it saves, so a storage saved by two
+#:    units of a stage, or a saved stage input or output, counted twice.
+#: 2: a storage a micro-batch keeps counts once, in the unit that produces it, and the held
+#:    share of the output cut (``boundary_held_bytes``) is counted in out_s only; messages and
+#:    gradients at the moments the runtime's action list holds them (`HeldCounts`).
+MEMORY_MODEL = 2
+
 #: Receives a pipeline rank posts ahead of the action that needs them (the runtime's
 #: ``PipelineExecutor`` prefetch depth on NCCL, and on gloo when ranks outnumber cores).
 #: Each holds a receive buffer of its cut's bytes from the moment it is posted.
 RECV_PREFETCH = 3
 
 
-def pipeline_stage_bytes(*, state_bytes: int, activation_bytes: int, in_bytes: int, out_bytes: int,
-                         inflight: int, first: bool) -> int:
-    """Bytes a 1F1B pipeline stage holds at its peak: M_s of the optimisation contract.
+@dataclass(frozen=True, order=True)
+class HeldCounts:
+    """What a pipeline rank holds after one of its actions, in multiples of its stage's sizes.
 
-    ``M_s = state + k·(A + in + out) + (RECV_PREFETCH + 1)·max(in, out) + [s = 0]·(k − 1)·out``
-
-    * ``state``: parameters, gradients and optimizer state of its units (and tied replicas);
-    * ``k = min(p − s, m)`` micro-batches in flight, each holding what autograd saves in
-      the stage's units (``A``), the received input frame (``in``, the cut before: the
-      runtime keeps it until the micro-batch's backward to read its gradient) and the
-      stage's output (``out``, the cut after: autograd's root for the backward);
-    * communication buffers: up to `RECV_PREFETCH` receive buffers posted ahead plus one
-      send or received gradient not yet released, each at most the larger cut;
-    * the first stage also keeps every warm-up activation send (``k − 1`` more) until its
-      first receive (a rank waits for its sends at its next receive).
-
-    ``in_bytes`` is 0 for the first stage, ``out_bytes`` 0 for the last.
-
-    Example:
-        >>> pipeline_stage_bytes(state_bytes=1000, activation_bytes=100, in_bytes=10, out_bytes=10,
-        ...                      inflight=2, first=False)     # 1000 + 2*(100+10+10) + 4*10
-        1280
-        >>> pipeline_stage_bytes(state_bytes=1000, activation_bytes=100, in_bytes=0, out_bytes=10,
-        ...                      inflight=3, first=True)      # 1000 + 3*110 + 4*10 + 2*10
-        1390
+    ``grads``: the parameter gradients exist (0 before the step's first backward: the runtime
+    frees them at every step's start); ``microbatches`` in flight, each holding ``A + in +
+    out``; messages of the input cut (``in_frames``: activation receives posted ahead;
+    ``in_grad_frames``: gradient sends not yet waited for) and of the output cut
+    (``out_frames``: activation sends not yet waited for; ``out_grad_frames``: gradient
+    receives posted ahead and received gradients kept until their backward).
+    `hetpipe.schedule.held` replays the runtime's action lists to find them.
     """
-    held = inflight * (activation_bytes + in_bytes + out_bytes)
-    buffers = (RECV_PREFETCH + 1) * max(in_bytes, out_bytes) + (inflight - 1 if first else 0) * out_bytes
-    return state_bytes + held + buffers
+
+    grads: int
+    microbatches: int
+    in_frames: int = 0
+    in_grad_frames: int = 0
+    out_frames: int = 0
+    out_grad_frames: int = 0
+
+    def dominated_by(self, other: HeldCounts) -> bool:
+        return all(a <= b for a, b in zip(astuple(self), astuple(other)))
+
+
+def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_bytes: int, in_bytes: int,
+                         out_bytes: int, held: Sequence[HeldCounts], in_grad_bytes: int | None = None,
+                         out_grad_bytes: int | None = None) -> int:
+    """Bytes a pipeline stage holds at its peak: M_s of the optimisation contract.
+
+    ``M_s = state - G + max_t (g_t·G + k_t·(A + in + out) + i_t·in + i'_t·in' + o_t·out + o'_t·out')``
+
+    over the moments ``t`` of one training step (``held``: `hetpipe.schedule.held.stage_held_terms`):
+
+    * ``state``: parameters, gradients, optimizer state and buffers of its units (and tied
+      replicas); ``G`` of it are parameter gradients, which exist only from the step's
+      first backward (``grad_bytes`` 0: counted at every moment, an upper bound);
+    * ``k_t`` micro-batches in flight (1F1B: at most min(p - s, m)), each holding what its
+      backward needs: ``A`` (`hetpipe.partitioner.problem.stage_activation_bytes`), the
+      received input frame ``in`` (the cut before; 0 on the first stage) and the output
+      ``out`` (the cut after: autograd's root; 0 on the last stage);
+    * messages of the cuts' sizes -- ``in``/``out`` for activations, ``in'``/``out'`` for
+      gradients (the cut's tensors that require grad; default: the whole cut): receive
+      buffers posted up to `RECV_PREFETCH` actions ahead, a received gradient kept until its
+      backward, every send's copy until the rank waits for it (at its next receive).
+
+    Example (a middle stage of 3 and the first, 4 micro-batches):
+        >>> mid = (HeldCounts(1, 2, 1, 0, 1, 2), HeldCounts(1, 1, 2, 1, 0, 1))
+        >>> pipeline_stage_bytes(state_bytes=1000, grad_bytes=250, activation_bytes=100, in_bytes=10,
+        ...                      out_bytes=20, out_grad_bytes=16, held=mid)  # 1000 + 2*130 + 10 + 20 + 2*16
+        1322
+        >>> first = (HeldCounts(1, 3, out_frames=1, out_grad_frames=3), HeldCounts(0, 3, out_frames=3, out_grad_frames=3))
+        >>> pipeline_stage_bytes(state_bytes=1000, grad_bytes=250, activation_bytes=100, in_bytes=0,
+        ...                      out_bytes=10, held=first)          # 750 + max(250 + 330 + 40, 330 + 60)
+        1370
+    """
+    in_grad = in_bytes if in_grad_bytes is None else in_grad_bytes
+    out_grad = out_bytes if out_grad_bytes is None else out_grad_bytes
+    per_microbatch = activation_bytes + in_bytes + out_bytes
+    peak = max(c.grads * grad_bytes + c.microbatches * per_microbatch + c.in_frames * in_bytes
+               + c.in_grad_frames * in_grad + c.out_frames * out_bytes + c.out_grad_frames * out_grad for c in held)
+    return state_bytes - grad_bytes + peak

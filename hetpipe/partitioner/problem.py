@@ -13,13 +13,21 @@ Objective (units u = 0..L-1; p stages; stage s on device d_s holds [l_s, r_s]):
     C_s       = latency(d_s, d_{s+1}) + boundary_bytes[r_s] / bandwidth(d_s, d_{s+1})   (s < p-1)
     T         = sum_s (F_s + B_s) + sum_{s<p-1} 2 C_s
                 + (m - 1) * max( max_s (F_s + B_s), max_{s<p-1} 2 C_s )
-    M_s       = sum state_bytes + tied_bytes(s) + k_s * (sum activation_bytes + in_s + out_s)
-                + (RECV_PREFETCH + 1) * max(in_s, out_s) + [s = 0] * (k_s - 1) * out_s
-    k_s = min(p - s, m);  in_s = boundary_bytes[l_s - 1] (0 for s = 0);  out_s = boundary_bytes[r_s]
-                      (0 for s = p - 1): every in-flight micro-batch keeps its received input and
-                      its output until its backward; receive buffers posted ahead and one unreleased
-                      send; the first stage's warm-up sends wait for its first receive
-                      (`hetpipe.cost_models.memory.pipeline_stage_bytes`, which this calls)
+    M_s       = sum state_bytes + tied_bytes(s) - G_s
+                + max_t ( g_t G_s + k_t (A_s + in_s + out_s) + i_t in_s + i'_t in'_s + o_t out_s + o'_t out'_s )
+    A_s       = sum activation_bytes - boundary_held_bytes[r_s]: every storage a micro-batch keeps
+                for backward counted once, in the unit that produces it, less those the output
+                out_s already holds (`hetpipe.partitioner.capture.storages`)
+    G_s       = sum grad_bytes: parameter gradients, freed at each step's start
+    in_s = boundary_bytes[l_s - 1] (0 for s = 0);  out_s = boundary_bytes[r_s] (0 for s = p - 1)
+    in'_s, out'_s     = the same cuts' boundary_grad_bytes: what gradient messages carry
+    (g_t, k_t, i_t, i'_t, o_t, o'_t) over the moments t of a step of the stage's 1F1B action list
+                      (`hetpipe.schedule.held.stage_held_terms`; they depend on p - s, m and
+                      s = 0 only): gradients allocated or not, micro-batches in flight (at most
+                      min(p - s, m)), each keeping its received input and its output until its
+                      backward, and activation / gradient messages of the input / output cut --
+                      receive buffers posted ahead, received gradients, sends not yet waited for
+                      (`hetpipe.cost_models.stage_memory.pipeline_stage_bytes`, which this calls)
     tied_bytes(s)   = state bytes of every tied parameter (GPT-2's wte = lm_head) that a unit of
                       stage s uses but whose owner unit (counted in state_bytes) is elsewhere:
                       the runtime keeps a replica there (weights, gradient, optimizer state)
@@ -47,6 +55,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from hetpipe.cost_models.stage_memory import pipeline_stage_bytes
+from hetpipe.schedule.held import position_held_terms
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,15 @@ class Problem:
     latency_s: tuple[tuple[float, ...], ...]
     microbatches: int
     tied: tuple[TiedCopy, ...] = ()
+    # Per unit: the part of boundary_bytes[u] whose storage is also in activation_bytes (held
+    # for backward by the stage that ends at u); () = none (plans made before it was recorded).
+    boundary_held_bytes: tuple[int, ...] = ()
+    # Per unit: the parameter-gradient bytes within state_bytes (they exist only from a step's
+    # first backward); () = counted at every moment of the step (an upper bound).
+    grad_bytes: tuple[int, ...] = ()
+    # Per unit: the part of boundary_bytes[u] that requires grad (the gradient message back);
+    # () = the whole cut (an upper bound).
+    boundary_grad_bytes: tuple[int, ...] = ()
 
     @property
     def num_units(self) -> int:
@@ -142,11 +160,29 @@ def stage_memory_bytes(problem: Problem, stages: Sequence[Stage], s: int) -> int
     st, p = stages[s], len(stages)
     units = range(st.first_unit, st.last_unit + 1)
     state = sum(problem.state_bytes[u] for u in units) + tied_bytes(problem, st)
-    act = sum(problem.activation_bytes[u] for u in units)
+    grads = sum(problem.grad_bytes[u] for u in units) if problem.grad_bytes else 0
     return pipeline_stage_bytes(
-        state_bytes=state, activation_bytes=act, inflight=min(p - s, problem.microbatches), first=s == 0,
+        state_bytes=state, grad_bytes=grads, activation_bytes=stage_activation_bytes(problem, st),
+        held=position_held_terms(p - 1 - s, first=s == 0, microbatches=problem.microbatches),
         in_bytes=problem.boundary_bytes[st.first_unit - 1] if s > 0 else 0,
-        out_bytes=problem.boundary_bytes[st.last_unit] if s < p - 1 else 0)
+        out_bytes=problem.boundary_bytes[st.last_unit] if s < p - 1 else 0,
+        in_grad_bytes=grad_cut_bytes(problem, st.first_unit - 1) if s > 0 else 0,
+        out_grad_bytes=grad_cut_bytes(problem, st.last_unit) if s < p - 1 else 0)
+
+
+def grad_cut_bytes(problem: Problem, unit: int) -> int:
+    """Bytes of the gradient message over the cut after `unit` (the whole cut if not recorded)."""
+    return (problem.boundary_grad_bytes or problem.boundary_bytes)[unit]
+
+
+def stage_activation_bytes(problem: Problem, stage: Stage) -> int:
+    """A_s: what one micro-batch keeps for backward on `stage` beyond its input and output frames.
+
+    The stage's units' held storages (`Problem.activation_bytes`, each storage in the unit that
+    produces it) less the held share of its output cut, which ``out_s`` already counts.
+    """
+    act = sum(problem.activation_bytes[u] for u in range(stage.first_unit, stage.last_unit + 1))
+    return act - (problem.boundary_held_bytes[stage.last_unit] if problem.boundary_held_bytes else 0)
 
 
 def tied_bytes(problem: Problem, stage: Stage) -> int:

@@ -24,10 +24,12 @@ from hetpipe.cost_models.cluster_checks import as_cluster
 from hetpipe.cost_models.devices import Cluster
 from hetpipe.cost_models.validate import check_solver_options
 from hetpipe.cost_models.memory import state_bytes_per_param
+from hetpipe.cost_models.stage_memory import MEMORY_MODEL
 from hetpipe.cost_models.timing import efficiencies, peak_flops_s, unit_time_s
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.capture.graph import UnitGraph
 from hetpipe.plan.schema import (
+    PLAN_VERSION_MEMORY,
     BaselineReport,
     LeftOut,
     Plan,
@@ -84,6 +86,9 @@ def build_problem(graph: UnitGraph, cluster: Cluster, *, microbatches: int) -> P
         state_bytes=tuple(u.state_bytes for u in graph.units),
         activation_bytes=tuple(u.activation_bytes for u in graph.units),
         boundary_bytes=tuple(u.boundary_bytes for u in graph.units),
+        boundary_held_bytes=tuple(u.boundary_held_bytes for u in graph.units),
+        grad_bytes=tuple(u.grad_bytes for u in graph.units),
+        boundary_grad_bytes=tuple(u.boundary_grad_bytes for u in graph.units),
         devices=tuple(DeviceSlot(d.id, d.kind, d.node, d.usable_bytes) for d in cluster.devices),
         bandwidth_bytes_s=bandwidth,
         latency_s=latency,
@@ -150,6 +155,9 @@ def _plan_units(graph: UnitGraph, problem: Problem) -> tuple[PlanUnit, ...]:
             state_bytes=u.state_bytes,
             activation_bytes=u.activation_bytes,
             boundary_bytes=u.boundary_bytes,
+            boundary_held_bytes=u.boundary_held_bytes,
+            grad_bytes=problem.grad_bytes[u.index] if problem.grad_bytes else 0,
+            boundary_grad_bytes=problem.boundary_grad_bytes[u.index] if problem.boundary_grad_bytes else 0,
             time_s={k: UnitTimes(fwd=problem.fwd_s[k][u.index], bwd=problem.bwd_s[k][u.index])
                     for k in problem.fwd_s},
         )
@@ -217,6 +225,8 @@ def assemble_plan(
         baselines=baselines or {},
         left_out=left_out,
         cost_model=cost_model_notes(cluster, graph.precision),
+        version=PLAN_VERSION_MEMORY,
+        memory_model=MEMORY_MODEL,
     )
 
 

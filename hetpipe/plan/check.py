@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 
+from hetpipe.cost_models.stage_memory import MEMORY_MODEL
 from hetpipe.errors import PlanError
 from hetpipe.partitioner.problem import evaluate
 from hetpipe.plan.replica_check import check_replicas
@@ -37,13 +38,35 @@ from hetpipe.plan.validate import validate_plan
 
 
 def check_plan(plan: Plan) -> CheckReport:
-    """Recompute T and every M_s from the recorded tables; report every mismatch or violation."""
+    """Recompute T and every M_s from the recorded tables; report every mismatch or violation.
+
+    A plan made with another memory model (`Plan.memory_model`) gets one plain violation
+    saying so instead of a mismatch per stage: its memory_bytes follow another formula.
+    """
     if not isinstance(plan, Plan):
         raise PlanError(f"plan: expected a Plan (from Plan.load or hetpipe.partition), got {type(plan).__name__}; "
                         "load it with hetpipe.Plan.load(path)")
     validate_plan(plan)  # NaN, a deleted link: one PlanError naming the field, not a symptom below
-    if plan.replicas:
-        return check_replicas(plan)
+    report = check_replicas(plan) if plan.replicas else _check_pipeline(plan)
+    if plan.memory_model == MEMORY_MODEL:
+        return report
+    others = [v for v in report.violations if "memory_bytes" not in v]
+    return CheckReport(report.iteration_s, (memory_model_mismatch(plan), *others))
+
+
+def memory_model_mismatch(plan: Plan) -> str:
+    """The violation of a plan whose stage memory was computed with another memory model.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> memory_model_mismatch(SimpleNamespace(memory_model=1))[:62]
+        'memory_model: this plan was made with memory model 1, this he'
+    """
+    return (f"memory_model: this plan was made with memory model {plan.memory_model}, this hetpipe uses memory "
+            f"model {MEMORY_MODEL} (each stage's memory_bytes is computed differently); re-plan with `hetpipe plan`")
+
+
+def _check_pipeline(plan: Plan) -> CheckReport:
     violations = structure_violations(plan)
     problem = problem_from_plan(plan)
     try:

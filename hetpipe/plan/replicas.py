@@ -175,7 +175,7 @@ def assemble_replica_plan(graph: UnitGraph, cluster: Cluster, *, rp: ReplicaProb
                                     rep.microbatches * b / global_batch, ev.iteration_s))
         stages.extend(plan_stages(rp.base, rep.stages, ev))
     return dataclasses.replace(plan, stages=tuple(stages), predicted=_predicted(rp.base, sol, global_batch),
-                               version=PLAN_VERSION_REPLICAS, replicas=tuple(replicas),
+                               version=max(PLAN_VERSION_REPLICAS, plan.version), replicas=tuple(replicas),
                                sync=_plan_sync(rp.base, sol, budget_fraction, rp.bucket_cap_bytes))
 
 

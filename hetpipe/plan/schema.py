@@ -20,7 +20,7 @@ Example (a plan saved, loaded back unchanged, and rebuilt into the solver's prob
     >>> Plan.load(path) == plan
     True
     >>> plan.version, len(problem_from_plan(plan).devices), stages_from_plan(plan)[0].device
-    (1, 3, 1)
+    (3, 3, 1)
 """
 
 from __future__ import annotations
@@ -45,11 +45,15 @@ PLAN_FORMAT = "hetpipe.plan"
 #: (issue #6).  Single-pipeline plans are still written as version 1, so older hetpipe
 #: reads them; a plan with replicas is version 2, which older hetpipe refuses instead of
 #: silently running only `stages`.
-PLAN_VERSION = 2
+PLAN_VERSION = 3
 #: The version of a plan without replicas.
 PLAN_VERSION_SINGLE = 1
 #: The first version that may carry replicas.
 PLAN_VERSION_REPLICAS = 2
+#: The first version that records `Plan.memory_model` and `PlanUnit.boundary_held_bytes`
+#: (memory model 2): every plan this hetpipe makes.  An older hetpipe refuses it by its
+#: version instead of re-checking its memory with another formula.
+PLAN_VERSION_MEMORY = 3
 # Relative tolerance when re-checking recorded floats against recomputed ones:
 # JSON round-trips Python floats exactly, so only summation order differs.
 CHECK_RTOL = 1e-9
@@ -120,6 +124,13 @@ class PlanUnit:
     activation_bytes: int
     boundary_bytes: int
     time_s: Mapping[str, UnitTimes]  # device kind -> times
+    # Version 3 (memory model 2): the part of boundary_bytes whose storage the stage ending here
+    # also holds for backward (`hetpipe.partitioner.capture.graph.Unit.boundary_held_bytes`).
+    boundary_held_bytes: int = field(default=0, metadata={"since": 3})
+    # Version 3: the parameter gradients within state_bytes (held from a step's first backward on).
+    grad_bytes: int = field(default=0, metadata={"since": 3})
+    # Version 3: the part of boundary_bytes that requires grad (the gradient message back).
+    boundary_grad_bytes: int = field(default=0, metadata={"since": 3})
 
 
 @dataclass(frozen=True)
@@ -241,11 +252,15 @@ class Plan:
     version: int = PLAN_VERSION_SINGLE
     replicas: tuple[PlanReplica, ...] = ()
     sync: PlanSync | None = None
+    # Version 3: the `hetpipe.cost_models.stage_memory.MEMORY_MODEL` its memory_bytes were computed
+    # with; plans without the field were made with memory model 1.
+    memory_model: int = field(default=1, metadata={"since": 3})
 
     def __post_init__(self) -> None:
         if (self.replicas or self.sync is not None) and self.version < PLAN_VERSION_REPLICAS:
             raise PlanError(f"plan.version is {self.version} but the plan has replicas, which need version "
                             f"{PLAN_VERSION_REPLICAS}; set \"version\": {PLAN_VERSION_REPLICAS}")
+        _check_memory_version(self)
         if bool(self.replicas) != (self.sync is not None):
             raise PlanError("plan.replicas and plan.sync go together: a replica plan records both; "
                             "re-create it with `partition_replicas`")
@@ -301,6 +316,15 @@ class Plan:
         return {d.id: i for i, d in enumerate(self.devices)}
 
 
+def _check_memory_version(plan: Plan) -> None:
+    """Memory model 2's fields need version `PLAN_VERSION_MEMORY` (older hetpipe refuses them by version)."""
+    if plan.version < PLAN_VERSION_MEMORY and (plan.memory_model != 1 or any(
+            u.boundary_held_bytes or u.grad_bytes or u.boundary_grad_bytes for u in plan.units)):
+        raise PlanError(f"plan.version is {plan.version} but the plan records memory model {plan.memory_model} "
+                        "(memory_model, units[].boundary_held_bytes, grad_bytes, boundary_grad_bytes), which "
+                        f"needs version {PLAN_VERSION_MEMORY}; set \"version\": {PLAN_VERSION_MEMORY} or re-plan")
+
+
 def _check_header(doc: object, source: str) -> None:
     if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
@@ -339,6 +363,9 @@ def problem_from_plan(plan: Plan) -> Problem:
         state_bytes=tuple(u.state_bytes for u in plan.units),
         activation_bytes=tuple(u.activation_bytes for u in plan.units),
         boundary_bytes=tuple(u.boundary_bytes for u in plan.units),
+        boundary_held_bytes=tuple(u.boundary_held_bytes for u in plan.units),
+        grad_bytes=tuple(u.grad_bytes for u in plan.units),
+        boundary_grad_bytes=tuple(u.boundary_grad_bytes for u in plan.units) if plan.memory_model >= 2 else (),
         devices=tuple(DeviceSlot(d.id, d.kind, d.node, d.usable_bytes) for d in plan.devices),
         bandwidth_bytes_s=tuple(tuple(row) for row in bandwidth),
         latency_s=tuple(tuple(row) for row in latency),

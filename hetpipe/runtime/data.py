@@ -107,6 +107,9 @@ def split_microbatches(batch: Any, microbatches: int, *, what: str) -> list[Any]
     if n % microbatches:
         raise ConfigError(f"{what}: batch of {n} is not divisible into {microbatches} micro-batches; "
                           f"yield global batches of {microbatches} x micro-batch size")
-    parts = [t.chunk(microbatches) for t in tensors]
+    # Each micro-batch gets its own storage (a chunk is a view of the whole batch): a stage keeps only
+    # its in-flight micro-batches' inputs and targets, as on a GPU, where `.to(device)` copies each one
+    # (the memory model counts them so; a view would hold the whole global batch in the ledger).
+    parts = [[c.clone() for c in t.chunk(microbatches)] for t in tensors]
     mbs = [tuple(p[i] for p in parts) for i in range(microbatches)]
     return [m[0] for m in mbs] if isinstance(batch, torch.Tensor) else mbs

@@ -13,21 +13,21 @@ Steps:
 3. **Group** the compute nodes into units (`hetpipe.partitioner.capture.units`): placeholders
    join the first unit, each ``get_attr`` the first unit that reads it, the output the
    last, so every fx node belongs to exactly one unit's ``node_names``.
-4. **Measure training costs per unit** (`measure_training`): saved activations and
-   backward FLOPs by running autograd on meta, attention replayed as a fused kernel.
+4. **Measure training costs per unit** (`measure_training`): held activations and backward
+   FLOPs by running autograd on meta, attention replayed as a fused kernel.
 5. **Parameters**: counted by object identity, so a tied parameter (GPT-2's ``wte`` and
    ``lm_head``) counts once, in the first unit that uses it, and is reported as a
    `TiedParameter` with every name it has and every unit that uses it.
 6. **Boundaries**: the bytes crossing the cut after unit i are all tensors produced at or
-   before i and read after i (skip connections included; `units.cut_bytes`), exactly
-   what `hetpipe.runtime.stage.build.split_stages` sends between stages.
+   before i and read after i (skip connections included; `units.cut_bytes`), exactly what
+   `hetpipe.runtime.stage.build.split_stages` sends; ``boundary_held_bytes``: their share also
+   held for backward, ``boundary_grad_bytes``: the share sent back as gradients (`storages`).
 
-Approximations (also see `hetpipe.partitioner.capture.measure`): a storage saved by two units
-counts in both; attention is costed as the fused kernel (grouped-query attention with k, v
-expanded); parameters the forward never reads are left out (with a warning); frozen
-parameters (``requires_grad=False``) cost their weight bytes only; buffers are not model state.
-The returned ``module`` is all meta, buffers included; each stage gets its buffers' values from the
-weights or the model's own initialisation (`hetpipe.runtime.stage.buffers.ModelBuffers`).
+Approximations (also see `hetpipe.partitioner.capture.measure`): attention is costed as the fused
+kernel (grouped-query attention with k, v expanded); parameters the forward never reads are left
+out (with a warning); frozen parameters (``requires_grad=False``) cost their weight bytes only;
+buffers are not model state.  The returned ``module`` is all meta, buffers included; each stage
+gets its buffers from the weights or the model's own init (`hetpipe.runtime.stage.buffers`).
 
 The fingerprint is a sha256 over every node's op, target, arguments and output shapes
 and dtypes (no object addresses, no devices), so it is equal across processes and runs
@@ -59,7 +59,7 @@ import logging
 import os
 import re
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import networkx as nx
@@ -68,14 +68,11 @@ import torch.fx as fx
 from torch import nn
 
 from hetpipe.cost_models.memory import (
-    check_optimizer,
-    check_precision,
-    state_bytes_per_param,
-    weight_bytes_per_param,
-)
+    check_optimizer, check_precision, grad_bytes_per_param, state_bytes_per_param, weight_bytes_per_param)
 from hetpipe.errors import CaptureError, ConfigError
 from hetpipe.partitioner.capture.export import export_for_training
 from hetpipe.partitioner.capture.graph import TiedParameter, Unit, UnitGraph
+from hetpipe.partitioner.capture.storages import unit_buffer_bytes
 from hetpipe.partitioner.capture.measure import (
     CALL_OPS,
     NodeCost,
@@ -408,8 +405,11 @@ def _build_units(gm: fx.GraphModule, groups: Sequence[Group], unit_of: dict[str,
     members: list[list[str]] = [[] for _ in range(n)]
     for node in gm.graph.nodes:
         members[unit_of[node.name]].append(node.name)
-    boundary = cut_bytes(n, _crossing_values(gm.graph, unit_of, costs, n))
+    boundary = cut_bytes(n, _crossing_values(gm.graph, unit_of, {k: c.out_bytes for k, c in costs.items()}, n))
+    held_cut, grad_cut = (cut_bytes(n, _crossing_values(gm.graph, unit_of, b, n))
+                          for b in (train.held_output_bytes, train.grad_output_bytes))
     per_param, weight_b = state_bytes_per_param(optimizer, precision), weight_bytes_per_param(precision)
+    buffers, grad_b = unit_buffer_bytes(gm, unit_of, n), grad_bytes_per_param(precision)
     units = []
     for k, g in enumerate(groups):
         body = members[k]  # placeholders, get_attrs and the output cost 0
@@ -417,24 +417,24 @@ def _build_units(gm: fx.GraphModule, groups: Sequence[Group], unit_of: dict[str,
         units.append(Unit(
             index=k, name=g.name, node_names=tuple(members[k]),
             fwd_flops=sum(costs[b].flops for b in body), bwd_flops=train.bwd_flops[k], param_count=count,
-            param_bytes=count * weight_b, state_bytes=int(round(trainable[k] * per_param)) + frozen[k] * weight_b,
-            activation_bytes=train.activation_bytes[k], boundary_bytes=boundary[k],
-            memory_traffic_bytes=sum(costs[b].traffic_bytes for b in body),
+            param_bytes=count * weight_b, grad_bytes=trainable[k] * grad_b,
+            state_bytes=int(round(trainable[k] * per_param)) + frozen[k] * weight_b + buffers[k],
+            activation_bytes=train.activation_bytes[k], boundary_bytes=boundary[k], boundary_held_bytes=held_cut[k],
+            boundary_grad_bytes=grad_cut[k], memory_traffic_bytes=sum(costs[b].traffic_bytes for b in body),
             op_count=sum(costs[b].kernels for b in body)))
     return tuple(units), _ties(gm, uses), sum(trainable) + sum(frozen)
 
 
-def _crossing_values(graph: fx.Graph, unit_of: dict[str, int], costs: dict[str, NodeCost],
+def _crossing_values(graph: fx.Graph, unit_of: dict[str, int], node_bytes: Mapping[str, int],
                      num_units: int) -> list[tuple[int, int, int]]:
-    """(producer unit, last consumer unit, bytes) of every sent value; get_attrs are never sent."""
+    """(producer unit, last consumer unit, node_bytes) of every sent value; get_attrs are never sent."""
     values = []
     for node in graph.nodes:
         if node.op in ("get_attr", "output") or not node.users:
             continue
         last = max(num_units - 1 if u.op == "output" else unit_of[u.name] for u in node.users)
-        values.append((unit_of[node.name], last, costs[node.name].out_bytes))
+        values.append((unit_of[node.name], last, node_bytes.get(node.name, 0)))
     return values
-
 
 # ----------------------------------------------------------------------------- graph and fingerprint
 

@@ -38,11 +38,20 @@ class Unit:
         param_bytes: bytes of those parameters in the training precision's
             stored dtype.
         state_bytes: params + grads + optimizer state bytes for the chosen
-            optimizer and precision (see `cost_models.memory`).
-        activation_bytes: bytes autograd saves for backward during one
-            micro-batch forward of this unit (unique storages).
+            optimizer and precision (see `cost_models.memory`), plus the module
+            buffers the unit reads first (BatchNorm statistics: the stage keeps them).
+        grad_bytes: the parameter gradients within ``state_bytes`` (a step holds
+            them from its first backward on).
+        activation_bytes: bytes one micro-batch keeps for backward that this unit
+            produces: the storages autograd saves (in this unit or any later one, the
+            loss included) and the model inputs, each storage once, in its producer.
         boundary_bytes: bytes of all tensors produced at or before this unit
             and consumed after it (the cut after this unit); 0 for the last unit.
+        boundary_held_bytes: the part of ``boundary_bytes`` whose storage the stage
+            ending here also holds for backward (saved, or a model input); a stage
+            holds such a storage once, not as an activation and again as its output.
+        boundary_grad_bytes: the part of ``boundary_bytes`` that requires grad: the
+            gradient message sent back over the cut.
         memory_traffic_bytes: forward bytes read+written by memory-bound ops
             (elementwise, norms, softmax); used by the time model.
         op_count: number of compute nodes (kernel launches) in the forward.
@@ -60,6 +69,9 @@ class Unit:
     boundary_bytes: int
     memory_traffic_bytes: int = 0
     op_count: int = 0
+    boundary_held_bytes: int = 0
+    grad_bytes: int = 0
+    boundary_grad_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,11 @@ Two passes over a ``torch.fx.GraphModule`` whose parameters live on the meta dev
   detached copy, made outside the meters and counters).  Each unit's autograd graph is
   then separate, so per unit it measures
 
-  - *saved activations*: the unique storages autograd saves while the unit's nodes run
-    (`SavedTensorMeter`, one per unit; parameters and buffers excluded).  A storage
-    saved by two units counts in both (each stage holding one of them keeps it);
+  - *held activations*: the storages one micro-batch keeps for its backward -- what
+    autograd saves while the nodes run, and the model's inputs -- each counted once, in
+    the unit that produced it, with every leaf copy mapped back to the storage it stands
+    for (`hetpipe.partitioner.capture.storages.StorageTracker`; parameters and buffers
+    excluded), and per node the held bytes of its outputs (the held share of a cut);
   - *backward FLOPs*: ``torch.autograd.backward`` from the unit's outputs (every tensor
     it passes to a later unit or to the model output) with an arbitrary meta gradient,
     run under `CostCounter`.  This measures what autograd really runs: input gradients
@@ -43,7 +45,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -54,6 +56,7 @@ from hetpipe.cost_models.activations import SDPA_TARGETS, SavedTensorMeter, fuse
 from hetpipe.cost_models.flops import CostCounter
 from hetpipe.cost_models.memory import tensor_bytes
 from hetpipe.errors import CaptureError
+from hetpipe.partitioner.capture.storages import StorageTracker
 
 CALL_OPS = ("call_function", "call_method", "call_module")
 
@@ -176,10 +179,21 @@ def measure_forward(gm: fx.GraphModule, inputs: Sequence[Any], *, precision: str
 
 @dataclass(frozen=True)
 class TrainingCosts:
-    """Per-unit results of `measure_training`."""
+    """Per-unit results of `measure_training`.
+
+    ``activation_bytes[u]``: bytes of the held storages unit u produces (module docstring);
+    ``held_output_bytes[node]``: bytes of the node's outputs whose storage is held;
+    ``grad_output_bytes[node]``: bytes of the node's outputs that require grad.
+    """
 
     activation_bytes: tuple[int, ...]
     bwd_flops: tuple[int, ...]
+    held_output_bytes: Mapping[str, int] = field(default_factory=dict)
+    grad_output_bytes: Mapping[str, int] = field(default_factory=dict)
+
+
+def _identity(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 def _leaf(value: Any) -> Any:
@@ -198,7 +212,9 @@ class _TrainingPass(_MetaInterpreter):
         keys = {storage_key(t) for t in [*gm.parameters(), *gm.buffers()]}
         keys |= {storage_key(t) for n in gm.graph.nodes if n.op == "get_attr"
                  for t in [self.fetch_attr(n.target)] if isinstance(t, torch.Tensor)}
-        self.meters = [SavedTensorMeter(keys, precision) for _ in range(num_units)]
+        self.tracker = StorageTracker(keys, precision)
+        self._unit = 0  # the unit whose node runs now: autograd's saves are charged to it
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _identity)
         self.leaves: dict[str, Any] = {}
         self.outputs: list[list[torch.Tensor]] = [[] for _ in range(num_units)]
 
@@ -208,16 +224,29 @@ class _TrainingPass(_MetaInterpreter):
             return value
         if p.name not in self.leaves:
             self.leaves[p.name] = _leaf(value)
+            self.tracker.alias(self.leaves[p.name], value)
         return self.leaves[p.name]
 
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        self.tracker.hold(self._unit, t)
+        return t
+
     def run_node(self, n: fx.Node) -> Any:
+        if n.op == "placeholder":  # the first stage keeps the micro-batch's inputs until its backward
+            out = super().run_node(n)
+            self.tracker.produced(self.unit_of[n.name], n.name, out)
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    self.tracker.hold(self.unit_of[n.name], t)
+            return out
         if n.op not in CALL_OPS:
             return super().run_node(n)
-        unit = self.unit_of[n.name]
+        unit = self._unit = self.unit_of[n.name]
         args = fx.node.map_arg(n.args, lambda p: self._load(p, unit))
         kwargs = fx.node.map_arg(n.kwargs, lambda p: self._load(p, unit))
-        with self.meters[unit]:
+        with self._hooks:
             out = self._run_checked(n, args, kwargs)
+        self.tracker.produced(unit, n.name, out)
         # the unit's outputs: what a later unit or the model output reads
         if any(u.op == "output" or self.unit_of[u.name] != unit for u in n.users):
             self.outputs[unit].extend(t for t in tree_leaves(out)
@@ -244,7 +273,10 @@ def measure_training(gm: fx.GraphModule, inputs: Sequence[Any], *, unit_of: Mapp
                 bwd.append(counter.snapshot().flops - before)
     for p in gm.parameters():
         p.grad = None
-    return TrainingCosts(activation_bytes=tuple(m.total_bytes for m in run.meters), bwd_flops=tuple(bwd))
+    held = {n.name: run.tracker.node_held_bytes(n.name) for n in gm.graph.nodes}
+    grad = {n.name: run.tracker.node_grad_bytes(n.name) for n in gm.graph.nodes}
+    return TrainingCosts(activation_bytes=run.tracker.held_bytes(num_units), bwd_flops=tuple(bwd),
+                         held_output_bytes=held, grad_output_bytes=grad)
 
 
 @dataclass(frozen=True)

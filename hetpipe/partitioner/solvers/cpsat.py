@@ -44,9 +44,9 @@ from typing import Sequence
 
 from ortools.sat.python import cp_model
 
-from hetpipe.cost_models.stage_memory import RECV_PREFETCH
 from hetpipe.partitioner.solvers.dp import DeviceClass, device_classes
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.schedule.held import position_held_terms
 
 log = logging.getLogger(__name__)
 
@@ -165,27 +165,30 @@ class _Model:
         self.comm_top = top
 
     def _memory(self) -> None:
-        md, prob = self.model, self.problem
-        bd = prob.boundary_bytes
-        # bytes of the cut after position j (between j and j-1): sum_u last[u][j] * boundary[u]
-        cut_bytes = [sum(bd[u] * self.last[u][j] for u in range(self.L - 1)) for j in range(self.P)]
-        top = max(bd, default=0)
+        md, prob, L = self.model, self.problem, self.L
+        bd, grad = prob.boundary_bytes, prob.grad_bytes or (0,) * L
+        held_out = prob.boundary_held_bytes or (0,) * L
+        # bytes of the cut after position j (between j and j-1): sum_u last[u][j] * boundary[u], and of
+        # its gradient message
+        cut_bytes = [sum(bd[u] * self.last[u][j] for u in range(L - 1)) for j in range(self.P)]
+        gd = prob.boundary_grad_bytes or bd
+        cut_grad = [sum(gd[u] * self.last[u][j] for u in range(L - 1)) for j in range(self.P)]
         for j in range(self.P):
-            inflight = min(j + 1, self.m)
             cut_out, cut_in = cut_bytes[j], (cut_bytes[j + 1] if j + 1 < self.P else 0)
-            held = sum((prob.state_bytes[u] + inflight * prob.activation_bytes[u]) * self.in_[u][j]
-                       for u in range(self.L))
-            # M_s of `pipeline_stage_bytes`: in-flight inputs and outputs, receive buffers sized by the
-            # larger cut (widest >= both is exact under <=), and the first stage's warm-up sends.
-            widest = md.new_int_var(0, top, f"widest_cut_j{j}")
-            md.add(widest >= cut_out)
-            md.add(widest >= cut_in)
-            warmup = md.new_int_var(0, top, f"first_out_j{j}")
-            md.add(warmup >= cut_out).only_enforce_if(self.in_[0][j])  # unit 0 here: the first stage
-            buffers = inflight * (cut_in + cut_out) + (RECV_PREFETCH + 1) * widest + (inflight - 1) * warmup
-            buffers += self._tied_copies(j)
-            # M_j <= usable bytes of the class on position j.
-            md.add(held + buffers <= sum(cl.usable_bytes * self.on[j][c] for c, cl in enumerate(self.classes)))
+            grad_out, grad_in = cut_grad[j], (cut_grad[j + 1] if j + 1 < self.P else 0)
+            state = sum((prob.state_bytes[u] - grad[u]) * self.in_[u][j] for u in range(L)) + self._tied_copies(j)
+            grads = sum(grad[u] * self.in_[u][j] for u in range(L))
+            # A_s: held storages once, less the output cut's held share (`problem.stage_activation_bytes`)
+            act = sum(prob.activation_bytes[u] * self.in_[u][j] for u in range(L))
+            act -= sum(held_out[u] * self.last[u][j] for u in range(L - 1))
+            cap = sum(cl.usable_bytes * self.on[j][c] for c, cl in enumerate(self.classes))
+            # M_j <= usable bytes of its class at every moment t of its action list (`pipeline_stage_bytes`);
+            # the first stage (unit 0 here) has its own list.
+            for first, when in ((True, self.in_[0][j]), (False, self.in_[0][j].Not())):
+                for t in position_held_terms(j, first=first, microbatches=self.m):
+                    md.add(state + t.grads * grads + t.microbatches * (act + cut_in + cut_out) + t.in_frames * cut_in
+                           + t.in_grad_frames * grad_in + t.out_frames * cut_out + t.out_grad_frames * grad_out
+                           <= cap).only_enforce_if(when)
 
     def _tied_copies(self, j: int) -> cp_model.LinearExpr | int:
         """Bytes of tied-parameter replicas on position j: copy >= (holds a user) - (holds the owner)."""

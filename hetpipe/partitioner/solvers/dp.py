@@ -48,8 +48,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from hetpipe.cost_models.stage_memory import RECV_PREFETCH
+from hetpipe.cost_models.stage_memory import HeldCounts
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.schedule.held import position_held_terms
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +161,12 @@ def _tied_band(problem: Problem, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return extra
 
 
+def _held_out(problem: Problem) -> np.ndarray:
+    """boundary_held_bytes per unit (zeros when the problem has none)."""
+    held = problem.boundary_held_bytes or (0,) * problem.num_units
+    return np.asarray(held, dtype=np.float64)
+
+
 class StageTables:
     """Per-class stage costs in *band* form, shared by every cap (seconds, bytes).
 
@@ -180,10 +187,15 @@ class StageTables:
         act = np.concatenate(([0.0], np.cumsum(np.asarray(problem.activation_bytes, dtype=np.float64))))
         bd = np.asarray(problem.boundary_bytes, dtype=np.float64)
         self.state = st[hi_c] - st[lo] + _tied_band(problem, lo, hi_c)
-        self.act = act[hi_c] - act[lo]
+        gr = np.concatenate(([0.0], np.cumsum(np.asarray(problem.grad_bytes or (0,) * L, dtype=np.float64))))
+        self.grads = gr[hi_c] - gr[lo]
+        self.act = act[hi_c] - act[lo] - _held_out(problem)[hi_c - 1]  # A_s (`problem.stage_activation_bytes`)
         # in/out cut bytes of a stage on [lo, hi): the cut before (none for the first) and after
         self.before = np.broadcast_to(np.where(lo > 0, bd[np.maximum(lo - 1, 0)], 0.0), self.valid.shape)
         self.after = bd[np.clip(hi_c - 1, 0, L - 1)]  # counted only if a stage follows
+        gd = np.asarray(problem.boundary_grad_bytes or problem.boundary_bytes, dtype=np.float64)  # gradient messages
+        self.before_grad = np.broadcast_to(np.where(lo > 0, gd[np.maximum(lo - 1, 0)], 0.0), self.valid.shape)
+        self.after_grad = gd[np.clip(hi_c - 1, 0, L - 1)]
         self.first = np.broadcast_to(lo == 0, self.valid.shape)
         self.is_last = hi == L
         # compute per class: F + B of the stage's units on kind(c)
@@ -214,16 +226,25 @@ class StageTables:
 
     def band(self, c: int, after_stages: int, cap: float, width: int) -> np.ndarray:
         """Cost of a stage of class c on [lo, lo+w+1) with `after_stages` stages after it (inf = not allowed)."""
-        inflight = min(after_stages + 1, self.m)
         sl = np.s_[:, :width]
-        cut_in, cut_out = self.before[sl], (self.after[sl] if after_stages else 0.0)
-        # M_s of `pipeline_stage_bytes`, vectorised over the band
-        mem = (self.state[sl] + inflight * (self.act[sl] + cut_in + cut_out)
-               + (RECV_PREFETCH + 1) * np.maximum(cut_in, cut_out) + np.where(self.first[sl], inflight - 1, 0) * cut_out)
+        cuts = (self.before[sl], self.before_grad[sl], self.after[sl] if after_stages else 0.0,
+                self.after_grad[sl] if after_stages else 0.0)
+        # M_s of `pipeline_stage_bytes`, vectorised over the band: the first stage's moments or the others'
+        peaks = [self._peak(position_held_terms(after_stages, first=f, microbatches=self.m), sl, cuts)
+                 for f in (True, False)]
+        mem = self.state[sl] - self.grads[sl] + np.where(self.first[sl], peaks[0], peaks[1])
         cost = self.compute[c][sl]
         ok = (cost <= cap) & (mem <= self.classes[c].usable_bytes)
         ok &= self.is_last[sl] if not after_stages else ~self.is_last[sl]  # only the last stage ends at unit L
         return np.where(ok, cost, np.inf)
+
+    def _peak(self, held: Sequence[HeldCounts], sl: tuple, cuts: tuple) -> np.ndarray:
+        """max_t (g_t G + k_t (A + in + out) + i_t in + i'_t in' + o_t out + o'_t out') over the band."""
+        cut_in, grad_in, cut_out, grad_out = cuts
+        per_mb = self.act[sl] + cut_in + cut_out
+        return np.max([c.grads * self.grads[sl] + c.microbatches * per_mb + c.in_frames * cut_in
+                       + c.in_grad_frames * grad_in + c.out_frames * cut_out + c.out_grad_frames * grad_out
+                       for c in held], axis=0)
 
     def gather(self, h: np.ndarray, width: int) -> np.ndarray:
         """h[lo + w + 1] as an (L+1, width) array (h indexed by the next stage's first unit)."""

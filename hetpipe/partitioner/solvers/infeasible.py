@@ -26,7 +26,7 @@ from hetpipe.cost_models.quantities import human_bytes
 from hetpipe.errors import InfeasibleError
 from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, solve_exact
 from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
-from hetpipe.partitioner.problem import Problem, Stage, evaluate, stage_memory_bytes
+from hetpipe.partitioner.problem import Problem, Stage, evaluate, stage_activation_bytes, stage_memory_bytes
 
 #: Bisection steps on the memory factor: 2^-30 relative precision, plenty for a message.
 BISECTION_STEPS = 30
@@ -138,7 +138,7 @@ def explain_infeasible(problem: Problem) -> InfeasibleError:
     units = range(st.first_unit, st.last_unit + 1)
     state = sum(problem.state_bytes[u] for u in units)
     inflight = min(len(stages) - s, problem.microbatches)
-    act = inflight * sum(problem.activation_bytes[u] for u in units)
+    act = inflight * stage_activation_bytes(problem, st)
     buffers = stage_memory_bytes(problem, stages, s) - state - act
     missing = cost.memory_bytes - cost.usable_bytes
     tips = []

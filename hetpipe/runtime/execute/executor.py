@@ -376,7 +376,8 @@ class PipelineExecutor:
             st.outputs[mb] = outs
         st.inputs[mb] = args
         if track:
-            self._saved_bytes[mb] = self._memory.add(mb, [*saved, *args, *outs])
+            received = () if self.stage.is_first else args  # views of one received frame
+            self._saved_bytes[mb] = self._memory.add(mb, [*saved, *args, *outs], received=received)
         else:  # same shapes as when it was measured (checked against the cut specs): same bytes
             self._memory.add_known(mb, self._saved_bytes[mb])
 

@@ -52,18 +52,25 @@ class HeldBytes:
     peaks: dict[str, int] = field(default_factory=lambda: {"activations": 0, "comm": 0, "total": 0})
     _owner: dict[int, int] = field(default_factory=dict, repr=False)  # storage ptr -> micro-batch holding it
 
-    def add(self, mb: int, tensors: Sequence[torch.Tensor]) -> int:
+    def add(self, mb: int, tensors: Sequence[torch.Tensor], *, received: Sequence[torch.Tensor] = ()) -> int:
         """Count the storages of ``tensors`` as micro-batch ``mb``'s activations (each storage once).
 
-        Returns the bytes this call added.
+        ``received``: tensors viewed in a received message frame; that storage counts as its
+        tensors' bytes, like the message buffers (`set_comm`): the frame's header and padding
+        are the wire format's, not the model's.  Returns the bytes this call added.
         """
         held, added = self.saved.setdefault(mb, {}), 0
-        for t in tensors:
+        frames: dict[int, int] = {}
+        for t in received:
+            key = storage_key(t)
+            if key:
+                frames[key[0]] = frames.get(key[0], 0) + t.numel() * t.element_size()
+        for t in [*received, *tensors]:
             key = storage_key(t) if isinstance(t, torch.Tensor) else None
             if key and key[0] not in self.static_ptrs and key[0] not in self._owner:
-                held[key[0]] = key[1]
+                held[key[0]] = frames.get(key[0], key[1])
                 self._owner[key[0]] = mb
-                added += key[1]
+                added += held[key[0]]
         self.totals["activations"] += added
         return added
 
@@ -109,6 +116,10 @@ def grad_bytes(params: Sequence[torch.nn.Parameter]) -> int:
 
 
 def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of the optimizer's state tensors (Adam's moments appear after its first step)."""
-    return sum(v.numel() * v.element_size() for state in optimizer.state.values() for v in state.values()
-               if isinstance(v, torch.Tensor))
+    """Bytes of the optimizer's state tensors (Adam's moments appear after its first step).
+
+    Adam's per-parameter ``step`` counter is left out: torch keeps it on the CPU unless the
+    optimizer is capturable or fused, so it takes no device memory.
+    """
+    return sum(v.numel() * v.element_size() for state in optimizer.state.values() for k, v in state.items()
+               if isinstance(v, torch.Tensor) and not (k == "step" and v.dim() == 0))

@@ -1,0 +1,105 @@
+"""What a pipeline rank holds after each of its actions, in multiples of its stage's sizes (torch-free).
+
+The runtime's memory ledger (`hetpipe.runtime.execute.held.HeldBytes`) looks after every
+action; what it sees besides the model state is a sum of a few per-stage sizes:
+
+* every in-flight micro-batch (forward done, backward not yet) holds what its backward
+  needs: the saved activations ``A``, its input frame ``in`` and its output ``out``;
+* a receive posted ahead holds a buffer of its cut (``in`` for activations, ``out`` for
+  gradients), a received gradient is held until its backward, and a send holds a copy of
+  its frame until the rank waits for it (at its next receive, and at the optimizer step).
+
+`replay_held` walks one rank's action list the way `PipelineExecutor` does -- receives
+posted ``prefetch`` ahead of their action (gloo's rule: regardless of sends to the same
+peer, which posts at least as many as NCCL's), a receive first waits for the rank's
+earlier sends -- and returns, per action, the multiples `HeldCounts`.  `stage_held_terms`
+keeps the ones no other one dominates: a stage's activation-and-message peak is the
+largest of their sums, which is how `hetpipe.cost_models.stage_memory` prices M_s.  The
+gradient messages of a cut carry only its tensors that require grad
+(`hetpipe.partitioner.capture.graph.Unit.boundary_grad_bytes`), so they are counted apart.
+
+Example (1F1B, 3 stages, 4 micro-batches): the first stage holds 3 micro-batches either
+after its warm-up (3 sends not yet waited for and 3 gradient receives posted ahead, no
+parameter gradients yet) or after its 4th forward (gradients, 1 send, 3 receives):
+    >>> for c in stage_held_terms(3, 0, 4):
+    ...     print(c)
+    HeldCounts(grads=1, microbatches=3, in_frames=0, in_grad_frames=0, out_frames=1, out_grad_frames=3)
+    HeldCounts(grads=0, microbatches=3, in_frames=0, in_grad_frames=0, out_frames=3, out_grad_frames=3)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence
+
+from hetpipe.cost_models.stage_memory import RECV_PREFETCH, HeldCounts
+from hetpipe.schedule.actions import Action, Op
+from hetpipe.schedule.builders import make_schedule
+
+_RECVS = (Op.RECV_F, Op.RECV_B)
+
+
+#: The message of each communication action: which cut, activations or gradients.
+_FRAME = {Op.RECV_F: "in", Op.SEND_B: "in_grad", Op.SEND_F: "out", Op.RECV_B: "out_grad"}
+
+
+def replay_held(actions: Sequence[Action], *, prefetch: int) -> list[HeldCounts]:
+    """`HeldCounts` after each action of one rank's list (see the module docstring)."""
+    posted: dict[Action, str] = {}
+    sends: list[str] = []
+    grads_in: set[int] = set()
+    inflight, grads, out = 0, 0, []
+    recv_at = [i for i, a in enumerate(actions) if a.op in _RECVS]
+    for i, a in enumerate(actions):
+        for j in [r for r in recv_at if r >= i][:prefetch]:  # `PipelineExecutor._prefetch_plan` on gloo
+            posted.setdefault(actions[j], _FRAME[actions[j].op])
+        if a.op in _RECVS:
+            sends.clear()  # a receive first waits for the rank's earlier sends
+            posted.pop(a, None)
+            if a.op is Op.RECV_B:
+                grads_in.add(a.microbatch)
+        elif a.op is Op.F:
+            inflight += 1
+        elif a.op is Op.B:
+            inflight, grads = inflight - 1, 1
+            grads_in.discard(a.microbatch)
+        elif a.op in (Op.SEND_F, Op.SEND_B):
+            sends.append(_FRAME[a.op])
+        elif a.op is Op.STEP:
+            sends.clear()
+        frames = [*posted.values(), *sends]
+        out.append(HeldCounts(grads, inflight, frames.count("in"), frames.count("in_grad"), frames.count("out"),
+                              frames.count("out_grad") + len(grads_in)))
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def stage_held_terms(num_stages: int, stage: int, microbatches: int, *, schedule: str = "1f1b",
+                     prefetch: int = RECV_PREFETCH) -> tuple[HeldCounts, ...]:
+    """The undominated `HeldCounts` of stage ``stage`` over one step, largest first.
+
+    The first stage has no input cut and the last no output cut: their frames are dropped.
+    """
+    counts = replay_held(make_schedule(schedule, num_stages, microbatches)[stage], prefetch=prefetch)
+    if stage == 0:
+        counts = [dataclasses.replace(c, in_frames=0, in_grad_frames=0) for c in counts]
+    if stage == num_stages - 1:
+        counts = [dataclasses.replace(c, out_frames=0, out_grad_frames=0) for c in counts]
+    unique = sorted(set(counts), reverse=True)
+    return tuple(c for c in unique if not any(c != o and c.dominated_by(o) for o in unique))
+
+
+def position_held_terms(stages_after: int, *, first: bool, microbatches: int) -> tuple[HeldCounts, ...]:
+    """`stage_held_terms` of a stage with ``stages_after`` stages after it, the first or not.
+
+    A 1F1B or GPipe rank's list depends only on those (tests/test_memory_truth.py checks it),
+    which is all the solvers know about a stage's position.
+
+    Example:
+        >>> position_held_terms(2, first=False, microbatches=4) == stage_held_terms(5, 2, 4)
+        True
+    """
+    if first:
+        return stage_held_terms(stages_after + 1, 0, microbatches)
+    return stage_held_terms(stages_after + 2, 1, microbatches)
