@@ -48,6 +48,7 @@ class Family:
 _HF_LM = "hetpipe.models.hf:lm_loss"
 FAMILIES: tuple[Family, ...] = (
     Family("HF Llama (LlamaForCausalLM)", "hf-llama-tiny", _HF_LM, True),
+    Family("HF Qwen2 (Qwen2ForCausalLM, tied head)", "hf-qwen2-tiny", _HF_LM, True),
     Family("HF BERT masked LM (BertForMaskedLM)", "hf-bert-mlm-tiny", _HF_LM, True),
     Family("HF BERT base model (BertModel)", "hf-bert-tiny", "hetpipe.models.hf:hidden_loss", True),
     Family("HF GPT-2 (GPT2LMHeadModel)", "hf-gpt2-tiny", _HF_LM, True),
@@ -176,6 +177,11 @@ class ZooResult:
     @property
     def losses(self) -> tuple[float, ...]:
         return tuple(self.report.losses) if self.report else ()
+
+    @property
+    def memory_ratios(self) -> tuple[float, ...]:
+        """Per stage: measured peak held bytes (the run report's ledger) / the plan's M_s."""
+        return tuple(s.peak_bytes / s.predicted_memory_bytes for s in self.report.stages) if self.report else ()
 
     @property
     def max_loss_diff(self) -> float:

@@ -44,6 +44,9 @@ def _unit_mismatch(plan: Plan, graph: Any, *, loss_costed: bool) -> str | None:
             if not loss_costed and rec.index == last and name in LOSS_FIELDS:
                 if recorded < derived:  # the loss only adds; the fresh capture here did not cost it
                     return f"unit {rec.index} ({rec.name}): {name} is {recorded}, below the model's {derived}"
+            elif not loss_costed and name == "state_bytes":
+                if recorded > derived:  # parameters the loss's gradient never reaches cost less (capture.liveness)
+                    return f"unit {rec.index} ({rec.name}): {name} is {recorded}, above the model's {derived}"
             elif recorded != derived:
                 return f"unit {rec.index} ({rec.name}): {name} is {recorded}, the model's is {derived}"
     return None
@@ -86,7 +89,8 @@ def verify_tables(plan: Plan, graph: Any, *, cluster: Any = None, loss_costed: b
 
     `loss_costed`: whether `graph` was captured with the training loss, as `hetpipe plan`
     does for built-in models; when not, the last unit's recorded FLOPs and activations may
-    only exceed the fresh capture's (the loss adds to them), never fall below.
+    only exceed the fresh capture's (the loss adds to them), never fall below, and a unit's
+    state only fall below it (parameters the loss never reaches keep no gradient).
     """
     if plan.model.param_count != graph.param_count:
         raise PlanError(f"model.param_count is {plan.model.param_count}, the model has {graph.param_count}; {_FIX}")

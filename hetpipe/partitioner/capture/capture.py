@@ -25,8 +25,9 @@ Steps:
 
 Approximations (also see `hetpipe.partitioner.capture.measure`): attention is costed as the fused
 kernel (grouped-query attention with k, v expanded); parameters the forward never reads are left
-out (with a warning); frozen parameters (``requires_grad=False``) cost their weight bytes only;
-buffers are not model state.  The returned ``module`` is all meta, buffers included; each stage
+out (with a warning); frozen parameters (``requires_grad=False``) cost their weight bytes only, and
+so do parameters the loss's gradient never reaches (`liveness`); buffers count in the state of the
+first unit that reads them.  The returned ``module`` is all meta, buffers included; each stage
 gets its buffers from the weights or the model's own init (`hetpipe.runtime.stage.buffers`).
 
 The fingerprint is a sha256 over every node's op, target, arguments and output shapes
@@ -73,15 +74,9 @@ from hetpipe.errors import CaptureError, ConfigError
 from hetpipe.partitioner.capture.export import export_for_training
 from hetpipe.partitioner.capture.graph import TiedParameter, Unit, UnitGraph
 from hetpipe.partitioner.capture.storages import unit_buffer_bytes
+from hetpipe.partitioner.capture.liveness import dead_parameters, with_loss
 from hetpipe.partitioner.capture.measure import (
-    CALL_OPS,
-    NodeCost,
-    TrainingCosts,
-    measure_forward,
-    measure_loss,
-    measure_training,
-    module_path_of,
-)
+    CALL_OPS, LossCosts, NodeCost, TrainingCosts, measure_forward, measure_loss, measure_training, module_path_of)
 from hetpipe.partitioner.capture.units import (
     Group,
     NodeInfo,
@@ -138,11 +133,12 @@ def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None, g
     known = [qual for qual, _ in model.named_modules() if qual]
     groups = _groups(model, body, granularity=granularity, split_points=split_points, known=known)
     unit_of = _assign_units(gm.graph, body_nodes, groups)
-    train = measure_training(gm, meta_inputs, unit_of=unit_of, num_units=len(groups), precision=precision)
+    loss = _measure_loss(gm, meta_inputs, loss_fn, targets, precision=precision) if loss_fn is not None else None
+    train = measure_training(gm, meta_inputs, unit_of=unit_of, num_units=len(groups), precision=precision,
+                             saved_outputs=loss.saved_outputs if loss else ())
     units, tied, total = _build_units(gm, groups, unit_of, costs=costs, train=train, optimizer=optimizer,
-                                       precision=precision)
-    if loss_fn is not None:
-        units = _with_loss(units, gm, meta_inputs, loss_fn, targets, precision=precision)
+                                       precision=precision, dead=dead_parameters(gm, loss.live) if loss else set())
+    units = with_loss(units, loss) if loss else units
     graph = UnitGraph(
         model_name=name or type(model).__name__, fingerprint=fingerprint(gm, costs), units=units,
         param_count=total, micro_batch_size=_micro_batch(inputs), optimizer=optimizer, precision=precision,
@@ -152,16 +148,11 @@ def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None, g
     return graph
 
 
-def _with_loss(units: tuple[Unit, ...], gm: fx.GraphModule, inputs: Sequence[torch.Tensor], loss_fn: Any,
-               targets: Any, *, precision: str) -> tuple[Unit, ...]:
-    """`units` with the loss's saved bytes and FLOPs added to the last one."""
+def _measure_loss(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], loss_fn: Any, targets: Any, *,
+                  precision: str) -> LossCosts:
     with torch.no_grad():
         output = gm(*inputs)
-    loss = measure_loss(output, targets, loss_fn, precision=precision)
-    last = units[-1]
-    return (*units[:-1], dataclasses.replace(
-        last, activation_bytes=last.activation_bytes + loss.activation_bytes,
-        fwd_flops=last.fwd_flops + loss.fwd_flops, bwd_flops=last.bwd_flops + loss.bwd_flops))
+    return measure_loss(output, targets, loss_fn, precision=precision)
 
 
 # ----------------------------------------------------------------------------- options and inputs
@@ -394,14 +385,14 @@ def _ties(gm: fx.GraphModule, uses: dict[int, tuple[nn.Parameter, set[int]]]) ->
 
 
 def _build_units(gm: fx.GraphModule, groups: Sequence[Group], unit_of: dict[str, int], *,
-                 costs: dict[str, NodeCost], train: TrainingCosts, optimizer: str,
-                 precision: str) -> tuple[tuple[Unit, ...], tuple[TiedParameter, ...], int]:
-    """(units, tied parameters, total parameters counted once)."""
+                 costs: dict[str, NodeCost], train: TrainingCosts, optimizer: str, precision: str,
+                 dead: set[int]) -> tuple[tuple[Unit, ...], tuple[TiedParameter, ...], int]:
+    """(units, tied parameters, total parameters counted once); ``dead`` parameters cost like frozen ones."""
     n = len(groups)
     uses = _param_units(gm, unit_of)
     trainable, frozen = [0] * n, [0] * n
     for p, units in uses.values():
-        (trainable if p.requires_grad else frozen)[min(units)] += p.numel()
+        (trainable if p.requires_grad and id(p) not in dead else frozen)[min(units)] += p.numel()
     members: list[list[str]] = [[] for _ in range(n)]
     for node in gm.graph.nodes:
         members[unit_of[node.name]].append(node.name)

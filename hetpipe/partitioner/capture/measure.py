@@ -52,7 +52,7 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_leaves, tree_map
 
-from hetpipe.cost_models.activations import SDPA_TARGETS, SavedTensorMeter, fused_sdpa, storage_key
+from hetpipe.cost_models.activations import SDPA_TARGETS, fused_sdpa, storage_bytes, storage_key
 from hetpipe.cost_models.flops import CostCounter
 from hetpipe.cost_models.memory import tensor_bytes
 from hetpipe.errors import CaptureError
@@ -206,9 +206,10 @@ def _leaf(value: Any) -> Any:
 
 
 class _TrainingPass(_MetaInterpreter):
-    def __init__(self, gm: fx.GraphModule, *, unit_of: Mapping[str, int], num_units: int, precision: str) -> None:
+    def __init__(self, gm: fx.GraphModule, *, unit_of: Mapping[str, int], num_units: int, precision: str,
+                 saved_outputs: Sequence[bool] = ()) -> None:
         super().__init__(gm, garbage_collect_values=True)
-        self.unit_of = unit_of
+        self.unit_of, self.saved_outputs = unit_of, tuple(saved_outputs)
         keys = {storage_key(t) for t in [*gm.parameters(), *gm.buffers()]}
         keys |= {storage_key(t) for n in gm.graph.nodes if n.op == "get_attr"
                  for t in [self.fetch_attr(n.target)] if isinstance(t, torch.Tensor)}
@@ -232,6 +233,13 @@ class _TrainingPass(_MetaInterpreter):
         return t
 
     def run_node(self, n: fx.Node) -> Any:
+        if n.op == "output":  # what the loss saves of the output is held where it is made
+            out = super().run_node(n)
+            tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            for t, keep in zip(tensors, self.saved_outputs if len(self.saved_outputs) == len(tensors) else ()):
+                if keep:
+                    self.tracker.hold(self.unit_of[n.name], t)
+            return out
         if n.op == "placeholder":  # the first stage keeps the micro-batch's inputs until its backward
             out = super().run_node(n)
             self.tracker.produced(self.unit_of[n.name], n.name, out)
@@ -255,12 +263,13 @@ class _TrainingPass(_MetaInterpreter):
 
 
 def measure_training(gm: fx.GraphModule, inputs: Sequence[Any], *, unit_of: Mapping[str, int], num_units: int,
-                     precision: str) -> TrainingCosts:
+                     precision: str, saved_outputs: Sequence[bool] = ()) -> TrainingCosts:
     """Saved-activation bytes and backward FLOPs of each unit (see the module docstring).
 
     ``unit_of`` maps every node name of ``gm`` to its unit; units must follow the data flow.
+    ``saved_outputs``: per output tensor, the loss saves it (`LossCosts.saved_outputs`).
     """
-    run = _TrainingPass(gm, unit_of=unit_of, num_units=num_units, precision=precision)
+    run = _TrainingPass(gm, unit_of=unit_of, num_units=num_units, precision=precision, saved_outputs=saved_outputs)
     with torch.enable_grad():
         run.run(*inputs)
         bwd = []
@@ -281,11 +290,14 @@ def measure_training(gm: fx.GraphModule, inputs: Sequence[Any], *, unit_of: Mapp
 
 @dataclass(frozen=True)
 class LossCosts:
-    """What the loss adds to the last stage per micro-batch: saved bytes, forward and backward FLOPs."""
+    """What the loss adds to the last stage per micro-batch: saved bytes, forward and backward FLOPs;
+    ``live``: per tensor of the model output (pytree order), whether the loss's gradient reaches it."""
 
     activation_bytes: int
     fwd_flops: int
     bwd_flops: int
+    live: tuple[bool, ...] = ()
+    saved_outputs: tuple[bool, ...] = ()  # per output tensor: the loss saves it (counted by measure_training)
 
 
 def measure_loss(output: Any, targets: Any, loss_fn: Any, *, precision: str) -> LossCosts:
@@ -309,12 +321,23 @@ def measure_loss(output: Any, targets: Any, loss_fn: Any, *, precision: str) -> 
                             targets)
     if not leaves:
         raise CaptureError("the model returned no tensor; a loss cannot be measured on its output")
-    meter, counter = SavedTensorMeter(set(), precision), CostCounter(precision)
+    outs = [t for t in tree_leaves(stand_in) if isinstance(t, torch.Tensor)]
+    # a model output the loss saves is the model's own storage, held where it is made (measure_training)
+    out_keys = {storage_key(t): i for i, t in enumerate(outs)}
+    saved: dict[int, tuple[torch.UntypedStorage, int]] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.setdefault(storage_key(t), (t.untyped_storage(), storage_bytes(t, precision)))
+        return t
+
+    counter = CostCounter(precision)
     with torch.enable_grad(), counter:
-        with meter:
+        with torch.autograd.graph.saved_tensors_hooks(pack, _identity):
             loss = loss_fn(stand_in, meta_targets)
         fwd = counter.snapshot().flops
         if isinstance(loss, torch.Tensor) and loss.requires_grad:
             loss.backward()
         bwd = counter.snapshot().flops - fwd
-    return LossCosts(activation_bytes=meter.total_bytes, fwd_flops=fwd, bwd_flops=bwd)
+    return LossCosts(activation_bytes=sum(b for k, (_, b) in saved.items() if k not in out_keys), fwd_flops=fwd,
+                     bwd_flops=bwd, live=tuple(t.grad is not None for t in outs),
+                     saved_outputs=tuple(k in saved for k in out_keys))
