@@ -10,7 +10,8 @@
 * ``B``: ``torch.autograd.backward`` on the stage outputs with the received
   gradients (on the scaled loss on the last stage); gradients accumulate in the
   parameters over micro-batches; the gradients of the received inputs are kept
-  for ``SEND_B``.
+  for ``SEND_B``.  Units the plan recomputes re-run their forward here (checkpoint), and
+  the memory ledger adds the largest one's activations on top of what is held.
 * ``SEND_*`` post ``isend``s; ``RECV_*`` wait for ``irecv``s posted up to
   ``prefetch_depth`` receives ahead, so transfers overlap compute (on NCCL, which
   matches P2P in issue order per pair, never ahead of a send to the same peer).
