@@ -185,13 +185,10 @@ def test_executor_ledger_holds_only_inputs_of_recomputed_units_and_counts_one_re
 
 
 def with_recompute(plan, choose):
-    """``plan`` with ``recompute_units = choose(plan, stage)`` on every stage (the plan version that carries
-    them where this hetpipe has one: version 3 since issue 14's planner)."""
-    from hetpipe.plan import schema
-
+    """``plan`` with ``recompute_units = choose(plan, stage)`` on every stage (the plan takes the version
+    that carries them itself)."""
     stages = tuple(dataclasses.replace(st, recompute_units=tuple(choose(plan, st))) for st in plan.stages)
-    version = max(plan.version, 3) if schema.PLAN_VERSION >= 3 else plan.version
-    return dataclasses.replace(plan, stages=stages, version=version)
+    return dataclasses.replace(plan, stages=stages)
 
 
 def heaviest_half(plan, st) -> list[int]:
