@@ -40,6 +40,12 @@ def _one_stage(name: str, *, batch: int = 2, seq: int | None = 16):
     return graph, program, model, inputs, fn, targets
 
 
+def _stage(program, model, recompute=None):
+    """Stage 0 of ``program`` with ``model``'s weights (non-persistent buffers from its own init)."""
+    return build_stage(program, 0, state_dict=model.state_dict(), device="cpu", buffers=ModelBuffers(model),
+                       recompute=recompute)
+
+
 def _grads(stage, inputs, fn, targets) -> dict[str, torch.Tensor]:
     loss = fn(stage(*inputs), targets)
     loss.backward()
@@ -50,12 +56,12 @@ def _units(graph, indices) -> dict[int, tuple[str, ...]]:
     return {i: tuple(graph.units[i].node_names) for i in indices}
 
 
-def test_recomputed_gpt_stage_has_the_same_names_outputs_and_gradients():
-    graph, program, model, inputs, fn, targets = _one_stage("gpt-tiny")
-    sd = model.state_dict()
-    plain = build_stage(program, 0, state_dict=sd, device="cpu")
-    chosen = (1, 2, graph.num_units - 1)
-    rc = build_stage(program, 0, state_dict=sd, device="cpu", recompute=_units(graph, chosen))
+@pytest.mark.parametrize("name", ["gpt-tiny", "hf-llama-tiny"])  # torch.fx and torch.export graphs
+def test_recomputed_stage_has_the_same_names_outputs_and_gradients(name):
+    graph, program, model, inputs, fn, targets = _one_stage(name)
+    plain = _stage(program, model)
+    chosen = (1, 2, graph.num_units - 1)  # two consecutive layers and the (tied) head
+    rc = _stage(program, model, _units(graph, chosen))
     assert [r.unit for r in rc.recomputed] == list(chosen)
     assert list(rc.module.state_dict()) == list(plain.module.state_dict())  # names (and checkpoints) unchanged
     assert [n for n, _ in rc.named_parameters()] == [n for n, _ in plain.named_parameters()]
@@ -114,6 +120,16 @@ class _ConvBN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+def test_eager_checkpoint_alone_updates_batchnorm_statistics_twice():
+    """The trap the runtime handles: torch's checkpoint re-runs BatchNorm's statistics update."""
+    from torch.utils.checkpoint import checkpoint
+
+    bn = nn.BatchNorm1d(3)
+    out = checkpoint(bn, torch.randn(4, 3, requires_grad=True), use_reentrant=False)
+    out.sum().backward()
+    assert int(bn.num_batches_tracked) == 2
 
 
 def test_batchnorm_statistics_update_once_per_microbatch_under_recomputation():
