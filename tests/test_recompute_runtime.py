@@ -301,3 +301,45 @@ def test_recomputing_stages_hold_less_and_match_the_cost_model(tmp_path, model, 
         assert held >= (1 - TOLERANCE) * predicted, (st.index, held / predicted)
         log.info("%s stage %d: held %d B with recompute %s, %d B without; predicted %d B (ratio %.4f)", model,
                  st.index, held, st.recompute_units, without, predicted, held / predicted)
+
+
+def _trainer_worker(rank: int, world: int, plan_path: str) -> dict:
+    from hetpipe.models import lm_loss
+    from hetpipe.runtime.trainer import Trainer
+    from tests import test_trainer as tt
+
+    trainer = Trainer(plan_path, model=tt.MODEL, seq=tt.SEQ, loss=lm_loss, optimizer=tt.sgd, lr_scheduler=tt.halve,
+                      grad_clip_norm=1.0, timeout_s=60.0)
+    losses = [trainer.step(x if trainer.is_first else None, y if trainer.is_last else None).loss
+              for x, y in tt._loader(256)]
+    return {"losses": losses, "recomputed": [r.unit for r in trainer.stage.recomputed],
+            "params": {n: p.detach().clone() for n, p in trainer.stage.named_parameters()}}
+
+
+@pytest.mark.slow
+def test_trainer_runs_a_recompute_plan_unchanged(tmp_path):
+    """`hetpipe.Trainer` in a user loop builds each stage with the plan's recomputed units and matches the
+    unsplit model (the `tests/test_trainer.py` loop: SGD with momentum, clipping, an LR schedule)."""
+    from tests import test_trainer as tt
+    from tests.dist_helpers import run_world
+
+    from hetpipe.partitioner.problem import Stage
+    from tests.runtime_plans import plan_for
+    from tests.synthetic import synthetic_cluster
+
+    meta, example = build(tt.MODEL, device="meta", batch=tt.BATCH, seq=tt.SEQ)
+    graph = capture(meta, example, name=tt.MODEL)
+    n = graph.num_units
+    stages = (Stage(0, 0, 1), Stage(1, 2, n - 3), Stage(2, n - 2, n - 1))  # tests/test_trainer.py's stages
+    plan = with_recompute(plan_for(graph, synthetic_cluster(), stages, microbatches=tt.MICROBATCHES), all_but_last)
+    plan.save(tmp_path / "recompute.json")
+    outcomes = run_world(_trainer_worker, world_size=3, args=(str(tmp_path / "recompute.json"),),
+                         timeout_s=tt.WORLD_TIMEOUT_S, out_dir=tmp_path)
+    for o in outcomes:
+        assert o.error is None and o.value is not None, f"rank {o.rank} (exit {o.exitcode}): {o.error}"
+    assert [o.value["recomputed"] for o in outcomes] == [list(st.recompute_units) for st in plan.stages]
+    ref_losses, ref_params = tt._reference()
+    torch.testing.assert_close(outcomes[2].value["losses"], ref_losses, rtol=tt.RTOL, atol=tt.ATOL)
+    for o in outcomes:
+        for name, value in o.value["params"].items():
+            torch.testing.assert_close(value, ref_params[name], rtol=tt.RTOL, atol=tt.ATOL)
