@@ -343,3 +343,35 @@ def test_trainer_runs_a_recompute_plan_unchanged(tmp_path):
     for o in outcomes:
         for name, value in o.value["params"].items():
             torch.testing.assert_close(value, ref_params[name], rtol=tt.RTOL, atol=tt.ATOL)
+
+
+def _replica_worker(rank: int, world: int, plan) -> dict:
+    from hetpipe.runtime.replicas.trainer import ReplicaTrainer
+    from tests import test_replica_runtime as tr
+
+    trainer = ReplicaTrainer(plan, model=tr.MODEL, seq=tr.SEQ, optimizer=tr._sgd, grad_clip_norm=tr.CLIP,
+                             timeout_s=60.0, stage_ranks=tr.STAGE_RANKS)  # sync overlapped with the backward
+    losses = [trainer.step(x if trainer.is_first else None, y if trainer.is_last else None).loss
+              for x, y in tr._num_batches()]
+    return {"losses": losses, "recomputed": [r.unit for r in trainer.stage.recomputed],
+            "params": {n: p.detach().clone() for n, p in trainer.stage.module.named_parameters(remove_duplicate=False)}}
+
+
+@pytest.mark.slow
+def test_replica_plan_with_recompute_equals_single_device_training(tmp_path):
+    """Uneven replicas (a 2-stage and a 1-stage pipeline), every stage recomputing all but its last unit,
+    gradient sync launched from hooks during the recomputing backward: equal to one device."""
+    from tests import test_replica_runtime as tr
+    from tests.dist_helpers import run_world
+
+    plan = with_recompute(tr._numerics_plan(), all_but_last)
+    outcomes = run_world(_replica_worker, world_size=3, args=(plan,), timeout_s=tr.WORLD_TIMEOUT_S, out_dir=tmp_path)
+    for o in outcomes:
+        assert o.error is None and o.value is not None, f"rank {o.rank} (exit {o.exitcode}): {o.error}"
+    by_rank = {r: list(plan.stages[s].recompute_units) for s, r in enumerate(tr.STAGE_RANKS)}
+    assert {o.rank: o.value["recomputed"] for o in outcomes} == by_rank
+    ref_losses, ref_params, _ = tr._numerics_reference()
+    for o in outcomes:
+        torch.testing.assert_close(o.value["losses"], ref_losses, rtol=tr.RTOL, atol=tr.ATOL)
+        for name, value in o.value["params"].items():
+            torch.testing.assert_close(value, ref_params[name], rtol=tr.RTOL, atol=tr.ATOL)
