@@ -153,6 +153,33 @@ def test_batchnorm_statistics_update_once_per_microbatch_under_recomputation():
         torch.testing.assert_close(q.grad, p.grad, rtol=RTOL, atol=ATOL)
 
 
+class _SharedBuffer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("scale", torch.linspace(0.5, 2.0, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x) * self.scale  # mul saves the buffer for the backward
+        return torch.tanh(h * self.scale)
+
+
+def test_a_buffer_saved_earlier_and_read_by_a_recomputed_unit_keeps_its_version():
+    """The first forward's dry run must not touch buffers it did not change (autograd checks their version)."""
+    net = _SharedBuffer()
+    gm = torch.fx.symbolic_trace(net)
+    x = torch.randn(3, 4)
+    program = split_stages(gm, {}, example_inputs=(x,), num_stages=1)
+    names = [n.name for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+    rc = build_stage(program, 0, state_dict=net.state_dict(), device="cpu",
+                     recompute={1: tuple(names[names.index("mul_1"):])})  # h * scale and tanh
+    rc(x).sum().backward()
+    net(x).sum().backward()
+    assert rc.recomputed[0].mutated_buffers == ()
+    for (_, p), (_, q) in zip(net.named_parameters(), rc.named_parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=RTOL, atol=ATOL)
+
+
 def test_a_unit_not_on_the_stage_is_refused_by_name():
     gm = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(2, 2), nn.Tanh()))
     program = split_stages(gm, {"_0": 0, "_1": 1}, example_inputs=(torch.zeros(1, 2),))

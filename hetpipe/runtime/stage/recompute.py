@@ -109,16 +109,11 @@ class RecomputedUnit:
         """(forward context, recompute context) for checkpoint's ``context_fn``."""
         return contextlib.nullcontext(), RestoredBuffers(self.mutated_buffers)
 
-    def _statics(self) -> list[torch.Tensor]:
-        tensors = [*self.region.parameters(), *self.region.buffers()]
-        tensors += [t for t in vars(self.region).values() if isinstance(t, torch.Tensor)]
-        return tensors
-
     def _measure(self, args: Sequence[Any]) -> None:
         """Dry run without checkpoint: the bytes autograd saves, and the buffers the forward mutates."""
         buffers = list({id(b): b for b in self.region.buffers()}.values())
         before = [(b._version, b.detach().clone()) for b in buffers]
-        skip = {_storage(t) for t in [*self._statics(), *args] if isinstance(t, torch.Tensor)}
+        skip = {_storage(t) for t in [*self.region.parameters(), *buffers, *args] if isinstance(t, torch.Tensor)}
         saved: dict[int, int] = {}
 
         def pack(t: torch.Tensor) -> torch.Tensor:
@@ -128,12 +123,15 @@ class RecomputedUnit:
             return t
 
         devices = sorted({a.device.index or 0 for a in args if isinstance(a, torch.Tensor) and a.is_cuda})
-        with RestoredBuffers(buffers), torch.random.fork_rng(devices=devices, device_type="cuda"):
+        with torch.random.fork_rng(devices=devices, device_type="cuda"):  # the dry run draws no random numbers
             with torch.autograd.graph.saved_tensors_hooks(pack, _identity):
                 self.region(*args)
-            # native batch_norm writes its running statistics without bumping their version: compare values too
-            self.mutated_buffers = tuple(b for b, (v, c) in zip(buffers, before)
-                                         if b._version != v or not torch.equal(b, c))
+        # native batch_norm writes its running statistics without bumping their version: compare values too
+        changed = [(b, c) for b, (v, c) in zip(buffers, before) if b._version != v or not torch.equal(b, c)]
+        with torch.no_grad():  # undo only those: a buffer an earlier unit saved keeps its version counter
+            for b, c in changed:
+                b.copy_(c)
+        self.mutated_buffers = tuple(b for b, _ in changed)
         self.saved_bytes = sum(saved.values())
         log.debug("recomputed unit %d saves %d bytes per micro-batch; mutates %d buffers", self.unit,
                   self.saved_bytes, len(self.mutated_buffers))
