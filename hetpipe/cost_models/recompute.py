@@ -36,10 +36,26 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from hetpipe.errors import ConfigError
+
 #: The lever's settings: ``auto`` = the planner picks, per stage, the shortest prefix of the
 #: order that fits; ``none`` = never recompute; ``all`` = every unit of the order on every
 #: stage (Megatron-LM ``--recompute-granularity full``, what fits or not).
 RECOMPUTE_MODES = ("auto", "none", "all")
+
+
+def check_recompute_option(mode: object) -> None:
+    """Refuse anything but one of `RECOMPUTE_MODES` (``--recompute``, ``recompute=``).
+
+    Example:
+        >>> check_recompute_option("auto")
+        >>> check_recompute_option("some")
+        Traceback (most recent call last):
+        ...
+        hetpipe.errors.ConfigError: recompute (--recompute): 'some' is not a setting; use one of auto, none, all
+    """
+    if mode not in RECOMPUTE_MODES:
+        raise ConfigError(f"recompute (--recompute): {mode!r} is not a setting; use one of {', '.join(RECOMPUTE_MODES)}")
 
 
 @dataclass(frozen=True)

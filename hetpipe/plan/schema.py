@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Mapping
 
 from hetpipe.cost_models.outputs import atomic_write_text
+from hetpipe.cost_models.recompute import RECOMPUTE_MODES
 from hetpipe.cost_models.sync import BUCKET_CAP_BYTES
 from hetpipe.cost_models.validate import MAX_PLAN_FILE_BYTES
 from hetpipe.errors import PlanError
@@ -44,12 +45,18 @@ PLAN_FORMAT = "hetpipe.plan"
 #: Newest plan version this hetpipe reads and writes.  Version 2 adds `replicas` and `sync`
 #: (issue #6).  Single-pipeline plans are still written as version 1, so older hetpipe
 #: reads them; a plan with replicas is version 2, which older hetpipe refuses instead of
-#: silently running only `stages`.
-PLAN_VERSION = 2
+#: silently running only `stages`.  Version 3 adds per-stage memory levers (issue 14:
+#: `PlanStage.recompute_units`); a plan is written as version 3 only when a stage uses one.
+PLAN_VERSION = 3
 #: The version of a plan without replicas.
 PLAN_VERSION_SINGLE = 1
 #: The first version that may carry replicas.
 PLAN_VERSION_REPLICAS = 2
+#: The first version that may carry memory levers (a stage's recompute_units).
+PLAN_VERSION_LEVERS = 3
+#: `Plan.cost_model` key recording the recomputation setting the plan was solved with
+#: (``"auto: ..."``; absent = ``none``); `check_plan` re-derives each stage's choice under it.
+RECOMPUTE_NOTE = "recompute"
 # Relative tolerance when re-checking recorded floats against recomputed ones:
 # JSON round-trips Python floats exactly, so only summation order differs.
 CHECK_RTOL = 1e-9
@@ -246,6 +253,9 @@ class Plan:
         if (self.replicas or self.sync is not None) and self.version < PLAN_VERSION_REPLICAS:
             raise PlanError(f"plan.version is {self.version} but the plan has replicas, which need version "
                             f"{PLAN_VERSION_REPLICAS}; set \"version\": {PLAN_VERSION_REPLICAS}")
+        if any(st.recompute_units for st in self.stages) and self.version < PLAN_VERSION_LEVERS:
+            raise PlanError(f"plan.version is {self.version} but a stage has recompute_units, which need version "
+                            f"{PLAN_VERSION_LEVERS}; set \"version\": {PLAN_VERSION_LEVERS} or re-create the plan")
         if bool(self.replicas) != (self.sync is not None):
             raise PlanError("plan.replicas and plan.sync go together: a replica plan records both; "
                             "re-create it with `partition_replicas`")
@@ -345,7 +355,17 @@ def problem_from_plan(plan: Plan) -> Problem:
         microbatches=plan.training.microbatches,
         tied=tuple(TiedCopy(t.units[0], tuple(t.units), t.state_bytes) for t in plan.model.tied
                    if t.units and t.state_bytes),
+        recompute=recompute_mode(plan),
     )
+
+
+def recompute_mode(plan: Plan) -> str:
+    """The recomputation setting `plan` was solved with (`RECOMPUTE_NOTE`; ``none`` when absent)."""
+    word = str(plan.cost_model.get(RECOMPUTE_NOTE, "none")).split(":")[0].strip()
+    if word not in RECOMPUTE_MODES:
+        raise PlanError(f"plan.cost_model.{RECOMPUTE_NOTE}: {word!r} is not one of {', '.join(RECOMPUTE_MODES)}; "
+                        "fix the field or re-create the plan with `hetpipe plan`")
+    return word
 
 
 def stages_from_plan(plan: Plan) -> tuple[Stage, ...]:
@@ -354,7 +374,7 @@ def stages_from_plan(plan: Plan) -> tuple[Stage, ...]:
     for st in plan.stages:
         if st.device not in index:
             raise PlanError(f"stage {st.index} runs on device {st.device!r}, which the plan does not list")
-        out.append(Stage(index[st.device], st.first_unit, st.last_unit))
+        out.append(Stage(index[st.device], st.first_unit, st.last_unit, tuple(sorted(st.recompute_units))))
     return tuple(out)
 
 
