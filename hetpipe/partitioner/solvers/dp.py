@@ -51,7 +51,7 @@ import numpy as np
 from hetpipe.cost_models.stage_memory import RECV_PREFETCH
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.recompute import with_recompute
-from hetpipe.partitioner.solvers.recompute_band import RecomputeBand
+from hetpipe.partitioner.solvers.recompute_band import shared_band
 
 log = logging.getLogger(__name__)
 
@@ -193,8 +193,7 @@ class StageTables:
         for c in classes:
             work = np.concatenate(([0.0], np.cumsum(np.add(problem.fwd_s[c.kind], problem.bwd_s[c.kind]))))
             self.compute.append(np.where(self.valid, work[hi_c] - work[lo], np.inf))
-        self.levers = None if problem.recompute == "none" else RecomputeBand(
-            problem, [c.kind for c in classes], [c.usable_bytes for c in classes], hi_c, self.valid)
+        self.levers = None if problem.recompute == "none" else shared_band(problem, hi_c, self.valid)
         # round trip 2*C over the cut after unit u-1 (index u = start of the next stage), per class pair
         self.comm2 = np.zeros((len(classes), len(classes), L + 1))
         for a, ca in enumerate(classes):
@@ -230,8 +229,9 @@ class StageTables:
         if self.levers is None:
             ok = (cost <= cap) & (self.memory(inflight, after_stages > 0, width) <= self.classes[c].usable_bytes)
         else:  # the recompute choice's seconds; inf where no choice fits
-            cost = cost + self.levers.extra_s(c, inflight, after_stages > 0,
-                                              lambda k, follows: self.memory(k, follows), width)
+            cls = self.classes[c]
+            cost = cost + self.levers.extra_s(cls.kind, cls.usable_bytes, inflight, after_stages > 0,
+                                              lambda k, follows: self.memory(k, follows), cost <= cap)
             ok = cost <= cap
         ok &= self.is_last[sl] if not after_stages else ~self.is_last[sl]  # only the last stage ends at unit L
         return np.where(ok, cost, np.inf)
