@@ -90,6 +90,6 @@ def test_default_recompute_auto_fits_what_none_cannot_and_show_says_what_it_cost
     capsys.readouterr()
     assert app.main(["show", str(out)]) == 0
     shown = capsys.readouterr().out
-    assert "recompute" in shown and re.search(r"\d+ units, -[\d.]+ MiB, \+[\d.]+", shown.replace("\n", " ")), shown
+    assert "recompute" in shown and re.search(r"\d+ units, -[\d.]+ [KMG]iB, \+[\d.]+", shown.replace("\n", " ")), shown
     assert app.main(["plan", "gpt-demo", "--cluster", CLUSTER, "--recompute", "some", "-o", str(out)]) == 2
     assert "--recompute" in capsys.readouterr().err

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from hetpipe.cost_models.quantities import human_bytes
 from hetpipe.partitioner.problem import evaluate, stage_recompute_cost
 from hetpipe.plan.schema import Plan, problem_from_plan, stages_from_plan
 
@@ -30,9 +31,13 @@ class StageLevers:
     extra_s: float
 
     def describe(self) -> str:
-        """E.g. ``3 units, -12.0 MiB, +4.10 ms``."""
-        mib, ms = self.saved_bytes / 2**20, self.extra_s * 1e3
-        return f"{len(self.recompute_units)} units, -{mib:.1f} MiB, +{ms:.2f} ms"
+        """E.g. ``3 units, -12.00 MiB, +4.10 ms`` (memory saved at the stage's peak, backward time added).
+
+        Example:
+            >>> StageLevers((3, 4, 5), 12 * 2**20, 0.0041).describe()
+            '3 units, -12.00 MiB, +4.10 ms'
+        """
+        return f"{len(self.recompute_units)} units, -{human_bytes(self.saved_bytes)}, +{self.extra_s * 1e3:.2f} ms"
 
 
 def stage_levers(plan: Plan) -> tuple[StageLevers | None, ...]:
