@@ -20,7 +20,9 @@ Table 1, largest trainable model: over widths h and depths L (step 2), the large
 count each approach fits.  Table 2, cost of memory: for models that fit only with some
 recomputation, hetpipe's T against recompute-every-layer (hetpipe's own placement with
 ``--recompute all``, and the even split with it) and against the lower bound T without any
-recomputation and without the memory limit.  Writes benchmarks/results/memory_levers.md.
+recomputation and without the memory limit.  Table 3, what the lever costs the planner: median
+wall of `solve` on `planner_speed.py`'s analytic GPTs (h=1024, micro-batch 4) and mixed clusters,
+``--recompute none`` vs ``auto``, side by side.  Writes benchmarks/results/memory_levers.md.
 
 Usage:
     python benchmarks/memory_levers.py [--widths 1600 2048 2560 3072 4096] [--max-layers 200]
@@ -32,6 +34,7 @@ import argparse
 import dataclasses
 import functools
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -145,10 +148,37 @@ def cost_rows(depth: dict[str, dict[int, int]], widths: list[int]) -> list[list[
     return rows
 
 
+def planner_rows(layers: list[int], devices: list[int], repeats: int) -> list[list[object]]:
+    """Median `solve` wall with the lever off and on (same problems, alternating runs)."""
+    from benchmarks.planner_speed import PER_NODE
+    from benchmarks.scenarios import mixed_cluster
+    from hetpipe.partitioner.solvers.solve import solve
+
+    rows: list[list[object]] = []
+    for n_layers in layers:
+        for n in devices:
+            graph, cluster = gpt_graph(layers=n_layers), mixed_cluster(n, per_node=PER_NODE.get(n, 8))
+            walls: dict[str, list[float]] = {"none": [], "auto": []}
+            t: dict[str, float] = {}
+            for _ in range(repeats):
+                for mode in walls:
+                    prob = build_problem(graph, cluster, microbatches=2 * n, recompute=mode)
+                    start = time.perf_counter()
+                    t[mode] = solve(prob, time_limit_s=10.0, seed=0).iteration_s
+                    walls[mode].append(time.perf_counter() - start)
+            none, auto = statistics.median(walls["none"]), statistics.median(walls["auto"])
+            rows.append([n_layers, n, f"{t['none']:.4f}", f"{t['auto']:.4f}", f"{none:.2f}", f"{auto:.2f}",
+                         f"{auto / none:.2f}x"])
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--widths", type=int, nargs="+", default=[1600, 2048, 2560, 3072, 4096])
     ap.add_argument("--max-layers", type=int, default=200)
+    ap.add_argument("--speed-layers", type=int, nargs="+", default=[48, 96])
+    ap.add_argument("--speed-devices", type=int, nargs="+", default=[8, 16, 32])
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args(argv)
     table1, depth = largest_table(args.widths, args.max_layers)
     print(table1, flush=True)
@@ -156,8 +186,13 @@ def main(argv: list[str] | None = None) -> int:
               "same cuts, no recompute", "lower bound (no recompute, no memory limit)", "DP wall"]
     table2 = markdown_table(header, cost_rows(depth, args.widths))
     print(table2)
+    table3 = markdown_table(["layers", "devices", "T none (s)", "T auto (s)", "wall none (s)", "wall auto (s)",
+                             "auto / none"],
+                            planner_rows(args.speed_layers, args.speed_devices, args.repeats))
+    print(table3)
     body = (f"{__doc__.split('Usage:')[0].strip()}\n\n### Largest trainable model\n\n{table1}\n\n"
-            f"### Cost of memory (models that fit only with some recomputation)\n\n{table2}\n")
+            f"### Cost of memory (models that fit only with some recomputation)\n\n{table2}\n\n"
+            f"### Planner speed with the lever (median of {args.repeats})\n\n{table3}\n")
     path = write_result("memory_levers", "Memory levers: activation recomputation (issue 14)", body)
     print(f"wrote {path}")
     return 0
