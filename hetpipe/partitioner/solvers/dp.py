@@ -21,6 +21,9 @@ min(j + 1, m) micro-batches of activations in flight on it (the memory contract)
 State = (count vector, class of the suffix's first stage); value = a vector over the
 unit at which the suffix starts.
 
+Recomputation (`Problem.recompute`): each table entry is priced with its stage's smallest
+fitting recompute prefix (`recompute_band`; why that keeps the DP exact: `partitioner/recompute.py`).
+
 `hetpipe.partitioner.solvers.fixed_order.solve_fixed_order` is the same DP for one given
 device sequence (a fast heuristic for clusters whose count space is too large).
 

@@ -5,7 +5,7 @@ with the kind's largest usable memory, and every link between two kinds is price
 the fastest link any such pair has (highest bandwidth, lowest latency).  Every real
 placement is a placement of the relaxed problem with T no larger, so the relaxed
 optimum (exact DP over kind counts, which is small: a few kinds) is a valid lower
-bound on the real optimum.
+bound on the real optimum (with recomputation too: more memory never needs a longer prefix).
 
 `realise` maps a relaxed placement back to real cards: it walks the pipeline and gives
 each stage a card of the wanted kind, staying on the node of the previous stage while
