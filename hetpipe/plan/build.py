@@ -29,8 +29,6 @@ from hetpipe.cost_models.timing import efficiencies, peak_flops_s, unit_time_s
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.capture.graph import UnitGraph
 from hetpipe.plan.schema import (
-    PLAN_VERSION_LEVERS,
-    PLAN_VERSION_SINGLE,
     RECOMPUTE_NOTE,
     BaselineReport,
     LeftOut,
@@ -224,8 +222,7 @@ def assemble_plan(
         baselines=baselines or {},
         left_out=left_out,
         cost_model={**cost_model_notes(cluster, graph.precision), **recompute_note(problem)},
-        version=PLAN_VERSION_LEVERS if any(st.recompute_units for st in stages) else PLAN_VERSION_SINGLE,
-    )
+    )  # version: the least its content needs (3 when a stage recomputes: `PLAN_VERSION_LEVERS`)
 
 
 def recompute_note(problem: Problem) -> dict[str, str]:

@@ -38,21 +38,23 @@ from hetpipe.cost_models.sync import BUCKET_CAP_BYTES
 from hetpipe.cost_models.validate import MAX_PLAN_FILE_BYTES
 from hetpipe.errors import PlanError
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy
-from hetpipe.plan.serde import from_json, to_json
+from hetpipe.plan.serde import from_json, least_version, to_json
 from hetpipe.plan.validate import validate_plan
 
 PLAN_FORMAT = "hetpipe.plan"
 #: Newest plan version this hetpipe reads and writes.  Version 2 adds `replicas` and `sync`
 #: (issue #6).  Single-pipeline plans are still written as version 1, so older hetpipe
 #: reads them; a plan with replicas is version 2, which older hetpipe refuses instead of
-#: silently running only `stages`.  Version 3 adds per-stage memory levers (issue 14:
-#: `PlanStage.recompute_units`); a plan is written as version 3 only when a stage uses one.
+#: silently running only `stages`.
+#: Version 3 adds optional fields, each declared with ``metadata={"since": 3}`` and written only
+#: when used (e.g. `PlanStage.recompute_units`, `PlanModel.loss`): a plan is written with the
+#: lowest version its content needs (`least_version`), so plans that use none stay 1 or 2.
 PLAN_VERSION = 3
 #: The version of a plan without replicas.
 PLAN_VERSION_SINGLE = 1
 #: The first version that may carry replicas.
 PLAN_VERSION_REPLICAS = 2
-#: The first version that may carry memory levers (a stage's recompute_units).
+#: The first version that may carry memory levers (a stage's recompute_units, issue 14).
 PLAN_VERSION_LEVERS = 3
 #: `Plan.cost_model` key recording the recomputation setting the plan was solved with
 #: (``"auto: ..."``; absent = ``none``); `check_plan` re-derives each stage's choice under it.
@@ -79,6 +81,10 @@ class PlanModel:
     num_units: int
     tracer: str
     tied: tuple[PlanTied, ...] = ()
+    # Version 3: the user code the tables were costed with (`hetpipe plan --loss/--data`), so
+    # `hetpipe check --model` re-derives them the same way; empty for a model's own loss.
+    loss: str = field(default="", metadata={"since": 3})
+    data: str = field(default="", metadata={"since": 3})
 
 
 @dataclass(frozen=True)
@@ -250,12 +256,12 @@ class Plan:
     sync: PlanSync | None = None
 
     def __post_init__(self) -> None:
+        # A plan built in code takes the version its content needs; a file that claims less is
+        # refused by `from_dict` (an older hetpipe would not know those fields).
+        object.__setattr__(self, "version", max(self.version, least_version(self)))
         if (self.replicas or self.sync is not None) and self.version < PLAN_VERSION_REPLICAS:
             raise PlanError(f"plan.version is {self.version} but the plan has replicas, which need version "
                             f"{PLAN_VERSION_REPLICAS}; set \"version\": {PLAN_VERSION_REPLICAS}")
-        if any(st.recompute_units for st in self.stages) and self.version < PLAN_VERSION_LEVERS:
-            raise PlanError(f"plan.version is {self.version} but a stage has recompute_units, which need version "
-                            f"{PLAN_VERSION_LEVERS}; set \"version\": {PLAN_VERSION_LEVERS} or re-create the plan")
         if bool(self.replicas) != (self.sync is not None):
             raise PlanError("plan.replicas and plan.sync go together: a replica plan records both; "
                             "re-create it with `partition_replicas`")
@@ -270,6 +276,9 @@ class Plan:
         _check_header(doc, source)
         try:
             plan = from_json(cls, doc, path="plan")
+            if plan.version > doc["version"]:
+                raise PlanError(f"plan.version is {doc['version']} but the plan uses fields of version "
+                                f"{plan.version}; set \"version\": {plan.version}")
             validate_plan(plan)
             return plan
         except PlanError as err:
