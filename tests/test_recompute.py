@@ -118,3 +118,29 @@ def test_plans_without_recomputation_stay_version_1() -> None:
     plan = partition_graph(graph, load_cluster(CLUSTER), global_batch=12)  # fits: auto recomputes nothing
     assert plan.version == 1 and not any(s.recompute_units for s in plan.stages)
     assert "recompute_units" not in json.dumps(plan.to_dict()) and check_plan(plan).ok
+
+
+@pytest.mark.parametrize("mode", ["auto", "all"])
+def test_merged_kind_relaxation_stays_a_lower_bound_with_recomputation(mode: str) -> None:
+    import random
+
+    from hetpipe.partitioner.solvers.dp import solve_exact
+    from hetpipe.partitioner.solvers.relax import aggregate_kinds, relaxed_problem
+    from tests.instances import random_problem
+
+    rng, partial = random.Random(5), 0
+    for _ in range(150):
+        prob = random_problem(rng, units=rng.randint(2, 5), devices=rng.randint(2, 5), tight_memory=True,
+                              recompute=mode, activation_max=25)
+        # per-unit speed ratios that differ by kind (memory- vs compute-bound units): kinds rank
+        # units differently, so a merged kind's recompute order is no member's order
+        prob = dataclasses.replace(prob, fwd_s={k: tuple(f * rng.choice((0.01, 1.0, 30.0)) for f in v)
+                                               for k, v in prob.fwd_s.items()})
+        exact = solve_exact(prob)
+        for budget in (0, 20, 60, 200):  # everything merged, then fewer and fewer kinds
+            merged, members = aggregate_kinds(relaxed_problem(prob), merge_above=0, state_budget=budget)
+            partial += 1 < len(members) < len(prob.fwd_s)
+            bound = solve_exact(merged)
+            if exact is not None:
+                assert bound is not None and bound.iteration_s <= exact.iteration_s * (1 + 1e-9), (budget, prob)
+    assert partial >= 5
