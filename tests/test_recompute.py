@@ -144,3 +144,29 @@ def test_merged_kind_relaxation_stays_a_lower_bound_with_recomputation(mode: str
             if exact is not None:
                 assert bound is not None and bound.iteration_s <= exact.iteration_s * (1 + 1e-9), (budget, prob)
     assert partial >= 5
+
+
+def test_free_forwards_and_tied_keys_dp_equals_brute_force() -> None:
+    """Units with a 0 s forward (key +inf) and equal keys (ties by unit index) in the DP's walk."""
+    import math
+    import random
+
+    from hetpipe.partitioner.solvers.cpsat import solve_cpsat
+    from hetpipe.partitioner.solvers.dp import solve_exact
+    from tests.instances import brute_force, random_problem
+
+    rng = random.Random(77)
+    for i in range(80):
+        prob = random_problem(rng, units=rng.randint(2, 6), devices=rng.randint(1, 3), tight_memory=True,
+                              recompute="auto", activation_max=20)
+        zero = {u for u in range(prob.num_units) if rng.random() < 0.3}
+        prob = dataclasses.replace(
+            prob, fwd_s={k: tuple(0.0 if u in zero else 1.0 for u in range(prob.num_units)) for k in prob.fwd_s},
+            activation_bytes=tuple(rng.choice((0, 6, 12, 20)) for _ in range(prob.num_units)))
+        ref = brute_force(prob)
+        res = solve_exact(prob)
+        got = res.iteration_s if res else math.inf
+        assert got == ref or math.isclose(got, ref, rel_tol=1e-9), (i, got, ref)
+        if i % 4 == 0:
+            cp = solve_cpsat(prob, time_limit_s=20.0, seed=0)
+            assert (cp.status == "INFEASIBLE") if math.isinf(ref) else math.isclose(cp.iteration_s, ref, rel_tol=1e-5)
