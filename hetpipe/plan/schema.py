@@ -162,10 +162,31 @@ class SolverReport:
 
 
 @dataclass(frozen=True)
-class BaselineReport:
+class BaselineStage:
+    device: str  # device id
+    first_unit: int
+    last_unit: int
+
+
+@dataclass(frozen=True)
+class BestBaselineReport:
+    """A baseline's cut rule on its best device subset and order (`partitioner.baseline_search`)."""
+
     iteration_s: float
     fits: bool
+    search: str  # "exact" | "local search" | "none fits"
+    stages: tuple[BaselineStage, ...] = ()
+    profile_kind: str = ""  # time-homogeneous: the kind whose times it balances
     note: str = ""
+
+
+@dataclass(frozen=True)
+class BaselineReport:
+    iteration_s: float  # forced: every card (at most one per unit) in the cluster file's order
+    fits: bool
+    note: str = ""
+    # Version 3 (issue 17): the same rule on the cards and order a careful user would pick.
+    best: BestBaselineReport | None = field(default=None, metadata={"since": 3})
 
 
 @dataclass(frozen=True)
