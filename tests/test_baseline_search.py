@@ -12,16 +12,18 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from pathlib import Path
 
 import pytest
 
-from hetpipe.cost_models.cluster import cluster_from_dict
+from hetpipe.cost_models.cluster import load_cluster
 from hetpipe.partitioner.baseline_search import best_baseline
 from hetpipe.partitioner.baselines import BASELINES, baseline, rule_bounds
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.dp import solve_exact
 from tests.instances import random_problem
 
+ROOT = Path(__file__).resolve().parents[1]
 REL = 1e-9  # the search re-evaluates its answer with `evaluate`: only summation order differs
 
 
@@ -91,8 +93,7 @@ def _four_cards(microbatches: int = 8) -> Problem:
     from benchmarks.scenarios import gpt_graph
     from hetpipe.plan.build import build_problem
 
-    cluster = cluster_from_dict({"name": "three-4090s-one-t4", "nodes": [
-        {"name": "box", "intra": "pcie-host", "devices": [{"gpu": "rtx4090", "count": 3}, {"gpu": "t4"}]}]})
+    cluster = load_cluster(ROOT / "examples" / "clusters" / "box-3x4090-t4.yaml")
     graph = gpt_graph(layers=24, hidden=1024, seq=1024, batch=4)
     return build_problem(graph, cluster, microbatches=microbatches)
 
