@@ -18,8 +18,9 @@ same kind, node, memory and links) are one class, so sequences of classes are se
 
 1. Local search: seeds are, for every p, the first p cards in file order, the p fastest
    cards grouped by node, and node blocks (fastest node first) cut after p cards; the best
-   `LOCAL_SEARCH_STARTS` of them are improved by swapping two positions or replacing a
-   card with an unused one until no move helps.
+   `LOCAL_SEARCH_STARTS` of them are improved by swapping two positions, moving a card
+   elsewhere, replacing a card with an unused one, dropping a card or inserting an unused one
+   (the rule re-cuts for the new stage count) until no move helps.
 2. Exact branch and bound over class sequences, started from the local search's best and
    pruned with T >= partial + the cheapest remaining terms.  It is exact when it finishes
    within `EXACT_NODE_BUDGET` tree nodes (recorded as ``search="exact"``); otherwise the
@@ -142,25 +143,37 @@ def _seed_orders(problem: Problem, p: int) -> list[list[int]]:
     return [list(range(p)), grouped(speed[:p]), grouped(speed)[:p]]
 
 
-def _local_search(tab: _Tables, seq: list[int], counts: Sequence[int], microbatches: int) -> tuple[float, list[int]]:
-    """Swap two positions or replace one class by an unused one while T improves."""
-    best = _seq_time(tab, seq, microbatches)
+def _neighbours(seq: list[int], counts: Sequence[int], max_p: int) -> list[list[int]]:
+    """Every sequence one move away: swap two positions, move a card elsewhere, replace one card by
+    an unused one, drop a card, or insert an unused one (the stage count changes: the rule re-cuts)."""
+    left = [n - seq.count(c) for c, n in enumerate(counts)]
+    free = [c for c in range(len(counts)) if left[c] > 0]
+    out = []
+    for i in range(len(seq)):
+        out += [seq[:i] + [seq[j]] + seq[i + 1:j] + [seq[i]] + seq[j + 1:]
+                for j in range(i + 1, len(seq)) if seq[i] != seq[j]]
+        out += [seq[:i] + [c] + seq[i + 1:] for c in free]
+        if len(seq) > 1:
+            rest = seq[:i] + seq[i + 1:]
+            out.append(rest)
+            out += [rest[:j] + [seq[i]] + rest[j:] for j in range(len(rest) + 1) if j != i]  # move card i to j
+    if len(seq) < max_p:
+        out += [seq[:i] + [c] + seq[i:] for i in range(len(seq) + 1) for c in free]
+    return out
+
+
+def _local_search(tables: dict[tuple[int, str], _Tables], kind: str, seq: list[int], counts: Sequence[int],
+                  microbatches: int) -> tuple[float, list[int]]:
+    """First-improvement descent over `_neighbours` (tables by (stage count, profiled kind))."""
+    max_p = max(p for p, _ in tables)
+    best = _seq_time(tables[len(seq), kind], seq, microbatches)
     for _ in range(LOCAL_SEARCH_PASSES):
-        improved = False
-        left = [n - seq.count(c) for c, n in enumerate(counts)]
-        moves = [(i, j, None) for i in range(len(seq)) for j in range(i + 1, len(seq)) if seq[i] != seq[j]]
-        moves += [(i, None, c) for i in range(len(seq)) for c in range(len(counts)) if left[c] > 0]
-        for i, j, c in moves:
-            cand = seq.copy()
-            if j is not None:
-                cand[i], cand[j] = cand[j], cand[i]
-            else:
-                cand[i] = c
-            t = _seq_time(tab, cand, microbatches)
+        for cand in _neighbours(seq, counts, max_p):
+            t = _seq_time(tables[len(cand), kind], cand, microbatches)
             if t < best:
-                best, seq, improved = t, cand, True
+                best, seq = t, cand
                 break
-        if not improved:
+        else:
             break
     return best, seq
 
@@ -232,23 +245,22 @@ def best_baseline(problem: Problem, name: str, *, node_budget: int = EXACT_NODE_
     counts = [c.count for c in classes]
     first = problem.devices[0].kind  # the forced rule's kind first: ties keep it
     kinds = [first] + sorted(set(problem.fwd_s) - {first}) if name == "time-homogeneous" else [first]
-    tables = [_tables(problem, classes, name, p, k)
-              for p in range(1, min(len(problem.devices), problem.num_units) + 1) for k in kinds]
+    tables = {(p, k): _tables(problem, classes, name, p, k)
+              for p in range(1, min(len(problem.devices), problem.num_units) + 1) for k in kinds}
     seeds = []
-    for t, tab in enumerate(tables):
-        for order in _seed_orders(problem, tab.p):
+    for t, ((p, kind), tab) in enumerate(tables.items()):
+        for order in _seed_orders(problem, p):
             seq = [class_of[d] for d in order]
-            seeds.append((_seq_time(tab, seq, problem.microbatches), t, seq))
+            seeds.append((_seq_time(tab, seq, problem.microbatches), t, kind, seq))
     seeds.sort(key=lambda x: x[:2])
     best_s, best = _INF, None
-    for _, t, seq in seeds[:LOCAL_SEARCH_STARTS]:
-        tab = tables[t]
-        t, found = _local_search(tab, seq, counts, problem.microbatches)
+    for _, _, kind, seq in seeds[:LOCAL_SEARCH_STARTS]:
+        t, found = _local_search(tables, kind, seq, counts, problem.microbatches)
         if t < best_s:
-            best_s, best = t, (tab, found)
+            best_s, best = t, (tables[len(found), kind], found)
     bnb = _BranchAndBound(counts, problem.microbatches, best_s, node_budget)
     try:
-        for tab in tables:
+        for tab in tables.values():
             bnb.run(tab)
         search = "exact"
     except _BudgetSpent:
