@@ -146,3 +146,16 @@ def test_plan_records_both_figures_and_check_rederives_them(tmp_path) -> None:
         assert any(v.startswith(message) for v in report.violations), (message, report.violations)
     older = dataclasses.replace(plan, baselines={n: dataclasses.replace(b, best=None) for n, b in plan.baselines.items()})
     assert check_plan(older).ok and "best" not in older.to_dict()["baselines"]["uniform"]  # a version-1 plan
+
+
+def test_headline_of_a_plan_without_best_placements_says_so() -> None:
+    from hetpipe.plan.baseline_report import headline_from
+    from hetpipe.plan.schema import BaselineReport
+
+    head = headline_from(1.0, {"uniform": BaselineReport(3.0, True), "parameters": BaselineReport(2.0, False)})
+    assert (head.best_name, head.speedup, head.forced_name, head.forced_speedup) == ("uniform", 3.0, "uniform", 3.0)
+    assert "best recorded baseline (uniform)" in head.text() and "hand-tuned" not in head.text()
+    none = headline_from(1.0, {"uniform": BaselineReport(3.0, False)})
+    assert none.speedup is None and none.forced_speedup is None
+    assert none.text() == ("no baseline fits on any subset of the cards; "
+                           "every baseline forced onto every card is out of memory")

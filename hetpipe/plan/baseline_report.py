@@ -69,10 +69,12 @@ class Headline:
         """One line: the headline, then the forced figure, labelled."""
         if self.speedup is None:
             head = "no baseline fits on any subset of the cards"
+        elif not self.best_search:  # no best placement recorded (an older plan, or a replica plan's baselines)
+            head = f"{self.speedup:.2f}x faster than the best recorded baseline ({self.best_name})"
         else:
             where = f" on {', '.join(self.best_devices)}" if self.best_devices else ""
-            search = f"; {self.best_search} search" if self.best_search else ""
-            head = f"{self.speedup:.2f}x faster than the best hand-tuned baseline ({self.best_name}{where}{search})"
+            head = (f"{self.speedup:.2f}x faster than the best hand-tuned baseline ({self.best_name}{where}; "
+                    f"{self.best_search} search)")
         forced = (f"{self.forced_speedup:.2f}x over {self.forced_name} forced onto every card"
                   if self.forced_speedup is not None else "every baseline forced onto every card is out of memory")
         return f"{head}; {forced}"
