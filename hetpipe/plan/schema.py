@@ -20,7 +20,7 @@ Example (a plan saved, loaded back unchanged, and rebuilt into the solver's prob
     >>> Plan.load(path) == plan
     True
     >>> plan.version, len(problem_from_plan(plan).devices), stages_from_plan(plan)[0].device
-    (1, 3, 1)
+    (3, 3, 1)
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from hetpipe.cost_models.sync import BUCKET_CAP_BYTES
 from hetpipe.cost_models.validate import MAX_PLAN_FILE_BYTES
 from hetpipe.errors import PlanError
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy
-from hetpipe.plan.serde import from_json, to_json
+from hetpipe.plan.serde import from_json, least_version, to_json
 from hetpipe.plan.validate import validate_plan
 
 PLAN_FORMAT = "hetpipe.plan"
@@ -45,7 +45,12 @@ PLAN_FORMAT = "hetpipe.plan"
 #: (issue #6).  Single-pipeline plans are still written as version 1, so older hetpipe
 #: reads them; a plan with replicas is version 2, which older hetpipe refuses instead of
 #: silently running only `stages`.
-PLAN_VERSION = 2
+#: Version 3 adds optional fields, each declared with ``metadata={"since": 3}`` and written only
+#: when used (e.g. `PlanStage.recompute_units`, `PlanModel.loss`): a plan is written with the
+#: lowest version its content needs (`least_version`), so plans that use none stay 1 or 2.
+#: A single pipeline from `partition_graph` records each baseline's best cards
+#: (`BaselineReport.best`, issue 17), so it is version 3.
+PLAN_VERSION = 3
 #: The version of a plan without replicas.
 PLAN_VERSION_SINGLE = 1
 #: The first version that may carry replicas.
@@ -72,6 +77,10 @@ class PlanModel:
     num_units: int
     tracer: str
     tied: tuple[PlanTied, ...] = ()
+    # Version 3: the user code the tables were costed with (`hetpipe plan --loss/--data`), so
+    # `hetpipe check --model` re-derives them the same way; empty for a model's own loss.
+    loss: str = field(default="", metadata={"since": 3})
+    data: str = field(default="", metadata={"since": 3})
 
 
 @dataclass(frozen=True)
@@ -264,6 +273,9 @@ class Plan:
     sync: PlanSync | None = None
 
     def __post_init__(self) -> None:
+        # A plan built in code takes the version its content needs; a file that claims less is
+        # refused by `from_dict` (an older hetpipe would not know those fields).
+        object.__setattr__(self, "version", max(self.version, least_version(self)))
         if (self.replicas or self.sync is not None) and self.version < PLAN_VERSION_REPLICAS:
             raise PlanError(f"plan.version is {self.version} but the plan has replicas, which need version "
                             f"{PLAN_VERSION_REPLICAS}; set \"version\": {PLAN_VERSION_REPLICAS}")
@@ -281,6 +293,9 @@ class Plan:
         _check_header(doc, source)
         try:
             plan = from_json(cls, doc, path="plan")
+            if plan.version > doc["version"]:
+                raise PlanError(f"plan.version is {doc['version']} but the plan uses fields of version "
+                                f"{plan.version}; set \"version\": {plan.version}")
             validate_plan(plan)
             return plan
         except PlanError as err:

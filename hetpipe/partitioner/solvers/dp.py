@@ -39,7 +39,6 @@ Example:
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import time
@@ -50,6 +49,7 @@ import numpy as np
 
 from hetpipe.cost_models.stage_memory import RECV_PREFETCH
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.solvers.counts import count_vectors, vectors
 
 log = logging.getLogger(__name__)
 
@@ -243,11 +243,9 @@ class _Lattice:
 
     @classmethod
     def build(cls, classes: Sequence[DeviceClass], max_stages: int) -> _Lattice:
-        ranges = [range(c.count + 1) for c in classes]
         groups: dict[int, list[tuple[int, ...]]] = {}
-        for v in itertools.product(*ranges):
-            if 0 < sum(v) <= max_stages:
-                groups.setdefault(sum(v), []).append(v)
+        for v in vectors([c.count for c in classes], max_stages):
+            groups.setdefault(sum(v), []).append(v)
         moves = {}
         for k, group in groups.items():
             if k == 1:
@@ -402,7 +400,7 @@ def solve_exact(problem: Problem, *, state_budget: int = DEFAULT_STATE_BUDGET,
         seed = None
     classes = device_classes(problem)
     limit = min(problem.num_units, len(problem.devices), max_stages or len(problem.devices))
-    size = math.prod(c.count + 1 for c in classes)  # count vectors, before the stage limit prunes them
+    size = count_vectors([c.count for c in classes], min(limit, exact_stages or limit))
     work = size * len(classes) * (problem.num_units + 1)
     if work > state_budget:
         raise StateSpaceTooLarge(f"{size} device-count states x {len(classes)} classes x "
@@ -425,7 +423,7 @@ def least_bottleneck(problem: Problem, *, cap_s: float = math.inf,
     `sum_lower_bound`, T >= S_lb + (m - 1) * b_min is a valid lower bound.
     """
     classes = device_classes(problem)
-    size = math.prod(c.count + 1 for c in classes)
+    size = count_vectors([c.count for c in classes], min(problem.num_units, len(problem.devices)))
     if size * len(classes) * (problem.num_units + 1) > state_budget:
         raise StateSpaceTooLarge(f"{size} device-count states")
     lattice = _Lattice.build(classes, min(problem.num_units, len(problem.devices)))

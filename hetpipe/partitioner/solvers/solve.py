@@ -148,8 +148,9 @@ def _from_dp(problem: Problem, res: DPResult, *, name: str, wall_s: float, prove
     if proved:
         return Solution(res.stages, name, "OPTIMAL", res.iteration_s, res.iteration_s, wall_s,
                         _unused(problem, res.stages))
-    return Solution(res.stages, name, "FEASIBLE", res.iteration_s, min(bound_s, res.iteration_s), wall_s,
-                    _unused(problem, res.stages))
+    bound = min(bound_s, res.iteration_s)
+    status = "OPTIMAL" if bound >= res.iteration_s * (1 - 1e-9) else "FEASIBLE"  # a bound that meets T proves it
+    return Solution(res.stages, name, status, res.iteration_s, bound, wall_s, _unused(problem, res.stages))
 
 
 def _better(a: DPResult | None, b: DPResult | None) -> DPResult | None:
