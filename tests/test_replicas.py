@@ -25,7 +25,7 @@ from hetpipe.errors import ConfigError, InfeasibleError, PlanError
 from hetpipe.plan.build import assemble_plan, build_problem
 from hetpipe.plan.replicas import partition_replicas
 from hetpipe.plan.check import check_plan
-from hetpipe.plan.schema import PLAN_VERSION, Plan, SolverReport
+from hetpipe.plan.schema import PLAN_VERSION, PLAN_VERSION_REPLICAS, Plan, SolverReport
 from hetpipe.partitioner.problem import Stage, evaluate
 from hetpipe.plan.replicas import build_replica_problem, ddp_equal
 from hetpipe.partitioner.replicas import (
@@ -212,6 +212,7 @@ def test_replica_plan_round_trips_and_checks(home_plan, tmp_path):
     path = tmp_path / "plan.json"
     home_plan.save(path)
     doc = json.loads(path.read_text())
+    # version 3: memory model 2's fields (`PLAN_VERSION_MEMORY`), beyond the replicas' version 2
     assert doc["version"] == PLAN_VERSION == 3 and doc["replicas"] and doc["sync"]["policy"] == "synchronous"
     loaded = Plan.load(path)
     assert loaded == home_plan
@@ -276,13 +277,17 @@ def test_memory_model_2_fields_in_an_older_version_are_refused(home_plan, tmp_pa
     doc["version"] = 2
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(doc))
-    with pytest.raises(PlanError, match="memory model 2 .* needs version 3"):
+    with pytest.raises(PlanError, match="plan.version is 2 but the plan uses fields of version 3"):
         Plan.load(path)
 
 
 def test_replicas_in_a_version_1_file_are_refused(home_plan, tmp_path):
     doc = home_plan.to_dict()
     doc["version"] = 1
+    doc.pop("memory_model")  # leave only the replicas above version 1 (memory model 2 needs version 3)
+    for u in doc["units"]:
+        for key in ("grad_bytes", "boundary_held_bytes", "boundary_grad_bytes"):
+            u.pop(key, None)
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(doc))
     with pytest.raises(PlanError, match="version 2"):

@@ -57,6 +57,15 @@ def test_swapped_backward_before_forward_is_rejected_with_rank():
         validate_schedule(sched, num_stages=2, num_microbatches=2)
 
 
+def test_many_problems_are_one_line_with_a_count():
+    sched = gpipe(3, 8)
+    for rank in (1, 2):
+        sched[rank] = [a for a in sched[rank] if a.op != Op.RECV_F]
+    with pytest.raises(ScheduleError) as err:
+        validate_schedule(sched, num_stages=3, num_microbatches=8)
+    assert "\n" not in str(err.value) and "more" in str(err.value), str(err.value)
+
+
 def test_missing_receive_is_rejected():
     sched = gpipe(2, 2)
     sched[1].remove(Action(1, Op.RECV_F, 1))

@@ -48,6 +48,23 @@ def test_plan_costs_the_loss_like_the_python_api(factory_plan):
     assert api[-1].activation_bytes - bare[-1].activation_bytes >= h.MICRO * h.SEQ * h.VOCAB * 4
 
 
+def test_check_model_recosts_the_recorded_loss_and_catches_a_shrunk_loss_table(factory_plan, tmp_path, capsys):
+    import dataclasses
+    import json
+
+    plan = Plan.load(factory_plan)
+    assert (plan.model.loss, plan.model.data, plan.version) == (LOSS, DATA, 3)
+    assert json.loads(factory_plan.read_text())["model"]["loss"] == LOSS
+    rc, out, _ = _cli(["check", str(factory_plan), "--model", FACTORY], capsys)
+    assert rc == 0, out
+    # the loss's log-probabilities dropped from the last unit: caught now that the loss is re-costed
+    last = dataclasses.replace(plan.units[-1], activation_bytes=_python_api_units()[-1].activation_bytes)
+    lied = tmp_path / "lied.json"
+    dataclasses.replace(plan, units=(*plan.units[:-1], last)).save(lied)
+    rc, out, err = _cli(["check", str(lied), "--model", FACTORY], capsys)
+    assert rc == 2 and "activation_bytes" in err and "Traceback" not in err, (out, err)
+
+
 def test_builtin_with_its_own_loss_named_equals_the_default(tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     base = ["plan", "gpt-tiny", "--cluster", CLUSTER, "--batch", "2", "--seq", "16"]

@@ -114,7 +114,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         with console.status(f"solving: {graph.num_units} units on {len(cluster.devices)} devices "
                             f"(limit {args.time_limit:g} s)"):
             plan = plan_replicas(graph, cluster, replicas, global_batch=args.global_batch, solver=args.solver,
-                                 time_limit_s=args.time_limit, seed=args.seed)
+                                 time_limit_s=args.time_limit, seed=args.seed,
+                                 recompute=getattr(args, "recompute", "auto"))
     except InfeasibleError as err:
         from hetpipe.cli.fit_help import with_fit_hints
 
@@ -122,6 +123,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
             raise
         with console.status("nothing fits: trying lighter settings (memory only)"):
             raise with_fit_hints(err, args, graph, cluster, capture_args) from None
+    plan = _with_user_code(plan, args)
     plan.save(args.output)
     console.print(plan_table(plan))
     if plan.replicas:
@@ -133,17 +135,34 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _with_user_code(plan: Any, args: argparse.Namespace) -> Any:
+    """`plan` recording the --loss / --data its tables were costed with (plan version 3 fields)."""
+    from dataclasses import replace
+
+    loss, data = getattr(args, "loss", None) or "", getattr(args, "data", None) or ""
+    if not (loss or data):
+        return plan
+    return replace(plan, model=replace(plan.model, loss=loss, data=data))
+
+
 def _recapture(args: argparse.Namespace, plan: Any, granularity: str | int) -> Any:
-    """The model captured as `hetpipe plan` captured it for `plan` (built-ins with their loss)."""
+    """The model captured as `hetpipe plan` captured it for `plan` (its loss and data included)."""
+    from hetpipe import models
     from hetpipe.plan.build import capture_builtin
+    from hetpipe.plan.user_code import loss_for_capture
     from hetpipe.partitioner.capture.capture import capture
 
     batch, t = args.batch or plan.training.micro_batch_size, plan.training
-    if ":" not in args.model:
+    loss, data = plan.model.loss or None, plan.model.data or None
+    if models.takes_size(args.model) and not (loss or data):
         return capture_builtin(args.model, batch=batch, seq=args.seq, optimizer=t.optimizer, precision=t.precision,
                                granularity=granularity)
-    model, inputs, name = load_model(args.model, batch=batch, seq=args.seq)
-    return capture(model, inputs, name=name, granularity=granularity, optimizer=t.optimizer, precision=t.precision)
+    # a factory sizes its own inputs: only a built-in takes the plan's micro-batch
+    model, inputs, name = load_model(args.model, batch=batch if models.takes_size(args.model) else args.batch,
+                                     seq=args.seq)
+    fn, targets = loss_for_capture(args.model, model, inputs, loss=loss, data=data) if (loss or data) else (None, None)
+    return capture(model, inputs, name=name, granularity=granularity, optimizer=t.optimizer, precision=t.precision,
+                   loss_fn=fn, targets=targets)
 
 
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
@@ -160,8 +179,9 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
         verify_model(plan, graph)
         if graph.num_units != len(plan.units):  # planned with --granularity N: group the same way
             graph = _recapture(args, plan, len(plan.units))
-        # a factory's plan may have costed a --loss this capture does not know: its share is a lower bound
-        verify_tables(plan, graph, cluster=cluster, loss_costed=":" not in args.model)
+        # the loss is re-costed when it is known (a built-in's own, or the plan's recorded --loss);
+        # an older plan of a factory may have costed one this capture does not know: a lower bound then
+        verify_tables(plan, graph, cluster=cluster, loss_costed=":" not in args.model or bool(plan.model.loss))
     report = check_plan(plan)
     if report.ok:
         console.print(f"{args.plan}: ok; T = {report.iteration_s:.6g} s, every stage fits")

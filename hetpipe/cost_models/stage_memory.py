@@ -52,10 +52,12 @@ class HeldCounts:
 
 def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_bytes: int, in_bytes: int,
                          out_bytes: int, held: Sequence[HeldCounts], in_grad_bytes: int | None = None,
-                         out_grad_bytes: int | None = None) -> int:
+                         out_grad_bytes: int | None = None, recompute_saved_bytes: int = 0,
+                         recompute_peak_bytes: int = 0) -> int:
     """Bytes a pipeline stage holds at its peak: M_s of the optimisation contract.
 
-    ``M_s = state - G + max_t (g_t·G + k_t·(A + in + out) + i_t·in + i'_t·in' + o_t·out + o'_t·out')``
+    ``M_s = state - G + max_t (g_t·G + k_t·(A - saved_R + in + out) + i_t·in + i'_t·in' + o_t·out + o'_t·out')
+    + peak_R``
 
     over the moments ``t`` of one training step (``held``: `hetpipe.schedule.held.stage_held_terms`):
 
@@ -69,7 +71,10 @@ def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_by
     * messages of the cuts' sizes -- ``in``/``out`` for activations, ``in'``/``out'`` for
       gradients (the cut's tensors that require grad; default: the whole cut): receive
       buffers posted up to `RECV_PREFETCH` actions ahead, a received gradient kept until its
-      backward, every send's copy until the rank waits for it (at its next receive).
+      backward, every send's copy until the rank waits for it (at its next receive);
+    * recomputed units R (`hetpipe.cost_models.recompute`): each in-flight micro-batch keeps
+      only their inputs, ``saved_R = Σ_{u∈R} (A_u − in_u)`` less, and one recomputed unit's
+      activations live again during its backward, ``peak_R = max_{u∈R} A_u``, added once.
 
     Example (a middle stage of 3 and the first, 4 micro-batches):
         >>> mid = (HeldCounts(1, 2, 1, 0, 1, 2), HeldCounts(1, 1, 2, 1, 0, 1))
@@ -83,7 +88,7 @@ def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_by
     """
     in_grad = in_bytes if in_grad_bytes is None else in_grad_bytes
     out_grad = out_bytes if out_grad_bytes is None else out_grad_bytes
-    per_microbatch = activation_bytes + in_bytes + out_bytes
+    per_microbatch = activation_bytes - recompute_saved_bytes + in_bytes + out_bytes
     peak = max(c.grads * grad_bytes + c.microbatches * per_microbatch + c.in_frames * in_bytes
                + c.in_grad_frames * in_grad + c.out_frames * out_bytes + c.out_grad_frames * out_grad for c in held)
-    return state_bytes - grad_bytes + peak
+    return state_bytes - grad_bytes + peak + recompute_peak_bytes

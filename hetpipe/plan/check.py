@@ -24,7 +24,9 @@ import math
 
 from hetpipe.cost_models.stage_memory import MEMORY_MODEL
 from hetpipe.errors import PlanError
-from hetpipe.partitioner.problem import evaluate
+from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.recompute import choose_recompute, is_prefix_choice
+from hetpipe.plan.baseline_check import baseline_violations
 from hetpipe.plan.replica_check import check_replicas
 from hetpipe.plan.schema import (
     CheckReport,
@@ -60,7 +62,7 @@ def memory_model_mismatch(plan: Plan) -> str:
     Example:
         >>> from types import SimpleNamespace
         >>> memory_model_mismatch(SimpleNamespace(memory_model=1))[:62]
-        'memory_model: this plan was made with memory model 1, this he'
+        'memory_model: this plan was made with memory model 1, this het'
     """
     return (f"memory_model: this plan was made with memory model {plan.memory_model}, this hetpipe uses memory "
             f"model {MEMORY_MODEL} (each stage's memory_bytes is computed differently); re-plan with `hetpipe plan`")
@@ -70,9 +72,11 @@ def _check_pipeline(plan: Plan) -> CheckReport:
     violations = structure_violations(plan)
     problem = problem_from_plan(plan)
     try:
-        ev = evaluate(problem, stages_from_plan(plan))
+        stages = stages_from_plan(plan)
+        ev = evaluate(problem, stages)
     except ValueError as err:
         return CheckReport(math.nan, tuple(violations + [f"stages: {err}"]))
+    violations += recompute_violations(problem, stages)
     for st, cost in zip(plan.stages, ev.stages):
         for name, recorded, actual in (
             ("fwd_s", st.fwd_s, cost.fwd_s),
@@ -88,8 +92,25 @@ def _check_pipeline(plan: Plan) -> CheckReport:
                 f"{cost.usable_bytes / 2**30:.2f} GiB is usable (over by "
                 f"{(cost.memory_bytes - cost.usable_bytes) / 2**30:.2f} GiB)"
             )
+    violations.extend(baseline_violations(plan, problem))
     for name, recorded in (("predicted.iteration_s", plan.predicted.iteration_s),
                            ("solver.objective_s", plan.solver.objective_s)):
         if not close_to_recorded(recorded, ev.iteration_s):
             violations.append(f"{name} {recorded!r} != recomputed T {ev.iteration_s!r}")
     return CheckReport(ev.iteration_s, tuple(violations))
+
+
+def recompute_violations(problem: Problem, stages: tuple[Stage, ...]) -> list[str]:
+    """Each stage's recompute set against the plan's setting (`Problem.recompute`): a prefix of the
+    stage's order, and under ``auto``/``all`` exactly the choice the planner makes (re-derived)."""
+    out = []
+    for s, st in enumerate(stages):
+        if st.recompute_units and not is_prefix_choice(problem, st):
+            out.append(f"stage {s}: recompute_units {list(st.recompute_units)} are not the first units of the "
+                       "stage's recompute order (saved bytes per recompute second)")
+        elif problem.recompute != "none":
+            want = choose_recompute(problem, stages, s)
+            if want != st.recompute_units:
+                out.append(f"stage {s}: recompute_units {list(st.recompute_units)}, but recompute "
+                           f"{problem.recompute!r} chooses {list(want)}")
+    return out

@@ -33,11 +33,12 @@ from pathlib import Path
 from typing import Mapping
 
 from hetpipe.cost_models.outputs import atomic_write_text
+from hetpipe.cost_models.recompute import RECOMPUTE_MODES
 from hetpipe.cost_models.sync import BUCKET_CAP_BYTES
 from hetpipe.cost_models.validate import MAX_PLAN_FILE_BYTES
 from hetpipe.errors import PlanError
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy
-from hetpipe.plan.serde import from_json, to_json
+from hetpipe.plan.serde import from_json, least_version, to_json
 from hetpipe.plan.validate import validate_plan
 
 PLAN_FORMAT = "hetpipe.plan"
@@ -45,15 +46,26 @@ PLAN_FORMAT = "hetpipe.plan"
 #: (issue #6).  Single-pipeline plans are still written as version 1, so older hetpipe
 #: reads them; a plan with replicas is version 2, which older hetpipe refuses instead of
 #: silently running only `stages`.
+#: Version 3 adds optional fields, each declared with ``metadata={"since": 3}`` and written only
+#: when used (e.g. `PlanStage.recompute_units`, `PlanModel.loss`): a plan is written with the
+#: lowest version its content needs (`least_version`), so plans that use none stay 1 or 2.
+#: A single pipeline from `partition_graph` records each baseline's best cards
+#: (`BaselineReport.best`, issue 17), so it is version 3.
 PLAN_VERSION = 3
 #: The version of a plan without replicas.
 PLAN_VERSION_SINGLE = 1
 #: The first version that may carry replicas.
 PLAN_VERSION_REPLICAS = 2
-#: The first version that records `Plan.memory_model` and `PlanUnit.boundary_held_bytes`
-#: (memory model 2): every plan this hetpipe makes.  An older hetpipe refuses it by its
-#: version instead of re-checking its memory with another formula.
+#: The first version that may carry memory levers (a stage's recompute_units, issue 14).
+PLAN_VERSION_LEVERS = 3
+#: The first version that records `Plan.memory_model` and the per-unit tables of memory model 2
+#: (`PlanUnit.grad_bytes`, `boundary_held_bytes`, `boundary_grad_bytes`): every plan this hetpipe
+#: makes (`least_version`).  An older hetpipe refuses it by its version instead of re-checking
+#: its memory with another formula.
 PLAN_VERSION_MEMORY = 3
+#: `Plan.cost_model` key recording the recomputation setting the plan was solved with
+#: (``"auto: ..."``; absent = ``none``); `check_plan` re-derives each stage's choice under it.
+RECOMPUTE_NOTE = "recompute"
 # Relative tolerance when re-checking recorded floats against recomputed ones:
 # JSON round-trips Python floats exactly, so only summation order differs.
 CHECK_RTOL = 1e-9
@@ -76,6 +88,10 @@ class PlanModel:
     num_units: int
     tracer: str
     tied: tuple[PlanTied, ...] = ()
+    # Version 3: the user code the tables were costed with (`hetpipe plan --loss/--data`), so
+    # `hetpipe check --model` re-derives them the same way; empty for a model's own loss.
+    loss: str = field(default="", metadata={"since": 3})
+    data: str = field(default="", metadata={"since": 3})
 
 
 @dataclass(frozen=True)
@@ -173,10 +189,31 @@ class SolverReport:
 
 
 @dataclass(frozen=True)
-class BaselineReport:
+class BaselineStage:
+    device: str  # device id
+    first_unit: int
+    last_unit: int
+
+
+@dataclass(frozen=True)
+class BestBaselineReport:
+    """A baseline's cut rule on its best device subset and order (`partitioner.baseline_search`)."""
+
     iteration_s: float
     fits: bool
+    search: str  # "exact" | "local search" | "none fits"
+    stages: tuple[BaselineStage, ...] = ()
+    profile_kind: str = ""  # time-homogeneous: the kind whose times it balances
     note: str = ""
+
+
+@dataclass(frozen=True)
+class BaselineReport:
+    iteration_s: float  # forced: every card (at most one per unit) in the cluster file's order
+    fits: bool
+    note: str = ""
+    # Version 3 (issue 17): the same rule on the cards and order a careful user would pick.
+    best: BestBaselineReport | None = field(default=None, metadata={"since": 3})
 
 
 @dataclass(frozen=True)
@@ -257,10 +294,12 @@ class Plan:
     memory_model: int = field(default=1, metadata={"since": 3})
 
     def __post_init__(self) -> None:
+        # A plan built in code takes the version its content needs; a file that claims less is
+        # refused by `from_dict` (an older hetpipe would not know those fields).
+        object.__setattr__(self, "version", max(self.version, least_version(self)))
         if (self.replicas or self.sync is not None) and self.version < PLAN_VERSION_REPLICAS:
             raise PlanError(f"plan.version is {self.version} but the plan has replicas, which need version "
                             f"{PLAN_VERSION_REPLICAS}; set \"version\": {PLAN_VERSION_REPLICAS}")
-        _check_memory_version(self)
         if bool(self.replicas) != (self.sync is not None):
             raise PlanError("plan.replicas and plan.sync go together: a replica plan records both; "
                             "re-create it with `partition_replicas`")
@@ -275,6 +314,9 @@ class Plan:
         _check_header(doc, source)
         try:
             plan = from_json(cls, doc, path="plan")
+            if plan.version > doc["version"]:
+                raise PlanError(f"plan.version is {doc['version']} but the plan uses fields of version "
+                                f"{plan.version}; set \"version\": {plan.version}")
             validate_plan(plan)
             return plan
         except PlanError as err:
@@ -314,15 +356,6 @@ class Plan:
 
     def device_index(self) -> dict[str, int]:
         return {d.id: i for i, d in enumerate(self.devices)}
-
-
-def _check_memory_version(plan: Plan) -> None:
-    """Memory model 2's fields need version `PLAN_VERSION_MEMORY` (older hetpipe refuses them by version)."""
-    if plan.version < PLAN_VERSION_MEMORY and (plan.memory_model != 1 or any(
-            u.boundary_held_bytes or u.grad_bytes or u.boundary_grad_bytes for u in plan.units)):
-        raise PlanError(f"plan.version is {plan.version} but the plan records memory model {plan.memory_model} "
-                        "(memory_model, units[].boundary_held_bytes, grad_bytes, boundary_grad_bytes), which "
-                        f"needs version {PLAN_VERSION_MEMORY}; set \"version\": {PLAN_VERSION_MEMORY} or re-plan")
 
 
 def _check_header(doc: object, source: str) -> None:
@@ -372,7 +405,17 @@ def problem_from_plan(plan: Plan) -> Problem:
         microbatches=plan.training.microbatches,
         tied=tuple(TiedCopy(t.units[0], tuple(t.units), t.state_bytes) for t in plan.model.tied
                    if t.units and t.state_bytes),
+        recompute=recompute_mode(plan),
     )
+
+
+def recompute_mode(plan: Plan) -> str:
+    """The recomputation setting `plan` was solved with (`RECOMPUTE_NOTE`; ``none`` when absent)."""
+    word = str(plan.cost_model.get(RECOMPUTE_NOTE, "none")).split(":")[0].strip()
+    if word not in RECOMPUTE_MODES:
+        raise PlanError(f"plan.cost_model.{RECOMPUTE_NOTE}: {word!r} is not one of {', '.join(RECOMPUTE_MODES)}; "
+                        "fix the field or re-create the plan with `hetpipe plan`")
+    return word
 
 
 def stages_from_plan(plan: Plan) -> tuple[Stage, ...]:
@@ -381,7 +424,7 @@ def stages_from_plan(plan: Plan) -> tuple[Stage, ...]:
     for st in plan.stages:
         if st.device not in index:
             raise PlanError(f"stage {st.index} runs on device {st.device!r}, which the plan does not list")
-        out.append(Stage(index[st.device], st.first_unit, st.last_unit))
+        out.append(Stage(index[st.device], st.first_unit, st.last_unit, tuple(sorted(st.recompute_units))))
     return tuple(out)
 
 

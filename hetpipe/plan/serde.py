@@ -109,3 +109,32 @@ def from_json(cls: type[T], data: Any, *, path: str = "plan") -> T:
             raise PlanError(f"{path}: missing field {f.name!r}")
         kwargs[f.name] = _decode(hints[f.name], data[f.name], f"{path}.{f.name}")
     return cls(**kwargs)
+
+
+def least_version(obj: Any, floor: int = 1) -> int:
+    """The lowest plan version that can carry `obj`: the largest ``since`` of a field (anywhere
+    in the dataclass tree) that holds something other than its default.
+
+    Example:
+        >>> from dataclasses import dataclass, field
+        >>> @dataclass(frozen=True)
+        ... class S:
+        ...     a: int
+        ...     b: tuple = field(default=(), metadata={"since": 3})
+        >>> least_version((S(1), S(2))), least_version((S(1), S(2, (7,))))
+        (1, 3)
+    """
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if "since" in f.metadata and value != f.default:
+                floor = max(floor, int(f.metadata["since"]))
+            floor = least_version(value, floor)
+    elif isinstance(obj, (tuple, list)):
+        for v in obj:
+            floor = least_version(v, floor)
+    elif isinstance(obj, Mapping):
+        for v in obj.values():
+            floor = least_version(v, floor)
+    return floor
+

@@ -54,11 +54,11 @@ def _raise_if(problems: list[str], what: str = "invalid schedule") -> None:
         return
     if len(problems) == 1:
         raise ScheduleError(f"{what}: {problems[0]}")
+    # One line, like every user error: the first problems joined, then how many more.
     shown = problems[:_MAX_REPORTED]
     more = len(problems) - len(shown)
-    tail = f"\n  ... and {more} more" if more else ""
-    lines = "\n  - ".join(shown)
-    raise ScheduleError(f"{what} ({len(problems)} problems):\n  - {lines}{tail}")
+    tail = f"; ... and {more} more" if more else ""
+    raise ScheduleError(f"{what} ({len(problems)} problems): {'; '.join(shown)}{tail}")
 
 
 def _allowed_ops(stage: int, num_stages: int) -> set[Op]:

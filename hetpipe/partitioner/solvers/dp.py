@@ -21,6 +21,9 @@ min(j + 1, m) micro-batches of activations in flight on it (the memory contract)
 State = (count vector, class of the suffix's first stage); value = a vector over the
 unit at which the suffix starts.
 
+Recomputation (`Problem.recompute`): each table entry is priced with its stage's smallest
+fitting recompute prefix (`recompute_band`; why that keeps the DP exact: `partitioner/recompute.py`).
+
 `hetpipe.partitioner.solvers.fixed_order.solve_fixed_order` is the same DP for one given
 device sequence (a fast heuristic for clusters whose count space is too large).
 
@@ -39,7 +42,6 @@ Example:
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import time
@@ -48,9 +50,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from hetpipe.cost_models.stage_memory import HeldCounts
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
-from hetpipe.schedule.held import position_held_terms
+from hetpipe.partitioner.solvers.counts import count_vectors, vectors
+from hetpipe.partitioner.recompute import with_recompute
+from hetpipe.partitioner.solvers.recompute_band import shared_band
+from hetpipe.partitioner.solvers.stage_moments import band_moments, memory_tables
 
 log = logging.getLogger(__name__)
 
@@ -161,12 +165,6 @@ def _tied_band(problem: Problem, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return extra
 
 
-def _held_out(problem: Problem) -> np.ndarray:
-    """boundary_held_bytes per unit (zeros when the problem has none)."""
-    held = problem.boundary_held_bytes or (0,) * problem.num_units
-    return np.asarray(held, dtype=np.float64)
-
-
 class StageTables:
     """Per-class stage costs in *band* form, shared by every cap (seconds, bytes).
 
@@ -187,15 +185,11 @@ class StageTables:
         act = np.concatenate(([0.0], np.cumsum(np.asarray(problem.activation_bytes, dtype=np.float64))))
         bd = np.asarray(problem.boundary_bytes, dtype=np.float64)
         self.state = st[hi_c] - st[lo] + _tied_band(problem, lo, hi_c)
-        gr = np.concatenate(([0.0], np.cumsum(np.asarray(problem.grad_bytes or (0,) * L, dtype=np.float64))))
-        self.grads = gr[hi_c] - gr[lo]
-        self.act = act[hi_c] - act[lo] - _held_out(problem)[hi_c - 1]  # A_s (`problem.stage_activation_bytes`)
+        self.grads, held_out, self.before_grad, self.after_grad = memory_tables(problem, lo, hi_c, self.valid.shape)
+        self.act = act[hi_c] - act[lo] - held_out  # A_s (`problem.stage_activation_bytes`)
         # in/out cut bytes of a stage on [lo, hi): the cut before (none for the first) and after
         self.before = np.broadcast_to(np.where(lo > 0, bd[np.maximum(lo - 1, 0)], 0.0), self.valid.shape)
         self.after = bd[np.clip(hi_c - 1, 0, L - 1)]  # counted only if a stage follows
-        gd = np.asarray(problem.boundary_grad_bytes or problem.boundary_bytes, dtype=np.float64)  # gradient messages
-        self.before_grad = np.broadcast_to(np.where(lo > 0, gd[np.maximum(lo - 1, 0)], 0.0), self.valid.shape)
-        self.after_grad = gd[np.clip(hi_c - 1, 0, L - 1)]
         self.first = np.broadcast_to(lo == 0, self.valid.shape)
         self.is_last = hi == L
         # compute per class: F + B of the stage's units on kind(c)
@@ -203,6 +197,7 @@ class StageTables:
         for c in classes:
             work = np.concatenate(([0.0], np.cumsum(np.add(problem.fwd_s[c.kind], problem.bwd_s[c.kind]))))
             self.compute.append(np.where(self.valid, work[hi_c] - work[lo], np.inf))
+        self.levers = None if problem.recompute == "none" else shared_band(problem, hi_c, self.valid)
         # round trip 2*C over the cut after unit u-1 (index u = start of the next stage), per class pair
         self.comm2 = np.zeros((len(classes), len(classes), L + 1))
         for a, ca in enumerate(classes):
@@ -224,27 +219,26 @@ class StageTables:
                 longest = max(longest, int(cols[-1]) + 1)
         return max(1, longest)
 
+    def moments(self, after_stages: int, width: int | None = None) -> list[tuple[int, np.ndarray]]:
+        """(k_t, bytes without recomputation) per moment of the band's stages (`stage_moments.band_moments`)."""
+        return band_moments(self, after_stages, self.m, np.s_[:, :width])
+
+    def memory(self, after_stages: int, width: int | None = None) -> np.ndarray:
+        """M_s of `pipeline_stage_bytes` without recomputation over the band: the largest moment."""
+        return np.max([held for _, held in self.moments(after_stages, width)], axis=0)
+
     def band(self, c: int, after_stages: int, cap: float, width: int) -> np.ndarray:
         """Cost of a stage of class c on [lo, lo+w+1) with `after_stages` stages after it (inf = not allowed)."""
         sl = np.s_[:, :width]
-        cuts = (self.before[sl], self.before_grad[sl], self.after[sl] if after_stages else 0.0,
-                self.after_grad[sl] if after_stages else 0.0)
-        # M_s of `pipeline_stage_bytes`, vectorised over the band: the first stage's moments or the others'
-        peaks = [self._peak(position_held_terms(after_stages, first=f, microbatches=self.m), sl, cuts)
-                 for f in (True, False)]
-        mem = self.state[sl] - self.grads[sl] + np.where(self.first[sl], peaks[0], peaks[1])
         cost = self.compute[c][sl]
-        ok = (cost <= cap) & (mem <= self.classes[c].usable_bytes)
+        if self.levers is None:
+            ok = (cost <= cap) & (self.memory(after_stages, width) <= self.classes[c].usable_bytes)
+        else:  # the recompute choice's seconds; inf where no choice fits
+            cls = self.classes[c]
+            cost = cost + self.levers.extra_s(cls.kind, cls.usable_bytes, after_stages, self.moments, cost <= cap)
+            ok = cost <= cap
         ok &= self.is_last[sl] if not after_stages else ~self.is_last[sl]  # only the last stage ends at unit L
         return np.where(ok, cost, np.inf)
-
-    def _peak(self, held: Sequence[HeldCounts], sl: tuple, cuts: tuple) -> np.ndarray:
-        """max_t (g_t G + k_t (A + in + out) + i_t in + i'_t in' + o_t out + o'_t out') over the band."""
-        cut_in, grad_in, cut_out, grad_out = cuts
-        per_mb = self.act[sl] + cut_in + cut_out
-        return np.max([c.grads * self.grads[sl] + c.microbatches * per_mb + c.in_frames * cut_in
-                       + c.in_grad_frames * grad_in + c.out_frames * cut_out + c.out_grad_frames * grad_out
-                       for c in held], axis=0)
 
     def gather(self, h: np.ndarray, width: int) -> np.ndarray:
         """h[lo + w + 1] as an (L+1, width) array (h indexed by the next stage's first unit)."""
@@ -264,11 +258,9 @@ class _Lattice:
 
     @classmethod
     def build(cls, classes: Sequence[DeviceClass], max_stages: int) -> _Lattice:
-        ranges = [range(c.count + 1) for c in classes]
         groups: dict[int, list[tuple[int, ...]]] = {}
-        for v in itertools.product(*ranges):
-            if 0 < sum(v) <= max_stages:
-                groups.setdefault(sum(v), []).append(v)
+        for v in vectors([c.count for c in classes], max_stages):
+            groups.setdefault(sum(v), []).append(v)
         moves = {}
         for k, group in groups.items():
             if k == 1:
@@ -423,7 +415,7 @@ def solve_exact(problem: Problem, *, state_budget: int = DEFAULT_STATE_BUDGET,
         seed = None
     classes = device_classes(problem)
     limit = min(problem.num_units, len(problem.devices), max_stages or len(problem.devices))
-    size = math.prod(c.count + 1 for c in classes)  # count vectors, before the stage limit prunes them
+    size = count_vectors([c.count for c in classes], min(limit, exact_stages or limit))
     work = size * len(classes) * (problem.num_units + 1)
     if work > state_budget:
         raise StateSpaceTooLarge(f"{size} device-count states x {len(classes)} classes x "
@@ -433,7 +425,7 @@ def solve_exact(problem: Problem, *, state_budget: int = DEFAULT_STATE_BUDGET,
 
     def min_sum(cap: float, bottleneck: bool) -> tuple[float, tuple[Stage, ...]] | None:
         out = _min_sum_counts(tab, cap, lattice, exact_stages, bottleneck=bottleneck)
-        return None if out is None else (out[0], assign_stages(classes, out[1]))
+        return None if out is None else (out[0], with_recompute(problem, assign_stages(classes, out[1])))
 
     return parametric_search(problem, min_sum, time_limit_s=time_limit_s, seed=seed)
 
@@ -446,12 +438,12 @@ def least_bottleneck(problem: Problem, *, cap_s: float = math.inf,
     `sum_lower_bound`, T >= S_lb + (m - 1) * b_min is a valid lower bound.
     """
     classes = device_classes(problem)
-    size = math.prod(c.count + 1 for c in classes)
+    size = count_vectors([c.count for c in classes], min(problem.num_units, len(problem.devices)))
     if size * len(classes) * (problem.num_units + 1) > state_budget:
         raise StateSpaceTooLarge(f"{size} device-count states")
     lattice = _Lattice.build(classes, min(problem.num_units, len(problem.devices)))
     out = _min_sum_counts(StageTables(problem, classes), cap_s, lattice, bottleneck=True)
-    return None if out is None else (out[0], assign_stages(classes, out[1]))
+    return None if out is None else (out[0], with_recompute(problem, assign_stages(classes, out[1])))
 
 
 def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callable = np.add,

@@ -5,7 +5,7 @@ with the kind's largest usable memory, and every link between two kinds is price
 the fastest link any such pair has (highest bandwidth, lowest latency).  Every real
 placement is a placement of the relaxed problem with T no larger, so the relaxed
 optimum (exact DP over kind counts, which is small: a few kinds) is a valid lower
-bound on the real optimum.
+bound on the real optimum (with recomputation too: more memory never needs a longer prefix).
 
 `realise` maps a relaxed placement back to real cards: it walks the pipeline and gives
 each stage a card of the wanted kind, staying on the node of the previous stage while
@@ -29,8 +29,10 @@ import time
 from dataclasses import replace
 from typing import Sequence
 
+from hetpipe.partitioner.solvers.counts import count_vectors
 from hetpipe.partitioner.solvers.dp import (
     CAP_TOLERANCE,
+    DEFAULT_STATE_BUDGET,
     DPResult,
     StateSpaceTooLarge,
     least_bottleneck,
@@ -40,8 +42,16 @@ from hetpipe.partitioner.solvers.dp import (
 from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 
+#: Usable bytes of a merged kind under ``recompute="auto"`` (`aggregate_kinds`): no memory limit.
+UNLIMITED_BYTES = 2**62
 #: Node name every card gets in the relaxed problem.
 ANY_NODE = "*"
+#: DP rows the aggregated relaxation may have (`aggregate_kinds`).  Smaller than the exact
+#: DP's budget on purpose: the bound needs several passes within the time limit.  Measured
+#: on the 2-core VM (llama-7b, 64 cards of 8 kinds, loaded): at 4e7 rows one pass took 4.7 s
+#: and the exact relaxed walk 17 s; at 1e7 and 3e6 rows 0.6 s and 1.4 s, with the same bound
+#: (it proved the plan optimal), because merging kinds no good pipeline uses costs nothing.
+RELAXED_STATE_BUDGET = 5_000_000
 
 
 def relaxed_problem(problem: Problem) -> Problem:
@@ -67,16 +77,23 @@ def relaxed_problem(problem: Problem) -> Problem:
     return replace(problem, devices=relaxed, bandwidth_bytes_s=bw, latency_s=lat)
 
 
-def realise(problem: Problem, kinds: Sequence[str]) -> list[int]:
-    """Real card indices for a pipeline of the given kinds (stage order), node-local where possible."""
+def realise(problem: Problem, kinds: Sequence[str | tuple[str, ...]]) -> list[int]:
+    """Real card indices for a pipeline of the given kinds (stage order), node-local where possible.
+
+    A stage may name several kinds (an aggregated class of `aggregate_kinds`): it takes a card
+    of any of them, the first listed (fastest) that still has one when nothing is node-local.
+    """
     free: dict[str, list[int]] = {}
     for i, d in enumerate(problem.devices):
         free.setdefault(d.kind, []).append(i)
     order: list[int] = []
-    for kind in kinds:
+    for want in kinds:
+        allowed = (want,) if isinstance(want, str) else want
+        here_node = problem.devices[order[-1]].node if order else None
+        local = [k for k in allowed if any(problem.devices[i].node == here_node for i in free.get(k, ()))]
+        kind = local[0] if local else next(k for k in allowed if free.get(k))
         pool = free[kind]
-        here = problem.devices[order[-1]].node if order else None
-        pick = next((i for i in pool if problem.devices[i].node == here), None)
+        pick = next((i for i in pool if problem.devices[i].node == here_node), None)
         if pick is None:  # start the kind's largest remaining node block
             nodes: dict[str, int] = {}
             for i in pool:
@@ -88,8 +105,69 @@ def realise(problem: Problem, kinds: Sequence[str]) -> list[int]:
     return order
 
 
-def _realised(problem: Problem, relaxed_stages: Sequence[Stage], *, time_limit_s: float) -> DPResult | None:
-    order = realise(problem, [problem.devices[st.device].kind for st in relaxed_stages])
+def _speed_order(problem: Problem) -> list[str]:
+    """Device kinds, fastest first (the whole model's F + B on that kind)."""
+    work = {k: sum(f + b for f, b in zip(problem.fwd_s[k], problem.bwd_s[k])) for k in problem.fwd_s}
+    kinds = list(dict.fromkeys(d.kind for d in problem.devices))
+    return sorted(kinds, key=lambda k: (work[k], kinds.index(k)))
+
+
+def _dp_rows(problem: Problem, groups: Sequence[Sequence[str]]) -> int:
+    """DP rows of the node-free problem whose classes are `groups` (see `dp.solve_exact`)."""
+    limit = min(problem.num_units, len(problem.devices))
+    counts = [sum(1 for d in problem.devices if d.kind in g) for g in groups]
+    return count_vectors(counts, limit) * len(groups) * (problem.num_units + 1)
+
+
+def aggregate_kinds(relaxed: Problem, *, merge_above: int = DEFAULT_STATE_BUDGET,
+                    state_budget: int = RELAXED_STATE_BUDGET) -> tuple[Problem, dict[str, tuple[str, ...]]]:
+    """A further relaxation of a node-free problem whose DP fits `state_budget`.
+
+    Only when the node-free problem's own DP has more than `merge_above` rows (the exact DP's
+    budget) does anything merge; then, while its DP has more than `state_budget` rows, the
+    two slowest groups of kinds merge into one class that is at least as good as each member: per unit the fastest member's F and B,
+    the largest usable memory, the best link any member pair has.  Every placement keeps
+    its devices and can only get faster and roomier, so the merged optimum is still a lower
+    bound on the real one; the fastest kinds (where good pipelines live) stay exact.
+    Returns the problem (kinds renamed to their group label) and label -> member kinds,
+    fastest first.
+
+    Example:
+        >>> from hetpipe.partitioner.problem import DeviceSlot
+        >>> devs = tuple(DeviceSlot(f"{k}{i}", k, ANY_NODE, 9) for k in "abc" for i in range(2))
+        >>> one = tuple(tuple(1.0 for _ in devs) for _ in devs)
+        >>> zero = tuple(tuple(0.0 for _ in devs) for _ in devs)
+        >>> p = Problem({"a": (1.0,), "b": (2.0,), "c": (3.0,)}, {"a": (0.0,), "b": (0.0,), "c": (0.0,)},
+        ...             (0,), (0,), (0,), devs, one, zero, 1)
+        >>> agg, members = aggregate_kinds(p, merge_above=0, state_budget=8)
+        >>> members, agg.fwd_s["b+c"]
+        ({'a': ('a',), 'b+c': ('b', 'c')}, (2.0,))
+    """
+    groups = [[k] for k in _speed_order(relaxed)]
+    if _dp_rows(relaxed, groups) <= merge_above:  # the plain relaxation fits: keep it exact
+        return relaxed, {k: (k,) for k in relaxed.fwd_s}
+    while len(groups) > 1 and _dp_rows(relaxed, groups) > state_budget:
+        groups[-2:] = [groups[-2] + groups[-1]]
+    label = {k: "+".join(g) for g in groups for k in g}
+    fwd = {"+".join(g): tuple(map(min, *(relaxed.fwd_s[k] for k in g))) if len(g) > 1 else relaxed.fwd_s[g[0]]
+           for g in groups}
+    bwd = {"+".join(g): tuple(map(min, *(relaxed.bwd_s[k] for k in g))) if len(g) > 1 else relaxed.bwd_s[g[0]]
+           for g in groups}
+    devices = tuple(replace(d, kind=label[d.kind]) for d in relaxed.devices)
+    merged = relaxed_problem(replace(relaxed, fwd_s=fwd, bwd_s=bwd, devices=devices))
+    if relaxed.recompute == "auto":
+        # A merged kind's recompute order (by its fastest member's F) is no member's order, so its
+        # shortest fitting prefix could cost more than a member's: give merged kinds unlimited memory
+        # instead (they never recompute, and every member's stage is at least as slow and as full).
+        roomy = {"+".join(g) for g in groups if len(g) > 1}
+        merged = replace(merged, devices=tuple(replace(d, usable_bytes=UNLIMITED_BYTES) if d.kind in roomy else d
+                                               for d in merged.devices))
+    return merged, {"+".join(g): tuple(g) for g in groups}
+
+
+def _realised(problem: Problem, relaxed: Problem, members: dict[str, tuple[str, ...]],
+              relaxed_stages: Sequence[Stage], *, time_limit_s: float) -> DPResult | None:
+    order = realise(problem, [members[relaxed.devices[st.device].kind] for st in relaxed_stages])
     return solve_fixed_order(problem, order, time_limit_s=time_limit_s)
 
 
@@ -98,12 +176,13 @@ def relaxed_bound(problem: Problem, *, seed: Sequence[Stage] | None, time_limit_
     """(lower bound on T, best real placement realised from relaxed solutions).
 
     First one min-max pass: b_min of the relaxation gives T >= S_lb + (m-1) b_min.
-    Then, if the time limit allows about two more such passes, the exact relaxed
-    optimum (a tighter bound).  The bound is 0 when the relaxation is itself too large,
+    Then, if the time limit allows at least one more such pass, the exact relaxed
+    optimum (a tighter bound); its walk checks the clock between passes, so the limit
+    may be overrun by up to one pass (about 2-3 s for 64 cards of 8 kinds on the 2-core VM).  The bound is 0 when the relaxation is itself too large,
     inf when nothing fits even relaxed.
     """
     start = time.perf_counter()
-    relaxed = relaxed_problem(problem)
+    relaxed, members = aggregate_kinds(relaxed_problem(problem))
     cap = evaluate(problem, seed).bottleneck_s * (1 + CAP_TOLERANCE) if seed is not None else math.inf
     try:
         least = least_bottleneck(relaxed, cap_s=cap)
@@ -115,18 +194,18 @@ def relaxed_bound(problem: Problem, *, seed: Sequence[Stage] | None, time_limit_
         return math.inf, None  # nothing fits even with every card at its kind's best
     b_min, stages = least
     bound = sum_lower_bound(problem) + (problem.microbatches - 1) * b_min
-    best = _realised(problem, stages, time_limit_s=time_limit_s) if num_stages is None else None
+    best = _realised(problem, relaxed, members, stages, time_limit_s=time_limit_s) if num_stages is None else None
     pass_s = time.perf_counter() - start
-    if time_limit_s - pass_s > 2 * pass_s:
+    if time_limit_s - pass_s > pass_s:  # the DP is time-limited itself: a partial walk still tightens the bound
         try:
-            res = solve_exact(relaxed, time_limit_s=time_limit_s - 2 * pass_s, exact_stages=num_stages,
+            res = solve_exact(relaxed, time_limit_s=time_limit_s - pass_s, exact_stages=num_stages,
                               seed=best.stages if best is not None else seed)
         except StateSpaceTooLarge:
             res = None
         if res is not None:
             bound = max(bound, res.bound_s)
             if num_stages is None or len(res.stages) == num_stages:
-                real = _realised(problem, res.stages, time_limit_s=time_limit_s)
+                real = _realised(problem, relaxed, members, res.stages, time_limit_s=time_limit_s)
                 if real is not None and (best is None or real.iteration_s < best.iteration_s):
                     best = real
     return bound, best

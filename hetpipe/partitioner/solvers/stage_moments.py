@@ -1,0 +1,59 @@
+"""M_s in the DP's band form: the memory model's tables per stage entry and the moments of its action list.
+
+`dp.StageTables` describes a stage on units [lo, lo + w + 1) for every lo and w at once.
+`memory_tables` adds memory model 2's per-entry terms (`hetpipe.partitioner.problem`):
+the parameter gradients G_s, the held share of the output cut (subtracted from A_s) and
+the gradient messages of the cuts before and after; `band_moments` evaluates
+`hetpipe.cost_models.stage_memory.pipeline_stage_bytes` at every moment of the stage's
+action list (`hetpipe.schedule.held.position_held_terms`), so M_s is their largest.
+
+Example:
+    >>> from hetpipe.partitioner.problem import DeviceSlot, Problem
+    >>> prob = Problem(fwd_s={"a": (1.0, 1.0)}, bwd_s={"a": (1.0, 1.0)}, state_bytes=(10, 10),
+    ...                activation_bytes=(5, 5), boundary_bytes=(4, 0), devices=(DeviceSlot("d", "a", "n", 99),),
+    ...                bandwidth_bytes_s=((1.0,),), latency_s=((0.0,),), microbatches=2, grad_bytes=(2, 2))
+    >>> lo = np.arange(3)[:, None]
+    >>> hi = np.minimum(lo + np.arange(2)[None, :] + 1, 2)
+    >>> grads, held_out, before, after = memory_tables(prob, lo, hi, (3, 2))
+    >>> grads[0].tolist(), after[0].tolist()      # [0, 1) and [0, 2): G, the gradient message after
+    ([2.0, 4.0], [4.0, 0.0])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hetpipe.partitioner.problem import Problem
+from hetpipe.schedule.held import position_held_terms
+
+
+def memory_tables(problem: Problem, lo: np.ndarray, hi: np.ndarray,
+                  shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(G_s, held share of the output cut, gradient message before, after) of every entry [lo, hi)."""
+    L = problem.num_units
+    gr = np.concatenate(([0.0], np.cumsum(np.asarray(problem.grad_bytes or (0,) * L, dtype=np.float64))))
+    held = np.asarray(problem.boundary_held_bytes or (0,) * L, dtype=np.float64)
+    gd = np.asarray(problem.boundary_grad_bytes or problem.boundary_bytes, dtype=np.float64)
+    before = np.broadcast_to(np.where(lo > 0, gd[np.maximum(lo - 1, 0)], 0.0), shape)
+    held_out = np.where(hi < L, held[np.clip(hi - 1, 0, L - 1)], 0.0)  # the last stage sends nothing
+    return gr[hi] - gr[lo], held_out, before, gd[np.clip(hi - 1, 0, L - 1)]
+
+
+def band_moments(tables: Any, after_stages: int, microbatches: int, sl: tuple) -> list[tuple[int, np.ndarray]]:
+    """Per moment t of a stage's action list with `after_stages` stages after it: (k_t, its bytes without
+    recomputation) over the band slice `sl` of `tables` (a `dp.StageTables`); a first stage's moments
+    are -inf on the other rows and the other way round."""
+    t = tables
+    follows = after_stages > 0
+    cut_in, grad_in = t.before[sl], t.before_grad[sl]
+    cut_out, grad_out = (t.after[sl], t.after_grad[sl]) if follows else (0.0, 0.0)
+    base, per_mb, first = t.state[sl] - t.grads[sl], t.act[sl] + cut_in + cut_out, t.first[sl]
+    out = []
+    for is_first, rows in ((True, first), (False, ~first)):
+        for c in position_held_terms(after_stages, first=is_first, microbatches=microbatches):
+            held = (base + c.grads * t.grads[sl] + c.microbatches * per_mb + c.in_frames * cut_in
+                    + c.in_grad_frames * grad_in + c.out_frames * cut_out + c.out_grad_frames * grad_out)
+            out.append((c.microbatches, np.where(rows, held, -np.inf)))
+    return out
