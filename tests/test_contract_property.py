@@ -98,11 +98,12 @@ def contract_t(prob: Problem, stages: tuple[Stage, ...]) -> tuple[float, bool]:
         kept = act - sum(prob.activation_bytes[u] - (prob.boundary_bytes[u - 1] if u != st_.first_unit else 0)
                          for u in rc)
         # the moments of this very stage's 1F1B list (p, s, m), not the solvers' position shortcut
+        again = max((prob.activation_bytes[u] for u in rc), default=0)  # one unit live again in a backward
         peak = max(c.grads * grads + c.microbatches * (kept + cut_in + cut_out) + c.in_frames * cut_in
                    + c.in_grad_frames * grad_in + c.out_frames * cut_out + c.out_grad_frames * grad_out
-                   for c in stage_held_terms(p, s, m))
+                   + (again if c.backward else 0)
+                   for c in stage_held_terms(p, s, m) if not c.backward or again > 0)
         mem = sum(prob.state_bytes[u] for u in held) - grads + peak
-        mem += max((prob.activation_bytes[u] for u in rc), default=0)  # one unit live again in its backward
         mem += sum(t.state_bytes for t in prob.tied
                    if t.owner_unit not in held and any(u in held for u in t.user_units if u != t.owner_unit))
         fits = fits and mem <= dev.usable_bytes

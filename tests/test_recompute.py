@@ -37,15 +37,16 @@ def test_order_ranks_saved_bytes_per_second_and_leaves_out_units_that_save_nothi
 
 
 def test_stage_memory_is_the_readme_formula_with_recomputation() -> None:
-    # M = state + max_t (k_t (sum_{not R} A + sum_{R} in_u + in + out) + frames_t) + max_R A (memory model 2)
+    # M = state + max_t (k_t (sum_{not R} A + sum_{R} in_u + in + out) + frames_t [+ max_R A inside a backward])
     state, a, cut_in, cut_out = 100, (10, 20, 30), 4, 5
     inputs = (cut_in, 6, 7)  # in_u of units 1, 2 = the cuts inside the stage; unit 0 keeps nothing extra
-    moments = (HeldCounts(1, 3, in_frames=1, out_frames=3), HeldCounts(1, 1, in_frames=3, out_frames=1))
+    moments = (HeldCounts(1, 3, in_frames=1, out_frames=3), HeldCounts(1, 1, in_frames=3, out_frames=1),
+               HeldCounts(1, 3, in_frames=1, backward=1))  # inside a backward: where a recompute adds its unit
     for chosen in ((), (1,), (1, 2), (0, 2)):
         kept = sum(x for i, x in enumerate(a) if i not in chosen) + sum(inputs[i] for i in chosen if i > 0)
-        per_mb = kept + cut_in + cut_out
-        want = state + max(3 * per_mb + cut_in + 3 * cut_out, per_mb + 3 * cut_in + cut_out) + max(
-            (a[i] for i in chosen), default=0)
+        per_mb, again = kept + cut_in + cut_out, max((a[i] for i in chosen), default=0)
+        inside = [3 * per_mb + cut_in + again] if chosen else []
+        want = state + max([3 * per_mb + cut_in + 3 * cut_out, per_mb + 3 * cut_in + cut_out] + inside)
         saved = sum(a[i] - (inputs[i] if i > 0 else 0) for i in chosen)
         got = pipeline_stage_bytes(state_bytes=state, activation_bytes=sum(a), in_bytes=cut_in, out_bytes=cut_out,
                                    held=moments, recompute_saved_bytes=saved,

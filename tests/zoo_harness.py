@@ -194,10 +194,10 @@ def cli(argv: list[str]) -> int:
     return app.main(argv)
 
 
-def plan_family(family: Family, out: Path, data: Path) -> tuple[Path, float]:
-    """``hetpipe plan`` on `CLUSTER` with the run's ``--loss`` and ``--data`` (so the plan costs what that
-    loss saves on the last stage, as the run's memory ledger counts it); returns (plan path, capture
-    seconds measured apart)."""
+def plan_family(family: Family, out: Path, data: Path | None = None) -> tuple[Path, float]:
+    """``hetpipe plan`` on `CLUSTER`, with the run's ``--loss`` and ``--data`` when ``data`` is given (so the
+    plan costs what that loss saves on the last stage, as the run's memory ledger counts it); returns
+    (plan path, capture seconds measured apart)."""
     from hetpipe import models
     from hetpipe.partitioner.capture.capture import capture
 
@@ -209,7 +209,8 @@ def plan_family(family: Family, out: Path, data: Path) -> tuple[Path, float]:
     path = out / "plan.json"
     sizes = ["--batch", str(MICRO_BATCH)] + (["--seq", str(family.seq)] if family.seq else []) if family.sized else []
     rc = cli(["plan", family.model, "--cluster", str(CLUSTER), *sizes, "--global-batch",
-              str(MICRO_BATCH * MICROBATCHES), "--loss", family.loss, "--data", str(data), "-o", str(path)])
+              str(MICRO_BATCH * MICROBATCHES), *(["--loss", family.loss, "--data", str(data)] if data else []),
+              "-o", str(path)])
     assert rc == 0, f"hetpipe plan {family.model} exited {rc}"
     return path, capture_s
 

@@ -45,9 +45,15 @@ class HeldCounts:
     in_grad_frames: int = 0
     out_frames: int = 0
     out_grad_frames: int = 0
+    backward: int = 0  # 1: inside a backward, where a recomputed unit's activations live again
 
     def dominated_by(self, other: HeldCounts) -> bool:
-        return all(a <= b for a, b in zip(astuple(self), astuple(other)))
+        return self.backward == other.backward and all(a <= b for a, b in zip(astuple(self), astuple(other)))
+
+    def bytes(self, *, grad_bytes: int, per_microbatch: int, in_bytes: int, in_grad: int, out_bytes: int,
+              out_grad: int) -> int:
+        return (self.grads * grad_bytes + self.microbatches * per_microbatch + self.in_frames * in_bytes
+                + self.in_grad_frames * in_grad + self.out_frames * out_bytes + self.out_grad_frames * out_grad)
 
 
 def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_bytes: int, in_bytes: int,
@@ -56,8 +62,8 @@ def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_by
                          recompute_peak_bytes: int = 0) -> int:
     """Bytes a pipeline stage holds at its peak: M_s of the optimisation contract.
 
-    ``M_s = state - G + max_t (g_t·G + k_t·(A - saved_R + in + out) + i_t·in + i'_t·in' + o_t·out + o'_t·out')
-    + peak_R``
+    ``M_s = state - G + max_t (g_t·G + k_t·(A - saved_R + in + out) + i_t·in + i'_t·in' + o_t·out + o'_t·out'
+    [+ peak_R inside a backward])``
 
     over the moments ``t`` of one training step (``held``: `hetpipe.schedule.held.stage_held_terms`):
 
@@ -74,7 +80,8 @@ def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_by
       backward, every send's copy until the rank waits for it (at its next receive);
     * recomputed units R (`hetpipe.cost_models.recompute`): each in-flight micro-batch keeps
       only their inputs, ``saved_R = Σ_{u∈R} (A_u − in_u)`` less, and one recomputed unit's
-      activations live again during its backward, ``peak_R = max_{u∈R} A_u``, added once.
+      activations live again inside a backward, ``peak_R = max_{u∈R} A_u``: the moments ``t``
+      inside a backward (``HeldCounts.backward``) count, plus ``peak_R``, only when R is not empty.
 
     Example (a middle stage of 3 and the first, 4 micro-batches):
         >>> mid = (HeldCounts(1, 2, 1, 0, 1, 2), HeldCounts(1, 1, 2, 1, 0, 1))
@@ -88,7 +95,9 @@ def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_by
     """
     in_grad = in_bytes if in_grad_bytes is None else in_grad_bytes
     out_grad = out_bytes if out_grad_bytes is None else out_grad_bytes
-    per_microbatch = activation_bytes - recompute_saved_bytes + in_bytes + out_bytes
-    peak = max(c.grads * grad_bytes + c.microbatches * per_microbatch + c.in_frames * in_bytes
-               + c.in_grad_frames * in_grad + c.out_frames * out_bytes + c.out_grad_frames * out_grad for c in held)
-    return state_bytes - grad_bytes + peak + recompute_peak_bytes
+    sizes = dict(grad_bytes=grad_bytes, per_microbatch=activation_bytes - recompute_saved_bytes + in_bytes + out_bytes,
+                 in_bytes=in_bytes, in_grad=in_grad, out_bytes=out_bytes, out_grad=out_grad)
+    peak = max(c.bytes(**sizes) for c in held if not c.backward)
+    if recompute_peak_bytes > 0:  # inside a backward that recomputes
+        peak = max([peak] + [c.bytes(**sizes) + recompute_peak_bytes for c in held if c.backward])
+    return state_bytes - grad_bytes + peak

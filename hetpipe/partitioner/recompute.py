@@ -28,8 +28,8 @@ Example:
     >>> evaluate(prob, plain).stages[0].memory_bytes     # 20 + 2*(35 + 0 + 2) + 2*2 sends + 2*2 receives
     102
     >>> stages = with_recompute(prob, plain)
-    >>> stages[0].recompute_units, evaluate(prob, stages).stages[0].memory_bytes   # 20 + 2*(5+2) + 8 + 30
-    ((0,), 72)
+    >>> stages[0].recompute_units, evaluate(prob, stages).stages[0].memory_bytes   # 20 + 2*(5+2) + 2 + 30 in B
+    ((0,), 66)
 """
 
 from __future__ import annotations

@@ -12,9 +12,10 @@ action; what it sees besides the model state is a sum of a few per-stage sizes:
 `replay_held` walks one rank's action list the way `PipelineExecutor` does -- receives
 posted ``prefetch`` ahead of their action (gloo's rule: regardless of sends to the same
 peer, which posts at least as many as NCCL's), a receive first waits for the rank's
-earlier sends -- and returns, per action, the multiples `HeldCounts`.  `stage_held_terms`
-keeps the ones no other one dominates: a stage's activation-and-message peak is the
-largest of their sums, which is how `hetpipe.cost_models.stage_memory` prices M_s.  The
+earlier sends -- and returns, per action, the multiples `HeldCounts` (and, inside each
+backward, the moment a recomputation adds its unit's activations to).  `stage_held_terms`
+keeps the ones no other one of their kind dominates: a stage's activation-and-message peak
+is the largest of their sums, which is how `hetpipe.cost_models.stage_memory` prices M_s.  The
 gradient messages of a cut carry only its tensors that require grad
 (`hetpipe.partitioner.capture.graph.Unit.boundary_grad_bytes`), so they are counted apart.
 
@@ -23,8 +24,9 @@ after its warm-up (3 sends not yet waited for and 3 gradient receives posted ahe
 parameter gradients yet) or after its 4th forward (gradients, 1 send, 3 receives):
     >>> for c in stage_held_terms(3, 0, 4):
     ...     print(c)
-    HeldCounts(grads=1, microbatches=3, in_frames=0, in_grad_frames=0, out_frames=1, out_grad_frames=3)
-    HeldCounts(grads=0, microbatches=3, in_frames=0, in_grad_frames=0, out_frames=3, out_grad_frames=3)
+    HeldCounts(grads=1, microbatches=3, in_frames=0, in_grad_frames=0, out_frames=1, out_grad_frames=3, backward=0)
+    HeldCounts(grads=1, microbatches=3, in_frames=0, in_grad_frames=0, out_frames=0, out_grad_frames=3, backward=1)
+    HeldCounts(grads=0, microbatches=3, in_frames=0, in_grad_frames=0, out_frames=3, out_grad_frames=3, backward=0)
 """
 
 from __future__ import annotations
@@ -61,17 +63,22 @@ def replay_held(actions: Sequence[Action], *, prefetch: int) -> list[HeldCounts]
                 grads_in.add(a.microbatch)
         elif a.op is Op.F:
             inflight += 1
-        elif a.op is Op.B:
-            inflight, grads = inflight - 1, 1
+        elif a.op is Op.B:  # inside it (its received gradient already taken): what a recompute adds to
             grads_in.discard(a.microbatch)
+            frames = [*posted.values(), *sends]
+            out.append(_counts(1, inflight, frames, len(grads_in), backward=1))
+            inflight, grads = inflight - 1, 1
         elif a.op in (Op.SEND_F, Op.SEND_B):
             sends.append(_FRAME[a.op])
         elif a.op is Op.STEP:
             sends.clear()
-        frames = [*posted.values(), *sends]
-        out.append(HeldCounts(grads, inflight, frames.count("in"), frames.count("in_grad"), frames.count("out"),
-                              frames.count("out_grad") + len(grads_in)))
+        out.append(_counts(grads, inflight, [*posted.values(), *sends], len(grads_in)))
     return out
+
+
+def _counts(grads: int, inflight: int, frames: list[str], grads_held: int, backward: int = 0) -> HeldCounts:
+    return HeldCounts(grads, inflight, frames.count("in"), frames.count("in_grad"), frames.count("out"),
+                      frames.count("out_grad") + grads_held, backward)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -193,12 +193,16 @@ class _Model:
             # M_j <= usable bytes of its class at every moment t of its action list (`pipeline_stage_bytes`);
             # the first stage (unit 0 here) has its own list.  Recomputed units keep their inputs (k_t times
             # less per moment) and one is live again (`RecomputeVars.memory`).
+            recomputes = self.levers.recomputes(j) if self.levers is not None else None
             for first, when in ((True, self.in_[0][j]), (False, self.in_[0][j].Not())):
                 for t in position_held_terms(j, first=first, microbatches=self.m):
-                    levers = self.levers.memory(j, t.microbatches) if self.levers is not None else 0
+                    if t.backward and recomputes is None:
+                        continue  # a backward's moment counts only with a recomputation's peak
+                    levers = (self.levers.memory(j, t.microbatches, backward=bool(t.backward))
+                              if self.levers is not None else 0)
                     md.add(state + t.grads * grads + t.microbatches * (act + cut_in + cut_out) + t.in_frames * cut_in
                            + t.in_grad_frames * grad_in + t.out_frames * cut_out + t.out_grad_frames * grad_out
-                           + levers <= cap).only_enforce_if(when)
+                           + levers <= cap).only_enforce_if([when, recomputes] if t.backward else [when])
 
     def _tied_copies(self, j: int) -> cp_model.LinearExpr | int:
         """Bytes of tied-parameter replicas on position j: copy >= (holds a user) - (holds the owner)."""

@@ -98,15 +98,24 @@ class RecomputeVars:
         prob = self.m.problem
         return sum(self.m.ticks(prob.fwd_s[kind][u]) * self.rc[i][j] for i, (u, _, _) in enumerate(self.items))
 
-    def memory(self, j: int, inflight: int) -> Any:
-        """Bytes recomputation changes on position j: - k * sum saved + the one-off peak."""
+    def memory(self, j: int, inflight: int, *, backward: bool = True) -> Any:
+        """Bytes recomputation changes on position j at a moment with `inflight` micro-batches: - k * sum
+        saved, plus the one-off peak inside a backward (`backward`)."""
         md, prob = self.m.model, self.m.problem
+        saved = sum(s * self.rc[i][j] for i, (_, _, s) in enumerate(self.items))
+        if not backward:
+            return -inflight * saved
         top = max((int(a) for a in prob.activation_bytes), default=0)
         peak = md.new_int_var(0, top, f"rc_peak_j{j}")
         for i, (u, _, _) in enumerate(self.items):
             md.add(peak >= int(prob.activation_bytes[u]) * self.rc[i][j])
-        saved = sum(s * self.rc[i][j] for i, (_, _, s) in enumerate(self.items))
         return peak - inflight * saved
+
+    def recomputes(self, j: int) -> Any:
+        """A bool: position j recomputes some unit (its backward moments then count, `pipeline_stage_bytes`)."""
+        any_rc = self.m.model.new_bool_var(f"rc_any_j{j}")
+        self.m.model.add_max_equality(any_rc, [self.rc[i][j] for i in range(len(self.items))] or [0])
+        return any_rc
 
     def units(self, solver: cp_model.CpSolver, j: int) -> tuple[int, ...]:
         return tuple(sorted(u for i, (u, _, _) in enumerate(self.items) if solver.value(self.rc[i][j])))

@@ -219,13 +219,13 @@ class StageTables:
                 longest = max(longest, int(cols[-1]) + 1)
         return max(1, longest)
 
-    def moments(self, after_stages: int, width: int | None = None) -> list[tuple[int, np.ndarray]]:
-        """(k_t, bytes without recomputation) per moment of the band's stages (`stage_moments.band_moments`)."""
+    def moments(self, after_stages: int, width: int | None = None) -> list[tuple[int, int, np.ndarray]]:
+        """(k_t, in a backward, bytes without recomputation) per moment (`stage_moments.band_moments`)."""
         return band_moments(self, after_stages, self.m, np.s_[:, :width])
 
     def memory(self, after_stages: int, width: int | None = None) -> np.ndarray:
         """M_s of `pipeline_stage_bytes` without recomputation over the band: the largest moment."""
-        return np.max([held for _, held in self.moments(after_stages, width)], axis=0)
+        return np.max([held for _, backward, held in self.moments(after_stages, width) if not backward], axis=0)
 
     def band(self, c: int, after_stages: int, cap: float, width: int) -> np.ndarray:
         """Cost of a stage of class c on [lo, lo+w+1) with `after_stages` stages after it (inf = not allowed)."""

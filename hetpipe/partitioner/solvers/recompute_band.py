@@ -31,15 +31,19 @@ import numpy as np
 from hetpipe.partitioner.problem import Problem
 
 #: The moments of every band entry (L+1, L) for a stage with that many stages after it: per moment of
-#: its action list, (micro-batches in flight k_t, its bytes without recomputation) (`dp.StageTables.moments`).
-MomentsFn = Callable[[int], list[tuple[int, np.ndarray]]]
+#: its action list, (micro-batches in flight k_t, inside a backward, its bytes without recomputation)
+#: (`dp.StageTables.moments`).
+MomentsFn = Callable[[int], list[tuple[int, int, np.ndarray]]]
 
 
-def memory_with(moments: list[tuple[int, np.ndarray]], saved: np.ndarray | float, peak: np.ndarray | float,
-                index: tuple | slice = slice(None)) -> np.ndarray:
-    """M_s when each in-flight micro-batch keeps `saved` bytes less and `peak` lives once: the largest
-    moment max_t (M_t - k_t * saved) + peak (`pipeline_stage_bytes`), over `index` of the band."""
-    return np.max([held[index] - k * saved for k, held in moments], axis=0) + peak
+def memory_with(moments: list[tuple[int, int, np.ndarray]], saved: np.ndarray | float,
+                peak: np.ndarray | float) -> np.ndarray:
+    """M_s when each in-flight micro-batch keeps `saved` bytes less and `peak` lives again inside a
+    backward: max_t (M_t - k_t * saved), a backward's moments plus `peak` where it is > 0
+    (`pipeline_stage_bytes`)."""
+    return np.max([held - k * saved if not backward else np.where(np.asarray(peak) > 0, held - k * saved + peak,
+                                                                   -np.inf)
+                   for k, backward, held in moments], axis=0)
 
 
 class RecomputeBand:
@@ -89,7 +93,8 @@ class RecomputeBand:
         need = todo[:, :width] & usable_within
         if need.any():
             rows, cols = np.nonzero(need)
-            out[rows, cols] = self._walk(kind, usable, rows, self.hi[rows, cols], [(k, m[rows, cols]) for k, m in mom])
+            out[rows, cols] = self._walk(kind, usable, rows, self.hi[rows, cols],
+                                         [(k, b, m[rows, cols]) for k, b, m in mom])
             todo[rows, cols] = False
         return out[:, :width]
 
@@ -99,12 +104,12 @@ class RecomputeBand:
         lo, hi = self.lo, self.hi
         return np.where(self.elig_f[lo], f[lo], 0.0) + cs[hi] - cs[np.minimum(lo + 1, hi)]
 
-    def _all(self, kind: str, usable: int, moments: list[tuple[int, np.ndarray]]) -> np.ndarray:
+    def _all(self, kind: str, usable: int, moments: list[tuple[int, int, np.ndarray]]) -> np.ndarray:
         mem = memory_with(moments, self.save_all, self.peak_all)
         return np.where(self.valid & (mem <= usable), self._time_all(kind), np.inf)
 
     def _walk(self, kind: str, usable: int, lo: np.ndarray, hi: np.ndarray,
-              moments: list[tuple[int, np.ndarray]]) -> np.ndarray:
+              moments: list[tuple[int, int, np.ndarray]]) -> np.ndarray:
         """Smallest-fitting-prefix seconds for entries [lo, hi) (see the module docstring)."""
         f, act = self.fwd[kind], self.act
         with np.errstate(divide="ignore"):

@@ -41,10 +41,10 @@ def memory_tables(problem: Problem, lo: np.ndarray, hi: np.ndarray,
     return gr[hi] - gr[lo], held_out, before, gd[np.clip(hi - 1, 0, L - 1)]
 
 
-def band_moments(tables: Any, after_stages: int, microbatches: int, sl: tuple) -> list[tuple[int, np.ndarray]]:
-    """Per moment t of a stage's action list with `after_stages` stages after it: (k_t, its bytes without
-    recomputation) over the band slice `sl` of `tables` (a `dp.StageTables`); a first stage's moments
-    are -inf on the other rows and the other way round."""
+def band_moments(tables: Any, after_stages: int, microbatches: int, sl: tuple) -> list[tuple[int, int, np.ndarray]]:
+    """Per moment t of a stage's action list with `after_stages` stages after it: (k_t, inside a backward,
+    its bytes without recomputation) over the band slice `sl` of `tables` (a `dp.StageTables`); a first
+    stage's moments are -inf on the other rows and the other way round."""
     t = tables
     follows = after_stages > 0
     cut_in, grad_in = t.before[sl], t.before_grad[sl]
@@ -55,5 +55,5 @@ def band_moments(tables: Any, after_stages: int, microbatches: int, sl: tuple) -
         for c in position_held_terms(after_stages, first=is_first, microbatches=microbatches):
             held = (base + c.grads * t.grads[sl] + c.microbatches * per_mb + c.in_frames * cut_in
                     + c.in_grad_frames * grad_in + c.out_frames * cut_out + c.out_grad_frames * grad_out)
-            out.append((c.microbatches, np.where(rows, held, -np.inf)))
+            out.append((c.microbatches, c.backward, np.where(rows, held, -np.inf)))
     return out
