@@ -132,6 +132,14 @@ class Problem:
     # Per unit: the part of boundary_bytes[u] that requires grad (the gradient message back);
     # () = the whole cut (an upper bound).
     boundary_grad_bytes: tuple[int, ...] = ()
+    # Per unit: what a recompute of it allocates again, the storages it makes and saves itself (the
+    # runtime's `RecomputedUnit.saved_bytes`); () = activation_bytes (memory model 1).
+    recompute_bytes: tuple[int, ...] = ()
+
+    @property
+    def unit_recompute_bytes(self) -> tuple[int, ...]:
+        """Per unit, what recomputing it frees per micro-batch before its input is kept, and allocates again."""
+        return self.recompute_bytes or self.activation_bytes
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:
@@ -213,7 +221,7 @@ def stage_activation_bytes(problem: Problem, stage: Stage) -> int:
 
 def stage_recompute_cost(problem: Problem, stage: Stage) -> RecomputeCost:
     """Bytes saved, peak and seconds added by the units `stage` recomputes, on its device's kind."""
-    return recompute_cost(stage.recompute_units, activation_bytes=problem.activation_bytes,
+    return recompute_cost(stage.recompute_units, activation_bytes=problem.unit_recompute_bytes,
                           boundary_bytes=problem.boundary_bytes,
                           fwd_s=problem.fwd_s[problem.devices[stage.device].kind], first_unit=stage.first_unit)
 

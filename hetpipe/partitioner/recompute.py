@@ -43,7 +43,7 @@ from hetpipe.partitioner.problem import Problem, Stage, stage_memory_bytes
 
 def stage_order(problem: Problem, stage: Stage) -> tuple[int, ...]:
     """The recompute order of `stage`'s units on its device's kind."""
-    return recompute_order(activation_bytes=problem.activation_bytes, boundary_bytes=problem.boundary_bytes,
+    return recompute_order(activation_bytes=problem.unit_recompute_bytes, boundary_bytes=problem.boundary_bytes,
                            fwd_s=problem.fwd_s[problem.devices[stage.device].kind],
                            first_unit=stage.first_unit, last_unit=stage.last_unit)
 

@@ -91,6 +91,7 @@ def build_problem(graph: UnitGraph, cluster: Cluster, *, microbatches: int, reco
         boundary_held_bytes=tuple(u.boundary_held_bytes for u in graph.units),
         grad_bytes=tuple(u.grad_bytes for u in graph.units),
         boundary_grad_bytes=tuple(u.boundary_grad_bytes for u in graph.units),
+        recompute_bytes=tuple(u.recompute_bytes for u in graph.units),
         devices=tuple(DeviceSlot(d.id, d.kind, d.node, d.usable_bytes) for d in cluster.devices),
         bandwidth_bytes_s=bandwidth,
         latency_s=latency,
@@ -161,6 +162,7 @@ def _plan_units(graph: UnitGraph, problem: Problem) -> tuple[PlanUnit, ...]:
             boundary_held_bytes=u.boundary_held_bytes,
             grad_bytes=problem.grad_bytes[u.index] if problem.grad_bytes else 0,
             boundary_grad_bytes=problem.boundary_grad_bytes[u.index] if problem.boundary_grad_bytes else 0,
+            recompute_bytes=problem.recompute_bytes[u.index] if problem.recompute_bytes else 0,
             time_s={k: UnitTimes(fwd=problem.fwd_s[k][u.index], bwd=problem.bwd_s[k][u.index])
                     for k in problem.fwd_s},
         )

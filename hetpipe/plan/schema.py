@@ -147,6 +147,8 @@ class PlanUnit:
     grad_bytes: int = field(default=0, metadata={"since": 3})
     # Version 3: the part of boundary_bytes that requires grad (the gradient message back).
     boundary_grad_bytes: int = field(default=0, metadata={"since": 3})
+    # Version 3: the storages the unit makes and saves itself (what recomputing it frees and redoes).
+    recompute_bytes: int = field(default=0, metadata={"since": 3})
 
 
 @dataclass(frozen=True)
@@ -399,6 +401,7 @@ def problem_from_plan(plan: Plan) -> Problem:
         boundary_held_bytes=tuple(u.boundary_held_bytes for u in plan.units),
         grad_bytes=tuple(u.grad_bytes for u in plan.units),
         boundary_grad_bytes=tuple(u.boundary_grad_bytes for u in plan.units) if plan.memory_model >= 2 else (),
+        recompute_bytes=tuple(u.recompute_bytes for u in plan.units) if plan.memory_model >= 2 else (),
         devices=tuple(DeviceSlot(d.id, d.kind, d.node, d.usable_bytes) for d in plan.devices),
         bandwidth_bytes_s=tuple(tuple(row) for row in bandwidth),
         latency_s=tuple(tuple(row) for row in latency),

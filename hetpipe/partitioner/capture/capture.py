@@ -411,7 +411,7 @@ def _build_units(gm: fx.GraphModule, groups: Sequence[Group], unit_of: dict[str,
             param_bytes=count * weight_b, grad_bytes=trainable[k] * grad_b,
             state_bytes=int(round(trainable[k] * per_param)) + frozen[k] * weight_b + buffers[k],
             activation_bytes=train.activation_bytes[k], boundary_bytes=boundary[k], boundary_held_bytes=held_cut[k],
-            boundary_grad_bytes=grad_cut[k], memory_traffic_bytes=sum(costs[b].traffic_bytes for b in body),
+            boundary_grad_bytes=grad_cut[k], recompute_bytes=train.recompute_bytes[k], memory_traffic_bytes=sum(costs[b].traffic_bytes for b in body),
             op_count=sum(costs[b].kernels for b in body)))
     return tuple(units), _ties(gm, uses), sum(trainable) + sum(frozen)
 

@@ -52,6 +52,8 @@ class Unit:
             holds such a storage once, not as an activation and again as its output.
         boundary_grad_bytes: the part of ``boundary_bytes`` that requires grad: the
             gradient message sent back over the cut.
+        recompute_bytes: the storages the unit makes and saves itself: what recomputing
+            it (activation checkpointing) frees per micro-batch and allocates again.
         memory_traffic_bytes: forward bytes read+written by memory-bound ops
             (elementwise, norms, softmax); used by the time model.
         op_count: number of compute nodes (kernel launches) in the forward.
@@ -72,6 +74,7 @@ class Unit:
     boundary_held_bytes: int = 0
     grad_bytes: int = 0
     boundary_grad_bytes: int = 0
+    recompute_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -190,6 +190,7 @@ class TrainingCosts:
     bwd_flops: tuple[int, ...]
     held_output_bytes: Mapping[str, int] = field(default_factory=dict)
     grad_output_bytes: Mapping[str, int] = field(default_factory=dict)
+    recompute_bytes: tuple[int, ...] = ()  # per unit: the storages it makes and saves itself
 
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
@@ -229,7 +230,7 @@ class _TrainingPass(_MetaInterpreter):
         return self.leaves[p.name]
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        self.tracker.hold(self._unit, t)
+        self.tracker.saved(self._unit, t)
         return t
 
     def run_node(self, n: fx.Node) -> Any:
@@ -285,7 +286,8 @@ def measure_training(gm: fx.GraphModule, inputs: Sequence[Any], *, unit_of: Mapp
     held = {n.name: run.tracker.node_held_bytes(n.name) for n in gm.graph.nodes}
     grad = {n.name: run.tracker.node_grad_bytes(n.name) for n in gm.graph.nodes}
     return TrainingCosts(activation_bytes=run.tracker.held_bytes(num_units), bwd_flops=tuple(bwd),
-                         held_output_bytes=held, grad_output_bytes=grad)
+                         held_output_bytes=held, grad_output_bytes=grad,
+                         recompute_bytes=run.tracker.own_saved_bytes(num_units))
 
 
 @dataclass(frozen=True)

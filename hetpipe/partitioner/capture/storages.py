@@ -69,6 +69,7 @@ class StorageTracker:
         self._held: set[int] = set()
         self._node_outputs: dict[str, list[tuple[int, int]]] = {}  # node -> (storage, tensor bytes)
         self._node_grad: dict[str, int] = {}  # node -> bytes of its outputs that require grad
+        self._saved_in: dict[int, set[int]] = {}  # unit -> storages autograd saved while it ran
 
     def key(self, t: torch.Tensor) -> int:
         """The storage ``t`` stands for (a leaf copy maps to the original)."""
@@ -102,6 +103,17 @@ class StorageTracker:
         if k in self.state_keys:
             return
         self._held.add(self._note(unit, t))
+
+    def saved(self, unit: int, t: torch.Tensor) -> None:
+        """Autograd saved ``t`` while a node of ``unit`` ran: held, and part of that unit's own saves."""
+        if self.key(t) not in self.state_keys:
+            self.hold(unit, t)
+            self._saved_in.setdefault(unit, set()).add(self.key(t))
+
+    def own_saved_bytes(self, num_units: int) -> tuple[int, ...]:
+        """Per unit, the storages it makes and saves itself: what a recompute of it allocates again."""
+        return tuple(sum(self._bytes[k] for k in self._saved_in.get(u, ()) if self._producer[k] == u)
+                     for u in range(num_units))
 
     def held_bytes(self, num_units: int) -> tuple[int, ...]:
         """Bytes of the held storages each unit produces, each storage once."""

@@ -35,7 +35,7 @@ Item = tuple[int, bool, int]
 def _items(prob: Any) -> list[Item]:
     out: list[Item] = []
     for u in range(prob.num_units):
-        a = int(prob.activation_bytes[u])
+        a = int(prob.unit_recompute_bytes[u])
         if a > 0:
             out.append((u, True, a))
         if u > 0 and a - int(prob.boundary_bytes[u - 1]) > 0:
@@ -105,10 +105,10 @@ class RecomputeVars:
         saved = sum(s * self.rc[i][j] for i, (_, _, s) in enumerate(self.items))
         if not backward:
             return -inflight * saved
-        top = max((int(a) for a in prob.activation_bytes), default=0)
+        top = max((int(a) for a in prob.unit_recompute_bytes), default=0)
         peak = md.new_int_var(0, top, f"rc_peak_j{j}")
         for i, (u, _, _) in enumerate(self.items):
-            md.add(peak >= int(prob.activation_bytes[u]) * self.rc[i][j])
+            md.add(peak >= int(prob.unit_recompute_bytes[u]) * self.rc[i][j])
         return peak - inflight * saved
 
     def recomputes(self, j: int) -> Any:

@@ -54,7 +54,7 @@ class RecomputeBand:
         self.mode, self.valid = problem.recompute, valid
         self.lo = np.broadcast_to(np.arange(L + 1)[:, None], valid.shape)
         self.hi = hi  # exclusive end of each entry, clamped to L
-        a = np.asarray(problem.activation_bytes, dtype=np.float64)
+        a = np.asarray(problem.unit_recompute_bytes, dtype=np.float64)
         bd = np.asarray(problem.boundary_bytes, dtype=np.float64)
         self.act = np.concatenate((a, [0.0]))  # index L: the empty start of a past-the-end entry
         # saved bytes as a non-first unit (keeps boundary_bytes[u-1]) and as a stage's first unit
