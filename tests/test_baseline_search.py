@@ -115,7 +115,7 @@ def test_plan_records_both_figures_and_check_rederives_them(tmp_path) -> None:
     from hetpipe.plan.baseline_report import headline
     from hetpipe.plan.build import partition_graph
     from hetpipe.plan.check import check_plan
-    from hetpipe.plan.schema import Plan
+    from hetpipe.plan.schema import BaselineStage, Plan, problem_from_plan
     from tests.synthetic import synthetic_cluster, synthetic_graph
 
     plan = partition_graph(synthetic_graph(6), synthetic_cluster(), global_batch=16)
@@ -141,9 +141,16 @@ def test_plan_records_both_figures_and_check_rederives_them(tmp_path) -> None:
             rec.best, stages=(dataclasses.replace(rec.best.stages[0], last_unit=rec.best.stages[0].last_unit + 1),
                               *rec.best.stages[1:]))),
     }
-    for message, edited in edits.items():
+    forced_as_best = dataclasses.replace(rec, best=dataclasses.replace(  # a forger's worse subset: caught
+        rec.best, iteration_s=rec.iteration_s, search="local search",
+        stages=tuple(BaselineStage(plan.devices[s.device].id, s.first_unit, s.last_unit)
+                     for s in baseline(problem_from_plan(plan), "uniform").stages)))
+    assert rec.iteration_s > rec.best.iteration_s * (1 + 1e-6)  # so the forged "best" really is worse
+    cases = [*edits.items(), ("but the search finds", forced_as_best)]
+    for message, edited in cases:
         report = check_plan(dataclasses.replace(plan, baselines={**plan.baselines, "uniform": edited}))
-        assert any(v.startswith(message) for v in report.violations), (message, report.violations)
+        assert any(message in v and v.startswith("baselines.uniform") for v in report.violations), \
+            (message, report.violations)
     older = dataclasses.replace(plan, baselines={n: dataclasses.replace(b, best=None) for n, b in plan.baselines.items()})
     assert check_plan(older).ok and "best" not in older.to_dict()["baselines"]["uniform"]  # a version-1 plan
 
