@@ -162,6 +162,8 @@ def test_headline_of_a_plan_without_best_placements_says_so() -> None:
     head = headline_from(1.0, {"uniform": BaselineReport(3.0, True), "parameters": BaselineReport(2.0, False)})
     assert (head.best_name, head.speedup, head.forced_name, head.forced_speedup) == ("uniform", 3.0, "uniform", 3.0)
     assert "best recorded baseline (uniform)" in head.text() and "hand-tuned" not in head.text()
+    replicas = headline_from(1.0, {"ddp-equal": BaselineReport(2.0, True), "single-pipeline": BaselineReport(1.5, True)})
+    assert replicas.text() == "1.50x faster than the best recorded baseline (single-pipeline)"  # nothing forced
     none = headline_from(1.0, {"uniform": BaselineReport(3.0, False)})
     assert none.speedup is None and none.forced_speedup is None
     assert none.text() == ("no baseline fits on any subset of the cards; "
