@@ -23,8 +23,8 @@ same kind, node, memory and links) are one class, so sequences of classes are se
    (the rule re-cuts for the new stage count) until no move helps.
 2. Exact branch and bound over class sequences, started from the local search's best and
    pruned with T >= partial + the cheapest remaining terms.  It is exact when it finishes
-   within `EXACT_NODE_BUDGET` tree nodes (recorded as ``search="exact"``); otherwise the
-   answer is the local search's (``search="local search"``).
+   within `EXACT_NODE_BUDGET` (recorded as ``search="exact"``); otherwise the answer is the
+   local search's (``search="local search"``).
 
 Guarantee: ``exact`` is the minimum T over all ordered device subsets for the rule (the
 brute-force test checks it); ``local search`` is a local optimum never worse than the forced
@@ -54,10 +54,14 @@ from hetpipe.partitioner.baselines import BaselineResult, baseline, rule_bounds
 from hetpipe.partitioner.problem import Problem, Stage, evaluate, stage_memory_bytes
 from hetpipe.partitioner.solvers.dp import DeviceClass, device_classes
 
-#: Tree nodes the branch and bound may visit per rule (all stage counts together) before
-#: the local search's answer stands.  8 cards of 8 classes need at most 219,192 nodes per
-#: profiled kind without pruning (sum over k of A(8, k) (9 - k)); pruning cuts most of them.
-EXACT_NODE_BUDGET = 500_000
+#: Work the branch and bound may do per rule (all stage counts together), in classes looked at
+#: (a tree node looks at every class), before the local search's answer stands: about 1.5 s
+#: on the 2-core reference VM.  8 cards of 8 classes need at most 219,192 nodes (x 8 classes)
+#: per profiled kind without pruning (sum over k of A(8, k) (9 - k)); pruning cuts most of them.
+EXACT_NODE_BUDGET = 1_000_000
+#: Candidates the local search evaluates per rule at most (each costs O(p); only large
+#: clusters, with many classes to swap in, reach it).
+LOCAL_SEARCH_EVALUATIONS = 30_000
 #: Seeds (over all stage counts and kinds) that the local search improves.
 LOCAL_SEARCH_STARTS = 3
 #: Improvement passes of one local search at most (each pass tries every move once).
@@ -79,49 +83,75 @@ class BestBaseline:
 
 
 @dataclass(frozen=True)
+class _Links:
+    """Per class pair (a, b): the link from a card of a to the next card of b (a == b: two cards
+    of one class; latency inf when the class has one card).  `kinds` are its distinct (latency,
+    bandwidth) values, so the cheapest cut is found without scanning every pair."""
+
+    latency_s: tuple[tuple[float, ...], ...]
+    bandwidth_bytes_s: tuple[tuple[float, ...], ...]
+    kinds: tuple[tuple[float, float], ...]
+
+    def send2_s(self, a: int, b: int, cut_bytes: int) -> float:
+        """2C of a cut carrying `cut_bytes` from class a to class b (as `Problem.comm_s` computes C)."""
+        return 2.0 * (self.latency_s[a][b] + cut_bytes / self.bandwidth_bytes_s[a][b])
+
+    def cheapest_send2_s(self, cut_bytes: int) -> float:
+        return min(2.0 * (lat + cut_bytes / bw) for lat, bw in self.kinds)
+
+
+def _links(problem: Problem, classes: Sequence[DeviceClass]) -> _Links:
+    lat, bw = [], []
+    for a in classes:
+        lat_row, bw_row = [], []
+        for b in classes:
+            dst = b.members[1] if a is b and b.count > 1 else b.members[0]
+            same = dst == a.members[0]  # one card cannot follow itself
+            lat_row.append(_INF if same else problem.latency_s[a.members[0]][dst])
+            bw_row.append(1.0 if same else problem.bandwidth_bytes_s[a.members[0]][dst])
+        lat.append(tuple(lat_row))
+        bw.append(tuple(bw_row))
+    kinds = {(la, bb) for lr, br in zip(lat, bw) for la, bb in zip(lr, br) if la < _INF}
+    return _Links(tuple(lat), tuple(bw), tuple(sorted(kinds)) or ((_INF, 1.0),))
+
+
+@dataclass(frozen=True)
 class _Tables:
-    """One rule at p stages: F+B per position and class (inf: does not fit), 2C per cut and class pair."""
+    """One rule at p stages: F+B per position and class (inf: does not fit), bytes per cut."""
 
     kind: str
     bounds: tuple[tuple[int, int], ...]  # [start, end) per stage
     work_s: tuple[tuple[float, ...], ...]
-    send2_s: tuple[tuple[tuple[float, ...], ...], ...]
+    cut_bytes: tuple[int, ...]  # per cut s (after stage s), s < p - 1
+    links: _Links
 
     @property
     def p(self) -> int:
         return len(self.bounds)
 
 
-def _tables(problem: Problem, classes: Sequence[DeviceClass], name: str, p: int, kind: str) -> _Tables:
+def _tables(problem: Problem, classes: Sequence[DeviceClass], links: _Links, name: str, p: int,
+            kind: str) -> _Tables:
     bounds = tuple(rule_bounds(problem, name, p, profile_kind=kind))
     stages = tuple(Stage(0, lo, hi - 1) for lo, hi in bounds)  # memory does not depend on the device
     work = []
     for s, (lo, hi) in enumerate(bounds):
         mem = stage_memory_bytes(problem, stages, s)
-        work.append(tuple(
-            sum(problem.fwd_s[c.kind][lo:hi]) + sum(problem.bwd_s[c.kind][lo:hi]) if mem <= c.usable_bytes else _INF
-            for c in classes))
-    send2 = []
-    for _, hi in bounds[:-1]:
-        rows = []
-        for a in classes:
-            row = []
-            for b in classes:
-                dst = b.members[1] if a is b and b.count > 1 else b.members[0]
-                row.append(2.0 * problem.comm_s(a.members[0], dst, hi - 1) if dst != a.members[0] else _INF)
-            rows.append(tuple(row))
-        send2.append(tuple(rows))
-    return _Tables(kind, bounds, tuple(work), tuple(send2))
+        per_kind = {k: sum(problem.fwd_s[k][lo:hi]) + sum(problem.bwd_s[k][lo:hi]) for k in problem.fwd_s}
+        work.append(tuple(per_kind[c.kind] if mem <= c.usable_bytes else _INF for c in classes))
+    cuts = tuple(problem.boundary_bytes[hi - 1] for _, hi in bounds[:-1])
+    return _Tables(kind, bounds, tuple(work), cuts, links)
 
 
 def _seq_time(tab: _Tables, seq: Sequence[int], microbatches: int) -> float:
     """T of a class sequence under `tab` (inf when a stage does not fit)."""
     total = peak = 0.0
     for s, c in enumerate(seq):
-        terms = (tab.work_s[s][c], tab.send2_s[s - 1][seq[s - 1]][c]) if s else (tab.work_s[s][c],)
-        for t in terms:
-            total += t
-            peak = max(peak, t)
+        w = tab.work_s[s][c]
+        total, peak = total + w, max(peak, w)
+        if s:
+            link = tab.links.send2_s(seq[s - 1], c, tab.cut_bytes[s - 1])
+            total, peak = total + link, max(peak, link)
     return total + (microbatches - 1) * peak
 
 
@@ -129,8 +159,8 @@ def _speed(problem: Problem) -> dict[str, float]:
     return {k: sum(problem.fwd_s[k]) + sum(problem.bwd_s[k]) for k in problem.fwd_s}
 
 
-def _seed_orders(problem: Problem, p: int) -> list[list[int]]:
-    """Device sequences a user would try for p stages (see the module docstring)."""
+def _seed_orders(problem: Problem, max_p: int) -> list[list[list[int]]]:
+    """Per stage count p (index p - 1): the device sequences a user would try (module docstring)."""
     work = _speed(problem)
     speed = sorted(range(len(problem.devices)), key=lambda d: work[problem.devices[d].kind])
 
@@ -140,7 +170,8 @@ def _seed_orders(problem: Problem, p: int) -> list[list[int]]:
             nodes.setdefault(problem.devices[d].node, []).append(d)
         return [d for ds in nodes.values() for d in ds]
 
-    return [list(range(p)), grouped(speed[:p]), grouped(speed)[:p]]
+    blocks = grouped(speed)
+    return [[list(range(p)), grouped(speed[:p]), blocks[:p]] for p in range(1, max_p + 1)]
 
 
 def _neighbours(seq: list[int], counts: Sequence[int], max_p: int) -> list[list[int]]:
@@ -163,16 +194,20 @@ def _neighbours(seq: list[int], counts: Sequence[int], max_p: int) -> list[list[
 
 
 def _local_search(tables: dict[tuple[int, str], _Tables], kind: str, seq: list[int], counts: Sequence[int],
-                  microbatches: int) -> tuple[float, list[int]]:
-    """First-improvement descent over `_neighbours` (tables by (stage count, profiled kind))."""
+                  microbatches: int, evaluations: int) -> tuple[float, list[int]]:
+    """First-improvement descent over `_neighbours` (tables by (stage count, profiled kind)),
+    stopping after `evaluations` candidates."""
     max_p = max(p for p, _ in tables)
-    best = _seq_time(tables[len(seq), kind], seq, microbatches)
+    best, left = _seq_time(tables[len(seq), kind], seq, microbatches), evaluations
     for _ in range(LOCAL_SEARCH_PASSES):
         for cand in _neighbours(seq, counts, max_p):
+            left -= 1
             t = _seq_time(tables[len(cand), kind], cand, microbatches)
             if t < best:
                 best, seq = t, cand
                 break
+            if left <= 0:
+                return best, seq
         else:
             break
     return best, seq
@@ -193,7 +228,7 @@ class _BranchAndBound:
     def run(self, tab: _Tables) -> None:
         p = tab.p
         min_work = [min(row) for row in tab.work_s]
-        min_send = [min(min(r) for r in mat) for mat in tab.send2_s]
+        min_send = [tab.links.cheapest_send2_s(b) for b in tab.cut_bytes]
         if any(math.isinf(w) for w in min_work):
             return
         # suf_sum[s] / suf_max[s]: the cheapest terms of positions s.. and the links into them.
@@ -206,7 +241,7 @@ class _BranchAndBound:
 
     def _visit(self, tab: _Tables, seq: list[int], s: int, last: int, total: float, peak: float,
                suf_sum: list[float], suf_max: list[float]) -> None:
-        self.budget -= 1
+        self.budget -= len(self.counts)  # the work of one node: every class is looked at
         if self.budget < 0:
             raise _BudgetSpent
         if s == tab.p:
@@ -215,7 +250,7 @@ class _BranchAndBound:
             return
         options = []
         for c, left in enumerate(self.counts):
-            link = tab.send2_s[s - 1][last][c] if s else 0.0
+            link = tab.links.send2_s(last, c, tab.cut_bytes[s - 1]) if s else 0.0
             if left and tab.work_s[s][c] + link < _INF:
                 options.append((tab.work_s[s][c] + link, c, max(peak, tab.work_s[s][c], link)))
         for step, c, new_peak in sorted(options):
@@ -245,17 +280,20 @@ def best_baseline(problem: Problem, name: str, *, node_budget: int = EXACT_NODE_
     counts = [c.count for c in classes]
     first = problem.devices[0].kind  # the forced rule's kind first: ties keep it
     kinds = [first] + sorted(set(problem.fwd_s) - {first}) if name == "time-homogeneous" else [first]
-    tables = {(p, k): _tables(problem, classes, name, p, k)
+    links = _links(problem, classes)
+    tables = {(p, k): _tables(problem, classes, links, name, p, k)
               for p in range(1, min(len(problem.devices), problem.num_units) + 1) for k in kinds}
+    orders = _seed_orders(problem, max(p for p, _ in tables))
     seeds = []
     for t, ((p, kind), tab) in enumerate(tables.items()):
-        for order in _seed_orders(problem, p):
+        for order in orders[p - 1]:
             seq = [class_of[d] for d in order]
             seeds.append((_seq_time(tab, seq, problem.microbatches), t, kind, seq))
     seeds.sort(key=lambda x: x[:2])
     best_s, best = _INF, None
     for _, _, kind, seq in seeds[:LOCAL_SEARCH_STARTS]:
-        t, found = _local_search(tables, kind, seq, counts, problem.microbatches)
+        t, found = _local_search(tables, kind, seq, counts, problem.microbatches,
+                                 LOCAL_SEARCH_EVALUATIONS // LOCAL_SEARCH_STARTS)
         if t < best_s:
             best_s, best = t, (tables[len(found), kind], found)
     bnb = _BranchAndBound(counts, problem.microbatches, best_s, node_budget)

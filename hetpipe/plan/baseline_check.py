@@ -86,7 +86,7 @@ def _search_violations(problem: Problem, name: str, rec: BaselineReport) -> list
     again = best_baseline(problem, name, node_budget=0 if best.search == "local search" else EXACT_NODE_BUDGET)
     if best.search == "exact" and again.search not in ("exact", "none fits"):
         return [f"{where}: recorded as an exact search, but the search does not finish within "
-                f"{EXACT_NODE_BUDGET:,} nodes here; re-plan"]
+                f"its budget ({EXACT_NODE_BUDGET:,} classes looked at) here; re-plan"]
     if again.fits and (not best.fits or again.iteration_s < best.iteration_s * (1 - 1e-9)):
         cards = ", ".join(problem.devices[s.device].id for s in again.stages)
         return [f"{where}: recorded T {best.iteration_s!r} (fits: {best.fits}), but the search finds "
