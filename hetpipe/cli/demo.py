@@ -86,7 +86,7 @@ def _timelines(plan: Plan, out: Path) -> tuple[Path, Path]:
     result = simulate_placement(problem_from_plan(plan), stages_from_plan(plan))
     kinds = {d.id: d.kind for d in plan.devices}
     labels = [f"{s.device} ({kinds[s.device]})" for s in plan.stages]
-    png = save_gantt(result, out / "gantt.png", labels=labels,
+    png = save_gantt(result, out / "gantt.png", labels=labels, suptitle=gantt_suptitle(plan),
                      title=f"{plan.model.name}: simulated 1F1B iteration {result.iteration_s:.3f} s "
                            f"(plan T {plan.predicted.iteration_s:.3f} s)")
     trace = out / "trace.json"
@@ -98,7 +98,7 @@ def _measured_gantt(plan: Plan, report: "RunReport", out: Path) -> Path | None: 
     """Predicted (simulated) over measured (emulated seconds) Gantt of the last step, if the run recorded it."""
     from types import SimpleNamespace
 
-    from hetpipe.cli.timeline import save_gantt_compare, timeline_from_actions
+    from hetpipe.cli.timeline import chrome_trace, save_gantt_compare, timeline_from_actions
     from hetpipe.plan.analysis import simulate_plan
 
     if not report.timelines:
@@ -111,9 +111,25 @@ def _measured_gantt(plan: Plan, report: "RunReport", out: Path) -> Path | None: 
     kinds = {d.id: d.kind for d in plan.devices}
     labels = [f"{s.device} ({kinds[s.device]})" for s in plan.stages]
     sim = simulate_plan(plan).result
+    both = {"traceEvents": chrome_trace(sim, labels=labels, pid="predicted (simulated)")["traceEvents"]
+            + chrome_trace(measured, labels=labels, pid="measured (emulated, last step)")["traceEvents"],
+            "displayTimeUnit": "ms"}
+    (out / "trace.json").write_text(json.dumps(both))  # Perfetto shows the two as two processes
     return save_gantt_compare([(f"predicted (simulated): {sim.iteration_s:.3f} s", sim),
                                (f"measured, emulated: {measured.iteration_s:.3f} s (last step)", measured)],
-                              out / "gantt.png", labels=labels)
+                              out / "gantt.png", labels=labels, suptitle=gantt_suptitle(plan))
+
+
+def gantt_suptitle(plan: Plan) -> str:
+    """The demo Gantt's headline: model, cluster cards, T and the speed-up over the best hand-tuned baseline."""
+    from hetpipe.plan.baseline_report import headline
+
+    head = headline(plan)
+    cards = " + ".join(dict.fromkeys(d.kind for d in plan.devices))
+    over = (f"{head.speedup:.2f}x over the best hand-tuned baseline ({head.best_name})"
+            if head.speedup is not None else "no baseline fits")
+    forced = f", {head.forced_speedup:.2f}x over {head.forced_name} on every card" if head.forced_speedup else ""
+    return f"{plan.model.name} on {cards}: T = {plan.predicted.iteration_s:.3f} s; {over}{forced}"
 
 
 def settings_line(plan: Plan, *, seq: int) -> str:

@@ -16,6 +16,7 @@ from rich.text import Text
 from hetpipe.cost_models.devices import Cluster
 from hetpipe.cost_models.quantities import human_bytes
 from hetpipe.partitioner.capture.graph import UnitGraph
+from hetpipe.plan.levers import stage_levers
 from hetpipe.plan.schema import Plan, UnitTimes
 
 if TYPE_CHECKING:  # the views take simulations as data; no simulator import at module load
@@ -83,13 +84,16 @@ def plan_table(plan: Plan) -> Table:
                + (f"; simulated {format_seconds(pred.simulated_iteration_s)}" if pred.simulated_iteration_s else ""))
     )
     kinds = {d.id: d.kind for d in plan.devices}
-    for col in ("stage", "device", "kind", "units", "memory used / usable", "fwd", "bwd", "send"):
-        table.add_column(col, justify="left" if col in ("device", "kind", "units") else "right")
-    for st in plan.stages:
+    levers = stage_levers(plan)  # a "recompute" column only when some stage recomputes
+    cols = ("stage", "device", "kind", "units", "memory used / usable", "fwd", "bwd", "send")
+    for col in cols + (("recompute",) if any(levers) else ()):
+        table.add_column(col, justify="left" if col in ("device", "kind", "units", "recompute") else "right")
+    for st, lever in zip(plan.stages, levers):
         names = f"{st.first_unit}-{st.last_unit} ({plan.units[st.first_unit].name} .. {plan.units[st.last_unit].name})"
         mem = f"{format_bytes(st.memory_bytes)} / {format_bytes(st.usable_bytes)} ({st.memory_bytes / st.usable_bytes:.0%})"
-        table.add_row(str(st.index), st.device, kinds[st.device], names, mem, format_seconds(st.fwd_s),
-                      format_seconds(st.bwd_s), format_seconds(st.send_s) if st.send_s else "-")
+        row = [str(st.index), st.device, kinds[st.device], names, mem, format_seconds(st.fwd_s),
+               format_seconds(st.bwd_s), format_seconds(st.send_s) if st.send_s else "-"]
+        table.add_row(*row, *(([lever.describe() if lever else "-"]) if any(levers) else []))
     return table
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Mapping
 
 from hetpipe.cost_models.outputs import atomic_write_text
+from hetpipe.cost_models.recompute import RECOMPUTE_MODES
 from hetpipe.cost_models.sync import BUCKET_CAP_BYTES
 from hetpipe.cost_models.validate import MAX_PLAN_FILE_BYTES
 from hetpipe.errors import PlanError
@@ -55,6 +56,11 @@ PLAN_VERSION = 3
 PLAN_VERSION_SINGLE = 1
 #: The first version that may carry replicas.
 PLAN_VERSION_REPLICAS = 2
+#: The first version that may carry memory levers (a stage's recompute_units, issue 14).
+PLAN_VERSION_LEVERS = 3
+#: `Plan.cost_model` key recording the recomputation setting the plan was solved with
+#: (``"auto: ..."``; absent = ``none``); `check_plan` re-derives each stage's choice under it.
+RECOMPUTE_NOTE = "recompute"
 # Relative tolerance when re-checking recorded floats against recomputed ones:
 # JSON round-trips Python floats exactly, so only summation order differs.
 CHECK_RTOL = 1e-9
@@ -381,7 +387,17 @@ def problem_from_plan(plan: Plan) -> Problem:
         microbatches=plan.training.microbatches,
         tied=tuple(TiedCopy(t.units[0], tuple(t.units), t.state_bytes) for t in plan.model.tied
                    if t.units and t.state_bytes),
+        recompute=recompute_mode(plan),
     )
+
+
+def recompute_mode(plan: Plan) -> str:
+    """The recomputation setting `plan` was solved with (`RECOMPUTE_NOTE`; ``none`` when absent)."""
+    word = str(plan.cost_model.get(RECOMPUTE_NOTE, "none")).split(":")[0].strip()
+    if word not in RECOMPUTE_MODES:
+        raise PlanError(f"plan.cost_model.{RECOMPUTE_NOTE}: {word!r} is not one of {', '.join(RECOMPUTE_MODES)}; "
+                        "fix the field or re-create the plan with `hetpipe plan`")
+    return word
 
 
 def stages_from_plan(plan: Plan) -> tuple[Stage, ...]:
@@ -390,7 +406,7 @@ def stages_from_plan(plan: Plan) -> tuple[Stage, ...]:
     for st in plan.stages:
         if st.device not in index:
             raise PlanError(f"stage {st.index} runs on device {st.device!r}, which the plan does not list")
-        out.append(Stage(index[st.device], st.first_unit, st.last_unit))
+        out.append(Stage(index[st.device], st.first_unit, st.last_unit, tuple(sorted(st.recompute_units))))
     return tuple(out)
 
 
