@@ -9,6 +9,7 @@ made hetpipe look 5x+ faster than uniform.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -20,6 +21,7 @@ from hetpipe.cost_models.cluster import load_cluster
 from hetpipe.partitioner.baseline_search import best_baseline
 from hetpipe.partitioner.baselines import BASELINES, baseline, rule_bounds
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.errors import InfeasibleError
 from hetpipe.partitioner.solvers.dp import solve_exact
 from hetpipe.partitioner.solvers.solve import solve
@@ -37,19 +39,26 @@ def _brute_best(problem: Problem, name: str) -> float:
     for p in range(1, min(n, L) + 1):
         for kind in kinds:
             bounds = rule_bounds(problem, name, p, profile_kind=kind)
-            for devs in itertools.permutations(range(n), p):
-                ev = evaluate(problem, tuple(Stage(d, lo, hi - 1) for d, (lo, hi) in zip(devs, bounds)))
+            for devs in itertools.permutations(range(n), p):  # each stage recomputes what the lever picks
+                ev = evaluate(problem, with_recompute(problem, tuple(Stage(d, lo, hi - 1)
+                                                                     for d, (lo, hi) in zip(devs, bounds))))
                 if ev.fits:
                     best = min(best, ev.iteration_s)
     return best
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_best_subset_equals_exhaustive_enumeration(seed: int) -> None:
+@pytest.mark.parametrize("seed, recompute", [(0, "none"), (1, "none"), (2, "none"), (3, "auto"), (4, "all")])
+def test_best_subset_equals_exhaustive_enumeration(seed: int, recompute: str) -> None:
+    """Also under the planner's recompute lever, which the baselines get too (a stage's recompute set
+    depends on its card's kind and memory)."""
     rng = random.Random(seed)
-    improved = 0
+    improved = recomputing = 0
     for i in range(40):
-        prob = random_problem(rng, units=rng.randint(1, 7), devices=rng.randint(1, 5), tight_memory=i % 3 == 0)
+        prob = random_problem(rng, units=rng.randint(1, 7), devices=rng.randint(1, 5),
+                              tight_memory=i % 3 == 0 if recompute == "none" else i % 3 != 0)
+        if recompute != "none":  # activations large enough that fitting needs the lever
+            prob = dataclasses.replace(prob, activation_bytes=tuple(6 * a for a in prob.activation_bytes))
+        prob = dataclasses.replace(prob, recompute=recompute)
         for name in BASELINES:
             ref = _brute_best(prob, name)
             got = best_baseline(prob, name)
@@ -60,11 +69,13 @@ def test_best_subset_equals_exhaustive_enumeration(seed: int) -> None:
                 assert got.iteration_s == forced.iteration_s  # it stays the forced, out-of-memory figure
                 continue
             assert got.fits and got.iteration_s == pytest.approx(ref, rel=REL), (seed, i, name)
+            recomputing += any(st.recompute_units for st in got.stages)
             assert got.iteration_s == pytest.approx(evaluate(prob, got.stages).iteration_s, rel=1e-12)
             if forced.fits:
                 assert got.iteration_s <= forced.iteration_s * (1 + REL)
                 improved += got.iteration_s < forced.iteration_s * (1 - 1e-6)
     assert improved >= 10  # the instances really exercise choosing cards
+    assert (recomputing >= 10) == (recompute != "none")  # ... and the lever where it is on
 
 
 def test_local_search_alone_is_never_worse_than_forced() -> None:
@@ -125,8 +136,6 @@ def test_three_4090s_and_a_t4_uniform_best_is_close_to_hetpipe() -> None:
 
 
 def test_plan_records_both_figures_and_check_rederives_them(tmp_path) -> None:
-    import dataclasses
-
     from hetpipe.plan.baseline_report import headline
     from hetpipe.plan.build import partition_graph
     from hetpipe.plan.check import check_plan

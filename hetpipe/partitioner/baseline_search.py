@@ -8,8 +8,10 @@ speed-up is over the best a user could do by hand, not over every card forced in
 
 What is searched, per rule: every stage count p = 1 .. min(n, L); for ``time-homogeneous``
 also the device kind it is profiled on (any kind in the cluster; the forced baseline uses
-the first card's).  For fixed p (and kind) the cuts are fixed, and stage s's memory M_s
-depends only on s and p, so a card may hold position s iff M_s <= its usable bytes, and
+the first card's).  For fixed p (and kind) the cuts are fixed, and stage s's memory M_s and
+time W_s depend only on s, p and the card's kind and usable bytes (which units it recomputes
+under the planner's lever, `Problem.recompute`, as the planner would), so a card may hold
+position s iff M_s <= its usable bytes, and
 
     T(c_0 .. c_{p-1}) = sum_s W_s(c_s) + sum_s 2 C_s(c_s, c_{s+1}) + (m - 1) max(all of those terms)
 
@@ -47,11 +49,12 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from hetpipe.partitioner.baselines import BaselineResult, baseline, rule_bounds
-from hetpipe.partitioner.problem import Problem, Stage, evaluate, stage_memory_bytes
+from hetpipe.partitioner.problem import Problem, Stage, evaluate, stage_memory_bytes, stage_recompute_cost
+from hetpipe.partitioner.recompute import choose_recompute
 from hetpipe.partitioner.solvers.dp import DeviceClass, device_classes
 
 #: Work the branch and bound may do per rule (all stage counts together), in classes looked at
@@ -117,11 +120,13 @@ def _links(problem: Problem, classes: Sequence[DeviceClass]) -> _Links:
 
 @dataclass(frozen=True)
 class _Tables:
-    """One rule at p stages: F+B per position and class (inf: does not fit), bytes per cut."""
+    """One rule at p stages: F+B per position and class (inf: does not fit; recomputed forwards
+    included), the units each recomputes (`Problem.recompute`), bytes per cut."""
 
     kind: str
     bounds: tuple[tuple[int, int], ...]  # [start, end) per stage
     work_s: tuple[tuple[float, ...], ...]
+    recompute: tuple[tuple[tuple[int, ...], ...], ...]  # [s][c]: units stage s recomputes on class c
     cut_bytes: tuple[int, ...]  # per cut s (after stage s), s < p - 1
     links: _Links
 
@@ -133,14 +138,24 @@ class _Tables:
 def _tables(problem: Problem, classes: Sequence[DeviceClass], links: _Links, name: str, p: int,
             kind: str) -> _Tables:
     bounds = tuple(rule_bounds(problem, name, p, profile_kind=kind))
-    stages = tuple(Stage(0, lo, hi - 1) for lo, hi in bounds)  # memory does not depend on the device
-    work = []
+    stages = [Stage(0, lo, hi - 1) for lo, hi in bounds]  # M_s reads only stage s and p
+    work, recompute = [], []
     for s, (lo, hi) in enumerate(bounds):
-        mem = stage_memory_bytes(problem, stages, s)
-        per_kind = {k: sum(problem.fwd_s[k][lo:hi]) + sum(problem.bwd_s[k][lo:hi]) for k in problem.fwd_s}
-        work.append(tuple(per_kind[c.kind] if mem <= c.usable_bytes else _INF for c in classes))
+        # A stage's recompute set, memory and time depend on the card only through its kind and
+        # usable bytes (`choose_recompute`), so each (kind, usable) is priced once.
+        priced: dict[tuple[str, int], tuple[float, tuple[int, ...]]] = {}
+        for c in classes:
+            if (c.kind, c.usable_bytes) not in priced:
+                stages[s] = Stage(c.members[0], lo, hi - 1)
+                stages[s] = replace(stages[s], recompute_units=choose_recompute(problem, stages, s))
+                extra = stage_recompute_cost(problem, stages[s]).extra_s
+                fits = stage_memory_bytes(problem, stages, s) <= c.usable_bytes
+                time_s = sum(problem.fwd_s[c.kind][lo:hi]) + sum(problem.bwd_s[c.kind][lo:hi]) + extra
+                priced[c.kind, c.usable_bytes] = (time_s if fits else _INF, stages[s].recompute_units)
+        work.append(tuple(priced[c.kind, c.usable_bytes][0] for c in classes))
+        recompute.append(tuple(priced[c.kind, c.usable_bytes][1] for c in classes))
     cuts = tuple(problem.boundary_bytes[hi - 1] for _, hi in bounds[:-1])
-    return _Tables(kind, bounds, tuple(work), cuts, links)
+    return _Tables(kind, bounds, tuple(work), tuple(recompute), cuts, links)
 
 
 def _seq_time(tab: _Tables, seq: Sequence[int], microbatches: int) -> float:
@@ -267,7 +282,8 @@ def _placement(classes: Sequence[DeviceClass], tab: _Tables, seq: Sequence[int])
     taken = [0] * len(classes)
     stages = []
     for s, c in enumerate(seq):
-        stages.append(Stage(classes[c].members[taken[c]], tab.bounds[s][0], tab.bounds[s][1] - 1))
+        stages.append(Stage(classes[c].members[taken[c]], tab.bounds[s][0], tab.bounds[s][1] - 1,
+                            tab.recompute[s][c]))
         taken[c] += 1
     return tuple(stages)
 
