@@ -80,7 +80,7 @@ class BestBaseline:
     stages: tuple[Stage, ...]
     iteration_s: float
     fits: bool
-    search: str  # "exact" | "local search" | "none fits"
+    search: str  # "exact" | "local search" | "none fits" (proved: the branch and bound finished)
     profile_kind: str = ""  # time-homogeneous: the kind whose times it balances
     note: str = ""
 
@@ -320,9 +320,11 @@ def best_baseline(problem: Problem, name: str, *, node_budget: int = EXACT_NODE_
     except _BudgetSpent:
         search = "local search"
     best = bnb.best or best
-    if best is None:
-        return BestBaseline(name, forced.stages, forced.iteration_s, False, "none fits", "",
-                            forced.note + "; no device subset or order fits either")
+    if best is None:  # proved only when the branch and bound finished
+        return BestBaseline(name, forced.stages, forced.iteration_s, False,
+                            "none fits" if search == "exact" else search, "",
+                            forced.note + "; no device subset or order " +
+                            ("fits either" if search == "exact" else "that the local search tried fits"))
     stages = _placement(classes, best[0], best[1])
     ev = evaluate(problem, stages)
     return BestBaseline(name, stages, ev.iteration_s, ev.fits, search,
