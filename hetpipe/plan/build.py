@@ -320,8 +320,8 @@ def partition_graph(
     recompute: str = "auto",
 ) -> Plan:
     """`partition` for an already captured `UnitGraph`."""
-    from hetpipe.partitioner.baselines import BASELINES, baseline
     from hetpipe.partitioner.solvers.solve import solve
+    from hetpipe.plan.baseline_report import baseline_reports
 
     cluster = as_cluster(cluster)
     check_solver_options(solver, time_limit_s, seed)
@@ -331,10 +331,7 @@ def partition_graph(
     log.info("solving %d units on %d devices, %d micro-batches", graph.num_units, len(cluster.devices), m)
     sol = solve(problem, solver=solver, time_limit_s=time_limit_s, seed=seed)
     report = SolverReport(sol.solver, sol.status, sol.iteration_s, sol.bound_s, sol.wall_s, time_limit_s, seed)
-    base = {}
-    for bname in BASELINES:
-        res = baseline(problem, bname)
-        base[bname] = BaselineReport(res.iteration_s, res.fits, getattr(res, "note", ""))
+    base = baseline_reports(problem)  # forced onto every card, and on the best cards (issue 17)
     left = _left_out_reasons(problem, sol, solver=solver, time_limit_s=time_limit_s, seed=seed)
     return assemble_plan(graph, cluster, problem=problem, stages=sol.stages, solver=report,
                          global_batch=global_batch, baselines=base, left_out=left)

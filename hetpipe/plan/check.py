@@ -25,6 +25,7 @@ import math
 from hetpipe.errors import PlanError
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.recompute import choose_recompute, is_prefix_choice
+from hetpipe.plan.baseline_check import baseline_violations
 from hetpipe.plan.replica_check import check_replicas
 from hetpipe.plan.schema import (
     CheckReport,
@@ -68,6 +69,7 @@ def check_plan(plan: Plan) -> CheckReport:
                 f"{cost.usable_bytes / 2**30:.2f} GiB is usable (over by "
                 f"{(cost.memory_bytes - cost.usable_bytes) / 2**30:.2f} GiB)"
             )
+    violations.extend(baseline_violations(plan, problem))
     for name, recorded in (("predicted.iteration_s", plan.predicted.iteration_s),
                            ("solver.objective_s", plan.solver.objective_s)):
         if not close_to_recorded(recorded, ev.iteration_s):

@@ -20,7 +20,7 @@ Example (a plan saved, loaded back unchanged, and rebuilt into the solver's prob
     >>> Plan.load(path) == plan
     True
     >>> plan.version, len(problem_from_plan(plan).devices), stages_from_plan(plan)[0].device
-    (1, 3, 1)
+    (3, 3, 1)
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ PLAN_FORMAT = "hetpipe.plan"
 #: Version 3 adds optional fields, each declared with ``metadata={"since": 3}`` and written only
 #: when used (e.g. `PlanStage.recompute_units`, `PlanModel.loss`): a plan is written with the
 #: lowest version its content needs (`least_version`), so plans that use none stay 1 or 2.
+#: A single pipeline from `partition_graph` records each baseline's best cards
+#: (`BaselineReport.best`, issue 17), so it is version 3.
 PLAN_VERSION = 3
 #: The version of a plan without replicas.
 PLAN_VERSION_SINGLE = 1
@@ -175,10 +177,31 @@ class SolverReport:
 
 
 @dataclass(frozen=True)
-class BaselineReport:
+class BaselineStage:
+    device: str  # device id
+    first_unit: int
+    last_unit: int
+
+
+@dataclass(frozen=True)
+class BestBaselineReport:
+    """A baseline's cut rule on its best device subset and order (`partitioner.baseline_search`)."""
+
     iteration_s: float
     fits: bool
+    search: str  # "exact" | "local search" | "none fits"
+    stages: tuple[BaselineStage, ...] = ()
+    profile_kind: str = ""  # time-homogeneous: the kind whose times it balances
     note: str = ""
+
+
+@dataclass(frozen=True)
+class BaselineReport:
+    iteration_s: float  # forced: every card (at most one per unit) in the cluster file's order
+    fits: bool
+    note: str = ""
+    # Version 3 (issue 17): the same rule on the cards and order a careful user would pick.
+    best: BestBaselineReport | None = field(default=None, metadata={"since": 3})
 
 
 @dataclass(frozen=True)
