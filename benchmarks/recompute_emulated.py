@@ -147,6 +147,9 @@ def report_lines(plans: Plans, runs: list[Outcome], plain_run: Outcome, args: ar
     lines.append(f"`{MODEL}`, micro-batch {args.batch} x {args.seq} tokens, {rc.training.microbatches} micro-batches, "
                  f"fp32, Adam, 1F1B, `{CLUSTER.relative_to(ROOT)}`; {args.steps} steps per run (the first "
                  f"excluded), {len(runs)} runs. `recompute=\"none\"` planning: {plans.none_error}")
+    lines += ["", "Held below M_s: M_s counts `RECV_PREFETCH` receive buffers that gloo does not post while every "
+              "rank has a core of its own (as without recomputation), and its recompute term (the largest "
+              "recomputed unit's saved bytes) includes that unit's input, which the checkpoint already holds."]
     return lines
 
 

@@ -113,6 +113,36 @@ def test_dropout_draws_the_same_masks_on_recompute_and_leaves_the_stream_as_with
         torch.testing.assert_close(g1[name], g0[name], rtol=RTOL, atol=ATOL)
 
 
+def test_exported_hf_dropout_replays_on_recompute(tmp_path):
+    """GPT-2 with dropout 0.3 through torch.export (``aten.dropout`` nodes): the recomputed layers give the
+    same loss and gradients as without recomputation; the dropout is live (another seed, another loss)."""
+    import json
+
+    from hetpipe.models import hf
+
+    config = dict(hf.HF_ZOO["hf-gpt2-tiny"][1], resid_pdrop=0.3, embd_pdrop=0.3, attn_pdrop=0.3,
+                  architectures=["GPT2LMHeadModel"])
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    spec = f"hf:{tmp_path}/config.json"
+    meta, example = hf.build_hf(spec, device="meta", batch=2, seq=16)
+    graph = capture(meta, example, name=spec)
+    assert any("dropout" in str(n.target) for n in graph.module.graph.nodes)
+    torch.manual_seed(0)
+    model, inputs = hf.build_hf(spec, device="cpu", batch=2, seq=16)
+    program = split_stages(graph.module, {}, example_inputs=example, num_stages=1)
+    results = []
+    for seed, rc in ((5, None), (5, _units(graph, range(1, graph.num_units - 1))), (6, None)):
+        stage = _stage(program, model, rc)
+        torch.manual_seed(seed)
+        loss = hf.lm_loss(stage(*inputs), inputs[0])
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in stage.named_parameters()}))
+    (plain, g0), (recomputed, g1), (other, _) = results
+    assert torch.equal(plain, recomputed) and not torch.equal(plain, other)
+    for name in g0:
+        torch.testing.assert_close(g1[name], g0[name], rtol=RTOL, atol=ATOL)
+
+
 class _ConvBN(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -305,10 +335,12 @@ def test_three_stages_with_recompute_train_like_a_single_device_loop(model, tmp_
 @pytest.mark.parametrize("model, batch, seq", [("gpt-demo", 2, 32), ("hf-llama-tiny", 2, 32)])
 def test_recomputing_stages_hold_less_and_match_the_cost_model(tmp_path, model, batch, seq):
     """Peak held bytes (the executor's ledger) of each recomputing stage: below the same stage without
-    recomputation, never above the cost model's M_s with recomputation, and within 5% of it."""
+    recomputation, never above the planner's M_s with recomputation (`evaluate`; the formula spelled out
+    in `predicted_recompute_bytes`), and within 5% of it."""
+    from hetpipe.partitioner.problem import evaluate
+    from hetpipe.plan.schema import Plan, problem_from_plan, stages_from_plan
     from hetpipe.runtime.run import run
     from tests.test_memory_truth import TOLERANCE, _plan
-    from hetpipe.plan.schema import Plan
 
     plain = Plan.load(_plan(model, batch, seq, tmp_path))
     rc = with_recompute(plain, worth_recomputing)
@@ -317,11 +349,13 @@ def test_recomputing_stages_hold_less_and_match_the_cost_model(tmp_path, model, 
     for label, plan in (("plain", plain), ("recompute", rc)):
         report = run(plan, model=model, steps=2, seq=seq, timeout_s=90.0)
         peaks[label] = [s.peak_bytes for s in report.stages]
+    evaluated = evaluate(problem_from_plan(rc), stages_from_plan(rc)).stages
     for st, held, without in zip(rc.stages, peaks["recompute"], peaks["plain"]):
         if not st.recompute_units:
             assert held == without
             continue
-        predicted = predicted_recompute_bytes(rc, plain.stages[st.index].memory_bytes, st)
+        predicted = evaluated[st.index].memory_bytes  # the planner's M_s with recomputation
+        assert predicted == predicted_recompute_bytes(rc, plain.stages[st.index].memory_bytes, st)
         if predicted < plain.stages[st.index].memory_bytes:  # the last stage (one micro-batch in flight) gains
             assert held < without, (st.index, held, without)  # nothing: the recompute needs what it freed
         assert held <= predicted, (st.index, held, predicted)
