@@ -1,0 +1,231 @@
+"""Checkpoints that move between plans (issue 16, item 1) and the worker's own run folder (item 5).
+
+One 3-stage run of gpt-tiny saves at steps 2 and 4; resumed from step 2 on the same plan it
+continues bitwise (losses, parameters and optimizer state); resumed on a 2-stage plan with other
+cuts it equals a plain single-device loop within 1e-5.  Interrupted (.tmp) checkpoints are never
+used, and a checkpoint of another model or lacking names is one ``error:`` line before launch.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hetpipe.errors import ConfigError
+from hetpipe.models import build, lm_loss
+from hetpipe.partitioner.capture.capture import capture
+from hetpipe.partitioner.problem import Stage
+from hetpipe.runtime.checkpoint import StageState, canonical_names, program_fingerprint, save_checkpoint
+from hetpipe.runtime.checkpoint_files import (MARKER, CheckpointInfo, find_checkpoint, plan_digest, saved_keys,
+                                              tmp_folder)
+from hetpipe.runtime.rank import DEFAULT_LR
+from hetpipe.runtime.report import RunReport
+from hetpipe.runtime.stage.build import build_stage, split_stages
+from hetpipe.runtime.stage.weights import saved_names
+from tests.runtime_plans import plan_for
+from tests.synthetic import synthetic_cluster
+from tests.test_run_cli import _error, hetpipe_run
+
+MODEL, BATCH, SEQ, MICROBATCHES, STEPS, EVERY = "gpt-tiny", 2, 16, 4, 4, 2
+RTOL, ATOL = 1e-5, 1e-5  # fp32, the issue's acceptance tolerances
+
+
+def read_checkpoint(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a DCP checkpoint, read in this process (no process group)."""
+    import torch.distributed.checkpoint as dcp
+
+    sd = {k: torch.empty(s, dtype=d) for k, (s, d) in saved_keys(folder).items()}
+    dcp.load(sd, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=True)
+    return sd
+
+
+def _plans(graph, n: int):
+    three = plan_for(graph, synthetic_cluster(), (Stage(0, 0, n // 3 - 1), Stage(1, n // 3, 2 * n // 3 - 1),
+                                                  Stage(2, 2 * n // 3, n - 1)), microbatches=MICROBATCHES)
+    two = plan_for(graph, synthetic_cluster(), (Stage(0, 0, n // 2), Stage(1, n // 2 + 1, n - 1)),
+                   microbatches=MICROBATCHES)
+    return three, two
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """Plans (3 stages; 2 stages with other cuts), initial weights, 4 data batches."""
+    folder = tmp_path_factory.mktemp("ckpt")
+    meta, inputs = build(MODEL, device="meta", batch=BATCH, seq=SEQ)
+    graph = capture(meta, inputs, name=MODEL)
+    three, two = _plans(graph, graph.num_units)
+    three.save(folder / "plan3.json")
+    two.save(folder / "plan2.json")
+    torch.manual_seed(3)
+    model, _ = build(MODEL, device="cpu", batch=BATCH, seq=SEQ)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    torch.save(state, folder / "init.pt")
+    gen = torch.Generator().manual_seed(9)
+    batches = []
+    for _ in range(STEPS):
+        ids = torch.randint(0, 256, (BATCH * MICROBATCHES, SEQ), generator=gen)
+        batches.append((ids, torch.roll(ids, -1, 1)))
+    torch.save(batches, folder / "data.pt")
+    return folder, state, batches, graph, inputs
+
+
+def _run(folder: Path, plan: str, tmp: Path, *extra: str) -> RunReport:
+    report = tmp / f"{plan}-{len(list(tmp.glob('*.json')))}.json"
+    rc = hetpipe_run([str(folder / plan), "--model", MODEL, "--seq", str(SEQ), "--steps", str(STEPS),
+                      "--timeout", "60", "--data", str(folder / "data.pt"), "--loss", "hetpipe.models:lm_loss",
+                      "--weights", str(folder / "init.pt"), "--report", str(report), *extra])
+    assert rc == 0
+    return RunReport.load(report)
+
+
+def _reference(state, batches):
+    """A plain single-device loop: Adam (the plan's optimizer, the runtime's default rate)."""
+    model, _ = build(MODEL, device="cpu", batch=BATCH, seq=SEQ)
+    model.load_state_dict(state)
+    opt = torch.optim.Adam(model.parameters(), lr=DEFAULT_LR["adam"])
+    losses = []
+    for ids, targets in batches:
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for x, y in zip(ids.chunk(MICROBATCHES), targets.chunk(MICROBATCHES)):
+            loss = lm_loss(model(x), y) / MICROBATCHES
+            loss.backward()
+            total += float(loss.detach())
+        opt.step()
+        losses.append(total)
+    return losses, model, opt
+
+
+@pytest.fixture(scope="module")
+def first_run(setup, tmp_path_factory):
+    """4 steps on the 3-stage plan, checkpoints at 2 and 4 (and the single-device reference)."""
+    folder, state, batches, *_ = setup
+    tmp = tmp_path_factory.mktemp("first")
+    rep = _run(folder, "plan3.json", tmp, "--checkpoint-dir", str(tmp / "ck"), "--checkpoint-every", str(EVERY))
+    return tmp, rep, _reference(state, batches)
+
+
+@pytest.mark.slow
+def test_resume_on_the_same_plan_continues_bitwise(setup, first_run, tmp_path):
+    folder, *_ = setup
+    tmp, full, _ = first_run
+    assert sorted(p.name for p in (tmp / "ck").iterdir()) == ["step-000002", "step-000004"]
+    again = _run(folder, "plan3.json", tmp_path, "--resume", str(tmp / "ck" / "step-000002"),
+                 "--checkpoint-dir", str(tmp_path / "ck"))
+    assert list(again.losses) == list(full.losses[EVERY:])  # exactly: same cuts, same order of operations
+    assert any("resumed from" in n for n in again.notes)
+    ended, resumed = read_checkpoint(tmp / "ck" / "step-000004"), read_checkpoint(tmp_path / "ck" / "step-000004")
+    assert sorted(ended) == sorted(resumed)
+    for key, value in ended.items():  # parameters, buffers, Adam moments and steps, random generators
+        assert torch.equal(value, resumed[key]), key
+
+
+@pytest.mark.slow
+def test_resume_on_another_plan_equals_a_single_device_run(setup, first_run, tmp_path):
+    folder, state, batches, graph, _ = setup
+    tmp, full, (ref_losses, ref_model, ref_opt) = first_run
+    assert list(full.losses) == pytest.approx(ref_losses, rel=RTOL, abs=ATOL)
+    other = _run(folder, "plan2.json", tmp_path, "--resume", str(tmp / "ck" / "step-000002"),
+                 "--checkpoint-dir", str(tmp_path / "ck"))
+    assert other.world_size == 2
+    assert list(other.losses) == pytest.approx(ref_losses[EVERY:], rel=RTOL, abs=ATOL)
+    saved = read_checkpoint(tmp_path / "ck" / "step-000004")
+    head = graph.tied[0].qualified_names[-1]
+    for name, p in ref_model.state_dict().items():
+        if name != head:  # the tie is saved once, under the embedding's name
+            torch.testing.assert_close(saved[f"model/{name}"], p, rtol=RTOL, atol=ATOL, msg=name)
+    for name, p in ref_model.named_parameters():
+        for key, value in ref_opt.state[p].items():
+            torch.testing.assert_close(saved[f"optim/{name}/{key}"], value, rtol=RTOL, atol=ATOL, msg=f"{name} {key}")
+
+
+# ----------------------------------------------------------------------------- no processes
+
+
+def _one_stage_checkpoint(graph, inputs, root: Path, *, step: int, drop: str | None = None) -> Path:
+    """A real checkpoint written by one process holding the whole model as one stage (optionally
+    without the tensor ``drop``)."""
+    from hetpipe.runtime.rank import make_optimizer
+
+    program = split_stages(graph.module, {}, example_inputs=inputs, num_stages=1)
+    stage = build_stage(program, 0, state_dict=None, device="cpu", seed=0)
+    opt = make_optimizer("adam", list(stage.parameters()), lr=None)
+    stage(inputs[0].new_zeros(inputs[0].shape))[0].float().sum().backward()
+    opt.step()
+    owned = {k: v for k, v in saved_names(program, 0).items() if v != drop}
+    st = StageState(stage.module, canonical_names(program, 0), owned, opt, 0)
+    plan = _plans(graph, graph.num_units)[0]
+    info = CheckpointInfo(step=step, batches_consumed=step, model=MODEL, params_fingerprint=program_fingerprint(program),
+                          plan_digest=plan_digest(plan), num_stages=1, optimizer="adam", seed=0, saved_time_s=0.0)
+    return save_checkpoint(root, step=step, state=st, info=info)
+
+
+def test_an_interrupted_checkpoint_is_never_used(setup, tmp_path, capsys):
+    folder, _, _, graph, inputs = setup
+    root = tmp_path / "ck"
+    _one_stage_checkpoint(graph, inputs, root, step=2)
+    crashed = _one_stage_checkpoint(graph, inputs, root, step=4)
+    crashed.rename(tmp_folder(root, 4))  # as if rank 0 died before its rename: marker and all, still .tmp
+    assert find_checkpoint(root)[0].name == "step-000002"
+    (root / "step-000002" / MARKER).unlink()  # a crash before the marker: not complete either
+    with pytest.raises(ConfigError, match="no complete checkpoint .*step-000004.tmp.* interrupted mid-write"):
+        find_checkpoint(root)
+    with pytest.raises(ConfigError, match="interrupted mid-write"):
+        find_checkpoint(tmp_folder(root, 4))
+    rc = hetpipe_run([str(folder / "plan3.json"), "--model", MODEL, "--seq", str(SEQ), "--steps", "6",
+                      "--resume", str(root), "--run-dir", str(tmp_path / "run")])
+    err = _error(capsys.readouterr().err)
+    assert rc == 2 and "no complete checkpoint" in err and err.count("error:") == 1, err
+    assert not (tmp_path / "run" / "torchrun.log").exists()  # refused before launch
+
+
+@pytest.mark.parametrize("case", ["other-model", "missing-name", "past-steps"])
+def test_a_wrong_checkpoint_is_one_error_line_before_launch(setup, tmp_path, capsys, case):
+    folder, _, _, graph, inputs = setup
+    root, model, steps = tmp_path / "ck", MODEL, "6"
+    names = sorted(canonical_names(split_stages(graph.module, {}, example_inputs=inputs, num_stages=1), 0).values())
+    drop = next(n for n in names if ".1." in n and n.endswith("weight")) if case == "missing-name" else None
+    _one_stage_checkpoint(graph, inputs, root, step=2, drop=drop)
+    plan = folder / "plan3.json"
+    if case == "other-model":  # llama-tiny: another model with its own plan
+        meta, ins = build("llama-tiny", device="meta", batch=BATCH, seq=SEQ)
+        g = capture(meta, ins, name="llama-tiny")
+        _plans(g, g.num_units)[0].save(tmp_path / "llama.json")
+        plan, model = tmp_path / "llama.json", "llama-tiny"
+    if case == "past-steps":
+        steps = "2"
+    rc = hetpipe_run([str(plan), "--model", model, "--seq", str(SEQ), "--steps", steps, "--resume", str(root),
+                      "--run-dir", str(tmp_path / "run")])
+    err = _error(capsys.readouterr().err)
+    assert rc == 2 and err.count("error:") == 1 and str(root / "step-000002") in err, err
+    expect = {"other-model": "checkpoint of model 'gpt-tiny' lacks", "missing-name": f"lacks 1 tensor(s) the model "
+              f"needs: {drop}", "past-steps": "pass --steps larger than 2"}[case]
+    assert expect in err, err
+    assert not (tmp_path / "run" / "torchrun.log").exists()
+
+
+def test_checkpoint_options_are_checked_before_launch(setup, tmp_path, capsys):
+    folder, *_ = setup
+    rc = hetpipe_run([str(folder / "plan3.json"), "--model", MODEL, "--seq", str(SEQ), "--steps", "2",
+                      "--checkpoint-every", "0", "--checkpoint-dir", str(tmp_path / "ck")])
+    err = _error(capsys.readouterr().err)
+    assert rc == 2 and "--checkpoint-every must be a positive number of steps, got 0" in err, err
+
+
+@pytest.mark.slow
+def test_the_worker_creates_its_run_folder(setup, tmp_path):
+    """The README's multi-node lines name a --run-dir nobody created (issue 16, item 5)."""
+    folder, *_ = setup
+    run_dir = tmp_path / "desk-run" / "nested"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=2",
+           "-m", "hetpipe.runtime.worker", str(folder / "plan2.json"), "--model", MODEL, "--seq", str(SEQ),
+           "--steps", "1", "--run-dir", str(run_dir), "--timeout", "60"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert sorted(p.name for p in run_dir.glob("result-rank*.json")) == ["result-rank0.json", "result-rank1.json"]
