@@ -155,7 +155,7 @@ def _one_stage_checkpoint(graph, inputs, root: Path, *, step: int, drop: str | N
     program = split_stages(graph.module, {}, example_inputs=inputs, num_stages=1)
     stage = build_stage(program, 0, state_dict=None, device="cpu", seed=0)
     opt = make_optimizer("adam", list(stage.parameters()), lr=None)
-    stage(inputs[0].new_zeros(inputs[0].shape))[0].float().sum().backward()
+    stage(torch.zeros(inputs[0].shape, dtype=inputs[0].dtype))[0].float().sum().backward()  # inputs are on meta
     opt.step()
     owned = {k: v for k, v in saved_names(program, 0).items() if v != drop}
     st = StageState(stage.module, canonical_names(program, 0), owned, opt, 0)
@@ -229,3 +229,36 @@ def test_the_worker_creates_its_run_folder(setup, tmp_path):
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert sorted(p.name for p in run_dir.glob("result-rank*.json")) == ["result-rank0.json", "result-rank1.json"]
+
+
+def _trainer_worker(rank: int, world: int, folder: str, plan: str, steps: int, resume: str | None, out: str) -> list:
+    """`Trainer` in a user's loop: resume (skipping the consumed batches), step, save a checkpoint."""
+    from hetpipe.runtime.trainer import Trainer
+
+    trainer = Trainer(f"{folder}/{plan}", model=MODEL, seq=SEQ, loss=lm_loss, weights=f"{folder}/init.pt",
+                      resume=resume)
+    batches = torch.load(f"{folder}/data.pt")[trainer.steps_done:steps]
+    losses = [trainer.step(ids if trainer.is_first else None, targets if trainer.is_last else None).loss
+              for ids, targets in batches]
+    trainer.save_checkpoint(out)
+    trainer.close()
+    return losses
+
+
+@pytest.mark.slow
+def test_trainer_saves_and_resumes_on_another_plan(setup, tmp_path):
+    """2 steps on 2 stages with `Trainer`, then 2 more on 3 stages from its checkpoint: the single-device losses."""
+    from tests.dist_helpers import run_world
+
+    folder, state, batches, *_ = setup
+    ref_losses, *_ = _reference(state, batches)
+    ck = tmp_path / "ck"
+    losses = []
+    for world, plan, steps, resume in ((2, "plan2.json", EVERY, None), (3, "plan3.json", STEPS, str(ck))):
+        outcomes = run_world(_trainer_worker, world_size=world, args=(str(folder), plan, steps, resume, str(ck)),
+                             timeout_s=240.0, out_dir=tmp_path / f"world{world}")
+        for o in outcomes:
+            assert o.error is None, f"rank {o.rank}: {o.error}"
+        losses += outcomes[-1].value
+    assert sorted(p.name for p in ck.iterdir()) == ["step-000002", "step-000004"]
+    assert losses == pytest.approx(ref_losses, rel=RTOL, abs=ATOL)

@@ -28,12 +28,14 @@ Example (one process, no process group: ``dcp`` then runs without collectives):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import pickle
 import random
 import sys
 import time
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,6 +160,14 @@ def stage_state_dict(state: StageState) -> dict[str, torch.Tensor]:
     return out
 
 
+@contextlib.contextmanager
+def _single_process_quiet() -> Iterator[None]:
+    """Without a process group DCP warns that it assumes one process: that is what we asked for (no_dist)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
+
+
 def save_checkpoint(root: Path, *, step: int, state: StageState, info: CheckpointInfo) -> Path:
     """Collective over the world: every rank writes its stage into ``step-NNNNNN.tmp/``; after all
     finished, rank 0 writes the marker and renames the folder (`publish`).  Returns the folder."""
@@ -170,8 +180,9 @@ def save_checkpoint(root: Path, *, step: int, state: StageState, info: Checkpoin
     if dist.is_initialized():
         dist.barrier()
     tmp = root / f"step-{step:06d}.tmp"
-    dcp.save(stage_state_dict(state), storage_writer=dcp.FileSystemWriter(str(tmp)),
-             no_dist=not dist.is_initialized())
+    with _single_process_quiet():
+        dcp.save(stage_state_dict(state), storage_writer=dcp.FileSystemWriter(str(tmp)),
+                 no_dist=not dist.is_initialized())
     if dist.is_initialized():
         dist.barrier()  # every rank's files are written (dcp.save's own finish gathers them too)
     final = publish(root, step, info) if rank == 0 else root / f"step-{step:06d}"
@@ -202,7 +213,8 @@ def restore_checkpoint(folder: Path, state: StageState, *, same_plan: bool) -> N
     rng_prefix = f"{RNG_PREFIX}stage-{state.stage}/"
     rng = {k: torch.empty(s, dtype=d) for k, (s, d) in keys.items() if k.startswith(rng_prefix)} if same_plan else {}
     wanted.update(rng)
-    dcp.load(wanted, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=not dist.is_initialized())
+    with _single_process_quiet():
+        dcp.load(wanted, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=not dist.is_initialized())
     for param, subkeys in optim.items():
         state.optimizer.state[param] = {_state_key(sub): _state_value(wanted[key], param, sub)
                                         for sub, key in subkeys.items()}
@@ -244,6 +256,15 @@ class Checkpointing:
                               params_fingerprint=self.fingerprint, plan_digest=plan_digest(self.plan),
                               num_stages=len(self.plan.stages), optimizer=self.plan.training.optimizer,
                               seed=self.seed, saved_time_s=time.time())
+
+
+def for_run(run: Any, optimizer: torch.optim.Optimizer, *, root: str | Path | None, every: int | None,
+            model: str, seed: int) -> tuple[StageState, Checkpointing]:
+    """(what this rank saves, when and as what) for a worker's or `Trainer`'s prepared run."""
+    st = StageState(run.stage.module, canonical_names(run.program, run.index), run.saved_names, optimizer, run.index)
+    ckpt = Checkpointing(root=Path(root) if root is not None else None, every=every, model=model,
+                         fingerprint=program_fingerprint(run.program), plan=run.plan, seed=seed)
+    return st, ckpt
 
 
 def check_optimizer(folder: Path, info: CheckpointInfo, plan: Any) -> None:

@@ -300,12 +300,10 @@ def _resume_point(args: argparse.Namespace) -> Any:
 def _checkpoints(args: argparse.Namespace, state: RankState, run: _Run, optimizer: Any,
                  resume: Any) -> tuple[int, Callable[[int, bool], None]]:
     """Restore ``--resume`` (collective) and return (steps already taken, the per-step saver)."""
-    from hetpipe.runtime.checkpoint import (Checkpointing, StageState, canonical_names, program_fingerprint,
-                                            resume_stage, save_checkpoint)
+    from hetpipe.runtime.checkpoint import for_run, resume_stage, save_checkpoint
 
-    st = StageState(run.stage.module, canonical_names(run.program, run.index), run.saved_names, optimizer, run.index)
-    ckpt = Checkpointing(root=getattr(args, "checkpoint_dir", None), every=getattr(args, "checkpoint_every", None),
-                         model=args.model, fingerprint=program_fingerprint(run.program), plan=run.plan, seed=args.seed)
+    st, ckpt = for_run(run, optimizer, root=getattr(args, "checkpoint_dir", None),
+                       every=getattr(args, "checkpoint_every", None), model=args.model, seed=args.seed)
     start = 0
     if resume is not None:
         state.phase = "resuming from the checkpoint"
