@@ -29,6 +29,7 @@ Example (one process, no process group: ``dcp`` then runs without collectives):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import pickle
 import random
@@ -180,16 +181,32 @@ def save_checkpoint(root: Path, *, step: int, state: StageState, info: Checkpoin
     if dist.is_initialized():
         dist.barrier()
     tmp = root / f"step-{step:06d}.tmp"
+    sd = stage_state_dict(state)
+    wrote = time.monotonic()
     with _single_process_quiet():
-        dcp.save(stage_state_dict(state), storage_writer=dcp.FileSystemWriter(str(tmp)),
-                 no_dist=not dist.is_initialized())
-    if dist.is_initialized():
-        dist.barrier()  # every rank's files are written (dcp.save's own finish gathers them too)
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(tmp)), no_dist=not dist.is_initialized())
+    mine = (state.stage, time.monotonic() - wrote, *_bytes_by_prefix(sd))
+    every = [mine]
+    if dist.is_initialized():  # also the barrier: every rank's files are written
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+    if rank == 0:
+        stats = sorted(every)
+        info = dataclasses.replace(info, stage_save_s=tuple(s[1] for s in stats),
+                                   stage_model_bytes=tuple(s[2] for s in stats),
+                                   stage_optim_bytes=tuple(s[3] for s in stats))
     final = publish(root, step, info) if rank == 0 else root / f"step-{step:06d}"
     if dist.is_initialized():
         dist.barrier()  # nobody moves on (or saves again) before the folder is complete
     log.info("rank %d: saved stage %d at step %d in %.3f s", rank, state.stage, step, time.monotonic() - started)
     return final
+
+
+def _bytes_by_prefix(sd: Mapping[str, torch.Tensor]) -> tuple[int, int]:
+    """(parameter + buffer bytes, optimizer state bytes) of a rank's state dict."""
+    size = {p: sum(t.numel() * t.element_size() for k, t in sd.items() if k.startswith(p))
+            for p in (MODEL_PREFIX, OPTIM_PREFIX)}
+    return size[MODEL_PREFIX], size[OPTIM_PREFIX]
 
 
 def restore_checkpoint(folder: Path, state: StageState, *, same_plan: bool) -> None:

@@ -73,6 +73,10 @@ class CheckpointInfo:
     optimizer: str
     seed: int
     saved_time_s: float
+    # Per stage, measured by each rank: seconds in dcp.save, parameter + buffer bytes, optimizer bytes.
+    stage_save_s: tuple[float, ...] = ()
+    stage_model_bytes: tuple[int, ...] = ()
+    stage_optim_bytes: tuple[int, ...] = ()
     format: str = FORMAT
     version: int = VERSION
 
@@ -89,7 +93,7 @@ class CheckpointInfo:
     def load(folder: Path) -> "CheckpointInfo":
         try:
             raw = json.loads((folder / MARKER).read_text())
-            info = CheckpointInfo(**raw)
+            info = CheckpointInfo(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
         except (OSError, ValueError, TypeError) as err:
             raise ConfigError(f"--resume {folder}: its {MARKER} is unreadable ({type(err).__name__}: {err}); pass "
                               "another step-NNNNNN folder of the checkpoint directory") from None
