@@ -262,3 +262,27 @@ def test_trainer_saves_and_resumes_on_another_plan(setup, tmp_path):
         losses += outcomes[-1].value
     assert sorted(p.name for p in ck.iterdir()) == ["step-000002", "step-000004"]
     assert losses == pytest.approx(ref_losses, rel=RTOL, abs=ATOL)
+
+
+@pytest.mark.parametrize("data", [None, "file", "factory"])
+def test_the_data_position_resumes(setup, data):
+    """Step k of a resumed stream is the batch an uninterrupted stream gives at k: synthetic, file, factory."""
+    import itertools
+
+    from hetpipe.runtime.data import data_stream
+
+    folder, _, batches, graph, inputs = setup
+    spec = {None: None, "file": str(folder / "data.pt"), "factory": "tests.test_checkpoint:_factory"}[data]
+    kw = dict(model=MODEL, global_batch=BATCH * MICROBATCHES, seed=4, example=inputs, meta_model=graph.module)
+    whole = list(itertools.islice(data_stream(spec, **kw), STEPS))
+    resumed = list(itertools.islice(data_stream(spec, start=2, **kw), STEPS - 2))
+    for (a_in, a_t), (b_in, b_t) in zip(whole[2:], resumed, strict=True):
+        assert torch.equal(torch.as_tensor(a_in[0] if isinstance(a_in, tuple) else a_in),
+                           torch.as_tensor(b_in[0] if isinstance(b_in, tuple) else b_in)) and torch.equal(a_t, b_t)
+
+
+def _factory():
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(STEPS):
+        ids = torch.randint(0, 256, (BATCH * MICROBATCHES, SEQ), generator=gen)
+        yield ids, torch.roll(ids, -1, 1)

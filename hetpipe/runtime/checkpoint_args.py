@@ -69,7 +69,7 @@ def checkpoint_args(plan: Any, checkpoint_dir: str | os.PathLike[str] | None, ev
 
     graph, example = capture_for_plan(plan, model=model, seq=seq)
     folder, info = preflight_resume(plan, graph, example, resume, model=model, steps=steps)
-    log.warning("resuming from %s (step %d of %d, saved by a %d-stage plan)", folder, info.step, steps,
+    log.info("resuming from %s (step %d of %d, saved by a %d-stage plan)", folder, info.step, steps,
                 info.num_stages)
     return CheckpointArgs(out_dir, every, str(folder.absolute()), info.step)
 

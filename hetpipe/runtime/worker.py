@@ -17,7 +17,10 @@ with nothing distributed before step 5:
    scale (`hetpipe.runtime.emulate.pipeline.choose_time_scale`) and install the emulation hooks;
 7. run ``--steps`` steps (a monitored barrier, then the rank's action list) on seeded
    synthetic data or ``--data``, touching ``progress-rank<r>`` after each step and, through
-   `hetpipe.runtime.execute.heartbeat`, at least every second while actions finish;
+   `hetpipe.runtime.execute.heartbeat`, at least every second while actions finish; with
+   ``--resume`` the stage, its optimizer state and the data position are restored first and the
+   steps continue after the checkpoint's; with ``--checkpoint-dir`` every ``--checkpoint-every``
+   steps and at the end every rank saves its stage (`hetpipe.runtime.checkpoint`);
 8. write ``result-rank<r>.json``; on any failure write ``error-rank<r>.json`` naming
    the rank, stage and action, and exit 1 (torchrun then tears the job down).
 
