@@ -286,3 +286,32 @@ def _factory():
     for _ in range(STEPS):
         ids = torch.randint(0, 256, (BATCH * MICROBATCHES, SEQ), generator=gen)
         yield ids, torch.roll(ids, -1, 1)
+
+
+def test_a_one_stage_checkpoint_restores_into_every_stage_of_another_cut(setup, tmp_path):
+    """In one process: the whole model as one stage (the tied embedding and head in the same module) is
+    saved, then each stage of the 3-stage cut restores its part -- both replicas of the tie included --
+    with every parameter and Adam state equal to the source's by name."""
+    from hetpipe.runtime.checkpoint import restore_checkpoint
+    from hetpipe.runtime.rank import make_optimizer, node_to_stage
+    from hetpipe.plan.schema import Plan
+
+    folder, _, _, graph, inputs = setup
+    source = _one_stage_checkpoint(graph, inputs, tmp_path / "ck", step=2)
+    saved = read_checkpoint(source)
+    plan = Plan.load(folder / "plan3.json")
+    program = split_stages(graph.module, node_to_stage(plan, graph.module), example_inputs=inputs, num_stages=3)
+    restored_names = set()
+    for s in range(3):
+        stage = build_stage(program, s, state_dict=None, device="cpu", seed=123)  # other weights, then restored
+        opt = make_optimizer("adam", list(stage.parameters()), lr=None)
+        names = canonical_names(program, s)
+        restore_checkpoint(source, StageState(stage.module, names, saved_names(program, s), opt, s), same_plan=False)
+        for local, p in stage.module.named_parameters():
+            assert torch.equal(p.detach(), saved[f"model/{names[local]}"]), names[local]
+            for key, value in opt.state[p].items():
+                assert torch.equal(value, saved[f"optim/{names[local]}/{key}"]), (names[local], key)
+            assert set(opt.state[p]) == {"step", "exp_avg", "exp_avg_sq"}, names[local]
+            restored_names.add(names[local])
+    assert {k[len("model/"):] for k in saved if k.startswith("model/")} >= restored_names
+    assert len(restored_names) == sum(1 for k in saved if k.startswith("optim/") and k.endswith("/step"))

@@ -54,21 +54,22 @@ def cmd_run(args: argparse.Namespace, console: Any) -> int:
     """``hetpipe run``: launch, print the report's tables, write ``--report``."""
     from hetpipe.runtime.run import run, summary_tables
 
-    timeout_s = args.timeout
-    if args.emulate:  # the estimate first: a run of hours is refused before anything starts
-        from hetpipe.plan.schema import Plan
-        from hetpipe.runtime.estimate import default_timeout_s, estimate_wall, refuse_if_too_long
-
-        plan = Plan.load(args.plan)
-        est = estimate_wall(plan, steps=args.steps, safety_factor=args.safety_factor)
-        console.print(est.line())
-        refuse_if_too_long(est, plan, max_minutes=args.max_minutes)
-        timeout_s = timeout_s or default_timeout_s(est)
+    timeout_s, done = args.timeout, 0
     if args.resume is not None:
         from hetpipe.runtime.checkpoint_files import find_checkpoint
 
         folder, info = find_checkpoint(args.resume)
         console.print(f"resuming from {folder} (step {info.step}, saved by a {info.num_stages}-stage plan)")
+        done = min(info.step, args.steps - 1)  # past --steps: run() refuses it with the reason
+    if args.emulate:  # the estimate first: a run of hours is refused before anything starts
+        from hetpipe.plan.schema import Plan
+        from hetpipe.runtime.estimate import default_timeout_s, estimate_wall, refuse_if_too_long
+
+        plan = Plan.load(args.plan)
+        est = estimate_wall(plan, steps=args.steps - done, safety_factor=args.safety_factor)
+        console.print(est.line())
+        refuse_if_too_long(est, plan, max_minutes=args.max_minutes)
+        timeout_s = timeout_s or default_timeout_s(est)
     report = run(args.plan, model=args.model, steps=args.steps, emulate=args.emulate, report=args.report,
                  schedule=args.schedule, timeout_s=timeout_s, seq=args.seq, seed=args.seed, lr=args.lr,
                  data=args.data, loss=args.loss, safety_factor=args.safety_factor, run_dir=args.run_dir,

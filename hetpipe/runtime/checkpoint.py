@@ -146,7 +146,9 @@ def stage_state_dict(state: StageState) -> dict[str, torch.Tensor]:
     """The flat DCP state dict one rank saves (see the module docstring for the keys)."""
     local = _local(state.module)
     out = {MODEL_PREFIX + key: local[name].detach() for name, key in state.owned.items()}
-    name_of = {id(p): n for n, p in state.module.named_parameters(remove_duplicate=False)}
+    name_of: dict[int, str] = {}
+    for n, p in state.module.named_parameters(remove_duplicate=False):
+        name_of.setdefault(id(p), n)  # the first local name, the one `owned` and `names` are keyed by
     for param, values in state.optimizer.state.items():
         name = name_of.get(id(param))
         if name is None or name not in state.owned:  # a tied replica: its owner saves the same state
