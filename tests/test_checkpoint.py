@@ -315,3 +315,33 @@ def test_a_one_stage_checkpoint_restores_into_every_stage_of_another_cut(setup, 
             restored_names.add(names[local])
     assert {k[len("model/"):] for k in saved if k.startswith("model/")} >= restored_names
     assert len(restored_names) == sum(1 for k in saved if k.startswith("optim/") and k.endswith("/step"))
+
+
+def test_random_generators_are_restored_on_the_same_plan_only(setup, tmp_path):
+    import random
+
+    from hetpipe.runtime.checkpoint import restore_checkpoint
+    from hetpipe.runtime.rank import make_optimizer
+
+    _, _, _, graph, inputs = setup
+    torch.manual_seed(5)
+    random.seed(5)
+    source = _one_stage_checkpoint(graph, inputs, tmp_path / "ck", step=2)  # the generators as saved
+    after = (torch.rand(3), random.random())
+    program = split_stages(graph.module, {}, example_inputs=inputs, num_stages=1)
+    stage = build_stage(program, 0, state_dict=None, device="cpu")
+    st = StageState(stage.module, canonical_names(program, 0), saved_names(program, 0),
+                    make_optimizer("adam", list(stage.parameters()), lr=None), 0)
+    restore_checkpoint(source, st, same_plan=False)
+    assert not torch.equal(torch.rand(3), after[0])
+    restore_checkpoint(source, st, same_plan=True)
+    assert torch.equal(torch.rand(3), after[0]) and random.random() == after[1]
+
+
+def test_replica_plans_are_refused_clearly():
+    from types import SimpleNamespace
+
+    from hetpipe.runtime.checkpoint_args import checkpoint_args
+
+    with pytest.raises(ConfigError, match="not supported for replica plans yet"):
+        checkpoint_args(SimpleNamespace(replicas=(object(),)), None, None, "ck", model=MODEL, seq=None, steps=4)
