@@ -20,8 +20,8 @@ from hetpipe.errors import ConfigError
 from hetpipe.models import build, lm_loss
 from hetpipe.partitioner.capture.capture import capture
 from hetpipe.partitioner.problem import Stage
-from hetpipe.runtime.checkpoint import StageState, canonical_names, program_fingerprint, save_checkpoint
-from hetpipe.runtime.checkpoint_files import (MARKER, CheckpointInfo, find_checkpoint, plan_digest, saved_keys,
+from hetpipe.runtime.checkpoint.state import StageState, canonical_names, program_fingerprint, save_checkpoint
+from hetpipe.runtime.checkpoint.files import (MARKER, CheckpointInfo, find_checkpoint, plan_digest, saved_keys,
                                               tmp_folder)
 from hetpipe.runtime.rank import DEFAULT_LR
 from hetpipe.runtime.report import RunReport
@@ -292,7 +292,7 @@ def test_a_one_stage_checkpoint_restores_into_every_stage_of_another_cut(setup, 
     """In one process: the whole model as one stage (the tied embedding and head in the same module) is
     saved, then each stage of the 3-stage cut restores its part -- both replicas of the tie included --
     with every parameter and Adam state equal to the source's by name."""
-    from hetpipe.runtime.checkpoint import restore_checkpoint
+    from hetpipe.runtime.checkpoint.state import restore_checkpoint
     from hetpipe.runtime.rank import make_optimizer, node_to_stage
     from hetpipe.plan.schema import Plan
 
@@ -320,7 +320,7 @@ def test_a_one_stage_checkpoint_restores_into_every_stage_of_another_cut(setup, 
 def test_random_generators_are_restored_on_the_same_plan_only(setup, tmp_path):
     import random
 
-    from hetpipe.runtime.checkpoint import restore_checkpoint
+    from hetpipe.runtime.checkpoint.state import restore_checkpoint
     from hetpipe.runtime.rank import make_optimizer
 
     _, _, _, graph, inputs = setup
@@ -341,7 +341,7 @@ def test_random_generators_are_restored_on_the_same_plan_only(setup, tmp_path):
 def test_replica_plans_are_refused_clearly():
     from types import SimpleNamespace
 
-    from hetpipe.runtime.checkpoint_args import checkpoint_args
+    from hetpipe.runtime.checkpoint.options import checkpoint_args
 
     with pytest.raises(ConfigError, match="not supported for replica plans yet"):
         checkpoint_args(SimpleNamespace(replicas=(object(),)), None, None, "ck", model=MODEL, seq=None, steps=4)

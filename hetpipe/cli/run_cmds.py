@@ -56,7 +56,7 @@ def cmd_run(args: argparse.Namespace, console: Any) -> int:
 
     timeout_s, done = args.timeout, 0
     if args.resume is not None:
-        from hetpipe.runtime.checkpoint_files import find_checkpoint
+        from hetpipe.runtime.checkpoint.files import find_checkpoint
 
         folder, info = find_checkpoint(args.resume)
         console.print(f"resuming from {folder} (step {info.step}, saved by a {info.num_stages}-stage plan)")

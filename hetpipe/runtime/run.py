@@ -38,7 +38,7 @@ import torch
 from hetpipe.errors import ConfigError, RuntimeFailure
 from hetpipe.plan.check import check_plan
 from hetpipe.plan.schema import Plan
-from hetpipe.runtime.checkpoint_args import checkpoint_args
+from hetpipe.runtime.checkpoint.options import checkpoint_args
 from hetpipe.runtime.launch import LaunchSpec, launch
 from hetpipe.runtime.report import RankResult, RunReport, build_report
 from hetpipe.runtime.user_checks import check_user_code

@@ -143,16 +143,16 @@ class Trainer:
 
     def save_checkpoint(self, root: str | Path) -> Path:
         """Save this step's parameters, optimizer state (by parameter name) and random state into
-        ``root/step-NNNNNN`` (collective; `hetpipe.runtime.checkpoint`); returns that folder.
+        ``root/step-NNNNNN`` (collective; `hetpipe.runtime.checkpoint.state`); returns that folder.
         An lr scheduler's state is not saved."""
-        from hetpipe.runtime.checkpoint import for_run, save_checkpoint
+        from hetpipe.runtime.checkpoint.state import for_run, save_checkpoint
 
         st, ckpt = for_run(self._run, self.optimizer, root=root, every=None, model=self._model, seed=self._seed)
         return save_checkpoint(Path(root), step=self.steps_done, state=st, info=ckpt.info(self.steps_done))
 
     def _resume(self, resume: str | Path) -> None:
-        from hetpipe.runtime.checkpoint import for_run, resume_stage
-        from hetpipe.runtime.checkpoint_files import find_checkpoint
+        from hetpipe.runtime.checkpoint.state import for_run, resume_stage
+        from hetpipe.runtime.checkpoint.files import find_checkpoint
 
         folder, info = find_checkpoint(resume)
         st, ckpt = for_run(self._run, self.optimizer, root=None, every=None, model=self._model, seed=self._seed)

@@ -20,7 +20,7 @@ with nothing distributed before step 5:
    `hetpipe.runtime.execute.heartbeat`, at least every second while actions finish; with
    ``--resume`` the stage, its optimizer state and the data position are restored first and the
    steps continue after the checkpoint's; with ``--checkpoint-dir`` every ``--checkpoint-every``
-   steps and at the end every rank saves its stage (`hetpipe.runtime.checkpoint`);
+   steps and at the end every rank saves its stage (`hetpipe.runtime.checkpoint.state`);
 8. write ``result-rank<r>.json``; on any failure write ``error-rank<r>.json`` naming
    the rank, stage and action, and exit 1 (torchrun then tears the job down).
 
@@ -295,7 +295,7 @@ def _resume_point(args: argparse.Namespace) -> Any:
     """(folder, `CheckpointInfo`) of ``--resume``, or None."""
     if getattr(args, "resume", None) is None:
         return None
-    from hetpipe.runtime.checkpoint_files import find_checkpoint
+    from hetpipe.runtime.checkpoint.files import find_checkpoint
 
     return find_checkpoint(args.resume)
 
@@ -303,7 +303,7 @@ def _resume_point(args: argparse.Namespace) -> Any:
 def _checkpoints(args: argparse.Namespace, state: RankState, run: _Run, optimizer: Any,
                  resume: Any) -> tuple[int, Callable[[int, bool], None]]:
     """Restore ``--resume`` (collective) and return (steps already taken, the per-step saver)."""
-    from hetpipe.runtime.checkpoint import for_run, resume_stage, save_checkpoint
+    from hetpipe.runtime.checkpoint.state import for_run, resume_stage, save_checkpoint
 
     st, ckpt = for_run(run, optimizer, root=getattr(args, "checkpoint_dir", None),
                        every=getattr(args, "checkpoint_every", None), model=args.model, seed=args.seed)

@@ -4,7 +4,7 @@ model's own parameter names so that a checkpoint moves between plans.
 Each rank saves its stage's parameters and buffers (``model/<name>``), the optimizer state of
 those parameters (``optim/<name>/<key>``: keyed by parameter NAME, not by the optimizer's index,
 which differs on every cut) and its random generators (``rng/stage-<k>/...``) in one collective
-``dcp.save`` (`hetpipe.runtime.checkpoint_files` has the layout and the completion protocol).  A
+``dcp.save`` (`hetpipe.runtime.checkpoint.files` has the layout and the completion protocol).  A
 tied parameter (GPT's embedding and head on two stages) is saved once, by its owner stage:
 its replicas hold the same values and optimizer state because their gradients are summed
 before every step.
@@ -46,7 +46,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hetpipe.errors import ConfigError
-from hetpipe.runtime.checkpoint_files import (
+from hetpipe.runtime.checkpoint.files import (
     MODEL_PREFIX,
     OPTIM_PREFIX,
     RNG_PREFIX,
@@ -310,7 +310,7 @@ def preflight_resume(plan: Any, graph: Any, example: Any, resume: str | Path, *,
                      steps: int) -> tuple[Path, CheckpointInfo]:
     """Before launching: the checkpoint ``--resume`` means, checked against every stage of ``plan``
     (model fingerprint, names, shapes, optimizer, steps left) from DCP's metadata alone."""
-    from hetpipe.runtime.checkpoint_files import find_checkpoint
+    from hetpipe.runtime.checkpoint.files import find_checkpoint
     from hetpipe.runtime.rank import node_to_stage
     from hetpipe.runtime.stage.build import split_stages
 

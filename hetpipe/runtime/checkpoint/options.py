@@ -64,7 +64,7 @@ def checkpoint_args(plan: Any, checkpoint_dir: str | os.PathLike[str] | None, ev
     out_dir = _writable(checkpoint_dir) if checkpoint_dir is not None else None
     if resume is None:
         return CheckpointArgs(out_dir, every)
-    from hetpipe.runtime.checkpoint import preflight_resume
+    from hetpipe.runtime.checkpoint.state import preflight_resume
     from hetpipe.runtime.rank import capture_for_plan
 
     graph, example = capture_for_plan(plan, model=model, seq=seq)
