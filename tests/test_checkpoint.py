@@ -219,16 +219,35 @@ def test_checkpoint_options_are_checked_before_launch(setup, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_the_worker_creates_its_run_folder(setup, tmp_path):
-    """The README's multi-node lines name a --run-dir nobody created (issue 16, item 5)."""
+    """The README's two-node commands, run as written on one host: two torchrun launchers joined by a
+    c10d rendezvous, each with its own --plan-node and a --run-dir nobody created (issue 16, item 5:
+    it failed with FileNotFoundError 'desk-run/progress-rank0'); `collect_report` merges them."""
+    import socket
+
+    from hetpipe.runtime.run import collect_report
+
     folder, *_ = setup
-    run_dir = tmp_path / "desk-run" / "nested"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=2",
-           "-m", "hetpipe.runtime.worker", str(folder / "plan2.json"), "--model", MODEL, "--seq", str(SEQ),
-           "--steps", "1", "--run-dir", str(run_dir), "--timeout", "60"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert sorted(p.name for p in run_dir.glob("result-rank*.json")) == ["result-rank0.json", "result-rank1.json"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for node, nproc in (("n0", 2), ("n1", 1)):  # plan3: stages 0-1 on node n0, stage 2 on n1
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--nproc-per-node={nproc}",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=ckpt-test", "--max-restarts=0",
+               "-m", "hetpipe.runtime.worker", str(folder / "plan3.json"), "--model", MODEL, "--seq", str(SEQ),
+               "--steps", "1", "--run-dir", str(tmp_path / f"{node}-run" / "nested"), "--timeout", "60",
+               "--plan-node", node]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      env={**os.environ, "OMP_NUM_THREADS": "1"}))
+    try:
+        outs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outs)
+    report = collect_report(folder / "plan3.json", [tmp_path / f"{n}-run" / "nested" for n in ("n0", "n1")])
+    assert report.world_size == 3 and len(report.losses) == 1
 
 
 def _trainer_worker(rank: int, world: int, folder: str, plan: str, steps: int, resume: str | None, out: str) -> list:
