@@ -93,9 +93,7 @@ def model_shapes(program: Any, *, parameters_only: bool = False,
 
     out: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
     for s in range(program.num_stages) if stages is None else stages:
-        module = program.modules[s]
-        local = dict(module.named_parameters(remove_duplicate=False))
-        local.update(module.named_buffers(remove_duplicate=False))
+        local = _local(program.modules[s])
         for name, keys, kind in stage_names(program, s):
             if not (parameters_only and kind != "parameter"):
                 out[keys[0]] = (tuple(local[name].shape), local[name].dtype)
