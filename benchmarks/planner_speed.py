@@ -12,6 +12,7 @@ stated where not proved).
 
 Usage:
     python benchmarks/planner_speed.py [--repeats 3] [--layers 24 48 96] [--devices 4 8 16 32 64]
+        [--recompute none|auto|all]
 """
 
 from __future__ import annotations
@@ -35,10 +36,10 @@ PER_NODE = {4: 1, 8: 2, 16: 4, 32: 8, 64: 8}
 TIME_LIMIT_S = 10.0
 
 
-def run_case(layers: int, devices: int, repeats: int) -> list[object]:
+def run_case(layers: int, devices: int, repeats: int, recompute: str = "none") -> list[object]:
     graph = gpt_graph(layers=layers)
     cluster = mixed_cluster(devices, per_node=PER_NODE.get(devices, 8))
-    problem = build_problem(graph, cluster, microbatches=2 * devices)
+    problem = build_problem(graph, cluster, microbatches=2 * devices, recompute=recompute)
     walls, sol = [], None
     for _ in range(repeats):
         start = time.perf_counter()
@@ -54,12 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--layers", type=int, nargs="+", default=[24, 48, 96])
     ap.add_argument("--devices", type=int, nargs="+", default=[4, 8, 16, 32, 64])
+    ap.add_argument("--recompute", default="none", choices=("none", "auto", "all"),
+                    help="the activation-recomputation lever (issue 14); the recorded table uses none")
     args = ap.parse_args(argv)
     header = ["layers", "devices", "classes", "stages", "solver", "status", "T (s)", "gap", "median wall (s)"]
     rows = []
     for layers in args.layers:
         for devices in args.devices:
-            rows.append(run_case(layers, devices, args.repeats))
+            rows.append(run_case(layers, devices, args.repeats, args.recompute))
             print(" | ".join(map(str, rows[-1])), flush=True)
     table = markdown_table(header, rows)
     body = (f"{__doc__.split('Usage:')[0].strip()}\n\nRepeats: {args.repeats}.\n\n{table}\n")

@@ -4,7 +4,9 @@ For ``gpt-demo`` on ``examples/clusters/homelab-mini.yaml`` (RTX 3090 + RTX 4090
 node, RTX 3060 12GB on another over 1 GbE, scaled down; see the file), this script
 
 1. plans with hetpipe (`partition_graph`) and places the ``uniform`` and ``parameters``
-   baselines (`hetpipe.partitioner.baselines.baseline`) on the same `Problem`;
+   baselines on the same `Problem`, forced onto every card (`hetpipe.partitioner.baselines.baseline`)
+   and on their best cards (`hetpipe.partitioner.baseline_search.best_baseline`, issue 17;
+   a placement equal to one already listed is run once);
 2. runs each plan with ``hetpipe run --emulate`` (the same launcher, worker and
    emulation as users get) for ``--steps`` steps, ``--repeats`` times;
 3. prints measured vs predicted iteration time (emulated seconds; medians over the
@@ -63,6 +65,7 @@ def _plans(batch: int, global_batch: int | None, cluster_path: Path = CLUSTER) -
     """hetpipe's plan and the baseline plans, all assembled from one Problem."""
     from hetpipe.cost_models.cluster import load_cluster
     from hetpipe.plan.build import assemble_plan, build_problem, capture_builtin, partition_graph
+    from hetpipe.partitioner.baseline_search import best_baseline
     from hetpipe.partitioner.baselines import baseline
     from hetpipe.plan.schema import SolverReport
     from hetpipe.partitioner.problem import evaluate
@@ -72,8 +75,16 @@ def _plans(batch: int, global_batch: int | None, cluster_path: Path = CLUSTER) -
     plans: dict[str, object] = {"hetpipe": partition_graph(graph, cluster, global_batch=global_batch)}
     m = plans["hetpipe"].training.microbatches
     problem = build_problem(graph, cluster, microbatches=m)
-    for name in BASELINES:
-        stages = baseline(problem, name).stages
+    candidates = [(name, baseline(problem, name).stages) for name in BASELINES]
+    for name in BASELINES:  # issue 17: each rule also on the cards a careful user would pick
+        best = best_baseline(problem, name)
+        if best.fits:
+            candidates.append((f"{name} (best cards)", best.stages))
+    placed: dict[tuple[object, ...], str] = {}  # placement -> its names, "a = b" when two agree (run once)
+    for name, stages in candidates:
+        key = tuple(stages)
+        placed[key] = f"{placed[key]} = {name}" if key in placed else name
+    for stages, name in placed.items():
         ev = evaluate(problem, stages)
         plans[name] = assemble_plan(graph, cluster, problem=problem, stages=tuple(stages),
                                     solver=SolverReport(name, "BASELINE", ev.iteration_s, 0.0, 0.0),

@@ -1,8 +1,10 @@
 """Random small partitioning instances and a brute-force reference for solver tests.
 
-`brute_force` enumerates every ordered device subset and every set of cuts and calls
-`problem.evaluate` on each: independent of every solver's internals, so exact by
-construction (and only usable on tiny instances).
+`brute_force` enumerates every ordered device subset, every set of cuts and, under
+`Problem.recompute`, every recompute choice of every stage (``auto``: each prefix of each
+stage's order; ``all``: the whole order; ``none``: nothing), and calls `problem.evaluate`
+on each: independent of every solver's internals, so exact by construction (and only
+usable on tiny instances).
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ import itertools
 import math
 import random
 
+from dataclasses import replace
+
+from hetpipe.cost_models.recompute import recompute_order
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy, evaluate
 
 KINDS = ("fast", "mid", "slow")
@@ -18,7 +23,7 @@ SPEED = {"fast": 1.0, "mid": 1.6, "slow": 3.0}  # time multiplier per kind
 
 
 def random_problem(rng: random.Random, *, units: int, devices: int, microbatches: int | None = None,
-                   tight_memory: bool = False) -> Problem:
+                   tight_memory: bool = False, recompute: str = "none", activation_max: int = 6) -> Problem:
     """Units with random work and bytes; devices of 1-3 kinds on 1-2 nodes with slower links between nodes."""
     base = [rng.uniform(0.5, 2.0) for _ in range(units)]
     kinds = rng.sample(KINDS, rng.randint(1, 3))
@@ -40,13 +45,26 @@ def random_problem(rng: random.Random, *, units: int, devices: int, microbatches
         fwd_s=fwd,
         bwd_s=bwd,
         state_bytes=tuple(rng.randint(1, 10) for _ in range(units)),
-        activation_bytes=tuple(rng.randint(1, 6) for _ in range(units)),
+        activation_bytes=tuple(rng.randint(1, activation_max) for _ in range(units)),
         boundary_bytes=tuple(rng.randint(1, 8) for _ in range(units - 1)) + (0,),
         devices=tuple(devs),
         bandwidth_bytes_s=bw,
         latency_s=lat,
         microbatches=microbatches or rng.randint(1, 8),
+        recompute=recompute,
     )
+
+
+def recompute_choices(problem: Problem, placement: tuple[Stage, ...]):
+    """Every recompute choice of `placement` the lever allows, as stage tuples."""
+    per_stage = []
+    for st in placement:
+        order = recompute_order(activation_bytes=problem.activation_bytes, boundary_bytes=problem.boundary_bytes,
+                                fwd_s=problem.fwd_s[problem.devices[st.device].kind],
+                                first_unit=st.first_unit, last_unit=st.last_unit)
+        rs = {"none": [0], "all": [len(order)], "auto": range(len(order) + 1)}[problem.recompute]
+        per_stage.append([replace(st, recompute_units=tuple(sorted(order[:r]))) for r in rs])
+    yield from itertools.product(*per_stage)
 
 
 def all_placements(problem: Problem, *, stages: int | None = None):
@@ -64,7 +82,8 @@ def brute_force(problem: Problem, *, stages: int | None = None) -> float:
     """Least T over every placement that fits (inf if none fits)."""
     best = math.inf
     for placement in all_placements(problem, stages=stages):
-        ev = evaluate(problem, placement)
-        if ev.fits:
-            best = min(best, ev.iteration_s)
+        for choice in recompute_choices(problem, placement):
+            ev = evaluate(problem, choice)
+            if ev.fits:
+                best = min(best, ev.iteration_s)
     return best

@@ -4,7 +4,9 @@ The instances are tiny (1-4 units, 1-3 devices) so that enumerating every ordere
 subset and every set of cuts is cheap, and varied where the solvers take shortcuts:
 cards of one kind on one node (which the DP merges into a class) with links that differ
 by direction, cuts that carry 0 bytes (which still pay the link latency), latencies of
-0, memory tight enough to leave cards out, a tied parameter.
+0, memory tight enough to leave cards out, a tied parameter, and the activation-recomputation
+lever (`Problem.recompute` none / auto / all: the brute force tries every prefix of every
+stage's recompute order, written out here from the README, under ``auto``).
 
 `contract_t` is written from the README's formulas, independently of `problem.evaluate`,
 so the test also checks `evaluate` itself.  Paths: the exact DP (`solve_exact`), the
@@ -50,15 +52,18 @@ def instances(draw: st.DrawFn) -> Problem:
                 for i in range(n))
     kinds = sorted({d.kind for d in devs})
     tied = ()
+    recompute = draw(st.sampled_from(("none", "auto", "all")))
+    heavy = recompute != "none" and draw(st.booleans())  # activations that only recomputation fits
     if units >= 2 and draw(st.booleans()):
         tied = (TiedCopy(0, (0, units - 1), draw(st.integers(1, 8))),)
     return Problem(
         fwd_s={k: tuple(b * KIND_SPEED[k] for b in base) for k in kinds},
         bwd_s={k: tuple(2 * b * KIND_SPEED[k] for b in base) for k in kinds},
         state_bytes=tuple(draw(st.integers(1, 10)) for _ in range(units)),
-        activation_bytes=tuple(draw(st.integers(0, 6)) for _ in range(units)),
+        activation_bytes=tuple(draw(st.integers(0, 30 if heavy else 6)) for _ in range(units)),
         boundary_bytes=tuple(draw(st.sampled_from((0, 0, 1, 4, 8))) for _ in range(units)),  # 0-byte cuts often
-        devices=devs, bandwidth_bytes_s=bw, latency_s=lat, microbatches=draw(st.integers(1, 6)), tied=tied)
+        devices=devs, bandwidth_bytes_s=bw, latency_s=lat, microbatches=draw(st.integers(1, 6)), tied=tied,
+        recompute=recompute)
 
 
 RECEIVES_AHEAD = 3  # the README's R: receive buffers a rank posts ahead
@@ -71,7 +76,9 @@ def contract_t(prob: Problem, stages: tuple[Stage, ...]) -> tuple[float, bool]:
     for s, st_ in enumerate(stages):
         dev = prob.devices[st_.device]
         held = range(st_.first_unit, st_.last_unit + 1)
-        work.append(sum(prob.fwd_s[dev.kind][u] + prob.bwd_s[dev.kind][u] for u in held))
+        rc = st_.recompute_units  # each keeps its input (none for the stage's first unit), re-runs its forward
+        work.append(sum(prob.fwd_s[dev.kind][u] + prob.bwd_s[dev.kind][u] for u in held)
+                    + sum(prob.fwd_s[dev.kind][u] for u in rc))
         if s < p - 1:
             nxt = stages[s + 1].device
             comm2.append(2 * (prob.latency_s[st_.device][nxt]
@@ -79,13 +86,28 @@ def contract_t(prob: Problem, stages: tuple[Stage, ...]) -> tuple[float, bool]:
         k = min(p - s, m)
         cut_in = prob.boundary_bytes[st_.first_unit - 1] if s > 0 else 0
         cut_out = prob.boundary_bytes[st_.last_unit] if s < p - 1 else 0
-        mem = sum(prob.state_bytes[u] for u in held) + k * (sum(prob.activation_bytes[u] for u in held)
-                                                             + cut_in + cut_out)
+        kept = sum(prob.activation_bytes[u] for u in held if u not in rc) + sum(
+            prob.boundary_bytes[u - 1] for u in rc if u != st_.first_unit)
+        mem = sum(prob.state_bytes[u] for u in held) + k * (kept + cut_in + cut_out)
+        mem += max((prob.activation_bytes[u] for u in rc), default=0)  # one unit live again in its backward
         mem += (RECEIVES_AHEAD + 1) * max(cut_in, cut_out) + ((k - 1) * cut_out if s == 0 else 0)
         mem += sum(t.state_bytes for t in prob.tied
                    if t.owner_unit not in held and any(u in held for u in t.user_units if u != t.owner_unit))
         fits = fits and mem <= dev.usable_bytes
     return sum(work) + sum(comm2) + (m - 1) * max(work + comm2), fits
+
+
+def recompute_sets(prob: Problem, st_: Stage) -> list[tuple[int, ...]]:
+    """The README's choices for one stage: prefixes of its units ordered by saved bytes per forward second."""
+    fwd = prob.fwd_s[prob.devices[st_.device].kind]
+    ranked = []
+    for u in range(st_.first_unit, st_.last_unit + 1):
+        saved = prob.activation_bytes[u] - (prob.boundary_bytes[u - 1] if u > st_.first_unit else 0)
+        if saved > 0:
+            ranked.append((-(saved / fwd[u]) if fwd[u] > 0 else -math.inf, u))
+    order = [u for _, u in sorted(ranked)]
+    rs = {"none": [0], "all": [len(order)], "auto": range(len(order) + 1)}[prob.recompute]
+    return [tuple(sorted(order[:r])) for r in rs]
 
 
 def brute(prob: Problem) -> tuple[float, dict[tuple[int, ...], float]]:
@@ -96,13 +118,15 @@ def brute(prob: Problem) -> tuple[float, dict[tuple[int, ...], float]]:
         for cuts in itertools.combinations(range(1, L), p - 1):
             bounds = (0, *cuts, L)
             for order in itertools.permutations(range(n), p):
-                stages = tuple(Stage(order[s], bounds[s], bounds[s + 1] - 1) for s in range(p))
-                t, fits = contract_t(prob, stages)
-                ev = evaluate(prob, stages)
-                assert ev.fits == fits and math.isclose(ev.iteration_s, t, rel_tol=REL), (stages, ev, t)
-                if fits:
-                    best = min(best, t)
-                    per_order[order] = min(per_order.get(order, math.inf), t)
+                plain = tuple(Stage(order[s], bounds[s], bounds[s + 1] - 1) for s in range(p))
+                for sets in itertools.product(*(recompute_sets(prob, x) for x in plain)):
+                    stages = tuple(Stage(x.device, x.first_unit, x.last_unit, r) for x, r in zip(plain, sets))
+                    t, fits = contract_t(prob, stages)
+                    ev = evaluate(prob, stages)
+                    assert ev.fits == fits and math.isclose(ev.iteration_s, t, rel_tol=REL), (stages, ev, t)
+                    if fits:
+                        best = min(best, t)
+                        per_order[order] = min(per_order.get(order, math.inf), t)
     return best, per_order
 
 

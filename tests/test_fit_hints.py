@@ -50,11 +50,14 @@ def test_alternatives_of_a_factory_offer_only_precision_and_optimizer():
 
 
 def test_cli_error_names_the_largest_batch_that_fits_and_it_does(tmp_path, capsys):
-    base = ["plan", "gpt-demo", "--cluster", CLUSTER]
+    base = ["plan", "gpt-demo", "--cluster", CLUSTER, "--recompute", "none"]
     capsys.readouterr()
     assert app.main([*base, "-o", str(tmp_path / "no.json")]) == 2  # gpt-demo's default micro-batch 8
     err = capsys.readouterr().err
     assert err.startswith("error: no plan fits in memory") and err.count("\n") == 1
+    # recomputation is offered as a flag hetpipe applies, with the figure it reaches
+    assert re.search(r"--recompute all \(fullest stage [\d.]+ MiB of [\d.]+ MiB on", err), err
+    assert re.search(r"These settings fit: .*--recompute auto \(fullest stage", err), err
     m = re.search(r"These settings fit: --batch (\d+) \(fullest stage ([\d.]+) MiB of ([\d.]+) MiB", err)
     assert m, err
     batch, fullest, usable = int(m.group(1)), float(m.group(2)), float(m.group(3))
@@ -71,3 +74,22 @@ def test_demo_says_which_micro_batch_and_precision_it_uses(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "settings: --batch 2 --seq 128 --precision fp32 --optimizer adam --global-batch 12" in out
     assert "settings: --batch 1 --seq 1024 --precision bf16-mixed --optimizer adam" in out
+
+
+def test_default_recompute_auto_fits_what_none_cannot_and_show_says_what_it_cost(tmp_path, capsys):
+    from hetpipe.plan.check import check_plan
+    from hetpipe.plan.levers import stage_levers
+
+    out = tmp_path / "auto.json"
+    assert app.main(["plan", "gpt-demo", "--cluster", CLUSTER, "-o", str(out)]) == 0  # micro-batch 8, as above
+    plan = Plan.load(out)
+    assert plan.version == 3 and any(s.recompute_units for s in plan.stages) and check_plan(plan).ok
+    assert plan.cost_model["recompute"].startswith("auto:")
+    levers = [lv for lv in stage_levers(plan) if lv is not None]
+    assert levers and all(lv.saved_bytes > 0 and lv.extra_s > 0 for lv in levers)
+    capsys.readouterr()
+    assert app.main(["show", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "recompute" in shown and re.search(r"\d+ units, -[\d.]+ [KMG]iB, \+[\d.]+", shown.replace("\n", " ")), shown
+    assert app.main(["plan", "gpt-demo", "--cluster", CLUSTER, "--recompute", "some", "-o", str(out)]) == 2
+    assert "--recompute" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """`check --model` proves a plan's tables: a consistently edited plan passes `check` but not `check --model`.
 
-Each lie edits the unit tables and then re-computes every stage and the predicted T from
+Each lie edits the unit tables and then re-computes every stage, the predicted T and the baselines from
 the edited tables, as a careful forger would, so that the plain `check` (which only
 recomputes T and M_s from the plan's own tables) passes.  `check --model` re-captures the
 model and refuses the plan naming the unit and the field; `--cluster` also re-derives
@@ -18,6 +18,7 @@ import pytest
 
 from hetpipe.cli.app import main
 from hetpipe.partitioner.problem import evaluate
+from hetpipe.plan.baseline_report import baseline_reports
 from hetpipe.plan.check import check_plan
 from hetpipe.plan.schema import Plan, problem_from_plan, stages_from_plan
 
@@ -33,13 +34,13 @@ def planned(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _consistent(plan: Plan, edit: Callable[[Any], Any]) -> Plan:
-    """`plan` with its units edited by `edit` and every stage and T recomputed from the edited tables."""
+    """`plan` with its units edited by `edit` and every stage, T and baseline recomputed from the edited tables."""
     plan = dataclasses.replace(plan, units=tuple(edit(u) for u in plan.units),
                                model=dataclasses.replace(plan.model, tied=tuple(edit(t) for t in plan.model.tied)))
     ev = evaluate(problem_from_plan(plan), stages_from_plan(plan))
     stages = tuple(dataclasses.replace(st, fwd_s=c.fwd_s, bwd_s=c.bwd_s, send_s=c.send_s, memory_bytes=c.memory_bytes)
                    for st, c in zip(plan.stages, ev.stages))
-    return dataclasses.replace(plan, stages=stages,
+    return dataclasses.replace(plan, stages=stages, baselines=baseline_reports(problem_from_plan(plan)),
                                predicted=dataclasses.replace(plan.predicted, iteration_s=ev.iteration_s),
                                solver=dataclasses.replace(plan.solver, objective_s=ev.iteration_s))
 

@@ -89,14 +89,23 @@ def test_simulate_at_the_plans_own_microbatches_uses_the_recorded_t(plans):
 def test_compare_reproduces_recorded_baselines_and_simulates_each(plans, capsys):
     plan = Plan.load(plans["fits"])
     rows = compare_plan(plan)
-    assert [r.name for r in rows] == ["hetpipe", *plan.baselines]
+    assert [r.name for r in rows] == ["hetpipe", *(f"{n}{s}" for n in plan.baselines for s in ("", " (best cards)"))]
     assert rows[0].analytic_s == pytest.approx(plan.predicted.iteration_s, rel=1e-12)
-    for r in rows[1:]:
+    for r in rows[1::2]:  # forced onto every card
+        assert r.placement == "forced"
         assert r.analytic_s == pytest.approx(plan.baselines[r.name].iteration_s, rel=1e-12)
         assert r.fits == plan.baselines[r.name].fits
         assert r.simulated_s > rows[0].simulated_s  # the plan still wins when simulated
+    for r in rows[2::2]:  # on the recorded best cards: the recorded T, never below the plan's
+        best = plan.baselines[r.name.removesuffix(" (best cards)")].best
+        assert r.placement == "best" and r.fits and best.fits
+        assert r.analytic_s == pytest.approx(best.iteration_s, rel=1e-12)
+        assert rows[0].analytic_s <= r.analytic_s * (1 + 1e-9)
+    other_m = compare_plan(plan, microbatches=32)  # searched again at another m
+    assert [r.name for r in other_m] == [r.name for r in rows]
+    assert all(other_m[0].analytic_s <= r.analytic_s * (1 + 1e-9) for r in other_m[1:] if r.fits)
     code, out, _ = _run(capsys, "compare", str(plans["fits"]), "--baselines")
-    assert code == 0
+    assert code == 0 and "over the best hand-tuned baseline" in out
     for r in rows:
         assert f"{r.simulated_s:.3f} s" in out and f"{r.analytic_s / rows[0].analytic_s:.2f}x" in out
     code, out, _ = _run(capsys, "compare", str(plans["oom"]), "--baselines", "uniform")

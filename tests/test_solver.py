@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -54,6 +55,41 @@ def test_cpsat_equals_exact_on_200_random_instances() -> None:
         assert _close(got.iteration_s, exact.iteration_s, 1e-5), (i, got.iteration_s, exact.iteration_s)
         left_out += len(exact.stages) < len(prob.devices)
     assert left_out >= 20  # the instances really exercise leaving devices out
+
+
+@pytest.mark.parametrize("mode", ["auto", "all"])
+def test_recompute_lever_dp_and_cpsat_equal_brute_force(mode: str) -> None:
+    """Placements x recompute choices: DP == CP-SAT == brute force, incl. instances only recomputation fits."""
+    rng = random.Random(2024)
+    only_with, used = 0, 0
+    for i in range(60):
+        prob = random_problem(rng, units=rng.randint(1, 6), devices=rng.randint(1, 3), tight_memory=True,
+                              recompute=mode, activation_max=25)
+        ref = brute_force(prob)
+        exact = solve_exact(prob)
+        assert _close(exact.iteration_s if exact else math.inf, ref, 1e-9), (i, ref, exact)
+        got = solve_cpsat(prob, time_limit_s=20.0, seed=0)
+        if exact is None:
+            assert got.status == "INFEASIBLE", (i, got)
+            continue
+        assert got.status == "OPTIMAL" and _close(got.iteration_s, ref, 1e-5), (i, got, ref)
+        for res in (exact, got):  # what a solver reports is what its stages cost
+            assert _close(evaluate(prob, res.stages).iteration_s, res.iteration_s, 1e-9)
+        used += any(st.recompute_units for st in exact.stages)
+        only_with += math.isinf(brute_force(replace(prob, recompute="none")))
+    assert used >= 15 and (mode == "all" or only_with >= 5), (used, only_with)
+
+
+def test_recompute_auto_is_never_slower_than_none_or_all() -> None:
+    rng = random.Random(99)
+    for _ in range(40):
+        prob = random_problem(rng, units=rng.randint(2, 7), devices=rng.randint(1, 4), tight_memory=True,
+                              recompute="auto", activation_max=25)
+        auto = solve_exact(prob)
+        for mode in ("none", "all"):
+            other = solve_exact(replace(prob, recompute=mode))
+            if other is not None:  # auto may pick every choice those make, so it is never worse
+                assert auto is not None and auto.iteration_s <= other.iteration_s * (1 + 1e-9)
 
 
 def test_fixed_order_is_best_for_its_order() -> None:

@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--solver", default="auto", help="auto | cpsat | dp")
     p.add_argument("--time-limit", type=float, default=10.0, help="CP-SAT time limit in seconds")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--recompute", default="auto",
+                   help="activation recomputation per stage: auto (default: each stage recomputes only the units it "
+                        "must to fit, cheapest per byte first) | none | all (every stage recomputes every unit)")
     p.add_argument("--replicas", default="1",
                    help="1 (one pipeline, default) | auto (the planner picks one pipeline or several data-parallel "
                         "replicas, each with its own batch share) | N (exactly N pipeline replicas)")

@@ -74,6 +74,10 @@ def check_args(args: argparse.Namespace) -> None:
 
         if args.solver not in SOLVERS:
             raise ConfigError(f"--solver: unknown solver {args.solver!r}; use one of {', '.join(SOLVERS)}")
+    if getattr(args, "recompute", None) is not None:
+        from hetpipe.cost_models.recompute import check_recompute_option
+
+        check_recompute_option(args.recompute)
     for name, flag in _OUTPUTS.items():
         if name == "output" and getattr(args, "command", None) == "profile":
             continue  # `profile -o` creates its folder (cost_models/profile.py)

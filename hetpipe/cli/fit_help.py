@@ -21,7 +21,8 @@ def _current(args: argparse.Namespace, graph: Any) -> tuple[Any, Any]:
 
     spec = next((s for s in models.list_models() if s.name == args.model), None)
     seq = args.seq if args.seq is not None else (spec.default_seq if spec else None)
-    return Settings(batch=graph.micro_batch_size, seq=seq, precision=args.precision, optimizer=args.optimizer), spec
+    return Settings(batch=graph.micro_batch_size, seq=seq, precision=args.precision, optimizer=args.optimizer,
+                    recompute=getattr(args, "recompute", "auto")), spec
 
 
 def with_fit_hints(err: InfeasibleError, args: argparse.Namespace, graph: Any, cluster: Cluster,
@@ -35,11 +36,12 @@ def with_fit_hints(err: InfeasibleError, args: argparse.Namespace, graph: Any, c
 
     def capture(s: Any) -> Any:
         changed = {"batch": s.batch if spec else args.batch, "seq": s.seq if spec else args.seq,
-                   "precision": s.precision, "optimizer": s.optimizer}
+                   "precision": s.precision, "optimizer": s.optimizer, "recompute": s.recompute}
         return capture_args(argparse.Namespace(**{**vars(args), **changed}))
 
     options = fit_options(alternatives(current, builtin=spec is not None, lm=spec is not None and spec.task == "lm"),
                           capture=capture, cluster=cluster, global_batch=args.global_batch)
     _, m = microbatches_for(graph, args.global_batch, len(cluster.devices))
-    hint = fit_hint(options, current=least_memory_fit(build_problem(graph, cluster, microbatches=m)))
+    hint = fit_hint(options, current=least_memory_fit(build_problem(graph, cluster, microbatches=m,
+                                                                    recompute=current.recompute)))
     return InfeasibleError(f"{str(err).rstrip('.')}. {hint}" if hint else str(err))

@@ -114,7 +114,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         with console.status(f"solving: {graph.num_units} units on {len(cluster.devices)} devices "
                             f"(limit {args.time_limit:g} s)"):
             plan = plan_replicas(graph, cluster, replicas, global_batch=args.global_batch, solver=args.solver,
-                                 time_limit_s=args.time_limit, seed=args.seed)
+                                 time_limit_s=args.time_limit, seed=args.seed,
+                                 recompute=getattr(args, "recompute", "auto"))
     except InfeasibleError as err:
         from hetpipe.cli.fit_help import with_fit_hints
 

@@ -34,6 +34,9 @@ WAIT_COLOUR = "lightgrey"
 US_PER_S = 1e6
 #: Micro-batch numbers are written on bars longer than this share of the iteration (readable at 12 in wide).
 LABEL_MIN_SHARE = 1 / 120
+#: A link row busy for less than this share of the iteration is not drawn (its bars would be under
+#: 6 px wide at 12 in and 110 dpi); the panel title names the rows left out.  Rank rows always stay.
+LANE_MIN_SHARE = 1 / 200
 
 
 class TimedAction(Protocol):
@@ -101,11 +104,23 @@ def _lanes(result: SimResult) -> list[str]:
     return ranks + sorted(lane for lane in lanes if not lane.startswith("rank "))
 
 
+def _shown_lanes(result: SimResult) -> tuple[list[str], list[str]]:
+    """(rows to draw, link rows left out for being nearly empty: see `LANE_MIN_SHARE`)."""
+    busy: dict[str, float] = {}
+    for e in result.events:
+        busy[e.lane] = busy.get(e.lane, 0.0) + max(e.duration_s, 0.0)
+    keep, dropped = [], []
+    for lane in _lanes(result):
+        quiet = not lane.startswith("rank ") and busy.get(lane, 0.0) < LANE_MIN_SHARE * result.iteration_s
+        (dropped if quiet else keep).append(lane)
+    return keep, dropped
+
+
 def _draw(ax: Any, result: SimResult, labels: Sequence[str], title: str) -> None:
-    lanes = _lanes(result)
+    lanes, dropped = _shown_lanes(result)
     row = {lane: i for i, lane in enumerate(lanes)}
     for e in result.events:
-        if e.duration_s <= 0:
+        if e.duration_s <= 0 or e.lane not in row:
             continue
         waiting = e.lane.startswith("rank ") and e.op not in COLOURS
         colour = WAIT_COLOUR if waiting else COLOURS.get(e.op, TRANSFER_COLOUR)
@@ -115,7 +130,10 @@ def _draw(ax: Any, result: SimResult, labels: Sequence[str], title: str) -> None
             ax.text(e.start_s + e.duration_s / 2, y, str(e.microbatch), ha="center", va="center", fontsize=7)
     ax.set_yticks(range(len(lanes)), [_lane_label(lane, labels) for lane in lanes], fontsize=8)
     ax.set_ylim(len(lanes) - 0.5, -0.5)  # rank 0 on top
-    ax.set_title(title or f"iteration {result.iteration_s:.4g} s, bubble {result.bubble_fraction:.0%}", fontsize=10)
+    title = title or f"iteration {result.iteration_s:.4g} s, bubble {result.bubble_fraction:.0%}"
+    if dropped:
+        title += f" (not drawn, busy < {LANE_MIN_SHARE:.1%}: {', '.join(dropped)})"
+    ax.set_title(title, fontsize=10)
 
 
 def _legend(ax: Any, plt: Any) -> None:
@@ -126,7 +144,7 @@ def _legend(ax: Any, plt: Any) -> None:
     ax.legend(handles, list(names), fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0)
 
 
-def gantt_figure(panels: Sequence[tuple[str, SimResult]], *, labels: Sequence[str] = ()) -> Any:
+def gantt_figure(panels: Sequence[tuple[str, SimResult]], *, labels: Sequence[str] = (), suptitle: str = "") -> Any:
     """The matplotlib Figure of `save_gantt_compare` (one axis per panel, rank rows first, then links).
 
     Example:
@@ -144,19 +162,21 @@ def gantt_figure(panels: Sequence[tuple[str, SimResult]], *, labels: Sequence[st
 
     if not panels:
         raise ValueError("a Gantt chart needs at least one (title, result) panel")
-    heights = [max(len(_lanes(r)), 1) for _, r in panels]
+    heights = [max(len(_shown_lanes(r)[0]), 1) for _, r in panels]
     fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False, gridspec_kw={"height_ratios": heights},
                              figsize=(12, 0.6 * sum(heights) + 1.2 * len(panels) + 0.5))
     for ax, (title, result) in zip(axes[:, 0], panels):
         _draw(ax, result, labels, title)
     _legend(axes[0, 0], plt)
     axes[-1, 0].set_xlabel("seconds")
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=11, fontweight="bold")
     fig.tight_layout()
     return fig
 
 
 def save_gantt_compare(panels: Sequence[tuple[str, SimResult]], path: str | Path, *,
-                       labels: Sequence[str] = ()) -> Path:
+                       labels: Sequence[str] = (), suptitle: str = "") -> Path:
     """Stack one Gantt panel per ``(title, result)`` on a shared time axis (e.g. predicted over measured).
 
     Example:
@@ -171,17 +191,19 @@ def save_gantt_compare(panels: Sequence[tuple[str, SimResult]], path: str | Path
     """
     import matplotlib.pyplot as plt
 
-    fig = gantt_figure(panels, labels=labels)
+    fig = gantt_figure(panels, labels=labels, suptitle=suptitle)
     path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
-def save_gantt(result: SimResult, path: str | Path, *, labels: Sequence[str] = (), title: str = "") -> Path:
+def save_gantt(result: SimResult, path: str | Path, *, labels: Sequence[str] = (), title: str = "",
+               suptitle: str = "") -> Path:
     """Draw `result` as a Gantt chart PNG at `path` (one panel of `save_gantt_compare`)."""
     return save_gantt_compare([(title or f"simulated iteration: {result.iteration_s:.4g} s, bubble "
-                                         f"{result.bubble_fraction:.0%}", result)], path, labels=labels)
+                                         f"{result.bubble_fraction:.0%}", result)], path, labels=labels,
+                              suptitle=suptitle)
 
 
 def write_timelines(sim: PlanSimulation, *, gantt: Path | None = None, trace: Path | None = None,

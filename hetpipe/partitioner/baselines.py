@@ -68,19 +68,27 @@ def _equal_bounds(num_units: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def rule_bounds(problem: Problem, name: str, stages: int, *, profile_kind: str | None = None) -> list[tuple[int, int]]:
+    """[start, end) unit ranges of baseline `name`'s cut rule for `stages` stages.
+
+    ``time-homogeneous`` balances the times of `profile_kind` (default: the first listed
+    device's kind, where torchgpipe profiles); the other rules ignore it.
+    """
+    if name == "uniform":
+        return _equal_bounds(problem.num_units, stages)
+    if name == "parameters":
+        return split_bounds(list(problem.state_bytes), stages)
+    if name == "time-homogeneous":
+        kind = profile_kind if profile_kind is not None else problem.devices[0].kind
+        weights = [int(round((f + b) * _NS_PER_S)) for f, b in zip(problem.fwd_s[kind], problem.bwd_s[kind])]
+        return split_bounds(weights, stages)
+    raise ConfigError(f"unknown baseline {name!r}; use one of: {', '.join(BASELINES)}")
+
+
 def baseline_stages(problem: Problem, name: str) -> tuple[Stage, ...]:
     """The baseline's placement: cluster order, all devices (at most one per unit)."""
     p = min(len(problem.devices), problem.num_units)
-    if name == "uniform":
-        bounds = _equal_bounds(problem.num_units, p)
-    elif name == "parameters":
-        bounds = split_bounds(list(problem.state_bytes), p)
-    elif name == "time-homogeneous":
-        kind = problem.devices[0].kind
-        weights = [int(round((f + b) * _NS_PER_S)) for f, b in zip(problem.fwd_s[kind], problem.bwd_s[kind])]
-        bounds = split_bounds(weights, p)
-    else:
-        raise ConfigError(f"unknown baseline {name!r}; use one of: {', '.join(BASELINES)}")
+    bounds = rule_bounds(problem, name, p)
     return tuple(Stage(i, lo, hi - 1) for i, (lo, hi) in enumerate(bounds))
 
 

@@ -25,6 +25,20 @@ Objective (units u = 0..L-1; p stages; stage s on device d_s holds [l_s, r_s]):
                       the runtime keeps a replica there (weights, gradient, optimizer state)
     constraint: M_s <= usable_bytes(d_s)
 
+Activation recomputation (issue 14; `hetpipe.cost_models.recompute`): a stage may recompute a
+set R_s of its units (`Stage.recompute_units`).  Each u in R_s keeps only its input
+in_u = boundary_bytes[u - 1] (0 for the stage's first unit) instead of activation_bytes[u]
+per in-flight micro-batch, its activations live again once during its backward, and its
+forward runs again in the backward:
+
+    B_s += sum_{u in R_s} F_u
+    M_s  = ... + k_s * (sum_{u not in R_s} A_u + sum_{u in R_s} in_u + in_s + out_s)
+           + max_{u in R_s} A_u + ...
+    (`pipeline_stage_bytes` with recompute_saved_bytes = sum (A_u - in_u), recompute_peak_bytes)
+
+`evaluate` prices whatever set a stage carries (none by default); which set a solver picks
+is `Problem.recompute` (`hetpipe.partitioner.recompute.choose_recompute`).
+
 The T formula is the heterogeneous 1F1B estimate of HARP / AMP / Metis
 (cost_formulas.md §3.3); min(p - s, m) in-flight micro-batches per stage is
 1F1B's activation footprint (Narayanan et al. SC'21; Megatron
@@ -46,6 +60,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from hetpipe.cost_models.recompute import RECOMPUTE_MODES, RecomputeCost, recompute_cost
 from hetpipe.cost_models.stage_memory import pipeline_stage_bytes
 
 
@@ -71,18 +86,22 @@ class TiedCopy:
 
 @dataclass(frozen=True)
 class Stage:
-    """Stage placement: device index into `Problem.devices`, units [first_unit, last_unit]."""
+    """Stage placement: device index into `Problem.devices`, units [first_unit, last_unit], and the
+    units it recomputes in the backward (global indices, ascending; none by default)."""
 
     device: int
     first_unit: int
     last_unit: int
+    recompute_units: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
 class Problem:
     """A partitioning instance.  Sequences are indexed by unit; matrices by device index.
 
-    `bandwidth_bytes_s[i][j]` and `latency_s[i][j]` describe the link i -> j.
+    `bandwidth_bytes_s[i][j]` and `latency_s[i][j]` describe the link i -> j.  `recompute` is
+    the activation-recomputation lever the solvers may use (`RECOMPUTE_MODES`): ``none`` (the
+    default here), ``auto`` (per stage the shortest prefix of its order that fits) or ``all``.
     """
 
     fwd_s: Mapping[str, tuple[float, ...]]
@@ -95,6 +114,11 @@ class Problem:
     latency_s: tuple[tuple[float, ...], ...]
     microbatches: int
     tied: tuple[TiedCopy, ...] = ()
+    recompute: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"Problem.recompute is {self.recompute!r}; use one of {', '.join(RECOMPUTE_MODES)}")
 
     @property
     def num_units(self) -> int:
@@ -143,10 +167,19 @@ def stage_memory_bytes(problem: Problem, stages: Sequence[Stage], s: int) -> int
     units = range(st.first_unit, st.last_unit + 1)
     state = sum(problem.state_bytes[u] for u in units) + tied_bytes(problem, st)
     act = sum(problem.activation_bytes[u] for u in units)
+    rc = stage_recompute_cost(problem, st)
     return pipeline_stage_bytes(
         state_bytes=state, activation_bytes=act, inflight=min(p - s, problem.microbatches), first=s == 0,
         in_bytes=problem.boundary_bytes[st.first_unit - 1] if s > 0 else 0,
-        out_bytes=problem.boundary_bytes[st.last_unit] if s < p - 1 else 0)
+        out_bytes=problem.boundary_bytes[st.last_unit] if s < p - 1 else 0,
+        recompute_saved_bytes=rc.saved_bytes, recompute_peak_bytes=rc.peak_bytes)
+
+
+def stage_recompute_cost(problem: Problem, stage: Stage) -> RecomputeCost:
+    """Bytes saved, peak and seconds added by the units `stage` recomputes, on its device's kind."""
+    return recompute_cost(stage.recompute_units, activation_bytes=problem.activation_bytes,
+                          boundary_bytes=problem.boundary_bytes,
+                          fwd_s=problem.fwd_s[problem.devices[stage.device].kind], first_unit=stage.first_unit)
 
 
 def tied_bytes(problem: Problem, stage: Stage) -> int:
@@ -166,6 +199,10 @@ def validate_stages(problem: Problem, stages: Sequence[Stage]) -> None:
             raise ValueError(f"stage {s} covers units [{st.first_unit}, {st.last_unit}], expected to start at {expected}")
         if not 0 <= st.device < len(problem.devices):
             raise ValueError(f"stage {s} uses device index {st.device}, out of range")
+        rc = st.recompute_units
+        if any(not st.first_unit <= u <= st.last_unit for u in rc) or len(set(rc)) != len(rc):
+            raise ValueError(f"stage {s} recomputes units {list(rc)}, not distinct units of its own "
+                             f"[{st.first_unit}, {st.last_unit}]")
         expected = st.last_unit + 1
     if expected != problem.num_units:
         raise ValueError(f"stages end at unit {expected - 1}, the model has {problem.num_units} units")
@@ -182,7 +219,7 @@ def evaluate(problem: Problem, stages: Sequence[Stage]) -> Evaluation:
         kind = problem.devices[st.device].kind
         units = range(st.first_unit, st.last_unit + 1)
         fwd = sum(problem.fwd_s[kind][u] for u in units)
-        bwd = sum(problem.bwd_s[kind][u] for u in units)
+        bwd = sum(problem.bwd_s[kind][u] for u in units) + stage_recompute_cost(problem, st).extra_s
         send = problem.comm_s(st.device, stages[s + 1].device, st.last_unit) if s + 1 < len(stages) else 0.0
         costs.append(
             StageCost(

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from hetpipe.errors import ConfigError
+from hetpipe.partitioner.baseline_search import best_baseline
 from hetpipe.partitioner.baselines import BASELINES, baseline_stages
 from hetpipe.plan.schema import Plan, problem_from_plan, stages_from_plan
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
@@ -87,6 +88,7 @@ class PlanSimulation:
     fits: bool
     note: str
     result: SimResult
+    placement: str = ""  # baselines: "forced" (every card, file order) or "best" (best cards and order)
 
     @property
     def simulated_s(self) -> float:
@@ -166,10 +168,12 @@ def simulate_plan(plan: Plan, *, microbatches: int | None = None, schedule: str 
 
 def compare_plan(plan: Plan, *, baselines: Sequence[str] | None = None, microbatches: int | None = None,
                  schedule: str | None = None) -> tuple[PlanSimulation, ...]:
-    """The plan, then each baseline (default: all of `BASELINES`), analytic and simulated.
+    """The plan, then each baseline (default: all of `BASELINES`) forced and on its best cards.
 
-    Baselines are re-placed from the plan's own tables (`baseline_stages`), so their
+    Forced baselines are re-placed from the plan's own tables (`baseline_stages`), so their
     analytic T equals the one recorded in ``plan.baselines`` at the plan's micro-batch count.
+    A baseline's best cards (row ``"NAME (best cards)"``) are the recorded ones at the plan's
+    micro-batch count, and searched again (`best_baseline`) at another.
 
     Example:
         rows = compare_plan(Plan.load("plan.json"))
@@ -184,9 +188,25 @@ def compare_plan(plan: Plan, *, baselines: Sequence[str] | None = None, microbat
     rows = [_simulate_stages(problem, stages_from_plan(plan), name="hetpipe", schedule=sched)]
     for name in names:
         recorded = plan.baselines.get(name)
-        rows.append(_simulate_stages(problem, baseline_stages(problem, name), name=name, schedule=sched,
-                                     note=recorded.note if recorded is not None else ""))
+        rows.append(dataclasses.replace(
+            _simulate_stages(problem, baseline_stages(problem, name), name=name, schedule=sched,
+                             note=recorded.note if recorded is not None else ""), placement="forced"))
+        best = _best_stages(plan, problem, name, same_m=microbatches in (None, plan.training.microbatches))
+        if best is not None:
+            rows.append(dataclasses.replace(
+                _simulate_stages(problem, best, name=f"{name} (best cards)", schedule=sched), placement="best"))
     return tuple(rows)
+
+
+def _best_stages(plan: Plan, problem: Problem, name: str, *, same_m: bool) -> tuple[Stage, ...] | None:
+    """Baseline `name` on its best cards: as recorded at the plan's m, else searched; None if none fits."""
+    recorded = plan.baselines.get(name)
+    if same_m and recorded is not None and recorded.best is not None:
+        index = plan.device_index()
+        stages = tuple(Stage(index[s.device], s.first_unit, s.last_unit) for s in recorded.best.stages)
+        return stages or None
+    best = best_baseline(problem, name)
+    return best.stages if best.fits else None
 
 
 def divergence_reason(sim: PlanSimulation) -> str:

@@ -22,12 +22,14 @@ from typing import Any
 
 from hetpipe.cost_models.cluster_checks import as_cluster
 from hetpipe.cost_models.devices import Cluster
+from hetpipe.cost_models.recompute import check_recompute_option
 from hetpipe.cost_models.validate import check_solver_options
 from hetpipe.cost_models.memory import state_bytes_per_param
 from hetpipe.cost_models.timing import efficiencies, peak_flops_s, unit_time_s
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.capture.graph import UnitGraph
 from hetpipe.plan.schema import (
+    RECOMPUTE_NOTE,
     BaselineReport,
     LeftOut,
     Plan,
@@ -68,8 +70,9 @@ def unit_times(graph: UnitGraph, cluster: Cluster) -> dict[str, tuple[UnitTimes,
     return out
 
 
-def build_problem(graph: UnitGraph, cluster: Cluster, *, microbatches: int) -> Problem:
-    """The solver input for `graph` on `cluster` with `microbatches` per iteration."""
+def build_problem(graph: UnitGraph, cluster: Cluster, *, microbatches: int, recompute: str = "none") -> Problem:
+    """The solver input for `graph` on `cluster` with `microbatches` per iteration and the
+    activation-recomputation lever `recompute` (auto | none | all, `Problem.recompute`)."""
     if not cluster.devices:
         raise ConfigError(f"cluster {cluster.name!r} has no devices; add at least one device to the cluster file")
     times = unit_times(graph, cluster)
@@ -89,6 +92,7 @@ def build_problem(graph: UnitGraph, cluster: Cluster, *, microbatches: int) -> P
         latency_s=latency,
         microbatches=microbatches,
         tied=tied_copies(graph),
+        recompute=recompute,
     )
 
 
@@ -170,6 +174,7 @@ def plan_stages(problem: Problem, stages: tuple[Stage, ...], ev: Evaluation) -> 
             memory_bytes=c.memory_bytes,
             usable_bytes=c.usable_bytes,
             send_s=c.send_s,
+            recompute_units=tuple(sorted(st.recompute_units)),
         )
         for i, (st, c) in enumerate(zip(stages, ev.stages))
     )
@@ -216,8 +221,16 @@ def assemble_plan(
         solver=solver,
         baselines=baselines or {},
         left_out=left_out,
-        cost_model=cost_model_notes(cluster, graph.precision),
-    )
+        cost_model={**cost_model_notes(cluster, graph.precision), **recompute_note(problem)},
+    )  # version: the least its content needs (3 when a stage recomputes: `PLAN_VERSION_LEVERS`)
+
+
+def recompute_note(problem: Problem) -> dict[str, str]:
+    """The plan's record of the recomputation setting (`schema.RECOMPUTE_NOTE`; nothing for ``none``)."""
+    why = {"auto": "each stage recomputes the shortest prefix of its units, ranked by saved bytes per "
+                   "recompute second on its card, that fits its memory (none when everything fits)",
+           "all": "each stage recomputes every unit that saves memory (Megatron-LM full recomputation)"}
+    return {RECOMPUTE_NOTE: f"{problem.recompute}: {why[problem.recompute]}"} if problem.recompute != "none" else {}
 
 
 def _with_copies(graph: UnitGraph) -> list[tuple[Any, TiedCopy | None]]:
@@ -276,14 +289,16 @@ def partition(
     name: str | None = None,
     loss_fn: Any = None,
     targets: Any = None,
+    recompute: str = "auto",
 ) -> Plan:
     """Capture `model`, cost it on `cluster`, and return the best 1F1B pipeline plan.
 
     `example_inputs` is ONE micro-batch (its batch dimension is the micro-batch
     size); `global_batch` must be a multiple of it.  With `loss_fn` and one micro-batch of
     `targets`, what the loss keeps for backward is counted on the last stage (an LM's
-    cross-entropy keeps b*s*vocab log-probabilities).  Raises `InfeasibleError`
-    when nothing fits, `ConfigError` for bad options.
+    cross-entropy keeps b*s*vocab log-probabilities).  `recompute` is the activation-recomputation
+    lever: ``auto`` (each stage recomputes only what it must to fit), ``none`` or ``all``.  Raises
+    `InfeasibleError` when nothing fits, `ConfigError` for bad options.
     """
     from hetpipe.partitioner.capture.capture import capture
 
@@ -291,7 +306,7 @@ def partition(
     graph = capture(model, example_inputs, name=name, granularity=granularity, optimizer=optimizer,
                     precision=precision, loss_fn=loss_fn, targets=targets)
     return partition_graph(graph, cluster, global_batch=global_batch, solver=solver,
-                           time_limit_s=time_limit_s, seed=seed)
+                           time_limit_s=time_limit_s, seed=seed, recompute=recompute)
 
 
 def partition_graph(
@@ -302,22 +317,21 @@ def partition_graph(
     solver: str = "auto",
     time_limit_s: float = 10.0,
     seed: int = 0,
+    recompute: str = "auto",
 ) -> Plan:
     """`partition` for an already captured `UnitGraph`."""
-    from hetpipe.partitioner.baselines import BASELINES, baseline
     from hetpipe.partitioner.solvers.solve import solve
+    from hetpipe.plan.baseline_report import baseline_reports
 
     cluster = as_cluster(cluster)
     check_solver_options(solver, time_limit_s, seed)
+    check_recompute_option(recompute)
     global_batch, m = microbatches_for(graph, global_batch, len(cluster.devices))
-    problem = build_problem(graph, cluster, microbatches=m)
+    problem = build_problem(graph, cluster, microbatches=m, recompute=recompute)
     log.info("solving %d units on %d devices, %d micro-batches", graph.num_units, len(cluster.devices), m)
     sol = solve(problem, solver=solver, time_limit_s=time_limit_s, seed=seed)
     report = SolverReport(sol.solver, sol.status, sol.iteration_s, sol.bound_s, sol.wall_s, time_limit_s, seed)
-    base = {}
-    for bname in BASELINES:
-        res = baseline(problem, bname)
-        base[bname] = BaselineReport(res.iteration_s, res.fits, getattr(res, "note", ""))
+    base = baseline_reports(problem)  # forced onto every card, and on the best cards (issue 17)
     left = _left_out_reasons(problem, sol, solver=solver, time_limit_s=time_limit_s, seed=seed)
     return assemble_plan(graph, cluster, problem=problem, stages=sol.stages, solver=report,
                          global_batch=global_batch, baselines=base, left_out=left)

@@ -23,7 +23,9 @@ from __future__ import annotations
 import math
 
 from hetpipe.errors import PlanError
-from hetpipe.partitioner.problem import evaluate
+from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.recompute import choose_recompute, is_prefix_choice
+from hetpipe.plan.baseline_check import baseline_violations
 from hetpipe.plan.replica_check import check_replicas
 from hetpipe.plan.schema import (
     CheckReport,
@@ -47,9 +49,11 @@ def check_plan(plan: Plan) -> CheckReport:
     violations = structure_violations(plan)
     problem = problem_from_plan(plan)
     try:
-        ev = evaluate(problem, stages_from_plan(plan))
+        stages = stages_from_plan(plan)
+        ev = evaluate(problem, stages)
     except ValueError as err:
         return CheckReport(math.nan, tuple(violations + [f"stages: {err}"]))
+    violations += recompute_violations(problem, stages)
     for st, cost in zip(plan.stages, ev.stages):
         for name, recorded, actual in (
             ("fwd_s", st.fwd_s, cost.fwd_s),
@@ -65,8 +69,25 @@ def check_plan(plan: Plan) -> CheckReport:
                 f"{cost.usable_bytes / 2**30:.2f} GiB is usable (over by "
                 f"{(cost.memory_bytes - cost.usable_bytes) / 2**30:.2f} GiB)"
             )
+    violations.extend(baseline_violations(plan, problem))
     for name, recorded in (("predicted.iteration_s", plan.predicted.iteration_s),
                            ("solver.objective_s", plan.solver.objective_s)):
         if not close_to_recorded(recorded, ev.iteration_s):
             violations.append(f"{name} {recorded!r} != recomputed T {ev.iteration_s!r}")
     return CheckReport(ev.iteration_s, tuple(violations))
+
+
+def recompute_violations(problem: Problem, stages: tuple[Stage, ...]) -> list[str]:
+    """Each stage's recompute set against the plan's setting (`Problem.recompute`): a prefix of the
+    stage's order, and under ``auto``/``all`` exactly the choice the planner makes (re-derived)."""
+    out = []
+    for s, st in enumerate(stages):
+        if st.recompute_units and not is_prefix_choice(problem, st):
+            out.append(f"stage {s}: recompute_units {list(st.recompute_units)} are not the first units of the "
+                       "stage's recompute order (saved bytes per recompute second)")
+        elif problem.recompute != "none":
+            want = choose_recompute(problem, stages, s)
+            if want != st.recompute_units:
+                out.append(f"stage {s}: recompute_units {list(st.recompute_units)}, but recompute "
+                           f"{problem.recompute!r} chooses {list(want)}")
+    return out

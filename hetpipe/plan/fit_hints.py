@@ -1,8 +1,8 @@
 """When nothing fits: which command-line settings would, and how full the fullest card would be.
 
 `fit_options` re-captures the model once per alternative setting (``--batch 1``,
-``--precision bf16-mixed``, ``--optimizer sgd``, half the ``--seq``, and all of them
-together) and solves each for memory only: the least-memory placement
+``--precision bf16-mixed``, ``--optimizer sgd``, half the ``--seq``, ``--recompute auto`` when
+recomputation was off, and all of them together) and solves each for memory only: the least-memory placement
 (`hetpipe.partitioner.solvers.infeasible.least_memory_fit`), never the full time
 objective.  `fit_hint` turns the results into one sentence for the error line: the
 settings that fit with the fullest stage each reaches, else the best figure each
@@ -46,6 +46,7 @@ class Settings:
     seq: int | None
     precision: str
     optimizer: str
+    recompute: str = "auto"  # --recompute (its default): a capture does not depend on it, the memory solve does
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,8 @@ def alternatives(s: Settings, *, builtin: bool, lm: bool) -> list[FitOption]:
         singles.append((f"--optimizer {LIGHT_OPTIMIZER}", {"optimizer": LIGHT_OPTIMIZER}))
     if builtin and lm and s.seq is not None and s.seq // 2 >= MIN_SUGGESTED_SEQ:
         singles.append((f"--seq {s.seq // 2}", {"seq": s.seq // 2}))
+    if s.recompute == "none":  # auto fits whenever some recomputation (all included) does
+        singles.append(("--recompute auto", {"recompute": "auto"}))
     out = [FitOption(dataclasses.replace(s, **ch), flags, group=flags.split()[0])  # type: ignore[arg-type]
            for flags, ch in singles]
     out[0:0] = halves
@@ -103,7 +106,7 @@ def fit_options(options: list[FitOption], *, capture: Callable[[Settings], UnitG
         try:
             graph = capture(opt.settings)
             _, m = microbatches_for(graph, global_batch, len(cluster.devices))
-            fit = least_memory_fit(build_problem(graph, cluster, microbatches=m))
+            fit = least_memory_fit(build_problem(graph, cluster, microbatches=m, recompute=opt.settings.recompute))
         except HetpipeError as err:  # e.g. a global batch the new micro-batch does not divide
             log.info("fit hint %s skipped: %s", opt.flags, err)
             continue

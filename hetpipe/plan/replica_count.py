@@ -118,8 +118,9 @@ def solve_n_replicas(rp: ReplicaProblem, count: int, *, policy: str = "auto", ou
 
 
 def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, global_batch: int | None,
-                  solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0) -> Plan:
-    """The plan ``hetpipe plan --replicas`` writes (see the module docstring)."""
+                  solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0, recompute: str = "auto") -> Plan:
+    """The plan ``hetpipe plan --replicas`` writes (see the module docstring); `recompute` applies to
+    the single-pipeline plans (replica plans do not recompute yet)."""
     from hetpipe.plan.build import microbatches_for, partition_graph
     from hetpipe.plan.replicas import (
         assemble_replica_plan,
@@ -132,11 +133,11 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
 
     if replicas == 1:
         return partition_graph(graph, cluster, global_batch=global_batch, solver=solver,
-                               time_limit_s=time_limit_s, seed=seed)
+                               time_limit_s=time_limit_s, seed=seed, recompute=recompute)
     if replicas == "auto":
         try:
             single: Plan | None = partition_graph(graph, cluster, global_batch=global_batch, solver=solver,
-                                                  time_limit_s=time_limit_s, seed=seed)
+                                                  time_limit_s=time_limit_s, seed=seed, recompute=recompute)
         except InfeasibleError:
             single = None
         several = partition_replicas(graph, cluster, global_batch=global_batch, time_limit_s=time_limit_s, seed=seed)

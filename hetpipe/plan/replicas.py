@@ -83,7 +83,7 @@ def ddp_equal(rp: ReplicaProblem) -> BaselineReport:
         ...                bandwidth_bytes_s=((inf, 10.0), (10.0, inf)), latency_s=((0.0, 0.0), (0.0, 0.0)),
         ...                microbatches=4)
         >>> ddp_equal(ReplicaProblem(base, grad_bytes=(10, 10)))   # 2 x (6 + 6) s + 20 B / 10 B/s
-        BaselineReport(iteration_s=14.0, fits=False, note='OOM on small')
+        BaselineReport(iteration_s=14.0, fits=False, note='OOM on small', best=None)
     """
     n, total = len(rp.base.devices), rp.base.microbatches
     if total % n:

@@ -20,7 +20,7 @@ Example (a plan saved, loaded back unchanged, and rebuilt into the solver's prob
     >>> Plan.load(path) == plan
     True
     >>> plan.version, len(problem_from_plan(plan).devices), stages_from_plan(plan)[0].device
-    (1, 3, 1)
+    (3, 3, 1)
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Mapping
 
 from hetpipe.cost_models.outputs import atomic_write_text
+from hetpipe.cost_models.recompute import RECOMPUTE_MODES
 from hetpipe.cost_models.sync import BUCKET_CAP_BYTES
 from hetpipe.cost_models.validate import MAX_PLAN_FILE_BYTES
 from hetpipe.errors import PlanError
@@ -48,11 +49,18 @@ PLAN_FORMAT = "hetpipe.plan"
 #: Version 3 adds optional fields, each declared with ``metadata={"since": 3}`` and written only
 #: when used (e.g. `PlanStage.recompute_units`, `PlanModel.loss`): a plan is written with the
 #: lowest version its content needs (`least_version`), so plans that use none stay 1 or 2.
+#: A single pipeline from `partition_graph` records each baseline's best cards
+#: (`BaselineReport.best`, issue 17), so it is version 3.
 PLAN_VERSION = 3
 #: The version of a plan without replicas.
 PLAN_VERSION_SINGLE = 1
 #: The first version that may carry replicas.
 PLAN_VERSION_REPLICAS = 2
+#: The first version that may carry memory levers (a stage's recompute_units, issue 14).
+PLAN_VERSION_LEVERS = 3
+#: `Plan.cost_model` key recording the recomputation setting the plan was solved with
+#: (``"auto: ..."``; absent = ``none``); `check_plan` re-derives each stage's choice under it.
+RECOMPUTE_NOTE = "recompute"
 # Relative tolerance when re-checking recorded floats against recomputed ones:
 # JSON round-trips Python floats exactly, so only summation order differs.
 CHECK_RTOL = 1e-9
@@ -169,10 +177,31 @@ class SolverReport:
 
 
 @dataclass(frozen=True)
-class BaselineReport:
+class BaselineStage:
+    device: str  # device id
+    first_unit: int
+    last_unit: int
+
+
+@dataclass(frozen=True)
+class BestBaselineReport:
+    """A baseline's cut rule on its best device subset and order (`partitioner.baseline_search`)."""
+
     iteration_s: float
     fits: bool
+    search: str  # "exact" | "local search" | "none fits"
+    stages: tuple[BaselineStage, ...] = ()
+    profile_kind: str = ""  # time-homogeneous: the kind whose times it balances
     note: str = ""
+
+
+@dataclass(frozen=True)
+class BaselineReport:
+    iteration_s: float  # forced: every card (at most one per unit) in the cluster file's order
+    fits: bool
+    note: str = ""
+    # Version 3 (issue 17): the same rule on the cards and order a careful user would pick.
+    best: BestBaselineReport | None = field(default=None, metadata={"since": 3})
 
 
 @dataclass(frozen=True)
@@ -358,7 +387,17 @@ def problem_from_plan(plan: Plan) -> Problem:
         microbatches=plan.training.microbatches,
         tied=tuple(TiedCopy(t.units[0], tuple(t.units), t.state_bytes) for t in plan.model.tied
                    if t.units and t.state_bytes),
+        recompute=recompute_mode(plan),
     )
+
+
+def recompute_mode(plan: Plan) -> str:
+    """The recomputation setting `plan` was solved with (`RECOMPUTE_NOTE`; ``none`` when absent)."""
+    word = str(plan.cost_model.get(RECOMPUTE_NOTE, "none")).split(":")[0].strip()
+    if word not in RECOMPUTE_MODES:
+        raise PlanError(f"plan.cost_model.{RECOMPUTE_NOTE}: {word!r} is not one of {', '.join(RECOMPUTE_MODES)}; "
+                        "fix the field or re-create the plan with `hetpipe plan`")
+    return word
 
 
 def stages_from_plan(plan: Plan) -> tuple[Stage, ...]:
@@ -367,7 +406,7 @@ def stages_from_plan(plan: Plan) -> tuple[Stage, ...]:
     for st in plan.stages:
         if st.device not in index:
             raise PlanError(f"stage {st.index} runs on device {st.device!r}, which the plan does not list")
-        out.append(Stage(index[st.device], st.first_unit, st.last_unit))
+        out.append(Stage(index[st.device], st.first_unit, st.last_unit, tuple(sorted(st.recompute_units))))
     return tuple(out)
 
 

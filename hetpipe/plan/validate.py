@@ -12,7 +12,7 @@ a negative iteration time, a link priced as free):
 * units: FLOPs and bytes whole and >= 0, state_bytes >= param_bytes (the state holds the
   weights), a finite time >= 0 for every device kind;
 * stages: a known device, the device's own usable_bytes (not an inflated copy), finite
-  non-negative times and bytes;
+  non-negative times and bytes; recompute_units distinct units of the stage's own range;
 * predicted / solver figures finite; tied parameters name real units.
 
 Whether the tables are the model's (and not consistently edited) is `check --model`'s
@@ -117,6 +117,17 @@ def _stages(plan: Any, usable: dict[str, int]) -> None:
         _int(st.memory_bytes, f"{at}.memory_bytes")
         for name in ("fwd_s", "bwd_s", "send_s"):
             _num(getattr(st, name), f"{at}.{name}")
+        _recompute_units(st, at)
+
+
+def _recompute_units(st: Any, at: str) -> None:
+    """Recomputed units are the stage's own (global indices in [first_unit, last_unit]), each once."""
+    seen: set[int] = set()
+    for u in st.recompute_units:
+        _int(u, f"{at}.recompute_units", minimum=st.first_unit, maximum=st.last_unit)
+        if u in seen:
+            raise PlanError(f"{at}.recompute_units: unit {u} is listed twice; {_FIX}")
+        seen.add(u)
 
 
 def _figures(plan: Any) -> None:

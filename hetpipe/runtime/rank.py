@@ -139,6 +139,20 @@ def node_to_stage(plan: Plan, graph_module: Any) -> dict[str, int]:
     return out
 
 
+def recompute_nodes(plan: Plan, stage: int) -> dict[int, tuple[str, ...]]:
+    """Unit index -> fx node names of the units plan stage ``stage`` recomputes (``recompute_units``).
+
+    Example:
+        >>> # a stage with recompute_units (2, 3): {2: unit 2's node names, 3: unit 3's}
+    """
+    st = plan.stages[stage]
+    outside = [u for u in st.recompute_units if not st.first_unit <= u <= st.last_unit]
+    if outside:
+        raise PlanError(f"plan stage {stage}: recompute_units lists unit {outside[0]}, outside the stage's units "
+                        f"{st.first_unit}-{st.last_unit}; list only its own units or re-plan with `hetpipe plan`")
+    return {u: tuple(plan.units[u].node_names) for u in st.recompute_units}
+
+
 def make_optimizer(name: str, params: Sequence[nn.Parameter], *, lr: float | None) -> torch.optim.Optimizer:
     """The optimizer ``training.optimizer`` names: adam, adamw, sgd or momentum.
 

@@ -165,6 +165,8 @@ class StageRecord:
     messages: int
     late_messages: int
     worst_late_s: float = 0.0  # real seconds a receiver waited past an emulated arrival
+    # plan units whose forward this stage recomputed in its backward (torch.utils.checkpoint; issue 14)
+    recompute_units: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -276,7 +278,8 @@ def _stage_record(plan: "Plan", r: RankResult) -> StageRecord:  # noqa: F821
         peak_bytes=r.peak_bytes, peak_breakdown=dict(r.peak_breakdown), peak_action=r.peak_action,
         predicted_memory_bytes=st.memory_bytes, usable_bytes=st.usable_bytes,
         overruns_fwd=r.overruns_fwd, overruns_bwd=r.overruns_bwd, worst_overrun_ratio=r.worst_overrun_ratio,
-        messages=r.messages, late_messages=r.late_messages, worst_late_s=r.worst_late_s)
+        messages=r.messages, late_messages=r.late_messages, worst_late_s=r.worst_late_s,
+        recompute_units=tuple(st.recompute_units))
 
 
 def _notes(emulate: bool, overruns: int, late: int, actions: int, worst: float) -> tuple[str, ...]:

@@ -276,6 +276,22 @@ def collect_report(plan: Plan | str | Path, run_dirs: Sequence[str | Path], *, s
     return build_report(plan, results, schedule=schedule or plan.training.schedule, emulate=emulate)
 
 
+def _ranges(units: Sequence[int]) -> str:
+    """``1-3,5`` for units 1, 2, 3 and 5.
+
+    Example:
+        >>> _ranges((1, 2, 3, 5))
+        '1-3,5'
+    """
+    parts: list[list[int]] = []
+    for u in sorted(units):
+        if parts and u == parts[-1][1] + 1:
+            parts[-1][1] = u
+        else:
+            parts.append([u, u])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in parts)
+
+
 def summary_tables(report: RunReport) -> list[Any]:
     """rich Tables for the CLI: steps, and stages measured next to predicted."""
     from rich.table import Table
@@ -295,7 +311,9 @@ def summary_tables(report: RunReport) -> list[Any]:
         stages.add_column(col, justify="right")
     mib = 2**20
     for s in report.stages:
-        stages.add_row(str(s.stage), f"{s.device} ({s.kind})", f"{s.first_unit}-{s.last_unit}",
+        units = f"{s.first_unit}-{s.last_unit}" + (f" (recompute {_ranges(s.recompute_units)})"
+                                                    if s.recompute_units else "")
+        stages.add_row(str(s.stage), f"{s.device} ({s.kind})", units,
                        f"{s.fwd_emulated_s:.4g}", f"{s.predicted_fwd_s:.4g}", f"{s.bwd_emulated_s:.4g}",
                        f"{s.predicted_bwd_s:.4g}", f"{s.peak_bytes / mib:.1f}", f"{s.predicted_memory_bytes / mib:.1f}",
                        f"{s.usable_bytes / mib:.1f}", str(s.overruns_fwd + s.overruns_bwd))

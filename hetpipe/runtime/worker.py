@@ -75,6 +75,7 @@ from hetpipe.runtime.rank import (
     loss_for,
     make_optimizer,
     node_to_stage,
+    recompute_nodes,
     stage_for,
     stage_links,
     touch,
@@ -195,7 +196,8 @@ def prepare(args: argparse.Namespace, state: RankState, *, plan: Plan | None = N
         check_stage(program, state.stage, state_dict)  # names and shapes from the headers, before any read
         state.phase = "building the stage"
     stage = build_stage(program, state.stage, state_dict=state_dict, device=device_backend(local_rank)[1], seed=args.seed,
-                        buffers=ModelBuffers(resolve_for_plan(plan, model=args.model, seq=args.seq).model))
+                        buffers=ModelBuffers(resolve_for_plan(plan, model=args.model, seq=args.seq).model),
+                        recompute=recompute_nodes(plan, state.stage))
     run = _Run(args, plan, stage, state.stage, schedule[state.stage], graph.module, example)
     run.saved_names = saved_names(program, state.stage)
     run.program = program

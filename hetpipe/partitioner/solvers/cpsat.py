@@ -16,6 +16,8 @@ Variables (L units, P = min(L, #devices) positions, C classes):
     compute[j]   F_j + B_j in ticks; comm[j] the round trip 2*C of the cut after j+1 ... j
     bottleneck   max of every compute[j] and comm[j]
 Objective: sum_j compute[j] + sum_j comm[j] + (m - 1) * bottleneck (ticks).
+Recomputation (`Problem.recompute` auto/all): `cpsat_recompute.RecomputeVars`, a prefix of each
+position's recompute order, its forward ticks in compute[j] and its bytes in the memory rows.
 
 Times are integers: seconds * `scale`, rounded DOWN, so the model's objective never
 exceeds the true T of the same placement and CP-SAT's best bound stays a valid lower
@@ -45,6 +47,8 @@ from typing import Sequence
 from ortools.sat.python import cp_model
 
 from hetpipe.cost_models.stage_memory import RECV_PREFETCH
+from hetpipe.partitioner.recompute import with_recompute
+from hetpipe.partitioner.solvers.cpsat_recompute import RecomputeVars
 from hetpipe.partitioner.solvers.dp import DeviceClass, device_classes
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 
@@ -78,6 +82,7 @@ class _Model:
         self._variables()
         self._placement()
         self._unit_order()
+        self.levers = RecomputeVars(self) if problem.recompute != "none" else None
         self._compute_times()
         self._comm_times()
         self._memory()
@@ -131,13 +136,16 @@ class _Model:
         md, prob = self.model, self.problem
         per_unit = {c: [self.ticks(prob.fwd_s[cl.kind][u] + prob.bwd_s[cl.kind][u]) for u in range(self.L)]
                     for c, cl in enumerate(self.classes)}
-        horizon = max(sum(v) for v in per_unit.values())
+        # recomputation can add each unit's forward once more
+        horizon = max(sum(v) + sum(self.ticks(f) for f in prob.fwd_s[self.classes[c].kind])
+                      for c, v in per_unit.items())
         self.compute = [md.new_int_var(0, horizon, f"compute_j{j}") for j in range(self.P)]
         fastest = [min(per_unit[c][u] for c in per_unit) for u in range(self.L)]
         for j in range(self.P):
-            # F_j + B_j of the units on position j, on the kind of its class.
-            for c in range(len(self.classes)):
-                md.add(self.compute[j] >= sum(per_unit[c][u] * self.in_[u][j] for u in range(self.L))
+            # F_j + B_j of the units on position j, on the kind of its class (+ recomputed forwards).
+            for c, cl in enumerate(self.classes):
+                extra = self.levers.extra_ticks(j, cl.kind) if self.levers is not None else 0
+                md.add(self.compute[j] >= sum(per_unit[c][u] * self.in_[u][j] for u in range(self.L)) + extra
                        ).only_enforce_if(self.on[j][c])
             # Redundant: never faster than the fastest kind (tightens the relaxation).
             md.add(self.compute[j] >= sum(fastest[u] * self.in_[u][j] for u in range(self.L)))
@@ -184,6 +192,8 @@ class _Model:
             md.add(warmup >= cut_out).only_enforce_if(self.in_[0][j])  # unit 0 here: the first stage
             buffers = inflight * (cut_in + cut_out) + (RECV_PREFETCH + 1) * widest + (inflight - 1) * warmup
             buffers += self._tied_copies(j)
+            if self.levers is not None:  # recomputed units keep their inputs; one is live again
+                buffers += self.levers.memory(j, inflight)
             # M_j <= usable bytes of the class on position j.
             md.add(held + buffers <= sum(cl.usable_bytes * self.on[j][c] for c, cl in enumerate(self.classes)))
 
@@ -226,7 +236,7 @@ class _Model:
             units = [u for u in range(self.L) if solver.value(self.in_[u][j])]
             stages.append(Stage(self.classes[c].members[used[c]], units[0], units[-1]))
             used[c] += 1
-        return tuple(stages)
+        return with_recompute(self.problem, stages)  # the smallest fitting prefix (ticks may tie)
 
 
 def solve_cpsat(problem: Problem, *, time_limit_s: float, seed: int, hint: Sequence[Stage] | None = None,

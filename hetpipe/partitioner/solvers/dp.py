@@ -21,6 +21,9 @@ min(j + 1, m) micro-batches of activations in flight on it (the memory contract)
 State = (count vector, class of the suffix's first stage); value = a vector over the
 unit at which the suffix starts.
 
+Recomputation (`Problem.recompute`): each table entry is priced with its stage's smallest
+fitting recompute prefix (`recompute_band`; why that keeps the DP exact: `partitioner/recompute.py`).
+
 `hetpipe.partitioner.solvers.fixed_order.solve_fixed_order` is the same DP for one given
 device sequence (a fast heuristic for clusters whose count space is too large).
 
@@ -50,6 +53,8 @@ import numpy as np
 from hetpipe.cost_models.stage_memory import RECV_PREFETCH
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.counts import count_vectors, vectors
+from hetpipe.partitioner.recompute import with_recompute
+from hetpipe.partitioner.solvers.recompute_band import shared_band
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +196,7 @@ class StageTables:
         for c in classes:
             work = np.concatenate(([0.0], np.cumsum(np.add(problem.fwd_s[c.kind], problem.bwd_s[c.kind]))))
             self.compute.append(np.where(self.valid, work[hi_c] - work[lo], np.inf))
+        self.levers = None if problem.recompute == "none" else shared_band(problem, hi_c, self.valid)
         # round trip 2*C over the cut after unit u-1 (index u = start of the next stage), per class pair
         self.comm2 = np.zeros((len(classes), len(classes), L + 1))
         for a, ca in enumerate(classes):
@@ -212,16 +218,24 @@ class StageTables:
                 longest = max(longest, int(cols[-1]) + 1)
         return max(1, longest)
 
+    def memory(self, inflight: int, follows: bool, width: int | None = None) -> np.ndarray:
+        """M_s of `pipeline_stage_bytes` without recomputation, vectorised over the band's first `width` columns."""
+        sl = np.s_[:, :width]
+        cut_in, cut_out = self.before[sl], (self.after[sl] if follows else 0.0)
+        return (self.state[sl] + inflight * (self.act[sl] + cut_in + cut_out)
+                + (RECV_PREFETCH + 1) * np.maximum(cut_in, cut_out) + np.where(self.first[sl], inflight - 1, 0) * cut_out)
+
     def band(self, c: int, after_stages: int, cap: float, width: int) -> np.ndarray:
         """Cost of a stage of class c on [lo, lo+w+1) with `after_stages` stages after it (inf = not allowed)."""
-        inflight = min(after_stages + 1, self.m)
-        sl = np.s_[:, :width]
-        cut_in, cut_out = self.before[sl], (self.after[sl] if after_stages else 0.0)
-        # M_s of `pipeline_stage_bytes`, vectorised over the band
-        mem = (self.state[sl] + inflight * (self.act[sl] + cut_in + cut_out)
-               + (RECV_PREFETCH + 1) * np.maximum(cut_in, cut_out) + np.where(self.first[sl], inflight - 1, 0) * cut_out)
+        inflight, sl = min(after_stages + 1, self.m), np.s_[:, :width]
         cost = self.compute[c][sl]
-        ok = (cost <= cap) & (mem <= self.classes[c].usable_bytes)
+        if self.levers is None:
+            ok = (cost <= cap) & (self.memory(inflight, after_stages > 0, width) <= self.classes[c].usable_bytes)
+        else:  # the recompute choice's seconds; inf where no choice fits
+            cls = self.classes[c]
+            cost = cost + self.levers.extra_s(cls.kind, cls.usable_bytes, inflight, after_stages > 0,
+                                              lambda k, follows: self.memory(k, follows), cost <= cap)
+            ok = cost <= cap
         ok &= self.is_last[sl] if not after_stages else ~self.is_last[sl]  # only the last stage ends at unit L
         return np.where(ok, cost, np.inf)
 
@@ -410,7 +424,7 @@ def solve_exact(problem: Problem, *, state_budget: int = DEFAULT_STATE_BUDGET,
 
     def min_sum(cap: float, bottleneck: bool) -> tuple[float, tuple[Stage, ...]] | None:
         out = _min_sum_counts(tab, cap, lattice, exact_stages, bottleneck=bottleneck)
-        return None if out is None else (out[0], assign_stages(classes, out[1]))
+        return None if out is None else (out[0], with_recompute(problem, assign_stages(classes, out[1])))
 
     return parametric_search(problem, min_sum, time_limit_s=time_limit_s, seed=seed)
 
@@ -428,7 +442,7 @@ def least_bottleneck(problem: Problem, *, cap_s: float = math.inf,
         raise StateSpaceTooLarge(f"{size} device-count states")
     lattice = _Lattice.build(classes, min(problem.num_units, len(problem.devices)))
     out = _min_sum_counts(StageTables(problem, classes), cap_s, lattice, bottleneck=True)
-    return None if out is None else (out[0], assign_stages(classes, out[1]))
+    return None if out is None else (out[0], with_recompute(problem, assign_stages(classes, out[1])))
 
 
 def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callable = np.add,

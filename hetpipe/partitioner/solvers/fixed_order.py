@@ -26,6 +26,7 @@ import numpy as np
 
 from hetpipe.partitioner.solvers.dp import DeviceClass, DPResult, assign_stages, parametric_search, StageTables
 from hetpipe.partitioner.problem import Problem, Stage
+from hetpipe.partitioner.recompute import with_recompute
 
 
 def _min_sum_fixed(tab: StageTables, cap: float, order: Sequence[int], *,
@@ -79,6 +80,6 @@ def solve_fixed_order(problem: Problem, order: Sequence[int], *, time_limit_s: f
 
     def min_sum(cap: float, bottleneck: bool) -> tuple[float, tuple[Stage, ...]] | None:
         out = _min_sum_fixed(tab, cap, positions, bottleneck=bottleneck)
-        return None if out is None else (out[0], assign_stages(singles, out[1]))
+        return None if out is None else (out[0], with_recompute(problem, assign_stages(singles, out[1])))
 
     return parametric_search(problem, min_sum, time_limit_s=time_limit_s)

@@ -26,7 +26,7 @@ from hetpipe.cost_models.quantities import human_bytes
 from hetpipe.errors import InfeasibleError
 from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, solve_exact
 from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
-from hetpipe.partitioner.problem import Problem, Stage, evaluate, stage_memory_bytes
+from hetpipe.partitioner.problem import Problem, Stage, evaluate, stage_memory_bytes, stage_recompute_cost
 
 #: Bisection steps on the memory factor: 2^-30 relative precision, plenty for a message.
 BISECTION_STEPS = 30
@@ -125,6 +125,17 @@ def least_memory_fit(problem: Problem) -> MemoryFit | None:
     return MemoryFit(hi, s, problem.devices[stages[s].device].id, ev.stages[s].memory_bytes, ev.stages[s].usable_bytes)
 
 
+def _recompute_tip(problem: Problem) -> str:
+    """What activation recomputation would do: the fullest stage `--recompute all` reaches, or that it is on."""
+    if problem.recompute != "none":
+        return f" (activation recomputation is already on: --recompute {problem.recompute})"
+    fit = least_memory_fit(replace(problem, recompute="all"))
+    if fit is None:
+        return " or --recompute all (it does not fit either)"
+    return (f" or --recompute all (fullest stage {human_bytes(fit.memory_bytes)} of {human_bytes(fit.usable_bytes)} "
+            f"on {fit.device}; --recompute auto recomputes only what each stage needs)")
+
+
 def explain_infeasible(problem: Problem) -> InfeasibleError:
     """An `InfeasibleError` that says how much memory is missing, where, and what would help."""
     found = _least_memory_plan(problem)
@@ -138,16 +149,17 @@ def explain_infeasible(problem: Problem) -> InfeasibleError:
     units = range(st.first_unit, st.last_unit + 1)
     state = sum(problem.state_bytes[u] for u in units)
     inflight = min(len(stages) - s, problem.microbatches)
-    act = inflight * sum(problem.activation_bytes[u] for u in units)
+    rc = stage_recompute_cost(problem, st)  # what the stage keeps per micro-batch, after recomputation
+    act = inflight * (sum(problem.activation_bytes[u] for u in units) - rc.saved_bytes) + rc.peak_bytes
     buffers = stage_memory_bytes(problem, stages, s) - state - act
     missing = cost.memory_bytes - cost.usable_bytes
     tips = []
     if act >= state:
-        tips.append("a smaller micro-batch or activation recomputation (activations are the larger share)")
+        tips.append(f"a smaller micro-batch (activations are the larger share){_recompute_tip(problem)}")
         tips.append("a lighter optimizer or mixed precision")
     else:
         tips.append("a lighter optimizer (sgd/momentum) or mixed precision (model state is the larger share)")
-        tips.append("a smaller micro-batch or activation recomputation")
+        tips.append(f"a smaller micro-batch{_recompute_tip(problem)}")
     tips.append("more devices or devices with more memory")
     return InfeasibleError(
         f"no plan fits in memory: at best, stage {s} on {dev.id} ({dev.kind}) needs {human_bytes(cost.memory_bytes)} "

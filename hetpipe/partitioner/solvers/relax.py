@@ -5,7 +5,7 @@ with the kind's largest usable memory, and every link between two kinds is price
 the fastest link any such pair has (highest bandwidth, lowest latency).  Every real
 placement is a placement of the relaxed problem with T no larger, so the relaxed
 optimum (exact DP over kind counts, which is small: a few kinds) is a valid lower
-bound on the real optimum.
+bound on the real optimum (with recomputation too: more memory never needs a longer prefix).
 
 `realise` maps a relaxed placement back to real cards: it walks the pipeline and gives
 each stage a card of the wanted kind, staying on the node of the previous stage while
@@ -42,6 +42,8 @@ from hetpipe.partitioner.solvers.dp import (
 from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 
+#: Usable bytes of a merged kind under ``recompute="auto"`` (`aggregate_kinds`): no memory limit.
+UNLIMITED_BYTES = 2**62
 #: Node name every card gets in the relaxed problem.
 ANY_NODE = "*"
 #: DP rows the aggregated relaxation may have (`aggregate_kinds`).  Smaller than the exact
@@ -153,6 +155,13 @@ def aggregate_kinds(relaxed: Problem, *, merge_above: int = DEFAULT_STATE_BUDGET
            for g in groups}
     devices = tuple(replace(d, kind=label[d.kind]) for d in relaxed.devices)
     merged = relaxed_problem(replace(relaxed, fwd_s=fwd, bwd_s=bwd, devices=devices))
+    if relaxed.recompute == "auto":
+        # A merged kind's recompute order (by its fastest member's F) is no member's order, so its
+        # shortest fitting prefix could cost more than a member's: give merged kinds unlimited memory
+        # instead (they never recompute, and every member's stage is at least as slow and as full).
+        roomy = {"+".join(g) for g in groups if len(g) > 1}
+        merged = replace(merged, devices=tuple(replace(d, usable_bytes=UNLIMITED_BYTES) if d.kind in roomy else d
+                                               for d in merged.devices))
     return merged, {"+".join(g): tuple(g) for g in groups}
 
 

@@ -63,6 +63,9 @@ MIN_CPSAT_S = 2.0
 #: Seconds to build the CP-SAT model per (position x unit x class pair) term, measured on the
 #: 2-core VM: 64 positions x 98 units x 8^2 class pairs took 1.9 s.
 CPSAT_BUILD_S_PER_TERM = 1.9 / (64 * 98 * 64)
+#: Seconds per (position x recompute item x kind) term of the recompute lever's prefix encoding,
+#: measured on the 2-core VM: 96-layer GPT on 64 cards of 4 kinds, 2.5 s more with it (64 x 196 x 4).
+CPSAT_LEVER_BUILD_S_PER_TERM = 2.5 / (64 * 196 * 4)
 
 
 def cpsat_build_s(problem: Problem) -> float:
@@ -71,7 +74,10 @@ def cpsat_build_s(problem: Problem) -> float:
 
     classes = len(device_classes(problem))
     positions = min(problem.num_units, len(problem.devices))
-    return CPSAT_BUILD_S_PER_TERM * positions * problem.num_units * classes * classes
+    # the recompute lever (`cpsat_recompute`): per position, kind and item (two per unit) a prefix literal
+    lever = 2 * problem.num_units * len(problem.fwd_s) if problem.recompute == "auto" else 0
+    return positions * (CPSAT_BUILD_S_PER_TERM * problem.num_units * classes * classes
+                        + CPSAT_LEVER_BUILD_S_PER_TERM * lever)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,12 @@ Each rank pretends to be the device its stage was planned on (issue #4, "Emulate
   parameters (and module buffers), gradients, optimizer state, the tensors autograd
   saved for backward (unique storages, via ``torch.autograd.graph.saved_tensors_hooks``)
   and communication buffers -- against the device's ``usable_bytes``, and raises an
-  emulated out-of-memory `RuntimeFailure` with the numbers when it is exceeded.
+  emulated out-of-memory `RuntimeFailure` with the numbers when it is exceeded.  A unit
+  the plan recomputes (``torch.utils.checkpoint``) shows up with only its inputs saved (the
+  checkpoint's own hooks take the tensors inside it), and its backward adds one unit's
+  activations while it re-runs the forward (`hetpipe.runtime.stage.recompute`).
+* **Recomputation time** needs nothing special: the plan's ``bwd_s`` includes the recompute
+  (the forward of the recomputed units), and the calibration's real backward does too.
 
 The math (`choose_time_scale`, `LinkClock`, `ComputeStretch`, `MemoryLedger`) is pure
 Python and unit-tested alone; `RecordingHooks` and `EmulationHooks` subclass the

@@ -10,7 +10,8 @@
 * ``B``: ``torch.autograd.backward`` on the stage outputs with the received
   gradients (on the scaled loss on the last stage); gradients accumulate in the
   parameters over micro-batches; the gradients of the received inputs are kept
-  for ``SEND_B``.
+  for ``SEND_B``.  Units the plan recomputes re-run their forward here (checkpoint), and
+  the memory ledger adds the largest one's activations on top of what is held.
 * ``SEND_*`` post ``isend``s; ``RECV_*`` wait for ``irecv``s posted up to
   ``prefetch_depth`` receives ahead, so transfers overlap compute (on NCCL, which
   matches P2P in issue order per pair, never ahead of a send to the same peer).
@@ -398,7 +399,21 @@ class PipelineExecutor:
         if not self.stage.is_first:
             st.grads_out[mb] = [x.grad if x.grad is not None else torch.zeros_like(x)
                                 for x, s in zip(inputs, self.stage.in_cut.tensors) if s.requires_grad]
+        if self.stage.recomputed:
+            self._observe_recompute(action)
         self._memory.release(mb)
+
+    def _observe_recompute(self, action: Action) -> None:
+        """Account the backward's recompute: one unit's saved tensors again, on top of what is held.
+
+        The recompute ran while this micro-batch's activations were still held, with the
+        gradients allocated; the largest recomputed unit is the cost model's transient term.
+        """
+        memory, extra = self._memory, self.stage.recompute_bytes
+        memory.totals["grads"] = grad_bytes(self._params)
+        memory.totals["activations"] += extra
+        self.hooks.memory(action, memory.observe())
+        memory.totals["activations"] -= extra
 
     def _optimizer_step(self, action: Action) -> None:
         t0 = time.perf_counter()

@@ -41,7 +41,7 @@ from hetpipe.plan.schema import Plan
 from hetpipe.runtime.data import split_microbatches
 from hetpipe.runtime.execute.executor import ActionHooks, PipelineExecutor, StepStats
 from hetpipe.runtime.execute.options import ExecutorOptions, ReplicaWiring
-from hetpipe.runtime.rank import capture_for_plan, device_backend, make_optimizer, resolve_for_plan
+from hetpipe.runtime.rank import capture_for_plan, device_backend, make_optimizer, recompute_nodes, resolve_for_plan
 from hetpipe.runtime.replicas.sync import (
     DILOCO_OUTER_LR,
     DILOCO_OUTER_MOMENTUM,
@@ -235,7 +235,8 @@ class ReplicaTrainer:
 
         buffers = ModelBuffers(resolve_for_plan(self.plan, model=model, seq=seq).model)
         self.stage = build_stage(programs[self.place.replica], self.place.stage, state_dict=state_dict, device=dev,
-                                 seed=seed, buffers=buffers)
+                                 seed=seed, buffers=buffers,
+                                 recompute=recompute_nodes(self.plan, self.place.plan_stage))
         buckets = sync_buckets(self.plan, param_units(graph.module, self.plan), self._ranks)
         if world > 1 and not (dist.is_available() and dist.is_initialized()):
             raise ConfigError(f"{self.where}: a {world}-rank replica plan needs torch.distributed; call "

@@ -61,6 +61,7 @@ from torch import nn
 from hetpipe.errors import CaptureError, RuntimeFailure, ScheduleError
 from hetpipe.partitioner.capture.devices import retarget_devices
 from hetpipe.runtime.stage.outputs import keep_output_structure
+from hetpipe.runtime.stage.recompute import apply_recompute
 from hetpipe.runtime.stage.types import (  # noqa: F401 - re-exported: the runtime imports them from here
     CutSpec,
     StagedProgram,
@@ -361,7 +362,8 @@ def _tied_groups(modules: Sequence[fx.GraphModule]) -> tuple[TiedGroup, ...]:
 
 def build_stage(program: StagedProgram, stage: int, *, state_dict: Mapping[str, torch.Tensor] | None,
                 device: torch.device | str, seed: int = 0,
-                buffers: Mapping[str, torch.Tensor] | None = None) -> StageModule:
+                buffers: Mapping[str, torch.Tensor] | None = None,
+                recompute: Mapping[int, Sequence[str]] | None = None) -> StageModule:
     """Materialise stage ``stage`` on ``device``: only its own parameters and buffers are allocated.
 
     Tensors come from ``state_dict`` by their original qualified names (any alias of a
@@ -370,6 +372,8 @@ def build_stage(program: StagedProgram, stage: int, *, state_dict: Mapping[str, 
     independent of the partition).  Buffers missing from ``state_dict`` come from ``buffers``
     (`hetpipe.runtime.stage.buffers.ModelBuffers`: the model's own initialisation), else from
     the traced module.  Device constants in the graph are rewritten to ``device``.
+    ``recompute`` (plan unit index -> its fx node names) lists the units whose forward the
+    backward recomputes (`hetpipe.runtime.stage.recompute.apply_recompute`).
 
     Example:
         >>> import torch
@@ -391,10 +395,11 @@ def build_stage(program: StagedProgram, stage: int, *, state_dict: Mapping[str, 
     _load(module, stage=stage, program=program, state_dict=state_dict, seed=seed, device=device,
           buffers=buffers or {})
     last = stage == program.num_stages - 1
+    recomputed = apply_recompute(module, recompute, stage=stage) if recompute else ()
     return StageModule(
         module=module, stage=stage, num_stages=program.num_stages,
         in_cut=program.cuts[stage - 1] if stage > 0 else None, out_cut=None if last else program.cuts[stage],
-        input_specs=program.stage_inputs(stage), tied_groups=program.tied, device=device)
+        input_specs=program.stage_inputs(stage), tied_groups=program.tied, device=device, recomputed=recomputed)
 
 
 def _materialise(module: nn.Module, device: torch.device) -> None:

@@ -140,6 +140,8 @@ class StageModule:
     input_specs: tuple[TensorSpec, ...]
     tied_groups: tuple[TiedGroup, ...]
     device: torch.device
+    # the units its forward runs under torch.utils.checkpoint (`hetpipe.runtime.stage.recompute`)
+    recomputed: tuple[Any, ...] = ()
 
     def __call__(self, *args: Any) -> Any:
         return self.module(*args)
@@ -157,6 +159,12 @@ class StageModule:
 
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         return self.module.named_parameters()
+
+    @property
+    def recompute_bytes(self) -> int:
+        """Bytes one recompute allocates at most (the largest recomputed unit's saved bytes; 0 before
+        its first forward)."""
+        return max((r.saved_bytes or 0 for r in self.recomputed), default=0)
 
     def tied_parameters(self) -> dict[str, tuple[int, ...]]:
         """Local parameter name -> every stage holding a replica (this one included)."""

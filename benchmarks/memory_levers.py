@@ -1,0 +1,202 @@
+"""Issue 14, first part of its benchmarks: what activation recomputation buys on the home lab (planner only).
+
+Cluster: examples/clusters/homelab.yaml (RTX 3090 24 GB + RTX 4090 24 GB on one node, RTX 3060
+12 GB on another, 1 GbE).  Models: the analytic GPT family of `scenarios.gpt_graph` (embedding,
+L transformer layers of width h, fp32-logit head; bf16-mixed with Adam, 16 bytes of state per
+parameter; Korthikanti et al.'s 34·s·b·h saved bytes per layer; one unit per layer), at the demo's
+GPT-2 XL settings: micro-batch 1, sequence 1024, two micro-batches per card (m = 6).  Every figure
+is the planner's contract (`problem.evaluate`): no training run.
+
+Approaches (each under the same cost model and memory check):
+* hetpipe, ``--recompute auto``: the exact DP over cuts, devices, order and each stage's
+  recompute prefix (`partitioner/recompute.py`);
+* hetpipe, ``--recompute none``;
+* even split + full recomputation: equal layers per card in cluster order, every unit recomputed
+  (Megatron-LM ``--recompute-granularity full`` on the `uniform` baseline);
+* even split without recomputation (the `uniform` baseline as is).
+ZeRO-Offload and ZeRO sharding are not modelled yet (issue 14's other levers).
+
+Table 1, largest trainable model: over widths h and depths L (step 2), the largest parameter
+count each approach fits.  Table 2, cost of memory: for models that fit only with some
+recomputation, hetpipe's T against recompute-every-layer (hetpipe's own placement with
+``--recompute all``, and the even split with it) and against the lower bound T without any
+recomputation and without the memory limit.  Table 3, what the lever costs the planner: median
+wall of `solve` on `planner_speed.py`'s analytic GPTs (h=1024, micro-batch 4) and mixed clusters,
+``--recompute none`` vs ``auto``, side by side.  Writes benchmarks/results/memory_levers.md.
+
+Usage:
+    python benchmarks/memory_levers.py [--widths 1600 2048 2560 3072 4096] [--max-layers 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import markdown_table, write_result  # noqa: E402
+from benchmarks.scenarios import CLUSTERS_DIR, gpt_graph  # noqa: E402
+from hetpipe.cost_models.cluster import load_cluster  # noqa: E402
+from hetpipe.cost_models.devices import Cluster  # noqa: E402
+from hetpipe.partitioner.baselines import baseline_stages  # noqa: E402
+from hetpipe.partitioner.problem import Problem, evaluate  # noqa: E402
+from hetpipe.partitioner.recompute import with_recompute  # noqa: E402
+from hetpipe.partitioner.solvers.dp import solve_exact  # noqa: E402
+from hetpipe.plan.build import build_problem  # noqa: E402
+
+#: The demo's GPT-2 XL settings (README quick start): micro-batch 1 of 1024 tokens, 2 micro-batches per card.
+BATCH, SEQ = 1, 1024
+APPROACHES = ("hetpipe auto", "hetpipe none", "even + recompute all", "even, no recompute")
+
+
+@functools.lru_cache(maxsize=None)
+def _cluster() -> Cluster:
+    return load_cluster(CLUSTERS_DIR / "homelab.yaml")
+
+
+def problem_for(layers: int, hidden: int, recompute: str) -> tuple[Problem, int]:
+    """(the planner's problem of the GPT of `layers` x `hidden` on the home lab, its parameter count)."""
+    cluster = _cluster()
+    graph = gpt_graph(layers=layers, hidden=hidden, seq=SEQ, batch=BATCH)
+    return build_problem(graph, cluster, microbatches=2 * len(cluster.devices), recompute=recompute), graph.param_count
+
+
+def t_of(approach: str, prob: Problem) -> float:
+    """T of one approach on `prob` (its recompute setting replaced; inf when it does not fit)."""
+    if approach.startswith("hetpipe"):
+        res = solve_exact(dataclasses.replace(prob, recompute=approach.split()[-1]))
+        return res.iteration_s if res is not None else math.inf
+    prob = dataclasses.replace(prob, recompute="all" if "recompute all" in approach else "none")
+    ev = evaluate(prob, with_recompute(prob, baseline_stages(prob, "uniform")))
+    return ev.iteration_s if ev.fits else math.inf
+
+
+def largest(approach: str, hidden: int, max_layers: int) -> int:
+    """The deepest model of width `hidden` the approach fits (0: none); memory grows with depth."""
+    lo, hi = 0, max_layers // 2 * 2 + 2  # even depths; fits(lo) (or lo = 0), hi assumed not to fit
+    while hi - lo > 2:
+        mid = lo + (hi - lo) // 4 * 2  # even, in (lo, hi)
+        if math.isfinite(t_of(approach, problem_for(mid, hidden, "none")[0])):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def lower_bound_s(prob: Problem) -> float:
+    """T without recomputation and without the memory limit (every card unlimited)."""
+    roomy = tuple(dataclasses.replace(d, usable_bytes=2**62) for d in prob.devices)
+    res = solve_exact(dataclasses.replace(prob, devices=roomy, recompute="none"))
+    assert res is not None
+    return res.iteration_s
+
+
+def largest_table(widths: list[int], max_layers: int) -> tuple[str, dict[str, dict[int, int]]]:
+    depth: dict[str, dict[int, int]] = {a: {h: largest(a, h, max_layers) for h in widths} for a in APPROACHES}
+    rows, best = [], {}
+    for a in APPROACHES:
+        params = {h: problem_for(depth[a][h], h, "none")[1] if depth[a][h] else 0 for h in widths}
+        best[a] = max(params.values())
+        rows.append([a] + [f"L={depth[a][h]} ({params[h] / 1e9:.2f} B)" if depth[a][h] else "-" for h in widths]
+                    + [f"{best[a] / 1e9:.2f} B"])
+    even = max(best["even + recompute all"], best["even, no recompute"])
+    rows.append(["hetpipe auto / best even split"] + [""] * len(widths) + [f"{best['hetpipe auto'] / even:.2f}x"])
+    rows.append(["hetpipe auto / hetpipe none"] + [""] * len(widths)
+                + [f"{best['hetpipe auto'] / best['hetpipe none']:.2f}x"])
+    header = ["approach"] + [f"h={h}" for h in widths] + ["largest"]
+    return markdown_table(header, rows), depth
+
+
+def cost_row(label: str, prob: Problem) -> list[object]:
+    """One model that fits only with recomputation: hetpipe auto against recompute-everything and the bound."""
+    start = time.perf_counter()
+    res = solve_exact(dataclasses.replace(prob, recompute="auto"))
+    wall = time.perf_counter() - start
+    assert res is not None
+    auto = res.iteration_s
+    # the same placement without its recomputation, memory ignored: what recomputing costs by itself
+    plain = evaluate(prob, tuple(dataclasses.replace(st, recompute_units=()) for st in res.stages)).iteration_s
+    every, even_all, bound = t_of("hetpipe all", prob), t_of("even + recompute all", prob), lower_bound_s(prob)
+    rc = sum(len(st.recompute_units) for st in res.stages)
+    return [label, f"{rc} of {prob.num_units}", f"{auto:.3f} s", f"{every:.3f} s ({every / auto:.2f}x)",
+            f"{even_all:.3f} s ({even_all / auto:.2f}x)" if math.isfinite(even_all) else "OOM",
+            f"{plain:.3f} s (+{auto / plain - 1:.1%})", f"{bound:.3f} s (+{auto / bound - 1:.1%})", f"{wall:.2f} s"]
+
+
+def cost_rows(depth: dict[str, dict[int, int]], widths: list[int]) -> list[list[object]]:
+    """Models between the largest without recomputation and the largest with it, per width; and
+    the captured GPT-2 XL at fp32, micro-batch 4 (README: no plan fits it without recomputation)."""
+    rows: list[list[object]] = []
+    for h in widths:
+        lo, hi = depth["hetpipe none"][h], depth["hetpipe auto"][h]
+        for layers in sorted({x for x in (lo + 2, (lo + hi) // 2 // 2 * 2, hi) if lo < x <= hi}):
+            prob, params = problem_for(layers, h, "auto")
+            rows.append(cost_row(f"L={layers}, h={h} ({params / 1e9:.2f} B)", prob))
+    from hetpipe.plan.build import capture_builtin
+
+    graph = capture_builtin("gpt2-xl", batch=4, seq=1024, precision="fp32")
+    prob = build_problem(graph, _cluster(), microbatches=6, recompute="auto")
+    if math.isinf(t_of("hetpipe none", prob)):
+        rows.append(cost_row("gpt2-xl captured, fp32, micro-batch 4", prob))
+    return rows
+
+
+def planner_rows(layers: list[int], devices: list[int], repeats: int) -> list[list[object]]:
+    """Median `solve` wall with the lever off and on (same problems, alternating runs)."""
+    from benchmarks.planner_speed import PER_NODE
+    from benchmarks.scenarios import mixed_cluster
+    from hetpipe.partitioner.solvers.solve import solve
+
+    rows: list[list[object]] = []
+    for n_layers in layers:
+        for n in devices:
+            graph, cluster = gpt_graph(layers=n_layers), mixed_cluster(n, per_node=PER_NODE.get(n, 8))
+            walls: dict[str, list[float]] = {"none": [], "auto": []}
+            t: dict[str, float] = {}
+            for _ in range(repeats):
+                for mode in walls:
+                    prob = build_problem(graph, cluster, microbatches=2 * n, recompute=mode)
+                    start = time.perf_counter()
+                    t[mode] = solve(prob, time_limit_s=10.0, seed=0).iteration_s
+                    walls[mode].append(time.perf_counter() - start)
+            none, auto = statistics.median(walls["none"]), statistics.median(walls["auto"])
+            rows.append([n_layers, n, f"{t['none']:.4f}", f"{t['auto']:.4f}", f"{none:.2f}", f"{auto:.2f}",
+                         f"{auto / none:.2f}x"])
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--widths", type=int, nargs="+", default=[1600, 2048, 2560, 3072, 4096])
+    ap.add_argument("--max-layers", type=int, default=200)
+    ap.add_argument("--speed-layers", type=int, nargs="+", default=[48, 96])
+    ap.add_argument("--speed-devices", type=int, nargs="+", default=[8, 16, 32])
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args(argv)
+    table1, depth = largest_table(args.widths, args.max_layers)
+    print(table1, flush=True)
+    header = ["model", "units recomputed", "hetpipe auto T", "hetpipe --recompute all", "even + recompute all",
+              "same cuts, no recompute", "lower bound (no recompute, no memory limit)", "DP wall"]
+    table2 = markdown_table(header, cost_rows(depth, args.widths))
+    print(table2)
+    table3 = markdown_table(["layers", "devices", "T none (s)", "T auto (s)", "wall none (s)", "wall auto (s)",
+                             "auto / none"],
+                            planner_rows(args.speed_layers, args.speed_devices, args.repeats))
+    print(table3)
+    body = (f"{__doc__.split('Usage:')[0].strip()}\n\n### Largest trainable model\n\n{table1}\n\n"
+            f"### Cost of memory (models that fit only with some recomputation)\n\n{table2}\n\n"
+            f"### Planner speed with the lever (median of {args.repeats})\n\n{table3}\n")
+    path = write_result("memory_levers", "Memory levers: activation recomputation (issue 14)", body)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
