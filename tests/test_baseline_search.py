@@ -9,6 +9,7 @@ made hetpipe look 5x+ faster than uniform.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -20,7 +21,10 @@ from hetpipe.cost_models.cluster import load_cluster
 from hetpipe.partitioner.baseline_search import best_baseline
 from hetpipe.partitioner.baselines import BASELINES, baseline, rule_bounds
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.recompute import with_recompute
+from hetpipe.errors import InfeasibleError
 from hetpipe.partitioner.solvers.dp import solve_exact
+from hetpipe.partitioner.solvers.solve import solve
 from tests.instances import random_problem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,19 +39,26 @@ def _brute_best(problem: Problem, name: str) -> float:
     for p in range(1, min(n, L) + 1):
         for kind in kinds:
             bounds = rule_bounds(problem, name, p, profile_kind=kind)
-            for devs in itertools.permutations(range(n), p):
-                ev = evaluate(problem, tuple(Stage(d, lo, hi - 1) for d, (lo, hi) in zip(devs, bounds)))
+            for devs in itertools.permutations(range(n), p):  # each stage recomputes what the lever picks
+                ev = evaluate(problem, with_recompute(problem, tuple(Stage(d, lo, hi - 1)
+                                                                     for d, (lo, hi) in zip(devs, bounds))))
                 if ev.fits:
                     best = min(best, ev.iteration_s)
     return best
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_best_subset_equals_exhaustive_enumeration(seed: int) -> None:
+@pytest.mark.parametrize("seed, recompute", [(0, "none"), (1, "none"), (2, "none"), (3, "auto"), (4, "all")])
+def test_best_subset_equals_exhaustive_enumeration(seed: int, recompute: str) -> None:
+    """Also under the planner's recompute lever, which the baselines get too (a stage's recompute set
+    depends on its card's kind and memory)."""
     rng = random.Random(seed)
-    improved = 0
+    improved = recomputing = 0
     for i in range(40):
-        prob = random_problem(rng, units=rng.randint(1, 7), devices=rng.randint(1, 5), tight_memory=i % 3 == 0)
+        prob = random_problem(rng, units=rng.randint(1, 7), devices=rng.randint(1, 5),
+                              tight_memory=i % 3 == 0 if recompute == "none" else i % 3 != 0)
+        if recompute != "none":  # activations large enough that fitting needs the lever
+            prob = dataclasses.replace(prob, activation_bytes=tuple(6 * a for a in prob.activation_bytes))
+        prob = dataclasses.replace(prob, recompute=recompute)
         for name in BASELINES:
             ref = _brute_best(prob, name)
             got = best_baseline(prob, name)
@@ -58,11 +69,13 @@ def test_best_subset_equals_exhaustive_enumeration(seed: int) -> None:
                 assert got.iteration_s == forced.iteration_s  # it stays the forced, out-of-memory figure
                 continue
             assert got.fits and got.iteration_s == pytest.approx(ref, rel=REL), (seed, i, name)
+            recomputing += any(st.recompute_units for st in got.stages)
             assert got.iteration_s == pytest.approx(evaluate(prob, got.stages).iteration_s, rel=1e-12)
             if forced.fits:
                 assert got.iteration_s <= forced.iteration_s * (1 + REL)
                 improved += got.iteration_s < forced.iteration_s * (1 - 1e-6)
     assert improved >= 10  # the instances really exercise choosing cards
+    assert (recomputing >= 10) == (recompute != "none")  # ... and the lever where it is on
 
 
 def test_local_search_alone_is_never_worse_than_forced() -> None:
@@ -78,14 +91,27 @@ def test_local_search_alone_is_never_worse_than_forced() -> None:
 
 
 def test_planner_never_worse_than_best_baseline() -> None:
+    """`solve` (the planner's entry) searches every device subset, order and cut: it holds every baseline."""
     rng = random.Random(2024)
+    wins = 0
     for i in range(60):
         prob = random_problem(rng, units=rng.randint(1, 8), devices=rng.randint(1, 5), tight_memory=i % 2 == 0)
-        plan = solve_exact(prob)
+        try:
+            plan_s = solve(prob).iteration_s
+        except InfeasibleError:
+            plan_s = math.inf
+        assert plan_s == pytest.approx(_exact_s(prob), rel=1e-9)
         for name in BASELINES:
             b = best_baseline(prob, name)
             if b.fits:
-                assert plan is not None and plan.iteration_s <= b.iteration_s * (1 + 1e-9), (i, name)
+                assert plan_s <= b.iteration_s * (1 + 1e-9), (i, name)
+                wins += plan_s < b.iteration_s * (1 - 1e-6)
+    assert wins >= 20  # the instances really separate the planner from the hand-tuned baselines
+
+
+def _exact_s(prob: Problem) -> float:
+    res = solve_exact(prob)
+    return res.iteration_s if res is not None else math.inf
 
 
 def _four_cards(microbatches: int = 8) -> Problem:
@@ -110,12 +136,10 @@ def test_three_4090s_and_a_t4_uniform_best_is_close_to_hetpipe() -> None:
 
 
 def test_plan_records_both_figures_and_check_rederives_them(tmp_path) -> None:
-    import dataclasses
-
     from hetpipe.plan.baseline_report import headline
     from hetpipe.plan.build import partition_graph
     from hetpipe.plan.check import check_plan
-    from hetpipe.plan.schema import Plan
+    from hetpipe.plan.schema import BaselineStage, Plan, problem_from_plan
     from tests.synthetic import synthetic_cluster, synthetic_graph
 
     plan = partition_graph(synthetic_graph(6), synthetic_cluster(), global_batch=16)
@@ -141,9 +165,16 @@ def test_plan_records_both_figures_and_check_rederives_them(tmp_path) -> None:
             rec.best, stages=(dataclasses.replace(rec.best.stages[0], last_unit=rec.best.stages[0].last_unit + 1),
                               *rec.best.stages[1:]))),
     }
-    for message, edited in edits.items():
+    forced_as_best = dataclasses.replace(rec, best=dataclasses.replace(  # a forger's worse subset: caught
+        rec.best, iteration_s=rec.iteration_s, search="local search",
+        stages=tuple(BaselineStage(plan.devices[s.device].id, s.first_unit, s.last_unit)
+                     for s in baseline(problem_from_plan(plan), "uniform").stages)))
+    assert rec.iteration_s > rec.best.iteration_s * (1 + 1e-6)  # so the forged "best" really is worse
+    cases = [*edits.items(), ("but the search finds", forced_as_best)]
+    for message, edited in cases:
         report = check_plan(dataclasses.replace(plan, baselines={**plan.baselines, "uniform": edited}))
-        assert any(v.startswith(message) for v in report.violations), (message, report.violations)
+        assert any(message in v and v.startswith("baselines.uniform") for v in report.violations), \
+            (message, report.violations)
     older = dataclasses.replace(plan, baselines={n: dataclasses.replace(b, best=None) for n, b in plan.baselines.items()})
     assert check_plan(older).ok and "best" not in older.to_dict()["baselines"]["uniform"]  # a version-1 plan
 
@@ -155,6 +186,8 @@ def test_headline_of_a_plan_without_best_placements_says_so() -> None:
     head = headline_from(1.0, {"uniform": BaselineReport(3.0, True), "parameters": BaselineReport(2.0, False)})
     assert (head.best_name, head.speedup, head.forced_name, head.forced_speedup) == ("uniform", 3.0, "uniform", 3.0)
     assert "best recorded baseline (uniform)" in head.text() and "hand-tuned" not in head.text()
+    replicas = headline_from(1.0, {"ddp-equal": BaselineReport(2.0, True), "single-pipeline": BaselineReport(1.5, True)})
+    assert replicas.text() == "1.50x faster than the best recorded baseline (single-pipeline)"  # nothing forced
     none = headline_from(1.0, {"uniform": BaselineReport(3.0, False)})
     assert none.speedup is None and none.forced_speedup is None
     assert none.text() == ("no baseline fits on any subset of the cards; "

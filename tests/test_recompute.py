@@ -175,3 +175,19 @@ def test_free_forwards_and_tied_keys_dp_equals_brute_force() -> None:
         if i % 4 == 0:
             cp = solve_cpsat(prob, time_limit_s=20.0, seed=0)
             assert (cp.status == "INFEASIBLE") if math.isinf(ref) else math.isclose(cp.iteration_s, ref, rel_tol=1e-5)
+
+
+def test_replica_plans_recompute_where_a_replica_needs_it() -> None:
+    """gpt-demo (micro-batch 4) as 2 replicas on the mini home lab fits only with recomputation."""
+    from hetpipe.errors import ConfigError, InfeasibleError
+    from hetpipe.plan.replica_count import plan_replicas
+
+    graph, cluster = capture_builtin("gpt-demo", batch=4), load_cluster(CLUSTER)
+    with pytest.raises((InfeasibleError, ConfigError), match="fits in memory"):
+        plan_replicas(graph, cluster, 2, global_batch=48, recompute="none")
+    plan = plan_replicas(graph, cluster, 2, global_batch=48, recompute="auto")
+    assert len(plan.replicas) == 2 and plan.version == PLAN_VERSION_LEVERS and check_plan(plan).ok
+    assert any(st.recompute_units for st in plan.stages)
+    stages = tuple(dataclasses.replace(st, recompute_units=()) for st in plan.stages)
+    edited = dataclasses.replace(plan, stages=stages)  # the same layout without it: over memory, and caught
+    assert any("memory_bytes" in v or "usable" in v for v in check_plan(edited).violations)

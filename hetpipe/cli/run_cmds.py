@@ -35,6 +35,13 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "(each rank reads only its stage's tensors; default: seeded weights, see --seed)")
     p.add_argument("--save-weights", default=None, metavar="DIR",
                    help="after the run, write the trained weights to DIR as safetensors shards + index")
+    p.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                   help="save parameters, optimizer state, step, data position and random state into DIR/step-NNNNNN "
+                        "every --checkpoint-every steps and at the end (each rank its stage, by parameter name)")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="N", help="steps between checkpoints")
+    p.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue from the newest complete checkpoint in DIR (or the step-NNNNNN folder named), on "
+                        "this plan or another; --steps is the total to reach")
     p.add_argument("--safety-factor", type=float, default=None,
                    help="emulation: margin of each action's target over its contended real time (default 2)")
     p.add_argument("--run-dir", type=Path, default=None, help="keep per-rank results and the torchrun log here")
@@ -47,20 +54,27 @@ def cmd_run(args: argparse.Namespace, console: Any) -> int:
     """``hetpipe run``: launch, print the report's tables, write ``--report``."""
     from hetpipe.runtime.run import run, summary_tables
 
-    timeout_s = args.timeout
+    timeout_s, done = args.timeout, 0
+    if args.resume is not None:
+        from hetpipe.runtime.checkpoint.files import find_checkpoint
+
+        folder, info = find_checkpoint(args.resume)
+        console.print(f"resuming from {folder} (step {info.step}, saved by a {info.num_stages}-stage plan)")
+        done = min(info.step, args.steps - 1)  # past --steps: run() refuses it with the reason
     if args.emulate:  # the estimate first: a run of hours is refused before anything starts
         from hetpipe.plan.schema import Plan
         from hetpipe.runtime.estimate import default_timeout_s, estimate_wall, refuse_if_too_long
 
         plan = Plan.load(args.plan)
-        est = estimate_wall(plan, steps=args.steps, safety_factor=args.safety_factor)
+        est = estimate_wall(plan, steps=args.steps - done, safety_factor=args.safety_factor)
         console.print(est.line())
         refuse_if_too_long(est, plan, max_minutes=args.max_minutes)
         timeout_s = timeout_s or default_timeout_s(est)
     report = run(args.plan, model=args.model, steps=args.steps, emulate=args.emulate, report=args.report,
                  schedule=args.schedule, timeout_s=timeout_s, seq=args.seq, seed=args.seed, lr=args.lr,
                  data=args.data, loss=args.loss, safety_factor=args.safety_factor, run_dir=args.run_dir,
-                 sync_overlap=args.sync_overlap, weights=args.weights, save_weights=args.save_weights)
+                 sync_overlap=args.sync_overlap, weights=args.weights, save_weights=args.save_weights,
+                 checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume)
     for table in summary_tables(report):
         console.print(table)
     for note in report.notes:

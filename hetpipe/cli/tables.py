@@ -105,7 +105,7 @@ def baseline_table(plan: Plan) -> Table:
     table = Table(title=f"vs baselines (solver {plan.solver.name}: {plan.solver.status}, "
                         f"bound {format_seconds(plan.solver.bound_s)}, {plan.solver.wall_s:.2f} s)",
                   caption=f"headline: {headline(plan).text()}")
-    for col in ("plan", "forced: every card, file order", "speed-up", "best cards (hand-tuned)", "speed-up",
+    for col in ("plan", "T (a rule: forced onto every card)", "speed-up", "best cards (hand-tuned)", "speed-up",
                 "cards chosen (search)"):
         table.add_column(col, justify="left" if col in ("plan", "cards chosen (search)") else "right")
     table.add_row("hetpipe", format_seconds(t), "1.00x", format_seconds(t), "1.00x",

@@ -8,8 +8,10 @@ speed-up is over the best a user could do by hand, not over every card forced in
 
 What is searched, per rule: every stage count p = 1 .. min(n, L); for ``time-homogeneous``
 also the device kind it is profiled on (any kind in the cluster; the forced baseline uses
-the first card's).  For fixed p (and kind) the cuts are fixed, and stage s's memory M_s
-depends only on s and p, so a card may hold position s iff M_s <= its usable bytes, and
+the first card's).  For fixed p (and kind) the cuts are fixed, and stage s's memory M_s and
+time W_s depend only on s, p and the card's kind and usable bytes (which units it recomputes
+under the planner's lever, `Problem.recompute`, as the planner would), so a card may hold
+position s iff M_s <= its usable bytes, and
 
     T(c_0 .. c_{p-1}) = sum_s W_s(c_s) + sum_s 2 C_s(c_s, c_{s+1}) + (m - 1) max(all of those terms)
 
@@ -23,8 +25,8 @@ same kind, node, memory and links) are one class, so sequences of classes are se
    (the rule re-cuts for the new stage count) until no move helps.
 2. Exact branch and bound over class sequences, started from the local search's best and
    pruned with T >= partial + the cheapest remaining terms.  It is exact when it finishes
-   within `EXACT_NODE_BUDGET` tree nodes (recorded as ``search="exact"``); otherwise the
-   answer is the local search's (``search="local search"``).
+   within `EXACT_NODE_BUDGET` (recorded as ``search="exact"``); otherwise the answer is the
+   local search's (``search="local search"``).
 
 Guarantee: ``exact`` is the minimum T over all ordered device subsets for the rule (the
 brute-force test checks it); ``local search`` is a local optimum never worse than the forced
@@ -47,17 +49,22 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from hetpipe.partitioner.baselines import BaselineResult, baseline, rule_bounds
-from hetpipe.partitioner.problem import Problem, Stage, evaluate, stage_memory_bytes
+from hetpipe.partitioner.problem import Problem, Stage, evaluate, stage_memory_bytes, stage_recompute_cost
+from hetpipe.partitioner.recompute import choose_recompute
 from hetpipe.partitioner.solvers.dp import DeviceClass, device_classes
 
-#: Tree nodes the branch and bound may visit per rule (all stage counts together) before
-#: the local search's answer stands.  8 cards of 8 classes need at most 219,192 nodes per
-#: profiled kind without pruning (sum over k of A(8, k) (9 - k)); pruning cuts most of them.
-EXACT_NODE_BUDGET = 500_000
+#: Work the branch and bound may do per rule (all stage counts together), in classes looked at
+#: (a tree node looks at every class), before the local search's answer stands: about 1.5 s
+#: on the 2-core reference VM.  8 cards of 8 classes need at most 219,192 nodes (x 8 classes)
+#: per profiled kind without pruning (sum over k of A(8, k) (9 - k)); pruning cuts most of them.
+EXACT_NODE_BUDGET = 1_000_000
+#: Candidates the local search evaluates per rule at most (each costs O(p); only large
+#: clusters, with many classes to swap in, reach it).
+LOCAL_SEARCH_EVALUATIONS = 30_000
 #: Seeds (over all stage counts and kinds) that the local search improves.
 LOCAL_SEARCH_STARTS = 3
 #: Improvement passes of one local search at most (each pass tries every move once).
@@ -73,55 +80,93 @@ class BestBaseline:
     stages: tuple[Stage, ...]
     iteration_s: float
     fits: bool
-    search: str  # "exact" | "local search" | "none fits"
+    search: str  # "exact" | "local search" | "none fits" (proved: the branch and bound finished)
     profile_kind: str = ""  # time-homogeneous: the kind whose times it balances
     note: str = ""
 
 
 @dataclass(frozen=True)
+class _Links:
+    """Per class pair (a, b): the link from a card of a to the next card of b (a == b: two cards
+    of one class; latency inf when the class has one card).  `kinds` are its distinct (latency,
+    bandwidth) values, so the cheapest cut is found without scanning every pair."""
+
+    latency_s: tuple[tuple[float, ...], ...]
+    bandwidth_bytes_s: tuple[tuple[float, ...], ...]
+    kinds: tuple[tuple[float, float], ...]
+
+    def send2_s(self, a: int, b: int, cut_bytes: int) -> float:
+        """2C of a cut carrying `cut_bytes` from class a to class b (as `Problem.comm_s` computes C)."""
+        return 2.0 * (self.latency_s[a][b] + cut_bytes / self.bandwidth_bytes_s[a][b])
+
+    def cheapest_send2_s(self, cut_bytes: int) -> float:
+        return min(2.0 * (lat + cut_bytes / bw) for lat, bw in self.kinds)
+
+
+def _links(problem: Problem, classes: Sequence[DeviceClass]) -> _Links:
+    lat, bw = [], []
+    for a in classes:
+        lat_row, bw_row = [], []
+        for b in classes:
+            dst = b.members[1] if a is b and b.count > 1 else b.members[0]
+            same = dst == a.members[0]  # one card cannot follow itself
+            lat_row.append(_INF if same else problem.latency_s[a.members[0]][dst])
+            bw_row.append(1.0 if same else problem.bandwidth_bytes_s[a.members[0]][dst])
+        lat.append(tuple(lat_row))
+        bw.append(tuple(bw_row))
+    kinds = {(la, bb) for lr, br in zip(lat, bw) for la, bb in zip(lr, br) if la < _INF}
+    return _Links(tuple(lat), tuple(bw), tuple(sorted(kinds)) or ((_INF, 1.0),))
+
+
+@dataclass(frozen=True)
 class _Tables:
-    """One rule at p stages: F+B per position and class (inf: does not fit), 2C per cut and class pair."""
+    """One rule at p stages: F+B per position and class (inf: does not fit; recomputed forwards
+    included), the units each recomputes (`Problem.recompute`), bytes per cut."""
 
     kind: str
     bounds: tuple[tuple[int, int], ...]  # [start, end) per stage
     work_s: tuple[tuple[float, ...], ...]
-    send2_s: tuple[tuple[tuple[float, ...], ...], ...]
+    recompute: tuple[tuple[tuple[int, ...], ...], ...]  # [s][c]: units stage s recomputes on class c
+    cut_bytes: tuple[int, ...]  # per cut s (after stage s), s < p - 1
+    links: _Links
 
     @property
     def p(self) -> int:
         return len(self.bounds)
 
 
-def _tables(problem: Problem, classes: Sequence[DeviceClass], name: str, p: int, kind: str) -> _Tables:
+def _tables(problem: Problem, classes: Sequence[DeviceClass], links: _Links, name: str, p: int,
+            kind: str) -> _Tables:
     bounds = tuple(rule_bounds(problem, name, p, profile_kind=kind))
-    stages = tuple(Stage(0, lo, hi - 1) for lo, hi in bounds)  # memory does not depend on the device
-    work = []
+    stages = [Stage(0, lo, hi - 1) for lo, hi in bounds]  # M_s reads only stage s and p
+    work, recompute = [], []
     for s, (lo, hi) in enumerate(bounds):
-        mem = stage_memory_bytes(problem, stages, s)
-        work.append(tuple(
-            sum(problem.fwd_s[c.kind][lo:hi]) + sum(problem.bwd_s[c.kind][lo:hi]) if mem <= c.usable_bytes else _INF
-            for c in classes))
-    send2 = []
-    for _, hi in bounds[:-1]:
-        rows = []
-        for a in classes:
-            row = []
-            for b in classes:
-                dst = b.members[1] if a is b and b.count > 1 else b.members[0]
-                row.append(2.0 * problem.comm_s(a.members[0], dst, hi - 1) if dst != a.members[0] else _INF)
-            rows.append(tuple(row))
-        send2.append(tuple(rows))
-    return _Tables(kind, bounds, tuple(work), tuple(send2))
+        # A stage's recompute set, memory and time depend on the card only through its kind and
+        # usable bytes (`choose_recompute`), so each (kind, usable) is priced once.
+        priced: dict[tuple[str, int], tuple[float, tuple[int, ...]]] = {}
+        for c in classes:
+            if (c.kind, c.usable_bytes) not in priced:
+                stages[s] = Stage(c.members[0], lo, hi - 1)
+                stages[s] = replace(stages[s], recompute_units=choose_recompute(problem, stages, s))
+                extra = stage_recompute_cost(problem, stages[s]).extra_s
+                fits = stage_memory_bytes(problem, stages, s) <= c.usable_bytes
+                time_s = sum(problem.fwd_s[c.kind][lo:hi]) + sum(problem.bwd_s[c.kind][lo:hi]) + extra
+                priced[c.kind, c.usable_bytes] = (time_s if fits else _INF, stages[s].recompute_units)
+        work.append(tuple(priced[c.kind, c.usable_bytes][0] for c in classes))
+        recompute.append(tuple(priced[c.kind, c.usable_bytes][1] for c in classes))
+    cuts = tuple(problem.boundary_bytes[hi - 1] for _, hi in bounds[:-1])
+    return _Tables(kind, bounds, tuple(work), tuple(recompute), cuts, links)
 
 
 def _seq_time(tab: _Tables, seq: Sequence[int], microbatches: int) -> float:
     """T of a class sequence under `tab` (inf when a stage does not fit)."""
     total = peak = 0.0
     for s, c in enumerate(seq):
-        terms = (tab.work_s[s][c], tab.send2_s[s - 1][seq[s - 1]][c]) if s else (tab.work_s[s][c],)
-        for t in terms:
-            total += t
-            peak = max(peak, t)
+        w = tab.work_s[s][c]
+        total, peak = total + w, max(peak, w)
+        if s:
+            link = tab.links.send2_s(seq[s - 1], c, tab.cut_bytes[s - 1])
+            total, peak = total + link, max(peak, link)
     return total + (microbatches - 1) * peak
 
 
@@ -129,8 +174,8 @@ def _speed(problem: Problem) -> dict[str, float]:
     return {k: sum(problem.fwd_s[k]) + sum(problem.bwd_s[k]) for k in problem.fwd_s}
 
 
-def _seed_orders(problem: Problem, p: int) -> list[list[int]]:
-    """Device sequences a user would try for p stages (see the module docstring)."""
+def _seed_orders(problem: Problem, max_p: int) -> list[list[list[int]]]:
+    """Per stage count p (index p - 1): the device sequences a user would try (module docstring)."""
     work = _speed(problem)
     speed = sorted(range(len(problem.devices)), key=lambda d: work[problem.devices[d].kind])
 
@@ -140,7 +185,8 @@ def _seed_orders(problem: Problem, p: int) -> list[list[int]]:
             nodes.setdefault(problem.devices[d].node, []).append(d)
         return [d for ds in nodes.values() for d in ds]
 
-    return [list(range(p)), grouped(speed[:p]), grouped(speed)[:p]]
+    blocks = grouped(speed)
+    return [[list(range(p)), grouped(speed[:p]), blocks[:p]] for p in range(1, max_p + 1)]
 
 
 def _neighbours(seq: list[int], counts: Sequence[int], max_p: int) -> list[list[int]]:
@@ -163,16 +209,20 @@ def _neighbours(seq: list[int], counts: Sequence[int], max_p: int) -> list[list[
 
 
 def _local_search(tables: dict[tuple[int, str], _Tables], kind: str, seq: list[int], counts: Sequence[int],
-                  microbatches: int) -> tuple[float, list[int]]:
-    """First-improvement descent over `_neighbours` (tables by (stage count, profiled kind))."""
+                  microbatches: int, evaluations: int) -> tuple[float, list[int]]:
+    """First-improvement descent over `_neighbours` (tables by (stage count, profiled kind)),
+    stopping after `evaluations` candidates."""
     max_p = max(p for p, _ in tables)
-    best = _seq_time(tables[len(seq), kind], seq, microbatches)
+    best, left = _seq_time(tables[len(seq), kind], seq, microbatches), evaluations
     for _ in range(LOCAL_SEARCH_PASSES):
         for cand in _neighbours(seq, counts, max_p):
+            left -= 1
             t = _seq_time(tables[len(cand), kind], cand, microbatches)
             if t < best:
                 best, seq = t, cand
                 break
+            if left <= 0:
+                return best, seq
         else:
             break
     return best, seq
@@ -193,7 +243,7 @@ class _BranchAndBound:
     def run(self, tab: _Tables) -> None:
         p = tab.p
         min_work = [min(row) for row in tab.work_s]
-        min_send = [min(min(r) for r in mat) for mat in tab.send2_s]
+        min_send = [tab.links.cheapest_send2_s(b) for b in tab.cut_bytes]
         if any(math.isinf(w) for w in min_work):
             return
         # suf_sum[s] / suf_max[s]: the cheapest terms of positions s.. and the links into them.
@@ -206,7 +256,7 @@ class _BranchAndBound:
 
     def _visit(self, tab: _Tables, seq: list[int], s: int, last: int, total: float, peak: float,
                suf_sum: list[float], suf_max: list[float]) -> None:
-        self.budget -= 1
+        self.budget -= len(self.counts)  # the work of one node: every class is looked at
         if self.budget < 0:
             raise _BudgetSpent
         if s == tab.p:
@@ -215,7 +265,7 @@ class _BranchAndBound:
             return
         options = []
         for c, left in enumerate(self.counts):
-            link = tab.send2_s[s - 1][last][c] if s else 0.0
+            link = tab.links.send2_s(last, c, tab.cut_bytes[s - 1]) if s else 0.0
             if left and tab.work_s[s][c] + link < _INF:
                 options.append((tab.work_s[s][c] + link, c, max(peak, tab.work_s[s][c], link)))
         for step, c, new_peak in sorted(options):
@@ -232,7 +282,8 @@ def _placement(classes: Sequence[DeviceClass], tab: _Tables, seq: Sequence[int])
     taken = [0] * len(classes)
     stages = []
     for s, c in enumerate(seq):
-        stages.append(Stage(classes[c].members[taken[c]], tab.bounds[s][0], tab.bounds[s][1] - 1))
+        stages.append(Stage(classes[c].members[taken[c]], tab.bounds[s][0], tab.bounds[s][1] - 1,
+                            tab.recompute[s][c]))
         taken[c] += 1
     return tuple(stages)
 
@@ -245,17 +296,20 @@ def best_baseline(problem: Problem, name: str, *, node_budget: int = EXACT_NODE_
     counts = [c.count for c in classes]
     first = problem.devices[0].kind  # the forced rule's kind first: ties keep it
     kinds = [first] + sorted(set(problem.fwd_s) - {first}) if name == "time-homogeneous" else [first]
-    tables = {(p, k): _tables(problem, classes, name, p, k)
+    links = _links(problem, classes)
+    tables = {(p, k): _tables(problem, classes, links, name, p, k)
               for p in range(1, min(len(problem.devices), problem.num_units) + 1) for k in kinds}
+    orders = _seed_orders(problem, max(p for p, _ in tables))
     seeds = []
     for t, ((p, kind), tab) in enumerate(tables.items()):
-        for order in _seed_orders(problem, p):
+        for order in orders[p - 1]:
             seq = [class_of[d] for d in order]
             seeds.append((_seq_time(tab, seq, problem.microbatches), t, kind, seq))
     seeds.sort(key=lambda x: x[:2])
     best_s, best = _INF, None
     for _, _, kind, seq in seeds[:LOCAL_SEARCH_STARTS]:
-        t, found = _local_search(tables, kind, seq, counts, problem.microbatches)
+        t, found = _local_search(tables, kind, seq, counts, problem.microbatches,
+                                 LOCAL_SEARCH_EVALUATIONS // LOCAL_SEARCH_STARTS)
         if t < best_s:
             best_s, best = t, (tables[len(found), kind], found)
     bnb = _BranchAndBound(counts, problem.microbatches, best_s, node_budget)
@@ -266,9 +320,11 @@ def best_baseline(problem: Problem, name: str, *, node_budget: int = EXACT_NODE_
     except _BudgetSpent:
         search = "local search"
     best = bnb.best or best
-    if best is None:
-        return BestBaseline(name, forced.stages, forced.iteration_s, False, "none fits", "",
-                            forced.note + "; no device subset or order fits either")
+    if best is None:  # proved only when the branch and bound finished
+        return BestBaseline(name, forced.stages, forced.iteration_s, False,
+                            "none fits" if search == "exact" else search, "",
+                            forced.note + "; no device subset or order " +
+                            ("fits either" if search == "exact" else "that the local search tried fits"))
     stages = _placement(classes, best[0], best[1])
     ev = evaluate(problem, stages)
     return BestBaseline(name, stages, ev.iteration_s, ev.fits, search,

@@ -11,7 +11,9 @@ them (as many as there are units), and cuts the model their way:
   (torchgpipe ``balance_by_time``, which profiles on one device).
 
 Their T and memory come from `problem.evaluate`, the planner's own objective, so the
-comparison is like for like; ``fits`` says whether every stage fits its card.
+comparison is like for like; ``fits`` says whether every stage fits its card.  They get the
+planner's activation-recomputation lever too (`Problem.recompute`: ``all`` is Megatron-LM's
+full recomputation; ``auto`` recomputes per stage only what it must to fit).
 
 Example:
     >>> from hetpipe.partitioner.problem import DeviceSlot, Problem
@@ -35,6 +37,7 @@ from typing import Sequence
 from hetpipe.cost_models.quantities import human_bytes
 from hetpipe.errors import ConfigError
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.capture.units import split_bounds
 
 #: Name -> the framework whose default it reproduces.
@@ -86,10 +89,11 @@ def rule_bounds(problem: Problem, name: str, stages: int, *, profile_kind: str |
 
 
 def baseline_stages(problem: Problem, name: str) -> tuple[Stage, ...]:
-    """The baseline's placement: cluster order, all devices (at most one per unit)."""
+    """The baseline's placement: cluster order, all devices (at most one per unit), each stage
+    recomputing what the problem's lever chooses (`recompute.with_recompute`; none for ``none``)."""
     p = min(len(problem.devices), problem.num_units)
     bounds = rule_bounds(problem, name, p)
-    return tuple(Stage(i, lo, hi - 1) for i, (lo, hi) in enumerate(bounds))
+    return with_recompute(problem, tuple(Stage(i, lo, hi - 1) for i, (lo, hi) in enumerate(bounds)))
 
 
 def _overflow_note(problem: Problem, stages: Sequence[Stage], memory: Sequence[tuple[int, int]]) -> str:

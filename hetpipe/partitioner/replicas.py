@@ -58,6 +58,7 @@ from hetpipe.cost_models.sync import (
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, solve_exact
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate
+from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.replica_types import (  # the data types live apart; re-exported here
     Replica,
     ReplicaProblem,
@@ -93,9 +94,9 @@ class PipelineCache:
 
     def _solve(self, group: tuple[int, ...], m: int) -> tuple[tuple[Stage, ...], float] | None:
         sub = sub_problem(self.base, group, m)
-        if len(group) == 1:  # one card holds the whole model: plain data parallelism
-            ev = evaluate(sub, (Stage(0, 0, sub.num_units - 1),))
-            local: tuple[Stage, ...] | None = (Stage(0, 0, sub.num_units - 1),) if ev.fits else None
+        if len(group) == 1:  # one card holds the whole model: plain data parallelism (its recompute choice)
+            whole = with_recompute(sub, (Stage(0, 0, sub.num_units - 1),))
+            local: tuple[Stage, ...] | None = whole if evaluate(sub, whole).fits else None
         elif self.exact:
             try:
                 res = solve_exact(sub, time_limit_s=math.inf)
@@ -112,7 +113,7 @@ class PipelineCache:
                 local = None
         if local is None:
             return None
-        stages = tuple(Stage(group[st.device], st.first_unit, st.last_unit) for st in local)
+        stages = tuple(Stage(group[st.device], st.first_unit, st.last_unit, st.recompute_units) for st in local)
         return stages, evaluate(replica_problem(self.base, m), stages).iteration_s
 
 

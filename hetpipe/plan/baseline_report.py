@@ -56,6 +56,7 @@ class Headline:
     best_search: str
     forced_name: str
     forced_s: float
+    rules_recorded: bool = True  # False: only other baselines (a replica plan's), no forced figure to give
 
     @property
     def speedup(self) -> float | None:
@@ -75,6 +76,8 @@ class Headline:
             where = f" on {', '.join(self.best_devices)}" if self.best_devices else ""
             head = (f"{self.speedup:.2f}x faster than the best hand-tuned baseline ({self.best_name}{where}; "
                     f"{self.best_search} search)")
+        if not self.rules_recorded:
+            return head
         forced = (f"{self.forced_speedup:.2f}x over {self.forced_name} forced onto every card"
                   if self.forced_speedup is not None else "every baseline forced onto every card is out of memory")
         return f"{head}; {forced}"
@@ -85,7 +88,7 @@ def headline_from(plan_s: float, baselines: Mapping[str, BaselineReport]) -> Hea
     best = ("", 0.0, (), "")
     forced = ("", 0.0)
     for name, rec in baselines.items():
-        if rec.fits and (not forced[0] or rec.iteration_s < forced[1]):
+        if name in BASELINES and rec.fits and (not forced[0] or rec.iteration_s < forced[1]):
             forced = (name, rec.iteration_s)
         if rec.best is not None:
             cand = (name, rec.best.iteration_s, tuple(s.device for s in rec.best.stages), rec.best.search)
@@ -94,7 +97,8 @@ def headline_from(plan_s: float, baselines: Mapping[str, BaselineReport]) -> Hea
             cand, ok = (name, rec.iteration_s, (), ""), rec.fits
         if ok and (not best[0] or cand[1] < best[1]):
             best = cand
-    return Headline(plan_s, best[0], best[1], best[2], best[3], forced[0], forced[1])
+    return Headline(plan_s, best[0], best[1], best[2], best[3], forced[0], forced[1],
+                    rules_recorded=any(name in BASELINES for name in baselines))
 
 
 def headline(plan: Plan) -> Headline:

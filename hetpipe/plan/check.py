@@ -2,8 +2,9 @@
 
 `check_plan` rebuilds the solver's `Problem` from the tables the plan records and
 recomputes T and every stage's M_s with `problem.evaluate`; a plan with replicas
-(version 2) is checked by `plan.replica_check`.  Nothing here imports a solver or the
-replica planner: checking a plan is cheap and needs no torch.
+(version 2) is checked by `plan.replica_check`; the recorded baselines by
+`plan.baseline_check` (which re-runs the baseline search, not the planner's).  Nothing here
+imports the planner's solvers or the replica planner: checking a plan is cheap.
 
 Example (a plan is re-checked; an edited prediction is caught):
     >>> from hetpipe.models import build

@@ -119,8 +119,8 @@ def solve_n_replicas(rp: ReplicaProblem, count: int, *, policy: str = "auto", ou
 
 def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, global_batch: int | None,
                   solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0, recompute: str = "auto") -> Plan:
-    """The plan ``hetpipe plan --replicas`` writes (see the module docstring); `recompute` applies to
-    the single-pipeline plans (replica plans do not recompute yet)."""
+    """The plan ``hetpipe plan --replicas`` writes (see the module docstring); `recompute` is the
+    activation-recomputation lever of every pipeline, single or replica."""
     from hetpipe.plan.build import microbatches_for, partition_graph
     from hetpipe.plan.replicas import (
         assemble_replica_plan,
@@ -140,7 +140,8 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
                                                   time_limit_s=time_limit_s, seed=seed, recompute=recompute)
         except InfeasibleError:
             single = None
-        several = partition_replicas(graph, cluster, global_batch=global_batch, time_limit_s=time_limit_s, seed=seed)
+        several = partition_replicas(graph, cluster, global_batch=global_batch, time_limit_s=time_limit_s, seed=seed,
+                                     recompute=recompute)
         if single is not None and (len(several.replicas) <= 1
                                    or single.predicted.iteration_s <= several.predicted.iteration_s):
             log.info("--replicas auto: one pipeline (%.4g s) vs replicas (%.4g s)", single.predicted.iteration_s,
@@ -149,7 +150,7 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
         return several
     assert isinstance(replicas, int)
     g, _ = microbatches_for(graph, global_batch, len(cluster.devices))
-    rp = build_replica_problem(graph, cluster, global_batch=g)
+    rp = build_replica_problem(graph, cluster, global_batch=g, recompute=recompute)
     sol = solve_n_replicas(rp, replicas, time_limit_s=time_limit_s, seed=seed)
     base = {"ddp-equal": ddp_equal(rp),
             "single-pipeline": single_pipeline(rp, time_limit_s=max(1.0, time_limit_s / 3), seed=seed)}

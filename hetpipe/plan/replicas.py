@@ -27,6 +27,7 @@ import time
 
 from hetpipe.cost_models.cluster_checks import as_cluster
 from hetpipe.cost_models.devices import Cluster
+from hetpipe.cost_models.recompute import check_recompute_option
 from hetpipe.cost_models.validate import check_solver_options
 from hetpipe.cost_models.sync import BUCKET_CAP_BYTES, SYNC_BUDGET_FRACTION
 from hetpipe.errors import ConfigError, InfeasibleError
@@ -61,12 +62,13 @@ REPLICA_SOLVERS = ("search", "exact")
 
 
 def build_replica_problem(graph: UnitGraph, cluster: Cluster, *, global_batch: int,
-                          bucket_cap_bytes: int = BUCKET_CAP_BYTES) -> ReplicaProblem:
-    """The replica solver's input: every device, M = global_batch / b, gradients = parameter bytes."""
+                          bucket_cap_bytes: int = BUCKET_CAP_BYTES, recompute: str = "auto") -> ReplicaProblem:
+    """The replica solver's input: every device, M = global_batch / b, gradients = parameter bytes,
+    and the activation-recomputation lever every replica's stages may use (`Problem.recompute`)."""
     if bucket_cap_bytes < 1:
         raise ConfigError(f"bucket_cap_bytes must be a positive number of bytes, got {bucket_cap_bytes!r}")
     _, m = microbatches_for(graph, global_batch, len(cluster.devices))
-    base = build_problem(graph, cluster, microbatches=m)
+    base = build_problem(graph, cluster, microbatches=m, recompute=recompute)
     return ReplicaProblem(base, grad_bytes=tuple(u.param_bytes for u in graph.units),
                           bucket_cap_bytes=int(bucket_cap_bytes))
 
@@ -182,8 +184,10 @@ def assemble_replica_plan(graph: UnitGraph, cluster: Cluster, *, rp: ReplicaProb
 def partition_replicas(graph: UnitGraph, cluster: Cluster, *, global_batch: int | None = None,
                        policy: str = "auto", outer_steps: int | None = None,
                        budget_fraction: float = SYNC_BUDGET_FRACTION, solver: str = "search",
-                       time_limit_s: float = 30.0, seed: int = 0, bucket_cap_bytes: int = BUCKET_CAP_BYTES) -> Plan:
-    """Plan pipeline replicas for `graph` on `cluster` (see `partitioner.replicas`).
+                       time_limit_s: float = 30.0, seed: int = 0, bucket_cap_bytes: int = BUCKET_CAP_BYTES,
+                       recompute: str = "auto") -> Plan:
+    """Plan pipeline replicas for `graph` on `cluster` (see `partitioner.replicas`); `recompute` is
+    the activation-recomputation lever of every replica's stages (auto | none | all).
 
     ``bucket_cap_bytes`` is the runtime's gradient all-reduce part size (recorded in the
     plan's ``sync``; the cost model charges each part one ring latency).
@@ -196,7 +200,9 @@ def partition_replicas(graph: UnitGraph, cluster: Cluster, *, global_batch: int 
     check_solver_options(solver, time_limit_s, seed)
     cluster = as_cluster(cluster)  # a path, a dict or a checked Cluster
     global_batch, _ = microbatches_for(graph, global_batch, len(cluster.devices))
-    rp = build_replica_problem(graph, cluster, global_batch=global_batch, bucket_cap_bytes=bucket_cap_bytes)
+    check_recompute_option(recompute)
+    rp = build_replica_problem(graph, cluster, global_batch=global_batch, bucket_cap_bytes=bucket_cap_bytes,
+                               recompute=recompute)
     if solver == "exact":
         sol = solve_replicas_exact(rp, policy=policy, outer_steps=outer_steps, budget_fraction=budget_fraction)
     else:

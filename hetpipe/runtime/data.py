@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,22 +78,26 @@ def import_object(spec: str, what: str) -> Any:
 
 
 def data_stream(data: str | None, *, model: str, global_batch: int, seed: int, example: Sequence[torch.Tensor],
-                meta_model: nn.Module) -> Iterator[tuple[Any, Any]]:
+                meta_model: nn.Module, start: int = 0) -> Iterator[tuple[Any, Any]]:
     """Global batches (inputs, targets): synthetic (``data=None``), a file `save_data` wrote, or
-    the iterable a ``"package.module:factory"`` returns (it must yield the same batches on every rank)."""
+    the iterable a ``"package.module:factory"`` returns (it must yield the same batches on every rank).
+
+    ``start`` global batches are skipped (a resumed run's data position): synthetic batches are
+    drawn from step ``start`` on, a file or an iterable is read past its first ``start`` items.
+    """
     if data is None:
         ints = any(not t.dtype.is_floating_point for t in example)
         from hetpipe.models import input_vocab
 
         vocab = (input_vocab(model) or _vocab_size(meta_model)) if ints else None
-        step = 0
+        step = start
         while True:
             yield synthetic_batch(model, example, global_batch=global_batch, vocab=vocab, seed=seed, step=step)
             step += 1
     elif ":" not in data and Path(data).is_file():
-        yield from torch.load(data, weights_only=False)
+        yield from itertools.islice(torch.load(data, weights_only=False), start, None)
     else:
-        yield from import_object(data, "--data")()
+        yield from itertools.islice(import_object(data, "--data")(), start, None)
 
 
 def split_microbatches(batch: Any, microbatches: int, *, what: str) -> list[Any]:

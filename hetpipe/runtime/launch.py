@@ -81,6 +81,9 @@ class LaunchSpec:
     sync_overlap: bool = True  # replica plans: overlap the gradient sync with backward
     weights: str | None = None  # a checkpoint file or folder (`hetpipe.runtime.stage.weights`)
     save_weights: str | None = None  # a folder: each rank writes its stage's shard, stage 0 the index
+    checkpoint_dir: str | None = None  # a folder of step-NNNNNN checkpoints (`hetpipe.runtime.checkpoint`)
+    checkpoint_every: int | None = None  # steps between checkpoints (and one at the end)
+    resume: str | None = None  # the complete checkpoint folder to continue from
 
 
 def worker_args(spec: LaunchSpec) -> list[str]:
@@ -89,7 +92,8 @@ def worker_args(spec: LaunchSpec) -> list[str]:
             str(spec.run_dir), "--timeout", repr(float(spec.timeout_s)), "--seed", str(spec.seed)]
     optional = {"--schedule": spec.schedule, "--seq": spec.seq, "--lr": spec.lr, "--data": spec.data,
                 "--loss": spec.loss, "--safety-factor": spec.safety_factor, "--weights": spec.weights,
-                "--save-weights": spec.save_weights}
+                "--save-weights": spec.save_weights, "--checkpoint-dir": spec.checkpoint_dir,
+                "--checkpoint-every": spec.checkpoint_every, "--resume": spec.resume}
     for flag, value in optional.items():
         if value is not None:
             args += [flag, str(value)]

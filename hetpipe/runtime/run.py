@@ -38,6 +38,7 @@ import torch
 from hetpipe.errors import ConfigError, RuntimeFailure
 from hetpipe.plan.check import check_plan
 from hetpipe.plan.schema import Plan
+from hetpipe.runtime.checkpoint.options import checkpoint_args
 from hetpipe.runtime.launch import LaunchSpec, launch
 from hetpipe.runtime.report import RankResult, RunReport, build_report
 from hetpipe.runtime.user_checks import check_user_code
@@ -201,6 +202,7 @@ def run(
     sync_overlap: bool = True,
     weights: str | Path | None = None,
     save_weights: str | Path | None = None,
+    checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, resume: str | Path | None = None,
 ) -> RunReport:
     """Train ``model`` for ``steps`` optimizer steps with ``plan`` (see the module docstring).
 
@@ -208,6 +210,7 @@ def run(
     at the estimated time scale (`hetpipe.runtime.estimate.default_timeout_s`).
     ``weights``: a checkpoint to start from, each rank reading its stage only (default: `seeded_init`
     from ``seed``); ``save_weights``: a folder for the trained weights (`hetpipe.runtime.stage.weights`).
+    ``checkpoint_dir`` / ``checkpoint_every`` / ``resume``: `hetpipe.runtime.checkpoint` (``steps``: the total to reach).
     Raises `PlanError` (plan for another model), `ScheduleError`, `ConfigError` before
     launching; `RuntimeFailure` naming the rank, stage and action if a rank fails.
     """
@@ -222,6 +225,7 @@ def run(
     preflight(plan, model=model, seq=seq, schedule=schedule, data=data if batches is None else batches,
               loss=loss_spec, weights=str(Path(weights).absolute()) if weights is not None else None)
     weights_arg, save_arg = _weights_args(weights, save_weights, plan)  # creates the save folder: after the checks
+    ckpt = checkpoint_args(plan, checkpoint_dir, checkpoint_every, resume, model=model, seq=seq, steps=steps)
     keep = run_dir is not None
     workdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -232,8 +236,8 @@ def run(
     spec = LaunchSpec(plan_path=plan_path, model=model, steps=steps, nproc=len(plan.stages), run_dir=workdir,
                       emulate=emulate, schedule=schedule, timeout_s=timeout_s, seed=seed, seq=seq, lr=lr,
                       data=data_spec, loss=loss_spec, safety_factor=safety_factor, sync_overlap=sync_overlap,
-                      weights=weights_arg, save_weights=save_arg)
-    out = _launch_and_report(spec, plan, sync_overlap=sync_overlap)
+                      weights=weights_arg, save_weights=save_arg, **ckpt.launch_fields())
+    out = ckpt.annotate(_launch_and_report(spec, plan, sync_overlap=sync_overlap))
     if report is not None:
         out.save(report)
     if not keep:

@@ -71,6 +71,9 @@ class Trainer:
         weights: a checkpoint file or folder instead (state-dict file, ``.safetensors``,
             ``save_pretrained`` folder); each rank reads only its stage's tensors.
         node: the plan node this process runs on (multi-node jobs; default ``$HETPIPE_NODE``).
+        resume: a checkpoint folder (`save_checkpoint`'s, or ``hetpipe run --checkpoint-dir``'s) to
+            continue from, on this plan or another; `steps_done` then says how many global
+            batches the data loader must skip.
     """
 
     def __init__(self, plan: Plan | str | Path, *, model: str, loss: Callable[..., Any] | None = None,
@@ -78,7 +81,8 @@ class Trainer:
                  lr: float | None = None, schedule: str | None = None, seq: int | None = None, seed: int = 0,
                  timeout_s: float = 60.0, lr_scheduler: Callable[[Any], Any] | None = None,
                  grad_clip_norm: float | None = None, state_dict: Mapping[str, torch.Tensor] | None = None,
-                 node: str | None = None, weights: str | Path | None = None) -> None:
+                 node: str | None = None, weights: str | Path | None = None,
+                 resume: str | Path | None = None) -> None:
         loaded = plan if isinstance(plan, Plan) else Plan.load(plan)
         if loaded.replicas:
             raise ConfigError(f"{plan if not isinstance(plan, Plan) else 'the plan'} has {len(loaded.replicas)} "
@@ -93,6 +97,8 @@ class Trainer:
         self.backend = _join(run)
         self.plan, self.stage, self.rank = run.plan, run.stage, run.rank
         self._saved_names = run.saved_names
+        self._run, self._model, self._seed = run, model, seed
+        self.steps_done = 0  # optimizer steps taken (= global batches consumed), counting a resumed checkpoint's
         if self.is_last and loss is None:
             loss = loss_for(model, None)
         params = list(run.stage.parameters())
@@ -105,6 +111,8 @@ class Trainer:
             microbatches=run.plan.training.microbatches, stage_ranks=run.stage_ranks,
             options=ExecutorOptions(timeout_s=float(timeout_s), grad_clip_norm=grad_clip_norm),
             lr_scheduler=lr_scheduler(opt) if lr_scheduler is not None else None)
+        if resume is not None:
+            self._resume(resume)
 
     @property
     def is_first(self) -> bool:
@@ -128,8 +136,27 @@ class Trainer:
                               "targets) with the same global batch on the first and last stages")
         if self.is_last and targets is None:
             raise ConfigError(f"rank {self.rank} (stage {self.stage.stage}, the last) needs the targets of every step")
-        return self.executor.step(split_microbatches(inputs, m, what="inputs") if self.is_first else None,
-                                  split_microbatches(targets, m, what="targets") if self.is_last else None)
+        stats = self.executor.step(split_microbatches(inputs, m, what="inputs") if self.is_first else None,
+                                   split_microbatches(targets, m, what="targets") if self.is_last else None)
+        self.steps_done += 1
+        return stats
+
+    def save_checkpoint(self, root: str | Path) -> Path:
+        """Save this step's parameters, optimizer state (by parameter name) and random state into
+        ``root/step-NNNNNN`` (collective; `hetpipe.runtime.checkpoint.state`); returns that folder.
+        An lr scheduler's state is not saved."""
+        from hetpipe.runtime.checkpoint.state import for_run, save_checkpoint
+
+        st, ckpt = for_run(self._run, self.optimizer, root=root, every=None, model=self._model, seed=self._seed)
+        return save_checkpoint(Path(root), step=self.steps_done, state=st, info=ckpt.info(self.steps_done))
+
+    def _resume(self, resume: str | Path) -> None:
+        from hetpipe.runtime.checkpoint.state import for_run, resume_stage
+        from hetpipe.runtime.checkpoint.files import find_checkpoint
+
+        folder, info = find_checkpoint(resume)
+        st, ckpt = for_run(self._run, self.optimizer, root=None, every=None, model=self._model, seed=self._seed)
+        self.steps_done = resume_stage(folder, info, st, program=self._run.program, ckpt=ckpt)
 
     def save_weights(self, out_dir: str | Path) -> None:
         """Write the current weights to ``out_dir`` as safetensors shards + ``model.safetensors.index.json``.

@@ -17,7 +17,10 @@ with nothing distributed before step 5:
    scale (`hetpipe.runtime.emulate.pipeline.choose_time_scale`) and install the emulation hooks;
 7. run ``--steps`` steps (a monitored barrier, then the rank's action list) on seeded
    synthetic data or ``--data``, touching ``progress-rank<r>`` after each step and, through
-   `hetpipe.runtime.execute.heartbeat`, at least every second while actions finish;
+   `hetpipe.runtime.execute.heartbeat`, at least every second while actions finish; with
+   ``--resume`` the stage, its optimizer state and the data position are restored first and the
+   steps continue after the checkpoint's; with ``--checkpoint-dir`` every ``--checkpoint-every``
+   steps and at the end every rank saves its stage (`hetpipe.runtime.checkpoint.state`);
 8. write ``result-rank<r>.json``; on any failure write ``error-rank<r>.json`` naming
    the rank, stage and action, and exit 1 (torchrun then tears the job down).
 
@@ -96,6 +99,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loss", default=None)
     p.add_argument("--weights", default=None)
     p.add_argument("--save-weights", default=None)
+    p.add_argument("--checkpoint-dir", type=Path, default=None)
+    p.add_argument("--checkpoint-every", type=int, default=None)
+    p.add_argument("--resume", type=Path, default=None, help="a complete checkpoint folder (or a folder of them)")
     p.add_argument("--safety-factor", type=float, default=None)
     p.add_argument("--emulate", action="store_true")
     p.add_argument("--no-sync-overlap", dest="sync_overlap", action="store_false")
@@ -135,6 +141,7 @@ class _Run:
         self.num_stages = len(plan.stages)
         self.stage_ranks: list[int] = list(range(self.num_stages))
         self.saved_names: dict[str, str] = {}  # local -> saved name (`hetpipe.runtime.stage.weights.saved_names`)
+        self.program: Any = None  # the `StagedProgram` (checkpoints name every stage's tensors from it)
 
     def executor(self, *, actions: Sequence[Any], optimizer: Any, microbatches: int, hooks: Any,
                  loss_fn: Any) -> Any:
@@ -146,10 +153,10 @@ class _Run:
                                 stage_ranks=self.stage_ranks, options=ExecutorOptions(timeout_s=self.args.timeout),
                                 hooks=hooks)
 
-    def data(self) -> Any:
+    def data(self, start: int = 0) -> Any:
         a = self.args
         return data_stream(a.data, model=a.model, global_batch=self.plan.training.global_batch, seed=a.seed,
-                           example=self.example, meta_model=self.meta_model)
+                           example=self.example, meta_model=self.meta_model, start=start)
 
 
 def prepare(args: argparse.Namespace, state: RankState, *, plan: Plan | None = None,
@@ -193,6 +200,7 @@ def prepare(args: argparse.Namespace, state: RankState, *, plan: Plan | None = N
                         recompute=recompute_nodes(plan, state.stage))
     run = _Run(args, plan, stage, state.stage, schedule[state.stage], graph.module, example)
     run.saved_names = saved_names(program, state.stage)
+    run.program = program
     return run
 
 
@@ -250,6 +258,8 @@ class _RankLoop:
     stream: Iterator[Any] | None
     first: Any
     finish: Callable[[], Any] = lambda: None
+    start: int = 0  # steps already taken (a resumed run continues with step `start`)
+    after_step: Callable[[int, bool], None] = lambda steps_done, last: None  # checkpoints
 
 
 def _pipeline_rank(args: argparse.Namespace, state: RankState, run: _Run, ranks: list[int]) -> _RankLoop:
@@ -257,7 +267,8 @@ def _pipeline_rank(args: argparse.Namespace, state: RankState, run: _Run, ranks:
     run.stage_ranks = ranks
     last = run.index == run.num_stages - 1
     loss_fn = loss_for(args.model, args.loss) if last else None
-    stream = run.data() if run.index == 0 or last else None
+    resume = _resume_point(args)
+    stream = run.data(resume[1].batches_consumed if resume else 0) if run.index == 0 or last else None
     first = next(stream, None) if stream is not None else None
     state.phase = "calibration"
     hooks = _emulation_hooks(run, loss_fn, first) if args.emulate else RecordingHooks()
@@ -265,6 +276,7 @@ def _pipeline_rank(args: argparse.Namespace, state: RankState, run: _Run, ranks:
     optimizer = make_optimizer(run.plan.training.optimizer, list(run.stage.parameters()), lr=args.lr)
     executor = run.executor(actions=run.actions, optimizer=optimizer, microbatches=run.plan.training.microbatches,
                             hooks=hooks, loss_fn=loss_fn)
+    start, after_step = _checkpoints(args, state, run, optimizer, resume)
 
     def step(batch: Any) -> tuple[Any, float | None]:
         stats = executor.step(*_microbatches(batch, run.plan, run.index))
@@ -278,7 +290,36 @@ def _pipeline_rank(args: argparse.Namespace, state: RankState, run: _Run, ranks:
             save_pipeline(run.stage.module, run.saved_names, args.save_weights, stage=run.index,
                           num_stages=run.num_stages)
 
-    return _RankLoop(step, hooks, run.index, stream, first, finish=finish)
+    return _RankLoop(step, hooks, run.index, stream, first, finish=finish, start=start, after_step=after_step)
+
+
+def _resume_point(args: argparse.Namespace) -> Any:
+    """(folder, `CheckpointInfo`) of ``--resume``, or None."""
+    if getattr(args, "resume", None) is None:
+        return None
+    from hetpipe.runtime.checkpoint.files import find_checkpoint
+
+    return find_checkpoint(args.resume)
+
+
+def _checkpoints(args: argparse.Namespace, state: RankState, run: _Run, optimizer: Any,
+                 resume: Any) -> tuple[int, Callable[[int, bool], None]]:
+    """Restore ``--resume`` (collective) and return (steps already taken, the per-step saver)."""
+    from hetpipe.runtime.checkpoint.state import for_run, resume_stage, save_checkpoint
+
+    st, ckpt = for_run(run, optimizer, root=getattr(args, "checkpoint_dir", None),
+                       every=getattr(args, "checkpoint_every", None), model=args.model, seed=args.seed)
+    start = 0
+    if resume is not None:
+        state.phase = "resuming from the checkpoint"
+        start = resume_stage(resume[0], resume[1], st, program=run.program, ckpt=ckpt)
+
+    def after_step(steps_done: int, last: bool) -> None:
+        if ckpt.due(steps_done, last=last):
+            state.phase = f"saving the checkpoint of step {steps_done}"
+            save_checkpoint(ckpt.root, step=steps_done, state=st, info=ckpt.info(steps_done))
+
+    return start, after_step
 
 
 def _replica_rank(args: argparse.Namespace, state: RankState, plan: Plan, ranks: list[int]) -> _RankLoop:
@@ -314,9 +355,9 @@ def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, p
     """Step 7: the same loop for every plan version: barrier, one step, heartbeat; then the result."""
     progress = args.run_dir / f"progress-rank{state.rank}"
     step_s, losses, stats = [], [], None
-    for step in range(args.steps):
+    for step in range(loop.start, args.steps):
         state.phase = f"step {step}"
-        batch = (loop.first if step == 0 else next(loop.stream, None)) if loop.stream is not None else None
+        batch = (loop.first if step == loop.start else next(loop.stream, None)) if loop.stream is not None else None
         if loop.stream is not None and batch is None:
             raise ConfigError(f"--data ran out after {step} batches; the run needs {args.steps}")
         barrier(backend == "gloo", args.timeout)
@@ -325,6 +366,7 @@ def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, p
         step_s.append(time.monotonic() - start)
         if loss is not None:
             losses.append(float(loss))
+        loop.after_step(step + 1, step + 1 == args.steps)
         touch(progress)
     state.phase = "finishing"
     loop.finish()
@@ -339,6 +381,9 @@ def train(args: argparse.Namespace, state: RankState) -> RankResult:
     process group once, (calibrate), run the steps, return the result."""
     plan = Plan.load(args.plan)
     run = None
+    if plan.replicas and (getattr(args, "resume", None) or getattr(args, "checkpoint_dir", None)):
+        raise ConfigError("--checkpoint-dir and --resume are not supported for replica plans yet; run the replica "
+                          "plan without them, or checkpoint a single-pipeline plan")
     if plan.replicas:
         check_runnable(plan, world_size=int(os.environ.get("WORLD_SIZE", "1")))  # refuse before joining
         state.stage = stage_for(plan, node=args.node, rank=state.rank,
@@ -368,6 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     args = parse_args(argv)
+    args.run_dir.mkdir(parents=True, exist_ok=True)  # multi-node: each node's torchrun names its own, new folder
     state = RankState(rank)
     try:
         result = train(args, state)

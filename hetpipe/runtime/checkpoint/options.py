@@ -1,0 +1,86 @@
+"""``hetpipe run``'s checkpoint options, checked before anything is launched.
+
+`checkpoint_args` refuses a bad ``--checkpoint-every``, an unwritable ``--checkpoint-dir``, replica
+plans, and a ``--resume`` checkpoint that is incomplete, of another model, lacks a name of the
+new plan's stages, holds another optimizer's state or is already past ``--steps``; it resolves
+``--resume DIR`` to the newest complete checkpoint and says which.
+
+Example:
+    >>> from types import SimpleNamespace
+    >>> checkpoint_args(SimpleNamespace(replicas=()), None, 5, None, model="m", seq=None, steps=3)
+    Traceback (most recent call last):
+    ...
+    hetpipe.errors.ConfigError: --checkpoint-every 5 needs --checkpoint-dir DIR (where to write the checkpoints)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hetpipe.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CheckpointArgs:
+    """The checked options: absolute paths for the workers, and where a resumed run starts."""
+
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None
+    resume: str | None = None  # a complete step-NNNNNN folder
+    resume_step: int = 0
+
+    def launch_fields(self) -> dict[str, Any]:
+        """The `LaunchSpec` fields."""
+        return {"checkpoint_dir": self.checkpoint_dir, "checkpoint_every": self.checkpoint_every,
+                "resume": self.resume}
+
+    def annotate(self, report: Any) -> Any:
+        """The run report with a note saying where a resumed run started (its step records count from 0)."""
+        if self.resume is None:
+            return report
+        note = (f"resumed from {self.resume}: step records 0.. are the run's steps {self.resume_step + 1}.. "
+                f"(after the checkpoint's {self.resume_step})")
+        return dataclasses.replace(report, notes=(*report.notes, note))
+
+
+def checkpoint_args(plan: Any, checkpoint_dir: str | os.PathLike[str] | None, every: int | None,
+                    resume: str | os.PathLike[str] | None, *, model: str, seq: int | None,
+                    steps: int) -> CheckpointArgs:
+    """Check the checkpoint options of a run of ``plan`` (see the module docstring)."""
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        raise ConfigError(f"--checkpoint-every must be a positive number of steps, got {every!r}")
+    if every is not None and checkpoint_dir is None:
+        raise ConfigError(f"--checkpoint-every {every} needs --checkpoint-dir DIR (where to write the checkpoints)")
+    if plan.replicas and (checkpoint_dir is not None or resume is not None):
+        raise ConfigError("--checkpoint-dir and --resume are not supported for replica plans yet; run the replica "
+                          "plan without them, or checkpoint a single-pipeline plan")
+    out_dir = _writable(checkpoint_dir) if checkpoint_dir is not None else None
+    if resume is None:
+        return CheckpointArgs(out_dir, every)
+    from hetpipe.runtime.checkpoint.state import preflight_resume
+    from hetpipe.runtime.rank import capture_for_plan
+
+    graph, example = capture_for_plan(plan, model=model, seq=seq)
+    folder, info = preflight_resume(plan, graph, example, resume, model=model, steps=steps)
+    log.info("resuming from %s (step %d of %d, saved by a %d-stage plan)", folder, info.step, steps,
+                info.num_stages)
+    return CheckpointArgs(out_dir, every, str(folder.absolute()), info.step)
+
+
+def _writable(path: str | os.PathLike[str]) -> str:
+    out = Path(path).absolute()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"--checkpoint-dir {path}: cannot create the folder ({err.strerror}); pass a writable "
+                          "folder") from None
+    if not os.access(out, os.W_OK):
+        raise ConfigError(f"--checkpoint-dir {path}: the folder is not writable; pass a writable folder")
+    return str(out)
