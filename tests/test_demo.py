@@ -27,10 +27,10 @@ def test_demo_fast_plans_beats_baselines_and_writes_files(tmp_path: Path, capsys
     plan = Plan.load(tmp_path / "plan.json")
     assert check_plan(plan).ok
     assert plan.solver.status == "OPTIMAL"
-    # the story: forced onto every card, DeepSpeed's split does not fit on the small card and Megatron's fits
-    # only by recomputing activations there (the planner's lever, given to the baselines too); hetpipe's fits
-    assert not plan.baselines["parameters"].fits and "rtx3060" in plan.baselines["parameters"].note
-    assert plan.baselines["uniform"].fits and plan.baselines["uniform"].iteration_s > plan.predicted.iteration_s
+    # the story: forced onto every card, no baseline fits on the small card, not even Megatron's with the
+    # planner's recomputation lever (memory model 2: 10.4 of 10.0 MiB on the 3060); hetpipe's fits
+    for name in ("parameters", "uniform"):
+        assert not plan.baselines[name].fits and "rtx3060" in plan.baselines[name].note
     # ... and the headline is over each rule on the cards a user would pick, which fit and are slower
     for b in plan.baselines.values():
         assert b.best.fits and plan.predicted.iteration_s < b.best.iteration_s

@@ -3,9 +3,9 @@
 1. Plan the bundled GPT (``gpt-demo``) on the bundled, emulated home lab
    (``hetpipe/data/homelab-mini.yaml``: RTX 3090 + RTX 4090 on one node, RTX 3060 12GB on
    another over 1 GbE, scaled down so a CPU can run it) and show it next to the
-   Megatron/DeepSpeed/torchgpipe baselines: forced onto every card, DeepSpeed's split does not
-   fit on the 3060 and the others only by recomputing activations; on the cards a careful user
-   would pick (the headline) they fit and are slower.
+   Megatron/DeepSpeed/torchgpipe baselines: forced onto every card, none fits on the 3060 (not
+   even recomputing activations: memory model 2 counts what the runtime holds); on the cards a
+   careful user would pick (the headline) they fit and are slower.
 2. The same comparison for GPT-2 XL on the full-size home lab (``homelab.yaml``), predicted.
 3. Run a few 1F1B training steps of the plan with every device emulated (speed, memory
    limit, links) under torchrun, and put the measured iteration next to the prediction.
