@@ -39,6 +39,27 @@ def check_writable(path: str | Path, option: str) -> None:
         raise ConfigError(f"{option} {str(path)!r}: not writable; check the permissions or write elsewhere")
 
 
+def writable_folder(path: str | os.PathLike[str], option: str) -> str:
+    """Create the output folder `path` (parents too) and return it absolute; a `ConfigError`
+    naming `option` when it cannot be created or written.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> writable_folder(d / "a" / "b", "--save-weights") == str(d / "a" / "b")
+        True
+    """
+    out = Path(path).absolute()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"{option} {path}: cannot create the folder ({err.strerror}); pass a writable "
+                          "folder") from None
+    if not os.access(out, os.W_OK):
+        raise ConfigError(f"{option} {path}: the folder is not writable; pass a writable folder")
+    return str(out)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temporary path next to `path`; renamed onto `path` when the block ends without error.

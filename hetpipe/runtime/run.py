@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
@@ -35,6 +34,7 @@ from typing import Any
 
 import torch
 
+from hetpipe.cost_models.outputs import writable_folder
 from hetpipe.errors import ConfigError, RuntimeFailure
 from hetpipe.plan.check import check_plan
 from hetpipe.plan.schema import Plan
@@ -108,15 +108,7 @@ def _weights_args(weights: str | Path | None, save_weights: str | Path | None,
     if plan.replicas:
         raise ConfigError("--save-weights is not supported for replica plans yet; run the plan without it, or save "
                           "from a single-pipeline plan")
-    out = Path(save_weights).absolute()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"--save-weights {save_weights}: cannot create the folder ({err.strerror}); pass a "
-                          "writable folder") from None
-    if not os.access(out, os.W_OK):
-        raise ConfigError(f"--save-weights {save_weights}: the folder is not writable; pass a writable folder")
-    return weights_arg, str(out)
+    return weights_arg, writable_folder(save_weights, "--save-weights")
 
 
 def function_spec(fn: Callable[..., Any] | str | None, what: str) -> str | None:

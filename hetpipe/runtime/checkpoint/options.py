@@ -19,9 +19,9 @@ import dataclasses
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from hetpipe.cost_models.outputs import writable_folder
 from hetpipe.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def checkpoint_args(plan: Any, checkpoint_dir: str | os.PathLike[str] | None, ev
     if plan.replicas and (checkpoint_dir is not None or resume is not None):
         raise ConfigError("--checkpoint-dir and --resume are not supported for replica plans yet; run the replica "
                           "plan without them, or checkpoint a single-pipeline plan")
-    out_dir = _writable(checkpoint_dir) if checkpoint_dir is not None else None
+    out_dir = writable_folder(checkpoint_dir, "--checkpoint-dir") if checkpoint_dir is not None else None
     if resume is None:
         return CheckpointArgs(out_dir, every)
     from hetpipe.runtime.checkpoint.state import preflight_resume
@@ -74,13 +74,3 @@ def checkpoint_args(plan: Any, checkpoint_dir: str | os.PathLike[str] | None, ev
     return CheckpointArgs(out_dir, every, str(folder.absolute()), info.step)
 
 
-def _writable(path: str | os.PathLike[str]) -> str:
-    out = Path(path).absolute()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"--checkpoint-dir {path}: cannot create the folder ({err.strerror}); pass a writable "
-                          "folder") from None
-    if not os.access(out, os.W_OK):
-        raise ConfigError(f"--checkpoint-dir {path}: the folder is not writable; pass a writable folder")
-    return str(out)
