@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from hetpipe.partitioner.solvers.counts import count_vectors
 from hetpipe.partitioner.solvers.dp import (
@@ -149,10 +149,12 @@ def aggregate_kinds(relaxed: Problem, *, merge_above: int = DEFAULT_STATE_BUDGET
     while len(groups) > 1 and _dp_rows(relaxed, groups) > state_budget:
         groups[-2:] = [groups[-2] + groups[-1]]
     label = {k: "+".join(g) for g in groups for k in g}
-    fwd = {"+".join(g): tuple(map(min, *(relaxed.fwd_s[k] for k in g))) if len(g) > 1 else relaxed.fwd_s[g[0]]
-           for g in groups}
-    bwd = {"+".join(g): tuple(map(min, *(relaxed.bwd_s[k] for k in g))) if len(g) > 1 else relaxed.bwd_s[g[0]]
-           for g in groups}
+
+    def fastest(table: Mapping[str, tuple[float, ...]]) -> dict[str, tuple[float, ...]]:
+        """Per group, each unit's time on its fastest member."""
+        return {"+".join(g): tuple(min(times) for times in zip(*(table[k] for k in g))) for g in groups}
+
+    fwd, bwd = fastest(relaxed.fwd_s), fastest(relaxed.bwd_s)
     devices = tuple(replace(d, kind=label[d.kind]) for d in relaxed.devices)
     merged = relaxed_problem(replace(relaxed, fwd_s=fwd, bwd_s=bwd, devices=devices))
     if relaxed.recompute == "auto":
