@@ -354,7 +354,7 @@ def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, p
                backend: str) -> RankResult:
     """Step 7: the same loop for every plan version: barrier, one step, heartbeat; then the result."""
     progress = args.run_dir / f"progress-rank{state.rank}"
-    step_s, losses, stats = [], [], None
+    step_s, losses, stats, optimizer_s = [], [], None, []
     for step in range(loop.start, args.steps):
         state.phase = f"step {step}"
         batch = (loop.first if step == loop.start else next(loop.stream, None)) if loop.stream is not None else None
@@ -364,6 +364,7 @@ def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, p
         start = time.monotonic()
         stats, loss = loop.step(batch)
         step_s.append(time.monotonic() - start)
+        optimizer_s.append(getattr(stats, "optimizer_s", 0.0))  # the STEP action (issue 17: S_s measured)
         if loss is not None:
             losses.append(float(loss))
         loop.after_step(step + 1, step + 1 == args.steps)
@@ -373,7 +374,7 @@ def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, p
     barrier(backend == "gloo", args.timeout)
     dev = plan.devices[plan.device_index()[plan.stages[loop.plan_stage].device]]
     return RankResult(rank=state.rank, stage=loop.plan_stage, device=dev.id, kind=dev.kind, step_s=tuple(step_s),
-                      losses=tuple(losses), backend=backend, **emulation_fields(loop.hooks, stats, loop.plan_stage))
+                      losses=tuple(losses), backend=backend, optimizer_s=tuple(optimizer_s), **emulation_fields(loop.hooks, stats, loop.plan_stage))
 
 
 def train(args: argparse.Namespace, state: RankState) -> RankResult:

@@ -359,7 +359,7 @@ def parametric_search(problem: Problem, min_sum: MinSum, *, time_limit_s: float,
     """
     m, start, tries = problem.microbatches, time.perf_counter(), 0
     s_lb = sum_lower_bound(problem)
-    seed_ev = evaluate(problem, seed) if seed is not None else None
+    seed_ev = evaluate(problem, seed, objective="estimate") if seed is not None else None
     if seed_ev is not None and seed_ev.fits and m > 1:
         best, best_stages, cap0 = seed_ev.iteration_s, tuple(seed), seed_ev.bottleneck_s * (1.0 + CAP_TOLERANCE)
     else:
@@ -368,7 +368,7 @@ def parametric_search(problem: Problem, min_sum: MinSum, *, time_limit_s: float,
         if first is None:
             return None
         s_lb, stages = first
-        ev = evaluate(problem, stages)
+        ev = evaluate(problem, stages, objective="estimate")
         best, best_stages, cap0 = ev.iteration_s, stages, ev.bottleneck_s * (1.0 + CAP_TOLERANCE)
         if m == 1:  # T = S: the least sum is optimal
             return DPResult(best_stages, best, best, tries, True)
@@ -381,7 +381,7 @@ def parametric_search(problem: Problem, min_sum: MinSum, *, time_limit_s: float,
     b_min = least[0]
     bottom = min_sum(b_min * (1.0 + CAP_TOLERANCE), False)  # the window's floor: least sum at b_min
     if bottom is not None:
-        t_bottom = evaluate(problem, bottom[1]).iteration_s
+        t_bottom = evaluate(problem, bottom[1], objective="estimate").iteration_s
         if t_bottom < best:
             best, best_stages = t_bottom, bottom[1]
     cap = (best - s_lb) / (m - 1)
@@ -391,7 +391,7 @@ def parametric_search(problem: Problem, min_sum: MinSum, *, time_limit_s: float,
         if res is None:
             break
         s_cap, stages = res
-        ev = evaluate(problem, stages)
+        ev = evaluate(problem, stages, objective="estimate")
         if ev.iteration_s < best:
             best, best_stages = ev.iteration_s, stages
         if s_cap + (m - 1) * b_min >= best * (1.0 - CAP_TOLERANCE):
