@@ -183,7 +183,7 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
     if problem.objective == "estimate":
         return found
     start = time.perf_counter()
-    checked = verify(problem, [found.stages])  # moves and swaps keep the number of stages
+    checked = verify(problem, [found.stages], num_stages=num_stages)
     status = "OPTIMAL" if checked.bound_s >= checked.iteration_s * (1 - 1e-9) else "FEASIBLE"
     return Solution(checked.stages, found.solver, status, checked.iteration_s, checked.bound_s,
                     found.wall_s + time.perf_counter() - start, _unused(problem, checked.stages))

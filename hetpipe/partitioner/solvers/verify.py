@@ -5,9 +5,10 @@ which they solve exactly.  The objective is the simulated 1F1B iteration with ev
 optimizer step (`evaluate`, ``objective="schedule"``), so `verify`:
 
 1. prices each candidate placement the solvers found with the schedule;
-2. improves the best by a local search under the schedule itself: move one cut by one unit,
-   or swap the devices of two neighbouring stages (the recompute choice re-derived each time),
-   while it gets faster and fits, within `LOCAL_MOVES` evaluations;
+2. improves the best by a local search under the schedule itself (`_neighbours`: move a cut,
+   swap or merge two neighbouring stages, move a stage to an unused card or split it onto one;
+   the recompute choice re-derived each time), first improvement, while it gets faster and
+   fits, within `LOCAL_MOVES` evaluations and `LOCAL_SEARCH_S` seconds;
 3. records a **valid lower bound** on the schedule optimum over every placement:
 
        T_sched >= m * max_b (F_b + B_b + S_b / m)     (rank b runs m F, m B and its step in series)
@@ -48,14 +49,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, least_bottleneck
 
 #: Schedule evaluations the local search may spend (each replays O(p m) actions).
-LOCAL_MOVES = 400
+LOCAL_MOVES = 3000
 #: Seconds the local search may spend at most.
 LOCAL_SEARCH_S = 2.0
 
@@ -72,6 +73,11 @@ class Verified:
 
 def schedule_bound(problem: Problem) -> float:
     """A lower bound on the schedule objective over every placement (module docstring, item 3)."""
+    return _bound_and_placement(problem)[0]
+
+
+def _bound_and_placement(problem: Problem) -> tuple[float, tuple[Stage, ...] | None]:
+    """`schedule_bound` and the placement of least bottleneck it found (another start for the search)."""
     m = problem.microbatches
     steps = problem.step_s
     bwd = {k: tuple(b + (steps[k][u] / m if k in steps else 0.0) for u, b in enumerate(problem.bwd_s[k]))
@@ -80,13 +86,15 @@ def schedule_bound(problem: Problem) -> float:
                       bandwidth_bytes_s=tuple(tuple(2.0 * b for b in row) for row in problem.bandwidth_bytes_s),
                       latency_s=tuple(tuple(0.5 * t for t in row) for row in problem.latency_s))
     cards = min(len(problem.devices), problem.num_units)
+    placement = None
     try:
         least = least_bottleneck(relaxed)
         bottleneck = 0.0 if least is None else m * least[0]
+        placement = None if least is None else with_recompute(problem, least[1])
     except StateSpaceTooLarge:
         work = sum(min(problem.fwd_s[k][u] + bwd[k][u] for k in bwd) for u in range(problem.num_units))
         bottleneck = m * work / cards
-    return max(bottleneck, fill_bound(problem, cards))
+    return max(bottleneck, fill_bound(problem, cards)), placement
 
 
 def fill_bound(problem: Problem, cards: int) -> float:
@@ -108,40 +116,69 @@ def fill_bound(problem: Problem, cards: int) -> float:
     return work / (1.0 - ((m - 1) / m) ** cards) + first_step
 
 
-def _neighbours(problem: Problem, stages: tuple[Stage, ...]) -> list[tuple[Stage, ...]]:
-    """Placements one cut move or one neighbour swap away (recompute sets re-derived)."""
-    out = []
-    for s in range(len(stages) - 1):
-        a, b = stages[s], stages[s + 1]
-        for delta in (-1, 1):
-            cut = a.last_unit + delta
-            if a.first_unit <= cut < b.last_unit:
-                moved = (replace(a, last_unit=cut, recompute_units=()),
-                         replace(b, first_unit=cut + 1, recompute_units=()))
-                out.append(stages[:s] + moved + stages[s + 2:])
-        swapped = (replace(a, device=b.device, recompute_units=()), replace(b, device=a.device, recompute_units=()))
-        out.append(stages[:s] + swapped + stages[s + 2:])
-    return [with_recompute(problem, c) for c in out]
+def _neighbours(problem: Problem, stages: tuple[Stage, ...]) -> Iterator[tuple[Stage, ...]]:
+    """Placements one move away, recompute sets re-derived: a cut moved anywhere between its neighbours,
+    two neighbouring stages swapped or merged onto one of their cards, a stage moved to an unused card
+    or split onto one (one card per kind and node: the others are the same to the schedule)."""
+    return (with_recompute(problem, c) for c in _moves(problem, tuple(replace(st, recompute_units=()) for st in stages)))
 
 
-def verify(problem: Problem, candidates: Sequence[Sequence[Stage]]) -> Verified:
-    """The fastest of `candidates` under the schedule, locally improved, with `schedule_bound`."""
-    start = time.perf_counter()
-    best, best_s = None, math.inf
-    for cand in candidates:
-        ev = evaluate(problem, cand, objective="schedule")
-        if ev.fits and ev.iteration_s < best_s:
-            best, best_s = tuple(cand), ev.iteration_s
+def _moves(problem: Problem, plain: tuple[Stage, ...]) -> Iterator[tuple[Stage, ...]]:
+    """The moves of `_neighbours`, without recompute sets, lazily."""
+    for s in range(len(plain) - 1):
+        a, b = plain[s], plain[s + 1]
+        for cut in range(a.first_unit, b.last_unit):
+            if cut != a.last_unit:
+                yield plain[:s] + (replace(a, last_unit=cut), replace(b, first_unit=cut + 1)) + plain[s + 2:]
+        yield plain[:s] + (replace(a, device=b.device), replace(b, device=a.device)) + plain[s + 2:]
+        for dev in (a.device, b.device):
+            yield plain[:s] + (Stage(dev, a.first_unit, b.last_unit),) + plain[s + 2:]
+    used = {st.device for st in plain}
+    spare = {(d.kind, d.node): i for i, d in reversed(list(enumerate(problem.devices))) if i not in used}
+    for s, st in enumerate(plain):
+        for dev in spare.values():
+            yield plain[:s] + (replace(st, device=dev),) + plain[s + 1:]
+            for cut in range(st.first_unit, st.last_unit):
+                head, tail = replace(st, last_unit=cut), replace(st, first_unit=cut + 1)
+                yield plain[:s] + (head, replace(tail, device=dev)) + plain[s + 1:]
+                yield plain[:s] + (replace(head, device=dev), tail) + plain[s + 1:]
+
+
+def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stages: int | None = None) -> Verified:
+    """The fastest of `candidates` (and of the least-bottleneck placement) under the schedule, each
+    locally improved (keeping `num_stages` stages when given), with `schedule_bound`."""
+    bound, least = _bound_and_placement(problem)
+    starts = [tuple(c) for c in candidates]
+    if least is not None and (num_stages is None or len(least) == num_stages) and least not in starts:
+        starts.append(least)
+    best, best_s, first_s = None, math.inf, math.inf
+    for start in starts:
+        ev = evaluate(problem, start, objective="schedule")
+        if not ev.fits:
+            continue
+        first_s = min(first_s, ev.iteration_s)
+        found, found_s = _local_search(problem, start, ev.iteration_s, num_stages, LOCAL_SEARCH_S / len(starts))
+        if found_s < best_s:
+            best, best_s = found, found_s
     if best is None:
         raise ValueError("verify needs at least one candidate placement that fits")
-    first_s, moves, better = best_s, 0, True
-    while better and moves < LOCAL_MOVES and time.perf_counter() - start < LOCAL_SEARCH_S:
+    return Verified(best, best_s, min(bound, best_s), best_s < first_s)
+
+
+def _local_search(problem: Problem, best: tuple[Stage, ...], best_s: float, num_stages: int | None,
+                  limit_s: float) -> tuple[tuple[Stage, ...], float]:
+    """First-improvement descent over `_neighbours` within `LOCAL_MOVES` evaluations and `limit_s`."""
+    start, moves, better = time.perf_counter(), 0, True
+    while better and moves < LOCAL_MOVES and time.perf_counter() - start < limit_s:
         better = False
         for cand in _neighbours(problem, best):
+            if num_stages is not None and len(cand) != num_stages:
+                continue
             moves += 1
+            if moves >= LOCAL_MOVES or time.perf_counter() - start > limit_s:
+                break
             ev = evaluate(problem, cand, objective="schedule")
             if ev.fits and ev.iteration_s < best_s * (1 - 1e-12):
                 best, best_s, better = cand, ev.iteration_s, True
                 break
-    bound = min(schedule_bound(problem), best_s)
-    return Verified(best, best_s, bound, best_s < first_s)
+    return best, best_s
