@@ -50,7 +50,7 @@ from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
 from hetpipe.partitioner.solvers.infeasible import explain_infeasible
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.relax import relaxed_bound
-from hetpipe.partitioner.solvers.verify import verify
+from hetpipe.partitioner.solvers.verify import LOCAL_SEARCH_S, verify
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,8 @@ RELAXATION_SHARE = 0.7
 #: Gap to the relaxation bound under which CP-SAT is not started: in our measurements it did
 #: not close a sub-1% gap on 64 cards within 10 s (benchmarks/planner_speed.py).
 GOOD_ENOUGH_GAP = 0.01
+#: Share of the time limit the schedule's local search may take at most (`verify.LOCAL_SEARCH_S` caps it).
+VERIFY_SHARE = 0.2
 #: Least search time worth starting CP-SAT for, after its model is built.
 MIN_CPSAT_S = 2.0
 #: Seconds to build the CP-SAT model per (position x unit x class pair) term, measured on the
@@ -183,7 +185,8 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
     if problem.objective == "estimate":
         return found
     start = time.perf_counter()
-    checked = verify(problem, [found.stages], num_stages=num_stages)
+    checked = verify(problem, [found.stages], num_stages=num_stages,
+                     limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))
     status = "OPTIMAL" if checked.bound_s >= checked.iteration_s * (1 - 1e-9) else "FEASIBLE"
     return Solution(checked.stages, found.solver, status, checked.iteration_s, checked.bound_s,
                     found.wall_s + time.perf_counter() - start, _unused(problem, checked.stages))

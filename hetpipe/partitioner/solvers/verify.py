@@ -57,7 +57,8 @@ from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, least_bottleneck
 
 #: Schedule evaluations the local search may spend (each replays O(p m) actions).
 LOCAL_MOVES = 3000
-#: Seconds the local search may spend at most.
+#: Seconds the local search may spend at most (by default; `solve` gives it a fifth of its time limit
+#: when that is less).
 LOCAL_SEARCH_S = 2.0
 
 
@@ -144,7 +145,8 @@ def _moves(problem: Problem, plain: tuple[Stage, ...]) -> Iterator[tuple[Stage, 
                 yield plain[:s] + (replace(head, device=dev), tail) + plain[s + 1:]
 
 
-def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stages: int | None = None) -> Verified:
+def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stages: int | None = None,
+           limit_s: float = LOCAL_SEARCH_S) -> Verified:
     """The fastest of `candidates` (and of the least-bottleneck placement) under the schedule, each
     locally improved (keeping `num_stages` stages when given), with `schedule_bound`."""
     bound, least = _bound_and_placement(problem)
@@ -157,7 +159,7 @@ def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stage
         if not ev.fits:
             continue
         first_s = min(first_s, ev.iteration_s)
-        found, found_s = _local_search(problem, start, ev.iteration_s, num_stages, LOCAL_SEARCH_S / len(starts))
+        found, found_s = _local_search(problem, start, ev.iteration_s, num_stages, limit_s / len(starts))
         if found_s < best_s:
             best, best_s = found, found_s
     if best is None:
