@@ -128,3 +128,22 @@ def _problem_and_stages(plan: Plan):
     from hetpipe.plan.schema import problem_from_plan, stages_from_plan
 
     return problem_from_plan(plan), stages_from_plan(plan)
+
+
+def test_a_faster_recorded_baseline_is_adopted() -> None:
+    from hetpipe.partitioner.problem import Stage
+    from hetpipe.partitioner.solvers.solve import solve_fixed
+    from hetpipe.plan.adopt import adopt_faster_baselines
+    from hetpipe.plan.schema import BaselineReport, BaselineStage, BestBaselineReport
+
+    rng = random.Random(5)
+    prob = random_problem(rng, units=6, devices=3, microbatches=8, objective="schedule")
+    good = solve(prob)
+    worst = max(((Stage(d, 0, 5),) for d in range(3)), key=lambda st: evaluate(prob, st).iteration_s)
+    slow = dataclasses.replace(solve_fixed(prob, worst), bound_s=good.bound_s)
+    assert slow.iteration_s > good.iteration_s
+    rec = tuple(BaselineStage(prob.devices[s.device].id, s.first_unit, s.last_unit) for s in good.stages)
+    base = {"uniform": BaselineReport(1.0, True, "", BestBaselineReport(good.iteration_s, True, "exact", rec, ""))}
+    adopted = adopt_faster_baselines(prob, slow, base, limit_s=1.0)
+    assert adopted.iteration_s <= good.iteration_s * (1 + NOISE)
+    assert adopted.iteration_s == pytest.approx(evaluate(prob, adopted.stages).iteration_s, rel=NOISE)

@@ -361,7 +361,9 @@ def partition_graph(
     recompute: str = "auto",
 ) -> Plan:
     """`partition` for an already captured `UnitGraph`."""
-    from hetpipe.partitioner.solvers.solve import solve
+    from hetpipe.partitioner.solvers.solve import VERIFY_SHARE, solve
+    from hetpipe.partitioner.solvers.verify import LOCAL_SEARCH_S
+    from hetpipe.plan.adopt import adopt_faster_baselines
     from hetpipe.plan.baseline_report import baseline_reports
 
     cluster = as_cluster(cluster)
@@ -371,8 +373,9 @@ def partition_graph(
     problem = build_problem(graph, cluster, microbatches=m, recompute=recompute)
     log.info("solving %d units on %d devices, %d micro-batches", graph.num_units, len(cluster.devices), m)
     sol = solve(problem, solver=solver, time_limit_s=time_limit_s, seed=seed)
-    report = SolverReport(sol.solver, sol.status, sol.iteration_s, sol.bound_s, sol.wall_s, time_limit_s, seed)
     base = baseline_reports(problem)  # forced onto every card, and on the best cards (issue 17)
+    sol = adopt_faster_baselines(problem, sol, base, limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))
+    report = SolverReport(sol.solver, sol.status, sol.iteration_s, sol.bound_s, sol.wall_s, time_limit_s, seed)
     left = _left_out_reasons(problem, sol, solver=solver, time_limit_s=time_limit_s, seed=seed)
     return assemble_plan(graph, cluster, problem=problem, stages=sol.stages, solver=report,
                          global_batch=global_batch, baselines=base, left_out=left)
