@@ -55,6 +55,7 @@ _LAZY = {
     "Trainer": "hetpipe.runtime.trainer",
     "ReplicaTrainer": "hetpipe.runtime.replicas.trainer",
     "RunReport": "hetpipe.runtime.report",
+    "calibrate_from_report": "hetpipe.runtime.faults.feedback",
 }
 
 
