@@ -174,3 +174,13 @@ def test_workers_get_every_fault_and_a_hard_exit_is_the_root_cause(tmp_path):
     log = f"rank      : 1 (local_rank: 1)\n  exitcode  : {KILL_EXIT_CODE} (pid: 7)\n"
     assert first_error(tmp_path, log).startswith("rank 1 (stage 1) exited with code 137 without reporting an error; "
                                                  "then rank 0 (stage 0) timed out")
+
+
+def test_cli_refuses_slowing_real_devices_before_anything_starts(tmp_path, capsys):
+    from hetpipe.cli import app
+
+    synthetic_plan().save(tmp_path / "plan.json")
+    rc = app.main(["run", str(tmp_path / "plan.json"), "--model", "gpt-tiny", "--steps", "3", "--run-dir",
+                   str(tmp_path / "run"), "--inject", "slow:rank=1,factor=3,step=1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "needs --emulate" in err and not (tmp_path / "run").exists()
