@@ -220,10 +220,11 @@ def summary_from_log(log_text: str) -> str:
 def first_error(run_dir: Path, log_text: str) -> str:
     """The line `hetpipe run` reports: the root cause first, then what the first survivor saw.
 
-    A rank that was killed by a signal (other than torchrun's own SIGTERM teardown) or exited
-    with a status other than 0 and the workers' own 1, without writing an error file, is the root cause: it could not say so itself, and
-    the survivors' errors ("failed waiting on ... from rank k") are its consequences.
-    Otherwise the earliest rank error is, or torchrun's summary when nobody wrote one.
+    A rank that was killed by a signal (other than torchrun's own SIGTERM teardown), or exited
+    with a status other than 0 and the workers' own 1 (an injected kill's 137), without writing
+    an error file is the root cause: it could not say so itself, and the survivors' errors
+    ("failed waiting on ... from rank k") are its consequences.  Otherwise the earliest rank
+    error is, or torchrun's summary when nobody wrote one.
     torchrun's own "Root Cause" entry is not used: it is the first failure torchrun
     *observed*, not the first that happened.
     """

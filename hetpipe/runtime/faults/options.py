@@ -39,8 +39,12 @@ class FaultArgs:
                 "straggler_steps": self.straggler_steps}
 
     def annotate(self, report: Any) -> Any:
-        """The run report with the injected faults listed."""
-        return dataclasses.replace(report, injected=self.inject) if self.inject else report
+        """The run report with the injected faults listed, and how they were applied."""
+        if not self.inject:
+            return report
+        note = (f"injected {len(self.inject)} fault(s) in-process (kills: the rank exits; slowdowns: the emulator's "
+                "stretch and link delays)")
+        return dataclasses.replace(report, injected=self.inject, notes=(*report.notes, note))
 
 
 def fault_args(plan: Any, inject: Sequence[str] | None, *, emulate: bool, steps: int, margin: float | None,
