@@ -184,3 +184,24 @@ def test_cli_refuses_slowing_real_devices_before_anything_starts(tmp_path, capsy
                    str(tmp_path / "run"), "--inject", "slow:rank=1,factor=3,step=1"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "needs --emulate" in err and not (tmp_path / "run").exists()
+
+
+def test_netns_falls_back_to_the_emulation_and_says_so(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from hetpipe.cli.netns_run import netns_or_emulate
+    from hetpipe.runtime.faults import netns
+
+    synthetic_plan().save(tmp_path / "plan.json")
+    args = SimpleNamespace(plan=tmp_path / "plan.json", emulate=False, data=None, loss=None, weights=None,
+                           save_weights=None, checkpoint_dir=None, resume=None, inject=None, schedule=None)
+    console = Console(record=True, width=200)
+    monkeypatch.setattr(netns, "netns_support", lambda: "creating network namespaces needs root")
+    assert netns_or_emulate(args, console) is False and args.emulate is True
+    assert "not on network namespaces (creating network namespaces needs root): running with --emulate" in \
+        console.export_text()
+    with pytest.raises(ConfigError, match="drop --emulate"):
+        netns_or_emulate(args, console)
+    args.emulate, args.inject = False, ["kill:rank=0,step=1"]
+    with pytest.raises(ConfigError, match="drop --inject"):
+        netns_or_emulate(args, console)

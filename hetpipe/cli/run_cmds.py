@@ -54,6 +54,9 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="name a stage slower than the plan by more than this fraction (default 0.25)")
     p.add_argument("--straggler-steps", type=int, default=None, metavar="K",
                    help="... for K consecutive steps (default 3)")
+    p.add_argument("--netns", action="store_true",
+                   help="a two-node plan: each node in its own network namespace, the link between them shaped by "
+                        "tc (needs root); elsewhere falls back to --emulate and says so")
     return p
 
 
@@ -61,6 +64,11 @@ def cmd_run(args: argparse.Namespace, console: Any) -> int:
     """``hetpipe run``: launch, print the report's tables, write ``--report``."""
     from hetpipe.runtime.run import run, summary_tables
 
+    if args.netns:  # real shaped links where the machine allows it, else --emulate (hetpipe.cli.netns_run)
+        from hetpipe.cli.netns_run import netns_or_emulate
+
+        if netns_or_emulate(args, console):
+            return 0
     timeout_s, done = args.timeout, 0
     if args.resume is not None:
         from hetpipe.runtime.checkpoint.files import find_checkpoint
