@@ -73,7 +73,8 @@ def test_slow_card_and_slow_link_are_calibrated_and_the_rest_is_copied(tmp_path)
     link, was = after.link("n0:1", "n1:0"), before.link("n0:1", "n1:0")
     assert (link.bandwidth_bytes_s, link.latency_s) == pytest.approx((was.bandwidth_bytes_s / 4, was.latency_s * 4))
     assert after.link("n0:0", "n0:1") == before.link("n0:0", "n0:1")  # intra-node: unmeasured change, untouched
-    assert [d.device for d in cal.devices] == ["n0:0", "n0:1", "n1:0"] and cal.devices[1].factor == pytest.approx(factor)
+    assert [d.device for d in cal.devices] == ["n0:0", "n0:1", "n1:0"]
+    assert cal.devices[1].factor == pytest.approx(factor)
 
 
 def test_reports_that_cannot_be_calibrated_are_one_line_errors(tmp_path, capsys):

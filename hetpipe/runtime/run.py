@@ -39,7 +39,7 @@ from hetpipe.errors import ConfigError, RuntimeFailure
 from hetpipe.plan.check import check_plan
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.checkpoint.options import checkpoint_args
-from hetpipe.runtime.faults.options import fault_args
+from hetpipe.runtime.faults.options import FaultArgs, fault_args
 from hetpipe.runtime.launch import LaunchSpec, launch
 from hetpipe.runtime.report import RankResult, RunReport, build_report
 from hetpipe.runtime.user_checks import check_user_code
@@ -159,11 +159,15 @@ def _default_timeout_s(plan: Plan, *, steps: int, emulate: bool, safety_factor: 
     return default_timeout_s(est)
 
 
-def _check_args(steps: int, timeout_s: float) -> None:
+def _check_args(plan: Plan, steps: int, timeout_s: float, faults: tuple[Sequence[str] | None, bool], *,
+                margin: float | None, window: int | None) -> FaultArgs:
+    """Refuse bad ``steps`` / ``timeout_s``; the checked fault options: ``faults`` is (``inject``, ``emulate``),
+    ``margin`` / ``window`` are ``straggler_margin`` / ``straggler_steps`` (`hetpipe.runtime.faults`)."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"steps must be a positive integer, got {steps!r}")
     if not timeout_s > 0:
         raise ConfigError(f"timeout must be positive seconds, got {timeout_s!r}")
+    return fault_args(plan, faults[0], emulate=faults[1], steps=steps, margin=margin, window_steps=window)
 
 
 def _fill_workdir(workdir: Path, plan: Plan, data: Any, batches: list[Any] | None) -> tuple[Any, Path]:
@@ -213,17 +217,13 @@ def run(
     ``weights``: a checkpoint to start from, each rank reading its stage only (default: `seeded_init`
     from ``seed``); ``save_weights``: a folder for the trained weights (`hetpipe.runtime.stage.weights`).
     ``checkpoint_dir`` / ``checkpoint_every`` / ``resume``: `hetpipe.runtime.checkpoint` (``steps``: the total to reach).
-    ``inject`` (fault specs), ``straggler_margin`` / ``straggler_steps``: `hetpipe.runtime.faults`.
     Raises `PlanError` (plan for another model), `ScheduleError`, `ConfigError` before
     launching; `RuntimeFailure` naming the rank, stage and action if a rank fails.
     """
-    if not isinstance(plan, Plan):
-        plan = Plan.load(plan)
+    plan = plan if isinstance(plan, Plan) else Plan.load(plan)
     if timeout_s is None:
         timeout_s = _default_timeout_s(plan, steps=steps, emulate=emulate, safety_factor=safety_factor)
-    _check_args(steps, timeout_s)
-    faults = fault_args(plan, inject, emulate=emulate, steps=steps, margin=straggler_margin,
-                        window_steps=straggler_steps)
+    faults = _check_args(plan, steps, timeout_s, (inject, emulate), margin=straggler_margin, window=straggler_steps)
     schedule = schedule or plan.training.schedule
     loss_spec = function_spec(loss, "loss")
     batches = None if data is None or isinstance(data, str) else take_batches(data, steps)

@@ -93,7 +93,8 @@ class ClusterCalibration:
     def lines(self) -> list[str]:
         """One line per card and link, for the CLI."""
         out = [f"{d.device} ({d.kind}): measured/predicted {d.factor:.3f} (F {d.fwd_factor:.3f}, B "
-               f"{d.bwd_factor:.3f}) -> {'unchanged' if d.factor == 1.0 else f'{1 / d.factor:.3f}x speed as {d.written_kind}'}"
+               f"{d.bwd_factor:.3f}) -> " + ("unchanged" if d.factor == 1.0 else
+                                             f"{1 / d.factor:.3f}x speed as {d.written_kind}")
                for d in self.devices]
         out += [f"link {l.src} -> {l.dst}: measured/predicted {l.factor:.3f} -> {l.bandwidth_bytes_s:.4g} B/s, "
                 f"{l.latency_s:.3g} s" for l in self.links]
@@ -149,7 +150,8 @@ def _check_devices(report: RunReport, cluster: Any, *, report_src: str, cluster_
     for st in report.stages:
         if kinds.get(st.device) != st.kind:
             has = f"has it as kind {kinds[st.device]!r}" if st.device in kinds else "has no such device"
-            raise ConfigError(f"{report_src}: stage {st.stage} ran on {st.device} ({st.kind}), but {cluster_src} {has}; "
+            raise ConfigError(f"{report_src}: stage {st.stage} ran on {st.device} ({st.kind}), but {cluster_src} "
+                              f"{has}; "
                               "pass the cluster file the run's plan was made from (--cluster)")
 
 

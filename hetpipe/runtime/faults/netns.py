@@ -5,9 +5,10 @@ over exactly two nodes can run with each node's ranks in their own network names
 torchrun per node (``--plan-node``, c10d rendezvous on node 0's address), gloo bound to the
 veth (``GLOO_SOCKET_IFNAME``), and the plan's inter-node link shaped on both ends by a token
 bucket ``tbf`` (its bandwidth) under ``netem`` (its latency; where the kernel lacks the netem
-module, as on the machine this was written on, the latency is not added and the report says so).  gloo's traffic between the nodes
-then crosses a real, rate-limited link instead of the in-process delays of ``--emulate``;
-traffic inside a node stays on the namespace's own stack, unshaped.  Compute is not stretched
+module, as on the machine this was written on, the latency is not added and the report says
+so).  gloo's traffic between the nodes then crosses a real, rate-limited link instead of the
+in-process delays of ``--emulate``; traffic inside a node stays on the namespace's own stack,
+unshaped.  Compute is not stretched
 (the emulation's clock-based links need every rank on one network stack), so such a run
 measures this CPU's compute and the shaped link; the report says which links were shaped.
 
@@ -189,7 +190,8 @@ def _launchers(pair: NetnsPair, spec: Any, per_node: Sequence[int], run_dir: Pat
         argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--nproc-per-node={per_node[i]}",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={pair.addresses[0]}:{RDZV_PORT}", "--rdzv-id=hetpipe-netns",
                 # Node 0 hosts the store: torchrun would look for the address among the host name's, not the veth's.
-                f"--rdzv-conf=is_host={int(i == 0)}", f"--local-addr={pair.addresses[i]}", "--max-restarts=0", "--monitor-interval=0.1", "-m",
+                f"--rdzv-conf=is_host={int(i == 0)}", f"--local-addr={pair.addresses[i]}", "--max-restarts=0",
+                "--monitor-interval=0.1", "-m",
                 WORKER_MODULE, *worker_args(spec), "--plan-node", node]
         with open(run_dir / f"torchrun-{node}.log", "w") as out:  # the child keeps its own descriptor
             procs.append(subprocess.Popen(pair.command(i, argv), stdout=out, stderr=subprocess.STDOUT,
