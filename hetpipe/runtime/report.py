@@ -39,6 +39,7 @@ from typing import Mapping, Sequence
 from hetpipe.errors import ConfigError, HetpipeError
 from hetpipe.plan.run_sim import simulated_iteration_s
 from hetpipe.plan.serde import from_json, to_json
+from hetpipe.runtime.faults.straggler import StepRatios, StragglerRecord
 
 RUN_FORMAT = "hetpipe.run"
 RUN_VERSION = 1
@@ -118,6 +119,8 @@ class RankResult:
     backend: str = "gloo"
     optimizer_s: tuple[float, ...] = ()  # per step: the STEP action, real seconds (issue 17)
     last_step_actions: tuple[ActionRecord, ...] = ()
+    stragglers: tuple[StragglerRecord, ...] = ()  # named by this rank (`hetpipe.runtime.faults.watch`)
+    step_ratios: tuple[StepRatios, ...] = ()  # per step after the first: measured / predicted per measure
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
@@ -168,6 +171,9 @@ class StageRecord:
     worst_late_s: float = 0.0  # real seconds a receiver waited past an emulated arrival
     # plan units whose forward this stage recomputed in its backward (torch.utils.checkpoint; issue 14)
     recompute_units: tuple[int, ...] = ()
+    # per step after the first: measured / predicted forward, backward and sends (``send->S``), in plan
+    # seconds (emulated runs and CUDA runs; `hetpipe.runtime.faults.straggler`); `hetpipe calibrate` reads them
+    step_ratios: tuple[StepRatios, ...] = ()
     # the optimizer step (issue 17): measured median real seconds, in emulated seconds, and the plan's S_s
     # (the emulation does not stretch the step: its emulated figure is real compute / time_scale)
     step_real_s: float = 0.0
@@ -211,6 +217,8 @@ class RunReport:
     machine: Mapping[str, str] = field(default_factory=dict)
     wall_s: float = 0.0
     timelines: tuple[RankTimeline, ...] = ()  # the last step, per rank, real seconds
+    stragglers: tuple[StragglerRecord, ...] = ()  # stages named slower than planned (issue 16)
+    injected: tuple[str, ...] = ()  # the --inject faults of the run, as specs
     format: str = RUN_FORMAT
     version: int = RUN_VERSION
 
@@ -285,7 +293,8 @@ def _stage_record(plan: "Plan", r: RankResult) -> StageRecord:  # noqa: F821
         predicted_memory_bytes=st.memory_bytes, usable_bytes=st.usable_bytes,
         overruns_fwd=r.overruns_fwd, overruns_bwd=r.overruns_bwd, worst_overrun_ratio=r.worst_overrun_ratio,
         messages=r.messages, late_messages=r.late_messages, worst_late_s=r.worst_late_s,
-        recompute_units=tuple(st.recompute_units), step_real_s=median(measured_steps(r.optimizer_s)) if r.optimizer_s else 0.0,
+        recompute_units=tuple(st.recompute_units), step_ratios=tuple(r.step_ratios),
+        step_real_s=median(measured_steps(r.optimizer_s)) if r.optimizer_s else 0.0,
         step_emulated_s=(median(measured_steps(r.optimizer_s)) if r.optimizer_s else 0.0) / r.time_scale,
         predicted_step_s=st.step_s)
 
@@ -336,4 +345,5 @@ def build_report(plan: "Plan", results: Sequence[RankResult], *, schedule: str, 
         overruns=overruns, late_messages=late,
         notes=_notes(emulate, overruns, late, actions, max(r.worst_overrun_ratio for r in results)),
         machine=machine_info(), wall_s=wall_s,
-        timelines=tuple(RankTimeline(r.rank, r.stage, r.last_step_actions) for r in results if r.last_step_actions))
+        timelines=tuple(RankTimeline(r.rank, r.stage, r.last_step_actions) for r in results if r.last_step_actions),
+        stragglers=tuple(rec for r in results for rec in r.stragglers))
