@@ -123,9 +123,13 @@ def _held_terms(num_stages: int, stage: int, microbatches: int, schedule: str,
     if stage == num_stages - 1:
         counts = [dataclasses.replace(c, out_frames=0, out_grad_frames=0) for c in counts]
     unique = sorted(set(counts), reverse=True)
-    rows = [dataclasses.astuple(c) for c in unique]  # `HeldCounts.dominated_by`, with each tuple made once
-    return tuple(c for c, a in zip(unique, rows)
-                 if not any(a != b and a[-1] == b[-1] and all(x <= y for x, y in zip(a, b)) for b in rows))
+    # `HeldCounts.dominated_by`, each tuple made once; a dominating term sorts before the one it
+    # dominates, and domination is transitive, so checking the terms kept so far is enough
+    kept: list[tuple[int, ...]] = []
+    for a in (dataclasses.astuple(c) for c in unique):
+        if not any(a[-1] == b[-1] and all(x <= y for x, y in zip(a, b)) for b in kept):
+            kept.append(a)
+    return tuple(HeldCounts(*a) for a in kept)
 
 
 def position_held_terms(stages_after: int, *, first: bool, microbatches: int) -> tuple[HeldCounts, ...]:

@@ -198,6 +198,7 @@ class StageTables:
             work = np.concatenate(([0.0], np.cumsum(np.add(problem.fwd_s[c.kind], problem.bwd_s[c.kind]))))
             self.compute.append(np.where(self.valid, work[hi_c] - work[lo], np.inf))
         self.levers = None if problem.recompute == "none" else shared_band(problem, hi_c, self.valid)
+        self._memory: dict[int, np.ndarray] = {}  # stages after -> M_s over the full band (`memory`)
         # round trip 2*C over the cut after unit u-1 (index u = start of the next stage), per class pair
         self.comm2 = np.zeros((len(classes), len(classes), L + 1))
         for a, ca in enumerate(classes):
@@ -224,8 +225,12 @@ class StageTables:
         return band_moments(self, after_stages, self.m, np.s_[:, :width])
 
     def memory(self, after_stages: int, width: int | None = None) -> np.ndarray:
-        """M_s of `pipeline_stage_bytes` without recomputation over the band: the largest moment."""
-        return np.max([held for _, backward, held in self.moments(after_stages, width) if not backward], axis=0)
+        """M_s of `pipeline_stage_bytes` without recomputation over the band: the largest moment
+        (worked out once per position over the whole band: every class and cap shares it)."""
+        if after_stages not in self._memory:
+            self._memory[after_stages] = np.max([held for _, backward, held in self.moments(after_stages)
+                                                 if not backward], axis=0)
+        return self._memory[after_stages][:, :width]
 
     def band(self, c: int, after_stages: int, cap: float, width: int) -> np.ndarray:
         """Cost of a stage of class c on [lo, lo+w+1) with `after_stages` stages after it (inf = not allowed)."""
