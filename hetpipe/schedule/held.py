@@ -126,7 +126,8 @@ def _held_terms(num_stages: int, stage: int, microbatches: int, schedule: str,
     # `HeldCounts.dominated_by`, each tuple made once; a dominating term sorts before the one it
     # dominates, and domination is transitive, so checking the terms kept so far is enough
     kept: list[tuple[int, ...]] = []
-    for a in (dataclasses.astuple(c) for c in unique):
+    names = [f.name for f in dataclasses.fields(HeldCounts)]  # `backward` last
+    for a in (tuple(getattr(c, n) for n in names) for c in unique):
         if not any(a[-1] == b[-1] and all(x <= y for x, y in zip(a, b)) for b in kept):
             kept.append(a)
     return tuple(HeldCounts(*a) for a in kept)

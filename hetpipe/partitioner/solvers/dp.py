@@ -96,16 +96,12 @@ class StateSpaceTooLarge(Exception):
     """The count-vector DP would exceed its state budget."""
 
 
-def _links_match(problem: Problem, a: int, b: int) -> bool:
-    """Devices a and b see identical links to every other device (and to each other)."""
-    n = len(problem.devices)
-    bw, lat = problem.bandwidth_bytes_s, problem.latency_s
-    for o in range(n):
-        if o in (a, b):
-            continue
-        if (bw[a][o], lat[a][o], bw[o][a], lat[o][a]) != (bw[b][o], lat[b][o], bw[o][b], lat[o][b]):
-            return False
-    return True
+def _links_match(links: tuple[np.ndarray, np.ndarray], a: int, b: int) -> bool:
+    """Devices a and b see identical links to every other device, both ways (`links`: the
+    bandwidth and latency tables as arrays; numpy, as 1,024 cards make a million pairs)."""
+    others = np.ones(links[0].shape[0], dtype=bool)
+    others[[a, b]] = False
+    return all(bool((t[a, others] == t[b, others]).all() and (t[others, a] == t[others, b]).all()) for t in links)
 
 
 def device_classes(problem: Problem) -> tuple[DeviceClass, ...]:
@@ -123,10 +119,11 @@ def device_classes(problem: Problem) -> tuple[DeviceClass, ...]:
     for i, d in enumerate(problem.devices):
         groups.setdefault((d.kind, d.node, d.usable_bytes), []).append(i)
     out: list[DeviceClass] = []
+    links = (np.asarray(problem.bandwidth_bytes_s, dtype=float), np.asarray(problem.latency_s, dtype=float))
     for (kind, node, usable), members in groups.items():
         buckets: list[list[int]] = []
         for i in members:
-            home = next((b for b in buckets if _links_match(problem, b[0], i)
+            home = next((b for b in buckets if _links_match(links, b[0], i)
                          and _links_match_pair(problem, b, i)), None)
             if home is None:
                 buckets.append([i])
