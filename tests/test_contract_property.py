@@ -33,6 +33,7 @@ from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy, ev
 from hetpipe.partitioner.solvers.cpsat import solve_cpsat
 from hetpipe.partitioner.solvers.dp import solve_exact
 from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
+from hetpipe.partitioner.solvers.lagrange import bottleneck_floor, lagrange_bound
 from hetpipe.partitioner.solvers.relax import relaxed_bound
 from hetpipe.partitioner.solvers.solve import solve
 from hetpipe.schedule.builders import one_f_one_b
@@ -239,3 +240,17 @@ def test_solve_brackets_the_enumerated_schedule_optimum(prob: Problem) -> None:
     assert _same(sol.iteration_s, simulated_t(prob, sol.stages)) and evaluate(prob, sol.stages).fits
     assert sol.bound_s <= best * (1 + REL) and best <= sol.iteration_s * (1 + REL), (sol, best)
     assert (sol.status == "OPTIMAL") == (sol.bound_s >= sol.iteration_s * (1 - 1e-9)), sol
+
+
+@settings(max_examples=500, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(prob=instances(), slack=st.sampled_from((1.0, 1.3)), gap=st.sampled_from((0.0, 0.01, 0.1)))
+def test_lagrangian_bound_is_a_lower_bound(prob: Problem, slack: float, gap: float) -> None:
+    """`lagrange_bound` never exceeds the brute-force optimum, from the optimum or a worse T."""
+    best, _ = brute(prob)
+    if math.isinf(best):
+        return
+    res = lagrange_bound(prob, best_s=best * slack, floor_s=bottleneck_floor(prob), time_limit_s=0.5,
+                         target_gap=gap)
+    assert res.bound_s <= best * (1 + REL), (res, best)
+    assert bottleneck_floor(prob) * (prob.microbatches - 1) <= best * (1 + REL)

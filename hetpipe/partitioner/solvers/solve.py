@@ -9,8 +9,9 @@ Strategy (issue #3):
    (free device subset and order, memory, links), so its answer is reported as
    ``OPTIMAL`` with bound = objective.
 3. Otherwise the node-free **relaxation** (`relax.relaxed_bound`) gives a valid lower
-   bound and a realised placement; if the gap is above `GOOD_ENOUGH_GAP` and time is
-   left, **CP-SAT** (`cpsat.solve_cpsat`) starts from the best placement as a hint, with
+   bound and a realised placement; if the gap is above `GOOD_ENOUGH_GAP`, the
+   **Lagrangian bound** (`lagrange.lagrange_bound`: every kind exact, card counts priced)
+   tightens it; if the gap is still above and time is left, **CP-SAT** (`cpsat.solve_cpsat`) starts from the best placement as a hint, with
    a time limit and a seed.  The plan records solver, status, bound and gap.
 
 4. **Bound and verify** (`verify.verify`): the estimate's answer is priced by the schedule
@@ -48,6 +49,7 @@ from hetpipe.partitioner.solvers.cpsat import solve_cpsat
 from hetpipe.partitioner.solvers.dp import DPResult, StateSpaceTooLarge, simple_lower_bound, solve_exact
 from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
 from hetpipe.partitioner.solvers.infeasible import explain_infeasible
+from hetpipe.partitioner.solvers.lagrange import bottleneck_floor, lagrange_bound
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.relax import relaxed_bound
 from hetpipe.partitioner.solvers.verify import LOCAL_SEARCH_S, verify
@@ -67,6 +69,11 @@ RELAXATION_SHARE = 0.7
 GOOD_ENOUGH_GAP = 0.01
 #: Share of the time limit the schedule's local search may take at most (`verify.LOCAL_SEARCH_S` caps it).
 VERIFY_SHARE = 0.2
+#: Share of the time left after the relaxation that the kind-exact Lagrangian bound may take
+#: (`lagrange.lagrange_bound`); CP-SAT gets the rest if the gap is still above `GOOD_ENOUGH_GAP`.
+LAGRANGE_SHARE = 0.6
+#: Gap the Lagrangian bound aims for: below `GOOD_ENOUGH_GAP`, so reaching it settles the solve.
+LAGRANGE_GAP = GOOD_ENOUGH_GAP / 2
 #: Least search time worth starting CP-SAT for, after its model is built.
 MIN_CPSAT_S = 2.0
 #: Seconds to build the CP-SAT model per (position x unit x class pair) term, measured on the
@@ -231,6 +238,10 @@ def _large(problem: Problem, warm: DPResult | None, *, start: float, time_limit_
         raise explain_infeasible(problem)
     hint = _better(warm, real)
     bound = max(bound, simple_lower_bound(problem))
+    left = time_limit_s - (time.perf_counter() - start)
+    if hint is not None and hint.iteration_s > bound * (1 + GOOD_ENOUGH_GAP) and left > 0:
+        bound = max(bound, lagrange_bound(problem, best_s=hint.iteration_s, floor_s=bottleneck_floor(problem),
+                                          time_limit_s=LAGRANGE_SHARE * left, target_gap=LAGRANGE_GAP).bound_s)
     left = time_limit_s - (time.perf_counter() - start) - cpsat_build_s(problem)
     if hint is not None and (hint.iteration_s <= bound * (1 + GOOD_ENOUGH_GAP) or left < MIN_CPSAT_S):
         return _from_dp(problem, hint, name="relaxation", wall_s=time.perf_counter() - start, proved=False,
