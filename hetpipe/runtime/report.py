@@ -39,6 +39,7 @@ from typing import Mapping, Sequence
 from hetpipe.errors import ConfigError, HetpipeError
 from hetpipe.plan.run_sim import simulated_iteration_s
 from hetpipe.plan.serde import from_json, to_json
+from hetpipe.runtime.restarts import Restart
 
 RUN_FORMAT = "hetpipe.run"
 RUN_VERSION = 1
@@ -205,6 +206,7 @@ class RunReport:
     machine: Mapping[str, str] = field(default_factory=dict)
     wall_s: float = 0.0
     timelines: tuple[RankTimeline, ...] = ()  # the last step, per rank, real seconds
+    restarts: tuple[Restart, ...] = ()  # a supervised run's relaunches (`hetpipe.runtime.supervise`)
     format: str = RUN_FORMAT
     version: int = RUN_VERSION
 
