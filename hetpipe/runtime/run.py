@@ -277,7 +277,10 @@ def _supervised(plan: Plan, args: dict[str, Any]) -> RunReport:
                             checkpoint_every=once["checkpoint_every"])
 
     def attempt(p: Plan, folder: Path, resume_from: str | None) -> RunReport:
-        return run(p, run_dir=folder, resume=resume_from, **once)
+        # Injected faults (``inject``, hetpipe.runtime.faults) belong to the first launch: a kill is
+        # one-shot, and a slowdown lives on in the re-planned plan's tables of that card.
+        later = {k: v for k, v in once.items() if k != "inject"} if folder.name != "attempt-0" else once
+        return run(p, run_dir=folder, resume=resume_from, **later)
 
     out = supervise(plan, attempt, opts, run_dir=Path(run_dir) if run_dir is not None else None)
     if report is not None:
