@@ -61,7 +61,7 @@ def _median_emu(report, first: int) -> float:
     return statistics.median(r.emulated_step_s for r in report.step_records[first:])
 
 
-def straggler(tmp: Path) -> list[str]:
+def straggler(tmp: Path, steps: int = A_STEPS) -> list[str]:
     """Part (a); needs ``--inject`` (hetpipe.runtime.faults)."""
     if importlib.util.find_spec("hetpipe.runtime.faults") is None:
         return ["(a) not run: it needs `--inject slow:...` and the ranks' straggler detection "
@@ -75,14 +75,14 @@ def straggler(tmp: Path) -> list[str]:
                              global_batch=A_GLOBAL, name=A_MODEL)
     slow = max(plan.stages, key=lambda s: s.fwd_s + s.bwd_s)
     oracle = replan(plan, slowdown={slow.device: A_FACTOR})
-    common = dict(model=A_MODEL, steps=A_STEPS, emulate=True, seq=A_SEQ, checkpoint_every=A_EVERY)
+    common = dict(model=A_MODEL, steps=steps, emulate=True, seq=A_SEQ, checkpoint_every=A_EVERY)
     inject = [f"slow:rank={slow.index},factor={A_FACTOR:g},step={A_SLOW_AT}"]
     t0 = time.time()
     adapt = hetpipe.run(plan, inject=inject, adapt=True, checkpoint_dir=tmp / "a-ck", run_dir=tmp / "a-run", **common)
     stay = hetpipe.run(plan, inject=inject, checkpoint_dir=tmp / "s-ck", run_dir=tmp / "s-run", **common)
     orc = hetpipe.run(oracle.plan, checkpoint_dir=tmp / "o-ck", run_dir=tmp / "o-run", **common)
     wall = time.time() - t0
-    return _straggler_lines(plan, slow, oracle, adapt, stay, orc, tmp, wall)
+    return _straggler_lines(plan, slow, oracle, adapt, stay, orc, tmp, wall, steps)
 
 
 def _detected_step(run_dir: Path) -> int | None:
@@ -91,41 +91,41 @@ def _detected_step(run_dir: Path) -> int | None:
     return None
 
 
-def _straggler_lines(plan, slow, oracle, adapt, stay, orc, tmp: Path, wall: float) -> list[str]:
+def _straggler_lines(plan, slow, oracle, adapt, stay, orc, tmp: Path, wall: float, steps: int) -> list[str]:
     from hetpipe.runtime.supervise import stage_text
 
-    lines = [f"(a) `{A_MODEL}` on homelab-mini: {stage_text(plan)}, predicted T {plan.predicted.iteration_s:.4g} "
-             f"emu s; stage {slow.index} ({slow.device}) {A_FACTOR:g}x slower from step {A_SLOW_AT} of {A_STEPS}; "
-             f"checkpoints every {A_EVERY}; three emulated runs, {wall:.0f} s wall.", ""]
     detected = _detected_step(tmp / "a-run")
-    if not adapt.restarts:
-        lines += [f"--adapt did not relaunch (straggler detected at step {detected}); notes: "
-                  + "; ".join(n for n in adapt.notes if n.startswith("straggler"))]
-        return lines
-    r = adapt.restarts[0]
-    stay_emu = _median_emu(stay, A_SLOW_AT + 1)
-    adapt_emu, orc_emu = _median_emu(adapt, 1), _median_emu(orc, 1)
+    decisions = [n for n in adapt.notes if n.startswith("straggler:")]
+    stay_emu, orc_emu = _median_emu(stay, A_SLOW_AT + 1), _median_emu(orc, 1)
+    r = adapt.restarts[0] if adapt.restarts else None
+    adapt_emu = _median_emu(adapt, 1) if r else _median_emu(adapt, A_SLOW_AT + 1)
     rest_stay = sum(s.step_s for s in stay.step_records[A_SLOW_AT:])
-    rest_adapt = (r.resumed_step - A_SLOW_AT) * statistics.median(s.step_s for s in stay.step_records[A_SLOW_AT:]) \
-        + r.restart_s + sum(s.step_s for s in adapt.step_records)
-    rows = [["stay on the old plan", stage_text(plan), f"{r.old_predicted_s:.4g}", f"{stay_emu:.4g}", "1.00"],
-            ["--adapt (after the relaunch)", r.new_stages, f"{r.new_predicted_s:.4g}", f"{adapt_emu:.4g}",
+    stay_real = statistics.median(s.step_s for s in stay.step_records[A_SLOW_AT:])
+    rest_adapt = ((r.resumed_step - A_SLOW_AT) * stay_real + r.restart_s + sum(s.step_s for s in adapt.step_records)
+                  if r else sum(s.step_s for s in adapt.step_records[A_SLOW_AT:]))
+    rows = [["stay on the old plan", stage_text(plan), f"{oracle.old_iteration_s:.4g}", f"{stay_emu:.4g}", "1.00"],
+            ["--adapt" + (" (after the relaunch)" if r else " (stayed)"), r.new_stages if r else stage_text(plan),
+             f"{(r.new_predicted_s if r else oracle.old_iteration_s):.4g}", f"{adapt_emu:.4g}",
              f"{stay_emu / adapt_emu:.2f}"],
-            ["oracle (knows the slowdown)", stage_text(oracle.plan), f"{oracle.new_iteration_s:.4g}", f"{orc_emu:.4g}",
-             f"{stay_emu / orc_emu:.2f}"]]
-    lines += [markdown_table(["run", "stages", "predicted T (emu s)", "measured step (emu s, median)",
-                              "throughput vs stay"], rows), "",
-              f"- detection: the fault starts at step {A_SLOW_AT}, the straggler was named after step {detected} "
-              f"({(detected or 0) - A_SLOW_AT} steps later); re-plan {r.replan_s:.3g} s; relaunch from the checkpoint "
-              f"of step {r.resumed_step}, {r.steps_redone} steps redone, next step done {r.restart_s:.1f} s after "
-              "the stop (start-up of the new job on this CPU box).",
-              f"- after the re-plan: {stay_emu / adapt_emu:.2f}x the throughput of staying (goal >= 1.5x: "
-              f"{'met' if stay_emu / adapt_emu >= 1.5 else 'NOT met'}); {adapt_emu / orc_emu:.3f} of the oracle's step "
-              f"time (goal within 10%: {'met' if adapt_emu <= 1.1 * orc_emu else 'NOT met'}).",
-              f"- steps {A_SLOW_AT}..{A_STEPS} end to end, real seconds (restart included): stay {rest_stay:.1f} s, "
-              f"--adapt {rest_adapt:.1f} s ({rest_stay / rest_adapt:.2f}x); time scales (real s per emu s): stay "
-              f"{stay.time_scale:.3g}, adapt's last job {adapt.time_scale:.3g}, oracle {orc.time_scale:.3g}."]
-    return lines
+            ["oracle = the re-plan (knows the slowdown)", stage_text(oracle.plan), f"{oracle.new_iteration_s:.4g}",
+             f"{orc_emu:.4g}", f"{stay_emu / orc_emu:.2f}"]]
+    what = (f"relaunched from the checkpoint of step {r.resumed_step} ({r.steps_redone} steps redone), next step done "
+            f"{r.restart_s:.1f} s after the stop" if r else "stayed on the old plan")
+    return [f"(a) `{A_MODEL}` on homelab-mini: {stage_text(plan)}, predicted T {plan.predicted.iteration_s:.4g} emu s; "
+            f"stage {slow.index} ({slow.device}) {A_FACTOR:g}x slower from step {A_SLOW_AT} of {steps} "
+            f"(`--inject slow:...`); checkpoints every {A_EVERY}; three emulated runs, {wall:.0f} s wall.", "",
+            markdown_table(["run", "stages", "predicted T (emu s)", "measured step (emu s, median)",
+                            "throughput vs stay"], rows), "",
+            f"- detection: the fault starts at step {A_SLOW_AT}; the ranks named the straggler after step {detected} "
+            f"({(detected or 0) - A_SLOW_AT} steps later). Re-plan: {oracle.replan_s:.3f} s (from the plan's tables).",
+            f"- the supervisor's decision: {'; '.join(decisions) or 'none logged'}; it {what}.",
+            f"- re-planned plan vs staying: {stay_emu / orc_emu:.2f}x measured ({oracle.old_iteration_s / oracle.new_iteration_s:.2f}x "
+            f"predicted; goal >= 1.5x: {'met' if stay_emu / orc_emu >= 1.5 else 'NOT met'}); --adapt's own steps after the "
+            f"fault: {stay_emu / adapt_emu:.2f}x staying, {adapt_emu / orc_emu:.3f} of the oracle's step time (goal within "
+            f"10%: {'met' if adapt_emu <= 1.1 * orc_emu else 'NOT met'}).",
+            f"- steps {A_SLOW_AT}..{steps} end to end, real seconds (any restart included): stay {rest_stay:.1f} s, "
+            f"--adapt {rest_adapt:.1f} s; time scales (real s per emu s): stay {stay.time_scale:.3g}, --adapt's last job "
+            f"{adapt.time_scale:.3g}, oracle {orc.time_scale:.3g}."]
 
 
 # ----------------------------------------------------------------------------- (b) kills
@@ -223,13 +223,17 @@ def _kill_lines(plan, faulty, clean, log, n: int, wall: float, diff: float) -> l
 
 
 def main(argv: list[str] | None = None) -> int:
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kills", type=int, default=5, help="faults in part (b) (the issue's figure is 20; 0 skips part (b))")
     ap.add_argument("--skip-straggler", action="store_true", help="run part (b) only")
+    ap.add_argument("--straggler-steps", type=int, default=A_STEPS, help=f"steps of part (a) (default {A_STEPS})")
     args = ap.parse_args(argv)
     load_before = _load()
     with tempfile.TemporaryDirectory(prefix="hetpipe-faults-") as tmp:
-        body = [] if args.skip_straggler else straggler(Path(tmp))
+        body = [] if args.skip_straggler else straggler(Path(tmp), args.straggler_steps)
         body += ["", *kills(Path(tmp), args.kills)] if args.kills > 0 else []
     body += ["", f"Load average (1/5/15 min) before: {load_before}; after: {_load()} (other engineers' jobs share "
              "the 2 cores)."]
