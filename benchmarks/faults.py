@@ -99,10 +99,12 @@ def _straggler_lines(plan, slow, oracle, adapt, stay, orc, tmp: Path, wall: floa
     stay_emu, orc_emu = _median_emu(stay, A_SLOW_AT + 1), _median_emu(orc, 1)
     r = adapt.restarts[0] if adapt.restarts else None
     adapt_emu = _median_emu(adapt, 1) if r else _median_emu(adapt, A_SLOW_AT + 1)
-    rest_stay = sum(s.step_s for s in stay.step_records[A_SLOW_AT:])
-    stay_real = statistics.median(s.step_s for s in stay.step_records[A_SLOW_AT:])
-    rest_adapt = ((r.resumed_step - A_SLOW_AT) * stay_real + r.restart_s + sum(s.step_s for s in adapt.step_records)
-                  if r else sum(s.step_s for s in adapt.step_records[A_SLOW_AT:]))
+    # The rest of the run in emulated (device) seconds; before its stop --adapt ran the same old plan under the same
+    # fault as the stay run, whose steps stand in for them.  The relaunch itself is real seconds on this box.
+    rest_stay = sum(s.emulated_step_s for s in stay.step_records[A_SLOW_AT:])
+    rest_adapt = (sum(s.emulated_step_s for s in stay.step_records[A_SLOW_AT:r.resumed_step])
+                  + sum(s.emulated_step_s for s in adapt.step_records) if r
+                  else sum(s.emulated_step_s for s in adapt.step_records[A_SLOW_AT:]))
     rows = [["stay on the old plan", stage_text(plan), f"{oracle.old_iteration_s:.4g}", f"{stay_emu:.4g}", "1.00"],
             ["--adapt" + (" (after the relaunch)" if r else " (stayed)"), r.new_stages if r else stage_text(plan),
              f"{(r.new_predicted_s if r else oracle.old_iteration_s):.4g}", f"{adapt_emu:.4g}",
@@ -123,9 +125,11 @@ def _straggler_lines(plan, slow, oracle, adapt, stay, orc, tmp: Path, wall: floa
             f"predicted; goal >= 1.5x: {'met' if stay_emu / orc_emu >= 1.5 else 'NOT met'}); --adapt's own steps after the "
             f"fault: {stay_emu / adapt_emu:.2f}x staying, {adapt_emu / orc_emu:.3f} of the oracle's step time (goal within "
             f"10%: {'met' if adapt_emu <= 1.1 * orc_emu else 'NOT met'}).",
-            f"- steps {A_SLOW_AT}..{steps} end to end, real seconds (any restart included): stay {rest_stay:.1f} s, "
-            f"--adapt {rest_adapt:.1f} s; time scales (real s per emu s): stay {stay.time_scale:.3g}, --adapt's last job "
-            f"{adapt.time_scale:.3g}, oracle {orc.time_scale:.3g}."]
+            f"- steps {A_SLOW_AT}..{steps} end to end, emulated seconds: stay {rest_stay:.1f}, --adapt {rest_adapt:.1f} "
+            f"({rest_stay / rest_adapt:.2f}x)" + (f", plus the relaunch: {r.restart_s:.1f} real s on this box (start-up "
+            "of the new job's processes; not an emulated figure)" if r else "") + f". Time scales (real s per emu s, "
+            f"each launch calibrates its own): stay {stay.time_scale:.3g}, --adapt's last job {adapt.time_scale:.3g}, "
+            f"oracle {orc.time_scale:.3g}."]
 
 
 # ----------------------------------------------------------------------------- (b) kills
