@@ -36,7 +36,7 @@ from hetpipe.errors import ConfigError
 from hetpipe.partitioner.problem import Problem, evaluate
 from hetpipe.plan.baseline_report import baseline_reports
 from hetpipe.plan.build import plan_stages, predicted_figures
-from hetpipe.plan.schema import Plan, SolverReport, UnitTimes, problem_from_plan, stages_from_plan
+from hetpipe.plan.schema import KindSeconds, Plan, SolverReport, UnitTimes, problem_from_plan, stages_from_plan
 
 SLOW_MARK = "@x"  # <kind>@x<factor>: a card measured <factor> times slower than its kind
 
@@ -74,9 +74,12 @@ def scale_device(problem: Problem, device_id: str, factor: float) -> Problem:
     old = problem.devices[i].kind
     kind = slowed_kind(old, factor)
     devices = tuple(dataclasses.replace(d, kind=kind) if j == i else d for j, d in enumerate(problem.devices))
-    return dataclasses.replace(problem, devices=devices,
-                               fwd_s={**problem.fwd_s, kind: tuple(t * factor for t in problem.fwd_s[old])},
-                               bwd_s={**problem.bwd_s, kind: tuple(t * factor for t in problem.bwd_s[old])})
+    scaled = {name: {**table, kind: tuple(t * factor for t in table[old])} if old in table else table
+              for name, table in (("fwd_s", problem.fwd_s), ("bwd_s", problem.bwd_s), ("step_s", problem.step_s))}
+    launch = dict(problem.step_launch_s)
+    if old in launch:  # the optimizer step's launch share: the card is slower at it too
+        launch[kind] = launch[old] * factor
+    return dataclasses.replace(problem, devices=devices, step_launch_s=launch, **scaled)
 
 
 def without_devices(problem: Problem, lost: Iterable[str]) -> Problem:
@@ -94,6 +97,8 @@ def without_devices(problem: Problem, lost: Iterable[str]) -> Problem:
         problem, devices=tuple(problem.devices[i] for i in keep),
         fwd_s={k: v for k, v in problem.fwd_s.items() if k in used},
         bwd_s={k: v for k, v in problem.bwd_s.items() if k in used},
+        step_s={k: v for k, v in problem.step_s.items() if k in used},
+        step_launch_s={k: v for k, v in problem.step_launch_s.items() if k in used},
         bandwidth_bytes_s=tuple(tuple(problem.bandwidth_bytes_s[i][j] for j in keep) for i in keep),
         latency_s=tuple(tuple(problem.latency_s[i][j] for j in keep) for i in keep))
 
@@ -126,8 +131,9 @@ def plan_on(plan: Plan, problem: Problem, stages: tuple, solver: SolverReport, *
     ev = evaluate(problem, stages)
     kinds = sorted({d.kind for d in problem.devices})
     ids = {d.id: d for d in problem.devices}
-    units = tuple(dataclasses.replace(u, time_s={k: UnitTimes(problem.fwd_s[k][u.index], problem.bwd_s[k][u.index])
-                                                 for k in kinds}) for u in plan.units)
+    steps = {k: problem.step_s.get(k, (0.0,) * len(plan.units)) for k in kinds}
+    units = tuple(dataclasses.replace(u, time_s={k: UnitTimes(problem.fwd_s[k][u.index], problem.bwd_s[k][u.index],
+                                                              steps[k][u.index]) for k in kinds}) for u in plan.units)
     notes = {k: v for k, v in plan.cost_model.items() if k not in {d.kind for d in plan.devices} or k in kinds}
     for device, factor in ((d, f) for d, f in slowdown.items() if d in ids):
         base = next(d.kind for d in plan.devices if d.id == device)
@@ -138,4 +144,5 @@ def plan_on(plan: Plan, problem: Problem, stages: tuple, solver: SolverReport, *
         links=tuple(link for link in plan.links if link.src in ids and link.dst in ids), units=units,
         stages=plan_stages(problem, stages, ev), predicted=predicted_figures(problem, stages, ev,
                                                                              plan.training.global_batch),
-        solver=solver, baselines=baseline_reports(problem), left_out=(), cost_model=notes)
+        solver=solver, baselines=baseline_reports(problem), left_out=(), cost_model=notes,
+        step_launch_s=tuple(KindSeconds(k, problem.step_launch_s[k]) for k in kinds if k in problem.step_launch_s))
