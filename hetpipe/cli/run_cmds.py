@@ -42,6 +42,12 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--resume", default=None, metavar="DIR",
                    help="continue from the newest complete checkpoint in DIR (or the step-NNNNNN folder named), on "
                         "this plan or another; --steps is the total to reach")
+    p.add_argument("--max-restarts", type=int, default=None, metavar="N",
+                   help="after a rank dies, re-plan on the surviving devices and resume from the newest checkpoint, "
+                        "up to N times (needs --checkpoint-dir; default: no restart)")
+    p.add_argument("--adapt", action="store_true",
+                   help="on a straggler report, re-plan with the measured slowdown and, if the predicted gain over "
+                        "the remaining steps beats the restart, relaunch at the next checkpoint (needs --checkpoint-dir)")
     p.add_argument("--safety-factor", type=float, default=None,
                    help="emulation: margin of each action's target over its contended real time (default 2)")
     p.add_argument("--run-dir", type=Path, default=None, help="keep per-rank results and the torchrun log here")
@@ -90,7 +96,8 @@ def cmd_run(args: argparse.Namespace, console: Any) -> int:
                  data=args.data, loss=args.loss, safety_factor=args.safety_factor, run_dir=args.run_dir,
                  sync_overlap=args.sync_overlap, weights=args.weights, save_weights=args.save_weights,
                  checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
-                 inject=args.inject, straggler_margin=args.straggler_margin, straggler_steps=args.straggler_steps)
+                 inject=args.inject, straggler_margin=args.straggler_margin, straggler_steps=args.straggler_steps,
+                 max_restarts=args.max_restarts, adapt=args.adapt)
     for table in summary_tables(report):
         console.print(table)
     for note in report.notes:

@@ -142,7 +142,8 @@ def cost_model_notes(cluster: Cluster, precision: str) -> dict[str, str]:
     return notes
 
 
-def _predicted(problem: Problem, stages: tuple[Stage, ...], ev: Evaluation, global_batch: int) -> Predicted:
+def predicted_figures(problem: Problem, stages: tuple[Stage, ...], ev: Evaluation, global_batch: int) -> Predicted:
+    """The plan's `Predicted` block of an evaluated placement (T, bubble, samples/s, utilisation, simulated T)."""
     m = problem.microbatches
     util = {d.id: 0.0 for d in problem.devices}
     busy = 0.0
@@ -248,7 +249,7 @@ def assemble_plan(
         ),
         units=_plan_units(graph, problem),
         stages=plan_stages(problem, stages, ev),
-        predicted=_predicted(problem, stages, ev, global_batch),
+        predicted=predicted_figures(problem, stages, ev, global_batch),
         solver=solver,
         baselines=baselines or {},
         left_out=left_out,

@@ -57,6 +57,10 @@ PROGRESS_GRACE_S = 30.0
 TEARDOWN_GRACE_S = 20.0
 KILL_GRACE_S = 5.0  # SIGTERM -> SIGKILL
 POLL_S = 0.1
+# A file a supervisor creates in the run directory to end the job now (`hetpipe.runtime.supervise`:
+# after a complete checkpoint, to relaunch on a better plan); the job then fails with `STOPPED`.
+STOP_REQUEST = "stop-request"
+STOPPED = "stopped on request"
 WORKER_MODULE = "hetpipe.runtime.worker"
 
 
@@ -304,6 +308,8 @@ def launch(spec: LaunchSpec, *, env: dict[str, str] | None = None) -> LaunchOutc
                 if error_seen is None and any(spec.run_dir.glob("error-rank*.json")):
                     error_seen = time.time()
                 reason = watchdog_reason(spec, started, error_seen)
+                if (spec.run_dir / STOP_REQUEST).exists():
+                    reason = f"{STOPPED} ({spec.run_dir / STOP_REQUEST})"
                 if reason:
                     log.warning("killing the job: %s", reason)
                     _kill(proc)

@@ -40,6 +40,7 @@ from hetpipe.errors import ConfigError, HetpipeError
 from hetpipe.plan.run_sim import simulated_iteration_s
 from hetpipe.plan.serde import from_json, to_json
 from hetpipe.runtime.faults.straggler import StepRatios, StragglerRecord
+from hetpipe.runtime.restarts import Restart
 
 RUN_FORMAT = "hetpipe.run"
 RUN_VERSION = 1
@@ -219,6 +220,7 @@ class RunReport:
     timelines: tuple[RankTimeline, ...] = ()  # the last step, per rank, real seconds
     stragglers: tuple[StragglerRecord, ...] = ()  # stages named slower than planned (issue 16)
     injected: tuple[str, ...] = ()  # the --inject faults of the run, as specs
+    restarts: tuple[Restart, ...] = ()  # a supervised run's relaunches (`hetpipe.runtime.supervise`)
     format: str = RUN_FORMAT
     version: int = RUN_VERSION
 

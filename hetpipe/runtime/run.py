@@ -181,7 +181,8 @@ def _fill_workdir(workdir: Path, plan: Plan, data: Any, batches: list[Any] | Non
 def _fresh_run_dir(workdir: Path, plan: Plan) -> Path:
     """Drop a previous run's rank files from ``workdir`` and write the plan the workers load; returns its path."""
     for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("result-rank*.json"),
-                  *workdir.glob("progress-rank*"), *workdir.glob("straggler-rank*.json")]:
+                  *workdir.glob("progress-rank*"), *workdir.glob("straggler-rank*.json"),
+                  *workdir.glob("steps-rank*.json")]:
         stale.unlink()
     plan_path = workdir / "plan.json"
     plan.save(plan_path)
@@ -209,6 +210,7 @@ def run(
     save_weights: str | Path | None = None,
     checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, resume: str | Path | None = None,
     inject: Sequence[str] | None = None, straggler_margin: float | None = None, straggler_steps: int | None = None,
+    max_restarts: int | None = None, adapt: bool = False,
 ) -> RunReport:
     """Train ``model`` for ``steps`` optimizer steps with ``plan`` (see the module docstring).
 
@@ -217,10 +219,13 @@ def run(
     ``weights``: a checkpoint to start from, each rank reading its stage only (default: `seeded_init`
     from ``seed``); ``save_weights``: a folder for the trained weights (`hetpipe.runtime.stage.weights`).
     ``checkpoint_dir`` / ``checkpoint_every`` / ``resume``: `hetpipe.runtime.checkpoint` (``steps``: the total to reach).
+    ``max_restarts`` / ``adapt``: relaunch on a new plan after a lost rank / a straggler (`hetpipe.runtime.supervise`).
     Raises `PlanError` (plan for another model), `ScheduleError`, `ConfigError` before
     launching; `RuntimeFailure` naming the rank, stage and action if a rank fails.
     """
     plan = plan if isinstance(plan, Plan) else Plan.load(plan)
+    if max_restarts is not None or adapt:
+        return _supervised(plan, locals())
     if timeout_s is None:
         timeout_s = _default_timeout_s(plan, steps=steps, emulate=emulate, safety_factor=safety_factor)
     faults = _check_args(plan, steps, timeout_s, (inject, emulate), margin=straggler_margin, window=straggler_steps)
@@ -243,6 +248,44 @@ def run(
         out.save(report)
     if not keep:
         shutil.rmtree(workdir, ignore_errors=True)
+    return out
+
+
+_NOT_PER_ATTEMPT = ("plan", "resume", "run_dir", "report", "max_restarts", "adapt")
+
+
+def _supervised(plan: Plan, args: dict[str, Any]) -> RunReport:
+    """`run` under `hetpipe.runtime.supervise` (``args``: `run`'s arguments); each attempt is a plain
+    `run` in its own folder ``RUN_DIR/attempt-<n>``."""
+    from hetpipe.runtime.supervise import SuperviseOptions, supervise
+
+    once = {k: v for k, v in args.items() if k not in _NOT_PER_ATTEMPT}
+    resume, run_dir, report, adapt = args["resume"], args["run_dir"], args["report"], args["adapt"]
+    max_restarts = args["max_restarts"] if args["max_restarts"] is not None else 0
+
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ConfigError(f"--max-restarts must be a whole number of restarts, 0 or more; got {max_restarts!r}")
+    if once["checkpoint_dir"] is None:
+        flag = "--adapt" if adapt else f"--max-restarts {max_restarts}"
+        raise ConfigError(f"{flag} needs --checkpoint-dir DIR (and --checkpoint-every N): a relaunched job "
+                          "continues from the newest checkpoint there")
+    data = once["data"]
+    if data is not None and not isinstance(data, str):  # an iterator is read once, by the first attempt
+        once["data"] = take_batches(data, once["steps"])
+    opts = SuperviseOptions(checkpoint_dir=Path(writable_folder(once["checkpoint_dir"], "--checkpoint-dir")),
+                            steps=once["steps"], max_restarts=max_restarts, adapt=adapt,
+                            resume=str(resume) if resume is not None else None,
+                            checkpoint_every=once["checkpoint_every"])
+
+    def attempt(p: Plan, folder: Path, resume_from: str | None) -> RunReport:
+        # Injected faults (``inject``, hetpipe.runtime.faults) belong to the first launch: a kill is
+        # one-shot, and a slowdown lives on in the re-planned plan's tables of that card.
+        later = {k: v for k, v in once.items() if k != "inject"} if folder.name != "attempt-0" else once
+        return run(p, run_dir=folder, resume=resume_from, **later)
+
+    out = supervise(plan, attempt, opts, run_dir=Path(run_dir) if run_dir is not None else None)
+    if report is not None:
+        out.save(report)
     return out
 
 

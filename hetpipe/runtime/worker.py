@@ -58,6 +58,7 @@ from hetpipe.runtime.execute import heartbeat
 from hetpipe.runtime.faults.watch import step_watch
 from hetpipe.runtime.launch import RankError, write_error
 from hetpipe.runtime.report import RankResult, median
+from hetpipe.runtime.steps_done import record_step
 from hetpipe.runtime.stage.buffers import ModelBuffers, kept_buffers
 from hetpipe.runtime.data import data_stream, split_microbatches
 from hetpipe.runtime.emulate.pipeline import RecordingHooks
@@ -378,6 +379,8 @@ def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, p
             losses.append(float(loss))
         loop.after_step(step + 1, step + 1 == args.steps)
         touch(progress)
+        record_step(args.run_dir, rank=state.rank, stage=loop.plan_stage, steps_done=step + 1, step_s=step_s,
+                    hooks=loop.hooks)  # how far this rank got, for a supervisor (runtime/steps_done.py)
     state.phase = "finishing"
     loop.finish()
     barrier(backend == "gloo", args.timeout)

@@ -1,0 +1,148 @@
+"""Re-plan a running job from its plan's own tables: without lost devices, or with a device measured slower.
+
+A plan records everything the solver needs (per-unit times per device kind, memory, cut bytes,
+devices, links: `problem_from_plan`), so re-planning needs neither the model nor the cluster file
+and takes the solver's time only (issue 16, items 3 and 4).  Two changes of the cluster:
+
+* ``lost``: devices that are gone (a dead rank's card) are removed with their links;
+* ``slowdown``: device id -> factor by which it runs slower than its plan says (a straggler
+  report).  `scale_device` gives that card its own kind, ``<kind>@x<factor>``, whose unit
+  times are the kind's times x factor -- the same as dividing its profile's FLOP/s and
+  bandwidth and multiplying its per-op overhead by the factor.  The other cards of its kind keep
+  their times.  It is the one function to replace by a calibrated cluster (`hetpipe calibrate`)
+  where one exists.
+
+The new plan keeps the model, training settings and unit table; its stages, predicted figures,
+solver record and baselines are those of the changed cluster, so `hetpipe check` accepts it.
+
+Example (the 3-device synthetic test cluster; the slow card n1:0 lost):
+    >>> from tests.runtime_plans import synthetic_plan                       # doctest: +SKIP
+    >>> r = replan(synthetic_plan(), lost=("n1:0",))                         # doctest: +SKIP
+    >>> sorted({s.device for s in r.plan.stages}) <= ["n0:0", "n0:1"]        # doctest: +SKIP
+    True
+    >>> slowed_kind("rtx3090", 3.0), slowed_kind("rtx3090@x3", 1.5)
+    ('rtx3090@x3', 'rtx3090@x4.5')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from hetpipe.errors import ConfigError
+from hetpipe.partitioner.problem import Problem, evaluate
+from hetpipe.plan.baseline_report import baseline_reports
+from hetpipe.plan.build import plan_stages, predicted_figures
+from hetpipe.plan.schema import KindSeconds, Plan, SolverReport, UnitTimes, problem_from_plan, stages_from_plan
+
+SLOW_MARK = "@x"  # <kind>@x<factor>: a card measured <factor> times slower than its kind
+
+
+@dataclass(frozen=True)
+class Replan:
+    """A re-planned job: the new plan and what the change costs the old one.
+
+    ``old_iteration_s``: the old placement's T on the changed cluster (with the slowdown) when
+    all its cards remain, else the old plan's recorded T; ``new_iteration_s``: the new plan's T
+    (both device seconds per iteration); ``replan_s``: wall seconds of the re-plan.
+    """
+
+    plan: Plan
+    old_iteration_s: float
+    new_iteration_s: float
+    replan_s: float
+
+
+def slowed_kind(kind: str, factor: float) -> str:
+    """The kind name of a ``kind`` card ``factor`` times slower (factors compose)."""
+    base, _, prior = kind.partition(SLOW_MARK)
+    total = factor * (float(prior) if prior else 1.0)
+    return f"{base}{SLOW_MARK}{total:.4g}"
+
+
+def scale_device(problem: Problem, device_id: str, factor: float) -> Problem:
+    """``problem`` with ``device_id``'s unit times multiplied by ``factor`` (under its own kind)."""
+    if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
+        raise ConfigError(f"slowdown factor of {device_id} must be a positive number, got {factor!r}")
+    ids = [d.id for d in problem.devices]
+    if device_id not in ids:
+        raise ConfigError(f"slowdown names device {device_id!r}, which the plan does not have ({', '.join(ids)})")
+    i = ids.index(device_id)
+    old = problem.devices[i].kind
+    kind = slowed_kind(old, factor)
+    devices = tuple(dataclasses.replace(d, kind=kind) if j == i else d for j, d in enumerate(problem.devices))
+    scaled = {name: {**table, kind: tuple(t * factor for t in table[old])} if old in table else table
+              for name, table in (("fwd_s", problem.fwd_s), ("bwd_s", problem.bwd_s), ("step_s", problem.step_s))}
+    launch = dict(problem.step_launch_s)
+    if old in launch:  # the optimizer step's launch share: the card is slower at it too
+        launch[kind] = launch[old] * factor
+    return dataclasses.replace(problem, devices=devices, step_launch_s=launch, **scaled)
+
+
+def without_devices(problem: Problem, lost: Iterable[str]) -> Problem:
+    """``problem`` without the devices ``lost`` (ids) and their links."""
+    gone = set(lost)
+    unknown = gone - {d.id for d in problem.devices}
+    if unknown:
+        raise ConfigError(f"lost device {sorted(unknown)[0]!r} is not in the plan; name one of "
+                          f"{', '.join(d.id for d in problem.devices)}")
+    keep = [i for i, d in enumerate(problem.devices) if d.id not in gone]
+    if not keep:
+        raise ConfigError("every device of the plan is lost; nothing is left to re-plan on")
+    used = {problem.devices[i].kind for i in keep}
+    return dataclasses.replace(
+        problem, devices=tuple(problem.devices[i] for i in keep),
+        fwd_s={k: v for k, v in problem.fwd_s.items() if k in used},
+        bwd_s={k: v for k, v in problem.bwd_s.items() if k in used},
+        step_s={k: v for k, v in problem.step_s.items() if k in used},
+        step_launch_s={k: v for k, v in problem.step_launch_s.items() if k in used},
+        bandwidth_bytes_s=tuple(tuple(problem.bandwidth_bytes_s[i][j] for j in keep) for i in keep),
+        latency_s=tuple(tuple(problem.latency_s[i][j] for j in keep) for i in keep))
+
+
+def replan(plan: Plan, *, lost: Iterable[str] = (), slowdown: Mapping[str, float] | None = None,
+           solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0) -> Replan:
+    """Solve ``plan``'s problem again without ``lost`` devices and with ``slowdown`` applied."""
+    from hetpipe.partitioner.solvers.solve import solve
+
+    if plan.replicas:
+        raise ConfigError("re-planning replica plans is not supported yet; run a single-pipeline plan")
+    start = time.perf_counter()
+    lost = tuple(lost)
+    problem = problem_from_plan(plan)
+    for device, factor in (slowdown or {}).items():
+        problem = scale_device(problem, device, factor)
+    old_s = plan.predicted.iteration_s
+    if not set(lost) & {s.device for s in plan.stages}:
+        old_s = evaluate(problem, stages_from_plan(plan)).iteration_s
+    problem = without_devices(problem, lost)
+    sol = solve(problem, solver=solver, time_limit_s=time_limit_s, seed=seed)
+    report = SolverReport(sol.solver, sol.status, sol.iteration_s, sol.bound_s, sol.wall_s, time_limit_s, seed)
+    new = plan_on(plan, problem, sol.stages, report, slowdown=slowdown or {})
+    return Replan(new, old_s, new.predicted.iteration_s, time.perf_counter() - start)
+
+
+def plan_on(plan: Plan, problem: Problem, stages: tuple, solver: SolverReport, *,
+            slowdown: Mapping[str, float]) -> Plan:
+    """``plan`` moved onto ``problem``'s devices and tables with the placement ``stages``."""
+    ev = evaluate(problem, stages)
+    kinds = sorted({d.kind for d in problem.devices})
+    ids = {d.id: d for d in problem.devices}
+    steps = {k: problem.step_s.get(k, (0.0,) * len(plan.units)) for k in kinds}
+    units = tuple(dataclasses.replace(u, time_s={k: UnitTimes(problem.fwd_s[k][u.index], problem.bwd_s[k][u.index],
+                                                              steps[k][u.index]) for k in kinds}) for u in plan.units)
+    notes = {k: v for k, v in plan.cost_model.items() if k not in {d.kind for d in plan.devices} or k in kinds}
+    for device, factor in ((d, f) for d, f in slowdown.items() if d in ids):
+        base = next(d.kind for d in plan.devices if d.id == device)
+        notes[ids[device].kind] = (f"{base}'s unit times x {factor:.4g}: {device} measured {factor:.4g}x slower "
+                                   f"than its plan (straggler report)")
+    return dataclasses.replace(
+        plan, devices=tuple(dataclasses.replace(d, kind=ids[d.id].kind) for d in plan.devices if d.id in ids),
+        links=tuple(link for link in plan.links if link.src in ids and link.dst in ids), units=units,
+        stages=plan_stages(problem, stages, ev), predicted=predicted_figures(problem, stages, ev,
+                                                                             plan.training.global_batch),
+        solver=solver, baselines=baseline_reports(problem), left_out=(), cost_model=notes,
+        step_launch_s=tuple(KindSeconds(k, problem.step_launch_s[k]) for k in kinds if k in problem.step_launch_s))

@@ -1,0 +1,388 @@
+"""Supervised runs: relaunch on a new plan when a rank dies (``--max-restarts``) or a card turns slow (``--adapt``).
+
+`supervise` runs one launch (an *attempt*, `AttemptFn`: `hetpipe.runtime.run.run` without
+supervision) at a time in ``RUN_DIR/attempt-<n>/`` and watches its run directory:
+
+* **A rank dies** (the launch fails and torchrun's summary shows a rank that exited -- killed by
+  a signal other than torchrun's own SIGTERM teardown, or with a non-zero code -- without writing
+  an ``error-rank<r>.json``: it could not say why, so its device is taken to be gone).  With
+  restarts left (``--max-restarts N``), its device is removed and the job re-planned on the
+  survivors from the plan's own tables (`hetpipe.plan.replan`, seconds), then resumed from the
+  newest complete checkpoint of ``--checkpoint-dir``.  The steps every rank had finished
+  since that checkpoint are redone (``steps_redone``), nothing else.  Any other failure (a rank
+  that reported an error, a timeout without a dead rank) is raised as it is: re-planning
+  would not fix it.  Without restarts left, one `RuntimeFailure` names the dead rank, its
+  device, the step and how to continue.
+* **A straggler report** (``straggler-rank<r>.json``: stage, device, factor; written by the
+  ranks' straggler detection) with ``--adapt``: the job is re-planned with that device's unit
+  times x factor (`hetpipe.plan.replan.scale_device`).  The gain over the remaining steps --
+  measured recent step time x (1 - new T / old T with the slowdown), from the next checkpoint to
+  the end -- is weighed against the measured cost of a restart (the re-plan plus this attempt's
+  own start-up, from launch to its first finished step).  If it wins, the supervisor waits for
+  the next complete checkpoint, stops the job (``stop-request``, `hetpipe.runtime.launch`) and
+  relaunches on the new plan from that checkpoint: no step is redone unless the stop lands
+  after the next step finished.
+
+How far each rank got comes from ``steps-rank<r>.json`` (`hetpipe.runtime.steps_done`).  Every
+restart is logged in one line and listed in the final report (`Restart`); the final report is
+the last attempt's (its step records are that attempt's steps), with the restarts attached.
+
+Example:
+    >>> describe_exit(-9), describe_exit(3)
+    ('was killed by signal 9 (SIGKILL)', 'exited with code 3')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from hetpipe.errors import ConfigError, RuntimeFailure
+from hetpipe.plan.replan import Replan, replan
+from hetpipe.plan.schema import Plan
+from hetpipe.runtime.checkpoint.files import find_checkpoint, is_complete, parse_step
+from hetpipe.runtime.launch import STOP_REQUEST, exit_codes, read_errors
+from hetpipe.runtime.report import RunReport
+from hetpipe.runtime.restarts import Restart
+from hetpipe.runtime.steps_done import StepsDone, read_steps
+
+log = logging.getLogger(__name__)
+
+#: (plan, run directory, checkpoint folder to resume from or None) -> the report of one launch.
+AttemptFn = Callable[[Plan, Path, "str | None"], RunReport]
+POLL_S = 0.2  # how often the run directory is read: far below a step's time and a restart's cost
+TEARDOWN_CODE = -int(signal.SIGTERM)  # torchrun ends the survivors with SIGTERM once a rank failed
+# A re-plan for a slowdown prices the straggler at its measured speed, so a new report means it
+# got slower again; this bounds the relaunches of a run whose card keeps degrading.
+MAX_ADAPT_RESTARTS = 8
+
+
+@dataclass(frozen=True)
+class SuperviseOptions:
+    """``max_restarts``: relaunches after dead ranks; ``adapt``: re-plan on straggler reports;
+    ``steps``: the total to reach; ``resume``: the first attempt's ``--resume`` (or None)."""
+
+    checkpoint_dir: Path
+    steps: int
+    max_restarts: int = 0
+    adapt: bool = False
+    resume: str | None = None
+    checkpoint_every: int | None = None  # adapt stops the job only at checkpoints
+    poll_s: float = POLL_S
+
+
+@dataclass(frozen=True)
+class Death:
+    """A failed launch whose ranks died without reporting (their devices are taken to be gone)."""
+
+    ranks: tuple[int, ...]
+    devices: tuple[str, ...]
+    cause: str
+    failed_step: int
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A straggler report of the ranks' detection (``straggler-rank<r>.json``)."""
+
+    rank: int
+    stage: int
+    device: str
+    factor: float
+    step: int  # the step it was reported at (0 if the report does not say)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether re-planning away from a straggler pays: gain and cost in real seconds."""
+
+    straggler: Straggler
+    replan: Replan
+    stop_step: int  # the checkpoint step the job stops at
+    gain_s: float
+    cost_s: float
+
+    @property
+    def go(self) -> bool:
+        return self.gain_s > self.cost_s
+
+    def line(self) -> str:
+        s = self.straggler
+        verdict = f"restarting at the checkpoint of step {self.stop_step}" if self.go else "staying on this plan"
+        return (f"straggler: rank {s.rank} ({s.device}) {s.factor:.3g}x slower at step {s.step}; re-planned in "
+                f"{self.replan.replan_s:.3g} s: {stage_text(self.replan.plan)}, T {self.replan.old_iteration_s:.4g} "
+                f"-> {self.replan.new_iteration_s:.4g} s; predicted gain {self.gain_s:.3g} s vs restart cost "
+                f"{self.cost_s:.3g} s: {verdict}")
+
+
+def describe_exit(code: int) -> str:
+    """How a process ended, from its exit code (negative: the signal that killed it)."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        return f"was killed by signal {-code} ({signal.Signals(-code).name})"
+    except ValueError:
+        return f"was killed by signal {-code}"
+
+
+def stage_text(plan: Plan) -> str:
+    """``dev[first-last] ...``: the plan's stages in one short string."""
+    return " ".join(f"{s.device}[{s.first_unit}-{s.last_unit}]" for s in plan.stages)
+
+
+def steps_finished(records: dict[int, StepsDone], num_ranks: int, start: int) -> int:
+    """Steps every rank finished (a rank without a record finished none beyond ``start``)."""
+    return min((records[r].steps_done if r in records else start) for r in range(num_ranks))
+
+
+def diagnose(run_dir: Path, plan: Plan, *, start: int) -> Death | None:
+    """The dead ranks of a failed launch in ``run_dir``, or None when no rank died silently."""
+    log_path = run_dir / "torchrun.log"
+    codes = exit_codes(log_path.read_text(errors="replace")) if log_path.exists() else {}
+    reported = {e.rank for e in read_errors(run_dir)}
+    dead = sorted(r for r, c in codes.items() if c not in (0, TEARDOWN_CODE) and r not in reported)
+    if not dead:
+        return None
+    records = read_steps(run_dir)
+    stages = [records[r].stage if r in records else r for r in dead]
+    devices = tuple(plan.stages[s].device for s in stages)
+    cause = "; ".join(f"rank {r} (stage {s}, device {d}) {describe_exit(codes[r])}"
+                      for r, s, d in zip(dead, stages, devices))
+    return Death(tuple(dead), devices, cause, steps_finished(records, len(plan.stages), start))
+
+
+def read_straggler(path: Path, plan: Plan) -> Straggler | None:
+    """A compute straggler report (None while it is being written, for a link straggler, or when it
+    names no device of the plan).  Reads the faults package's `StragglerRecord` file (``factors``:
+    measure -> measured / predicted; ``detected_step``) and a plain ``{"factor": F, "step": K}``."""
+    try:
+        doc = json.loads(path.read_text())
+        rank = int(doc.get("rank", path.stem.removeprefix("straggler-rank")))
+        stage = int(doc.get("stage", rank))
+        device = str(doc.get("device") or plan.stages[stage].device)
+        factors = doc.get("factors") or {}
+        compute = [float(v) for k, v in factors.items() if k in ("fwd", "bwd")]
+        factor = float(doc["factor"]) if "factor" in doc else max(compute)
+        step = int(doc.get("detected_step", doc.get("step", 0)))
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+    if doc.get("what", "compute") != "compute":
+        log.warning("straggler: rank %d's link %s is slower than planned; --adapt re-plans only for slow compute "
+                    "(not for links yet): staying on this plan", rank, doc.get("link", "?"))
+        return None
+    known = {d.id for d in plan.devices}
+    return Straggler(rank, stage, device, factor, step) if device in known and factor > 1.0 else None
+
+
+def newest_checkpoint(root: Path) -> int:
+    """Step of the newest complete checkpoint in ``root`` (0 when there is none)."""
+    steps = [parse_step(d.name) for d in root.iterdir() if d.is_dir() and is_complete(d)] if root.is_dir() else []
+    return max((s for s in steps if s is not None), default=0)
+
+
+class _Attempt:
+    """One launch running in a thread, so that the supervisor can watch its run directory."""
+
+    def __init__(self, fn: AttemptFn, plan: Plan, run_dir: Path, resume: str | None) -> None:
+        self.plan, self.run_dir, self.started = plan, run_dir, time.time()
+        self.report: RunReport | None = None
+        self.error: BaseException | None = None
+        self.ended = math.nan
+        self.first_step_at = math.nan
+        self.notes: list[str] = []  # re-plans weighed while it ran (`Decision.line`)
+        self._thread = threading.Thread(target=self._run, args=(fn, resume), daemon=True, name=run_dir.name)
+        self._thread.start()
+
+    def _run(self, fn: AttemptFn, resume: str | None) -> None:
+        try:
+            self.report = fn(self.plan, self.run_dir, resume)
+        except BaseException as err:  # noqa: BLE001 - handed to the supervisor's thread
+            self.error = err
+        self.ended = time.time()
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self) -> None:
+        self._thread.join()
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A restart whose new job has not started yet (its ``restart_s`` and new measured time come later)."""
+
+    kind: str
+    cause: str
+    rank: int
+    device: str
+    factor: float
+    failed_step: int
+    resumed_step: int
+    replan: Replan
+    old_stages: str
+    old_measured_s: float
+    ended: float
+
+    def finish(self, job: _Attempt) -> Restart:
+        began = job.first_step_at if not math.isnan(job.first_step_at) else job.ended
+        new_s = (job.report.measured_emulated_iteration_s if job.report is not None
+                 else recent_iteration_s(read_steps(job.run_dir)))
+        return Restart(kind=self.kind, cause=self.cause, rank=self.rank, device=self.device,
+                       failed_step=self.failed_step, resumed_step=self.resumed_step,
+                       steps_redone=self.failed_step - self.resumed_step, replan_s=self.replan.replan_s,
+                       restart_s=began - self.ended, old_predicted_s=self.replan.old_iteration_s,
+                       new_predicted_s=self.replan.new_iteration_s, old_stages=self.old_stages,
+                       new_stages=stage_text(self.replan.plan), old_measured_s=self.old_measured_s,
+                       new_measured_s=new_s, factor=self.factor)
+
+
+def recent_iteration_s(records: dict[int, StepsDone]) -> float:
+    """The slowest rank's recent median step time (emulated seconds under ``--emulate``), 0 without records."""
+    return max((r.recent_emulated_s() for r in records.values()), default=0.0)
+
+
+def _resume_step(resume: str | None) -> int:
+    return find_checkpoint(resume)[1].step if resume is not None else 0
+
+
+def decide(job: _Attempt, straggler: Straggler, records: dict[int, StepsDone], *, steps: int,
+           every: int | None, start: int) -> Decision | None:
+    """Re-plan for ``straggler`` and weigh the gain against the restart (None: no checkpoint to stop at)."""
+    done = steps_finished(records, len(job.plan.stages), start)
+    if not every:
+        log.warning("straggler: rank %d (%s) %.3gx slower; --adapt stops only at checkpoints and this run has no "
+                    "--checkpoint-every: staying on this plan", straggler.rank, straggler.device, straggler.factor)
+        return None
+    stop = (done // every + 1) * every
+    rp = replan(job.plan, slowdown={straggler.device: straggler.factor})
+    recent_s = max((r.recent_real_s() for r in records.values()), default=0.0)
+    new_real_s = recent_s * rp.new_iteration_s / rp.old_iteration_s  # the measured step, scaled by the plans' ratio
+    startup_s = (job.first_step_at - job.started) if not math.isnan(job.first_step_at) else math.inf
+    return Decision(straggler, rp, stop, gain_s=max(0, steps - stop) * (recent_s - new_real_s),
+                    cost_s=rp.replan_s + startup_s)
+
+
+def _consider(job: _Attempt, records: dict[int, StepsDone], seen: set[tuple[Path, float]], opts: SuperviseOptions, *,
+              every: int | None, start: int) -> Decision | None:
+    """The first new straggler report whose re-plan pays (each report is weighed once)."""
+    for path in sorted(job.run_dir.glob("straggler-rank*.json")):
+        try:
+            key = (path, path.stat().st_mtime)  # a later record of a rank replaces its file
+        except OSError:
+            continue
+        straggler = read_straggler(path, job.plan) if key not in seen else None
+        if straggler is None:
+            continue
+        seen.add(key)
+        decision = decide(job, straggler, records, steps=opts.steps, every=every, start=start)
+        if decision is not None:
+            log.warning("%s", decision.line())
+            job.notes.append(decision.line())
+            if decision.go:
+                return decision
+    return None
+
+
+def _watch(job: _Attempt, opts: SuperviseOptions, *, every: int | None, start: int, adapt: bool) -> Decision | None:
+    """Poll ``job`` until it ends; with ``adapt``, stop it at a checkpoint when a re-plan pays.
+    Returns the decision that stopped it (None: it finished or failed by itself)."""
+    seen: set[tuple[Path, float]] = set()
+    decision, stop = None, job.run_dir / STOP_REQUEST
+    try:
+        while job.alive():
+            time.sleep(opts.poll_s)
+            records = read_steps(job.run_dir)
+            if math.isnan(job.first_step_at) and any(r.steps_done > start for r in records.values()):
+                job.first_step_at = time.time()
+            if not adapt:
+                continue
+            if decision is None:
+                decision = _consider(job, records, seen, opts, every=every, start=start)
+            elif not stop.exists() and newest_checkpoint(opts.checkpoint_dir) >= decision.stop_step:
+                stop.write_text(decision.line() + "\n")
+    except BaseException:  # Ctrl-C: the launcher's watchdog ends the job on the stop request
+        stop.write_text("interrupted\n")
+        job.join()
+        raise
+    job.join()
+    return decision if decision is not None and stop.exists() else None
+
+
+def _lost(job: _Attempt, opts: SuperviseOptions, *, start: int, restarts_used: int) -> tuple[Death, Replan]:
+    """The failed job's dead ranks and the re-plan without their devices; raises when it cannot restart."""
+    death = diagnose(job.run_dir, job.plan, start=start)
+    if death is None:
+        raise job.error if job.error is not None else RuntimeFailure("the job ended without a report")
+    if restarts_used >= opts.max_restarts:
+        cont = f"--resume {opts.checkpoint_dir}" if newest_checkpoint(opts.checkpoint_dir) else "no checkpoint yet"
+        used = "allows no restart" if opts.max_restarts == 0 else "is used up"
+        raise RuntimeFailure(f"{death.cause} at step {death.failed_step} (every rank had finished "
+                             f"{death.failed_step} steps); --max-restarts {opts.max_restarts} {used}: rerun with "
+                             f"--max-restarts {opts.max_restarts + 1} to re-plan on the surviving devices, or "
+                             f"continue by hand ({cont})")
+    return death, replan(job.plan, lost=death.devices)
+
+
+def _next_pending(job: _Attempt, decision: Decision | None, opts: SuperviseOptions, *, start: int,
+                  restarts_used: int) -> _Pending:
+    """What the relaunch after ``job`` resumes from and runs (a dead rank's, or an adapt decision's)."""
+    records = read_steps(job.run_dir)
+    measured = recent_iteration_s(records)
+    if decision is None:
+        death, rp = _lost(job, opts, start=start, restarts_used=restarts_used)
+        kind, cause, rank, device, factor, failed = ("lost", death.cause, death.ranks[0], death.devices[0], 0.0,
+                                                     death.failed_step)
+    else:
+        s, rp = decision.straggler, decision.replan
+        kind, cause, rank, device, factor = "adapt", f"straggler report of rank {s.rank}", s.rank, s.device, s.factor
+        failed = steps_finished(records, len(job.plan.stages), start)
+    resumed = newest_checkpoint(opts.checkpoint_dir) or _resume_step(opts.resume)
+    failed = max(failed, resumed)  # a complete checkpoint proves every rank finished its step (records may lag)
+    if resumed >= opts.steps:
+        raise RuntimeFailure(f"{cause}: the job had saved its last checkpoint (step {resumed}) and then failed; "
+                             f"the trained state is in {opts.checkpoint_dir}")
+    return _Pending(kind, cause, rank, device, factor, failed, resumed, rp, stage_text(job.plan), measured,
+                    job.ended)
+
+
+def supervise(plan: Plan, attempt: AttemptFn, opts: SuperviseOptions, *, run_dir: Path | None = None) -> RunReport:
+    """Run ``plan`` to ``opts.steps`` through ``attempt``, relaunching as the module docstring says."""
+    if opts.max_restarts < 0 or isinstance(opts.max_restarts, bool):
+        raise ConfigError(f"--max-restarts must be 0 or more, got {opts.max_restarts!r}")
+    base = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="hetpipe-supervised-"))
+    restarts: list[Restart] = []
+    notes: list[str] = []
+    pending: _Pending | None = None
+    resume, start, lost_used, adapt_used = opts.resume, _resume_step(opts.resume), 0, 0
+    try:
+        for n in range(opts.max_restarts + MAX_ADAPT_RESTARTS + 1):
+            job = _Attempt(attempt, plan, base / f"attempt-{n}", resume)
+            decision = _watch(job, opts, every=opts.checkpoint_every, start=start,
+                              adapt=opts.adapt and adapt_used < MAX_ADAPT_RESTARTS)
+            notes.extend(job.notes)
+            if pending is not None:
+                restarts.append(pending.finish(job))
+                log.warning("%s", restarts[-1].line(len(restarts)))
+                notes.append(restarts[-1].line(len(restarts)))
+            if job.report is not None:
+                return dataclasses.replace(job.report, restarts=tuple(restarts), notes=(*job.report.notes, *notes))
+            pending = _next_pending(job, decision, opts, start=start, restarts_used=lost_used)
+            lost_used, adapt_used = lost_used + (decision is None), adapt_used + (decision is not None)
+            plan, start = pending.replan.plan, pending.resumed_step
+            resume = str(find_checkpoint(opts.checkpoint_dir)[0]) if newest_checkpoint(opts.checkpoint_dir) \
+                else opts.resume
+        raise RuntimeFailure(f"the job was relaunched {len(restarts)} times without finishing; see {base}")
+    finally:
+        if run_dir is None:
+            shutil.rmtree(base, ignore_errors=True)
+
