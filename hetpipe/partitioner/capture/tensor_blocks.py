@@ -66,6 +66,8 @@ class TensorParallelBlock:
         row_bias: the row-parallel bias, replicated, added once after the all-reduce ("" if none).
         fwd_flops: forward FLOPs of the block's nodes (what splits with the shares).
         param_numel: elements of the parameters that split.
+        allreduce_bytes: bytes of the row layer's output per micro-batch (``b · s · h``
+            elements): what the group all-reduces forward, and the input gradient backward.
     """
 
     kind: str
@@ -76,6 +78,7 @@ class TensorParallelBlock:
     row_bias: str
     fwd_flops: int
     param_numel: int
+    allreduce_bytes: int = 0
 
     @property
     def parameters(self) -> tuple[ShardedParameter, ...]:

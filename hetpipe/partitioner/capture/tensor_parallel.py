@@ -205,7 +205,8 @@ def _block(gm: fx.GraphModule, row: _Linear, by_out: Mapping[fx.Node, _Linear], 
     flops = sum(costs[n.name].flops for n in region | {c.node for c in columns} | {row.node})
     return TensorParallelBlock(kind=kind, division="heads" if kind == "attention" else "columns", parts=parts,
                                column=tuple(column), row=row_param, row_bias=row.bias, fwd_flops=flops,
-                               param_numel=sum(gm.get_parameter(n).numel() for n in names))
+                               param_numel=sum(gm.get_parameter(n).numel() for n in names),
+                               allreduce_bytes=costs[row.out.name].out_bytes)
 
 
 #: Why a block of Hugging Face GPT-2 stays width-1 for now.
