@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import math
 from fractions import Fraction
 from pathlib import Path
@@ -23,7 +25,7 @@ from hypothesis import strategies as st
 
 from hetpipe.cost_models.tensor_parallel import (
     TensorParallelWork, even_shares, group_cost, largest_remainder, memory_caps, proportional_shares)
-from hetpipe.errors import ConfigError, InfeasibleError
+from hetpipe.errors import ConfigError, InfeasibleError, PlanError
 from hetpipe.models import build
 from hetpipe.models.llama import Llama, LlamaConfig
 from hetpipe.partitioner.capture.capture import capture
@@ -236,3 +238,67 @@ def test_uneven_group_trains_like_one_device(tmp_path: Path, name: str, weights:
     held = [o.value["held"] for o in outs]
     total = sum(p.numel() for p in model.parameters())
     assert held[0] > held[-1] and all(h < total for h in held)  # uneven, and nobody holds the whole model
+
+
+# ----------------------------------------------------------------------------- 4. plan format
+
+
+def _grouped_plan(members: tuple[str, ...] = ("n0:0", "n0:1"), shares: tuple[float, ...] = (0.6, 0.4)):
+    from hetpipe.partitioner.problem import Stage, evaluate
+    from hetpipe.plan.build import assemble_plan, build_problem
+    from hetpipe.plan.schema import SolverReport
+    from tests.synthetic import synthetic_cluster, synthetic_graph
+
+    graph, cluster = synthetic_graph(6), synthetic_cluster()  # n0:0, n0:1 on node n0; n1:2 on n1
+    problem = build_problem(graph, cluster, microbatches=8)
+    stages = (Stage(0, 0, 4), Stage(2, 5, 5))
+    ev = evaluate(problem, stages)
+    plan = assemble_plan(graph, cluster, problem=problem, stages=stages, global_batch=16,
+                         solver=SolverReport("hand", "FEASIBLE", ev.iteration_s, 0.0, 0.0))
+    first = dataclasses.replace(plan.stages[0], group_devices=members, group_shares=shares)
+    return dataclasses.replace(plan, stages=(first, *plan.stages[1:]))
+
+
+def test_a_grouped_stage_round_trips_as_version_4_and_check_and_run_refuse_to_price_or_run_it(tmp_path):
+    from hetpipe.plan.check import check_plan
+    from hetpipe.plan.groups import refuse_groups
+    from hetpipe.plan.schema import PLAN_VERSION_GROUPS, Plan
+
+    plan = _grouped_plan()
+    plan.save(tmp_path / "plan.json")
+    assert json.loads((tmp_path / "plan.json").read_text())["version"] == PLAN_VERSION_GROUPS == 4
+    loaded = Plan.load(tmp_path / "plan.json")
+    assert loaded == plan and loaded.stages[0].group_shares == (0.6, 0.4)
+    assert any("tensor-parallel group of 2 cards" in v for v in check_plan(loaded).violations)
+    with pytest.raises(PlanError, match="does not run yet"):
+        refuse_groups(loaded)
+    ungrouped = dataclasses.replace(plan, stages=(dataclasses.replace(plan.stages[0], group_devices=(),
+                                                                      group_shares=()), *plan.stages[1:]),
+                                    version=1)  # re-derived: the least version the content needs
+    assert json.loads(json.dumps(ungrouped.to_dict()))["version"] == 3  # no group: still written as version 3
+
+
+@pytest.mark.parametrize("members,shares,match", [
+    (("n0:0", "n0:1"), (0.7, 0.4), "sum to"),
+    (("n0:0", "n0:1"), (1.2, -0.2), "one positive share per member"),
+    (("n0:0", "n0:1"), (1.0,), "one positive share per member"),
+    (("n0:1", "n0:0"), (0.5, 0.5), "device 'n0:0' first"),
+    (("n0:0", "n1:2"), (0.5, 0.5), "span nodes"),
+    (("n0:0", "n9:9"), (0.5, 0.5), "not in plan.devices"),
+])
+def test_malformed_groups_are_refused_on_load_naming_the_field(members, shares, match):
+    from hetpipe.plan.schema import Plan
+
+    doc = json.loads(json.dumps(_grouped_plan(members, shares).to_dict()))
+    with pytest.raises(PlanError, match=match):
+        Plan.from_dict(doc)
+
+
+def test_a_member_of_a_group_cannot_run_another_stage():
+    from hetpipe.plan.schema import Plan
+
+    plan = _grouped_plan(("n0:0", "n0:1"))
+    doc = json.loads(json.dumps(plan.to_dict()))
+    doc["stages"][1]["device"], doc["stages"][1]["usable_bytes"] = "n0:1", doc["stages"][0]["usable_bytes"]
+    with pytest.raises(PlanError, match="also runs stage 0"):
+        Plan.from_dict(doc)

@@ -51,7 +51,8 @@ PLAN_FORMAT = "hetpipe.plan"
 #: lowest version its content needs (`least_version`), so plans that use none stay 1 or 2.
 #: A single pipeline from `partition_graph` records each baseline's best cards
 #: (`BaselineReport.best`, issue 17), so it is version 3.
-PLAN_VERSION = 3
+#: Version 4 adds tensor-parallel groups (`PlanStage.group_devices`, `group_shares`; issue 15).
+PLAN_VERSION = 4
 #: The version of a plan without replicas.
 PLAN_VERSION_SINGLE = 1
 #: The first version that may carry replicas.
@@ -63,6 +64,8 @@ PLAN_VERSION_LEVERS = 3
 #: makes (`least_version`).  An older hetpipe refuses it by its version instead of re-checking
 #: its memory with another formula.
 PLAN_VERSION_MEMORY = 3
+#: The first version that may carry a stage run by a tensor-parallel group (issue 15).
+PLAN_VERSION_GROUPS = 4
 #: `Plan.cost_model` key recording the recomputation setting the plan was solved with
 #: (``"auto: ..."``; absent = ``none``); `check_plan` re-derives each stage's choice under it.
 RECOMPUTE_NOTE = "recompute"
@@ -166,6 +169,12 @@ class PlanStage:
     # recomputes in the backward (torch.utils.checkpoint, non-reentrant) instead of keeping what
     # autograd saves.  Left out of the file while empty, so plans without levers stay version 1/2.
     recompute_units: tuple[int, ...] = field(default=(), metadata={"since": 3})
+    # Version 4 (issue 15): a stage run by a tensor-parallel group of cards of one node: every
+    # member's device id (`device` first) and its share of each tensor-parallel block (> 0, sum 1;
+    # heads / columns per member by largest remainder, `cost_models.tensor_parallel`).  Empty: the
+    # stage is `device` alone.  No solver writes groups yet; `check` and `run` refuse them (plan/groups.py).
+    group_devices: tuple[str, ...] = field(default=(), metadata={"since": 4})
+    group_shares: tuple[float, ...] = field(default=(), metadata={"since": 4})
 
 
 @dataclass(frozen=True)
