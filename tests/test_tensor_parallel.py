@@ -29,7 +29,8 @@ from hetpipe.errors import ConfigError, InfeasibleError, PlanError
 from hetpipe.models import build
 from hetpipe.models.llama import Llama, LlamaConfig
 from hetpipe.partitioner.capture.capture import capture
-from hetpipe.runtime.tp_shard import MemberShare, gather_parameter, shard_model, tensor_parallel_group
+from hetpipe.runtime.tp_build import build_member, expected_numel, held_numel
+from hetpipe.runtime.tp_shard import MemberShare, gather_parameter, tensor_parallel_group
 from tests.dist_helpers import run_world
 
 # ----------------------------------------------------------------------------- 1. cost model
@@ -162,17 +163,19 @@ def test_gpt2_conv1d_and_plain_mlps_stay_width_1_with_the_reason():
 # ----------------------------------------------------------------------------- 3. runtime
 
 
-def _llama_mha() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+def _llama_mha(device: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     torch.manual_seed(0)
     cfg = LlamaConfig(n_layer=2, dim=64, n_head=4, n_kv_head=4, ffn_dim=96, vocab_size=128, max_seq=32)
-    return Llama(cfg), (torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1)),)
+    with torch.device(device):
+        model = Llama(cfg)
+    return model, (torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1)),)
 
 
-def _model(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+def _model(name: str, device: str = "cpu") -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     if name == "llama-mha":
-        return _llama_mha()
+        return _llama_mha(device)
     torch.manual_seed(0)
-    return build(name, device="cpu", batch=2, seq=16)
+    return build(name, device=device, batch=2, seq=16)
 
 
 def _loss(out: object, idx: torch.Tensor) -> torch.Tensor:
@@ -196,21 +199,24 @@ def _train(model: torch.nn.Module, batch: tuple[torch.Tensor, ...], steps: int) 
     return losses
 
 
-def _member(rank: int, world: int, name: str, weights: tuple[float, ...], steps: int, state_path: str) -> dict:
-    model, batch = _model(name)
-    model.load_state_dict(torch.load(state_path))  # the full initial weights, by the model's own names
-    blocks = [b for u in capture(model, batch).units for b in u.tensor_parallel]  # captured on a meta copy
+def _member(rank: int, world: int, name: str, weights: tuple[float, ...], steps: int, state_path: str,
+            batch: tuple[torch.Tensor, ...]) -> dict:
+    meta, _ = _model(name, device="meta")  # nothing allocated: the member takes its bytes from the file
+    blocks = [b for u in capture(meta, batch).units for b in u.tensor_parallel]
+    numel_of = {n: p.numel() for n, p in meta.named_parameters()}
+    full_numel = held_numel(meta)  # before build_member replaces the layers in place
     group = tensor_parallel_group(range(world))
     share = MemberShare(member=rank, weights=weights)
-    shard_model(model, blocks, share=share, group=group)
-    held = sum(p.numel() for p in model.parameters())
+    state = torch.load(state_path, mmap=True)  # the full initial weights, by the model's own names; read lazily
+    model = build_member(meta, blocks, share=share, group=group, state=state, device="cpu")
+    expected = expected_numel(full_numel, blocks, share, numel_of)
     losses = _train(model, batch, steps)
     params = dict(model.named_parameters())
     full = {n: p.detach().clone() for n, p in params.items()}
     for b in blocks:
         for spec in b.parameters:
             full[spec.name] = gather_parameter(params[spec.name], spec, parts=b.parts, share=share, group=group)
-    return {"losses": losses, "params": full, "held": held}
+    return {"losses": losses, "params": full, "held": held_numel(model), "expected": expected}
 
 
 @pytest.mark.slow
@@ -226,7 +232,7 @@ def test_uneven_group_trains_like_one_device(tmp_path: Path, name: str, weights:
     torch.save(model.state_dict(), tmp_path / "init.pt")
     reference = copy.deepcopy(model)
     ref_losses = _train(reference, batch, steps)
-    outs = run_world(_member, world_size=len(weights), args=(name, weights, steps, str(tmp_path / "init.pt")),
+    outs = run_world(_member, world_size=len(weights), args=(name, weights, steps, str(tmp_path / "init.pt"), batch),
                      timeout_s=240, out_dir=tmp_path / "ranks")
     for o in outs:
         assert o.error is None, o.error
@@ -235,9 +241,9 @@ def test_uneven_group_trains_like_one_device(tmp_path: Path, name: str, weights:
         assert set(o.value["params"]) == set(ref)
         for n, p in o.value["params"].items():
             torch.testing.assert_close(p, ref[n].detach(), rtol=1e-5, atol=1e-5, msg=lambda m, n=n: f"{n}: {m}")
-    held = [o.value["held"] for o in outs]
-    total = sum(p.numel() for p in model.parameters())
-    assert held[0] > held[-1] and all(h < total for h in held)  # uneven, and nobody holds the whole model
+    held = [o.value["held"] for o in outs]  # each member holds its parts and the replicated rest, no more
+    assert held == [o.value["expected"] for o in outs]
+    assert held[0] > held[-1] and all(h < sum(p.numel() for p in model.parameters()) for h in held)
 
 
 # ----------------------------------------------------------------------------- 4. plan format
@@ -302,3 +308,29 @@ def test_a_member_of_a_group_cannot_run_another_stage():
     doc["stages"][1]["device"], doc["stages"][1]["usable_bytes"] = "n0:1", doc["stages"][0]["usable_bytes"]
     with pytest.raises(PlanError, match="also runs stage 0"):
         Plan.from_dict(doc)
+
+
+# ----------------------------------------------------------------------------- 5. pricing captured units
+
+
+def test_a_group_of_one_is_the_pipeline_time_model_and_integer_parts_price_what_runs():
+    from hetpipe.cost_models.cluster import cluster_from_dict
+    from hetpipe.partitioner.tp_groups import price_group, rounded_member_s, run_time_s
+
+    g = capture(*build("gpt-tiny", device="meta", batch=4, seq=64), precision="bf16-mixed")
+    blocks = g.units[1:5]
+    c = cluster_from_dict({"nodes": [{"name": "box", "intra": "pcie-host", "devices": [
+        {"gpu": "rtx3090"}, {"gpu": "rtx3090"}, {"gpu": "rtx3060-12gb"}]}]})
+    one, cost = price_group(blocks, c.devices[:1], c, precision="bf16-mixed")
+    assert one.weights == (1.0,) and cost.allreduce_s == 0.0
+    assert cost.compute_s == pytest.approx(run_time_s(blocks, c.devices[0], precision="bf16-mixed"), rel=1e-12)
+    even, even_cost = price_group(blocks, c.devices[:2], c, precision="bf16-mixed", rule="even")
+    # 4 heads and 256 columns split 2:2 and 128:128 exactly: integer parts price as the shares do
+    assert rounded_member_s(blocks, even, c.devices[:2], precision="bf16-mixed") == pytest.approx(
+        even_cost.member_compute_s, rel=1e-9)
+    shares, three = price_group(blocks, c.devices, c, precision="bf16-mixed")
+    assert shares.weights[0] == pytest.approx(shares.weights[1])  # the two 3090s alike ...
+    assert shares.weights[0] > shares.weights[2] > 0  # ... the 3060 less, but some
+    assert three.allreduce_s == pytest.approx(  # 2 blocks per layer x 4 layers, 2 directions, ring of 3 on PCIe-host
+        2 * 8 * (4 * c.link("box:0", "box:2").latency_s + 4 / 3 * 4 * 64 * 64 * 2 / c.link("box:0", "box:2")
+                 .bandwidth_bytes_s), rel=1e-9)

@@ -144,8 +144,12 @@ def _source(model: nn.Module, state: Mapping[str, torch.Tensor] | None, name: st
 
 
 def shard_block(model: nn.Module, block: TensorParallelBlock, *, share: MemberShare, group: Any,
-                state: Mapping[str, torch.Tensor] | None = None) -> None:
-    """Replace ``block``'s layers in ``model`` by this member's column / row shards (in place)."""
+                state: Mapping[str, torch.Tensor] | None = None, device: Any = None) -> None:
+    """Replace ``block``'s layers in ``model`` by this member's column / row shards (in place).
+
+    Slices are cut where ``state`` (or the layer) lives, then only they move to ``device``
+    (default: the layer's own device; required for a layer on meta).
+    """
     parts = share.part_range(parts=block.parts)
     if parts[0] == parts[1]:  # the model's view(b, t, -1, head_dim) cannot infer -1 from 0 elements
         raise ConfigError(f"shares {share.weights} give member {share.member} none of the {block.parts} "
@@ -160,27 +164,35 @@ def shard_block(model: nn.Module, block: TensorParallelBlock, *, share: MemberSh
         weight = slice_parameter(_source(model, state, specs["weight"].name), specs["weight"], parts)
         bias = slice_parameter(_source(model, state, specs["bias"].name), specs["bias"], parts) \
             if "bias" in specs else None
-        _set_module(model, path, ColumnParallelLinear(weight, bias, block_input).to(mod.weight.device))
+        _set_module(model, path, ColumnParallelLinear(weight, bias, block_input).to(_target(mod, device)))
     row_path = _module_path(block.row.name)
     mod = _linear(model, row_path)
     weight = slice_parameter(_source(model, state, block.row.name), block.row, parts)
     bias = _source(model, state, block.row_bias).detach().clone() if block.row_bias else None
-    _set_module(model, row_path, RowParallelLinear(weight, bias, block_input).to(mod.weight.device))
+    _set_module(model, row_path, RowParallelLinear(weight, bias, block_input).to(_target(mod, device)))
+
+
+def _target(mod: nn.Module, device: Any) -> Any:
+    own = next(mod.parameters()).device
+    if device is None and own.type == "meta":
+        raise ConfigError("the model is on the meta device; pass device= (where the shard goes) and state=")
+    return own if device is None else device
 
 
 def shard_model(model: nn.Module, blocks: Sequence[TensorParallelBlock], *, share: MemberShare, group: Any,
-                state: Mapping[str, torch.Tensor] | None = None) -> nn.Module:
+                state: Mapping[str, torch.Tensor] | None = None, device: Any = None) -> nn.Module:
     """``model`` with every block in ``blocks`` replaced by this member's shard; returns ``model``.
 
     ``group``: the tensor-parallel process group (`tensor_parallel_group`), or None for one member.
-    ``state``: full initial values by parameter name (default: the model's own parameters).
+    ``state``: full initial values by parameter name (default: the model's own parameters);
+    ``device``: where the shards go (default: each layer's own device).
     """
     size = dist.get_world_size(group) if group is not None else 1
     if size != len(share.weights):
         raise ConfigError(f"{len(share.weights)} shares for a tensor-parallel group of {size} ranks; "
                           "give one share per group member")
     for block in blocks:
-        shard_block(model, block, share=share, group=group, state=state)
+        shard_block(model, block, share=share, group=group, state=state, device=device)
     return model
 
 
