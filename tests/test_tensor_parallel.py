@@ -30,7 +30,7 @@ from hetpipe.models import build
 from hetpipe.models.llama import Llama, LlamaConfig
 from hetpipe.partitioner.capture.capture import capture
 from hetpipe.runtime.tp_build import build_member, expected_numel, held_numel
-from hetpipe.runtime.tp_shard import MemberShare, gather_parameter, tensor_parallel_group
+from hetpipe.runtime.tp_shard import MemberShare, gather_parameter, shard_model, tensor_parallel_group
 from tests.dist_helpers import run_world
 
 # ----------------------------------------------------------------------------- 1. cost model
@@ -199,8 +199,19 @@ def _train(model: torch.nn.Module, batch: tuple[torch.Tensor, ...], steps: int) 
     return losses
 
 
+def _stage_module(meta: torch.nn.Module, batch: tuple[torch.Tensor, ...], state: dict) -> torch.nn.Module:
+    """The pipeline runtime's own module for a one-stage plan (fx GraphModule, `build_stage`)."""
+    from hetpipe.runtime.stage.build import build_stage, split_stages
+    from hetpipe.runtime.stage.buffers import ModelBuffers
+
+    g = capture(meta, batch)
+    program = split_stages(g.module, {n: 0 for u in g.units for n in u.node_names}, example_inputs=batch,
+                           num_stages=1, tied=g.tied)
+    return build_stage(program, 0, state_dict=state, device="cpu", buffers=ModelBuffers(meta)).module
+
+
 def _member(rank: int, world: int, name: str, weights: tuple[float, ...], steps: int, state_path: str,
-            batch: tuple[torch.Tensor, ...]) -> dict:
+            batch: tuple[torch.Tensor, ...], via: str) -> dict:
     meta, _ = _model(name, device="meta")  # nothing allocated: the member takes its bytes from the file
     blocks = [b for u in capture(meta, batch).units for b in u.tensor_parallel]
     numel_of = {n: p.numel() for n, p in meta.named_parameters()}
@@ -208,7 +219,10 @@ def _member(rank: int, world: int, name: str, weights: tuple[float, ...], steps:
     group = tensor_parallel_group(range(world))
     share = MemberShare(member=rank, weights=weights)
     state = torch.load(state_path, mmap=True)  # the full initial weights, by the model's own names; read lazily
-    model = build_member(meta, blocks, share=share, group=group, state=state, device="cpu")
+    if via == "stage":  # the fx stage module the pipeline runs, its Linear layers replaced by name
+        model = shard_model(_stage_module(meta, batch, state), blocks, share=share, group=group)
+    else:
+        model = build_member(meta, blocks, share=share, group=group, state=state, device="cpu")
     expected = expected_numel(full_numel, blocks, share, numel_of)
     losses = _train(model, batch, steps)
     params = dict(model.named_parameters())
@@ -220,19 +234,20 @@ def _member(rank: int, world: int, name: str, weights: tuple[float, ...], steps:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,weights", [
-    ("gpt-tiny", (0.75, 0.25)),        # heads 3:1, MLP columns 192:64
-    ("llama-mha", (0.75, 0.25)),       # heads 3:1, MLP columns 72:24
-    ("gpt-tiny", (0.5, 0.3, 0.2)),     # heads 2:1:1, MLP columns 128:77:51
-    ("hf-llama-tiny", (0.6, 0.4)),     # key/value groups 1:1, MLP columns 38:26
+@pytest.mark.parametrize("name,weights,via", [
+    ("gpt-tiny", (0.75, 0.25), "eager"),        # heads 3:1, MLP columns 192:64
+    ("llama-mha", (0.75, 0.25), "eager"),       # heads 3:1, MLP columns 72:24
+    ("gpt-tiny", (0.5, 0.3, 0.2), "eager"),     # heads 2:1:1, MLP columns 128:77:51
+    ("hf-llama-tiny", (0.6, 0.4), "eager"),     # key/value groups 1:1, MLP columns 38:26
+    ("gpt-tiny", (0.75, 0.25), "stage"),        # the same on the pipeline runtime's fx stage module
 ])
-def test_uneven_group_trains_like_one_device(tmp_path: Path, name: str, weights: tuple[float, ...]):
+def test_uneven_group_trains_like_one_device(tmp_path: Path, name: str, weights: tuple[float, ...], via: str):
     steps = 3
     model, batch = _model(name)
     torch.save(model.state_dict(), tmp_path / "init.pt")
     reference = copy.deepcopy(model)
     ref_losses = _train(reference, batch, steps)
-    outs = run_world(_member, world_size=len(weights), args=(name, weights, steps, str(tmp_path / "init.pt"), batch),
+    outs = run_world(_member, world_size=len(weights), args=(name, weights, steps, str(tmp_path / "init.pt"), batch, via),
                      timeout_s=240, out_dir=tmp_path / "ranks")
     for o in outs:
         assert o.error is None, o.error
@@ -334,3 +349,59 @@ def test_a_group_of_one_is_the_pipeline_time_model_and_integer_parts_price_what_
     assert three.allreduce_s == pytest.approx(  # 2 blocks per layer x 4 layers, 2 directions, ring of 3 on PCIe-host
         2 * 8 * (4 * c.link("box:0", "box:2").latency_s + 4 / 3 * 4 * 64 * 64 * 2 / c.link("box:0", "box:2")
                  .bandwidth_bytes_s), rel=1e-9)
+
+
+# ----------------------------------------------------------------------------- 6. capture refusals
+
+
+class _Block(torch.nn.Module):
+    """One residual MLP block whose middle is width-local, or not (``mode``)."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+        self.up, self.down = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+        self.norm = torch.nn.LayerNorm(32)
+        self.side = torch.nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.gelu(self.up(x))
+        if self.mode == "norm":  # a LayerNorm over the hidden columns needs every column
+            return x + self.down(self.norm(h))
+        if self.mode == "escape":  # the hidden activation is also read outside the pair
+            return x + self.down(h) + self.side(h)
+        if self.mode == "softmax":  # a softmax over the hidden columns needs every column
+            return x + self.down(torch.softmax(h, dim=-1))
+        return x + self.down(h)
+
+
+class _Net(torch.nn.Module):
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_Block(mode), _Block(mode)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+@pytest.mark.parametrize("mode,found", [("plain", True), ("norm", False), ("escape", False), ("softmax", False)])
+def test_only_width_local_closed_pairs_are_blocks(mode, found):
+    g = capture(_Net(mode), (torch.zeros(2, 4, 16),), split_points=("blocks.1",))
+    blocks = [b for u in g.units for b in u.tensor_parallel]
+    assert bool(blocks) == found
+    if found:
+        assert [(b.kind, b.parts, b.row_bias) for b in blocks] == [("mlp", 32, "blocks.0.down.bias"),
+                                                                   ("mlp", 32, "blocks.1.down.bias")]
+    else:
+        assert all(not u.tensor_parallel and u.tp_note for u in g.units)
+
+
+def test_an_exported_graph_is_refused_by_name_not_sharded_wrongly():
+    """Hugging Face models run as torch.export graphs in the pipeline: no nn.Linear to replace yet."""
+    full, batch = build("hf-llama-tiny", device="cpu", batch=2, seq=16)
+    module = _stage_module(full, batch, full.state_dict())
+    blocks = [b for u in capture(full, batch).units for b in u.tensor_parallel]
+    with pytest.raises(ConfigError, match="only nn.Linear layers are sharded so far"):
+        shard_model(module, blocks, share=MemberShare(member=0, weights=(1.0,)), group=None)

@@ -127,7 +127,8 @@ def _linear(model: nn.Module, path: str) -> nn.Linear:
     mod = model.get_submodule(path)
     if type(mod) is not nn.Linear:
         raise ConfigError(f"tensor-parallel layer {path!r} is a {type(mod).__name__}; only nn.Linear layers "
-                          "are sharded so far: run this unit width-1")
+                          "are sharded so far (a torch.export graph applies its weights with aten.linear, "
+                          "which is not yet): run this unit width-1")
     return mod
 
 
