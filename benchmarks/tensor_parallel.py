@@ -17,6 +17,8 @@ micro-batch 1, sequence 1024.  Compared, each for a global batch of G sequences:
 
 Group time per micro-batch = slowest member's compute + 2 ring all-reduces per block per
 direction (`hetpipe.cost_models.tensor_parallel`); no overlap of all-reduces with compute.
+Memory per card = its share of the split state and per-head / per-column activations + the
+replicated rest (one micro-batch in flight: a one-stage group runs them one after another).
 Writes benchmarks/results/tensor_parallel.md.  No run: the CPU equality tests
 (tests/test_tensor_parallel.py) show the runtime's numbers, not its speed.
 
@@ -73,6 +75,7 @@ def row(graph: UnitGraph, cluster, global_batch: int) -> list[object]:
         out.append(f"{times[rule]:.3f}{fits}")
         if rule == "uneven":
             out.append(" / ".join(f"{w:.2f}" for w in shares.weights))
+            out.append(" / ".join(f"{m / 2**30:.1f}" for m in cost.memory_bytes))
             out.append(f"{global_batch * cost.allreduce_s:.3f}")
     out += [f"{times['even'] / times['uneven']:.2f}x", f"{pipeline.iteration_s / times['uneven']:.2f}x"]
     return out
@@ -89,7 +92,7 @@ def main() -> None:
         for g in args.global_batches:
             rows.append(row(graph, scenario_c("pcie-host"), g))
     header = ["blocks of", "cluster", "G", "pipeline-only T (s)", "even TP T (s)", "uneven TP T (s)",
-              "uneven shares", "of which all-reduce (s)", "even / uneven", "pipeline / uneven"]
+              "uneven shares", "uneven GiB per card", "of which all-reduce (s)", "even / uneven", "pipeline / uneven"]
     body = ("**Cost model only: the solver does not choose tensor-parallel groups yet; no plan or run "
             "uses them.** " + __doc__.split("\n\n")[1].replace("\n", " ") + "\n\n" + markdown_table(header, rows))
     print(body)

@@ -150,6 +150,11 @@ def test_capture_parts_and_split_dimensions_match_the_configs():
     h = 64  # sharded: qkv 3h²+3h, c_proj h² (its bias replicated), fc 4h²+4h, proj 4h²; of 12h²+13h
     assert gpt.tp_param_fraction == pytest.approx((12 * h * h + 7 * h) / (12 * h * h + 13 * h))
     assert gpt.tensor_parallel[0].column[0].segments == 3  # fused q|k|v, each sliced by heads
+    tokens = 4 * 64  # gpt-tiny's default micro-batch 4 x sequence 64, fp32
+    mlp_block = [b for b in gpt.tensor_parallel if b.kind == "mlp"][0]
+    assert mlp_block.allreduce_bytes == tokens * h * 4  # the block output, b·s·h
+    assert mlp_block.activation_bytes == 2 * tokens * 4 * h * 4  # c_fc's output (for GELU) and GELU's (for c_proj)
+    assert sum(b.activation_bytes for b in gpt.tensor_parallel) < gpt.activation_bytes  # norms, residuals: whole
 
 
 def test_gpt2_conv1d_and_plain_mlps_stay_width_1_with_the_reason():

@@ -8,9 +8,9 @@ shares (``"uneven"``: equal finish, capped by memory; ``"even"``: Megatron's ``1
 The DP and CP-SAT do not call it yet: a stage is still one card in every plan.
 
 Approximations, stated: the backward splits like the forward (its matmuls are the
-forward's, transposed); saved activations are counted whole on every member (an upper
-bound: the per-head / per-column intermediates do split, but the capture does not measure
-that share yet); the all-reduces are not overlapped with compute.
+forward's, transposed); of the saved activations, the blocks' per-head / per-column storages
+(`TensorParallelBlock.activation_bytes`, measured by the capture) split with the shares and the
+rest is held whole by every member; the all-reduces are not overlapped with compute.
 
 Example:
     >>> from hetpipe.cost_models.cluster import cluster_from_dict
@@ -45,12 +45,13 @@ def group_work(units: Sequence[Unit], *, in_flight: int = 1) -> TensorParallelWo
     """
     flops = sum(u.fwd_flops + u.bwd_flops for u in units)
     split_flops = sum(u.tp_flops_fraction * (u.fwd_flops + u.bwd_flops) for u in units)
-    split_bytes = sum(round(u.tp_param_fraction * u.state_bytes) for u in units)
     blocks = [b for u in units for b in u.tensor_parallel]
+    split_state = sum(round(u.tp_param_fraction * u.state_bytes) for u in units)
+    split_act = in_flight * sum(b.activation_bytes for b in blocks)
+    total = sum(u.state_bytes for u in units) + in_flight * sum(u.activation_bytes for u in units)
     return TensorParallelWork(
-        flops=float(flops), shardable_fraction=split_flops / flops if flops else 0.0, shardable_bytes=split_bytes,
-        replicated_bytes=sum(u.state_bytes for u in units) - split_bytes + in_flight * sum(
-            u.activation_bytes for u in units),
+        flops=float(flops), shardable_fraction=split_flops / flops if flops else 0.0,
+        shardable_bytes=split_state + split_act, replicated_bytes=total - split_state - split_act,
         allreduce_bytes=round(sum(b.allreduce_bytes for b in blocks) / len(blocks)) if blocks else 0,
         blocks=len(blocks))
 

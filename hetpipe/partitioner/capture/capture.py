@@ -140,7 +140,7 @@ def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None, g
     units, tied, total = _build_units(gm, groups, unit_of, costs=costs, train=train, optimizer=optimizer,
                                        precision=precision, dead=dead_parameters(gm, loss.live) if loss else set())
     units = with_loss(units, loss) if loss else units
-    units = with_tensor_parallel(gm, units, unit_of, costs)
+    units = with_tensor_parallel(gm, units, unit_of, costs, held=train.held_output_storages)
     graph = UnitGraph(
         model_name=name or type(model).__name__, fingerprint=fingerprint(gm, costs), units=units,
         param_count=total, micro_batch_size=_micro_batch(inputs), optimizer=optimizer, precision=precision,

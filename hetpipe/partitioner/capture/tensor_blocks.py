@@ -68,6 +68,9 @@ class TensorParallelBlock:
         param_numel: elements of the parameters that split.
         allreduce_bytes: bytes of the row layer's output per micro-batch (``b · s · h``
             elements): what the group all-reduces forward, and the input gradient backward.
+        activation_bytes: held storages per micro-batch the block makes from its column
+            outputs on (per-head / per-column tensors kept for backward): they split with the
+            shares; the block's input and output are whole on every member.
     """
 
     kind: str
@@ -79,6 +82,7 @@ class TensorParallelBlock:
     fwd_flops: int
     param_numel: int
     allreduce_bytes: int = 0
+    activation_bytes: int = 0
 
     @property
     def parameters(self) -> tuple[ShardedParameter, ...]:

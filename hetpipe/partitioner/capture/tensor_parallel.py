@@ -52,6 +52,8 @@ RESHAPES = frozenset({"view", "reshape", "transpose", "permute", "split", "chunk
                       "expand", "repeat_interleave", "slice", "cat", "narrow", "flatten", "unflatten"})
 ATTENTION = frozenset({"scaled_dot_product_attention"})
 SPLITS = frozenset({"split", "chunk"})
+#: node name -> (storage key, storage bytes) of its outputs kept for backward.
+Held = Mapping[str, tuple[tuple[int, int], ...]]
 
 
 @dataclass(frozen=True)
@@ -180,8 +182,16 @@ def _parts(region: set[fx.Node], columns: list[_Linear], row: _Linear, costs: Ma
     return "mlp", row.in_features, [1] * len(columns)
 
 
+def _split_bytes(region: set[fx.Node], columns: list[_Linear], held: Held) -> int:
+    """Held storages made from the column outputs on (per-head / per-column), each storage once."""
+    names = {n.name for n in region}
+    split = set().union(*(_descendants(c.out, names) for c in columns))
+    storages = {key: size for n in split for key, size in held.get(n.name, ())}
+    return sum(storages.values())
+
+
 def _block(gm: fx.GraphModule, row: _Linear, by_out: Mapping[fx.Node, _Linear], costs: Mapping[str, NodeCost],
-           unit: set[str]) -> TensorParallelBlock | str | None:
+           unit: set[str], held: Held) -> TensorParallelBlock | str | None:
     """The block ending at ``row``; a reason if it looks like one but cannot split; None if no pair."""
     region, columns, side = _walk(row, by_out, costs, unit)
     if not columns or len({c.inp for c in columns}) != 1:
@@ -206,7 +216,8 @@ def _block(gm: fx.GraphModule, row: _Linear, by_out: Mapping[fx.Node, _Linear], 
     return TensorParallelBlock(kind=kind, division="heads" if kind == "attention" else "columns", parts=parts,
                                column=tuple(column), row=row_param, row_bias=row.bias, fwd_flops=flops,
                                param_numel=sum(gm.get_parameter(n).numel() for n in names),
-                               allreduce_bytes=costs[row.out.name].out_bytes)
+                               allreduce_bytes=costs[row.out.name].out_bytes,
+                               activation_bytes=_split_bytes(region, columns, held))
 
 
 #: Why a block of Hugging Face GPT-2 stays width-1 for now.
@@ -215,8 +226,12 @@ CONV1D_NOTE = ("Conv1D (Hugging Face GPT-2's transposed linear) is found but not
 
 
 def with_tensor_parallel(gm: fx.GraphModule, units: tuple[Unit, ...], unit_of: Mapping[str, int],
-                         costs: Mapping[str, NodeCost]) -> tuple[Unit, ...]:
-    """``units`` with their tensor-parallel blocks, fractions and notes filled in."""
+                         costs: Mapping[str, NodeCost], *, held: Held | None = None) -> tuple[Unit, ...]:
+    """``units`` with their tensor-parallel blocks, fractions and notes filled in.
+
+    ``held``: node -> (storage, bytes) of its outputs kept for backward
+    (`measure.TrainingCosts.held_output_storages`); without it blocks record no activation bytes.
+    """
     members: dict[int, set[str]] = {}
     for name, idx in unit_of.items():
         members.setdefault(idx, set()).add(name)
@@ -228,7 +243,7 @@ def with_tensor_parallel(gm: fx.GraphModule, units: tuple[Unit, ...], unit_of: M
         for lin in linears.values():
             if unit_of.get(lin.node.name) != u.index:
                 continue
-            found = _block(gm, lin, by_out, costs, members.get(u.index, set()))
+            found = _block(gm, lin, by_out, costs, members.get(u.index, set()), held or {})
             if isinstance(found, str):
                 notes.append(found)
             elif found is not None and lin.transposed:
