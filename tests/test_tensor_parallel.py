@@ -157,10 +157,13 @@ def test_capture_parts_and_split_dimensions_match_the_configs():
     assert sum(b.activation_bytes for b in gpt.tensor_parallel) < gpt.activation_bytes  # norms, residuals: whole
 
 
-def test_gpt2_conv1d_and_plain_mlps_stay_width_1_with_the_reason():
+def test_gpt2_conv1d_mlps_split_and_its_fixed_width_qkv_split_and_plain_mlps_stay_width_1_with_the_reason():
     g = capture(*build("hf-gpt2-tiny", device="meta"))
-    assert not any(u.tensor_parallel for u in g.units)
-    assert "Conv1D" in g.units[1].tp_note and "split_size" in g.units[1].tp_note
+    layer = g.units[1]
+    assert [b.kind for b in layer.tensor_parallel] == ["mlp"]  # Conv1D weights are (in, out): dims swapped
+    assert [(p.name.rsplit(".", 2)[1], p.dim) for p in layer.tensor_parallel[0].parameters] == [
+        ("c_fc", 1), ("c_fc", 0), ("c_proj", 0)]
+    assert "split by fixed widths 32" in layer.tp_note and "chunk()" in layer.tp_note  # the attention: width-1
     m = capture(*build("mlp-tiny", device="meta"))  # each Linear + ReLU is its own unit: no pair inside one
     assert all(not u.tensor_parallel and "no column-parallel" in u.tp_note for u in m.units)
 
@@ -245,6 +248,7 @@ def _member(rank: int, world: int, name: str, weights: tuple[float, ...], steps:
     ("gpt-tiny", (0.5, 0.3, 0.2), "eager"),     # heads 2:1:1, MLP columns 128:77:51
     ("hf-llama-tiny", (0.6, 0.4), "eager"),     # key/value groups 1:1, MLP columns 38:26
     ("gpt-tiny", (0.75, 0.25), "stage"),        # the same on the pipeline runtime's fx stage module
+    ("hf-gpt2-tiny", (0.6, 0.4), "eager"),      # Conv1D MLP columns 77:51; attention replicated
 ])
 def test_uneven_group_trains_like_one_device(tmp_path: Path, name: str, weights: tuple[float, ...], via: str):
     steps = 3
@@ -408,5 +412,5 @@ def test_an_exported_graph_is_refused_by_name_not_sharded_wrongly():
     full, batch = build("hf-llama-tiny", device="cpu", batch=2, seq=16)
     module = _stage_module(full, batch, full.state_dict())
     blocks = [b for u in capture(full, batch).units for b in u.tensor_parallel]
-    with pytest.raises(ConfigError, match="only nn.Linear layers are sharded so far"):
+    with pytest.raises(ConfigError, match="only nn.Linear .and Conv1D. layers are sharded so far"):
         shard_model(module, blocks, share=MemberShare(member=0, weights=(1.0,)), group=None)

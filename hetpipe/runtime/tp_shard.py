@@ -3,9 +3,9 @@
 For every `TensorParallelBlock` the capture found, member m of a group with shares
 ``w`` holds parts ``[a_m, b_m)`` (heads / key-value groups / hidden columns): the parts are
 ``largest_remainder(w, block.parts)`` laid out in member order.  Its column-parallel
-``nn.Linear`` layers become `ColumnParallelLinear` (the output rows of those parts, bias
-included) and its row-parallel layer `RowParallelLinear` (the input columns of those parts;
-the bias whole, added once after the all-reduce).  Slices are cut from the full initial
+``nn.Linear`` (or Hugging Face ``Conv1D``) layers become `ColumnParallelLinear` (the output
+rows of those parts, bias included) and its row-parallel layer `RowParallelLinear` (the input
+columns of those parts; the bias whole, added once after the all-reduce).  Slices are cut from the full initial
 weights by the model's own parameter names, so a group starts from exactly the weights
 a single device starts from; only the slice is kept (the full tensor is dropped with the
 replaced layer, or never allocated when ``state`` supplies it).  Everything else (norms,
@@ -86,29 +86,39 @@ class BlockInput:
 
 
 class ColumnParallelLinear(nn.Module):
-    """This member's output rows of a column-parallel ``nn.Linear``: ``x -> x W_m^T + b_m``."""
+    """This member's output rows of a column-parallel layer: ``x -> x W_m^T + b_m``.
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, block_input: BlockInput) -> None:
+    ``transposed``: the weight is stored (in, out), as Hugging Face's ``Conv1D`` stores it; it
+    keeps the model's layout so its name and shape still match the model's weights.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, block_input: BlockInput, *,
+                 transposed: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight)
         self.bias = nn.Parameter(bias) if bias is not None else None
         self.block_input = block_input
+        self.transposed = transposed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.block_input(x), self.weight, self.bias)
+        w = self.weight.t() if self.transposed else self.weight
+        return F.linear(self.block_input(x), w, self.bias)
 
 
 class RowParallelLinear(nn.Module):
-    """This member's input columns of a row-parallel ``nn.Linear``; the partial outputs summed over the group."""
+    """This member's input columns of a row-parallel layer; the partial outputs summed over the group."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, block_input: BlockInput) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, block_input: BlockInput, *,
+                 transposed: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight)
         self.bias = nn.Parameter(bias) if bias is not None else None
         self.block_input = block_input
+        self.transposed = transposed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = reduce_from_group(F.linear(x, self.weight), self.block_input.group)
+        w = self.weight.t() if self.transposed else self.weight
+        y = reduce_from_group(F.linear(x, w), self.block_input.group)
         self.block_input.clear()
         return y if self.bias is None else y + self.bias
 
@@ -123,12 +133,17 @@ def _module_path(param_name: str) -> str:
     return param_name.rsplit(".", 1)[0]
 
 
-def _linear(model: nn.Module, path: str) -> nn.Linear:
+def _transposed(mod: nn.Module) -> bool:
+    """Hugging Face's ``Conv1D`` (weight stored (in, out)); matched by name: hetpipe does not import transformers here."""
+    return type(mod).__name__ == "Conv1D" and hasattr(mod, "nf") and hasattr(mod, "nx")
+
+
+def _linear(model: nn.Module, path: str) -> nn.Module:
     mod = model.get_submodule(path)
-    if type(mod) is not nn.Linear:
-        raise ConfigError(f"tensor-parallel layer {path!r} is a {type(mod).__name__}; only nn.Linear layers "
-                          "are sharded so far (a torch.export graph applies its weights with aten.linear, "
-                          "which is not yet): run this unit width-1")
+    if type(mod) is not nn.Linear and not _transposed(mod):
+        raise ConfigError(f"tensor-parallel layer {path!r} is a {type(mod).__name__}; only nn.Linear (and "
+                          "Conv1D) layers are sharded so far (a torch.export graph applies its weights with "
+                          "aten.linear, which is not yet): run this unit width-1")
     return mod
 
 
@@ -165,12 +180,14 @@ def shard_block(model: nn.Module, block: TensorParallelBlock, *, share: MemberSh
         weight = slice_parameter(_source(model, state, specs["weight"].name), specs["weight"], parts)
         bias = slice_parameter(_source(model, state, specs["bias"].name), specs["bias"], parts) \
             if "bias" in specs else None
-        _set_module(model, path, ColumnParallelLinear(weight, bias, block_input).to(_target(mod, device)))
+        shard = ColumnParallelLinear(weight, bias, block_input, transposed=_transposed(mod))
+        _set_module(model, path, shard.to(_target(mod, device)))
     row_path = _module_path(block.row.name)
     mod = _linear(model, row_path)
     weight = slice_parameter(_source(model, state, block.row.name), block.row, parts)
     bias = _source(model, state, block.row_bias).detach().clone() if block.row_bias else None
-    _set_module(model, row_path, RowParallelLinear(weight, bias, block_input).to(_target(mod, device)))
+    shard = RowParallelLinear(weight, bias, block_input, transposed=_transposed(mod))
+    _set_module(model, row_path, shard.to(_target(mod, device)))
 
 
 def _target(mod: nn.Module, device: Any) -> Any:

@@ -14,9 +14,11 @@ are the column-parallel layers.  The pair is a block when
   projections' head counts; a grouped-query key/value head serves the query heads next
   to it); without, every column layer's output width equals R's input width.
 
-A fused projection whose output is split into n equal pieces (GPT-2's q|k|v) has n
-segments.  ``Conv1D`` (Hugging Face GPT-2's transposed linear) is found too, but the unit
-is left width-1 with the reason: the runtime does not shard it yet.
+A fused projection whose output is chunked into n equal pieces (the built-in GPT's q|k|v)
+has n segments; one split by fixed widths (Hugging Face GPT-2's ``split(self.split_size)``) is
+width-1 with that reason, since a member's narrower slice would be cut at the full width.
+``Conv1D`` (Hugging Face GPT-2's transposed linear, ``addmm`` under ``torch.export``) splits
+like a linear with its weight's dimensions swapped.
 
 Example:
     >>> from hetpipe.models import build
@@ -163,6 +165,10 @@ def _closed(region: set[fx.Node], columns: list[_Linear], row: _Linear, costs: M
 def _parts(region: set[fx.Node], columns: list[_Linear], row: _Linear, costs: Mapping[str, NodeCost]
            ) -> tuple[str, int, list[int]] | str:
     """(kind, parts, each column's part size) or the reason the widths do not split."""
+    fixed = [n for n in region if op_name(n) == "split"]
+    if fixed:
+        return (f"its fused projection is split by fixed widths {fixed[0].args[1]} (the model's code, e.g. GPT-2's "
+                "split_size), which a member's narrower slice would break; split it with chunk() instead")
     attn = [n for n in region if op_name(n) in ATTENTION]
     segs = [_segments(c) for c in columns]
     if len(attn) > 1:
@@ -220,11 +226,6 @@ def _block(gm: fx.GraphModule, row: _Linear, by_out: Mapping[fx.Node, _Linear], 
                                activation_bytes=_split_bytes(region, columns, held))
 
 
-#: Why a block of Hugging Face GPT-2 stays width-1 for now.
-CONV1D_NOTE = ("Conv1D (Hugging Face GPT-2's transposed linear) is found but not sharded yet: the runtime "
-               "slices nn.Linear only, and GPT2Attention splits its fused q|k|v by the full-width split_size")
-
-
 def with_tensor_parallel(gm: fx.GraphModule, units: tuple[Unit, ...], unit_of: Mapping[str, int],
                          costs: Mapping[str, NodeCost], *, held: Held | None = None) -> tuple[Unit, ...]:
     """``units`` with their tensor-parallel blocks, fractions and notes filled in.
@@ -246,8 +247,6 @@ def with_tensor_parallel(gm: fx.GraphModule, units: tuple[Unit, ...], unit_of: M
             found = _block(gm, lin, by_out, costs, members.get(u.index, set()), held or {})
             if isinstance(found, str):
                 notes.append(found)
-            elif found is not None and lin.transposed:
-                notes += [] if CONV1D_NOTE in notes else [CONV1D_NOTE]
             elif found is not None:
                 blocks.append(found)
         if not blocks and not notes:
