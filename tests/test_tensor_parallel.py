@@ -414,3 +414,19 @@ def test_an_exported_graph_is_refused_by_name_not_sharded_wrongly():
     blocks = [b for u in capture(full, batch).units for b in u.tensor_parallel]
     with pytest.raises(ConfigError, match="only nn.Linear .and Conv1D. layers are sharded so far"):
         shard_model(module, blocks, share=MemberShare(member=0, weights=(1.0,)), group=None)
+
+
+def test_bad_shares_members_and_weights_are_refused_with_the_fix():
+    with pytest.raises(ConfigError, match="positive and sum to 1"):
+        MemberShare(member=0, weights=(0.7, 0.4))
+    with pytest.raises(ConfigError, match="use 0..1"):
+        MemberShare(member=2, weights=(0.5, 0.5))
+    model, batch = build("gpt-tiny", device="meta", batch=2, seq=8)
+    blocks = [b for u in capture(model, batch).units for b in u.tensor_parallel]
+    with pytest.raises(ConfigError, match="missing from the weights"):
+        shard_model(model, blocks, share=MemberShare(0, (1.0,)), group=None, state={}, device="cpu")
+    from hetpipe.runtime.tp_shard import shard_block
+
+    with pytest.raises(ConfigError, match="none of the 4 heads of transformer.h.0.attn; raise its share"):
+        shard_block(build("gpt-tiny", device="cpu", batch=2, seq=8)[0], blocks[0],  # 3.6 : 0.4 heads -> 4 : 0
+                    share=MemberShare(1, (0.9, 0.1)), group=None)

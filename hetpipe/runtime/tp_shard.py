@@ -56,6 +56,14 @@ class MemberShare:
     member: int
     weights: tuple[float, ...]
 
+    def __post_init__(self) -> None:
+        if not self.weights or any(not w > 0 for w in self.weights) or abs(sum(self.weights) - 1.0) > 1e-9:
+            raise ConfigError(f"tensor-parallel shares {self.weights} must be positive and sum to 1; give one per "
+                              "group member (e.g. TensorShares.weights)")
+        if not 0 <= self.member < len(self.weights):
+            raise ConfigError(f"member={self.member} is not a member of a group of {len(self.weights)}; "
+                              f"use 0..{len(self.weights) - 1} (the rank's index in its group)")
+
     def counts(self, parts: int) -> tuple[int, ...]:
         """Parts per member of a block of ``parts`` (largest remainder)."""
         return largest_remainder(self.weights, parts)
@@ -153,6 +161,9 @@ def _set_module(model: nn.Module, path: str, new: nn.Module) -> None:
 
 
 def _source(model: nn.Module, state: Mapping[str, torch.Tensor] | None, name: str) -> torch.Tensor:
+    if state is not None and name not in state:
+        raise ConfigError(f"parameter {name!r} is missing from the weights; pass the model's full state dict "
+                          "(by its own parameter names)")
     t = state[name] if state is not None else model.get_parameter(name)
     if t.is_meta:
         raise ConfigError(f"parameter {name!r} is on the meta device; pass its full initial value in state=")
