@@ -24,7 +24,7 @@ from hetpipe.schedule.simulate import SimCosts, SimResult, simulate_stages
 
 
 def costs_from_problem(problem: Problem, stages: Sequence[Stage]) -> SimCosts:
-    """Per-stage F, B and one-way C exactly as `evaluate` computes them (no optimizer step).
+    """Per-stage F, B, one-way C and optimizer step S exactly as `evaluate` computes them.
 
     Example:
         >>> from hetpipe.partitioner.problem import DeviceSlot
@@ -34,11 +34,11 @@ def costs_from_problem(problem: Problem, stages: Sequence[Stage]) -> SimCosts:
         ...                bandwidth_bytes_s=((1.0, 4.0), (4.0, 1.0)), latency_s=((0.0, 0.0), (0.0, 0.0)),
         ...                microbatches=4)
         >>> costs_from_problem(prob, (Stage(0, 0, 0), Stage(1, 1, 1)))
-        SimCosts(fwd_s=(1.0, 1.0), bwd_s=(2.0, 2.0), send_s=(1.0,), step_s=())
+        SimCosts(fwd_s=(1.0, 1.0), bwd_s=(2.0, 2.0), send_s=(1.0,), step_s=(0.0, 0.0))
     """
-    ev = evaluate(problem, stages)
+    ev = evaluate(problem, stages, objective="estimate")  # the stage costs; the schedule is simulated by the caller
     return SimCosts(fwd_s=tuple(c.fwd_s for c in ev.stages), bwd_s=tuple(c.bwd_s for c in ev.stages),
-                    send_s=tuple(c.send_s for c in ev.stages[:-1]))
+                    send_s=tuple(c.send_s for c in ev.stages[:-1]), step_s=tuple(c.step_s for c in ev.stages))
 
 
 def simulate_placement(problem: Problem, stages: Sequence[Stage], *, schedule: str = "1f1b") -> SimResult:
