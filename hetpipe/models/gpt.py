@@ -106,14 +106,16 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: (batch, seq, h) -> q, k, v: (batch, heads, seq, head_dim)
-        b, t, h = x.shape
-        q, k, v = self.c_attn(x).split(h, dim=2)
-        q = q.view(b, t, self.n_head, self.head_dim).transpose(1, 2)
-        k = k.view(b, t, self.n_head, self.head_dim).transpose(1, 2)
-        v = v.view(b, t, self.n_head, self.head_dim).transpose(1, 2)
+        # x: (batch, seq, h) -> q, k, v: (batch, heads, seq, head_dim).  The head count is
+        # read from the projection's width (chunk, -1), not from n_head, so a tensor-parallel
+        # shard holding some of the heads runs this same code (hetpipe.runtime.tensor_parallel).
+        b, t, _ = x.shape
+        q, k, v = self.c_attn(x).chunk(3, dim=2)
+        q = q.view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = k.view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = v.view(b, t, -1, self.head_dim).transpose(1, 2)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).reshape(b, t, h))
+        return self.c_proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
 class MLP(nn.Module):

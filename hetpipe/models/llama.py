@@ -205,10 +205,12 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (batch, seq, h); q: (batch, n_head, seq, d); k, v: (batch, n_kv_head, seq, d)
+        # Head counts come from the projections' widths (-1), not from n_head / n_kv_head, so a
+        # tensor-parallel shard holding some key/value groups runs this same code.
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_head, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         cos, sin = self.rotary(q)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -217,7 +219,7 @@ class Attention(nn.Module):
             k = k.repeat_interleave(rep, dim=1)  # kv head j serves query heads j*rep .. j*rep+rep-1
             v = v.repeat_interleave(rep, dim=1)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim))
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
 class FeedForward(nn.Module):

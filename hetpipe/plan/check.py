@@ -29,6 +29,7 @@ from hetpipe.errors import PlanError
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.recompute import choose_recompute, is_prefix_choice
 from hetpipe.plan.baseline_check import baseline_violations
+from hetpipe.plan.groups import group_violations
 from hetpipe.plan.replica_check import check_replicas
 from hetpipe.plan.schema import (
     CheckReport,
@@ -53,6 +54,8 @@ def check_plan(plan: Plan) -> CheckReport:
     validate_plan(plan)  # NaN, a deleted link: one PlanError naming the field, not a symptom below
     report = check_replicas(plan) if plan.replicas else _check_pipeline(plan)
     report = dataclasses.replace(report, objective=plan.objective_name)
+    if group_violations(plan):  # issue 15: a group's time is not the recorded device's alone
+        report = dataclasses.replace(report, violations=(*report.violations, *group_violations(plan)))
     if plan.memory_model == MEMORY_MODEL:
         return report
     others = [v for v in report.violations if "memory_bytes" not in v]

@@ -57,6 +57,7 @@ PLAN_FORMAT = "hetpipe.plan"
 #: (`Plan.objective`, `UnitTimes.step`, `PlanStage.step_s`, `Plan.step_launch_s`,
 #: `Predicted.t_1f1b_estimate_s`); plans without `objective` were solved with the H-1F1B estimate
 #: and are re-checked with it.
+#: Version 4 may also carry tensor-parallel groups (`PlanStage.group_devices`, `group_shares`; issue 15).
 PLAN_VERSION = 4
 #: The version of a plan without replicas.
 PLAN_VERSION_SINGLE = 1
@@ -73,6 +74,8 @@ PLAN_VERSION_MEMORY = 3
 PLAN_VERSION_OBJECTIVE = 4
 #: `Plan.objective` of plans made before version 4: T was the H-1F1B estimate.
 ESTIMATE_OBJECTIVE = "estimate"
+#: The first version that may carry a stage run by a tensor-parallel group (issue 15).
+PLAN_VERSION_GROUPS = 4
 #: `Plan.cost_model` key recording the recomputation setting the plan was solved with
 #: (``"auto: ..."``; absent = ``none``); `check_plan` re-derives each stage's choice under it.
 RECOMPUTE_NOTE = "recompute"
@@ -186,6 +189,12 @@ class PlanStage:
     recompute_units: tuple[int, ...] = field(default=(), metadata={"since": 3})
     # Version 4: S_s, the stage's optimizer step (units' shares + its kind's launch share).
     step_s: float = field(default=0.0, metadata={"since": 4})
+    # Version 4 (issue 15): a stage run by a tensor-parallel group of cards of one node: every
+    # member's device id (`device` first) and its share of each tensor-parallel block (> 0, sum 1;
+    # heads / columns per member by largest remainder, `cost_models.tensor_parallel`).  Empty: the
+    # stage is `device` alone.  No solver writes groups yet; `check` and `run` refuse them (plan/groups.py).
+    group_devices: tuple[str, ...] = field(default=(), metadata={"since": 4})
+    group_shares: tuple[float, ...] = field(default=(), metadata={"since": 4})
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ a negative iteration time, a link priced as free):
   weights), a finite time >= 0 for every device kind;
 * stages: a known device, the device's own usable_bytes (not an inflated copy), finite
   non-negative times and bytes; recompute_units distinct units of the stage's own range;
+  a tensor-parallel group's members and shares well formed (`plan.groups`);
 * predicted / solver figures finite; tied parameters name real units.
 
 Whether the tables are the model's (and not consistently edited) is `check --model`'s
@@ -35,6 +36,7 @@ from hetpipe.cost_models.validate import (
     MAX_BANDWIDTH_BYTES_S, MAX_DEVICE_MEMORY_BYTES, MAX_DEVICES, MAX_LATENCY_S, finite_number, whole_number,
 )
 from hetpipe.errors import PlanError
+from hetpipe.plan.groups import validate_groups
 
 #: Largest FLOP or byte count in a unit table: the solvers' numpy tables are 64-bit.
 INT64_MAX = 2**63 - 1
@@ -155,4 +157,5 @@ def validate_plan(plan: Any) -> None:
     _links(plan, ids)
     _units(plan, {d.kind for d in plan.devices})
     _stages(plan, {d.id: d.usable_bytes for d in plan.devices})
+    validate_groups(plan)
     _figures(plan)

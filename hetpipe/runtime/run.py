@@ -61,7 +61,9 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: A
     from hetpipe.schedule.builders import make_schedule, validate_schedule
     from hetpipe.plan.tables import verify_tables
     from hetpipe.runtime.rank import capture_for_plan
+    from hetpipe.plan.groups import refuse_groups
 
+    refuse_groups(plan)  # issue 15: tensor-parallel groups are not run inside the pipeline yet
     if plan.replicas:  # each replica is its own pipeline
         from hetpipe.runtime.replicas.trainer import check_runnable
 

@@ -74,6 +74,7 @@ from hetpipe.errors import CaptureError, ConfigError
 from hetpipe.partitioner.capture.export import export_for_training
 from hetpipe.partitioner.capture.graph import TiedParameter, Unit, UnitGraph
 from hetpipe.partitioner.capture.storages import unit_buffer_bytes
+from hetpipe.partitioner.capture.tensor_parallel import with_tensor_parallel
 from hetpipe.partitioner.capture.liveness import dead_parameters, with_loss
 from hetpipe.partitioner.capture.measure import (
     CALL_OPS, LossCosts, NodeCost, TrainingCosts, measure_forward, measure_loss, measure_training, module_path_of)
@@ -139,6 +140,7 @@ def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None, g
     units, tied, total = _build_units(gm, groups, unit_of, costs=costs, train=train, optimizer=optimizer,
                                        precision=precision, dead=dead_parameters(gm, loss.live) if loss else set())
     units = with_loss(units, loss) if loss else units
+    units = with_tensor_parallel(gm, units, unit_of, costs, held=train.held_output_storages)
     graph = UnitGraph(
         model_name=name or type(model).__name__, fingerprint=fingerprint(gm, costs), units=units,
         param_count=total, micro_batch_size=_micro_batch(inputs), optimizer=optimizer, precision=precision,

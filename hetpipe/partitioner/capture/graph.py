@@ -21,6 +21,8 @@ from typing import Any
 
 import networkx as nx
 
+from hetpipe.partitioner.capture.tensor_blocks import TensorParallelBlock
+
 
 @dataclass(frozen=True)
 class Unit:
@@ -57,6 +59,11 @@ class Unit:
         memory_traffic_bytes: forward bytes read+written by memory-bound ops
             (elementwise, norms, softmax); used by the time model.
         op_count: number of compute nodes (kernel launches) in the forward.
+        tensor_parallel: the unit's blocks a tensor-parallel group can split (issue 15);
+            empty: the unit runs width-1 (``tp_note`` says why).
+        tp_flops_fraction: share of ``fwd_flops`` inside ``tensor_parallel`` blocks.
+        tp_param_fraction: share of ``param_count`` that splits (the rest is replicated).
+        tp_note: why the unit, or a part of it, cannot split ("" when nothing to say).
     """
 
     index: int
@@ -75,6 +82,10 @@ class Unit:
     grad_bytes: int = 0
     boundary_grad_bytes: int = 0
     recompute_bytes: int = 0
+    tensor_parallel: tuple[TensorParallelBlock, ...] = ()
+    tp_flops_fraction: float = 0.0
+    tp_param_fraction: float = 0.0
+    tp_note: str = ""
 
 
 @dataclass(frozen=True)

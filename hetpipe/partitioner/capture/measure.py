@@ -191,6 +191,8 @@ class TrainingCosts:
     held_output_bytes: Mapping[str, int] = field(default_factory=dict)
     grad_output_bytes: Mapping[str, int] = field(default_factory=dict)
     recompute_bytes: tuple[int, ...] = ()  # per unit: the storages it makes and saves itself
+    # node -> (storage, bytes) of its held outputs; storage keys are unique within one capture
+    held_output_storages: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
 
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
@@ -287,7 +289,8 @@ def measure_training(gm: fx.GraphModule, inputs: Sequence[Any], *, unit_of: Mapp
     grad = {n.name: run.tracker.node_grad_bytes(n.name) for n in gm.graph.nodes}
     return TrainingCosts(activation_bytes=run.tracker.held_bytes(num_units), bwd_flops=tuple(bwd),
                          held_output_bytes=held, grad_output_bytes=grad,
-                         recompute_bytes=run.tracker.own_saved_bytes(num_units))
+                         recompute_bytes=run.tracker.own_saved_bytes(num_units),
+                         held_output_storages={n.name: run.tracker.node_held_storages(n.name) for n in gm.graph.nodes})
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,10 @@ class StorageTracker:
         """Bytes of ``node``'s output tensors that require grad: what a gradient message carries back."""
         return self._node_grad.get(node, 0)
 
+    def node_held_storages(self, node: str) -> tuple[tuple[int, int], ...]:
+        """(storage, storage bytes) of ``node``'s outputs that are held: views of one storage share its key."""
+        return tuple((k, self._bytes[k]) for k, _ in self._node_outputs.get(node, []) if k in self._held)
+
     def node_held_bytes(self, node: str) -> int:
         """Bytes of ``node``'s output tensors whose storage is held (0 for an unknown node)."""
         return sum(b for k, b in self._node_outputs.get(node, []) if k in self._held)

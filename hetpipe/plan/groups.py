@@ -1,0 +1,78 @@
+"""Tensor-parallel groups in a plan (issue 15): validation, and the refusals until they are wired.
+
+A `PlanStage` with ``group_devices`` runs on a group of cards of one node, member i holding
+``group_shares[i]`` of every tensor-parallel block (version 4).  `validate_groups` runs when
+a plan is loaded (`plan.validate`): the members are plan devices of one node, ``device``
+first, each once and in no other stage; the shares are one per member, positive, and sum to 1
+(integer heads / columns follow by largest remainder, so their sum is every block's total).
+
+Not wired yet: no solver writes groups, `check_plan` does not price them (it reports that,
+instead of a wrong T) and `hetpipe run` refuses them (`refuse_groups`).
+
+Example:
+    >>> from types import SimpleNamespace as NS
+    >>> dev = lambda i, node: NS(id=i, node=node, usable_bytes=1)
+    >>> plan = NS(devices=[dev("a", "n"), dev("b", "n")],
+    ...           stages=[NS(device="a", group_devices=("a", "b"), group_shares=(0.75, 0.25))])
+    >>> validate_groups(plan)
+    >>> group_violations(plan)
+    ['stage 0: a tensor-parallel group of 2 cards (a, b); check does not price groups yet (issue 15)']
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hetpipe.errors import PlanError
+
+_FIX = "the plan was edited or corrupted; re-create it with `hetpipe plan`"
+#: Slack on the shares' sum: JSON round-trips floats exactly, so only their own rounding.
+SHARE_SUM_TOL = 1e-9
+
+
+def _group(st: Any, at: str, nodes: dict[str, str]) -> None:
+    members, shares = tuple(st.group_devices), tuple(st.group_shares)
+    if len(members) < 2 or members[0] != st.device or len(set(members)) != len(members):
+        raise PlanError(f"{at}.group_devices: {list(members)} must list 2 or more distinct devices, the stage's "
+                        f"device {st.device!r} first; {_FIX}")
+    unknown = [m for m in members if m not in nodes]
+    if unknown:
+        raise PlanError(f"{at}.group_devices: {unknown} not in plan.devices; {_FIX}")
+    if len({nodes[m] for m in members}) != 1:
+        raise PlanError(f"{at}.group_devices: {list(members)} span nodes {sorted({nodes[m] for m in members})}; "
+                        f"a tensor-parallel group is on one node; {_FIX}")
+    if len(shares) != len(members) or not all(isinstance(w, (int, float)) and math.isfinite(w) and w > 0
+                                              for w in shares):
+        raise PlanError(f"{at}.group_shares: {list(shares)} must be one positive share per member of "
+                        f"{list(members)}; {_FIX}")
+    if abs(sum(shares) - 1.0) > SHARE_SUM_TOL:
+        raise PlanError(f"{at}.group_shares: {list(shares)} sum to {sum(shares)!r}, not 1; {_FIX}")
+
+
+def validate_groups(plan: Any) -> None:
+    """Raise `PlanError` unless every stage's group is well formed (module docstring)."""
+    nodes = {d.id: d.node for d in plan.devices}
+    holders: dict[str, int] = {}
+    for i, st in enumerate(plan.stages):
+        at = f"plan.stages[{i}]"
+        if st.group_devices or st.group_shares:
+            _group(st, at, nodes)
+        for m in st.group_devices or (st.device,):
+            if m in holders and holders[m] != i:
+                raise PlanError(f"{at}.group_devices: {m!r} also runs stage {holders[m]}; {_FIX}")
+            holders[m] = i
+
+
+def group_violations(plan: Any) -> list[str]:
+    """One line per grouped stage: `check_plan` prices each stage as its `device` alone so far."""
+    return [f"stage {i}: a tensor-parallel group of {len(st.group_devices)} cards ({', '.join(st.group_devices)}); "
+            "check does not price groups yet (issue 15)" for i, st in enumerate(plan.stages) if st.group_devices]
+
+
+def refuse_groups(plan: Any) -> None:
+    """`hetpipe run` cannot run a grouped stage yet: refuse rather than run it on one card."""
+    grouped = [i for i, st in enumerate(plan.stages) if st.group_devices]
+    if grouped:
+        raise PlanError(f"plan stages {grouped} are tensor-parallel groups, which `hetpipe run` does not run yet "
+                        "(issue 15: only hetpipe.runtime.tp_shard's standalone groups); re-plan without groups")
