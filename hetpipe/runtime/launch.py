@@ -202,7 +202,12 @@ def exit_codes(log_text: str) -> dict[int, int]:
     return {int(rank): int(code) for rank, code in _EXIT_RE.findall(log_text)}
 
 
-def _how(code: int) -> str:
+def describe_exit(code: int) -> str:
+    """How a process ended, from its exit code (negative: the signal that killed it).
+
+    >>> describe_exit(-9), describe_exit(3)
+    ('was killed by signal 9 (SIGKILL)', 'exited with code 3')
+    """
     if code >= 0:
         return f"exited with code {code}"
     try:
@@ -216,7 +221,7 @@ def summary_from_log(log_text: str) -> str:
     codes = exit_codes(log_text)
     if codes:
         rank, code = min(codes.items(), key=lambda rc: (rc[1] == _SIGTERM, rc[1] >= 0, rc[0]))
-        return f"rank {rank} (stage {rank}) {_how(code)} without reporting an error; see the log for its output"
+        return f"rank {rank} (stage {rank}) {describe_exit(code)} without reporting an error; see the log for its output"
     tail = [ln for ln in log_text.strip().splitlines() if ln.strip()][-1:] or ["no output"]
     return f"torchrun failed: {tail[0].strip()}"
 
@@ -238,7 +243,7 @@ def first_error(run_dir: Path, log_text: str) -> str:
     killed = sorted(r for r, c in exit_codes(log_text).items() if c not in (0, 1, _SIGTERM) and r not in reported)
     if killed:
         code = exit_codes(log_text)[killed[0]]
-        head = f"rank {killed[0]} (stage {killed[0]}) {_how(code)} without reporting an error"
+        head = f"rank {killed[0]} (stage {killed[0]}) {describe_exit(code)} without reporting an error"
         return f"{head}; then {errors[0].line()}" if errors else f"{head}; see the log for its output"
     return errors[0].line() if errors else summary_from_log(log_text)
 

@@ -51,7 +51,7 @@ from hetpipe.errors import ConfigError, RuntimeFailure
 from hetpipe.plan.replan import Replan, replan
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.checkpoint.files import find_checkpoint, is_complete, parse_step
-from hetpipe.runtime.launch import STOP_REQUEST, exit_codes, read_errors
+from hetpipe.runtime.launch import STOP_REQUEST, describe_exit, exit_codes, read_errors
 from hetpipe.runtime.report import RunReport
 from hetpipe.runtime.restarts import Restart
 from hetpipe.runtime.steps_done import StepsDone, read_steps
@@ -123,16 +123,6 @@ class Decision:
                 f"{self.replan.replan_s:.3g} s: {stage_text(self.replan.plan)}, T {self.replan.old_iteration_s:.4g} "
                 f"-> {self.replan.new_iteration_s:.4g} s; predicted gain {self.gain_s:.3g} s vs restart cost "
                 f"{self.cost_s:.3g} s: {verdict}")
-
-
-def describe_exit(code: int) -> str:
-    """How a process ended, from its exit code (negative: the signal that killed it)."""
-    if code >= 0:
-        return f"exited with code {code}"
-    try:
-        return f"was killed by signal {-code} ({signal.Signals(-code).name})"
-    except ValueError:
-        return f"was killed by signal {-code}"
 
 
 def stage_text(plan: Plan) -> str:
