@@ -46,6 +46,17 @@ forward runs again in the backward:
 `evaluate` prices whatever set a stage carries (none by default); which set a solver picks
 is `Problem.recompute` (`hetpipe.partitioner.recompute.choose_recompute`).
 
+Optimizer-state offload (issue 14; `hetpipe.cost_models.offload`): a stage with `Stage.offload`
+keeps its optimizer state (Adam's m, v; with the mixed precisions also the fp32 master
+weights) on its host.  With P_s its trainable parameters (tied replicas included):
+
+    M_s -= P_s * host_bytes_per_param                          (every moment of the step)
+    O_s  = P_s * link_bytes_per_param / host_link(d_s) + P_s * step_bytes_per_param / host_memory(d_s)
+    T   += max_s O_s over the offloading stages                (`step_tail_s`: why the max)
+
+Which stages offload is `Problem.offload` (never | auto | all;
+`hetpipe.partitioner.recompute.with_recompute` chooses it with the recompute prefix).
+
 The T formula is the heterogeneous 1F1B estimate of HARP / AMP / Metis
 (cost_formulas.md §3.3); min(p - s, m) in-flight micro-batches per stage is
 1F1B's activation footprint (Narayanan et al. SC'21; Megatron
@@ -64,9 +75,11 @@ Example:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from hetpipe.cost_models.offload import NO_OFFLOAD, OFFLOAD_MODES, OffloadCost, OffloadRates, offload_cost
 from hetpipe.cost_models.recompute import RECOMPUTE_MODES, RecomputeCost, recompute_cost
 from hetpipe.cost_models.stage_memory import pipeline_stage_bytes
 from hetpipe.schedule.held import position_held_terms
@@ -80,6 +93,10 @@ class DeviceSlot:
     kind: str
     node: str
     usable_bytes: int
+    # The card's link to its host and the host's memory bandwidth (optimizer-state offload,
+    # `hetpipe.cost_models.offload`); 0 = unknown: the stage on it cannot offload.
+    host_link_bytes_s: float = 0.0
+    host_memory_bytes_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -95,12 +112,14 @@ class TiedCopy:
 @dataclass(frozen=True)
 class Stage:
     """Stage placement: device index into `Problem.devices`, units [first_unit, last_unit], and the
-    units it recomputes in the backward (global indices, ascending; none by default)."""
+    units it recomputes in the backward (global indices, ascending; none by default), and whether
+    it keeps its optimizer state on the host (`offload`)."""
 
     device: int
     first_unit: int
     last_unit: int
     recompute_units: tuple[int, ...] = ()
+    offload: bool = False
 
 
 @dataclass(frozen=True)
@@ -135,6 +154,12 @@ class Problem:
     # Per unit: what a recompute of it allocates again, the storages it makes and saves itself (the
     # runtime's `RecomputedUnit.saved_bytes`); () = activation_bytes (memory model 1).
     recompute_bytes: tuple[int, ...] = ()
+    # Optimizer-state offload (`hetpipe.cost_models.offload`): the lever's setting, the per-parameter
+    # bytes (None = offload impossible: no optimizer/precision known), and -- for the solvers'
+    # outer walk only (`solvers/offload_walk.py`) -- the most tail seconds a stage may pay for it.
+    offload: str = "never"
+    offload_rates: OffloadRates | None = None
+    offload_cap_s: float = math.inf
 
     @property
     def unit_recompute_bytes(self) -> tuple[int, ...]:
@@ -144,6 +169,8 @@ class Problem:
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:
             raise ValueError(f"Problem.recompute is {self.recompute!r}; use one of {', '.join(RECOMPUTE_MODES)}")
+        if self.offload not in OFFLOAD_MODES:
+            raise ValueError(f"Problem.offload is {self.offload!r}; use one of {', '.join(OFFLOAD_MODES)}")
 
     @property
     def num_units(self) -> int:
@@ -167,6 +194,8 @@ class StageCost:
     send_s: float  # C_s, one way; 0 for the last stage
     memory_bytes: int
     usable_bytes: int
+    offload_bytes: int = 0  # optimizer state kept on the host (0: the stage does not offload)
+    offload_s: float = 0.0  # O_s, its tail after the stage's last backward
 
     @property
     def fits(self) -> bool:
@@ -180,6 +209,7 @@ class Evaluation:
     iteration_s: float
     bottleneck_s: float  # max( max_s (F_s+B_s), max_s 2 C_s )
     stages: tuple[StageCost, ...]
+    tail_s: float = 0.0  # max_s O_s over the offloading stages, included in iteration_s
 
     @property
     def fits(self) -> bool:
@@ -190,7 +220,7 @@ def stage_memory_bytes(problem: Problem, stages: Sequence[Stage], s: int) -> int
     """M_s of the contract for stage index `s` of `stages`."""
     st, p = stages[s], len(stages)
     units = range(st.first_unit, st.last_unit + 1)
-    state = sum(problem.state_bytes[u] for u in units) + tied_bytes(problem, st)
+    state = sum(problem.state_bytes[u] for u in units) + tied_bytes(problem, st) - stage_offload(problem, st).saved_bytes
     grads = sum(problem.grad_bytes[u] for u in units) if problem.grad_bytes else 0
     rc = stage_recompute_cost(problem, st)
     return pipeline_stage_bytes(
@@ -247,6 +277,9 @@ def validate_stages(problem: Problem, stages: Sequence[Stage]) -> None:
         if any(not st.first_unit <= u <= st.last_unit for u in rc) or len(set(rc)) != len(rc):
             raise ValueError(f"stage {s} recomputes units {list(rc)}, not distinct units of its own "
                              f"[{st.first_unit}, {st.last_unit}]")
+        if st.offload and not can_offload(problem, st):
+            raise ValueError(f"stage {s} offloads, but its device {problem.devices[st.device].id} has no host link "
+                             "or host memory figure, the problem no offload rates, or the stage no trainable state")
         expected = st.last_unit + 1
     if expected != problem.num_units:
         raise ValueError(f"stages end at unit {expected - 1}, the model has {problem.num_units} units")
@@ -272,10 +305,61 @@ def evaluate(problem: Problem, stages: Sequence[Stage]) -> Evaluation:
                 send_s=send,
                 memory_bytes=stage_memory_bytes(problem, stages, s),
                 usable_bytes=problem.devices[st.device].usable_bytes,
+                offload_bytes=stage_offload(problem, st).saved_bytes,
+                offload_s=stage_offload(problem, st).tail_s,
             )
         )
     compute = [c.fwd_s + c.bwd_s for c in costs]
     comm2 = [2.0 * c.send_s for c in costs[:-1]]
     bottleneck = max(compute + comm2)
-    total = sum(compute) + sum(comm2) + (problem.microbatches - 1) * bottleneck
-    return Evaluation(iteration_s=total, bottleneck_s=bottleneck, stages=tuple(costs))
+    tail = step_tail_s(problem, stages)
+    total = sum(compute) + sum(comm2) + (problem.microbatches - 1) * bottleneck + tail
+    return Evaluation(iteration_s=total, bottleneck_s=bottleneck, stages=tuple(costs), tail_s=tail)
+
+
+def stage_params(problem: Problem, stage: Stage) -> int:
+    """Trainable parameters `stage` steps: its units' (grad_bytes / gradient bytes per parameter)
+    and its tied replicas' (state bytes / state bytes per parameter).  0 without offload rates."""
+    rates = problem.offload_rates
+    if rates is None or not problem.grad_bytes:
+        return 0
+    units = range(stage.first_unit, stage.last_unit + 1)
+    own = sum(problem.grad_bytes[u] for u in units) // rates.grad_bytes_per_param
+    return own + tied_bytes(problem, stage) // rates.state_bytes_per_param
+
+
+def can_offload(problem: Problem, stage: Stage) -> bool:
+    """Whether `stage` could keep optimizer state on its host: rates and host figures known, and
+    offloading moves some bytes (SGD in fp32 has no optimizer state to move)."""
+    dev, rates = problem.devices[stage.device], problem.offload_rates
+    return (rates is not None and rates.host_bytes_per_param > 0 and dev.host_link_bytes_s > 0
+            and dev.host_memory_bytes_s > 0 and stage_params(problem, stage) > 0)
+
+
+def offload_if(problem: Problem, stage: Stage) -> OffloadCost:
+    """What offloading would save and cost `stage` (whether or not it does); `NO_OFFLOAD` if it cannot."""
+    if not can_offload(problem, stage):
+        return NO_OFFLOAD
+    dev = problem.devices[stage.device]
+    assert problem.offload_rates is not None
+    return offload_cost(stage_params(problem, stage), problem.offload_rates,
+                        host_link_bytes_s=dev.host_link_bytes_s, host_memory_bytes_s=dev.host_memory_bytes_s)
+
+
+def stage_offload(problem: Problem, stage: Stage) -> OffloadCost:
+    """Bytes off the card and O_s of `stage` as placed (`NO_OFFLOAD` when it does not offload)."""
+    return offload_if(problem, stage) if stage.offload else NO_OFFLOAD
+
+
+def step_tail_s(problem: Problem, stages: Sequence[Stage]) -> float:
+    """The seconds the step's tail adds to T: max_s O_s over the offloading stages (0 if none).
+
+    Why the max and no more: every stage starts its tail after its own last backward, which
+    ends no later than T (stage 0's last backward ends the pipeline: the drain runs from the
+    last stage to the first), and the tails of different cards run in parallel, so the step
+    ends by T + max_s O_s; it ends exactly then when the stage with the largest tail is stage 0.
+    No overlap with the drain is credited (an upper bound for later stages).  The on-card
+    optimizer step of non-offloading stages is not in this contract yet: when it is, a stage's
+    tail is O_s if it offloads and its on-card step otherwise, under the same max.
+    """
+    return max((stage_offload(problem, st).tail_s for st in stages), default=0.0)

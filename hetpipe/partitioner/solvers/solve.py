@@ -42,6 +42,7 @@ from hetpipe.partitioner.solvers.cpsat import solve_cpsat
 from hetpipe.partitioner.solvers.dp import DPResult, StateSpaceTooLarge, simple_lower_bound, solve_exact
 from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
 from hetpipe.partitioner.solvers.infeasible import explain_infeasible
+from hetpipe.partitioner.solvers.offload_walk import tail_walk
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.relax import relaxed_bound
 
@@ -137,7 +138,7 @@ def heuristic(problem: Problem, *, time_limit_s: float = 10.0, num_stages: int |
             left = time_limit_s - (time.perf_counter() - start)
             if left <= 0 and best is not None:
                 return best
-            res = solve_fixed_order(problem, seq, time_limit_s=max(left, 0.0))
+            res = tail_walk(problem, lambda p, _: solve_fixed_order(p, seq, time_limit_s=max(left, 0.0)))
             if res is not None and (best is None or res.iteration_s < best.iteration_s):
                 best = res
     return best
@@ -180,9 +181,9 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
     warm = None
     if problem.num_units * len(problem.devices) > SEED_ABOVE:
         warm = heuristic(problem, time_limit_s=time_limit_s / 8, num_stages=num_stages)
-    try:
-        exact = solve_exact(problem, time_limit_s=time_limit_s, exact_stages=num_stages,
-                            seed=warm.stages if warm else None)
+    try:  # the offload lever's outer walk around the DP (`offload_walk`; the DP alone without offload)
+        exact = tail_walk(problem, lambda p, first: solve_exact(
+            p, time_limit_s=time_limit_s, exact_stages=num_stages, seed=warm.stages if warm and first else None))
     except StateSpaceTooLarge as err:
         if solver == "dp":
             raise ConfigError(f"the exact DP is too large for this cluster ({err}); use --solver cpsat or auto") from None

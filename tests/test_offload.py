@@ -1,0 +1,96 @@
+"""The optimizer-offload lever: DP (with its outer tail walk) == CP-SAT == brute force over
+placements x recompute x offload, including instances only offloading makes fit."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+
+import pytest
+
+from hetpipe.cost_models.offload import offload_rates, offload_tail_s
+from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate, stage_memory_bytes
+from hetpipe.partitioner.solvers.cpsat import solve_cpsat
+from hetpipe.partitioner.solvers.dp import solve_exact
+from hetpipe.partitioner.solvers.offload_walk import tail_walk
+from hetpipe.partitioner.solvers.solve import solve
+from tests.instances import brute_force, random_problem, with_offload
+
+REL = 1e-9
+
+
+def _close(a: float, b: float, rel: float = REL) -> bool:
+    return a == b or abs(a - b) <= rel * max(abs(a), abs(b))
+
+
+def _exact(prob: Problem):
+    return tail_walk(prob, lambda p, _: solve_exact(p))
+
+
+@pytest.mark.parametrize("recompute,mode", [("none", "auto"), ("auto", "auto"), ("none", "all"), ("auto", "all")])
+def test_offload_lever_dp_and_cpsat_equal_brute_force(recompute: str, mode: str) -> None:
+    rng = random.Random(714)
+    used = only_with = 0
+    for i in range(40):
+        base = random_problem(rng, units=rng.randint(1, 5), devices=rng.randint(1, 3), tight_memory=True,
+                              recompute=recompute, activation_max=20)
+        prob = with_offload(rng, base, mode)
+        ref = brute_force(prob)
+        exact = _exact(prob)
+        assert _close(exact.iteration_s if exact else math.inf, ref, 1e-9), (i, ref, exact)
+        got = solve_cpsat(prob, time_limit_s=20.0, seed=0)
+        if exact is None:
+            assert got.status == "INFEASIBLE", (i, got)
+            continue
+        assert got.status == "OPTIMAL" and _close(got.iteration_s, ref, 1e-5), (i, got, ref)
+        for res in (exact, got):  # what a solver reports is what its stages cost
+            assert _close(evaluate(prob, res.stages).iteration_s, res.iteration_s, 1e-9)
+        used += any(st.offload for st in exact.stages)
+        only_with += math.isinf(brute_force(replace(prob, offload="never")))
+    assert used >= 8 and (mode == "all" or only_with >= 3), (used, only_with)
+
+
+def test_auto_never_slower_than_never_and_equal_when_memory_is_ample() -> None:
+    rng = random.Random(5)
+    for _ in range(30):
+        base = random_problem(rng, units=rng.randint(2, 6), devices=rng.randint(1, 3), tight_memory=True,
+                              recompute="auto", activation_max=20)
+        prob = with_offload(rng, base, "auto")
+        auto, never = _exact(prob), solve_exact(replace(prob, offload="never"))
+        if never is not None:
+            assert auto is not None and auto.iteration_s <= never.iteration_s * (1 + 1e-9)
+        roomy = replace(prob, devices=tuple(replace(d, usable_bytes=10**6) for d in prob.devices))
+        a, n = _exact(roomy), solve_exact(replace(roomy, offload="never"))
+        assert _close(a.iteration_s, n.iteration_s) and not any(st.offload for st in a.stages)
+
+
+def test_contract_terms_by_hand() -> None:
+    """M_s drops by P * host bytes, T gains max_s O_s (fp32 Adam: 8 of 16 bytes per parameter)."""
+    rates = offload_rates("adam", "fp32")
+    dev = DeviceSlot("d0", "a", "n", 10**6, 32e9, 51.2e9)
+    prob = Problem(fwd_s={"a": (1.0, 1.0)}, bwd_s={"a": (2.0, 2.0)}, state_bytes=(16_000, 32_000),
+                   activation_bytes=(0, 0), boundary_bytes=(0, 0), grad_bytes=(4_000, 8_000),
+                   devices=(dev, replace(dev, id="d1")), bandwidth_bytes_s=((1.0, 1e9), (1e9, 1.0)),
+                   latency_s=((0.0, 0.0), (0.0, 0.0)), microbatches=2, offload="auto", offload_rates=rates)
+    plain = (Stage(0, 0, 0), Stage(1, 1, 1))
+    both = (Stage(0, 0, 0, offload=True), Stage(1, 1, 1, offload=True))
+    assert stage_memory_bytes(prob, plain, 1) - stage_memory_bytes(prob, both, 1) == 2_000 * 8
+    tail = offload_tail_s(2_000, rates, host_link_bytes_s=32e9, host_memory_bytes_s=51.2e9)
+    assert _close(evaluate(prob, both).iteration_s - evaluate(prob, plain).iteration_s, tail)
+    assert _close(evaluate(prob, both).tail_s, tail)
+
+
+def test_solve_plans_only_offload_makes_fit() -> None:
+    """One card, too small for the fp32 Adam state: `solve` offloads, `never` is infeasible."""
+    rates = offload_rates("adam", "fp32")
+    prob = Problem(fwd_s={"a": (1.0, 1.0)}, bwd_s={"a": (2.0, 2.0)}, state_bytes=(160, 160),
+                   activation_bytes=(1, 1), boundary_bytes=(1, 0), grad_bytes=(40, 40),
+                   devices=(DeviceSlot("d0", "a", "n", 200, 80.0, 280.0),), bandwidth_bytes_s=((1.0,),),
+                   latency_s=((0.0,),), microbatches=1, offload="auto", offload_rates=rates)
+    sol = solve(prob)
+    assert sol.status == "OPTIMAL" and sol.stages[0].offload
+    assert _close(sol.iteration_s, 6.0 + 20 * (8 / 80 + 28 / 280))
+    from hetpipe.errors import InfeasibleError
+    with pytest.raises(InfeasibleError):
+        solve(replace(prob, offload="never"))
