@@ -38,6 +38,8 @@ from hetpipe.cost_models.sync import BUCKET_CAP_BYTES
 from hetpipe.cost_models.validate import MAX_PLAN_FILE_BYTES
 from hetpipe.errors import PlanError
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy
+from hetpipe.cost_models.offload import offload_rates
+from hetpipe.plan.offload_note import offload_mode
 from hetpipe.plan.serde import from_json, least_version, to_json
 from hetpipe.plan.validate import validate_plan
 
@@ -51,7 +53,10 @@ PLAN_FORMAT = "hetpipe.plan"
 #: lowest version its content needs (`least_version`), so plans that use none stay 1 or 2.
 #: A single pipeline from `partition_graph` records each baseline's best cards
 #: (`BaselineReport.best`, issue 17), so it is version 3.
-PLAN_VERSION = 3
+#: Version 4 adds the optimizer-offload lever (issue 14): `PlanStage.offload` with its bytes and
+#: seconds, and the devices' host figures (`PlanDevice.host_link_bytes_s`), written only by plans
+#: solved with ``--offload auto|all``.
+PLAN_VERSION = 4
 #: The version of a plan without replicas.
 PLAN_VERSION_SINGLE = 1
 #: The first version that may carry replicas.
@@ -111,6 +116,10 @@ class PlanDevice:
     node: str
     memory_bytes: int
     usable_bytes: int
+    # Version 4: the card's link to its host and the host's memory bandwidth (the offload lever's
+    # prices, `hetpipe.cost_models.offload`); written only by plans solved with offload.
+    host_link_bytes_s: float = field(default=0.0, metadata={"since": 4})
+    host_memory_bytes_s: float = field(default=0.0, metadata={"since": 4})
 
 
 @dataclass(frozen=True)
@@ -166,6 +175,11 @@ class PlanStage:
     # recomputes in the backward (torch.utils.checkpoint, non-reentrant) instead of keeping what
     # autograd saves.  Left out of the file while empty, so plans without levers stay version 1/2.
     recompute_units: tuple[int, ...] = field(default=(), metadata={"since": 3})
+    # Version 4 (issue 14): the stage keeps its optimizer state on the host: the bytes that leaves
+    # its card and the seconds O_s it adds after its last backward (`hetpipe.cost_models.offload`).
+    offload: bool = field(default=False, metadata={"since": 4})
+    offload_bytes: int = field(default=0, metadata={"since": 4})
+    offload_s: float = field(default=0.0, metadata={"since": 4})
 
 
 @dataclass(frozen=True)
@@ -402,13 +416,16 @@ def problem_from_plan(plan: Plan) -> Problem:
         grad_bytes=tuple(u.grad_bytes for u in plan.units),
         boundary_grad_bytes=tuple(u.boundary_grad_bytes for u in plan.units) if plan.memory_model >= 2 else (),
         recompute_bytes=tuple(u.recompute_bytes for u in plan.units) if plan.memory_model >= 2 else (),
-        devices=tuple(DeviceSlot(d.id, d.kind, d.node, d.usable_bytes) for d in plan.devices),
+        devices=tuple(DeviceSlot(d.id, d.kind, d.node, d.usable_bytes, d.host_link_bytes_s, d.host_memory_bytes_s)
+                      for d in plan.devices),
         bandwidth_bytes_s=tuple(tuple(row) for row in bandwidth),
         latency_s=tuple(tuple(row) for row in latency),
         microbatches=plan.training.microbatches,
         tied=tuple(TiedCopy(t.units[0], tuple(t.units), t.state_bytes) for t in plan.model.tied
                    if t.units and t.state_bytes),
         recompute=recompute_mode(plan),
+        offload=offload_mode(plan),
+        offload_rates=offload_rates(plan.training.optimizer, plan.training.precision) if plan.memory_model >= 2 else None,
     )
 
 
@@ -427,7 +444,7 @@ def stages_from_plan(plan: Plan) -> tuple[Stage, ...]:
     for st in plan.stages:
         if st.device not in index:
             raise PlanError(f"stage {st.index} runs on device {st.device!r}, which the plan does not list")
-        out.append(Stage(index[st.device], st.first_unit, st.last_unit, tuple(sorted(st.recompute_units))))
+        out.append(Stage(index[st.device], st.first_unit, st.last_unit, tuple(sorted(st.recompute_units)), st.offload))
     return tuple(out)
 
 
