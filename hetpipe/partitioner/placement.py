@@ -24,7 +24,8 @@ from hetpipe.schedule.simulate import SimCosts, SimResult, simulate_stages
 
 
 def costs_from_problem(problem: Problem, stages: Sequence[Stage]) -> SimCosts:
-    """Per-stage F, B and one-way C exactly as `evaluate` computes them (no optimizer step).
+    """Per-stage F, B and one-way C exactly as `evaluate` computes them; STEP lasts the stage's offload
+    tail O_s (`problem.step_tail_s`; none when no stage offloads: no on-card optimizer step yet).
 
     Example:
         >>> from hetpipe.partitioner.problem import DeviceSlot
@@ -37,8 +38,9 @@ def costs_from_problem(problem: Problem, stages: Sequence[Stage]) -> SimCosts:
         SimCosts(fwd_s=(1.0, 1.0), bwd_s=(2.0, 2.0), send_s=(1.0,), step_s=())
     """
     ev = evaluate(problem, stages)
+    tails = tuple(c.offload_s for c in ev.stages) if any(c.offload_s for c in ev.stages) else ()
     return SimCosts(fwd_s=tuple(c.fwd_s for c in ev.stages), bwd_s=tuple(c.bwd_s for c in ev.stages),
-                    send_s=tuple(c.send_s for c in ev.stages[:-1]))
+                    send_s=tuple(c.send_s for c in ev.stages[:-1]), step_s=tails)
 
 
 def simulate_placement(problem: Problem, stages: Sequence[Stage], *, schedule: str = "1f1b") -> SimResult:
