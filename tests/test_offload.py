@@ -94,3 +94,61 @@ def test_solve_plans_only_offload_makes_fit() -> None:
     from hetpipe.errors import InfeasibleError
     with pytest.raises(InfeasibleError):
         solve(replace(prob, offload="never"))
+
+
+SMALL_LAB = "examples/clusters/smalllab-mini.yaml"
+
+
+def _plan(tmp_path, capsys, *flags: str) -> tuple[int, str]:
+    from hetpipe.cli import app
+
+    out = tmp_path / "plan.json"
+    rc = app.main(["plan", "gpt-demo", "--cluster", SMALL_LAB, "--batch", "1", "--seq", "32", "--global-batch", "4",
+                   "--recompute", "none", "-o", str(out), *flags])
+    captured = capsys.readouterr()
+    return rc, captured.out + captured.err
+
+
+def test_cli_plans_with_offload_writes_version_4_and_check_and_show_agree(tmp_path, capsys):
+    from hetpipe.cli import app
+    from hetpipe.plan.check import check_plan
+    from hetpipe.plan.schema import Plan
+
+    rc, text = _plan(tmp_path, capsys)  # --offload never (the default): the state does not fit
+    assert rc == 2 and "no plan fits" in text
+    rc, text = _plan(tmp_path, capsys, "--offload", "auto")
+    assert rc == 0, text
+    plan = Plan.load(tmp_path / "plan.json")
+    assert plan.version == 4 and any(st.offload for st in plan.stages)
+    assert all(d.host_link_bytes_s == 32e6 and d.host_memory_bytes_s == 51.2e6 for d in plan.devices)
+    assert check_plan(plan).ok
+    st = next(st for st in plan.stages if st.offload)
+    assert st.offload_bytes > 0 and st.offload_s > 0
+    assert app.main(["show", str(tmp_path / "plan.json")]) == 0
+    assert "offload -" in capsys.readouterr().out
+    # tampering: a stage that does not offload under the recorded 'auto' would not fit -> check says so
+    bad = replace(plan, stages=tuple(replace(s, offload=False) for s in plan.stages))
+    assert not check_plan(bad).ok
+    never = replace(plan, cost_model={k: v for k, v in plan.cost_model.items() if k != "offload"})
+    assert any("setting is 'never'" in v for v in check_plan(never).violations)
+
+
+def test_offload_option_errors_are_one_line(tmp_path, capsys):
+    rc, text = _plan(tmp_path, capsys, "--offload", "yes")
+    assert rc == 2 and "offload (--offload): 'yes' is not a setting" in text
+
+
+def test_cluster_host_figures_default_to_pcie_and_ddr4_and_are_validated():
+    from hetpipe.cost_models.cluster import cluster_from_dict
+    from hetpipe.cost_models.offload import HOST_MEMORY_BYTES_S
+    from hetpipe.errors import ConfigError
+
+    doc = {"nodes": [{"name": "a", "devices": [{"gpu": "rtx3090"}, {"gpu": "rtx3090", "pcie_bandwidth": "16GB/s"}]}]}
+    c = cluster_from_dict(doc)
+    assert [d.host_link_bytes_s for d in c.devices] == [32e9, 16e9]
+    assert all(d.host_memory_bytes_s == HOST_MEMORY_BYTES_S for d in c.devices)
+    doc["nodes"][0]["host_link"] = "12GB/s"
+    assert {d.host_link_bytes_s for d in cluster_from_dict(doc).devices} == {12e9}
+    doc["nodes"][0]["host_link"] = "-3GB/s"
+    with pytest.raises(ConfigError, match="host_link"):
+        cluster_from_dict(doc)
