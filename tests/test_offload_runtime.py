@@ -92,3 +92,45 @@ def test_three_stages_one_offloading_train_like_a_single_device_loop(tmp_path):
     assert held[1] == 0 and held[0] > 0 and held[2] > 0, held
     log.info("offload runtime: losses %s vs %s; max parameter diff %.1e; optimizer bytes %s",
              report.losses, ref, worst, held)
+
+
+def test_offloaded_state_is_checkpointed_and_restored_by_name(tmp_path):
+    """One stage stepping on the host saves Adam's state under each parameter's name; it restores into
+    a plain optimizer and into another offloading one, equal by name (device parameters as keys)."""
+    from hetpipe.models import build
+    from hetpipe.partitioner.capture.capture import capture
+    from hetpipe.runtime.checkpoint.files import CheckpointInfo
+    from hetpipe.runtime.checkpoint.state import (StageState, canonical_names, program_fingerprint,
+                                                  restore_checkpoint, save_checkpoint)
+    from hetpipe.runtime.rank import make_optimizer
+    from hetpipe.runtime.stage.build import build_stage, split_stages
+    from hetpipe.runtime.stage.weights import saved_names
+
+    meta, inputs = build("gpt-tiny", device="meta", batch=2, seq=16)
+    graph = capture(meta, inputs, name="gpt-tiny")
+    program = split_stages(graph.module, {}, example_inputs=inputs, num_stages=1)
+    names, owned = canonical_names(program, 0), saved_names(program, 0)
+
+    def stage_and(offload: bool, seed: int):
+        stage = build_stage(program, 0, state_dict=None, device="cpu", seed=seed)
+        params = list(stage.parameters())
+        opt = (HostOffloadOptimizer(params, lambda ps: make_optimizer("adam", ps, lr=None)) if offload
+               else make_optimizer("adam", params, lr=None))
+        return stage, opt
+
+    stage, opt = stage_and(True, 0)
+    stage(torch.zeros(inputs[0].shape, dtype=inputs[0].dtype))[0].float().sum().backward()
+    opt.step()
+    info = CheckpointInfo(step=1, batches_consumed=1, model="gpt-tiny", params_fingerprint=program_fingerprint(program),
+                          plan_digest="x", num_stages=1, optimizer="adam", seed=0, saved_time_s=0.0)
+    folder = save_checkpoint(tmp_path / "ck", step=1, state=StageState(stage.module, names, owned, opt, 0), info=info)
+    want = {local: opt.state[p] for local, p in stage.module.named_parameters()}
+    for offload in (False, True):
+        other, other_opt = stage_and(offload, 123)
+        restore_checkpoint(folder, StageState(other.module, names, owned, other_opt, 0), same_plan=False)
+        for local, p in other.module.named_parameters():
+            got = other_opt.state[p]
+            assert set(got) == {"step", "exp_avg", "exp_avg_sq"}, local
+            for key in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(got[key], want[local][key]), (offload, local, key)
+                assert got[key].device.type == "cpu"
