@@ -20,7 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ORDER = ("planner_speed", "planner_scale", "plan_quality", "capture_7b", "simulator", "demo_run", "simulator_fidelity",
          "runtime_emulated", "runtime_vs_torch", "replicas", "model_zoo", "memory_levers",
-         "recompute_emulated", "checkpoint")
+         "recompute_emulated", "offload_emulated", "checkpoint")
 
 
 def assemble() -> Path:
