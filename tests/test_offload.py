@@ -152,3 +152,25 @@ def test_cluster_host_figures_default_to_pcie_and_ddr4_and_are_validated():
     doc["nodes"][0]["host_link"] = "-3GB/s"
     with pytest.raises(ConfigError, match="host_link"):
         cluster_from_dict(doc)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_offloading_a_stage_changes_only_its_memory_and_the_tail(seed):
+    """On random placements: offloading stage s lowers its M_s by P_s * host bytes and nothing else's;
+    T rises by exactly max_s O_s over the offloading stages (the contract's `step_tail_s`)."""
+    from hetpipe.partitioner.problem import can_offload, offload_if, stage_params
+    from tests.instances import TEST_RATES, all_placements
+
+    rng = random.Random(seed)
+    prob = with_offload(rng, random_problem(rng, units=4, devices=3), "auto")
+    for placement in list(all_placements(prob))[::7]:
+        plain = evaluate(prob, placement)
+        for s, st in enumerate(placement):
+            if not can_offload(prob, st):
+                continue
+            moved = tuple(replace(x, offload=(k == s)) for k, x in enumerate(placement))
+            ev = evaluate(prob, moved)
+            for k in range(len(placement)):
+                drop = stage_params(prob, st) * TEST_RATES.host_bytes_per_param if k == s else 0
+                assert plain.stages[k].memory_bytes - ev.stages[k].memory_bytes == drop
+            assert _close(ev.iteration_s - plain.iteration_s, offload_if(prob, st).tail_s, 1e-9)
