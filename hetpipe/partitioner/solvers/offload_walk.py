@@ -63,8 +63,8 @@ def tail_walk(problem: Problem, inner: Inner) -> DPResult | None:
             break
         ev = evaluate(problem, res.stages)
         exact &= res.exact
-        if bound is None:
-            bound = res.bound_s - ev.tail_s if not res.exact else None  # the uncapped pass bounds every T
+        if first and not res.exact:  # the uncapped pass's bound (on S + (m-1) b, tails >= 0) bounds every T
+            bound = res.bound_s
         if best is None or ev.iteration_s < best.iteration_s:
             best = replace(res, iteration_s=ev.iteration_s)
         if ev.tail_s <= 0.0 or res.iteration_s - ev.tail_s >= best.iteration_s:
