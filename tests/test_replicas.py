@@ -25,7 +25,7 @@ from hetpipe.errors import ConfigError, InfeasibleError, PlanError
 from hetpipe.plan.build import assemble_plan, build_problem
 from hetpipe.plan.replicas import partition_replicas
 from hetpipe.plan.check import check_plan
-from hetpipe.plan.schema import PLAN_VERSION, PLAN_VERSION_REPLICAS, Plan, SolverReport
+from hetpipe.plan.schema import PLAN_VERSION_MEMORY, PLAN_VERSION_REPLICAS, Plan, SolverReport
 from hetpipe.partitioner.problem import Stage, evaluate
 from hetpipe.plan.replicas import build_replica_problem, ddp_equal
 from hetpipe.partitioner.replicas import (
@@ -212,8 +212,9 @@ def test_replica_plan_round_trips_and_checks(home_plan, tmp_path):
     path = tmp_path / "plan.json"
     home_plan.save(path)
     doc = json.loads(path.read_text())
-    # version 3: memory model 2's fields (`PLAN_VERSION_MEMORY`), beyond the replicas' version 2
-    assert doc["version"] == PLAN_VERSION == 3 and doc["replicas"] and doc["sync"]["policy"] == "synchronous"
+    # version 3: memory model 2's fields (`PLAN_VERSION_MEMORY`), beyond the replicas' version 2 (no
+    # version-4 offload fields: replica plans do not offload)
+    assert doc["version"] == PLAN_VERSION_MEMORY == 3 and doc["replicas"] and doc["sync"]["policy"] == "synchronous"
     loaded = Plan.load(path)
     assert loaded == home_plan
     report = check_plan(loaded)
