@@ -321,7 +321,10 @@ def test_a_hung_peer_times_out_with_the_action_and_peer_named(tmp_path):
     # On gloo a RECV of the built-in 1F1B first waits for the rank's earlier sends (wait_sends_at_recv).
     assert zero.error == ("rank 0 (stage 0) timed out after 3.0 s waiting on 0SEND_F1 to be received by rank 1 "
                           "before 0RECV_B0; is rank 1 alive? (if it is only slow, raise timeout_s)"), zero.error
-    assert timeout_s <= zero.error_at_s < timeout_s + 10.0
+    # The rank's own timeout fired (the message says so, and not before timeout_s); no upper bound on the
+    # wall time: error_at_s counts from the worker's start, so it includes building the stage, which took
+    # 10 s under load 11 on 2 cores (a hang would end in run_world's kill, not in this message).
+    assert timeout_s <= zero.error_at_s
 
 
 def _mismatch_worker(rank: int, world: int) -> None:
