@@ -6,6 +6,7 @@ Public API (see README.md):
     partition(model, cluster, *, example_inputs, ...) -> Plan
     Plan.save(path) / Plan.load(path), check_plan(plan)
     run(plan, model=..., steps=..., emulate=...) -> RunReport   (launches torchrun, one process per stage)
+    calibrate_from_report(run_json, cluster_yaml, output=...)   (measured times -> a calibrated cluster file)
     Trainer(plan, model=..., loss=...).step(inputs, targets)    (one rank inside your own torchrun script)
     ReplicaTrainer(plan, model=...).step(inputs, targets)       (one rank of a replica plan, plan version 2)
 
@@ -55,6 +56,7 @@ _LAZY = {
     "Trainer": "hetpipe.runtime.trainer",
     "ReplicaTrainer": "hetpipe.runtime.replicas.trainer",
     "RunReport": "hetpipe.runtime.report",
+    "calibrate_from_report": "hetpipe.runtime.faults.feedback",
 }
 
 

@@ -1,7 +1,7 @@
 """The `hetpipe` console script.
 
 Subcommands: ``models``, ``inspect``, ``plan``, ``check``, ``profile``, ``run``, ``demo``, ``show``,
-``simulate``, ``compare``, ``init-weights``.
+``simulate``, ``compare``, ``init-weights``, ``calibrate``.
 Every `HetpipeError` becomes one ``error: ...`` line on stderr and exit code 2;
 ``check`` exits 1 when a plan violates its own tables.
 
@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 
 from rich.console import Console
 
+from hetpipe.cli.calibrate_cmd import add_calibrate_parser, cmd_calibrate
 from hetpipe.cli.checks import OneLineParser, check_args
 from hetpipe.cli.model_cmds import add_model_args, cmd_check, cmd_inspect, cmd_models, cmd_plan, cmd_profile
 from hetpipe.cli.plan_views import cmd_compare, cmd_show, cmd_simulate
@@ -85,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", default=None, help="1f1b | gpipe (default: the plan's)")
     add_run_parser(sub)
     add_init_weights_parser(sub)
+    add_calibrate_parser(sub)
     return parser
 
 
@@ -100,6 +102,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "simulate": cmd_simulate,
     "compare": cmd_compare,
     "init-weights": cmd_init_weights,
+    "calibrate": cmd_calibrate,
 }
 
 

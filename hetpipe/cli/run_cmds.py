@@ -47,6 +47,16 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--run-dir", type=Path, default=None, help="keep per-rank results and the torchrun log here")
     p.add_argument("--no-sync-overlap", dest="sync_overlap", action="store_false",
                    help="replica plans: run the gradient sync after backward instead of overlapped with it")
+    p.add_argument("--inject", action="append", default=None, metavar="SPEC",
+                   help="inject a fault (repeatable): slow:rank=R,factor=F,step=K | link:src=A,dst=B,factor=F|cut,"
+                        "step=K (both need --emulate) | kill:rank=R,step=K")
+    p.add_argument("--straggler-margin", type=float, default=None, metavar="FRACTION",
+                   help="name a stage slower than the plan by more than this fraction (default 0.25)")
+    p.add_argument("--straggler-steps", type=int, default=None, metavar="K",
+                   help="... for K consecutive steps (default 3)")
+    p.add_argument("--netns", action="store_true",
+                   help="a two-node plan: each node in its own network namespace, the link between them shaped by "
+                        "tc (needs root); elsewhere falls back to --emulate and says so")
     return p
 
 
@@ -54,6 +64,11 @@ def cmd_run(args: argparse.Namespace, console: Any) -> int:
     """``hetpipe run``: launch, print the report's tables, write ``--report``."""
     from hetpipe.runtime.run import run, summary_tables
 
+    if args.netns:  # real shaped links where the machine allows it, else --emulate (hetpipe.cli.netns_run)
+        from hetpipe.cli.netns_run import netns_or_emulate
+
+        if netns_or_emulate(args, console):
+            return 0
     timeout_s, done = args.timeout, 0
     if args.resume is not None:
         from hetpipe.runtime.checkpoint.files import find_checkpoint
@@ -74,11 +89,16 @@ def cmd_run(args: argparse.Namespace, console: Any) -> int:
                  schedule=args.schedule, timeout_s=timeout_s, seq=args.seq, seed=args.seed, lr=args.lr,
                  data=args.data, loss=args.loss, safety_factor=args.safety_factor, run_dir=args.run_dir,
                  sync_overlap=args.sync_overlap, weights=args.weights, save_weights=args.save_weights,
-                 checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume)
+                 checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
+                 inject=args.inject, straggler_margin=args.straggler_margin, straggler_steps=args.straggler_steps)
     for table in summary_tables(report):
         console.print(table)
     for note in report.notes:
         console.print(f"note: {note}")
+    for fault in report.injected:
+        console.print(f"injected: {fault}")
+    for straggler in report.stragglers:
+        console.print(straggler.line(), markup=False, highlight=False)
     if args.report:
         console.print(f"wrote {args.report}")
     return 0

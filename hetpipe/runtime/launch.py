@@ -84,6 +84,9 @@ class LaunchSpec:
     checkpoint_dir: str | None = None  # a folder of step-NNNNNN checkpoints (`hetpipe.runtime.checkpoint`)
     checkpoint_every: int | None = None  # steps between checkpoints (and one at the end)
     resume: str | None = None  # the complete checkpoint folder to continue from
+    inject: tuple[str, ...] = ()  # --inject fault specs (`hetpipe.runtime.faults.inject`)
+    straggler_margin: float | None = None  # `hetpipe.runtime.faults.straggler`
+    straggler_steps: int | None = None
 
 
 def worker_args(spec: LaunchSpec) -> list[str]:
@@ -93,10 +96,13 @@ def worker_args(spec: LaunchSpec) -> list[str]:
     optional = {"--schedule": spec.schedule, "--seq": spec.seq, "--lr": spec.lr, "--data": spec.data,
                 "--loss": spec.loss, "--safety-factor": spec.safety_factor, "--weights": spec.weights,
                 "--save-weights": spec.save_weights, "--checkpoint-dir": spec.checkpoint_dir,
-                "--checkpoint-every": spec.checkpoint_every, "--resume": spec.resume}
+                "--checkpoint-every": spec.checkpoint_every, "--resume": spec.resume,
+                "--straggler-margin": spec.straggler_margin, "--straggler-steps": spec.straggler_steps}
     for flag, value in optional.items():
         if value is not None:
             args += [flag, str(value)]
+    for fault in spec.inject:
+        args += ["--inject", fault]
     if spec.emulate:
         args.append("--emulate")
     if not spec.sync_overlap:
@@ -214,16 +220,18 @@ def summary_from_log(log_text: str) -> str:
 def first_error(run_dir: Path, log_text: str) -> str:
     """The line `hetpipe run` reports: the root cause first, then what the first survivor saw.
 
-    A rank that was killed by a signal (other than torchrun's own SIGTERM teardown)
-    without writing an error file is the root cause: it could not say so itself, and
-    the survivors' errors ("failed waiting on ... from rank k") are its consequences.
-    Otherwise the earliest rank error is, or torchrun's summary when nobody wrote one.
+    A rank that was killed by a signal (other than torchrun's own SIGTERM teardown), or exited
+    with a status other than 0 and the workers' own 1 (an injected kill's 137), without writing
+    an error file is the root cause: it could not say so itself, and the survivors' errors
+    ("failed waiting on ... from rank k") are its consequences.  Otherwise the earliest rank
+    error is, or torchrun's summary when nobody wrote one.
     torchrun's own "Root Cause" entry is not used: it is the first failure torchrun
     *observed*, not the first that happened.
     """
     errors = read_errors(run_dir)
     reported = {e.rank for e in errors}
-    killed = sorted(r for r, c in exit_codes(log_text).items() if c < 0 and c != _SIGTERM and r not in reported)
+    # A rank that died without its error file: killed by a signal, or exited hard (an injected kill's 137).
+    killed = sorted(r for r, c in exit_codes(log_text).items() if c not in (0, 1, _SIGTERM) and r not in reported)
     if killed:
         code = exit_codes(log_text)[killed[0]]
         head = f"rank {killed[0]} (stage {killed[0]}) {_how(code)} without reporting an error"

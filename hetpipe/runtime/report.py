@@ -39,6 +39,7 @@ from typing import Mapping, Sequence
 from hetpipe.errors import ConfigError, HetpipeError
 from hetpipe.plan.run_sim import simulated_iteration_s
 from hetpipe.plan.serde import from_json, to_json
+from hetpipe.runtime.faults.straggler import StepRatios, StragglerRecord
 
 RUN_FORMAT = "hetpipe.run"
 RUN_VERSION = 1
@@ -117,6 +118,8 @@ class RankResult:
     worst_late_s: float = 0.0
     backend: str = "gloo"
     last_step_actions: tuple[ActionRecord, ...] = ()
+    stragglers: tuple[StragglerRecord, ...] = ()  # named by this rank (`hetpipe.runtime.faults.watch`)
+    step_ratios: tuple[StepRatios, ...] = ()  # per step after the first: measured / predicted per measure
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
@@ -167,6 +170,9 @@ class StageRecord:
     worst_late_s: float = 0.0  # real seconds a receiver waited past an emulated arrival
     # plan units whose forward this stage recomputed in its backward (torch.utils.checkpoint; issue 14)
     recompute_units: tuple[int, ...] = ()
+    # per step after the first: measured / predicted forward, backward and sends (``send->S``), in plan
+    # seconds (emulated runs and CUDA runs; `hetpipe.runtime.faults.straggler`); `hetpipe calibrate` reads them
+    step_ratios: tuple[StepRatios, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -205,6 +211,8 @@ class RunReport:
     machine: Mapping[str, str] = field(default_factory=dict)
     wall_s: float = 0.0
     timelines: tuple[RankTimeline, ...] = ()  # the last step, per rank, real seconds
+    stragglers: tuple[StragglerRecord, ...] = ()  # stages named slower than planned (issue 16)
+    injected: tuple[str, ...] = ()  # the --inject faults of the run, as specs
     format: str = RUN_FORMAT
     version: int = RUN_VERSION
 
@@ -279,7 +287,7 @@ def _stage_record(plan: "Plan", r: RankResult) -> StageRecord:  # noqa: F821
         predicted_memory_bytes=st.memory_bytes, usable_bytes=st.usable_bytes,
         overruns_fwd=r.overruns_fwd, overruns_bwd=r.overruns_bwd, worst_overrun_ratio=r.worst_overrun_ratio,
         messages=r.messages, late_messages=r.late_messages, worst_late_s=r.worst_late_s,
-        recompute_units=tuple(st.recompute_units))
+        recompute_units=tuple(st.recompute_units), step_ratios=tuple(r.step_ratios))
 
 
 def _notes(emulate: bool, overruns: int, late: int, actions: int, worst: float) -> tuple[str, ...]:
@@ -328,4 +336,5 @@ def build_report(plan: "Plan", results: Sequence[RankResult], *, schedule: str, 
         overruns=overruns, late_messages=late,
         notes=_notes(emulate, overruns, late, actions, max(r.worst_overrun_ratio for r in results)),
         machine=machine_info(), wall_s=wall_s,
-        timelines=tuple(RankTimeline(r.rank, r.stage, r.last_step_actions) for r in results if r.last_step_actions))
+        timelines=tuple(RankTimeline(r.rank, r.stage, r.last_step_actions) for r in results if r.last_step_actions),
+        stragglers=tuple(rec for r in results for rec in r.stragglers))

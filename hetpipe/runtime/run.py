@@ -39,6 +39,7 @@ from hetpipe.errors import ConfigError, RuntimeFailure
 from hetpipe.plan.check import check_plan
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.checkpoint.options import checkpoint_args
+from hetpipe.runtime.faults.options import FaultArgs, fault_args
 from hetpipe.runtime.launch import LaunchSpec, launch
 from hetpipe.runtime.report import RankResult, RunReport, build_report
 from hetpipe.runtime.user_checks import check_user_code
@@ -158,17 +159,29 @@ def _default_timeout_s(plan: Plan, *, steps: int, emulate: bool, safety_factor: 
     return default_timeout_s(est)
 
 
-def _check_args(steps: int, timeout_s: float) -> None:
+def _check_args(plan: Plan, steps: int, timeout_s: float, faults: tuple[Sequence[str] | None, bool], *,
+                margin: float | None, window: int | None) -> FaultArgs:
+    """Refuse bad ``steps`` / ``timeout_s``; the checked fault options: ``faults`` is (``inject``, ``emulate``),
+    ``margin`` / ``window`` are ``straggler_margin`` / ``straggler_steps`` (`hetpipe.runtime.faults`)."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"steps must be a positive integer, got {steps!r}")
     if not timeout_s > 0:
         raise ConfigError(f"timeout must be positive seconds, got {timeout_s!r}")
+    return fault_args(plan, faults[0], emulate=faults[1], steps=steps, margin=margin, window_steps=window)
+
+
+def _fill_workdir(workdir: Path, plan: Plan, data: Any, batches: list[Any] | None) -> tuple[Any, Path]:
+    """Create ``workdir`` with the plan and the data file the workers read; returns (data spec, plan path)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    if batches is not None:
+        torch.save(batches, workdir / DATA_FILE)
+    return (data if batches is None else str(workdir / DATA_FILE)), _fresh_run_dir(workdir, plan)
 
 
 def _fresh_run_dir(workdir: Path, plan: Plan) -> Path:
     """Drop a previous run's rank files from ``workdir`` and write the plan the workers load; returns its path."""
     for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("result-rank*.json"),
-                  *workdir.glob("progress-rank*")]:
+                  *workdir.glob("progress-rank*"), *workdir.glob("straggler-rank*.json")]:
         stale.unlink()
     plan_path = workdir / "plan.json"
     plan.save(plan_path)
@@ -195,6 +208,7 @@ def run(
     weights: str | Path | None = None,
     save_weights: str | Path | None = None,
     checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, resume: str | Path | None = None,
+    inject: Sequence[str] | None = None, straggler_margin: float | None = None, straggler_steps: int | None = None,
 ) -> RunReport:
     """Train ``model`` for ``steps`` optimizer steps with ``plan`` (see the module docstring).
 
@@ -206,11 +220,10 @@ def run(
     Raises `PlanError` (plan for another model), `ScheduleError`, `ConfigError` before
     launching; `RuntimeFailure` naming the rank, stage and action if a rank fails.
     """
-    if not isinstance(plan, Plan):
-        plan = Plan.load(plan)
+    plan = plan if isinstance(plan, Plan) else Plan.load(plan)
     if timeout_s is None:
         timeout_s = _default_timeout_s(plan, steps=steps, emulate=emulate, safety_factor=safety_factor)
-    _check_args(steps, timeout_s)
+    faults = _check_args(plan, steps, timeout_s, (inject, emulate), margin=straggler_margin, window=straggler_steps)
     schedule = schedule or plan.training.schedule
     loss_spec = function_spec(loss, "loss")
     batches = None if data is None or isinstance(data, str) else take_batches(data, steps)
@@ -220,16 +233,12 @@ def run(
     ckpt = checkpoint_args(plan, checkpoint_dir, checkpoint_every, resume, model=model, seq=seq, steps=steps)
     keep = run_dir is not None
     workdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    data_spec = data if batches is None else str(workdir / DATA_FILE)
-    if batches is not None:
-        torch.save(batches, workdir / DATA_FILE)
-    plan_path = _fresh_run_dir(workdir, plan)
+    data_spec, plan_path = _fill_workdir(workdir, plan, data, batches)
     spec = LaunchSpec(plan_path=plan_path, model=model, steps=steps, nproc=len(plan.stages), run_dir=workdir,
                       emulate=emulate, schedule=schedule, timeout_s=timeout_s, seed=seed, seq=seq, lr=lr,
                       data=data_spec, loss=loss_spec, safety_factor=safety_factor, sync_overlap=sync_overlap,
-                      weights=weights_arg, save_weights=save_arg, **ckpt.launch_fields())
-    out = ckpt.annotate(_launch_and_report(spec, plan, sync_overlap=sync_overlap))
+                      weights=weights_arg, save_weights=save_arg, **ckpt.launch_fields(), **faults.launch_fields())
+    out = faults.annotate(ckpt.annotate(_launch_and_report(spec, plan, sync_overlap=sync_overlap)))
     if report is not None:
         out.save(report)
     if not keep:
@@ -242,7 +251,8 @@ def _launch_and_report(spec: LaunchSpec, plan: Plan, *, sync_overlap: bool) -> R
     try:
         outcome = launch(spec)
     except RuntimeFailure as err:
-        raise RuntimeFailure(f"{err} (log: {spec.run_dir / 'torchrun.log'})") from None
+        injected = f" (injected: {'; '.join(spec.inject)})" if spec.inject else ""
+        raise RuntimeFailure(f"{err}{injected} (log: {spec.run_dir / 'torchrun.log'})") from None
     if spec.save_weights and spec.weights:  # config.json & co.: the saved folder is a from_pretrained folder too
         from hetpipe.runtime.stage.weights import copy_side_files
 

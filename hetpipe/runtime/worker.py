@@ -55,6 +55,7 @@ import torch.distributed as dist
 from hetpipe.errors import ConfigError, HetpipeError
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.execute import heartbeat
+from hetpipe.runtime.faults.watch import step_watch
 from hetpipe.runtime.launch import RankError, write_error
 from hetpipe.runtime.report import RankResult, median
 from hetpipe.runtime.stage.buffers import ModelBuffers, kept_buffers
@@ -106,6 +107,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--safety-factor", type=float, default=None)
     p.add_argument("--emulate", action="store_true")
     p.add_argument("--no-sync-overlap", dest="sync_overlap", action="store_false")
+    p.add_argument("--inject", action="append", default=[], help="a fault (hetpipe.runtime.faults.inject)")
+    p.add_argument("--straggler-margin", type=float, default=None)
+    p.add_argument("--straggler-steps", type=int, default=None)
     # Not "--node": torchrun's own parser would take it for an abbreviation of --node-rank.
     p.add_argument("--plan-node", dest="node", default=os.environ.get("HETPIPE_NODE"),
                    help="the plan node this torchrun agent runs (multi-node jobs; default: one node)")
@@ -352,12 +356,16 @@ def _replica_rank(args: argparse.Namespace, state: RankState, plan: Plan, ranks:
 
 
 def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, plan: Plan,
-               backend: str) -> RankResult:
-    """Step 7: the same loop for every plan version: barrier, one step, heartbeat; then the result."""
+               backend: str, watch: Any) -> RankResult:
+    """Step 7: the same loop for every plan version: barrier, one step, heartbeat; then the result.
+
+    ``watch`` (`hetpipe.runtime.faults.watch.StepWatch`) injects ``--inject`` faults before each
+    step and checks the step's times against the plan after it (stragglers)."""
     progress = args.run_dir / f"progress-rank{state.rank}"
     step_s, losses, stats = [], [], None
     for step in range(loop.start, args.steps):
         state.phase = f"step {step}"
+        watch.before_step(step)
         batch = (loop.first if step == loop.start else next(loop.stream, None)) if loop.stream is not None else None
         if loop.stream is not None and batch is None:
             raise ConfigError(f"--data ran out after {step} batches; the run needs {args.steps}")
@@ -365,6 +373,7 @@ def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, p
         start = time.monotonic()
         stats, loss = loop.step(batch)
         step_s.append(time.monotonic() - start)
+        watch.after_step(step)
         if loss is not None:
             losses.append(float(loss))
         loop.after_step(step + 1, step + 1 == args.steps)
@@ -374,7 +383,8 @@ def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, p
     barrier(backend == "gloo", args.timeout)
     dev = plan.devices[plan.device_index()[plan.stages[loop.plan_stage].device]]
     return RankResult(rank=state.rank, stage=loop.plan_stage, device=dev.id, kind=dev.kind, step_s=tuple(step_s),
-                      losses=tuple(losses), backend=backend, **emulation_fields(loop.hooks, stats, loop.plan_stage))
+                      losses=tuple(losses), backend=backend, **emulation_fields(loop.hooks, stats, loop.plan_stage),
+                      **watch.result_fields())
 
 
 def train(args: argparse.Namespace, state: RankState) -> RankResult:
@@ -396,7 +406,9 @@ def train(args: argparse.Namespace, state: RankState) -> RankResult:
     ranks = gather_stage_ranks(state.stage, len(plan.stages))
     heartbeat.install(args.run_dir / f"progress-rank{state.rank}")  # the executor beats per action from here
     loop = _replica_rank(args, state, plan, ranks) if run is None else _pipeline_rank(args, state, run, ranks)
-    return _run_steps(args, state, loop, plan=plan, backend=backend)
+    state.watch = step_watch(args, plan=plan, stage=loop.plan_stage, rank=state.rank, stage_ranks=ranks,
+                             hooks=loop.hooks, first_step=loop.start)
+    return _run_steps(args, state, loop, plan=plan, backend=backend, watch=state.watch)
 
 
 def _error_message(err: BaseException, state: RankState) -> str:
@@ -420,6 +432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = train(args, state)
     except BaseException as err:  # noqa: BLE001 - every failure must reach the error file
         message = _error_message(err, state)
+        if getattr(state, "watch", None) is not None:  # a timeout under an injected link cut names the link
+            message = state.watch.explain(message)
         if not isinstance(err, HetpipeError):
             traceback.print_exc()
         action = str(getattr(state.hooks, "current", "")) if state.phase.startswith("step") else state.phase

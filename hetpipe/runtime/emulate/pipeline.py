@@ -188,14 +188,18 @@ class LinkClock:
     busy_until_s: float = -math.inf
     messages: int = 0
     queued_s: float = 0.0  # real seconds messages waited for the link to be free
+    factor: float = 1.0  # injected slowdown of the link (`hetpipe.runtime.faults.inject`); finite here
+    transfers: list[tuple[int, float]] = field(default_factory=list)  # (bytes, real s on the wire) per message
 
     def arrival_s(self, *, send_at_s: float, num_bytes: int, bandwidth_bytes_s: float, latency_s: float) -> float:
         """Real time at which a message sent at ``send_at_s`` has fully arrived."""
         start = max(send_at_s, self.busy_until_s)
         self.queued_s += start - send_at_s
         self.messages += 1
-        arrive = start + self.time_scale * transfer_s(num_bytes, bandwidth_bytes_s=bandwidth_bytes_s,
-                                                      latency_s=latency_s)
+        wire_s = self.factor * self.time_scale * transfer_s(num_bytes, bandwidth_bytes_s=bandwidth_bytes_s,
+                                                            latency_s=latency_s)
+        self.transfers.append((num_bytes, wire_s))
+        arrive = start + wire_s
         self.busy_until_s = arrive
         return arrive
 
@@ -206,7 +210,8 @@ class ComputeStretch:
 
     ``remaining_s(elapsed_s, target_s)`` is how long to sleep after an action that
     really took ``elapsed_s``; an action slower than its target (beyond
-    `OVERRUN_TOLERANCE`) is counted in ``overruns`` and gets no sleep.
+    `OVERRUN_TOLERANCE`) is counted in ``overruns`` and gets no sleep.  ``factor`` (an
+    injected slowdown, `hetpipe.runtime.faults.inject`) multiplies every target.
 
     Example:
         >>> c = ComputeStretch()
@@ -220,9 +225,11 @@ class ComputeStretch:
     actions: int = 0
     worst_overrun_ratio: float = 0.0  # largest elapsed / target among overruns
     busy_fraction_max: float = 0.0  # largest elapsed / target among all actions
+    factor: float = 1.0  # injected: the device computes this many times slower
 
     def remaining_s(self, op: str, *, elapsed_s: float, target_s: float) -> float:
         self.actions += 1
+        target_s *= self.factor
         ratio = elapsed_s / target_s if target_s > 0 else math.inf
         self.busy_fraction_max = max(self.busy_fraction_max, ratio)
         if ratio > 1.0 + OVERRUN_TOLERANCE:
@@ -371,6 +378,10 @@ class EmulationHooks(RecordingHooks):
         self.ledger = MemoryLedger(usable_bytes=usable_bytes, rank=rank, stage=stage, device=device_label)
         self.links = dict(links)
         self.clocks = {cut: LinkClock(time_scale) for cut in self.links}
+        self.fwd_device_s: list[float] = []  # per F / B: max(real compute, target), real seconds
+        self.bwd_device_s: list[float] = []
+        self.link_names: dict[int, str] = {}  # cut -> "src -> dst" device ids, for a cut link's message
+        self.cut_timeout_s = 60.0  # how long a send over a cut link blocks (the run's --timeout)
 
     def stretch(self, action: Any, compute_s: float) -> None:
         op = action.op.value
@@ -382,6 +393,9 @@ class EmulationHooks(RecordingHooks):
         target = self.time_scale * (self.predicted.fwd_s if op == "F" else self.predicted.bwd_s)
         elapsed = time.monotonic() - self._start_s
         remaining = self.compute.remaining_s(op, elapsed_s=elapsed, target_s=target)
+        # What the emulated device took (real s): the stretched target, or the compute if it overran.
+        # The host's wake-up latency after the sleep is not the device's (`hetpipe.runtime.faults.watch`).
+        (self.fwd_device_s if op == "F" else self.bwd_device_s).append(elapsed + remaining)
         if remaining > 0:
             time.sleep(remaining)
 
@@ -389,6 +403,8 @@ class EmulationHooks(RecordingHooks):
         if cut not in self.clocks:
             raise RuntimeFailure(f"emulation: stage {self.ledger.stage} has no outgoing link on cut {cut}; "
                                  "this is a bug in the schedule/executor pairing")
+        if math.isinf(self.clocks[cut].factor):
+            self.link_cut(cut)
         bandwidth, latency = self.links[cut]
         now = time.monotonic()
         arrive = self.clocks[cut].arrival_s(send_at_s=now, num_bytes=num_bytes, bandwidth_bytes_s=bandwidth,
@@ -413,6 +429,18 @@ class EmulationHooks(RecordingHooks):
             self.worst_late_s = max(self.worst_late_s, waited_past)
             if waited_past > LATE_TOLERANCE_S:
                 self.late_messages += 1
+
+    def link_cut(self, cut: int) -> None:
+        """A send over a cut link (injected): block for ``cut_timeout_s`` like a lost network, then fail.
+
+        The message names the link by its plan devices; `link_names` (cut -> ``"a:0 -> b:0"``)
+        is set by `hetpipe.runtime.faults.watch`, which also sets ``cut_timeout_s`` to the run's timeout.
+        """
+        name = self.link_names.get(cut, f"on cut {cut}")
+        time.sleep(self.cut_timeout_s)
+        raise RuntimeFailure(f"rank {self.ledger.rank} (stage {self.ledger.stage}) could not send {self.current}: "
+                             f"the emulated link {name} is cut (--inject) and nothing arrived within the timeout "
+                             f"{self.cut_timeout_s:.1f} s; restore the link or re-plan without it")
 
     @property
     def messages(self) -> int:

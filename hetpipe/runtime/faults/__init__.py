@@ -1,0 +1,1 @@
+"""Faults: injected slowdowns, link degradations and kills (emulation), straggler detection, calibration."""
