@@ -18,6 +18,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -70,12 +71,27 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(run_case(model_name, devices))
             print(" | ".join(map(str, rows[-1])), flush=True)
     table = markdown_table(header, rows)
-    body = (f"{__doc__.split('Usage:')[0].strip()}\n\n{table}\n\n"
-            "Before this fix (session 5, same machine, llama-7b): 64 cards `cpsat` FEASIBLE T = 17.04 s, "
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    body = (f"{__doc__.split('Usage:')[0].strip()}\n\nLoad average (1/5/15 min) when the table was written: "
+            f"{load} (the machine's 2 cores are shared; wall times grow with it, the gaps do not).\n\n{table}\n\n"
+            "Before session 5's fix (llama-7b): 64 cards `cpsat` FEASIBLE T = 17.04 s, "
             "bound 7.82 s; 256 cards `cpsat`/heuristic T = 46.33 s, bound 25.06 s (the relaxation was too "
-            "large for its DP and only the trivial bound was left).  Now the node-free relaxation merges its "
+            "large for its DP and only the trivial bound was left).  Since then the node-free relaxation merges its "
             "slowest kinds until its DP fits (`relax.aggregate_kinds`) and the DP counts only reachable "
-            "device-count vectors (`solvers/counts.py`).\n")
+            "device-count vectors (`solvers/counts.py`).\n\n"
+            "After the memory-model-2 and recomputation merges gpt2-xl regressed (64 cards 21.2% gap; 256 and "
+            "1,024 cards 1.06% in 22 s and 0.28% in 92 s, past the 10 s limit).  Causes: (1) the memory model's "
+            "moments (`schedule/held.py`) rebuilt every rank's 1F1B list at every pipeline length, with a "
+            "quadratic receive scan (thousands of micro-batches at 1,024 cards), and O(n^2) Python loops over "
+            "card pairs ran outside any time check; the 64-card heuristic alone took 7.8 s of the 10, so CP-SAT, "
+            "which used to prove that optimum, no longer ran; (2) the bound itself was always weak there: the "
+            "merged kinds (fastest member's times) let 48 cards run at the speed of the best of six kinds, "
+            "while gpt2-xl puts one block per card and the slowest kind used sets the bottleneck (bound "
+            "2.48 s against T = 3.14 s; `recompute` is `none` here, so the merged kinds' unlimited memory "
+            "under `auto` was not the cause).  Fixes: the moments in linear time, replayed over one rank "
+            "and a bounded number of 1F1B repetitions (`steady_microbatches`), numpy link tables, and a "
+            "Lagrangian bound that keeps every kind exact and prices the card counts "
+            "(`solvers/lagrange.py`).\n")
     path = write_result("planner_scale", "Planner at scale: gap up to 1,024 cards (issue 12)", body)
     print(table)
     print(f"wrote {path}")

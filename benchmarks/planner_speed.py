@@ -18,6 +18,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -65,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(run_case(layers, devices, args.repeats, args.recompute))
             print(" | ".join(map(str, rows[-1])), flush=True)
     table = markdown_table(header, rows)
-    body = (f"{__doc__.split('Usage:')[0].strip()}\n\nRepeats: {args.repeats}.\n\n{table}\n")
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    body = (f"{__doc__.split('Usage:')[0].strip()}\n\nRepeats: {args.repeats}.  Load average (1/5/15 min) when "
+            f"the table was written: {load} (2 shared cores: wall times grow with it).\n\n{table}\n")
     path = write_result("planner_speed", "Planner speed (issue #3)", body)
     print(table)
     print(f"wrote {path}")

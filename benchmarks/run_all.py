@@ -19,8 +19,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ORDER = ("planner_speed", "planner_scale", "plan_quality", "capture_7b", "simulator", "demo_run", "simulator_fidelity",
-         "runtime_emulated", "runtime_vs_torch", "replicas", "model_zoo", "memory_levers",
+         "objective_history", "objective", "runtime_emulated", "runtime_vs_torch", "replicas", "model_zoo", "memory_levers",
          "recompute_emulated", "offload_emulated", "checkpoint")
+#: Sections kept as written (history, no script to rerun).
+STATIC = ("objective_history",)
 
 
 def assemble() -> Path:
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown benchmark(s) {unknown}; choose from {', '.join(ORDER)}")
     failed = []
     if not args.assemble:
-        for name in args.names or ORDER:
+        for name in [n for n in args.names or ORDER if n not in STATIC]:
             print(f"== {name}", flush=True)
             if subprocess.call([sys.executable, str(HERE / f"{name}.py")]) != 0:
                 failed.append(name)

@@ -27,8 +27,14 @@ SPEED = {"fast": 1.0, "mid": 1.6, "slow": 3.0}  # time multiplier per kind
 
 
 def random_problem(rng: random.Random, *, units: int, devices: int, microbatches: int | None = None,
-                   tight_memory: bool = False, recompute: str = "none", activation_max: int = 6) -> Problem:
-    """Units with random work and bytes; devices of 1-3 kinds on 1-2 nodes with slower links between nodes."""
+                   tight_memory: bool = False, recompute: str = "none", activation_max: int = 6,
+                   objective: str = "estimate") -> Problem:
+    """Units with random work and bytes; devices of 1-3 kinds on 1-2 nodes with slower links between nodes.
+
+    ``objective="estimate"`` (default) prices placements with the H-1F1B estimate, the surrogate the
+    DP / CP-SAT / relaxation solve exactly; ``"schedule"`` (the planner's objective) also draws an
+    optimizer step per unit and kind (`with_random_steps`).
+    """
     base = [rng.uniform(0.5, 2.0) for _ in range(units)]
     kinds = rng.sample(KINDS, rng.randint(1, 3))
     devs = []
@@ -59,9 +65,19 @@ def random_problem(rng: random.Random, *, units: int, devices: int, microbatches
     )
     # memory model 2's tables, drawn last (the draws above keep their seeds' instances): gradients
     # within the state, the held share and the gradient message of each cut
-    return dataclasses.replace(prob, grad_bytes=tuple(rng.randint(0, s) for s in prob.state_bytes),
+    prob = dataclasses.replace(prob, grad_bytes=tuple(rng.randint(0, s) for s in prob.state_bytes),
                                boundary_held_bytes=tuple(rng.randint(0, b) for b in prob.boundary_bytes),
-                               boundary_grad_bytes=tuple(rng.randint(0, b) for b in prob.boundary_bytes))
+                               boundary_grad_bytes=tuple(rng.randint(0, b) for b in prob.boundary_bytes),
+                               objective=objective)
+    return with_random_steps(rng, prob) if objective == "schedule" else prob
+
+
+def with_random_steps(rng: random.Random, prob: Problem) -> Problem:
+    """`prob` with an optimizer step per unit (proportional to its state, up to 2 s on the slowest kind)
+    and a launch share per kind."""
+    scale = rng.choice((0.0, 0.05, 0.2))
+    steps = {k: tuple(scale * s * SPEED[k] for s in prob.state_bytes) for k in prob.fwd_s}
+    return dataclasses.replace(prob, step_s=steps, step_launch_s={k: rng.choice((0.0, 0.01)) for k in prob.fwd_s})
 
 
 def recompute_choices(problem: Problem, placement: tuple[Stage, ...]):

@@ -12,23 +12,34 @@ stage's recompute order, written out here from the README, under ``auto``).
 so the test also checks `evaluate` itself.  Paths: the exact DP (`solve_exact`), the
 fixed-order DP given the optimum's device order, the node-free relaxation (a lower bound:
 bound <= optimum, and what it realises is a real, correctly priced placement), and CP-SAT
-on a smaller sample (it is slower per instance).
+on a smaller sample (it is slower per instance).  These solve the H-1F1B estimate
+(``objective="estimate"``), the surrogate they search exactly; the planner's objective, the
+simulated schedule, is checked through `solve` (bound and verify) in
+`test_solve_brackets_the_enumerated_schedule_optimum`.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hetpipe.errors import InfeasibleError
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy, evaluate
 from hetpipe.partitioner.solvers.cpsat import solve_cpsat
 from hetpipe.partitioner.solvers.dp import solve_exact
 from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
+from hetpipe.partitioner.solvers.lagrange import bottleneck_floor, lagrange_bound
 from hetpipe.partitioner.solvers.relax import relaxed_bound
+from hetpipe.partitioner.solvers.solve import solve
+from hetpipe.schedule.builders import one_f_one_b
 from hetpipe.schedule.held import stage_held_terms
+from hetpipe.schedule.simulate import SimCosts, simulate
+from tests.instances import all_placements, recompute_choices
 
 #: Relative tolerance between two float sums of the same terms in different orders.
 REL = 1e-9
@@ -69,7 +80,21 @@ def instances(draw: st.DrawFn) -> Problem:
         recompute=recompute,
         grad_bytes=tuple(draw(st.integers(0, s)) for s in state),  # gradients within the state
         boundary_held_bytes=tuple(draw(st.integers(0, b)) for b in cuts),  # the cut's held share
-        boundary_grad_bytes=tuple(draw(st.integers(0, b)) for b in cuts))  # its gradient message
+        boundary_grad_bytes=tuple(draw(st.integers(0, b)) for b in cuts),  # its gradient message
+        objective="estimate")  # the surrogate the DP, CP-SAT and the relaxation solve exactly
+
+
+@st.composite
+def schedule_instances(draw: st.DrawFn) -> Problem:
+    """`instances` under the planner's objective (the simulated 1F1B schedule), with optimizer steps
+    (0-3 s per unit on the slowest kind, a launch share per kind) and links up to 10x slower."""
+    prob = draw(instances())
+    slow = draw(st.sampled_from((1.0, 1.0, 10.0)))
+    steps = {k: tuple(draw(st.sampled_from((0.0, 0.5, 1.0))) * KIND_SPEED[k] for _ in range(prob.num_units))
+             for k in prob.fwd_s}
+    return replace(prob, objective="schedule", step_s=steps,
+                   step_launch_s={k: draw(st.sampled_from((0.0, 0.1))) for k in prob.fwd_s},
+                   bandwidth_bytes_s=tuple(tuple(b / slow for b in row) for row in prob.bandwidth_bytes_s))
 
 
 def contract_t(prob: Problem, stages: tuple[Stage, ...]) -> tuple[float, bool]:
@@ -184,3 +209,48 @@ def test_cpsat_agrees_with_brute_force(prob: Problem) -> None:
         return
     assert res.status == "OPTIMAL", res
     _check_result(prob, res, best, REL_CPSAT)
+
+
+def simulated_t(prob: Problem, stages: tuple[Stage, ...]) -> float:
+    """The event simulator (`schedule.simulate`, not `evaluate`'s replay) over the contract's stage costs."""
+    ev = evaluate(prob, stages, objective="estimate")  # F, B, C and S as `contract_t` checks them
+    costs = SimCosts(fwd_s=tuple(c.fwd_s for c in ev.stages), bwd_s=tuple(c.bwd_s for c in ev.stages),
+                     send_s=tuple(c.send_s for c in ev.stages[:-1]), step_s=tuple(c.step_s for c in ev.stages))
+    return simulate(one_f_one_b(len(stages), prob.microbatches), costs).iteration_s
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(prob=schedule_instances())
+def test_solve_brackets_the_enumerated_schedule_optimum(prob: Problem) -> None:
+    """Issue 17: under the schedule objective `solve` answers T = the simulation of its stages, and
+    its bound <= the enumerated optimum <= its T (bound and verify; exact only when they meet)."""
+    best = math.inf
+    for stages in all_placements(prob):
+        for choice in recompute_choices(prob, stages):
+            ev = evaluate(prob, choice)
+            assert _same(ev.iteration_s, simulated_t(prob, choice)), (choice, ev)
+            if ev.fits:
+                best = min(best, ev.iteration_s)
+    if math.isinf(best):
+        with pytest.raises(InfeasibleError):
+            solve(prob)
+        return
+    sol = solve(prob)
+    assert _same(sol.iteration_s, simulated_t(prob, sol.stages)) and evaluate(prob, sol.stages).fits
+    assert sol.bound_s <= best * (1 + REL) and best <= sol.iteration_s * (1 + REL), (sol, best)
+    assert (sol.status == "OPTIMAL") == (sol.bound_s >= sol.iteration_s * (1 - 1e-9)), sol
+
+
+@settings(max_examples=500, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(prob=instances(), slack=st.sampled_from((1.0, 1.3)), gap=st.sampled_from((0.0, 0.01, 0.1)))
+def test_lagrangian_bound_is_a_lower_bound(prob: Problem, slack: float, gap: float) -> None:
+    """`lagrange_bound` never exceeds the brute-force optimum, from the optimum or a worse T."""
+    best, _ = brute(prob)
+    if math.isinf(best):
+        return
+    res = lagrange_bound(prob, best_s=best * slack, floor_s=bottleneck_floor(prob), time_limit_s=0.5,
+                         target_gap=gap)
+    assert res.bound_s <= best * (1 + REL), (res, best)
+    assert bottleneck_floor(prob) * (prob.microbatches - 1) <= best * (1 + REL)

@@ -26,7 +26,9 @@ def test_demo_fast_plans_beats_baselines_and_writes_files(tmp_path: Path, capsys
     assert cli.main(["demo", "--fast", "--out", str(tmp_path)]) == 0
     plan = Plan.load(tmp_path / "plan.json")
     assert check_plan(plan).ok
-    assert plan.solver.status == "OPTIMAL"
+    # bound and verify (issue 17): the schedule's T with a valid lower bound, OPTIMAL only when they meet
+    assert plan.solver.bound_s <= plan.solver.objective_s == plan.predicted.iteration_s
+    assert (plan.solver.status == "OPTIMAL") == (plan.solver.bound_s >= plan.solver.objective_s * (1 - 1e-9))
     # the story: forced onto every card, no baseline fits on the small card, not even Megatron's with the
     # planner's recomputation lever (memory model 2: 10.4 of 10.0 MiB on the 3060); hetpipe's fits
     for name in ("parameters", "uniform"):

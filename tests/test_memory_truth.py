@@ -14,6 +14,7 @@ The pieces, each checked on its own here:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,8 @@ from hetpipe.partitioner.capture.capture import capture
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate, stage_activation_bytes
 from hetpipe.runtime.stage.buffers import ModelBuffers
 from hetpipe.runtime.stage.build import build_stage, split_stages
-from hetpipe.schedule.held import position_held_terms, stage_held_terms
+from hetpipe.schedule.builders import one_f_one_b
+from hetpipe.schedule.held import position_held_terms, replay_held, stage_held_terms
 from tests.runtime_plans import plan_for
 from tests.synthetic import synthetic_cluster
 
@@ -63,6 +65,23 @@ def test_held_moments_of_1f1b_depend_on_stages_after_and_first_only():
     assert stage_held_terms(3, 0, 4) == (HeldCounts(1, 3, out_frames=1, out_grad_frames=3),
                                          HeldCounts(1, 3, out_grad_frames=3, backward=1),
                                          HeldCounts(0, 3, out_frames=3, out_grad_frames=3))
+
+
+def test_1f1b_moments_with_many_microbatches_equal_the_full_replay():
+    """`stage_held_terms` replays 1F1B with `steady_microbatches`: the same moments as the whole list."""
+    for p in range(1, 9):
+        for s in range(p):
+            for m in range(1, p - s + 12):
+                for prefetch in range(0, 5):
+                    full = replay_held(one_f_one_b(p, m)[s], prefetch=prefetch)
+                    if s == 0:
+                        full = [replace(c, in_frames=0, in_grad_frames=0) for c in full]
+                    if s == p - 1:
+                        full = [replace(c, out_frames=0, out_grad_frames=0) for c in full]
+                    terms = stage_held_terms(p, s, m, prefetch=prefetch)
+                    # every moment of the full list is covered by a term, and every term is a moment of it
+                    assert set(terms) <= set(full)
+                    assert all(any(c.dominated_by(t) for t in terms) for c in full)
 
 
 def _random_inputs(example: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:

@@ -66,7 +66,8 @@ def test_auto_never_slower_than_never_and_equal_when_memory_is_ample() -> None:
 
 
 def test_contract_terms_by_hand() -> None:
-    """M_s drops by P * host bytes, T gains max_s O_s (fp32 Adam: 8 of 16 bytes per parameter)."""
+    """M_s drops by P * host bytes; T_est gains max_s O_s; in the schedule T each offloading stage's step
+    is its O_s (fp32 Adam: 8 of 16 bytes per parameter)."""
     rates = offload_rates("adam", "fp32")
     dev = DeviceSlot("d0", "a", "n", 10**6, 32e9, 51.2e9)
     prob = Problem(fwd_s={"a": (1.0, 1.0)}, bwd_s={"a": (2.0, 2.0)}, state_bytes=(16_000, 32_000),
@@ -77,8 +78,13 @@ def test_contract_terms_by_hand() -> None:
     both = (Stage(0, 0, 0, offload=True), Stage(1, 1, 1, offload=True))
     assert stage_memory_bytes(prob, plain, 1) - stage_memory_bytes(prob, both, 1) == 2_000 * 8
     tail = offload_tail_s(2_000, rates, host_link_bytes_s=32e9, host_memory_bytes_s=51.2e9)
-    assert _close(evaluate(prob, both).iteration_s - evaluate(prob, plain).iteration_s, tail)
+    assert _close(evaluate(prob, both).estimate_s - evaluate(prob, plain).estimate_s, tail)
     assert _close(evaluate(prob, both).tail_s, tail)
+    # the schedule: stage 0's last backward ends at 9 s, then its step O_0 (1,000 parameters); stage 1's
+    # ends at 7 s and its O_1 (2,000 parameters) is over long before
+    o_0 = offload_tail_s(1_000, rates, host_link_bytes_s=32e9, host_memory_bytes_s=51.2e9)
+    assert [c.step_s for c in evaluate(prob, both).stages] == [o_0, tail]
+    assert _close(evaluate(prob, both).iteration_s, 9.0 + o_0) and evaluate(prob, plain).iteration_s == 9.0
 
 
 def test_solve_plans_only_offload_makes_fit() -> None:
@@ -88,9 +94,12 @@ def test_solve_plans_only_offload_makes_fit() -> None:
                    activation_bytes=(1, 1), boundary_bytes=(1, 0), grad_bytes=(40, 40),
                    devices=(DeviceSlot("d0", "a", "n", 200, 80.0, 280.0),), bandwidth_bytes_s=((1.0,),),
                    latency_s=((0.0,),), microbatches=1, offload="auto", offload_rates=rates)
-    sol = solve(prob)
-    assert sol.status == "OPTIMAL" and sol.stages[0].offload
-    assert _close(sol.iteration_s, 6.0 + 20 * (8 / 80 + 28 / 280))
+    sol = solve(prob)  # the schedule: one stage, its step is O_s after its last backward
+    assert sol.stages[0].offload and _close(sol.iteration_s, 6.0 + 20 * (8 / 80 + 28 / 280))
+    # the schedule bound counts each unit's least step, here the free on-card one (memory is not in it)
+    assert sol.status == "FEASIBLE" and sol.bound_s == 6.0
+    est = solve(replace(prob, objective="estimate"))  # the estimate's DP + tail walk proves it
+    assert est.status == "OPTIMAL" and _close(est.iteration_s, sol.iteration_s) and est.stages == sol.stages
     from hetpipe.errors import InfeasibleError
     with pytest.raises(InfeasibleError):
         solve(replace(prob, offload="never"))
@@ -174,3 +183,36 @@ def test_offloading_a_stage_changes_only_its_memory_and_the_tail(seed):
                 drop = stage_params(prob, st) * TEST_RATES.host_bytes_per_param if k == s else 0
                 assert plain.stages[k].memory_bytes - ev.stages[k].memory_bytes == drop
             assert _close(ev.iteration_s - plain.iteration_s, offload_if(prob, st).tail_s, 1e-9)
+
+
+@pytest.mark.parametrize("mode", ["auto", "all"])
+def test_solve_brackets_the_enumerated_schedule_optimum_with_offload(mode: str) -> None:
+    """Under the schedule objective an offloading stage's step is its O_s: `evaluate` equals the event
+    simulator with those steps, and `solve`'s bound <= the enumerated optimum <= its answer."""
+    from hetpipe.errors import InfeasibleError
+    from hetpipe.partitioner.placement import simulate_placement
+    from tests.instances import all_placements, recompute_choices
+
+    rng = random.Random(1417)
+    used = 0
+    for i in range(40):
+        base = random_problem(rng, units=rng.randint(1, 4), devices=rng.randint(1, 3), tight_memory=True,
+                              recompute=rng.choice(("none", "auto")), activation_max=20, objective="schedule")
+        prob = with_offload(rng, base, mode)
+        best = math.inf
+        for placement in all_placements(prob):
+            for choice in recompute_choices(prob, placement):
+                ev = evaluate(prob, choice)
+                assert _close(ev.iteration_s, simulate_placement(prob, choice).iteration_s, 1e-9), (i, choice)
+                if ev.fits:
+                    best = min(best, ev.iteration_s)
+        if math.isinf(best):
+            with pytest.raises(InfeasibleError):
+                solve(prob)
+            continue
+        sol = solve(prob)
+        assert evaluate(prob, sol.stages).fits and _close(evaluate(prob, sol.stages).iteration_s, sol.iteration_s)
+        assert sol.bound_s <= best * (1 + REL) and best <= sol.iteration_s * (1 + REL), (i, sol, best)
+        assert (sol.status == "OPTIMAL") == (sol.bound_s >= sol.iteration_s * (1 - 1e-9)), (i, sol)
+        used += any(st.offload for st in sol.stages)
+    assert used >= 5, used

@@ -12,7 +12,7 @@ from hetpipe.errors import ConfigError, PlanError
 from hetpipe.plan.build import assemble_plan, build_problem, microbatches_for
 from hetpipe.plan.check import check_plan
 from hetpipe.cost_models.stage_memory import MEMORY_MODEL
-from hetpipe.plan.schema import PLAN_VERSION, PLAN_VERSION_MEMORY, Plan, SolverReport, verify_model
+from hetpipe.plan.schema import PLAN_VERSION, PLAN_VERSION_MEMORY, PLAN_VERSION_OBJECTIVE, Plan, SolverReport, verify_model
 from hetpipe.partitioner.problem import Stage, evaluate
 from tests.synthetic import synthetic_cluster, synthetic_graph
 
@@ -34,12 +34,12 @@ def test_round_trip_is_exact(tmp_path):
     assert Plan.load(path) == plan
     doc = json.loads(path.read_text())
     assert list(doc)[:2] == ["format", "version"]
-    assert doc["format"] == "hetpipe.plan" and doc["version"] == PLAN_VERSION_MEMORY == 3
+    assert doc["format"] == "hetpipe.plan" and doc["version"] == PLAN_VERSION_OBJECTIVE == 4 and doc["objective"] == "schedule"
     assert doc["memory_model"] == MEMORY_MODEL
     for key in ("model", "training", "devices", "links", "units", "stages", "predicted", "solver", "baselines"):
         assert key in doc
     assert set(doc["units"][0]["time_s"]) == {"fast", "mid", "slow"}
-    assert set(doc["units"][0]["time_s"]["fast"]) == {"fwd", "bwd"}
+    assert set(doc["units"][0]["time_s"]["fast"]) == {"fwd", "bwd", "step"}
 
 
 def test_check_recomputes_objective_and_memory():

@@ -38,10 +38,12 @@ def _consistent(plan: Plan, edit: Callable[[Any], Any]) -> Plan:
     plan = dataclasses.replace(plan, units=tuple(edit(u) for u in plan.units),
                                model=dataclasses.replace(plan.model, tied=tuple(edit(t) for t in plan.model.tied)))
     ev = evaluate(problem_from_plan(plan), stages_from_plan(plan))
-    stages = tuple(dataclasses.replace(st, fwd_s=c.fwd_s, bwd_s=c.bwd_s, send_s=c.send_s, memory_bytes=c.memory_bytes)
+    stages = tuple(dataclasses.replace(st, fwd_s=c.fwd_s, bwd_s=c.bwd_s, send_s=c.send_s, memory_bytes=c.memory_bytes,
+                                       step_s=c.step_s)
                    for st, c in zip(plan.stages, ev.stages))
     return dataclasses.replace(plan, stages=stages, baselines=baseline_reports(problem_from_plan(plan)),
-                               predicted=dataclasses.replace(plan.predicted, iteration_s=ev.iteration_s),
+                               predicted=dataclasses.replace(plan.predicted, iteration_s=ev.iteration_s,
+                                                             t_1f1b_estimate_s=ev.estimate_s),
                                solver=dataclasses.replace(plan.solver, objective_s=ev.iteration_s))
 
 

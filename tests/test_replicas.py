@@ -39,6 +39,7 @@ from hetpipe.partitioner.replicas import (
     water_fill,
 )
 from tests.instances import all_placements, random_problem
+from tests.plan_docs import as_version_3
 from tests.synthetic import synthetic_cluster, synthetic_graph
 
 HOME = (("n0", "fast", 40.0, 24.0), ("n0", "mid", 30.0, 24.0), ("n1", "slow", 10.0, 12.0))
@@ -212,9 +213,8 @@ def test_replica_plan_round_trips_and_checks(home_plan, tmp_path):
     path = tmp_path / "plan.json"
     home_plan.save(path)
     doc = json.loads(path.read_text())
-    # version 3: memory model 2's fields (`PLAN_VERSION_MEMORY`), beyond the replicas' version 2 (no
-    # version-4 offload fields: replica plans do not offload)
-    assert doc["version"] == PLAN_VERSION_MEMORY == 3 and doc["replicas"] and doc["sync"]["policy"] == "synchronous"
+    # version 4: the schedule objective (issue 17), beyond memory model 2's 3 and the replicas' 2
+    assert doc["version"] == PLAN_VERSION == 4 and doc["replicas"] and doc["sync"]["policy"] == "synchronous"
     loaded = Plan.load(path)
     assert loaded == home_plan
     report = check_plan(loaded)
@@ -252,7 +252,7 @@ def test_v1_plans_still_load_and_check_names_their_memory_model(tmp_path):
     ev = evaluate(problem, stages)
     plan = assemble_plan(graph, cluster, problem=problem, stages=stages, global_batch=16,
                          solver=SolverReport("hand", "FEASIBLE", ev.iteration_s, 0.0, 0.0))
-    doc = plan.to_dict()
+    doc = as_version_3(plan.to_dict())  # a file from before issue 17: T is the H-1F1B estimate
     assert doc["version"] == 3 and doc["memory_model"] == 2  # memory model 2's fields need version 3
     for key in ("replicas", "sync"):  # a file written before version 2 has neither field
         assert key not in doc or doc[key] in ((), [], None)
@@ -270,11 +270,11 @@ def test_v1_plans_still_load_and_check_names_their_memory_model(tmp_path):
     assert report.violations == (
         "memory_model: this plan was made with memory model 1, this hetpipe uses memory model 2 (each stage's "
         "memory_bytes is computed differently); re-plan with `hetpipe plan`",)
-    assert report.iteration_s == pytest.approx(plan.predicted.iteration_s, rel=1e-12)  # T is unchanged
+    assert report.iteration_s == pytest.approx(plan.predicted.t_1f1b_estimate_s, rel=1e-12)  # its own objective
 
 
 def test_memory_model_2_fields_in_an_older_version_are_refused(home_plan, tmp_path):
-    doc = home_plan.to_dict()
+    doc = as_version_3(home_plan.to_dict())  # only memory model 2's fields above version 2
     doc["version"] = 2
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(doc))
@@ -283,7 +283,7 @@ def test_memory_model_2_fields_in_an_older_version_are_refused(home_plan, tmp_pa
 
 
 def test_replicas_in_a_version_1_file_are_refused(home_plan, tmp_path):
-    doc = home_plan.to_dict()
+    doc = as_version_3(home_plan.to_dict())
     doc["version"] = 1
     doc.pop("memory_model")  # leave only the replicas above version 1 (memory model 2 needs version 3)
     for u in doc["units"]:

@@ -83,7 +83,8 @@ def test_simulate_at_the_plans_own_microbatches_uses_the_recorded_t(plans):
     sim = simulate_plan(plan)
     assert sim.analytic_s == pytest.approx(plan.predicted.iteration_s, rel=1e-12)
     assert sim.microbatches == plan.training.microbatches
-    assert sum(sim.result.busy_s) == pytest.approx(sim.microbatches * sum(sim.stage_work_s))
+    steps = sum(st.step_s for st in plan.stages)  # busy: m (F + B) and one optimizer step per stage
+    assert sum(sim.result.busy_s) == pytest.approx(sim.microbatches * sum(sim.stage_work_s) + steps)
 
 
 def test_compare_reproduces_recorded_baselines_and_simulates_each(plans, capsys):

@@ -48,8 +48,12 @@ def test_aggregated_relaxation_is_a_lower_bound_and_realises_to_real_cards() -> 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("devices", [64, 256])
-def test_llama_7b_on_hundreds_of_cards_of_eight_kinds_has_a_small_gap(devices: int) -> None:
+@pytest.mark.parametrize("model_name,batch,devices", [("llama-7b", 1, 64), ("llama-7b", 1, 256),
+                                                      ("gpt2-xl", 4, 64), ("gpt2-xl", 4, 256)])
+def test_built_in_models_on_hundreds_of_cards_of_eight_kinds_have_a_small_gap(model_name: str, batch: int,
+                                                                              devices: int) -> None:
+    """gpt2-xl on 64 cards is the case the merged relaxation alone bounds badly (one block per card:
+    the slowest kind used sets the bottleneck); the Lagrangian bound (`solvers/lagrange.py`) closes it."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks.planner_scale import eight_kind_cluster
     from hetpipe.models import build
@@ -57,8 +61,8 @@ def test_llama_7b_on_hundreds_of_cards_of_eight_kinds_has_a_small_gap(devices: i
     from hetpipe.partitioner.solvers.solve import solve
     from hetpipe.plan.build import build_problem
 
-    model, inputs = build("llama-7b", device="meta", batch=1)
-    graph = capture(model, inputs, name="llama-7b", precision="bf16-mixed")
+    model, inputs = build(model_name, device="meta", batch=batch)
+    graph = capture(model, inputs, name=model_name, precision="bf16-mixed")
     problem = build_problem(graph, eight_kind_cluster(devices), microbatches=2 * devices)
     # A generous limit: the claim is the gap the search proves, not its speed (a loaded
     # machine only slows it down); the benchmark reports the default 10 s limit.

@@ -185,7 +185,9 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
         verify_tables(plan, graph, cluster=cluster, loss_costed=":" not in args.model or bool(plan.model.loss))
     report = check_plan(plan)
     if report.ok:
-        console.print(f"{args.plan}: ok; T = {report.iteration_s:.6g} s, every stage fits")
+        what = ("the simulated 1F1B schedule with optimizer steps" if report.objective == "schedule" else
+                "the H-1F1B estimate this plan was solved with (version < 4; re-plan for the schedule objective)")
+        console.print(f"{args.plan}: ok; T = {report.iteration_s:.6g} s ({what}), every stage fits")
         return 0
     for v in report.violations:
         console.print(f"{args.plan}: {v}")

@@ -164,7 +164,8 @@ def simulation_table(sim: PlanSimulation) -> Table:
     res = sim.result
     table = Table(title=(f"{sim.name}, {sim.schedule}, m={sim.microbatches}: simulated {format_seconds(res.iteration_s)}"
                          f" vs analytic T {format_seconds(sim.analytic_s)} ({sim.gap:+.1%}); bubble "
-                         f"{res.bubble_fraction:.0%} simulated, {sim.analytic_bubble_fraction:.0%} analytic"))
+                         f"{res.bubble_fraction:.0%} simulated, {sim.analytic_bubble_fraction:.0%} analytic; "
+                         f"H-1F1B estimate {format_seconds(sim.estimate_s)}"))
     for col in ("stage", "device", "F+B / mb", "send / mb", "busy", "idle", "busy %", "waiting on recv",
                 "peak in flight"):
         table.add_column(col, justify="left" if col == "device" else "right")

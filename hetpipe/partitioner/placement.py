@@ -24,8 +24,8 @@ from hetpipe.schedule.simulate import SimCosts, SimResult, simulate_stages
 
 
 def costs_from_problem(problem: Problem, stages: Sequence[Stage]) -> SimCosts:
-    """Per-stage F, B and one-way C exactly as `evaluate` computes them; STEP lasts the stage's offload
-    tail O_s (`problem.step_tail_s`; none when no stage offloads: no on-card optimizer step yet).
+    """Per-stage F, B, one-way C and optimizer step exactly as `evaluate` computes them (an offloading
+    stage's step is its offload tail O_s).
 
     Example:
         >>> from hetpipe.partitioner.problem import DeviceSlot
@@ -35,12 +35,11 @@ def costs_from_problem(problem: Problem, stages: Sequence[Stage]) -> SimCosts:
         ...                bandwidth_bytes_s=((1.0, 4.0), (4.0, 1.0)), latency_s=((0.0, 0.0), (0.0, 0.0)),
         ...                microbatches=4)
         >>> costs_from_problem(prob, (Stage(0, 0, 0), Stage(1, 1, 1)))
-        SimCosts(fwd_s=(1.0, 1.0), bwd_s=(2.0, 2.0), send_s=(1.0,), step_s=())
+        SimCosts(fwd_s=(1.0, 1.0), bwd_s=(2.0, 2.0), send_s=(1.0,), step_s=(0.0, 0.0))
     """
-    ev = evaluate(problem, stages)
-    tails = tuple(c.offload_s for c in ev.stages) if any(c.offload_s for c in ev.stages) else ()
+    ev = evaluate(problem, stages, objective="estimate")  # the stage costs; the schedule is simulated by the caller
     return SimCosts(fwd_s=tuple(c.fwd_s for c in ev.stages), bwd_s=tuple(c.bwd_s for c in ev.stages),
-                    send_s=tuple(c.send_s for c in ev.stages[:-1]), step_s=tails)
+                    send_s=tuple(c.send_s for c in ev.stages[:-1]), step_s=tuple(c.step_s for c in ev.stages))
 
 
 def simulate_placement(problem: Problem, stages: Sequence[Stage], *, schedule: str = "1f1b") -> SimResult:

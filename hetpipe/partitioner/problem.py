@@ -11,8 +11,16 @@ Objective (units u = 0..L-1; p stages; stage s on device d_s holds [l_s, r_s]):
 
     F_s, B_s  = sum of fwd_s / bwd_s of its units on kind(d_s)          (per micro-batch)
     C_s       = latency(d_s, d_{s+1}) + boundary_bytes[r_s] / bandwidth(d_s, d_{s+1})   (s < p-1)
-    T         = sum_s (F_s + B_s) + sum_{s<p-1} 2 C_s
+    S_s       = sum of step_s of its units on kind(d_s) + step_launch_s[kind(d_s)]   (once per step;
+                `hetpipe.cost_models.optimizer_step`)
+    T         = the 1F1B action lists the runtime executes (`schedule.builders.one_f_one_b`),
+                replayed with F_s, B_s, a transfer of C_s per message (one at a time per link
+                direction) and S_s after each rank's last backward: the end of the last step
+                (`hetpipe.schedule.replay`, equal to `hetpipe.schedule.simulate`)
+    T_est     = sum_s (F_s + B_s) + sum_{s<p-1} 2 C_s
                 + (m - 1) * max( max_s (F_s + B_s), max_{s<p-1} 2 C_s )
+                (the H-1F1B estimate: `Evaluation.estimate_s`, the solvers' search surrogate,
+                and T itself for a problem whose `objective` is ``estimate``: plans before version 4)
     M_s       = sum state_bytes + tied_bytes(s) - G_s
                 + max_t ( g_t G_s + k_t (A_s + in_s + out_s) + i_t in_s + i'_t in'_s + o_t out_s + o'_t out'_s )
     A_s       = sum activation_bytes - boundary_held_bytes[r_s]: every storage a micro-batch keeps
@@ -50,14 +58,17 @@ Optimizer-state offload (issue 14; `hetpipe.cost_models.offload`): a stage with 
 keeps its optimizer state (Adam's m, v; with the mixed precisions also the fp32 master
 weights) on its host.  With P_s its trainable parameters (tied replicas included):
 
-    M_s -= P_s * host_bytes_per_param                          (every moment of the step)
-    O_s  = P_s * link_bytes_per_param / host_link(d_s) + P_s * step_bytes_per_param / host_memory(d_s)
-    T   += max_s O_s over the offloading stages                (`step_tail_s`: why the max)
+    M_s   -= P_s * host_bytes_per_param                        (every moment of the step)
+    O_s    = P_s * link_bytes_per_param / host_link(d_s) + P_s * step_bytes_per_param / host_memory(d_s)
+    S_s    = O_s for an offloading stage: its optimizer step IS its offload tail, replayed in T
+             after the rank's last backward like any step
+    T_est += max_s O_s over the offloading stages              (`step_tail_s`: why the max)
 
-Which stages offload is `Problem.offload` (never | auto | all;
-`hetpipe.partitioner.recompute.with_recompute` chooses it with the recompute prefix).
+The estimate counts no on-card S_s, but it must price the offload's tail, or the search
+would see offloading as free memory.  Which stages offload is `Problem.offload` (never | auto
+| all; `hetpipe.partitioner.recompute.with_recompute` chooses it with the recompute prefix).
 
-The T formula is the heterogeneous 1F1B estimate of HARP / AMP / Metis
+T_est is the heterogeneous 1F1B estimate of HARP / AMP / Metis
 (cost_formulas.md §3.3); min(p - s, m) in-flight micro-batches per stage is
 1F1B's activation footprint (Narayanan et al. SC'21; Megatron
 theoretical_memory_usage.py).
@@ -69,20 +80,26 @@ Example:
     ...                bandwidth_bytes_s=((1.0, 4.0), (4.0, 1.0)), latency_s=((0.0, 0.0), (0.0, 0.0)),
     ...                microbatches=4)
     >>> ev = evaluate(prob, (Stage(0, 0, 0), Stage(1, 1, 1)))
-    >>> ev.iteration_s   # (3 + 3) + 2*1 + 3 * max(3, 2)
-    17.0
+    >>> ev.iteration_s, ev.estimate_s   # the schedule; the estimate (3 + 3) + 2*1 + 3 * max(3, 2)
+    (19.0, 17.0)
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from hetpipe.cost_models.offload import NO_OFFLOAD, OFFLOAD_MODES, OffloadCost, OffloadRates, offload_cost
 from hetpipe.cost_models.recompute import RECOMPUTE_MODES, RecomputeCost, recompute_cost
 from hetpipe.cost_models.stage_memory import pipeline_stage_bytes
 from hetpipe.schedule.held import position_held_terms
+from hetpipe.schedule.replay import replay_iteration_s
+
+#: What `evaluate`'s T is: ``schedule`` (plan version 4 on): the 1F1B action lists the runtime
+#: runs, replayed with every stage's optimizer step; ``estimate``: the H-1F1B formula
+#: (plans before version 4 were solved and are re-checked with it).
+OBJECTIVES = ("schedule", "estimate")
 
 
 @dataclass(frozen=True)
@@ -160,6 +177,13 @@ class Problem:
     offload: str = "never"
     offload_rates: OffloadRates | None = None
     offload_cap_s: float = math.inf
+    # Per device kind, per unit: the bandwidth share of the optimizer step S (seconds,
+    # `hetpipe.cost_models.optimizer_step.unit_step_s`); {} = the step is free (older plans).
+    step_s: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    # Per device kind: the launch share of S, paid once per stage (`optimizer_step.step_launch_s`).
+    step_launch_s: Mapping[str, float] = field(default_factory=dict)
+    # What T means (`OBJECTIVES`): the simulated schedule (default) or the H-1F1B estimate.
+    objective: str = "schedule"
 
     @property
     def unit_recompute_bytes(self) -> tuple[int, ...]:
@@ -171,6 +195,8 @@ class Problem:
             raise ValueError(f"Problem.recompute is {self.recompute!r}; use one of {', '.join(RECOMPUTE_MODES)}")
         if self.offload not in OFFLOAD_MODES:
             raise ValueError(f"Problem.offload is {self.offload!r}; use one of {', '.join(OFFLOAD_MODES)}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"Problem.objective is {self.objective!r}; use one of {', '.join(OBJECTIVES)}")
 
     @property
     def num_units(self) -> int:
@@ -196,6 +222,7 @@ class StageCost:
     usable_bytes: int
     offload_bytes: int = 0  # optimizer state kept on the host (0: the stage does not offload)
     offload_s: float = 0.0  # O_s, its tail after the stage's last backward
+    step_s: float = 0.0  # S_s: the stage's optimizer step, once per iteration
 
     @property
     def fits(self) -> bool:
@@ -206,10 +233,12 @@ class StageCost:
 class Evaluation:
     """The objective and memory of one placement."""
 
-    iteration_s: float
+    iteration_s: float  # T under the objective (`Problem.objective`, or evaluate's `objective`)
     bottleneck_s: float  # max( max_s (F_s+B_s), max_s 2 C_s )
     stages: tuple[StageCost, ...]
     tail_s: float = 0.0  # max_s O_s over the offloading stages, included in iteration_s
+    estimate_s: float = 0.0  # the H-1F1B formula (no step): the solvers' search surrogate
+    objective: str = "estimate"
 
     @property
     def fits(self) -> bool:
@@ -288,9 +317,26 @@ def validate_stages(problem: Problem, stages: Sequence[Stage]) -> None:
         raise ValueError(f"a device is used by two stages: {used}")
 
 
-def evaluate(problem: Problem, stages: Sequence[Stage]) -> Evaluation:
-    """Objective T and every M_s of a placement (see the module docstring)."""
+def stage_step_s(problem: Problem, stage: Stage) -> float:
+    """S_s: the optimizer step of `stage` on its device's kind (0 when the problem prices none)."""
+    kind = problem.devices[stage.device].kind
+    if kind not in problem.step_s:
+        return 0.0
+    table = problem.step_s[kind]
+    return sum(table[u] for u in range(stage.first_unit, stage.last_unit + 1)) + problem.step_launch_s.get(kind, 0.0)
+
+
+def evaluate(problem: Problem, stages: Sequence[Stage], *, objective: str | None = None) -> Evaluation:
+    """Objective T and every M_s of a placement (see the module docstring).
+
+    T is the simulated 1F1B iteration, optimizer steps included (``objective="schedule"``,
+    `hetpipe.schedule.replay`), or the H-1F1B estimate (``"estimate"``); None takes
+    `Problem.objective`.  `Evaluation.estimate_s` always holds the estimate.
+    """
     validate_stages(problem, stages)
+    objective = problem.objective if objective is None else objective
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective {objective!r}; use one of {', '.join(OBJECTIVES)}")
     costs: list[StageCost] = []
     for s, st in enumerate(stages):
         kind = problem.devices[st.device].kind
@@ -307,14 +353,30 @@ def evaluate(problem: Problem, stages: Sequence[Stage]) -> Evaluation:
                 usable_bytes=problem.devices[st.device].usable_bytes,
                 offload_bytes=stage_offload(problem, st).saved_bytes,
                 offload_s=stage_offload(problem, st).tail_s,
+                step_s=stage_step_or_tail_s(problem, st),
             )
         )
     compute = [c.fwd_s + c.bwd_s for c in costs]
     comm2 = [2.0 * c.send_s for c in costs[:-1]]
     bottleneck = max(compute + comm2)
     tail = step_tail_s(problem, stages)
-    total = sum(compute) + sum(comm2) + (problem.microbatches - 1) * bottleneck + tail
-    return Evaluation(iteration_s=total, bottleneck_s=bottleneck, stages=tuple(costs), tail_s=tail)
+    estimate = sum(compute) + sum(comm2) + (problem.microbatches - 1) * bottleneck + tail
+    total = estimate if objective == "estimate" else schedule_s(costs, problem.microbatches)
+    return Evaluation(iteration_s=total, bottleneck_s=bottleneck, stages=tuple(costs), tail_s=tail,
+                      estimate_s=estimate, objective=objective)
+
+
+def schedule_s(costs: Sequence[StageCost], microbatches: int) -> float:
+    """The 1F1B action lists replayed over these stage costs (`hetpipe.schedule.replay`)."""
+    return replay_iteration_s("1f1b", len(costs), microbatches, fwd_s=[c.fwd_s for c in costs],
+                              bwd_s=[c.bwd_s for c in costs], send_s=[c.send_s for c in costs[:-1]],
+                              step_s=[c.step_s for c in costs])
+
+
+def stage_step_or_tail_s(problem: Problem, stage: Stage) -> float:
+    """The step the schedule replays for `stage`: O_s if it offloads, its on-card S_s otherwise."""
+    off = stage_offload(problem, stage)
+    return off.tail_s if off.saved_bytes > 0 else stage_step_s(problem, stage)
 
 
 def stage_params(problem: Problem, stage: Stage) -> int:
@@ -352,14 +414,15 @@ def stage_offload(problem: Problem, stage: Stage) -> OffloadCost:
 
 
 def step_tail_s(problem: Problem, stages: Sequence[Stage]) -> float:
-    """The seconds the step's tail adds to T: max_s O_s over the offloading stages (0 if none).
+    """The seconds the offload's tail adds to the estimate T_est: max_s O_s over the offloading
+    stages (0 if none).  The schedule T replays each O_s as that stage's step instead.
 
     Why the max and no more: every stage starts its tail after its own last backward, which
-    ends no later than T (stage 0's last backward ends the pipeline: the drain runs from the
-    last stage to the first), and the tails of different cards run in parallel, so the step
-    ends by T + max_s O_s; it ends exactly then when the stage with the largest tail is stage 0.
-    No overlap with the drain is credited (an upper bound for later stages).  The on-card
-    optimizer step of non-offloading stages is not in this contract yet: when it is, a stage's
-    tail is O_s if it offloads and its on-card step otherwise, under the same max.
+    ends no later than the H-1F1B span (stage 0's last backward ends the pipeline: the drain runs
+    from the last stage to the first), and the tails of different cards run in parallel, so the
+    step ends by T_est + max_s O_s; it ends exactly then when the stage with the largest tail is
+    stage 0.  No overlap with the drain is credited (an upper bound for later stages).  The
+    estimate counts no on-card step S_s (as for every problem); it counts O_s so that the search
+    does not see offloading as free memory.
     """
     return max((stage_offload(problem, st).tail_s for st in stages), default=0.0)

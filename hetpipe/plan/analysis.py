@@ -75,7 +75,9 @@ def formula_regime(work_s: Sequence[float], send_s: Sequence[float], microbatche
 class PlanSimulation:
     """One simulated iteration of a placement next to its analytic T.
 
-    ``analytic_s`` is `evaluate`'s T at ``microbatches`` (the 1F1B formula, whatever the schedule).
+    ``analytic_s`` is `evaluate`'s T at ``microbatches``: the plan's objective (the simulated 1F1B
+    schedule since plan version 4, the H-1F1B formula before), whatever `schedule` is simulated;
+    ``estimate_s`` is the H-1F1B formula (`Evaluation.estimate_s`), kept for comparison.
     """
 
     name: str  # "hetpipe" or a baseline's name
@@ -90,6 +92,7 @@ class PlanSimulation:
     note: str
     result: SimResult
     placement: str = ""  # baselines: "forced" (every card, file order) or "best" (best cards and order)
+    estimate_s: float = 0.0
 
     @property
     def simulated_s(self) -> float:
@@ -150,7 +153,7 @@ def _simulate_stages(problem: Problem, stages: tuple[Stage, ...], *, name: str, 
     return PlanSimulation(
         name=name, schedule=schedule.lower(), microbatches=problem.microbatches, stages=stages, labels=labels,
         stage_work_s=tuple(c.fwd_s + c.bwd_s for c in ev.stages), send_s=costs.send_s,
-        analytic_s=ev.iteration_s, fits=ev.fits, note=note, result=result)
+        analytic_s=ev.iteration_s, fits=ev.fits, note=note, result=result, estimate_s=ev.estimate_s)
 
 
 def simulate_plan(plan: Plan, *, microbatches: int | None = None, schedule: str | None = None) -> PlanSimulation:

@@ -7,7 +7,7 @@ Example (the tiny test MLP on the home lab; `partition` captures it on meta, no 
     >>> plan = hetpipe.partition(model, "examples/clusters/homelab.yaml",
     ...                          example_inputs=inputs, global_batch=8)
     >>> plan.solver.name, plan.solver.status, plan.training.microbatches
-    ('dp', 'OPTIMAL', 4)
+    ('dp', 'FEASIBLE', 4)
     >>> [(s.device, s.first_unit, s.last_unit) for s in plan.stages]   # the 4090 first, then the 3090
     [('desk:1', 0, 3), ('desk:0', 4, 7)]
     >>> hetpipe.check_plan(plan).ok
@@ -26,6 +26,7 @@ from hetpipe.cost_models.offload import check_offload_option, offload_rates
 from hetpipe.cost_models.recompute import check_recompute_option
 from hetpipe.cost_models.validate import check_solver_options
 from hetpipe.cost_models.memory import state_bytes_per_param
+from hetpipe.cost_models.optimizer_step import step_launch_s, unit_step_s
 from hetpipe.cost_models.stage_memory import MEMORY_MODEL
 from hetpipe.cost_models.timing import efficiencies, peak_flops_s, unit_time_s
 from hetpipe.errors import ConfigError, InfeasibleError
@@ -34,6 +35,7 @@ from hetpipe.plan.offload_note import offload_note
 from hetpipe.plan.schema import (
     RECOMPUTE_NOTE,
     BaselineReport,
+    KindSeconds,
     LeftOut,
     Plan,
     PlanDevice,
@@ -86,7 +88,10 @@ def build_problem(graph: UnitGraph, cluster: Cluster, *, microbatches: int, reco
         tuple(float("inf") if a == b else cluster.link(a, b).bandwidth_bytes_s for b in ids) for a in ids
     )
     latency = tuple(tuple(0.0 if a == b else cluster.link(a, b).latency_s for b in ids) for a in ids)
+    steps = step_tables(graph, cluster)
     return Problem(
+        step_s={k: v for k, (v, _) in steps.items()},
+        step_launch_s={k: launch for k, (_, launch) in steps.items()},
         fwd_s={k: tuple(t.fwd for t in v) for k, v in times.items()},
         bwd_s={k: tuple(t.bwd for t in v) for k, v in times.items()},
         state_bytes=tuple(u.state_bytes for u in graph.units),
@@ -106,6 +111,20 @@ def build_problem(graph: UnitGraph, cluster: Cluster, *, microbatches: int, reco
         offload=offload,
         offload_rates=offload_rates(graph.optimizer, graph.precision),
     )
+
+
+def step_tables(graph: UnitGraph, cluster: Cluster) -> dict[str, tuple[tuple[float, ...], float]]:
+    """Per device kind: each unit's bandwidth share of the optimizer step and the kind's launch share
+    (`hetpipe.cost_models.optimizer_step`, at the bandwidth and kernel overhead `timing.py` uses)."""
+    out = {}
+    for kind in cluster.kinds:
+        prof = cluster.profile(kind)
+        eff = efficiencies(prof)
+        shares = tuple(unit_step_s(params=u.param_count, optimizer=graph.optimizer, precision=graph.precision,
+                                   memory_bandwidth_bytes_s=prof.memory_bandwidth_bytes_s,
+                                   bandwidth_efficiency=eff.bandwidth) for u in graph.units)
+        out[kind] = (shares, step_launch_s(graph.optimizer, eff.kernel_overhead_s))
+    return out
 
 
 def tied_copies(graph: UnitGraph) -> tuple[TiedCopy, ...]:
@@ -145,6 +164,7 @@ def _predicted(problem: Problem, stages: tuple[Stage, ...], ev: Evaluation, glob
         samples_per_s=global_batch / ev.iteration_s,
         utilisation=util,
         simulated_iteration_s=simulated_iteration_s(problem, stages),
+        t_1f1b_estimate_s=ev.estimate_s,
     )
 
 
@@ -170,7 +190,8 @@ def _plan_units(graph: UnitGraph, problem: Problem) -> tuple[PlanUnit, ...]:
             grad_bytes=problem.grad_bytes[u.index] if problem.grad_bytes else 0,
             boundary_grad_bytes=problem.boundary_grad_bytes[u.index] if problem.boundary_grad_bytes else 0,
             recompute_bytes=problem.recompute_bytes[u.index] if problem.recompute_bytes else 0,
-            time_s={k: UnitTimes(fwd=problem.fwd_s[k][u.index], bwd=problem.bwd_s[k][u.index])
+            time_s={k: UnitTimes(fwd=problem.fwd_s[k][u.index], bwd=problem.bwd_s[k][u.index],
+                                 step=problem.step_s[k][u.index] if k in problem.step_s else 0.0)
                     for k in problem.fwd_s},
         )
         for u in graph.units
@@ -194,6 +215,7 @@ def plan_stages(problem: Problem, stages: tuple[Stage, ...], ev: Evaluation) -> 
             offload=st.offload,
             offload_bytes=c.offload_bytes,
             offload_s=c.offload_s,
+            step_s=c.step_s,
         )
         for i, (st, c) in enumerate(zip(stages, ev.stages))
     )
@@ -242,6 +264,7 @@ def assemble_plan(
         left_out=left_out,
         cost_model={**cost_model_notes(cluster, graph.precision), **recompute_note(problem), **offload_note(problem)},
         memory_model=MEMORY_MODEL,
+        **objective_fields(problem),
     )  # version: the least its content needs (3: `memory_model` is a version-3 field, `PLAN_VERSION_MEMORY`)
 
 
@@ -251,6 +274,14 @@ def plan_devices(problem: Problem, cluster: Cluster) -> tuple[PlanDevice, ...]:
     return tuple(PlanDevice(d.id, d.kind, d.node, d.memory_bytes, d.usable_bytes,
                             d.host_link_bytes_s if host else 0.0, d.host_memory_bytes_s if host else 0.0)
                  for d in cluster.devices)
+
+
+def objective_fields(problem: Problem) -> dict[str, Any]:
+    """The plan's record of the objective (version 4): ``schedule`` and each kind's step launch share."""
+    if problem.objective != "schedule":
+        return {}
+    return {"objective": "schedule",
+            "step_launch_s": tuple(KindSeconds(k, v) for k, v in sorted(problem.step_launch_s.items()))}
 
 
 def recompute_note(problem: Problem) -> dict[str, str]:
@@ -352,7 +383,9 @@ def partition_graph(
     offload: str = "never",
 ) -> Plan:
     """`partition` for an already captured `UnitGraph`."""
-    from hetpipe.partitioner.solvers.solve import solve
+    from hetpipe.partitioner.solvers.solve import VERIFY_SHARE, solve
+    from hetpipe.partitioner.solvers.verify import LOCAL_SEARCH_S
+    from hetpipe.plan.adopt import adopt_faster_baselines
     from hetpipe.plan.baseline_report import baseline_reports
 
     cluster = as_cluster(cluster)
@@ -363,8 +396,9 @@ def partition_graph(
     problem = build_problem(graph, cluster, microbatches=m, recompute=recompute, offload=offload)
     log.info("solving %d units on %d devices, %d micro-batches", graph.num_units, len(cluster.devices), m)
     sol = solve(problem, solver=solver, time_limit_s=time_limit_s, seed=seed)
-    report = SolverReport(sol.solver, sol.status, sol.iteration_s, sol.bound_s, sol.wall_s, time_limit_s, seed)
     base = baseline_reports(problem)  # forced onto every card, and on the best cards (issue 17)
+    sol = adopt_faster_baselines(problem, sol, base, limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))
+    report = SolverReport(sol.solver, sol.status, sol.iteration_s, sol.bound_s, sol.wall_s, time_limit_s, seed)
     left = _left_out_reasons(problem, sol, solver=solver, time_limit_s=time_limit_s, seed=seed)
     return assemble_plan(graph, cluster, problem=problem, stages=sol.stages, solver=report,
                          global_batch=global_batch, baselines=base, left_out=left)

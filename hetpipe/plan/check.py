@@ -21,6 +21,7 @@ Example (a plan is re-checked; an edited prediction is caught):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from hetpipe.cost_models.stage_memory import MEMORY_MODEL
@@ -52,10 +53,11 @@ def check_plan(plan: Plan) -> CheckReport:
                         "load it with hetpipe.Plan.load(path)")
     validate_plan(plan)  # NaN, a deleted link: one PlanError naming the field, not a symptom below
     report = check_replicas(plan) if plan.replicas else _check_pipeline(plan)
+    report = dataclasses.replace(report, objective=plan.objective_name)
     if plan.memory_model == MEMORY_MODEL:
         return report
     others = [v for v in report.violations if "memory_bytes" not in v]
-    return CheckReport(report.iteration_s, (memory_model_mismatch(plan), *others))
+    return CheckReport(report.iteration_s, (memory_model_mismatch(plan), *others), plan.objective_name)
 
 
 def memory_model_mismatch(plan: Plan) -> str:
@@ -87,6 +89,7 @@ def _check_pipeline(plan: Plan) -> CheckReport:
             ("memory_bytes", st.memory_bytes, cost.memory_bytes),
             ("offload_bytes", st.offload_bytes, cost.offload_bytes),
             ("offload_s", st.offload_s, cost.offload_s),
+            ("step_s", st.step_s, cost.step_s),
         ):
             if not close_to_recorded(recorded, actual):
                 violations.append(f"stage {st.index}: recorded {name} {recorded!r} != recomputed {actual!r}")
@@ -101,6 +104,9 @@ def _check_pipeline(plan: Plan) -> CheckReport:
                            ("solver.objective_s", plan.solver.objective_s)):
         if not close_to_recorded(recorded, ev.iteration_s):
             violations.append(f"{name} {recorded!r} != recomputed T {ev.iteration_s!r}")
+    estimate = plan.predicted.t_1f1b_estimate_s
+    if plan.objective and not close_to_recorded(estimate, ev.estimate_s):
+        violations.append(f"predicted.t_1f1b_estimate_s {estimate!r} != recomputed {ev.estimate_s!r}")
     return CheckReport(ev.iteration_s, tuple(violations))
 
 

@@ -19,7 +19,7 @@ from typing import Sequence
 
 from hetpipe.partitioner.problem import Problem, Stage, can_offload, evaluate
 from hetpipe.partitioner.solvers.offload_walk import best_levers
-from hetpipe.plan.schema import CHECK_RTOL
+from hetpipe.plan.check_report import CHECK_RTOL
 
 __all__ = ["offload_violations"]
 
@@ -34,7 +34,7 @@ def offload_violations(problem: Problem, stages: Sequence[Stage]) -> list[str]:
                 for s, st in enumerate(stages) if st.offload != can_offload(problem, st)]
     if any(st.offload and not can_offload(problem, st) for st in stages):
         return []  # evaluate() refuses such a stage: reported by the caller as a stages error
-    have, best = evaluate(problem, stages), evaluate(problem, best_levers(problem, stages))
+    have, best = evaluate(problem, stages), evaluate(problem, best_levers(problem, stages, problem.objective))
     if have.fits and have.iteration_s > best.iteration_s * (1 + CHECK_RTOL):
         return [f"levers: this placement's recompute/offload choice gives T = {have.iteration_s:.6g} s, but "
                 f"offload 'auto' chooses levers with T = {best.iteration_s:.6g} s; re-plan with `hetpipe plan`"]

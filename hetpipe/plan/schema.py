@@ -20,7 +20,7 @@ Example (a plan saved, loaded back unchanged, and rebuilt into the solver's prob
     >>> Plan.load(path) == plan
     True
     >>> plan.version, len(problem_from_plan(plan).devices), stages_from_plan(plan)[0].device
-    (3, 3, 1)
+    (4, 3, 1)
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ from hetpipe.errors import PlanError
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy
 from hetpipe.cost_models.offload import offload_rates
 from hetpipe.plan.offload_note import offload_mode
+# re-exported: `check_plan` and the tests import them from here
+from hetpipe.plan.check_report import CheckReport, close_to_recorded, structure_violations  # noqa: F401
 from hetpipe.plan.serde import from_json, least_version, to_json
 from hetpipe.plan.validate import validate_plan
 
@@ -53,9 +55,12 @@ PLAN_FORMAT = "hetpipe.plan"
 #: lowest version its content needs (`least_version`), so plans that use none stay 1 or 2.
 #: A single pipeline from `partition_graph` records each baseline's best cards
 #: (`BaselineReport.best`, issue 17), so it is version 3.
-#: Version 4 adds the optimizer-offload lever (issue 14): `PlanStage.offload` with its bytes and
-#: seconds, and the devices' host figures (`PlanDevice.host_link_bytes_s`), written only by plans
-#: solved with ``--offload auto|all``.
+#: Version 4 (issue 17): the objective is the simulated schedule with the optimizer step
+#: (`Plan.objective`, `UnitTimes.step`, `PlanStage.step_s`, `Plan.step_launch_s`,
+#: `Predicted.t_1f1b_estimate_s`); plans without `objective` were solved with the H-1F1B estimate
+#: and are re-checked with it.  Version 4 also carries the optimizer-offload lever (issue 14):
+#: `PlanStage.offload` with its bytes and seconds, and the devices' host figures
+#: (`PlanDevice.host_link_bytes_s`), written only by plans solved with ``--offload auto|all``.
 PLAN_VERSION = 4
 #: The version of a plan without replicas.
 PLAN_VERSION_SINGLE = 1
@@ -68,12 +73,13 @@ PLAN_VERSION_LEVERS = 3
 #: makes (`least_version`).  An older hetpipe refuses it by its version instead of re-checking
 #: its memory with another formula.
 PLAN_VERSION_MEMORY = 3
+#: The first version whose T is the simulated schedule (`Plan.objective` = "schedule").
+PLAN_VERSION_OBJECTIVE = 4
+#: `Plan.objective` of plans made before version 4: T was the H-1F1B estimate.
+ESTIMATE_OBJECTIVE = "estimate"
 #: `Plan.cost_model` key recording the recomputation setting the plan was solved with
 #: (``"auto: ..."``; absent = ``none``); `check_plan` re-derives each stage's choice under it.
 RECOMPUTE_NOTE = "recompute"
-# Relative tolerance when re-checking recorded floats against recomputed ones:
-# JSON round-trips Python floats exactly, so only summation order differs.
-CHECK_RTOL = 1e-9
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,17 @@ class PlanLink:
 class UnitTimes:
     fwd: float  # seconds per micro-batch
     bwd: float
+    # Version 4: the unit's bandwidth share of the optimizer step, once per iteration
+    # (`hetpipe.cost_models.optimizer_step.unit_step_s`).
+    step: float = field(default=0.0, metadata={"since": 4})
+
+
+@dataclass(frozen=True)
+class KindSeconds:
+    """A per-device-kind figure in seconds (version 4: the launch share of the optimizer step)."""
+
+    kind: str
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -180,6 +197,8 @@ class PlanStage:
     offload: bool = field(default=False, metadata={"since": 4})
     offload_bytes: int = field(default=0, metadata={"since": 4})
     offload_s: float = field(default=0.0, metadata={"since": 4})
+    # Version 4: S_s, the stage's optimizer step (units' shares + its kind's launch share).
+    step_s: float = field(default=0.0, metadata={"since": 4})
 
 
 @dataclass(frozen=True)
@@ -191,6 +210,9 @@ class Predicted:
     # The same stages under the discrete-event simulator (`hetpipe.schedule.simulate`, 1F1B):
     # informational, not the objective; 0.0 in plans written before it was recorded.
     simulated_iteration_s: float = 0.0
+    # Version 4: the H-1F1B estimate of the same stages (HARP / AMP / Metis, no step), for
+    # comparison only: the objective is the schedule (`Plan.objective`).
+    t_1f1b_estimate_s: float = field(default=0.0, metadata={"since": 4})
 
 
 @dataclass(frozen=True)
@@ -308,6 +330,16 @@ class Plan:
     # Version 3: the `hetpipe.cost_models.stage_memory.MEMORY_MODEL` its memory_bytes were computed
     # with; plans without the field were made with memory model 1.
     memory_model: int = field(default=1, metadata={"since": 3})
+    # Version 4: what predicted.iteration_s is: "schedule" (the simulated 1F1B action lists with
+    # every stage's optimizer step); absent = the H-1F1B estimate (`ESTIMATE_OBJECTIVE`).
+    objective: str = field(default="", metadata={"since": 4})
+    # Version 4: per device kind, the launch share of the optimizer step (once per stage).
+    step_launch_s: tuple[KindSeconds, ...] = field(default=(), metadata={"since": 4})
+
+    @property
+    def objective_name(self) -> str:
+        """The objective the plan was solved with: ``schedule`` or ``estimate`` (older plans)."""
+        return self.objective or ESTIMATE_OBJECTIVE
 
     def __post_init__(self) -> None:
         # A plan built in code takes the version its content needs; a file that claims less is
@@ -364,7 +396,7 @@ class Plan:
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as err:
-            hint = " (the file looks truncated)" if err.pos >= len(text.rstrip()) else ""
+            hint = " (the file looks truncated)" if err.pos >= len(text.rstrip()) or err.msg.startswith("Unterminated") else ""
             raise PlanError(
                 f"{path}:{err.lineno}:{err.colno}: not valid JSON{hint}: {err.msg}; re-create it with `hetpipe plan`"
             ) from None
@@ -406,7 +438,11 @@ def problem_from_plan(plan: Plan) -> Problem:
             raise PlanError(f"link {link.src} -> {link.dst} names a device that is not in the plan")
         bandwidth[index[link.src]][index[link.dst]] = link.bandwidth_bytes_s
         latency[index[link.src]][index[link.dst]] = link.latency_s
+    scheduled = plan.objective_name == "schedule"
     return Problem(
+        step_s={k: tuple(u.time_s[k].step for u in plan.units) for k in kinds} if scheduled else {},
+        step_launch_s={ks.kind: ks.seconds for ks in plan.step_launch_s} if scheduled else {},
+        objective=plan.objective_name,
         fwd_s={k: tuple(u.time_s[k].fwd for u in plan.units) for k in kinds},
         bwd_s={k: tuple(u.time_s[k].bwd for u in plan.units) for k in kinds},
         state_bytes=tuple(u.state_bytes for u in plan.units),
@@ -446,44 +482,6 @@ def stages_from_plan(plan: Plan) -> tuple[Stage, ...]:
             raise PlanError(f"stage {st.index} runs on device {st.device!r}, which the plan does not list")
         out.append(Stage(index[st.device], st.first_unit, st.last_unit, tuple(sorted(st.recompute_units)), st.offload))
     return tuple(out)
-
-
-@dataclass(frozen=True)
-class CheckReport:
-    """What `check_plan` found: recomputed T and a list of violations (empty when ok)."""
-
-    iteration_s: float
-    violations: tuple[str, ...]
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-
-def close_to_recorded(recorded: float, actual: float) -> bool:
-    """Whether a float recorded in a plan equals the recomputed one (`CHECK_RTOL`).
-
-    Example:
-        >>> close_to_recorded(0.1 + 0.2, 0.3), close_to_recorded(1.0, 1.001)
-        (True, False)
-    """
-    return math.isclose(recorded, actual, rel_tol=CHECK_RTOL, abs_tol=1e-15)
-
-
-def structure_violations(plan: Plan) -> list[str]:
-    """The batch arithmetic and unit numbering every plan version must satisfy."""
-    out = []
-    t = plan.training
-    if t.micro_batch_size * t.microbatches != t.global_batch:
-        out.append(
-            f"training: micro_batch_size {t.micro_batch_size} x microbatches {t.microbatches} != "
-            f"global_batch {t.global_batch}"
-        )
-    if [u.index for u in plan.units] != list(range(len(plan.units))):
-        out.append("units: indices must be 0..L-1 in order")
-    if plan.model.num_units != len(plan.units):
-        out.append(f"model.num_units is {plan.model.num_units} but {len(plan.units)} units are listed")
-    return out
 
 
 def verify_model(plan: Plan, graph: "UnitGraph") -> None:  # noqa: F821 - avoid importing torch-heavy modules

@@ -131,6 +131,9 @@ def _recompute_units(st: Any, at: str) -> None:
 
 
 def _figures(plan: Any) -> None:
+    if plan.objective not in ("", "schedule"):
+        raise PlanError(f"plan.objective is {plan.objective!r}; use \"schedule\" (or leave it out for a plan "
+                        f"solved with the H-1F1B estimate); {_FIX}")
     _num(plan.predicted.iteration_s, "plan.predicted.iteration_s", strict=True)
     _num(plan.solver.objective_s, "plan.solver.objective_s", strict=True)
     if not (isinstance(plan.solver.bound_s, float) and math.isnan(plan.solver.bound_s)):

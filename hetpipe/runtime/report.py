@@ -117,6 +117,7 @@ class RankResult:
     late_messages: int = 0  # arrived (really) after their emulated arrival time
     worst_late_s: float = 0.0
     backend: str = "gloo"
+    optimizer_s: tuple[float, ...] = ()  # per step: the STEP action, real seconds (issue 17)
     last_step_actions: tuple[ActionRecord, ...] = ()
     stragglers: tuple[StragglerRecord, ...] = ()  # named by this rank (`hetpipe.runtime.faults.watch`)
     step_ratios: tuple[StepRatios, ...] = ()  # per step after the first: measured / predicted per measure
@@ -173,6 +174,11 @@ class StageRecord:
     # per step after the first: measured / predicted forward, backward and sends (``send->S``), in plan
     # seconds (emulated runs and CUDA runs; `hetpipe.runtime.faults.straggler`); `hetpipe calibrate` reads them
     step_ratios: tuple[StepRatios, ...] = ()
+    # the optimizer step (issue 17): measured median real seconds, in emulated seconds, and the plan's S_s
+    # (the emulation does not stretch the step: its emulated figure is real compute / time_scale)
+    step_real_s: float = 0.0
+    step_emulated_s: float = 0.0
+    predicted_step_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -287,7 +293,10 @@ def _stage_record(plan: "Plan", r: RankResult) -> StageRecord:  # noqa: F821
         predicted_memory_bytes=st.memory_bytes, usable_bytes=st.usable_bytes,
         overruns_fwd=r.overruns_fwd, overruns_bwd=r.overruns_bwd, worst_overrun_ratio=r.worst_overrun_ratio,
         messages=r.messages, late_messages=r.late_messages, worst_late_s=r.worst_late_s,
-        recompute_units=tuple(st.recompute_units), step_ratios=tuple(r.step_ratios))
+        recompute_units=tuple(st.recompute_units), step_ratios=tuple(r.step_ratios),
+        step_real_s=median(measured_steps(r.optimizer_s)) if r.optimizer_s else 0.0,
+        step_emulated_s=(median(measured_steps(r.optimizer_s)) if r.optimizer_s else 0.0) / r.time_scale,
+        predicted_step_s=st.step_s)
 
 
 def _notes(emulate: bool, overruns: int, late: int, actions: int, worst: float) -> tuple[str, ...]:

@@ -362,7 +362,7 @@ def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, p
     ``watch`` (`hetpipe.runtime.faults.watch.StepWatch`) injects ``--inject`` faults before each
     step and checks the step's times against the plan after it (stragglers)."""
     progress = args.run_dir / f"progress-rank{state.rank}"
-    step_s, losses, stats = [], [], None
+    step_s, losses, stats, optimizer_s = [], [], None, []
     for step in range(loop.start, args.steps):
         state.phase = f"step {step}"
         watch.before_step(step)
@@ -374,6 +374,7 @@ def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, p
         stats, loss = loop.step(batch)
         step_s.append(time.monotonic() - start)
         watch.after_step(step)
+        optimizer_s.append(getattr(stats, "optimizer_s", 0.0))  # the STEP action (issue 17: S_s measured)
         if loss is not None:
             losses.append(float(loss))
         loop.after_step(step + 1, step + 1 == args.steps)
@@ -383,8 +384,8 @@ def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, p
     barrier(backend == "gloo", args.timeout)
     dev = plan.devices[plan.device_index()[plan.stages[loop.plan_stage].device]]
     return RankResult(rank=state.rank, stage=loop.plan_stage, device=dev.id, kind=dev.kind, step_s=tuple(step_s),
-                      losses=tuple(losses), backend=backend, **emulation_fields(loop.hooks, stats, loop.plan_stage),
-                      **watch.result_fields())
+                      losses=tuple(losses), backend=backend, optimizer_s=tuple(optimizer_s),
+                      **emulation_fields(loop.hooks, stats, loop.plan_stage), **watch.result_fields())
 
 
 def train(args: argparse.Namespace, state: RankState) -> RankResult:

@@ -37,7 +37,7 @@ from hetpipe.schedule.validate import check_actions, check_sizes, compute_slots,
 
 # `Schedule`, `validate_schedule` and `check_actions` are re-exported: callers build and check here.
 __all__ = ["SCHEDULES", "Schedule", "check_actions", "format_grid", "format_schedule", "gpipe", "make_schedule",
-           "one_f_one_b", "parse_schedule", "validate_schedule"]
+           "one_f_one_b", "parse_schedule", "rank_actions", "validate_schedule"]
 
 
 def _forward_steps(stage: int, num_stages: int, mb: int) -> list[Action]:
@@ -64,16 +64,17 @@ def gpipe(num_stages: int, num_microbatches: int) -> Schedule:
         ['1RECV_F0', '1F0', '1RECV_F1', '1F1', '1B0', '1SEND_B0', '1B1', '1SEND_B1', '1STEP']
     """
     check_sizes(num_stages, num_microbatches)
-    schedule: Schedule = {}
-    for s in range(num_stages):
-        actions: list[Action] = []
-        for mb in range(num_microbatches):
-            actions += _forward_steps(s, num_stages, mb)
-        for mb in range(num_microbatches):
-            actions += _backward_steps(s, num_stages, mb)
-        actions.append(Action(s, Op.STEP))
-        schedule[s] = actions
-    return schedule
+    return {s: _gpipe_rank(s, num_stages, num_microbatches) for s in range(num_stages)}
+
+
+def _gpipe_rank(s: int, num_stages: int, m: int) -> list[Action]:
+    actions: list[Action] = []
+    for mb in range(m):
+        actions += _forward_steps(s, num_stages, mb)
+    for mb in range(m):
+        actions += _backward_steps(s, num_stages, mb)
+    actions.append(Action(s, Op.STEP))
+    return actions
 
 
 def one_f_one_b(num_stages: int, num_microbatches: int) -> Schedule:
@@ -89,24 +90,25 @@ def one_f_one_b(num_stages: int, num_microbatches: int) -> Schedule:
         rank 2: .  .  F0 B0 F1 B1 F2 B2 F3 B3
     """
     check_sizes(num_stages, num_microbatches)
-    schedule: Schedule = {}
-    m = num_microbatches
-    for s in range(num_stages):
-        warmup = min(num_stages - s - 1, m)
-        actions: list[Action] = []
-        for mb in range(warmup):
-            actions += _forward_steps(s, num_stages, mb)
-        for i in range(m - warmup):  # steady state: F of mb warmup+i, then B of mb i
-            actions += _forward_steps(s, num_stages, warmup + i)
-            actions += _backward_steps(s, num_stages, i)
-        for mb in range(m - warmup, m):  # cool-down
-            actions += _backward_steps(s, num_stages, mb)
-        actions.append(Action(s, Op.STEP))
-        schedule[s] = actions
-    return schedule
+    return {s: _one_f_one_b_rank(s, num_stages, num_microbatches) for s in range(num_stages)}
+
+
+def _one_f_one_b_rank(s: int, num_stages: int, m: int) -> list[Action]:
+    warmup = min(num_stages - s - 1, m)
+    actions: list[Action] = []
+    for mb in range(warmup):
+        actions += _forward_steps(s, num_stages, mb)
+    for i in range(m - warmup):  # steady state: F of mb warmup+i, then B of mb i
+        actions += _forward_steps(s, num_stages, warmup + i)
+        actions += _backward_steps(s, num_stages, i)
+    for mb in range(m - warmup, m):  # cool-down
+        actions += _backward_steps(s, num_stages, mb)
+    actions.append(Action(s, Op.STEP))
+    return actions
 
 
 SCHEDULES: dict[str, Callable[[int, int], Schedule]] = {"gpipe": gpipe, "1f1b": one_f_one_b}
+_RANKS: dict[str, Callable[[int, int, int], list[Action]]] = {"gpipe": _gpipe_rank, "1f1b": _one_f_one_b_rank}
 
 
 def make_schedule(name: str, num_stages: int, num_microbatches: int) -> Schedule:
@@ -121,6 +123,21 @@ def make_schedule(name: str, num_stages: int, num_microbatches: int) -> Schedule
         names = ", ".join(repr(n) for n in SCHEDULES)
         raise ScheduleError(f"unknown schedule {name!r}; choose one of: {names}")
     return builder(num_stages, num_microbatches)
+
+
+def rank_actions(name: str, num_stages: int, num_microbatches: int, stage: int) -> list[Action]:
+    """``make_schedule(name, num_stages, num_microbatches)[stage]`` without building the other ranks
+    (the memory model replays one rank's list for every pipeline length the solvers try).
+
+    Example:
+        >>> rank_actions("1f1b", 3, 4, 1) == one_f_one_b(3, 4)[1]
+        True
+    """
+    make_schedule(name, 1, 1)  # the same error for an unknown name
+    check_sizes(num_stages, num_microbatches)
+    if not 0 <= stage < num_stages:
+        raise ScheduleError(f"stage {stage} is outside a pipeline of {num_stages} stages; use 0..{num_stages - 1}")
+    return _RANKS[str(name).strip().lower()](stage, num_stages, num_microbatches)
 
 
 # ----------------------------------------------------------------------------- text forms

@@ -37,7 +37,7 @@ from typing import Sequence
 
 from hetpipe.cost_models.stage_memory import RECV_PREFETCH, HeldCounts
 from hetpipe.schedule.actions import Action, Op
-from hetpipe.schedule.builders import make_schedule
+from hetpipe.schedule.builders import rank_actions
 
 _RECVS = (Op.RECV_F, Op.RECV_B)
 
@@ -53,8 +53,11 @@ def replay_held(actions: Sequence[Action], *, prefetch: int) -> list[HeldCounts]
     grads_in: set[int] = set()
     inflight, grads, out = 0, 0, []
     recv_at = [i for i, a in enumerate(actions) if a.op in _RECVS]
+    ahead = 0  # recv_at[ahead] is the first receive at or after action i: one pass, not one scan per action
     for i, a in enumerate(actions):
-        for j in [r for r in recv_at if r >= i][:prefetch]:  # `PipelineExecutor._prefetch_plan` on gloo
+        while ahead < len(recv_at) and recv_at[ahead] < i:
+            ahead += 1
+        for j in recv_at[ahead:ahead + prefetch]:  # `PipelineExecutor._prefetch_plan` on gloo
             posted.setdefault(actions[j], _FRAME[actions[j].op])
         if a.op in _RECVS:
             sends.clear()  # a receive first waits for the rank's earlier sends
@@ -81,20 +84,53 @@ def _counts(grads: int, inflight: int, frames: list[str], grads_held: int, backw
                       frames.count("out_grad") + grads_held, backward)
 
 
-@functools.lru_cache(maxsize=4096)
 def stage_held_terms(num_stages: int, stage: int, microbatches: int, *, schedule: str = "1f1b",
                      prefetch: int = RECV_PREFETCH) -> tuple[HeldCounts, ...]:
     """The undominated `HeldCounts` of stage ``stage`` over one step, largest first.
 
     The first stage has no input cut and the last no output cut: their frames are dropped.
+
+    1F1B with many micro-batches is replayed with fewer (`steady_microbatches`): its steady
+    state repeats one forward and one backward, and once a repetition is past the first
+    backward and its receives posted ahead lie inside the steady state, it holds exactly
+    what the one before held, so more repetitions add no new moment.  The solvers ask for
+    every pipeline length at thousands of micro-batches (1,024 cards, m = 2,048).
     """
-    counts = replay_held(make_schedule(schedule, num_stages, microbatches)[stage], prefetch=prefetch)
+    if str(schedule).strip().lower() == "1f1b":
+        microbatches = steady_microbatches(num_stages - stage, microbatches, prefetch)
+    return _held_terms(num_stages, stage, microbatches, schedule, prefetch)
+
+
+def steady_microbatches(in_flight: int, microbatches: int, prefetch: int) -> int:
+    """Micro-batches whose 1F1B list has every moment of the list with `microbatches` (see
+    `stage_held_terms`): the warm-up (in_flight - 1 forwards), a first steady repetition, enough
+    repetitions for `prefetch` receives (two per repetition) to look ahead, and one spare.
+    tests/test_memory_truth.py checks the moments equal the full replay's.
+
+    Example:
+        >>> steady_microbatches(4, 2048, 3), steady_microbatches(4, 5, 3)
+        (9, 5)
+    """
+    return min(microbatches, in_flight + prefetch + 2)
+
+
+@functools.lru_cache(maxsize=4096)
+def _held_terms(num_stages: int, stage: int, microbatches: int, schedule: str,
+                prefetch: int) -> tuple[HeldCounts, ...]:
+    counts = replay_held(rank_actions(schedule, num_stages, microbatches, stage), prefetch=prefetch)
     if stage == 0:
         counts = [dataclasses.replace(c, in_frames=0, in_grad_frames=0) for c in counts]
     if stage == num_stages - 1:
         counts = [dataclasses.replace(c, out_frames=0, out_grad_frames=0) for c in counts]
     unique = sorted(set(counts), reverse=True)
-    return tuple(c for c in unique if not any(c != o and c.dominated_by(o) for o in unique))
+    # `HeldCounts.dominated_by`, each tuple made once; a dominating term sorts before the one it
+    # dominates, and domination is transitive, so checking the terms kept so far is enough
+    kept: list[tuple[int, ...]] = []
+    names = [f.name for f in dataclasses.fields(HeldCounts)]  # `backward` last
+    for a in (tuple(getattr(c, n) for n in names) for c in unique):
+        if not any(a[-1] == b[-1] and all(x <= y for x, y in zip(a, b)) for b in kept):
+            kept.append(a)
+    return tuple(HeldCounts(*a) for a in kept)
 
 
 def position_held_terms(stages_after: int, *, first: bool, microbatches: int) -> tuple[HeldCounts, ...]:

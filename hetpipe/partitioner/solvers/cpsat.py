@@ -261,7 +261,7 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float, seed: int, hint: Seque
     """
     start = time.perf_counter()
     if hint is not None:
-        upper_bound_s = evaluate(problem, hint).iteration_s
+        upper_bound_s = evaluate(problem, hint, objective="estimate").iteration_s
     if upper_bound_s is None or not math.isfinite(upper_bound_s):
         upper_bound_s = _crude_upper_bound_s(problem)
     built = _Model(problem, device_classes(problem), TICKS_PER_T / max(upper_bound_s, 1e-30))
@@ -279,7 +279,7 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float, seed: int, hint: Seque
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         stages = built.extract(solver)
         bound = solver.best_objective_bound / built.scale
-        return CpSatResult(stages, status, evaluate(problem, stages).iteration_s, bound, wall)
+        return CpSatResult(stages, status, evaluate(problem, stages, objective="estimate").iteration_s, bound, wall)
     log.info("CP-SAT returned %s after %.2f s", status, wall)
     return CpSatResult(None, status, math.inf, math.inf if code == cp_model.INFEASIBLE else 0.0, wall)
 

@@ -97,16 +97,12 @@ class StateSpaceTooLarge(Exception):
     """The count-vector DP would exceed its state budget."""
 
 
-def _links_match(problem: Problem, a: int, b: int) -> bool:
-    """Devices a and b see identical links to every other device (and to each other)."""
-    n = len(problem.devices)
-    bw, lat = problem.bandwidth_bytes_s, problem.latency_s
-    for o in range(n):
-        if o in (a, b):
-            continue
-        if (bw[a][o], lat[a][o], bw[o][a], lat[o][a]) != (bw[b][o], lat[b][o], bw[o][b], lat[o][b]):
-            return False
-    return True
+def _links_match(links: tuple[np.ndarray, np.ndarray], a: int, b: int) -> bool:
+    """Devices a and b see identical links to every other device, both ways (`links`: the
+    bandwidth and latency tables as arrays; numpy, as 1,024 cards make a million pairs)."""
+    others = np.ones(links[0].shape[0], dtype=bool)
+    others[[a, b]] = False
+    return all(bool((t[a, others] == t[b, others]).all() and (t[others, a] == t[others, b]).all()) for t in links)
 
 
 def device_classes(problem: Problem) -> tuple[DeviceClass, ...]:
@@ -124,10 +120,11 @@ def device_classes(problem: Problem) -> tuple[DeviceClass, ...]:
     for i, d in enumerate(problem.devices):  # host figures too: they price the offload lever
         groups.setdefault((d.kind, d.node, d.usable_bytes, d.host_link_bytes_s, d.host_memory_bytes_s), []).append(i)
     out: list[DeviceClass] = []
+    links = (np.asarray(problem.bandwidth_bytes_s, dtype=float), np.asarray(problem.latency_s, dtype=float))
     for (kind, node, usable, _, _), members in groups.items():
         buckets: list[list[int]] = []
         for i in members:
-            home = next((b for b in buckets if _links_match(problem, b[0], i)
+            home = next((b for b in buckets if _links_match(links, b[0], i)
                          and _links_match_pair(problem, b, i)), None)
             if home is None:
                 buckets.append([i])
@@ -201,6 +198,7 @@ class StageTables:
             self.compute.append(np.where(self.valid, work[hi_c] - work[lo], np.inf))
         self.levers = None if problem.recompute == "none" else shared_band(problem, hi_c, self.valid)
         self.offload = offload_band(problem, self)
+        self._memory: dict[int, np.ndarray] = {}  # stages after -> M_s over the full band (`memory`)
         # round trip 2*C over the cut after unit u-1 (index u = start of the next stage), per class pair
         self.comm2 = np.zeros((len(classes), len(classes), L + 1))
         for a, ca in enumerate(classes):
@@ -227,8 +225,12 @@ class StageTables:
         return band_moments(self, after_stages, self.m, np.s_[:, :width])
 
     def memory(self, after_stages: int, width: int | None = None) -> np.ndarray:
-        """M_s of `pipeline_stage_bytes` without recomputation over the band: the largest moment."""
-        return np.max([held for _, backward, held in self.moments(after_stages, width) if not backward], axis=0)
+        """M_s of `pipeline_stage_bytes` without recomputation over the band: the largest moment
+        (worked out once per position over the whole band: every class and cap shares it)."""
+        if after_stages not in self._memory:
+            self._memory[after_stages] = np.max([held for _, backward, held in self.moments(after_stages)
+                                                 if not backward], axis=0)
+        return self._memory[after_stages][:, :width]
 
     def band(self, c: int, after_stages: int, cap: float, width: int) -> np.ndarray:
         """Cost of a stage of class c on [lo, lo+w+1) with `after_stages` stages after it (inf = not allowed)."""
@@ -364,7 +366,7 @@ def parametric_search(problem: Problem, min_sum: MinSum, *, time_limit_s: float,
     """
     m, start, tries = problem.microbatches, time.perf_counter(), 0
     s_lb = sum_lower_bound(problem)
-    seed_ev = evaluate(problem, seed) if seed is not None else None
+    seed_ev = evaluate(problem, seed, objective="estimate") if seed is not None else None
     if seed_ev is not None and seed_ev.fits and m > 1:
         best, best_stages, cap0 = seed_ev.iteration_s, tuple(seed), seed_ev.bottleneck_s * (1.0 + CAP_TOLERANCE)
     else:
@@ -373,7 +375,7 @@ def parametric_search(problem: Problem, min_sum: MinSum, *, time_limit_s: float,
         if first is None:
             return None
         s_lb, stages = first
-        ev = evaluate(problem, stages)
+        ev = evaluate(problem, stages, objective="estimate")
         best, best_stages, cap0 = ev.iteration_s, stages, ev.bottleneck_s * (1.0 + CAP_TOLERANCE)
         if m == 1:  # T = S: the least sum is optimal
             return DPResult(best_stages, best, best, tries, True)
@@ -386,7 +388,7 @@ def parametric_search(problem: Problem, min_sum: MinSum, *, time_limit_s: float,
     b_min = least[0]
     bottom = min_sum(b_min * (1.0 + CAP_TOLERANCE), False)  # the window's floor: least sum at b_min
     if bottom is not None:
-        t_bottom = evaluate(problem, bottom[1]).iteration_s
+        t_bottom = evaluate(problem, bottom[1], objective="estimate").iteration_s
         if t_bottom < best:
             best, best_stages = t_bottom, bottom[1]
     cap = (best - s_lb) / (m - 1)
@@ -396,7 +398,7 @@ def parametric_search(problem: Problem, min_sum: MinSum, *, time_limit_s: float,
         if res is None:
             break
         s_cap, stages = res
-        ev = evaluate(problem, stages)
+        ev = evaluate(problem, stages, objective="estimate")
         if ev.iteration_s < best:
             best, best_stages = ev.iteration_s, stages
         if s_cap + (m - 1) * b_min >= best * (1.0 - CAP_TOLERANCE):

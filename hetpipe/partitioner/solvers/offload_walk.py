@@ -1,21 +1,29 @@
-"""The solvers' outer walk over the offload tail: T = S + (m - 1) b + max_s O_s stays exact.
+"""The solvers' outer walk over the offload tail: T_est = S + (m - 1) b + max_s O_s stays exact.
 
-The offload lever adds ``max_s O_s`` (`problem.step_tail_s`) to T: a max over stages, which
-the DP's per-stage sums cannot carry.  For a cap Theta on every stage's tail
-(`Problem.offload_cap_s`) the per-stage choice is exact (`recompute.choose_levers`), so
+What is searched: the solvers search the H-1F1B estimate exactly (`solvers/verify.py` then prices
+the answer under the schedule).  The estimate counts no on-card optimizer step S_s; with the
+offload lever it counts ``max_s O_s`` over the offloading stages (`problem.step_tail_s`), since
+an offloading stage's step IS its tail (in the schedule T it is that stage's step, replayed after
+its last backward) and an estimate without it would see offloading as free memory.  So here
+T_est = S + (m - 1) b + max_s O_s, with S = sum_s (F_s + B_s) + sum_s 2 C_s and b the bottleneck:
+a max over stages, which the DP's per-stage sums cannot carry.  For a cap Theta on every stage's
+tail (`Problem.offload_cap_s`) the per-stage choice is exact (`recompute.choose_levers`), so
 V(Theta) = min over placements whose tails are all <= Theta of S + (m - 1) b is what one run
 of the inner solver finds.  The walk:
 
-    Theta_0 = inf;  P_i = argmin V(Theta_i), T_i = evaluate(P_i) (its real tail theta_i <= Theta_i);
+    Theta_0 = inf;  P_i = argmin V(Theta_i), T_i = T_est(P_i) (its real tail theta_i <= Theta_i);
     Theta_{i+1} = theta_i lowered by a relative tick;  stop when theta_i = 0, nothing fits,
-    or V(Theta_{i+1}) >= best T so far (any placement with tail <= Theta_{i+1} has T >= V).
+    or V(Theta_{i+1}) >= best T_est so far (any placement with tail <= Theta_{i+1} has T_est >= V).
 
-Exactness: let P* be optimal with tail theta*, and Theta_i the last cap >= theta*.  Then
-V(Theta_i) <= S* + (m - 1) b*, and P_i's tail theta_i <= Theta_i; if theta_i > theta* the
+Exactness (over T_est): let P* be optimal with tail theta*, and Theta_i the last cap >= theta*.
+Then V(Theta_i) <= S* + (m - 1) b*, and P_i's tail theta_i <= Theta_i; if theta_i > theta* the
 walk goes on to Theta_{i+1} >= theta* (up to the tick), contradicting the choice of i, so
 theta_i <= theta* and T_i <= T*.  A walk stopped by the bound test stops only when no
 placement under the next cap can beat the best found.  Each step lowers the cap strictly,
 so the walk ends; in practice after a few passes (the first placement without offload ends it).
+The merge with the schedule objective changes none of this: the on-card S_s is not in T_est
+(as for every problem), and O_s enters it only through the max; nothing here claims the schedule
+optimum, which `verify` brackets by its bound (each unit's least of S_u and its share of O_s).
 
 `best_levers` is the same choice for one fixed placement: its stages' tails are the only caps
 that matter, so trying each (and 0) finds the best levers of that placement exactly.
@@ -61,7 +69,7 @@ def tail_walk(problem: Problem, inner: Inner) -> DPResult | None:
         res = inner(replace(problem, offload_cap_s=cap), first)
         if res is None:
             break
-        ev = evaluate(problem, res.stages)
+        ev = evaluate(problem, res.stages, objective="estimate")  # the surrogate `inner` solves
         exact &= res.exact
         if first and not res.exact:  # the uncapped pass's bound (on S + (m-1) b, tails >= 0) bounds every T
             bound = res.bound_s
@@ -73,15 +81,16 @@ def tail_walk(problem: Problem, inner: Inner) -> DPResult | None:
     if best is None:
         return None
     stages = best_levers(problem, best.stages)
-    value = evaluate(problem, stages).iteration_s
+    value = evaluate(problem, stages, objective="estimate").iteration_s
     if value < best.iteration_s:
         best = replace(best, stages=stages, iteration_s=value)
     lower = best.iteration_s if exact or bound is None else min(bound, best.iteration_s)
     return replace(best, bound_s=lower, exact=exact)
 
 
-def best_levers(problem: Problem, stages: Sequence[Stage]) -> tuple[Stage, ...]:
-    """`stages` (cuts and devices kept) with the levers that minimise T among those that fit.
+def best_levers(problem: Problem, stages: Sequence[Stage], objective: str = "estimate") -> tuple[Stage, ...]:
+    """`stages` (cuts and devices kept) with the levers that minimise T among those that fit: exactly under
+    the estimate; under ``objective="schedule"`` the best of the same tries (each stage's tail as the cap).
 
     Example:
         >>> from hetpipe.partitioner.problem import DeviceSlot
@@ -95,5 +104,5 @@ def best_levers(problem: Problem, stages: Sequence[Stage]) -> tuple[Stage, ...]:
         return with_recompute(problem, stages)
     caps = {0.0, math.inf} | {offload_if(problem, st).tail_s for st in stages}
     tries = [with_recompute(replace(problem, offload_cap_s=c), stages) for c in sorted(caps)]
-    evals = [evaluate(problem, t) for t in tries]
+    evals = [evaluate(problem, t, objective=objective) for t in tries]
     return min(zip(evals, tries), key=lambda e: (not e[0].fits, e[0].iteration_s))[1]

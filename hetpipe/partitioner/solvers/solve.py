@@ -9,9 +9,16 @@ Strategy (issue #3):
    (free device subset and order, memory, links), so its answer is reported as
    ``OPTIMAL`` with bound = objective.
 3. Otherwise the node-free **relaxation** (`relax.relaxed_bound`) gives a valid lower
-   bound and a realised placement; if the gap is above `GOOD_ENOUGH_GAP` and time is
-   left, **CP-SAT** (`cpsat.solve_cpsat`) starts from the best placement as a hint, with
+   bound and a realised placement; if the gap is above `GOOD_ENOUGH_GAP`, the
+   **Lagrangian bound** (`lagrange.lagrange_bound`: every kind exact, card counts priced)
+   tightens it; if the gap is still above and time is left, **CP-SAT** (`cpsat.solve_cpsat`) starts from the best placement as a hint, with
    a time limit and a seed.  The plan records solver, status, bound and gap.
+
+4. **Bound and verify** (`verify.verify`): the estimate's answer is priced by the schedule
+   it will run (the objective, `evaluate`), improved by a local search under that schedule,
+   and given a valid lower bound on the schedule optimum; the status is ``OPTIMAL`` only when
+   they meet.  A problem whose objective is ``estimate`` (a plan made before version 4) stops
+   after step 3.
 
 ``solver="cpsat"`` always runs CP-SAT (hinted by the DP, relaxation or heuristic answer);
 ``solver="dp"`` insists on the exact DP.  Whatever runs, the returned placement is
@@ -26,8 +33,8 @@ Example:
     ...                bandwidth_bytes_s=((inf, 1.0), (1.0, inf)), latency_s=((0.0, 0.0), (0.0, 0.0)),
     ...                microbatches=4)
     >>> sol = solve(prob)
-    >>> sol.solver, sol.status, sol.iteration_s, sol.unused_devices
-    ('dp', 'OPTIMAL', 30.0, ())
+    >>> sol.solver, sol.status, sol.iteration_s, round(sol.bound_s, 2), sol.unused_devices  # (m+p-1)(F+B); verify.py
+    ('dp', 'FEASIBLE', 30.0, 27.43, ())
 """
 
 from __future__ import annotations
@@ -43,8 +50,10 @@ from hetpipe.partitioner.solvers.dp import DPResult, StateSpaceTooLarge, simple_
 from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
 from hetpipe.partitioner.solvers.infeasible import explain_infeasible
 from hetpipe.partitioner.solvers.offload_walk import tail_walk
+from hetpipe.partitioner.solvers.lagrange import bottleneck_floor, lagrange_bound
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.relax import relaxed_bound
+from hetpipe.partitioner.solvers.verify import LOCAL_SEARCH_S, verify
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +68,13 @@ RELAXATION_SHARE = 0.7
 #: Gap to the relaxation bound under which CP-SAT is not started: in our measurements it did
 #: not close a sub-1% gap on 64 cards within 10 s (benchmarks/planner_speed.py).
 GOOD_ENOUGH_GAP = 0.01
+#: Share of the time limit the schedule's local search may take at most (`verify.LOCAL_SEARCH_S` caps it).
+VERIFY_SHARE = 0.2
+#: Share of the time left after the relaxation that the kind-exact Lagrangian bound may take
+#: (`lagrange.lagrange_bound`); CP-SAT gets the rest if the gap is still above `GOOD_ENOUGH_GAP`.
+LAGRANGE_SHARE = 0.6
+#: Gap the Lagrangian bound aims for: below `GOOD_ENOUGH_GAP`, so reaching it settles the solve.
+LAGRANGE_GAP = GOOD_ENOUGH_GAP / 2
 #: Least search time worth starting CP-SAT for, after its model is built.
 MIN_CPSAT_S = 2.0
 #: Seconds to build the CP-SAT model per (position x unit x class pair) term, measured on the
@@ -173,6 +189,20 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
     Raises `InfeasibleError` (with the missing memory and what would help) when no
     placement fits, and `ConfigError` for an unknown solver name.
     """
+    found = solve_estimate(problem, solver=solver, time_limit_s=time_limit_s, seed=seed, num_stages=num_stages)
+    if problem.objective == "estimate":
+        return found
+    start = time.perf_counter()
+    checked = verify(problem, [found.stages], num_stages=num_stages,
+                     limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))
+    status = "OPTIMAL" if checked.bound_s >= checked.iteration_s * (1 - 1e-9) else "FEASIBLE"
+    return Solution(checked.stages, found.solver, status, checked.iteration_s, checked.bound_s,
+                    found.wall_s + time.perf_counter() - start, _unused(problem, checked.stages))
+
+
+def solve_estimate(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0,
+                   num_stages: int | None = None) -> Solution:
+    """The placement the solvers prove best under the H-1F1B estimate (T and bound are the estimate's)."""
     if solver not in SOLVERS:
         raise ConfigError(f"unknown solver {solver!r}; use one of: {', '.join(SOLVERS)}")
     if not problem.devices:
@@ -209,6 +239,11 @@ def _large(problem: Problem, warm: DPResult | None, *, start: float, time_limit_
         raise explain_infeasible(problem)
     hint = _better(warm, real)
     bound = max(bound, simple_lower_bound(problem))
+    left = time_limit_s - (time.perf_counter() - start)
+    # the Lagrangian bound prices memory without the offload lever: valid only where no stage may offload
+    if hint is not None and hint.iteration_s > bound * (1 + GOOD_ENOUGH_GAP) and left > 0 and problem.offload == "never":
+        bound = max(bound, lagrange_bound(problem, best_s=hint.iteration_s, floor_s=bottleneck_floor(problem),
+                                          time_limit_s=LAGRANGE_SHARE * left, target_gap=LAGRANGE_GAP).bound_s)
     left = time_limit_s - (time.perf_counter() - start) - cpsat_build_s(problem)
     if hint is not None and (hint.iteration_s <= bound * (1 + GOOD_ENOUGH_GAP) or left < MIN_CPSAT_S):
         return _from_dp(problem, hint, name="relaxation", wall_s=time.perf_counter() - start, proved=False,

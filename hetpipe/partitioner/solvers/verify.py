@@ -1,0 +1,218 @@
+"""Bound and verify: the solvers' placements priced by the schedule they will run (issue 17, item 1).
+
+The DP, the relaxation and CP-SAT search the H-1F1B estimate (`evaluate(..., objective="estimate")`),
+which they solve exactly.  The objective is the simulated 1F1B iteration with every stage's
+optimizer step (`evaluate`, ``objective="schedule"``), so `verify`:
+
+1. prices each candidate placement the solvers found with the schedule;
+2. improves the best by a local search under the schedule itself (`_neighbours`: move a cut,
+   swap or merge two neighbouring stages, move a stage to an unused card or split it onto one;
+   the recompute choice re-derived each time), first improvement, while it gets faster and
+   fits, within `LOCAL_MOVES` evaluations and `LOCAL_SEARCH_S` seconds;
+3. records a **valid lower bound** on the schedule optimum over every placement:
+
+       T_sched >= m * max_b (F_b + B_b + S_b / m)     (rank b runs m F, m B and its step in series)
+       T_sched >= m * max_s C_s                      (one link direction carries m messages in series)
+
+   so T_sched >= m * b', where b' is the least bottleneck ``max(F_s + B_s', C_s)`` over all
+   placements that fit (`dp.least_bottleneck` on the problem with B' = B + S_u / m per unit
+   and every link twice as fast, so that its 2 C' = C).  Beyond the DP's state budget, m times
+   the whole model's fastest per-unit work over the number of cards.  And the fill:
+
+       T_sched >= sum_{j<b} (F_j + B_j) + m W_b + S_0    for every stage b
+
+   (stage b's first forward waits for micro-batch 0 to cross stages j < b, its last backward's
+   gradient must cross them back, and stage 0 steps last), with W_b = F_b + B_b.  With
+   K = max_b (P_b + m W_b), P_b = sum_{j<b} W_j: W_b <= (K - P_b) / m, so
+   K - P_{b+1} >= (1 - 1/m)(K - P_b) and X = P_p <= K (1 - r^p), r = (m - 1) / m:
+   T_sched >= X / (1 - r^p) + S_0 with X >= every unit on its fastest kind and p <= the cards
+   (or units).  Equal stages with free links take (m + p - 1) W; this bound says
+   pW / (1 - r^p), below by about a sixth at p = m = 4, within 5% once m >= 8p.
+
+   With the offload lever an offloading stage's step is its tail O_b instead of S_b, so both
+   bounds count each unit's least step over the two (`_step_floors`: O is linear in the parameters).
+
+The answer is OPTIMAL only when the bound meets it; otherwise the plan records the gap.  The
+brute-force tests check bound <= the enumerated schedule optimum <= answer.
+
+Example:
+    >>> from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage
+    >>> inf = float("inf")
+    >>> prob = Problem(fwd_s={"a": (1.0,) * 4}, bwd_s={"a": (2.0,) * 4}, state_bytes=(1,) * 4,
+    ...                activation_bytes=(1,) * 4, boundary_bytes=(0,) * 4,
+    ...                devices=(DeviceSlot("d0", "a", "n", 100),),
+    ...                bandwidth_bytes_s=((inf,),), latency_s=((0.0,),), microbatches=4)
+    >>> out = verify(prob, [(Stage(0, 0, 3),)])
+    >>> out.iteration_s, out.bound_s   # one stage: m (F + B), the bound meets it
+    (48.0, 48.0)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Iterator, Sequence
+
+from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.recompute import with_recompute
+from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, least_bottleneck
+from hetpipe.partitioner.solvers.offload_walk import best_levers
+
+#: Schedule evaluations the local search may spend (each replays O(p m) actions).
+LOCAL_MOVES = 3000
+#: Seconds the local search may spend at most (by default; `solve` gives it a fifth of its time limit
+#: when that is less).
+LOCAL_SEARCH_S = 2.0
+
+
+@dataclass(frozen=True)
+class Verified:
+    """The best placement under the schedule, its T and the valid lower bound on the optimum."""
+
+    stages: tuple[Stage, ...]
+    iteration_s: float
+    bound_s: float
+    improved: bool  # the local search beat every candidate
+
+
+def schedule_bound(problem: Problem) -> float:
+    """A lower bound on the schedule objective over every placement (module docstring, item 3)."""
+    return _bound_and_placement(problem)[0]
+
+
+def _bound_and_placement(problem: Problem) -> tuple[float, tuple[Stage, ...] | None]:
+    """`schedule_bound` and the placement of least bottleneck it found (another start for the search)."""
+    m = problem.microbatches
+    steps = _step_floors(problem, launch=False)
+    bwd = {k: tuple(b + steps[k][u] / m for u, b in enumerate(problem.bwd_s[k]))
+           for k in problem.bwd_s}
+    relaxed = replace(problem, bwd_s=bwd,
+                      bandwidth_bytes_s=tuple(tuple(2.0 * b for b in row) for row in problem.bandwidth_bytes_s),
+                      latency_s=tuple(tuple(0.5 * t for t in row) for row in problem.latency_s))
+    cards = min(len(problem.devices), problem.num_units)
+    placement = None
+    try:
+        least = least_bottleneck(relaxed)
+        bottleneck = 0.0 if least is None else m * least[0]
+        placement = None if least is None else _levers(problem, least[1])
+    except StateSpaceTooLarge:
+        work = sum(min(problem.fwd_s[k][u] + bwd[k][u] for k in bwd) for u in range(problem.num_units))
+        bottleneck = m * work / cards
+    return max(bottleneck, fill_bound(problem, cards)), placement
+
+
+def _step_floors(problem: Problem, *, launch: bool) -> dict[str, tuple[float, ...]]:
+    """Per kind, per unit: the least a unit adds to its stage's step in the schedule.  S_u (with the kind's
+    launch share when `launch`), or, where a stage on that kind may offload, the least of S_u and the
+    unit's share of O_s: its parameters (grad_bytes // bytes per parameter, which sum to at most the
+    stage's P_s) at the fastest host link and memory of a card of the kind (no launch on the host)."""
+    kinds = set(problem.fwd_s)
+    out = {k: tuple(s + (problem.step_launch_s.get(k, 0.0) if launch else 0.0) for s in problem.step_s[k])
+           if k in problem.step_s else (0.0,) * problem.num_units for k in kinds}
+    rates = problem.offload_rates
+    if problem.offload == "never" or rates is None or rates.host_bytes_per_param <= 0 or not problem.grad_bytes:
+        return out
+    for k in kinds:
+        per_param = min((rates.link_bytes_per_param / d.host_link_bytes_s + rates.step_bytes_per_param / d.host_memory_bytes_s
+                         for d in problem.devices if d.kind == k and d.host_link_bytes_s > 0 and d.host_memory_bytes_s > 0),
+                        default=math.inf)
+        if not math.isinf(per_param):
+            out[k] = tuple(min(s, problem.grad_bytes[u] // rates.grad_bytes_per_param * per_param)
+                           for u, s in enumerate(out[k]))
+    return out
+
+
+def fill_bound(problem: Problem, cards: int) -> float:
+    """X / (1 - r^p) + S_0 of the module docstring (item 3), p = `cards`.
+
+    Example:
+        >>> from hetpipe.partitioner.problem import DeviceSlot
+        >>> prob = Problem(fwd_s={"a": (1.0,) * 4}, bwd_s={"a": (2.0,) * 4}, state_bytes=(1,) * 4,
+        ...                activation_bytes=(1,) * 4, boundary_bytes=(0,) * 4,
+        ...                devices=(DeviceSlot("d0", "a", "n", 100),) * 4,
+        ...                bandwidth_bytes_s=((1.0,) * 4,) * 4, latency_s=((0.0,) * 4,) * 4, microbatches=4)
+        >>> round(fill_bound(prob, 4), 3)   # 12 / (1 - 0.75^4); equal stages of W = 3 take 7 x 3 = 21
+        17.554
+    """
+    m = problem.microbatches
+    work = sum(min(problem.fwd_s[k][u] + problem.bwd_s[k][u] for k in problem.fwd_s) for u in range(problem.num_units))
+    first_step = min(s[0] for s in _step_floors(problem, launch=True).values())
+    return work / (1.0 - ((m - 1) / m) ** cards) + first_step
+
+
+def _neighbours(problem: Problem, stages: tuple[Stage, ...]) -> Iterator[tuple[Stage, ...]]:
+    """Placements one move away, recompute sets re-derived: a cut moved anywhere between its neighbours,
+    two neighbouring stages swapped or merged onto one of their cards, a stage moved to an unused card
+    or split onto one (one card per kind and node: the others are the same to the schedule)."""
+    return (_levers(problem, c) for c in _moves(problem, tuple(replace(st, recompute_units=()) for st in stages)))
+
+
+def _levers(problem: Problem, stages: Sequence[Stage]) -> tuple[Stage, ...]:
+    """`stages` with their levers re-derived: the recompute prefix, and where a stage may offload the best
+    offload choice under the schedule among each stage's tail as the cap (`offload_walk.best_levers`)."""
+    if problem.offload == "never":
+        return with_recompute(problem, stages)
+    return best_levers(problem, stages, "schedule")
+
+
+def _moves(problem: Problem, plain: tuple[Stage, ...]) -> Iterator[tuple[Stage, ...]]:
+    """The moves of `_neighbours`, without recompute sets, lazily."""
+    for s in range(len(plain) - 1):
+        a, b = plain[s], plain[s + 1]
+        for cut in range(a.first_unit, b.last_unit):
+            if cut != a.last_unit:
+                yield plain[:s] + (replace(a, last_unit=cut), replace(b, first_unit=cut + 1)) + plain[s + 2:]
+        yield plain[:s] + (replace(a, device=b.device), replace(b, device=a.device)) + plain[s + 2:]
+        for dev in (a.device, b.device):
+            yield plain[:s] + (Stage(dev, a.first_unit, b.last_unit),) + plain[s + 2:]
+    used = {st.device for st in plain}
+    spare = {(d.kind, d.node): i for i, d in reversed(list(enumerate(problem.devices))) if i not in used}
+    for s, st in enumerate(plain):
+        for dev in spare.values():
+            yield plain[:s] + (replace(st, device=dev),) + plain[s + 1:]
+            for cut in range(st.first_unit, st.last_unit):
+                head, tail = replace(st, last_unit=cut), replace(st, first_unit=cut + 1)
+                yield plain[:s] + (head, replace(tail, device=dev)) + plain[s + 1:]
+                yield plain[:s] + (replace(head, device=dev), tail) + plain[s + 1:]
+
+
+def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stages: int | None = None,
+           limit_s: float = LOCAL_SEARCH_S) -> Verified:
+    """The fastest of `candidates` (and of the least-bottleneck placement) under the schedule, each
+    locally improved (keeping `num_stages` stages when given), with `schedule_bound`."""
+    bound, least = _bound_and_placement(problem)
+    starts = [tuple(c) if problem.offload == "never" else _levers(problem, c) for c in candidates]
+    if least is not None and (num_stages is None or len(least) == num_stages) and least not in starts:
+        starts.append(least)
+    best, best_s, first_s = None, math.inf, math.inf
+    for start in starts:
+        ev = evaluate(problem, start, objective="schedule")
+        if not ev.fits:
+            continue
+        first_s = min(first_s, ev.iteration_s)
+        found, found_s = _local_search(problem, start, ev.iteration_s, num_stages, limit_s / len(starts))
+        if found_s < best_s:
+            best, best_s = found, found_s
+    if best is None:
+        raise ValueError("verify needs at least one candidate placement that fits")
+    return Verified(best, best_s, min(bound, best_s), best_s < first_s)
+
+
+def _local_search(problem: Problem, best: tuple[Stage, ...], best_s: float, num_stages: int | None,
+                  limit_s: float) -> tuple[tuple[Stage, ...], float]:
+    """First-improvement descent over `_neighbours` within `LOCAL_MOVES` evaluations and `limit_s`."""
+    start, moves, better = time.perf_counter(), 0, True
+    while better and moves < LOCAL_MOVES and time.perf_counter() - start < limit_s:
+        better = False
+        for cand in _neighbours(problem, best):
+            if num_stages is not None and len(cand) != num_stages:
+                continue
+            moves += 1
+            if moves >= LOCAL_MOVES or time.perf_counter() - start > limit_s:
+                break
+            ev = evaluate(problem, cand, objective="schedule")
+            if ev.fits and ev.iteration_s < best_s * (1 - 1e-12):
+                best, best_s, better = cand, ev.iteration_s, True
+                break
+    return best, best_s

@@ -1,0 +1,91 @@
+"""The iteration time of a schedule without its events: `simulate`'s recurrence, compiled once per shape.
+
+`hetpipe.schedule.simulate` advances ranks in an order fixed by the schedule alone: a rank runs
+until it reaches a RECV whose SEND has not been issued yet, so which action is evaluated next
+never depends on the costs.  `compile_schedule` records that order once per (schedule, p, m) as
+a flat program; `replay_iteration_s` evaluates the same max-plus recurrence on it
+(F, B and STEP occupy their rank; a SEND starts when it is reached and its link direction is
+free, FIFO, and lasts ``send_s[cut]``; a RECV waits for the transfer's end), with no event
+records, labels or dictionaries.  It equals ``simulate(...).iteration_s`` exactly (the same
+float operations in the same order; tests/test_objective.py) and is what `problem.evaluate`
+calls for every placement it prices.
+
+Example:
+    >>> replay_iteration_s("1f1b", 2, 4, fwd_s=(1.0, 1.0), bwd_s=(2.0, 2.0), send_s=(0.0,), step_s=(0.5, 0.0))
+    15.5
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Sequence
+
+from hetpipe.schedule.actions import Op
+from hetpipe.schedule.builders import make_schedule
+
+#: Instruction codes of a compiled program (rank, code, a, b).
+_COMPUTE_F, _COMPUTE_B, _COMPUTE_STEP, _SEND, _RECV = 0, 1, 2, 3, 4
+
+
+@lru_cache(maxsize=256)
+def compile_schedule(name: str, num_stages: int, num_microbatches: int) -> tuple[tuple[int, int, int, int], ...]:
+    """The program of schedule `name`: (rank, code, a, b) in the simulator's evaluation order.
+
+    For a SEND, ``a`` is the link direction (2 * cut, + 1 for the gradient direction) and ``b``
+    the message slot; for a RECV, ``a`` is the slot it waits for.  Slots number the messages.
+    """
+    schedule = make_schedule(name, num_stages, num_microbatches)
+    slots: dict[tuple[Op, int, int | None], int] = {}
+    done, waiting, program = [0] * num_stages, {}, []
+    ready = list(range(num_stages))
+    while ready:
+        rank = ready.pop(0)
+        actions, i = schedule[rank], done[rank]
+        while i < len(actions):
+            a = actions[i]
+            if a.op is Op.RECV_F or a.op is Op.RECV_B:
+                key = (a.op, rank, a.microbatch)
+                if key not in slots:
+                    waiting[key] = rank
+                    break
+                program.append((rank, _RECV, slots[key], 0))
+            elif a.op is Op.SEND_F or a.op is Op.SEND_B:
+                forward = a.op is Op.SEND_F
+                dst = rank + 1 if forward else rank - 1
+                key = (Op.RECV_F if forward else Op.RECV_B, dst, a.microbatch)
+                slots[key] = len(slots)
+                cut = rank if forward else dst
+                program.append((rank, _SEND, 2 * cut + (0 if forward else 1), slots[key]))
+                if key in waiting:
+                    ready.append(waiting.pop(key))
+            else:
+                code = {Op.F: _COMPUTE_F, Op.B: _COMPUTE_B, Op.STEP: _COMPUTE_STEP}[a.op]
+                program.append((rank, code, 0, 0))
+            i += 1
+        done[rank] = i
+    assert all(done[r] == len(schedule[r]) for r in range(num_stages)), "schedule deadlocks"
+    return tuple(program)
+
+
+def replay_iteration_s(name: str, num_stages: int, num_microbatches: int, *, fwd_s: Sequence[float],
+                       bwd_s: Sequence[float], send_s: Sequence[float], step_s: Sequence[float] = ()) -> float:
+    """Seconds from the first action to the last rank's step (module docstring); `step_s` () = 0."""
+    program = compile_schedule(name.strip().lower(), num_stages, num_microbatches)
+    steps = tuple(step_s) or (0.0,) * num_stages
+    dur = [(float(f), float(b), float(s)) for f, b, s in zip(fwd_s, bwd_s, steps)]
+    one_way = [float(c) for c in send_s]
+    clock = [0.0] * num_stages
+    link_free = [0.0] * (2 * max(num_stages - 1, 1))
+    arrival = [0.0] * (2 * num_stages * num_microbatches)
+    for rank, code, a, b in program:
+        if code == _RECV:
+            if arrival[a] > clock[rank]:
+                clock[rank] = arrival[a]
+        elif code == _SEND:
+            start = clock[rank] if clock[rank] > link_free[a] else link_free[a]
+            end = start + one_way[a >> 1]
+            link_free[a] = end
+            arrival[b] = end
+        else:
+            clock[rank] += dur[rank][code]
+    return max(clock)

@@ -1,0 +1,25 @@
+"""Plan documents as older hetpipe wrote them, for the version tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def as_version_3(doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` (a version-4 plan's dict) without the version-4 fields: no objective, no step tables, and
+    T = the H-1F1B estimate it records; version 3 (what hetpipe wrote before issue 17)."""
+    doc = dict(doc, version=3)
+    for key in ("objective", "step_launch_s"):
+        doc.pop(key, None)
+    for unit in doc["units"]:
+        for times in unit["time_s"].values():
+            times.pop("step", None)
+    for st in doc["stages"]:
+        st.pop("step_s", None)
+    predicted = dict(doc["predicted"])
+    estimate = predicted.pop("t_1f1b_estimate_s", predicted["iteration_s"])
+    if not doc.get("replicas"):
+        predicted["iteration_s"] = estimate
+        doc["solver"] = dict(doc["solver"], objective_s=estimate)
+    doc["predicted"] = predicted
+    return doc
