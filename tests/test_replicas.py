@@ -25,7 +25,7 @@ from hetpipe.errors import ConfigError, InfeasibleError, PlanError
 from hetpipe.plan.build import assemble_plan, build_problem
 from hetpipe.plan.replicas import partition_replicas
 from hetpipe.plan.check import check_plan
-from hetpipe.plan.schema import PLAN_VERSION_MEMORY, PLAN_VERSION_REPLICAS, Plan, SolverReport
+from hetpipe.plan.schema import PLAN_VERSION, PLAN_VERSION_REPLICAS, Plan, SolverReport
 from hetpipe.partitioner.problem import Stage, evaluate
 from hetpipe.plan.replicas import build_replica_problem, ddp_equal
 from hetpipe.partitioner.replicas import (
