@@ -14,7 +14,14 @@ Approaches (each under the same cost model and memory check):
 * even split + full recomputation: equal layers per card in cluster order, every unit recomputed
   (Megatron-LM ``--recompute-granularity full`` on the `uniform` baseline);
 * even split without recomputation (the `uniform` baseline as is).
-ZeRO-Offload and ZeRO sharding are not modelled yet (issue 14's other levers).
+* hetpipe, ``--recompute auto --offload auto``: the same DP, each stage also choosing whether to
+  keep its optimizer state (fp32 master weights and Adam's moments: 12 of 16 bytes per parameter)
+  on the host, inside the exact outer walk over the offload tail (`solvers/offload_walk.py`);
+* even split + ZeRO-Offload: the `uniform` baseline with every stage offloading (DeepSpeed
+  ZeRO-Offload on every card), with and without full recomputation.
+Offload prices: each card's PCIe 4.0 x16 link (32 GB/s per direction, the catalog) and the
+host's DDR4-3200 dual-channel memory (51.2 GB/s) for the host Adam step
+(`hetpipe.cost_models.offload`).  ZeRO sharding is not modelled yet (issue 14's third lever).
 
 Table 1, largest trainable model: over widths h and depths L (step 2), the largest parameter
 count each approach fits.  Table 2, cost of memory: for models that fit only with some
@@ -42,18 +49,30 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import markdown_table, write_result  # noqa: E402
-from benchmarks.scenarios import CLUSTERS_DIR, gpt_graph  # noqa: E402
+from benchmarks.scenarios import CLUSTERS_DIR, HALF_BYTES, gpt_graph  # noqa: E402
 from hetpipe.cost_models.cluster import load_cluster  # noqa: E402
 from hetpipe.cost_models.devices import Cluster  # noqa: E402
 from hetpipe.partitioner.baselines import baseline_stages  # noqa: E402
 from hetpipe.partitioner.problem import Problem, evaluate  # noqa: E402
 from hetpipe.partitioner.recompute import with_recompute  # noqa: E402
 from hetpipe.partitioner.solvers.dp import solve_exact  # noqa: E402
+from hetpipe.partitioner.solvers.offload_walk import tail_walk  # noqa: E402
 from hetpipe.plan.build import build_problem  # noqa: E402
 
 #: The demo's GPT-2 XL settings (README quick start): micro-batch 1 of 1024 tokens, 2 micro-batches per card.
 BATCH, SEQ = 1, 1024
-APPROACHES = ("hetpipe auto", "hetpipe none", "even + recompute all", "even, no recompute")
+#: approach -> (who places: the exact DP or the even split, --recompute, --offload).
+SETTINGS = {
+    "hetpipe auto + offload": ("hetpipe", "auto", "auto"),
+    "hetpipe auto": ("hetpipe", "auto", "never"),
+    "hetpipe none": ("hetpipe", "none", "never"),
+    "even + ZeRO-Offload + recompute all": ("even", "all", "all"),
+    "even + ZeRO-Offload": ("even", "none", "all"),
+    "even + recompute all": ("even", "all", "never"),
+    "even, no recompute": ("even", "none", "never"),
+}
+APPROACHES = tuple(SETTINGS)  # table 1's rows
+SETTINGS["hetpipe all"] = ("hetpipe", "all", "never")  # table 2: hetpipe's placement recomputing everything
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,15 +84,19 @@ def problem_for(layers: int, hidden: int, recompute: str) -> tuple[Problem, int]
     """(the planner's problem of the GPT of `layers` x `hidden` on the home lab, its parameter count)."""
     cluster = _cluster()
     graph = gpt_graph(layers=layers, hidden=hidden, seq=SEQ, batch=BATCH)
+    # the bf16 gradients within the state (2 B/param): what the offload lever counts parameters by
+    graph = dataclasses.replace(graph, units=tuple(dataclasses.replace(u, grad_bytes=HALF_BYTES * u.param_count)
+                                                   for u in graph.units))
     return build_problem(graph, cluster, microbatches=2 * len(cluster.devices), recompute=recompute), graph.param_count
 
 
 def t_of(approach: str, prob: Problem) -> float:
-    """T of one approach on `prob` (its recompute setting replaced; inf when it does not fit)."""
-    if approach.startswith("hetpipe"):
-        res = solve_exact(dataclasses.replace(prob, recompute=approach.split()[-1]))
+    """T of one approach on `prob` (its lever settings replaced; inf when it does not fit)."""
+    who, recompute, offload = SETTINGS[approach]
+    prob = dataclasses.replace(prob, recompute=recompute, offload=offload)
+    if who == "hetpipe":  # the DP inside the offload lever's exact outer walk (a plain DP for never)
+        res = tail_walk(prob, lambda p, _: solve_exact(p))
         return res.iteration_s if res is not None else math.inf
-    prob = dataclasses.replace(prob, recompute="all" if "recompute all" in approach else "none")
     ev = evaluate(prob, with_recompute(prob, baseline_stages(prob, "uniform")))
     return ev.iteration_s if ev.fits else math.inf
 
@@ -107,9 +130,15 @@ def largest_table(widths: list[int], max_layers: int) -> tuple[str, dict[str, di
         rows.append([a] + [f"L={depth[a][h]} ({params[h] / 1e9:.2f} B)" if depth[a][h] else "-" for h in widths]
                     + [f"{best[a] / 1e9:.2f} B"])
     even = max(best["even + recompute all"], best["even, no recompute"])
-    rows.append(["hetpipe auto / best even split"] + [""] * len(widths) + [f"{best['hetpipe auto'] / even:.2f}x"])
-    rows.append(["hetpipe auto / hetpipe none"] + [""] * len(widths)
-                + [f"{best['hetpipe auto'] / best['hetpipe none']:.2f}x"])
+    even_off = max(best["even + ZeRO-Offload + recompute all"], best["even + ZeRO-Offload"])
+    for label, num, den in (("hetpipe auto + offload / best even split without offload", "hetpipe auto + offload", even),
+                            ("hetpipe auto + offload / best even split with ZeRO-Offload", "hetpipe auto + offload",
+                             even_off),
+                            ("hetpipe auto + offload / hetpipe auto (no offload)", "hetpipe auto + offload",
+                             best["hetpipe auto"]),
+                            ("hetpipe auto / best even split", "hetpipe auto", even),
+                            ("hetpipe auto / hetpipe none", "hetpipe auto", best["hetpipe none"])):
+        rows.append([label] + [""] * len(widths) + [f"{best[num] / den:.2f}x" if den else "-"])
     header = ["approach"] + [f"h={h}" for h in widths] + ["largest"]
     return markdown_table(header, rows), depth, best
 
@@ -154,9 +183,11 @@ def summary(table1_best: dict[str, int], figures: list[tuple[float, float, float
     """The issue's goals against what was measured (computed, not typed in)."""
     even = max(table1_best["even + recompute all"], table1_best["even, no recompute"])
     faster = sum(1 for r, _, _ in figures if r >= 1.2)
-    return (f"Goals of issue 14 (planner side, recomputation only): largest model {table1_best['hetpipe auto'] / even:.2f}x "
-            f"the best even split (goal >= 1.3x without offload; >= 2x needs offload, not built) and "
-            f"{table1_best['hetpipe auto'] / table1_best['hetpipe none']:.2f}x hetpipe without recomputation.  "
+    levers = table1_best["hetpipe auto + offload"]
+    return (f"Goals of issue 14 (planner side): largest model with every lever {levers / even:.2f}x the best even "
+            f"split without offload (goal >= 2x); without offload, {table1_best['hetpipe auto'] / even:.2f}x "
+            f"(goal >= 1.3x) and {table1_best['hetpipe auto'] / table1_best['hetpipe none']:.2f}x hetpipe without "
+            "recomputation.  "
             f"Against recomputing every unit: {min(r for r, _, _ in figures):.2f}-{max(r for r, _, _ in figures):.2f}x "
             f"faster, >= 1.2x in {faster} of {len(figures)} models (goal >= 1.2x): near the largest model "
             f"almost every unit must be recomputed.  Against the lower bound: +{min(g for _, g, _ in figures):.0%} "
@@ -193,7 +224,7 @@ def planner_rows(layers: list[int], devices: list[int], repeats: int) -> list[li
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--widths", type=int, nargs="+", default=[1600, 2048, 2560, 3072, 4096])
-    ap.add_argument("--max-layers", type=int, default=200)
+    ap.add_argument("--max-layers", type=int, default=400)
     ap.add_argument("--speed-layers", type=int, nargs="+", default=[48, 96])
     ap.add_argument("--speed-devices", type=int, nargs="+", default=[8, 16, 32])
     ap.add_argument("--repeats", type=int, default=3)
@@ -213,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             f"### Cost of memory (models that fit only with some recomputation)\n\n{table2}\n\n"
             f"{summary(best, figures)}\n\n"
             f"### Planner speed with the lever (median of {args.repeats})\n\n{table3}\n")
-    path = write_result("memory_levers", "Memory levers: activation recomputation (issue 14)", body)
+    path = write_result("memory_levers", "Memory levers: activation recomputation and optimizer offload (issue 14)", body)
     print(f"wrote {path}")
     return 0
 

@@ -2,7 +2,9 @@
 
 `brute_force` enumerates every ordered device subset, every set of cuts and, under
 `Problem.recompute`, every recompute choice of every stage (``auto``: each prefix of each
-stage's order; ``all``: the whole order; ``none``: nothing), and calls `problem.evaluate`
+stage's order; ``all``: the whole order; ``none``: nothing), under `Problem.offload` every
+offload choice of every stage (``auto``: off or on where it can; ``all``: on where it can),
+and calls `problem.evaluate`
 on each: independent of every solver's internals, so exact by construction (and only
 usable on tiny instances).
 """
@@ -17,7 +19,8 @@ import random
 from dataclasses import replace
 
 from hetpipe.cost_models.recompute import recompute_order
-from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy, evaluate
+from hetpipe.cost_models.offload import OffloadRates
+from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy, can_offload, evaluate
 
 KINDS = ("fast", "mid", "slow")
 SPEED = {"fast": 1.0, "mid": 1.6, "slow": 3.0}  # time multiplier per kind
@@ -85,8 +88,31 @@ def recompute_choices(problem: Problem, placement: tuple[Stage, ...]):
                                 fwd_s=problem.fwd_s[problem.devices[st.device].kind],
                                 first_unit=st.first_unit, last_unit=st.last_unit)
         rs = {"none": [0], "all": [len(order)], "auto": range(len(order) + 1)}[problem.recompute]
-        per_stage.append([replace(st, recompute_units=tuple(sorted(order[:r]))) for r in rs])
+        able = problem.offload != "never" and can_offload(problem, st)
+        offs = {"never": [False], "all": [able], "auto": [False, True] if able else [False]}[problem.offload]
+        per_stage.append([replace(st, recompute_units=tuple(sorted(order[:r])), offload=off)
+                          for r in rs for off in offs])
     yield from itertools.product(*per_stage)
+
+
+#: Small per-parameter figures for offload instances (1 gradient byte per parameter; 2 of 4 state
+#: bytes leave the card; 2 link bytes and 7 host-step bytes per step).
+TEST_RATES = OffloadRates(state_bytes_per_param=4, grad_bytes_per_param=1, host_bytes_per_param=2,
+                          link_bytes_per_param=2, step_bytes_per_param=7)
+
+
+def with_offload(rng: random.Random, problem: Problem, mode: str) -> Problem:
+    """`problem` with the offload lever `mode`: consistent gradient bytes (a third of the state at
+    most; the state 6x the drawn one), host figures per node (one node's cards may have none: they cannot offload)."""
+    host = {n: (rng.choice((1.0, 4.0, 20.0)), rng.choice((2.0, 8.0, 50.0))) for n in ("n0", "n1")}
+    if rng.random() < 0.3:
+        host["n1"] = (0.0, 0.0)
+    devs = tuple(replace(d, host_link_bytes_s=host[d.node][0], host_memory_bytes_s=host[d.node][1])
+                 for d in problem.devices)
+    tied = tuple(replace(t, state_bytes=4 * t.state_bytes) for t in problem.tied)
+    state = tuple(6 * s for s in problem.state_bytes)  # state large enough that offloading it matters
+    return replace(problem, devices=devs, tied=tied, offload=mode, offload_rates=TEST_RATES, state_bytes=state,
+                   grad_bytes=tuple(rng.randint(0, s // 3) for s in state))
 
 
 def all_placements(problem: Problem, *, stages: int | None = None):

@@ -428,6 +428,8 @@ def test_profile_calibrate_records_measurements(tmp_path):
     assert link is None or link.bandwidth_bytes_s == pytest.approx(doc["calibration"]["link"]["bandwidth_bytes_s"],
                                                                    rel=1e-5)
     assert "local link" in summary
+    # the host's copy bandwidth, which the offload lever's host step runs at, is measured and used
+    assert all(d.host_memory_bytes_s > 0 for d in back.devices) and "host_memory_bandwidth" in doc["nodes"][0]
 
 
 def test_cli_profile_exits_0_and_the_file_loads(tmp_path, capsys):

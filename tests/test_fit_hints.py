@@ -44,9 +44,10 @@ def test_hint_without_any_fitting_setting_reports_the_lightest_of_each_group():
     assert "--batch 2" not in text and "--optimizer sgd" in text and "cards with 2.00x" in text
 
 
-def test_alternatives_of_a_factory_offer_only_precision_and_optimizer():
+def test_alternatives_of_a_factory_offer_only_precision_optimizer_and_offload():
     flags = [o.flags for o in alternatives(Settings(8, None, "fp32", "adam"), builtin=False, lm=False)]
-    assert flags == ["--precision bf16-mixed", "--optimizer sgd", "--precision bf16-mixed --optimizer sgd"]
+    assert flags == ["--precision bf16-mixed", "--optimizer sgd", "--offload auto",
+                     "--precision bf16-mixed --optimizer sgd"]  # sgd leaves nothing to offload: not combined
 
 
 def test_cli_error_names_the_largest_batch_that_fits_and_it_does(tmp_path, capsys):

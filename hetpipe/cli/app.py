@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute", default="auto",
                    help="activation recomputation per stage: auto (default: each stage recomputes only the units it "
                         "must to fit, cheapest per byte first) | none | all (every stage recomputes every unit)")
+    p.add_argument("--offload", default="never",
+                   help="optimizer-state offload per stage: never (default) | auto (a stage keeps its optimizer "
+                        "state in host memory where that lowers T, paying the PCIe copies and the host step) | all")
     p.add_argument("--replicas", default="1",
                    help="1 (one pipeline, default) | auto (the planner picks one pipeline or several data-parallel "
                         "replicas, each with its own batch share) | N (exactly N pipeline replicas)")

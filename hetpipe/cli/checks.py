@@ -78,6 +78,10 @@ def check_args(args: argparse.Namespace) -> None:
         from hetpipe.cost_models.recompute import check_recompute_option
 
         check_recompute_option(args.recompute)
+    if getattr(args, "offload", None) is not None:
+        from hetpipe.cost_models.offload import check_offload_option
+
+        check_offload_option(args.offload)
     for name, flag in _OUTPUTS.items():
         if name == "output" and getattr(args, "command", None) == "profile":
             continue  # `profile -o` creates its folder (cost_models/profile.py)

@@ -22,7 +22,7 @@ def _current(args: argparse.Namespace, graph: Any) -> tuple[Any, Any]:
     spec = next((s for s in models.list_models() if s.name == args.model), None)
     seq = args.seq if args.seq is not None else (spec.default_seq if spec else None)
     return Settings(batch=graph.micro_batch_size, seq=seq, precision=args.precision, optimizer=args.optimizer,
-                    recompute=getattr(args, "recompute", "auto")), spec
+                    recompute=getattr(args, "recompute", "auto"), offload=getattr(args, "offload", "never")), spec
 
 
 def with_fit_hints(err: InfeasibleError, args: argparse.Namespace, graph: Any, cluster: Cluster,
@@ -43,5 +43,6 @@ def with_fit_hints(err: InfeasibleError, args: argparse.Namespace, graph: Any, c
                           capture=capture, cluster=cluster, global_batch=args.global_batch)
     _, m = microbatches_for(graph, args.global_batch, len(cluster.devices))
     hint = fit_hint(options, current=least_memory_fit(build_problem(graph, cluster, microbatches=m,
-                                                                    recompute=current.recompute)))
+                                                                    recompute=current.recompute,
+                                                                    offload=current.offload)))
     return InfeasibleError(f"{str(err).rstrip('.')}. {hint}" if hint else str(err))

@@ -84,10 +84,11 @@ def plan_table(plan: Plan) -> Table:
                + (f"; simulated {format_seconds(pred.simulated_iteration_s)}" if pred.simulated_iteration_s else ""))
     )
     kinds = {d.id: d.kind for d in plan.devices}
-    levers = stage_levers(plan)  # a "recompute" column only when some stage recomputes
+    levers = stage_levers(plan)  # a levers column only when some stage recomputes or offloads
+    lever_col = "recompute" if not any(st.offload for st in plan.stages) else "recompute / offload"
     cols = ("stage", "device", "kind", "units", "memory used / usable", "fwd", "bwd", "send")
-    for col in cols + (("recompute",) if any(levers) else ()):
-        table.add_column(col, justify="left" if col in ("device", "kind", "units", "recompute") else "right")
+    for col in cols + ((lever_col,) if any(levers) else ()):
+        table.add_column(col, justify="left" if col in ("device", "kind", "units", lever_col) else "right")
     for st, lever in zip(plan.stages, levers):
         names = f"{st.first_unit}-{st.last_unit} ({plan.units[st.first_unit].name} .. {plan.units[st.last_unit].name})"
         mem = f"{format_bytes(st.memory_bytes)} / {format_bytes(st.usable_bytes)} ({st.memory_bytes / st.usable_bytes:.0%})"

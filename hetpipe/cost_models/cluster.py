@@ -32,11 +32,11 @@ from typing import Any, Mapping
 import yaml
 
 from hetpipe.cost_models.catalog import load_catalog, lookup_gpu
-from hetpipe.cost_models.cluster_fields import Where, check_keys, device_entry, network_spec, text
+from hetpipe.cost_models.cluster_fields import Where, check_keys, device_entry, host_figures, network_spec, text
 from hetpipe.cost_models.devices import Cluster, Device, Link
 from hetpipe.cost_models.validate import MAX_CLUSTER_FILE_BYTES, MAX_YAML_ALIASES, check_device_count
 from hetpipe.cost_models.links import (
-    INTRA_KINDS, NETWORK_KIND, LinkEnds, NetworkSpec, intra_figures, intra_kind, slower,
+    INTRA_KINDS, NETWORK_KIND, PCIE4_X16_BANDWIDTH_BYTES_S, LinkEnds, NetworkSpec, intra_figures, intra_kind, slower,
 )
 from hetpipe.errors import ConfigError
 
@@ -51,7 +51,7 @@ DEFAULT_RESERVE_BYTES = 2 * 2**30
 #: Intra-node interconnect of a node that names none: the one every pair of cards has.
 DEFAULT_INTRA = "pcie-host"
 _TOP_KEYS = ("name", "nodes", "links", "notes", "calibration")
-_NODE_KEYS = ("name", "intra", "intra_link", "network", "devices")
+_NODE_KEYS = ("name", "intra", "intra_link", "network", "devices", "host_link", "host_memory_bandwidth")
 _LINK_KEYS = ("between", "bandwidth", "latency")
 
 
@@ -273,8 +273,11 @@ def cluster_from_dict(doc: Any, *, source: str = "<dict>", default_name: str = "
         built = [device_entry(e, at.field(f"devices[{k}]", e), default_reserve_bytes=DEFAULT_RESERVE_BYTES)
                  for k, e in enumerate(entries)]
         check_device_count(len(devices) + sum(len(g) for g in built), f"{source}: nodes[{i}].devices")
-        node_devices = [Device(f"{name}:{n}", name, profile, reserve)
-                        for n, (profile, reserve, _) in enumerate(x for group in built for x in group)]
+        link, memory = host_figures(node, at)
+        node_devices = [Device(f"{name}:{n}", name, profile, reserve,
+                               host_link_bytes_s=link or ends.pcie_bandwidth_bytes_s or PCIE4_X16_BANDWIDTH_BYTES_S,
+                               host_memory_bytes_s=memory)
+                        for n, (profile, reserve, ends) in enumerate(x for group in built for x in group)]
         ends = [e for group in built for (_, _, e) in group]
         by_node[name] = node_devices
         devices.extend(node_devices)

@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 
 from hetpipe.cost_models.catalog import load_catalog
 from hetpipe.cost_models.devices import DeviceProfile
+from hetpipe.cost_models.offload import HOST_MEMORY_BYTES_S
 from hetpipe.cost_models.links import LinkEnds, NetworkSpec, PCIE4_X16_BANDWIDTH_BYTES_S
 from hetpipe.cost_models.quantities import parse_bandwidth_bytes_s, parse_bytes, parse_latency_s
 from hetpipe.cost_models.validate import (
@@ -213,3 +214,19 @@ def device_entry(entry: object, where: Where, *,
             f"reserve of {reserve} bytes leaves nothing of the card's {profile.memory_bytes} bytes; "
             "set reserve: below memory (CUDA context + NCCL + fragmentation, 1-5 GB on a real GPU)")
     return [(profile, reserve, _ends(entry, where, ends, profile))] * count
+
+
+def host_figures(node: Mapping[str, Any], where: Where) -> tuple[float | None, float]:
+    """A node's optional ``host_link`` (each card's link to host memory, per direction; None = the
+    card's PCIe figure) and ``host_memory_bandwidth`` (default `offload.HOST_MEMORY_BYTES_S`): what
+    optimizer-state offload pays (`hetpipe.cost_models.offload`).
+
+    Example:
+        >>> host_figures({"host_link": "12GB/s"}, Where("f", None, "nodes[0]"))
+        (12000000000.0, 51200000000.0)
+    """
+    link = (quantity(node["host_link"], parse_bandwidth_bytes_s, where.field("host_link"), maximum=MAX_BANDWIDTH_BYTES_S)
+            if "host_link" in node else None)
+    memory = (quantity(node["host_memory_bandwidth"], parse_bandwidth_bytes_s, where.field("host_memory_bandwidth"),
+                       maximum=MAX_BANDWIDTH_BYTES_S) if "host_memory_bandwidth" in node else HOST_MEMORY_BYTES_S)
+    return link, memory

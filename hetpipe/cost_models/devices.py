@@ -64,12 +64,17 @@ class Device:
         profile: what it can do.
         reserve_bytes: memory kept back (CUDA context, NCCL, allocator
             fragmentation); see `cost_models.cluster.DEFAULT_RESERVE_BYTES`.
+        host_link_bytes_s: the card's link to its host's memory, per direction (its PCIe
+            figure, or the node's ``host_link``); 0 = unknown.
+        host_memory_bytes_s: its host's memory bandwidth (`cost_models.offload`); 0 = unknown.
     """
 
     id: str
     node: str
     profile: DeviceProfile
     reserve_bytes: int = 0
+    host_link_bytes_s: float = 0.0
+    host_memory_bytes_s: float = 0.0
 
     @property
     def kind(self) -> str:

@@ -34,6 +34,7 @@ import yaml
 
 from hetpipe.cost_models.calibrate import (
     CPU_KIND, Calibration, LinkMeasurement, apply_calibration, calibrate_device, fit_alpha_beta, measure_link,
+    measure_memory_bandwidth_bytes_s,
 )
 from hetpipe.cost_models.catalog import load_catalog, normalize_name
 from hetpipe.cost_models.cluster import cluster_from_dict, load_cluster
@@ -287,6 +288,9 @@ def profile_document(detection: Detection, *, calibrate: bool) -> dict[str, Any]
     if calibrate:
         link, link_record = _measure_intra(detection)
         node["intra_link"] = link
+        # the host step of optimizer-state offload runs at the host's copy bandwidth (`cost_models.offload`)
+        host = measure_memory_bandwidth_bytes_s("cpu", repeats=PROFILE_REPEATS)
+        node["host_memory_bandwidth"] = f"{host / 1e9:.4g}GB/s"
         doc["calibration"] = {"host": socket.gethostname(), "torch": str(torch.__version__),
                               "date": datetime.date.today().isoformat(), "devices": record, "link": link_record}
     return doc

@@ -31,7 +31,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from hetpipe.cost_models.quantities import human_bytes
@@ -90,10 +90,16 @@ def rule_bounds(problem: Problem, name: str, stages: int, *, profile_kind: str |
 
 def baseline_stages(problem: Problem, name: str) -> tuple[Stage, ...]:
     """The baseline's placement: cluster order, all devices (at most one per unit), each stage
-    recomputing what the problem's lever chooses (`recompute.with_recompute`; none for ``none``)."""
+    recomputing what the problem's lever chooses (`recompute.with_recompute`; none for ``none``).
+    Baselines never offload optimizer state (`without_offload`): their best-cards search prices no tail."""
     p = min(len(problem.devices), problem.num_units)
     bounds = rule_bounds(problem, name, p)
-    return with_recompute(problem, tuple(Stage(i, lo, hi - 1) for i, (lo, hi) in enumerate(bounds)))
+    return with_recompute(without_offload(problem), tuple(Stage(i, lo, hi - 1) for i, (lo, hi) in enumerate(bounds)))
+
+
+def without_offload(problem: Problem) -> Problem:
+    """`problem` with the offload lever off: what the baselines (Megatron, DeepSpeed, torchgpipe rules) use."""
+    return problem if problem.offload == "never" else replace(problem, offload="never")
 
 
 def _overflow_note(problem: Problem, stages: Sequence[Stage], memory: Sequence[tuple[int, int]]) -> str:

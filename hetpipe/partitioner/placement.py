@@ -24,7 +24,8 @@ from hetpipe.schedule.simulate import SimCosts, SimResult, simulate_stages
 
 
 def costs_from_problem(problem: Problem, stages: Sequence[Stage]) -> SimCosts:
-    """Per-stage F, B, one-way C and optimizer step S exactly as `evaluate` computes them.
+    """Per-stage F, B, one-way C and optimizer step exactly as `evaluate` computes them (an offloading
+    stage's step is its offload tail O_s).
 
     Example:
         >>> from hetpipe.partitioner.problem import DeviceSlot

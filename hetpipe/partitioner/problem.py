@@ -54,6 +54,20 @@ forward runs again in the backward:
 `evaluate` prices whatever set a stage carries (none by default); which set a solver picks
 is `Problem.recompute` (`hetpipe.partitioner.recompute.choose_recompute`).
 
+Optimizer-state offload (issue 14; `hetpipe.cost_models.offload`): a stage with `Stage.offload`
+keeps its optimizer state (Adam's m, v; with the mixed precisions also the fp32 master
+weights) on its host.  With P_s its trainable parameters (tied replicas included):
+
+    M_s   -= P_s * host_bytes_per_param                        (every moment of the step)
+    O_s    = P_s * link_bytes_per_param / host_link(d_s) + P_s * step_bytes_per_param / host_memory(d_s)
+    S_s    = O_s for an offloading stage: its optimizer step IS its offload tail, replayed in T
+             after the rank's last backward like any step
+    T_est += max_s O_s over the offloading stages              (`step_tail_s`: why the max)
+
+The estimate counts no on-card S_s, but it must price the offload's tail, or the search
+would see offloading as free memory.  Which stages offload is `Problem.offload` (never | auto
+| all; `hetpipe.partitioner.recompute.with_recompute` chooses it with the recompute prefix).
+
 T_est is the heterogeneous 1F1B estimate of HARP / AMP / Metis
 (cost_formulas.md §3.3); min(p - s, m) in-flight micro-batches per stage is
 1F1B's activation footprint (Narayanan et al. SC'21; Megatron
@@ -72,9 +86,11 @@ Example:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from hetpipe.cost_models.offload import NO_OFFLOAD, OFFLOAD_MODES, OffloadCost, OffloadRates, offload_cost
 from hetpipe.cost_models.recompute import RECOMPUTE_MODES, RecomputeCost, recompute_cost
 from hetpipe.cost_models.stage_memory import pipeline_stage_bytes
 from hetpipe.schedule.held import position_held_terms
@@ -94,6 +110,10 @@ class DeviceSlot:
     kind: str
     node: str
     usable_bytes: int
+    # The card's link to its host and the host's memory bandwidth (optimizer-state offload,
+    # `hetpipe.cost_models.offload`); 0 = unknown: the stage on it cannot offload.
+    host_link_bytes_s: float = 0.0
+    host_memory_bytes_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -109,12 +129,14 @@ class TiedCopy:
 @dataclass(frozen=True)
 class Stage:
     """Stage placement: device index into `Problem.devices`, units [first_unit, last_unit], and the
-    units it recomputes in the backward (global indices, ascending; none by default)."""
+    units it recomputes in the backward (global indices, ascending; none by default), and whether
+    it keeps its optimizer state on the host (`offload`)."""
 
     device: int
     first_unit: int
     last_unit: int
     recompute_units: tuple[int, ...] = ()
+    offload: bool = False
 
 
 @dataclass(frozen=True)
@@ -149,6 +171,12 @@ class Problem:
     # Per unit: what a recompute of it allocates again, the storages it makes and saves itself (the
     # runtime's `RecomputedUnit.saved_bytes`); () = activation_bytes (memory model 1).
     recompute_bytes: tuple[int, ...] = ()
+    # Optimizer-state offload (`hetpipe.cost_models.offload`): the lever's setting, the per-parameter
+    # bytes (None = offload impossible: no optimizer/precision known), and -- for the solvers'
+    # outer walk only (`solvers/offload_walk.py`) -- the most tail seconds a stage may pay for it.
+    offload: str = "never"
+    offload_rates: OffloadRates | None = None
+    offload_cap_s: float = math.inf
     # Per device kind, per unit: the bandwidth share of the optimizer step S (seconds,
     # `hetpipe.cost_models.optimizer_step.unit_step_s`); {} = the step is free (older plans).
     step_s: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
@@ -165,6 +193,8 @@ class Problem:
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:
             raise ValueError(f"Problem.recompute is {self.recompute!r}; use one of {', '.join(RECOMPUTE_MODES)}")
+        if self.offload not in OFFLOAD_MODES:
+            raise ValueError(f"Problem.offload is {self.offload!r}; use one of {', '.join(OFFLOAD_MODES)}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"Problem.objective is {self.objective!r}; use one of {', '.join(OBJECTIVES)}")
 
@@ -190,6 +220,8 @@ class StageCost:
     send_s: float  # C_s, one way; 0 for the last stage
     memory_bytes: int
     usable_bytes: int
+    offload_bytes: int = 0  # optimizer state kept on the host (0: the stage does not offload)
+    offload_s: float = 0.0  # O_s, its tail after the stage's last backward
     step_s: float = 0.0  # S_s: the stage's optimizer step, once per iteration
 
     @property
@@ -204,6 +236,7 @@ class Evaluation:
     iteration_s: float  # T under the objective (`Problem.objective`, or evaluate's `objective`)
     bottleneck_s: float  # max( max_s (F_s+B_s), max_s 2 C_s )
     stages: tuple[StageCost, ...]
+    tail_s: float = 0.0  # max_s O_s over the offloading stages, included in iteration_s
     estimate_s: float = 0.0  # the H-1F1B formula (no step): the solvers' search surrogate
     objective: str = "estimate"
 
@@ -216,7 +249,7 @@ def stage_memory_bytes(problem: Problem, stages: Sequence[Stage], s: int) -> int
     """M_s of the contract for stage index `s` of `stages`."""
     st, p = stages[s], len(stages)
     units = range(st.first_unit, st.last_unit + 1)
-    state = sum(problem.state_bytes[u] for u in units) + tied_bytes(problem, st)
+    state = sum(problem.state_bytes[u] for u in units) + tied_bytes(problem, st) - stage_offload(problem, st).saved_bytes
     grads = sum(problem.grad_bytes[u] for u in units) if problem.grad_bytes else 0
     rc = stage_recompute_cost(problem, st)
     return pipeline_stage_bytes(
@@ -273,6 +306,9 @@ def validate_stages(problem: Problem, stages: Sequence[Stage]) -> None:
         if any(not st.first_unit <= u <= st.last_unit for u in rc) or len(set(rc)) != len(rc):
             raise ValueError(f"stage {s} recomputes units {list(rc)}, not distinct units of its own "
                              f"[{st.first_unit}, {st.last_unit}]")
+        if st.offload and not can_offload(problem, st):
+            raise ValueError(f"stage {s} offloads, but its device {problem.devices[st.device].id} has no host link "
+                             "or host memory figure, the problem no offload rates, or the stage no trainable state")
         expected = st.last_unit + 1
     if expected != problem.num_units:
         raise ValueError(f"stages end at unit {expected - 1}, the model has {problem.num_units} units")
@@ -315,16 +351,19 @@ def evaluate(problem: Problem, stages: Sequence[Stage], *, objective: str | None
                 send_s=send,
                 memory_bytes=stage_memory_bytes(problem, stages, s),
                 usable_bytes=problem.devices[st.device].usable_bytes,
-                step_s=stage_step_s(problem, st),
+                offload_bytes=stage_offload(problem, st).saved_bytes,
+                offload_s=stage_offload(problem, st).tail_s,
+                step_s=stage_step_or_tail_s(problem, st),
             )
         )
     compute = [c.fwd_s + c.bwd_s for c in costs]
     comm2 = [2.0 * c.send_s for c in costs[:-1]]
     bottleneck = max(compute + comm2)
-    estimate = sum(compute) + sum(comm2) + (problem.microbatches - 1) * bottleneck
+    tail = step_tail_s(problem, stages)
+    estimate = sum(compute) + sum(comm2) + (problem.microbatches - 1) * bottleneck + tail
     total = estimate if objective == "estimate" else schedule_s(costs, problem.microbatches)
-    return Evaluation(iteration_s=total, bottleneck_s=bottleneck, stages=tuple(costs), estimate_s=estimate,
-                      objective=objective)
+    return Evaluation(iteration_s=total, bottleneck_s=bottleneck, stages=tuple(costs), tail_s=tail,
+                      estimate_s=estimate, objective=objective)
 
 
 def schedule_s(costs: Sequence[StageCost], microbatches: int) -> float:
@@ -332,3 +371,58 @@ def schedule_s(costs: Sequence[StageCost], microbatches: int) -> float:
     return replay_iteration_s("1f1b", len(costs), microbatches, fwd_s=[c.fwd_s for c in costs],
                               bwd_s=[c.bwd_s for c in costs], send_s=[c.send_s for c in costs[:-1]],
                               step_s=[c.step_s for c in costs])
+
+
+def stage_step_or_tail_s(problem: Problem, stage: Stage) -> float:
+    """The step the schedule replays for `stage`: O_s if it offloads, its on-card S_s otherwise."""
+    off = stage_offload(problem, stage)
+    return off.tail_s if off.saved_bytes > 0 else stage_step_s(problem, stage)
+
+
+def stage_params(problem: Problem, stage: Stage) -> int:
+    """Trainable parameters `stage` steps: its units' (grad_bytes / gradient bytes per parameter)
+    and its tied replicas' (state bytes / state bytes per parameter).  0 without offload rates."""
+    rates = problem.offload_rates
+    if rates is None or not problem.grad_bytes:
+        return 0
+    units = range(stage.first_unit, stage.last_unit + 1)
+    own = sum(problem.grad_bytes[u] for u in units) // rates.grad_bytes_per_param
+    return own + tied_bytes(problem, stage) // rates.state_bytes_per_param
+
+
+def can_offload(problem: Problem, stage: Stage) -> bool:
+    """Whether `stage` could keep optimizer state on its host: rates and host figures known, and
+    offloading moves some bytes (SGD in fp32 has no optimizer state to move)."""
+    dev, rates = problem.devices[stage.device], problem.offload_rates
+    return (rates is not None and rates.host_bytes_per_param > 0 and dev.host_link_bytes_s > 0
+            and dev.host_memory_bytes_s > 0 and stage_params(problem, stage) > 0)
+
+
+def offload_if(problem: Problem, stage: Stage) -> OffloadCost:
+    """What offloading would save and cost `stage` (whether or not it does); `NO_OFFLOAD` if it cannot."""
+    if not can_offload(problem, stage):
+        return NO_OFFLOAD
+    dev = problem.devices[stage.device]
+    assert problem.offload_rates is not None
+    return offload_cost(stage_params(problem, stage), problem.offload_rates,
+                        host_link_bytes_s=dev.host_link_bytes_s, host_memory_bytes_s=dev.host_memory_bytes_s)
+
+
+def stage_offload(problem: Problem, stage: Stage) -> OffloadCost:
+    """Bytes off the card and O_s of `stage` as placed (`NO_OFFLOAD` when it does not offload)."""
+    return offload_if(problem, stage) if stage.offload else NO_OFFLOAD
+
+
+def step_tail_s(problem: Problem, stages: Sequence[Stage]) -> float:
+    """The seconds the offload's tail adds to the estimate T_est: max_s O_s over the offloading
+    stages (0 if none).  The schedule T replays each O_s as that stage's step instead.
+
+    Why the max and no more: every stage starts its tail after its own last backward, which
+    ends no later than the H-1F1B span (stage 0's last backward ends the pipeline: the drain runs
+    from the last stage to the first), and the tails of different cards run in parallel, so the
+    step ends by T_est + max_s O_s; it ends exactly then when the stage with the largest tail is
+    stage 0.  No overlap with the drain is credited (an upper bound for later stages).  The
+    estimate counts no on-card step S_s (as for every problem); it counts O_s so that the search
+    does not see offloading as free memory.
+    """
+    return max((stage_offload(problem, st).tail_s for st in stages), default=0.0)

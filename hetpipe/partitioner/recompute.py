@@ -38,7 +38,8 @@ from dataclasses import replace
 from typing import Sequence
 
 from hetpipe.cost_models.recompute import recompute_order
-from hetpipe.partitioner.problem import Problem, Stage, stage_memory_bytes
+from hetpipe.partitioner.problem import (Problem, Stage, can_offload, offload_if, stage_memory_bytes,
+                                         stage_recompute_cost)
 
 
 def stage_order(problem: Problem, stage: Stage) -> tuple[int, ...]:
@@ -72,9 +73,45 @@ def choose_recompute(problem: Problem, stages: Sequence[Stage], s: int, mode: st
 
 
 def with_recompute(problem: Problem, stages: Sequence[Stage], mode: str | None = None) -> tuple[Stage, ...]:
-    """`stages` with every stage's recompute set chosen by `choose_recompute` (replacing any it had)."""
-    plain = tuple(replace(st, recompute_units=()) for st in stages)
-    return tuple(replace(st, recompute_units=choose_recompute(problem, plain, s, mode)) for s, st in enumerate(plain))
+    """`stages` with every stage's levers chosen by `choose_levers` (replacing any it had)."""
+    plain = tuple(replace(st, recompute_units=(), offload=False) for st in stages)
+    return tuple(choose_levers(problem, plain, s, mode) for s in range(len(plain)))
+
+
+def offload_choices(problem: Problem, stage: Stage) -> tuple[bool, ...]:
+    """The offload settings `stage` may take under `Problem.offload` and `Problem.offload_cap_s`.
+
+    ``never``: no;  ``all``: yes wherever it can (`can_offload`);  ``auto``: no, or yes where it
+    can and its tail O_s is within the cap (the solvers' outer walk, `solvers/offload_walk.py`).
+    """
+    able = problem.offload != "never" and can_offload(problem, stage)
+    if problem.offload == "all":
+        return (able,)
+    return (False, True) if able and offload_if(problem, stage).tail_s <= problem.offload_cap_s else (False,)
+
+
+def choose_levers(problem: Problem, stages: Sequence[Stage], s: int, mode: str | None = None) -> Stage:
+    """Stage `s` of `stages` with its offload setting and recompute prefix chosen.
+
+    Per offload choice (`offload_choices`) the smallest fitting recompute prefix
+    (`choose_recompute` under that setting); of those that fit, the one whose recompute adds the
+    fewest seconds to B_s, no offload on a tie.  Why that is exact under a cap Theta on every
+    stage's tail (the solvers' outer walk): for a fixed stage T depends on the stage through
+    F_s + B_s (non-decreasing in the recompute seconds) and max_s O_s <= Theta, so among the
+    choices whose tail is within Theta the least recompute time is never worse.  Nothing fits:
+    the choice with the least M_s (the placement is infeasible anyway).
+    """
+    trial = list(stages)
+    ranked: list[tuple[tuple[int, float], Stage]] = []  # (0, seconds) when it fits, else (1, M_s)
+    for off in offload_choices(problem, stages[s]):
+        trial[s] = replace(stages[s], offload=off, recompute_units=())
+        trial[s] = replace(trial[s], recompute_units=choose_recompute(problem, trial, s, mode))
+        mem = stage_memory_bytes(problem, trial, s)
+        if mem <= problem.devices[stages[s].device].usable_bytes:
+            ranked.append(((0, stage_recompute_cost(problem, trial[s]).extra_s), trial[s]))
+        else:
+            ranked.append(((1, float(mem)), trial[s]))
+    return min(ranked, key=lambda r: r[0])[1]  # min keeps the first of equals: no offload on a tie
 
 
 def is_prefix_choice(problem: Problem, stage: Stage) -> bool:

@@ -21,7 +21,7 @@ from typing import Sequence
 
 from hetpipe.errors import ConfigError
 from hetpipe.partitioner.baseline_search import best_baseline
-from hetpipe.partitioner.baselines import BASELINES, baseline_stages
+from hetpipe.partitioner.baselines import BASELINES, baseline_stages, without_offload
 from hetpipe.plan.schema import Plan, problem_from_plan, stages_from_plan
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.recompute import with_recompute
@@ -208,7 +208,7 @@ def _best_stages(plan: Plan, problem: Problem, name: str, *, same_m: bool) -> tu
     if same_m and recorded is not None and recorded.best is not None:
         index = plan.device_index()
         stages = tuple(Stage(index[s.device], s.first_unit, s.last_unit) for s in recorded.best.stages)
-        return with_recompute(problem, stages) if stages else None  # the plan's lever, as searched
+        return with_recompute(without_offload(problem), stages) if stages else None  # the plan's lever, as searched
     best = best_baseline(problem, name)
     return best.stages if best.fits else None
 

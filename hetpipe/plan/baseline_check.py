@@ -26,7 +26,7 @@ Example:
 from __future__ import annotations
 
 from hetpipe.partitioner.baseline_search import EXACT_NODE_BUDGET, best_baseline
-from hetpipe.partitioner.baselines import BASELINES, baseline, rule_bounds
+from hetpipe.partitioner.baselines import BASELINES, baseline, rule_bounds, without_offload
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.plan.schema import BaselineReport, Plan, close_to_recorded, problem_from_plan  # noqa: F401 (doctest)
@@ -46,7 +46,7 @@ def _best_violations(problem: Problem, name: str, rec: BaselineReport) -> list[s
     if [(s.first_unit, s.last_unit + 1) for s in best.stages] != list(bounds):
         return [f"{where}: its cuts are not the {name} rule's for {len(best.stages)} stages"]
     try:  # each stage recomputes what the plan's lever chooses (`with_recompute`), as the search priced it
-        ev = evaluate(problem, with_recompute(problem, tuple(Stage(ids[s.device], s.first_unit, s.last_unit)
+        ev = evaluate(problem, with_recompute(without_offload(problem), tuple(Stage(ids[s.device], s.first_unit, s.last_unit)
                                                              for s in best.stages)))
     except ValueError as err:
         return [f"{where}: {err}"]

@@ -22,6 +22,7 @@ from typing import Any
 
 from hetpipe.cost_models.cluster_checks import as_cluster
 from hetpipe.cost_models.devices import Cluster
+from hetpipe.cost_models.offload import check_offload_option, offload_rates
 from hetpipe.cost_models.recompute import check_recompute_option
 from hetpipe.cost_models.validate import check_solver_options
 from hetpipe.cost_models.memory import state_bytes_per_param
@@ -30,6 +31,7 @@ from hetpipe.cost_models.stage_memory import MEMORY_MODEL
 from hetpipe.cost_models.timing import efficiencies, peak_flops_s, unit_time_s
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.capture.graph import UnitGraph
+from hetpipe.plan.offload_note import offload_note
 from hetpipe.plan.schema import (
     RECOMPUTE_NOTE,
     BaselineReport,
@@ -73,9 +75,11 @@ def unit_times(graph: UnitGraph, cluster: Cluster) -> dict[str, tuple[UnitTimes,
     return out
 
 
-def build_problem(graph: UnitGraph, cluster: Cluster, *, microbatches: int, recompute: str = "none") -> Problem:
-    """The solver input for `graph` on `cluster` with `microbatches` per iteration and the
-    activation-recomputation lever `recompute` (auto | none | all, `Problem.recompute`)."""
+def build_problem(graph: UnitGraph, cluster: Cluster, *, microbatches: int, recompute: str = "none",
+                  offload: str = "never") -> Problem:
+    """The solver input for `graph` on `cluster` with `microbatches` per iteration, the
+    activation-recomputation lever `recompute` (auto | none | all, `Problem.recompute`) and the
+    optimizer-offload lever `offload` (never | auto | all, `Problem.offload`)."""
     if not cluster.devices:
         raise ConfigError(f"cluster {cluster.name!r} has no devices; add at least one device to the cluster file")
     times = unit_times(graph, cluster)
@@ -97,12 +101,15 @@ def build_problem(graph: UnitGraph, cluster: Cluster, *, microbatches: int, reco
         grad_bytes=tuple(u.grad_bytes for u in graph.units),
         boundary_grad_bytes=tuple(u.boundary_grad_bytes for u in graph.units),
         recompute_bytes=tuple(u.recompute_bytes for u in graph.units),
-        devices=tuple(DeviceSlot(d.id, d.kind, d.node, d.usable_bytes) for d in cluster.devices),
+        devices=tuple(DeviceSlot(d.id, d.kind, d.node, d.usable_bytes, d.host_link_bytes_s, d.host_memory_bytes_s)
+                      for d in cluster.devices),
         bandwidth_bytes_s=bandwidth,
         latency_s=latency,
         microbatches=microbatches,
         tied=tied_copies(graph),
         recompute=recompute,
+        offload=offload,
+        offload_rates=offload_rates(graph.optimizer, graph.precision),
     )
 
 
@@ -206,6 +213,9 @@ def plan_stages(problem: Problem, stages: tuple[Stage, ...], ev: Evaluation) -> 
             usable_bytes=c.usable_bytes,
             send_s=c.send_s,
             recompute_units=tuple(sorted(st.recompute_units)),
+            offload=st.offload,
+            offload_bytes=c.offload_bytes,
+            offload_s=c.offload_s,
             step_s=c.step_s,
         )
         for i, (st, c) in enumerate(zip(stages, ev.stages))
@@ -242,7 +252,7 @@ def assemble_plan(
             optimizer=graph.optimizer,
             precision=graph.precision,
         ),
-        devices=tuple(PlanDevice(d.id, d.kind, d.node, d.memory_bytes, d.usable_bytes) for d in cluster.devices),
+        devices=plan_devices(problem, cluster),
         links=tuple(
             PlanLink(l.src, l.dst, l.bandwidth_bytes_s, l.latency_s, l.kind)
             for (_, _), l in sorted(cluster.links.items())
@@ -253,10 +263,18 @@ def assemble_plan(
         solver=solver,
         baselines=baselines or {},
         left_out=left_out,
-        cost_model={**cost_model_notes(cluster, graph.precision), **recompute_note(problem)},
+        cost_model={**cost_model_notes(cluster, graph.precision), **recompute_note(problem), **offload_note(problem)},
         memory_model=MEMORY_MODEL,
         **objective_fields(problem),
     )  # version: the least its content needs (3: `memory_model` is a version-3 field, `PLAN_VERSION_MEMORY`)
+
+
+def plan_devices(problem: Problem, cluster: Cluster) -> tuple[PlanDevice, ...]:
+    """The plan's devices; their host figures only when `problem` may offload (a version-4 field)."""
+    host = problem.offload != "never"
+    return tuple(PlanDevice(d.id, d.kind, d.node, d.memory_bytes, d.usable_bytes,
+                            d.host_link_bytes_s if host else 0.0, d.host_memory_bytes_s if host else 0.0)
+                 for d in cluster.devices)
 
 
 def objective_fields(problem: Problem) -> dict[str, Any]:
@@ -332,6 +350,7 @@ def partition(
     loss_fn: Any = None,
     targets: Any = None,
     recompute: str = "auto",
+    offload: str = "never",
 ) -> Plan:
     """Capture `model`, cost it on `cluster`, and return the best 1F1B pipeline plan.
 
@@ -339,7 +358,9 @@ def partition(
     size); `global_batch` must be a multiple of it.  With `loss_fn` and one micro-batch of
     `targets`, what the loss keeps for backward is counted on the last stage (an LM's
     cross-entropy keeps b*s*vocab log-probabilities).  `recompute` is the activation-recomputation
-    lever: ``auto`` (each stage recomputes only what it must to fit), ``none`` or ``all``.  Raises
+    lever: ``auto`` (each stage recomputes only what it must to fit), ``none`` or ``all``; `offload`
+    the optimizer-offload lever: ``never`` (the default), ``auto`` (a stage keeps its optimizer state
+    on the host where that lowers T) or ``all``.  Raises
     `InfeasibleError` when nothing fits, `ConfigError` for bad options.
     """
     from hetpipe.partitioner.capture.capture import capture
@@ -348,7 +369,7 @@ def partition(
     graph = capture(model, example_inputs, name=name, granularity=granularity, optimizer=optimizer,
                     precision=precision, loss_fn=loss_fn, targets=targets)
     return partition_graph(graph, cluster, global_batch=global_batch, solver=solver,
-                           time_limit_s=time_limit_s, seed=seed, recompute=recompute)
+                           time_limit_s=time_limit_s, seed=seed, recompute=recompute, offload=offload)
 
 
 def partition_graph(
@@ -360,6 +381,7 @@ def partition_graph(
     time_limit_s: float = 10.0,
     seed: int = 0,
     recompute: str = "auto",
+    offload: str = "never",
 ) -> Plan:
     """`partition` for an already captured `UnitGraph`."""
     from hetpipe.partitioner.solvers.solve import VERIFY_SHARE, solve
@@ -370,8 +392,9 @@ def partition_graph(
     cluster = as_cluster(cluster)
     check_solver_options(solver, time_limit_s, seed)
     check_recompute_option(recompute)
+    check_offload_option(offload)
     global_batch, m = microbatches_for(graph, global_batch, len(cluster.devices))
-    problem = build_problem(graph, cluster, microbatches=m, recompute=recompute)
+    problem = build_problem(graph, cluster, microbatches=m, recompute=recompute, offload=offload)
     log.info("solving %d units on %d devices, %d micro-batches", graph.num_units, len(cluster.devices), m)
     sol = solve(problem, solver=solver, time_limit_s=time_limit_s, seed=seed)
     base = baseline_reports(problem)  # forced onto every card, and on the best cards (issue 17)

@@ -30,6 +30,7 @@ from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.recompute import choose_recompute, is_prefix_choice
 from hetpipe.plan.baseline_check import baseline_violations
 from hetpipe.plan.groups import group_violations
+from hetpipe.plan.offload_check import offload_violations
 from hetpipe.plan.replica_check import check_replicas
 from hetpipe.plan.schema import (
     CheckReport,
@@ -82,13 +83,15 @@ def _check_pipeline(plan: Plan) -> CheckReport:
         ev = evaluate(problem, stages)
     except ValueError as err:
         return CheckReport(math.nan, tuple(violations + [f"stages: {err}"]))
-    violations += recompute_violations(problem, stages)
+    violations += recompute_violations(problem, stages) + offload_violations(problem, stages)
     for st, cost in zip(plan.stages, ev.stages):
         for name, recorded, actual in (
             ("fwd_s", st.fwd_s, cost.fwd_s),
             ("bwd_s", st.bwd_s, cost.bwd_s),
             ("send_s", st.send_s, cost.send_s),
             ("memory_bytes", st.memory_bytes, cost.memory_bytes),
+            ("offload_bytes", st.offload_bytes, cost.offload_bytes),
+            ("offload_s", st.offload_s, cost.offload_s),
             ("step_s", st.step_s, cost.step_s),
         ):
             if not close_to_recorded(recorded, actual):

@@ -2,7 +2,7 @@
 
 `fit_options` re-captures the model once per alternative setting (``--batch 1``,
 ``--precision bf16-mixed``, ``--optimizer sgd``, half the ``--seq``, ``--recompute auto`` when
-recomputation was off, and all of them together) and solves each for memory only: the least-memory placement
+recomputation was off, ``--offload auto`` when offload was off, and all of them together) and solves each for memory only: the least-memory placement
 (`hetpipe.partitioner.solvers.infeasible.least_memory_fit`), never the full time
 objective.  `fit_hint` turns the results into one sentence for the error line: the
 settings that fit with the fullest stage each reaches, else the best figure each
@@ -11,7 +11,7 @@ reaches, and the memory factor larger cards would need.
 Example:
     >>> s = Settings(batch=4, seq=1024, precision="fp32", optimizer="adam")
     >>> [o.flags for o in alternatives(s, builtin=True, lm=True)]  # doctest: +NORMALIZE_WHITESPACE
-    ['--batch 2', '--batch 1', '--precision bf16-mixed', '--optimizer sgd', '--seq 512',
+    ['--batch 2', '--batch 1', '--precision bf16-mixed', '--optimizer sgd', '--seq 512', '--offload auto',
      '--batch 1 --precision bf16-mixed --optimizer sgd --seq 512']
 """
 
@@ -47,6 +47,7 @@ class Settings:
     precision: str
     optimizer: str
     recompute: str = "auto"  # --recompute (its default): a capture does not depend on it, the memory solve does
+    offload: str = "never"  # --offload (its default): likewise
 
 
 @dataclass(frozen=True)
@@ -83,12 +84,15 @@ def alternatives(s: Settings, *, builtin: bool, lm: bool) -> list[FitOption]:
         singles.append((f"--seq {s.seq // 2}", {"seq": s.seq // 2}))
     if s.recompute == "none":  # auto fits whenever some recomputation (all included) does
         singles.append(("--recompute auto", {"recompute": "auto"}))
+    if s.offload == "never" and s.optimizer != LIGHT_OPTIMIZER:  # optimizer state to move to the host
+        singles.append(("--offload auto", {"offload": "auto"}))
     out = [FitOption(dataclasses.replace(s, **ch), flags, group=flags.split()[0])  # type: ignore[arg-type]
            for flags, ch in singles]
     out[0:0] = halves
-    if len(singles) > 1:
-        every: dict[str, object] = {k: v for _, ch in singles for k, v in ch.items()}
-        out.append(FitOption(dataclasses.replace(s, **every), " ".join(f for f, _ in singles)))  # type: ignore[arg-type]
+    combined = [x for x in singles if x[0] != "--offload auto"]  # with --optimizer sgd there is nothing to move
+    if len(combined) > 1:
+        every: dict[str, object] = {k: v for _, ch in combined for k, v in ch.items()}
+        out.append(FitOption(dataclasses.replace(s, **every), " ".join(f for f, _ in combined)))  # type: ignore[arg-type]
     return out
 
 
@@ -106,7 +110,8 @@ def fit_options(options: list[FitOption], *, capture: Callable[[Settings], UnitG
         try:
             graph = capture(opt.settings)
             _, m = microbatches_for(graph, global_batch, len(cluster.devices))
-            fit = least_memory_fit(build_problem(graph, cluster, microbatches=m, recompute=opt.settings.recompute))
+            fit = least_memory_fit(build_problem(graph, cluster, microbatches=m, recompute=opt.settings.recompute,
+                                                 offload=opt.settings.offload))
         except HetpipeError as err:  # e.g. a global batch the new micro-batch does not divide
             log.info("fit hint %s skipped: %s", opt.flags, err)
             continue

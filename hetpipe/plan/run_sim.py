@@ -88,7 +88,8 @@ def stage_bwd_fraction(plan: Plan, stage: Any, first_unit: int) -> float:
 
 
 def simulate_stage_records(stages: Sequence[PlanStage], microbatches: int, schedule_name: str) -> SimResult:
-    """Simulate a pipeline of the plan's stage records (their recorded F, B, one-way send and step times)."""
+    """Simulate a pipeline of the plan's stage records (their recorded F, B, one-way send and step times;
+    an offloading stage's step is its offload tail)."""
     costs = SimCosts(fwd_s=tuple(s.fwd_s for s in stages), bwd_s=tuple(s.bwd_s for s in stages),
                      send_s=tuple(s.send_s for s in stages[:-1]), step_s=tuple(s.step_s for s in stages))
     return simulate_stages(costs, microbatches, schedule=schedule_name)

@@ -38,6 +38,8 @@ from hetpipe.cost_models.sync import BUCKET_CAP_BYTES
 from hetpipe.cost_models.validate import MAX_PLAN_FILE_BYTES
 from hetpipe.errors import PlanError
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy
+from hetpipe.cost_models.offload import offload_rates
+from hetpipe.plan.offload_note import offload_mode
 # re-exported: `check_plan` and the tests import them from here
 from hetpipe.plan.check_report import CheckReport, close_to_recorded, structure_violations  # noqa: F401
 from hetpipe.plan.serde import from_json, least_version, to_json
@@ -56,7 +58,9 @@ PLAN_FORMAT = "hetpipe.plan"
 #: Version 4 (issue 17): the objective is the simulated schedule with the optimizer step
 #: (`Plan.objective`, `UnitTimes.step`, `PlanStage.step_s`, `Plan.step_launch_s`,
 #: `Predicted.t_1f1b_estimate_s`); plans without `objective` were solved with the H-1F1B estimate
-#: and are re-checked with it.
+#: and are re-checked with it.  Version 4 also carries the optimizer-offload lever (issue 14):
+#: `PlanStage.offload` with its bytes and seconds, and the devices' host figures
+#: (`PlanDevice.host_link_bytes_s`), written only by plans solved with ``--offload auto|all``.
 #: Version 4 may also carry tensor-parallel groups (`PlanStage.group_devices`, `group_shares`; issue 15).
 PLAN_VERSION = 4
 #: The version of a plan without replicas.
@@ -121,6 +125,10 @@ class PlanDevice:
     node: str
     memory_bytes: int
     usable_bytes: int
+    # Version 4: the card's link to its host and the host's memory bandwidth (the offload lever's
+    # prices, `hetpipe.cost_models.offload`); written only by plans solved with offload.
+    host_link_bytes_s: float = field(default=0.0, metadata={"since": 4})
+    host_memory_bytes_s: float = field(default=0.0, metadata={"since": 4})
 
 
 @dataclass(frozen=True)
@@ -187,6 +195,11 @@ class PlanStage:
     # recomputes in the backward (torch.utils.checkpoint, non-reentrant) instead of keeping what
     # autograd saves.  Left out of the file while empty, so plans without levers stay version 1/2.
     recompute_units: tuple[int, ...] = field(default=(), metadata={"since": 3})
+    # Version 4 (issue 14): the stage keeps its optimizer state on the host: the bytes that leaves
+    # its card and the seconds O_s it adds after its last backward (`hetpipe.cost_models.offload`).
+    offload: bool = field(default=False, metadata={"since": 4})
+    offload_bytes: int = field(default=0, metadata={"since": 4})
+    offload_s: float = field(default=0.0, metadata={"since": 4})
     # Version 4: S_s, the stage's optimizer step (units' shares + its kind's launch share).
     step_s: float = field(default=0.0, metadata={"since": 4})
     # Version 4 (issue 15): a stage run by a tensor-parallel group of cards of one node: every
@@ -448,13 +461,16 @@ def problem_from_plan(plan: Plan) -> Problem:
         grad_bytes=tuple(u.grad_bytes for u in plan.units),
         boundary_grad_bytes=tuple(u.boundary_grad_bytes for u in plan.units) if plan.memory_model >= 2 else (),
         recompute_bytes=tuple(u.recompute_bytes for u in plan.units) if plan.memory_model >= 2 else (),
-        devices=tuple(DeviceSlot(d.id, d.kind, d.node, d.usable_bytes) for d in plan.devices),
+        devices=tuple(DeviceSlot(d.id, d.kind, d.node, d.usable_bytes, d.host_link_bytes_s, d.host_memory_bytes_s)
+                      for d in plan.devices),
         bandwidth_bytes_s=tuple(tuple(row) for row in bandwidth),
         latency_s=tuple(tuple(row) for row in latency),
         microbatches=plan.training.microbatches,
         tied=tuple(TiedCopy(t.units[0], tuple(t.units), t.state_bytes) for t in plan.model.tied
                    if t.units and t.state_bytes),
         recompute=recompute_mode(plan),
+        offload=offload_mode(plan),
+        offload_rates=offload_rates(plan.training.optimizer, plan.training.precision) if plan.memory_model >= 2 else None,
     )
 
 
@@ -473,7 +489,7 @@ def stages_from_plan(plan: Plan) -> tuple[Stage, ...]:
     for st in plan.stages:
         if st.device not in index:
             raise PlanError(f"stage {st.index} runs on device {st.device!r}, which the plan does not list")
-        out.append(Stage(index[st.device], st.first_unit, st.last_unit, tuple(sorted(st.recompute_units))))
+        out.append(Stage(index[st.device], st.first_unit, st.last_unit, tuple(sorted(st.recompute_units)), st.offload))
     return tuple(out)
 
 

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hetpipe.runtime.stage.offload import HostOffloadOptimizer
 from hetpipe.errors import ConfigError, PlanError
 from hetpipe.models import loss_fn, resolve, takes_size
 from hetpipe.partitioner.capture.capture import capture
@@ -169,6 +170,14 @@ def make_optimizer(name: str, params: Sequence[nn.Parameter], *, lr: float | Non
     if key == "adamw":
         return torch.optim.AdamW(params, lr=rate)
     return torch.optim.SGD(params, lr=rate, momentum=MOMENTUM if key == "momentum" else 0.0)
+
+
+def stage_optimizer(plan: Plan, stage: int, params: Sequence[nn.Parameter], *, lr: float | None) -> Any:
+    """`make_optimizer` for plan stage `stage`; in host memory (`HostOffloadOptimizer`) when it offloads."""
+    name = plan.training.optimizer
+    if plan.stages[stage].offload:
+        return HostOffloadOptimizer(params, lambda host: make_optimizer(name, host, lr=lr))
+    return make_optimizer(name, params, lr=lr)
 
 
 def stage_for(plan: Plan, *, node: str | None, rank: int, local_rank: int) -> int:

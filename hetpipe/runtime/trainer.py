@@ -47,6 +47,7 @@ from hetpipe.plan.schema import Plan
 from hetpipe.runtime.data import split_microbatches
 from hetpipe.runtime.execute.executor import PipelineExecutor, StepStats
 from hetpipe.runtime.execute.options import ExecutorOptions
+from hetpipe.runtime.stage.offload import HostOffloadOptimizer
 from hetpipe.runtime.rank import RankState, gather_stage_ranks, join_process_group, loss_for, make_optimizer
 from hetpipe.runtime.worker import prepare
 
@@ -102,15 +103,18 @@ class Trainer:
         if self.is_last and loss is None:
             loss = loss_for(model, None)
         params = list(run.stage.parameters())
-        opt = optimizer(params) if optimizer is not None else make_optimizer(
-            run.plan.training.optimizer, params, lr=lr)
+        make = optimizer if optimizer is not None else (
+            lambda ps: make_optimizer(run.plan.training.optimizer, ps, lr=lr))
+        # a stage the plan offloads steps `make`'s optimizer on host copies (`runtime/stage/offload.py`)
+        opt = HostOffloadOptimizer(params, make) if run.plan.stages[run.index].offload else make(params)
         self.optimizer = opt
         self.executor = PipelineExecutor(
             run.stage, rank=run.rank, num_stages=run.num_stages, schedule_actions=run.actions,
             loss_fn=loss if loss is not None else _no_loss, optimizer=opt,
             microbatches=run.plan.training.microbatches, stage_ranks=run.stage_ranks,
             options=ExecutorOptions(timeout_s=float(timeout_s), grad_clip_norm=grad_clip_norm),
-            lr_scheduler=lr_scheduler(opt) if lr_scheduler is not None else None)
+            lr_scheduler=lr_scheduler(opt.inner if isinstance(opt, HostOffloadOptimizer) else opt)
+            if lr_scheduler is not None else None)
         if resume is not None:
             self._resume(resume)
 

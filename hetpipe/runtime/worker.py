@@ -76,6 +76,7 @@ from hetpipe.runtime.rank import (
     join_process_group,
     loss_for,
     make_optimizer,
+    stage_optimizer,
     node_to_stage,
     recompute_nodes,
     stage_for,
@@ -239,7 +240,7 @@ def _emulation_hooks(run: _Run, loss_fn: Any, batch: tuple[Any, Any] | None) -> 
 
     plan, s = run.plan, run.index
     measured = calibrate(run, loss_fn=loss_fn, batch=batch)
-    predicted = [StageTiming(st.fwd_s, st.bwd_s) for st in plan.stages]
+    predicted = [StageTiming(st.fwd_s, st.bwd_s, st.offload_s) for st in plan.stages]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", run.num_stages))
     scale = choose_time_scale(measured, predicted, num_ranks=local_ranks, num_cores=cores,
@@ -278,7 +279,7 @@ def _pipeline_rank(args: argparse.Namespace, state: RankState, run: _Run, ranks:
     state.phase = "calibration"
     hooks = _emulation_hooks(run, loss_fn, first) if args.emulate else RecordingHooks()
     state.hooks = hooks
-    optimizer = make_optimizer(run.plan.training.optimizer, list(run.stage.parameters()), lr=args.lr)
+    optimizer = stage_optimizer(run.plan, run.index, list(run.stage.parameters()), lr=args.lr)
     executor = run.executor(actions=run.actions, optimizer=optimizer, microbatches=run.plan.training.microbatches,
                             hooks=hooks, loss_fn=loss_fn)
     start, after_step = _checkpoints(args, state, run, optimizer, resume)

@@ -18,6 +18,8 @@ Variables (L units, P = min(L, #devices) positions, C classes):
 Objective: sum_j compute[j] + sum_j comm[j] + (m - 1) * bottleneck (ticks).
 Recomputation (`Problem.recompute` auto/all): `cpsat_recompute.RecomputeVars`, a prefix of each
 position's recompute order, its forward ticks in compute[j] and its bytes in the memory rows.
+Optimizer offload (`Problem.offload` auto/all): `cpsat_offload.OffloadVars`, a boolean per
+position, its bytes off every memory row and max_j O_j added to the objective.
 
 Times are integers: seconds * `scale`, rounded DOWN, so the model's objective never
 exceeds the true T of the same placement and CP-SAT's best bound stays a valid lower
@@ -46,8 +48,9 @@ from typing import Sequence
 
 from ortools.sat.python import cp_model
 
-from hetpipe.partitioner.recompute import with_recompute
+from hetpipe.partitioner.solvers.cpsat_offload import offload_vars
 from hetpipe.partitioner.solvers.cpsat_recompute import RecomputeVars
+from hetpipe.partitioner.solvers.offload_walk import best_levers
 from hetpipe.partitioner.solvers.dp import DeviceClass, device_classes
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.schedule.held import position_held_terms
@@ -83,6 +86,7 @@ class _Model:
         self._placement()
         self._unit_order()
         self.levers = RecomputeVars(self) if problem.recompute != "none" else None
+        self.offload = offload_vars(self)  # `cpsat_offload`: None when the problem cannot offload
         self._compute_times()
         self._comm_times()
         self._memory()
@@ -194,6 +198,7 @@ class _Model:
             # the first stage (unit 0 here) has its own list.  Recomputed units keep their inputs (k_t times
             # less per moment) and one is live again (`RecomputeVars.memory`).
             recomputes = self.levers.recomputes(j) if self.levers is not None else None
+            offloaded = self.offload.saved[j] if self.offload is not None else 0
             for first, when in ((True, self.in_[0][j]), (False, self.in_[0][j].Not())):
                 for t in position_held_terms(j, first=first, microbatches=self.m):
                     if t.backward and recomputes is None:
@@ -202,7 +207,7 @@ class _Model:
                               if self.levers is not None else 0)
                     md.add(state + t.grads * grads + t.microbatches * (act + cut_in + cut_out) + t.in_frames * cut_in
                            + t.in_grad_frames * grad_in + t.out_frames * cut_out + t.out_grad_frames * grad_out
-                           + levers <= cap).only_enforce_if([when, recomputes] if t.backward else [when])
+                           + levers - offloaded <= cap).only_enforce_if([when, recomputes] if t.backward else [when])
 
     def _tied_copies(self, j: int) -> cp_model.LinearExpr | int:
         """Bytes of tied-parameter replicas on position j: copy >= (holds a user) - (holds the owner)."""
@@ -219,7 +224,8 @@ class _Model:
         md = self.model
         self.bottleneck = md.new_int_var(0, max(self.horizon, self.comm_top), "bottleneck")
         md.add_max_equality(self.bottleneck, self.compute + self.comm)
-        md.minimize(sum(self.compute) + sum(self.comm) + (self.m - 1) * self.bottleneck)
+        tail = self.offload.tail if self.offload is not None else 0  # max_j O_j (`problem.step_tail_s`)
+        md.minimize(sum(self.compute) + sum(self.comm) + (self.m - 1) * self.bottleneck + tail)
 
     def hint(self, stages: Sequence[Stage]) -> None:
         """Seed the search with a known placement (the DP's or a heuristic's)."""
@@ -243,7 +249,7 @@ class _Model:
             units = [u for u in range(self.L) if solver.value(self.in_[u][j])]
             stages.append(Stage(self.classes[c].members[used[c]], units[0], units[-1]))
             used[c] += 1
-        return with_recompute(self.problem, stages)  # the smallest fitting prefix (ticks may tie)
+        return best_levers(self.problem, stages)  # the smallest fitting prefix (ticks may tie), offload exactly
 
 
 def solve_cpsat(problem: Problem, *, time_limit_s: float, seed: int, hint: Sequence[Stage] | None = None,

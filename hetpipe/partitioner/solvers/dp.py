@@ -53,6 +53,7 @@ import numpy as np
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.counts import count_vectors, vectors
 from hetpipe.partitioner.recompute import with_recompute
+from hetpipe.partitioner.solvers.offload_band import offload_band
 from hetpipe.partitioner.solvers.recompute_band import shared_band
 from hetpipe.partitioner.solvers.stage_moments import band_moments, memory_tables
 
@@ -115,12 +116,12 @@ def device_classes(problem: Problem) -> tuple[DeviceClass, ...]:
         >>> [c.members for c in device_classes(p)]
         [(0, 1), (2,)]
     """
-    groups: dict[tuple[str, str, int], list[int]] = {}
-    for i, d in enumerate(problem.devices):
-        groups.setdefault((d.kind, d.node, d.usable_bytes), []).append(i)
+    groups: dict[tuple[str, str, int, float, float], list[int]] = {}
+    for i, d in enumerate(problem.devices):  # host figures too: they price the offload lever
+        groups.setdefault((d.kind, d.node, d.usable_bytes, d.host_link_bytes_s, d.host_memory_bytes_s), []).append(i)
     out: list[DeviceClass] = []
     links = (np.asarray(problem.bandwidth_bytes_s, dtype=float), np.asarray(problem.latency_s, dtype=float))
-    for (kind, node, usable), members in groups.items():
+    for (kind, node, usable, _, _), members in groups.items():
         buckets: list[list[int]] = []
         for i in members:
             home = next((b for b in buckets if _links_match(links, b[0], i)
@@ -181,7 +182,8 @@ class StageTables:
         st = np.concatenate(([0.0], np.cumsum(np.asarray(problem.state_bytes, dtype=np.float64))))
         act = np.concatenate(([0.0], np.cumsum(np.asarray(problem.activation_bytes, dtype=np.float64))))
         bd = np.asarray(problem.boundary_bytes, dtype=np.float64)
-        self.state = st[hi_c] - st[lo] + _tied_band(problem, lo, hi_c)
+        self.tied = _tied_band(problem, lo, hi_c)
+        self.state = st[hi_c] - st[lo] + self.tied
         self.grads, held_out, self.before_grad, self.after_grad = memory_tables(problem, lo, hi_c, self.valid.shape)
         self.act = act[hi_c] - act[lo] - held_out  # A_s (`problem.stage_activation_bytes`)
         # in/out cut bytes of a stage on [lo, hi): the cut before (none for the first) and after
@@ -195,6 +197,7 @@ class StageTables:
             work = np.concatenate(([0.0], np.cumsum(np.add(problem.fwd_s[c.kind], problem.bwd_s[c.kind]))))
             self.compute.append(np.where(self.valid, work[hi_c] - work[lo], np.inf))
         self.levers = None if problem.recompute == "none" else shared_band(problem, hi_c, self.valid)
+        self.offload = offload_band(problem, self)
         self._memory: dict[int, np.ndarray] = {}  # stages after -> M_s over the full band (`memory`)
         # round trip 2*C over the cut after unit u-1 (index u = start of the next stage), per class pair
         self.comm2 = np.zeros((len(classes), len(classes), L + 1))
@@ -232,13 +235,15 @@ class StageTables:
     def band(self, c: int, after_stages: int, cap: float, width: int) -> np.ndarray:
         """Cost of a stage of class c on [lo, lo+w+1) with `after_stages` stages after it (inf = not allowed)."""
         sl = np.s_[:, :width]
-        cost = self.compute[c][sl]
+        base = cost = self.compute[c][sl]
         if self.levers is None:
-            ok = (cost <= cap) & (self.memory(after_stages, width) <= self.classes[c].usable_bytes)
+            cost = np.where(self.memory(after_stages, width) <= self.classes[c].usable_bytes, cost, np.inf)
         else:  # the recompute choice's seconds; inf where no choice fits
             cls = self.classes[c]
             cost = cost + self.levers.extra_s(cls.kind, cls.usable_bytes, after_stages, self.moments, cost <= cap)
-            ok = cost <= cap
+        if self.offload is not None:  # the cheaper of offloading or not (`offload_band`)
+            cost = self.offload.cost(self, c, after_stages, cap, width, base, cost)
+        ok = cost <= cap
         ok &= self.is_last[sl] if not after_stages else ~self.is_last[sl]  # only the last stage ends at unit L
         return np.where(ok, cost, np.inf)
 

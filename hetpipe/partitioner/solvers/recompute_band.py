@@ -72,14 +72,15 @@ class RecomputeBand:
         later = np.where(w >= 1, inner[np.minimum(lo + w, L)], 0.0)  # unit lo+w as a non-first unit
         self.peak_all = np.maximum(first_a[lo], np.maximum.accumulate(later, axis=1))
         # (kind, usable, stages after) -> (seconds, entries still to walk, moments without recomputation)
-        self._cache: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, list]] = {}
+        self._cache: dict[tuple[str, int, int, str], tuple[np.ndarray, np.ndarray, list]] = {}
 
     def extra_s(self, kind: str, usable: int, after_stages: int, moments: MomentsFn,
-                usable_within: np.ndarray) -> np.ndarray:
+                usable_within: np.ndarray, *, tag: str = "") -> np.ndarray:
         """(L+1, width) seconds added to the stage's F+B by its recompute choice; inf = does not fit
         (or, for an entry outside `usable_within`, the band's (L+1, width) mask of entries whose F+B
-        is under the cap, not worked out: the band cannot use it anyway)."""
-        key, width = (kind, usable, after_stages), usable_within.shape[1]
+        is under the cap, not worked out: the band cannot use it anyway).  `tag` names `moments` when they
+        are not the table's own (the offload lever's, its bytes taken off every moment): cached apart."""
+        key, width = (kind, usable, after_stages, tag), usable_within.shape[1]
         if key not in self._cache:
             mom = moments(after_stages)
             mem0 = memory_with(mom, 0.0, 0.0)

@@ -49,6 +49,7 @@ from hetpipe.partitioner.solvers.cpsat import solve_cpsat
 from hetpipe.partitioner.solvers.dp import DPResult, StateSpaceTooLarge, simple_lower_bound, solve_exact
 from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
 from hetpipe.partitioner.solvers.infeasible import explain_infeasible
+from hetpipe.partitioner.solvers.offload_walk import tail_walk
 from hetpipe.partitioner.solvers.lagrange import bottleneck_floor, lagrange_bound
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.relax import relaxed_bound
@@ -153,7 +154,7 @@ def heuristic(problem: Problem, *, time_limit_s: float = 10.0, num_stages: int |
             left = time_limit_s - (time.perf_counter() - start)
             if left <= 0 and best is not None:
                 return best
-            res = solve_fixed_order(problem, seq, time_limit_s=max(left, 0.0))
+            res = tail_walk(problem, lambda p, _: solve_fixed_order(p, seq, time_limit_s=max(left, 0.0)))
             if res is not None and (best is None or res.iteration_s < best.iteration_s):
                 best = res
     return best
@@ -210,9 +211,9 @@ def solve_estimate(problem: Problem, *, solver: str = "auto", time_limit_s: floa
     warm = None
     if problem.num_units * len(problem.devices) > SEED_ABOVE:
         warm = heuristic(problem, time_limit_s=time_limit_s / 8, num_stages=num_stages)
-    try:
-        exact = solve_exact(problem, time_limit_s=time_limit_s, exact_stages=num_stages,
-                            seed=warm.stages if warm else None)
+    try:  # the offload lever's outer walk around the DP (`offload_walk`; the DP alone without offload)
+        exact = tail_walk(problem, lambda p, first: solve_exact(
+            p, time_limit_s=time_limit_s, exact_stages=num_stages, seed=warm.stages if warm and first else None))
     except StateSpaceTooLarge as err:
         if solver == "dp":
             raise ConfigError(f"the exact DP is too large for this cluster ({err}); use --solver cpsat or auto") from None
@@ -239,7 +240,8 @@ def _large(problem: Problem, warm: DPResult | None, *, start: float, time_limit_
     hint = _better(warm, real)
     bound = max(bound, simple_lower_bound(problem))
     left = time_limit_s - (time.perf_counter() - start)
-    if hint is not None and hint.iteration_s > bound * (1 + GOOD_ENOUGH_GAP) and left > 0:
+    # the Lagrangian bound prices memory without the offload lever: valid only where no stage may offload
+    if hint is not None and hint.iteration_s > bound * (1 + GOOD_ENOUGH_GAP) and left > 0 and problem.offload == "never":
         bound = max(bound, lagrange_bound(problem, best_s=hint.iteration_s, floor_s=bottleneck_floor(problem),
                                           time_limit_s=LAGRANGE_SHARE * left, target_gap=LAGRANGE_GAP).bound_s)
     left = time_limit_s - (time.perf_counter() - start) - cpsat_build_s(problem)

@@ -29,6 +29,9 @@ optimizer step (`evaluate`, ``objective="schedule"``), so `verify`:
    (or units).  Equal stages with free links take (m + p - 1) W; this bound says
    pW / (1 - r^p), below by about a sixth at p = m = 4, within 5% once m >= 8p.
 
+   With the offload lever an offloading stage's step is its tail O_b instead of S_b, so both
+   bounds count each unit's least step over the two (`_step_floors`: O is linear in the parameters).
+
 The answer is OPTIMAL only when the bound meets it; otherwise the plan records the gap.  The
 brute-force tests check bound <= the enumerated schedule optimum <= answer.
 
@@ -54,6 +57,7 @@ from typing import Iterator, Sequence
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, least_bottleneck
+from hetpipe.partitioner.solvers.offload_walk import best_levers
 
 #: Schedule evaluations the local search may spend (each replays O(p m) actions).
 LOCAL_MOVES = 3000
@@ -80,8 +84,8 @@ def schedule_bound(problem: Problem) -> float:
 def _bound_and_placement(problem: Problem) -> tuple[float, tuple[Stage, ...] | None]:
     """`schedule_bound` and the placement of least bottleneck it found (another start for the search)."""
     m = problem.microbatches
-    steps = problem.step_s
-    bwd = {k: tuple(b + (steps[k][u] / m if k in steps else 0.0) for u, b in enumerate(problem.bwd_s[k]))
+    steps = _step_floors(problem, launch=False)
+    bwd = {k: tuple(b + steps[k][u] / m for u, b in enumerate(problem.bwd_s[k]))
            for k in problem.bwd_s}
     relaxed = replace(problem, bwd_s=bwd,
                       bandwidth_bytes_s=tuple(tuple(2.0 * b for b in row) for row in problem.bandwidth_bytes_s),
@@ -91,11 +95,32 @@ def _bound_and_placement(problem: Problem) -> tuple[float, tuple[Stage, ...] | N
     try:
         least = least_bottleneck(relaxed)
         bottleneck = 0.0 if least is None else m * least[0]
-        placement = None if least is None else with_recompute(problem, least[1])
+        placement = None if least is None else _levers(problem, least[1])
     except StateSpaceTooLarge:
         work = sum(min(problem.fwd_s[k][u] + bwd[k][u] for k in bwd) for u in range(problem.num_units))
         bottleneck = m * work / cards
     return max(bottleneck, fill_bound(problem, cards)), placement
+
+
+def _step_floors(problem: Problem, *, launch: bool) -> dict[str, tuple[float, ...]]:
+    """Per kind, per unit: the least a unit adds to its stage's step in the schedule.  S_u (with the kind's
+    launch share when `launch`), or, where a stage on that kind may offload, the least of S_u and the
+    unit's share of O_s: its parameters (grad_bytes // bytes per parameter, which sum to at most the
+    stage's P_s) at the fastest host link and memory of a card of the kind (no launch on the host)."""
+    kinds = set(problem.fwd_s)
+    out = {k: tuple(s + (problem.step_launch_s.get(k, 0.0) if launch else 0.0) for s in problem.step_s[k])
+           if k in problem.step_s else (0.0,) * problem.num_units for k in kinds}
+    rates = problem.offload_rates
+    if problem.offload == "never" or rates is None or rates.host_bytes_per_param <= 0 or not problem.grad_bytes:
+        return out
+    for k in kinds:
+        per_param = min((rates.link_bytes_per_param / d.host_link_bytes_s + rates.step_bytes_per_param / d.host_memory_bytes_s
+                         for d in problem.devices if d.kind == k and d.host_link_bytes_s > 0 and d.host_memory_bytes_s > 0),
+                        default=math.inf)
+        if not math.isinf(per_param):
+            out[k] = tuple(min(s, problem.grad_bytes[u] // rates.grad_bytes_per_param * per_param)
+                           for u, s in enumerate(out[k]))
+    return out
 
 
 def fill_bound(problem: Problem, cards: int) -> float:
@@ -112,8 +137,7 @@ def fill_bound(problem: Problem, cards: int) -> float:
     """
     m = problem.microbatches
     work = sum(min(problem.fwd_s[k][u] + problem.bwd_s[k][u] for k in problem.fwd_s) for u in range(problem.num_units))
-    first_step = min((problem.step_s[k][0] + problem.step_launch_s.get(k, 0.0) if k in problem.step_s else 0.0)
-                     for k in problem.fwd_s)
+    first_step = min(s[0] for s in _step_floors(problem, launch=True).values())
     return work / (1.0 - ((m - 1) / m) ** cards) + first_step
 
 
@@ -121,7 +145,15 @@ def _neighbours(problem: Problem, stages: tuple[Stage, ...]) -> Iterator[tuple[S
     """Placements one move away, recompute sets re-derived: a cut moved anywhere between its neighbours,
     two neighbouring stages swapped or merged onto one of their cards, a stage moved to an unused card
     or split onto one (one card per kind and node: the others are the same to the schedule)."""
-    return (with_recompute(problem, c) for c in _moves(problem, tuple(replace(st, recompute_units=()) for st in stages)))
+    return (_levers(problem, c) for c in _moves(problem, tuple(replace(st, recompute_units=()) for st in stages)))
+
+
+def _levers(problem: Problem, stages: Sequence[Stage]) -> tuple[Stage, ...]:
+    """`stages` with their levers re-derived: the recompute prefix, and where a stage may offload the best
+    offload choice under the schedule among each stage's tail as the cap (`offload_walk.best_levers`)."""
+    if problem.offload == "never":
+        return with_recompute(problem, stages)
+    return best_levers(problem, stages, "schedule")
 
 
 def _moves(problem: Problem, plain: tuple[Stage, ...]) -> Iterator[tuple[Stage, ...]]:
@@ -150,7 +182,7 @@ def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stage
     """The fastest of `candidates` (and of the least-bottleneck placement) under the schedule, each
     locally improved (keeping `num_stages` stages when given), with `schedule_bound`."""
     bound, least = _bound_and_placement(problem)
-    starts = [tuple(c) for c in candidates]
+    starts = [tuple(c) if problem.offload == "never" else _levers(problem, c) for c in candidates]
     if least is not None and (num_stages is None or len(least) == num_stages) and least not in starts:
         starts.append(least)
     best, best_s, first_s = None, math.inf, math.inf

@@ -29,6 +29,9 @@ Each rank pretends to be the device its stage was planned on (issue #4, "Emulate
   the plan recomputes (``torch.utils.checkpoint``) shows up with only its inputs saved (the
   checkpoint's own hooks take the tensors inside it), and its backward adds one unit's
   activations while it re-runs the forward (`hetpipe.runtime.stage.recompute`).
+* **Offload time**: an offloading stage's STEP (gradients to the host, the host step, weights
+  back) lasts at least ``time_scale * offload_s`` (the plan's O_s); its optimizer state is on
+  the host, so the ledger counts none of it (`hetpipe.runtime.stage.offload`).
 * **Recomputation time** needs nothing special: the plan's ``bwd_s`` includes the recompute
   (the forward of the recomputed units), and the calibration's real backward does too.
 
@@ -89,6 +92,7 @@ class StageTiming:
 
     fwd_s: float
     bwd_s: float
+    step_s: float = 0.0  # the offload tail O_s its STEP lasts (`hetpipe.cost_models.offload`); 0 = unstretched
 
 
 @dataclass(frozen=True)
@@ -338,6 +342,8 @@ class RecordingHooks(_hooks_base()):  # type: ignore[misc]
 
     def after(self, action: Any, seconds: float) -> None:
         op = action.op.value
+        if op == "STEP":
+            self.stretch(action, seconds)
         if op in ("F", "B"):
             self.stretch(action, seconds)
             whole = time.monotonic() - self._start_s
@@ -379,6 +385,11 @@ class EmulationHooks(RecordingHooks):
 
     def stretch(self, action: Any, compute_s: float) -> None:
         op = action.op.value
+        if op == "STEP":  # an offloading stage's copies and host step: at least O_s, emulated
+            remaining = self.time_scale * self.predicted.step_s - (time.monotonic() - self._start_s)
+            if remaining > 0:
+                time.sleep(remaining)
+            return
         target = self.time_scale * (self.predicted.fwd_s if op == "F" else self.predicted.bwd_s)
         elapsed = time.monotonic() - self._start_s
         remaining = self.compute.remaining_s(op, elapsed_s=elapsed, target_s=target)

@@ -119,7 +119,10 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of the optimizer's state tensors (Adam's moments appear after its first step).
 
     Adam's per-parameter ``step`` counter is left out: torch keeps it on the CPU unless the
-    optimizer is capturable or fused, so it takes no device memory.
+    optimizer is capturable or fused, so it takes no device memory.  An optimizer that keeps its
+    state on the host (`hetpipe.runtime.stage.offload.HostOffloadOptimizer`) holds none on the card.
     """
+    if getattr(optimizer, "keeps_state_on_host", False):
+        return 0
     return sum(v.numel() * v.element_size() for state in optimizer.state.values() for k, v in state.items()
                if isinstance(v, torch.Tensor) and not (k == "step" and v.dim() == 0))

@@ -1,0 +1,70 @@
+"""Optimizer-state sharding across replicas (ZeRO-1), uneven by free memory: the cost formula only.
+
+Not wired into the planner yet (issue 14's third lever): this module states what it would cost,
+so the replica planner can price it.  R replicas hold the same stage (the same units) on cards
+r = 1..R.  ZeRO stage 1 (Rajbhandari et al., SC'20, arXiv:1910.02054; `apis_next.md` s.7)
+partitions the optimizer state: each card keeps and updates only its shard, then the
+updated weights are all-gathered.  Shards here are **uneven, in proportion to each card's free
+memory** (Poplar's idea for mixed clusters; ZeRO and torch's `ZeroRedundancyOptimizer` split
+evenly):
+
+* free_r = usable_r - (M_r without any optimizer state);  f_r = free_r / sum_q free_q  (sum f_r = 1;
+  a card with no free memory takes no shard, and sharding cannot help if sum free < K Psi);
+* **M_r = M_r(no optimizer state) + f_r K Psi** (K Psi: the stage's optimizer-state bytes, e.g.
+  12 B/param for bf16-mixed Adam, or 8 for fp32 Adam);
+* per step, instead of the all-reduce of the gradients (G bytes), a reduce-scatter of G into the
+  shards and an all-gather of the updated weights (W bytes).  On a ring each phase takes R - 1
+  steps of one chunk, and with uneven chunks a step lasts as long as its largest chunk over the
+  ring's slowest link, so (cost_formulas.md s.3.4, ring collectives):
+
+      T_shard = (R - 1) * max_r f_r * (G + W) / BW_min   (+ 2 (R - 1) latency)
+
+  which for even shards (f_r = 1/R) and W = G is the ring all-reduce's 2 (R - 1)/R G / BW_min:
+  ZeRO-1 moves the same bytes as data parallelism (ZeRO paper: 2 Psi), uneven shards cost
+  max_r f_r / (1/R) times more on the wire.
+
+Example (3 replicas, 10 GB of Adam state; free 6, 3 and 1 GB beyond their other bytes):
+    >>> shares = shard_fractions([6e9, 3e9, 1e9])
+    >>> [round(f, 2) for f in shares]
+    [0.6, 0.3, 0.1]
+    >>> sharded_memory_bytes([10e9, 12e9, 5e9], shares, optimizer_bytes=10e9)
+    (16000000000.0, 15000000000.0, 6000000000.0)
+    >>> round(shard_sync_s(shares, grad_bytes=2e9, weight_bytes=2e9, bandwidth_bytes_s=1e9, latency_s=0.0), 3)
+    4.8
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from hetpipe.errors import ConfigError
+
+
+def shard_fractions(free_bytes: Sequence[float]) -> tuple[float, ...]:
+    """f_r proportional to each card's free memory (negative free counts as none).
+
+    Raises `ConfigError` when no card has any free memory (nothing can hold the state).
+    """
+    free = [max(0.0, float(b)) for b in free_bytes]
+    total = sum(free)
+    if total <= 0:
+        raise ConfigError("optimizer-state sharding: no replica has free memory for a shard; "
+                          "use cards with more memory or offload the state (--offload auto)")
+    return tuple(b / total for b in free)
+
+
+def sharded_memory_bytes(base_bytes: Sequence[float], fractions: Sequence[float], *,
+                         optimizer_bytes: float) -> tuple[float, ...]:
+    """M_r = M_r(no optimizer state) + f_r * K Psi, per replica."""
+    if len(base_bytes) != len(fractions):
+        raise ValueError(f"{len(base_bytes)} replicas' bytes but {len(fractions)} shares")
+    return tuple(b + f * optimizer_bytes for b, f in zip(base_bytes, fractions))
+
+
+def shard_sync_s(fractions: Sequence[float], *, grad_bytes: float, weight_bytes: float,
+                 bandwidth_bytes_s: float, latency_s: float) -> float:
+    """T_shard: reduce-scatter of the gradients and all-gather of the weights on a ring with uneven shards."""
+    r = len(fractions)
+    if r <= 1:
+        return 0.0
+    return (r - 1) * max(fractions) * (grad_bytes + weight_bytes) / bandwidth_bytes_s + 2 * (r - 1) * latency_s

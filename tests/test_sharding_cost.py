@@ -1,0 +1,32 @@
+"""The ZeRO-1 sharding cost formula (cost_models/sharding.py): even shards reduce to data parallelism."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, strategies as st
+
+from hetpipe.cost_models.sharding import shard_fractions, shard_sync_s, sharded_memory_bytes
+from hetpipe.errors import ConfigError
+
+
+@given(st.lists(st.floats(min_value=0.0, max_value=1e12), min_size=1, max_size=8).filter(lambda v: sum(v) > 1.0))
+def test_shares_sum_to_one_and_follow_free_memory(free):
+    f = shard_fractions(free)
+    assert math.isclose(sum(f), 1.0, rel_tol=1e-9)
+    assert all(math.isclose(share * sum(free), b, rel_tol=1e-9, abs_tol=1e-6) for share, b in zip(f, free))
+
+
+@pytest.mark.parametrize("replicas", [2, 3, 4, 8])
+def test_even_shards_cost_the_ring_all_reduce(replicas):
+    f = shard_fractions([1.0] * replicas)
+    got = shard_sync_s(f, grad_bytes=5e9, weight_bytes=5e9, bandwidth_bytes_s=1e9, latency_s=0.0)
+    assert math.isclose(got, 2 * (replicas - 1) / replicas * 5e9 / 1e9)  # cost_formulas.md s.3.4
+
+
+def test_memory_adds_each_share_and_no_free_memory_is_refused():
+    assert sharded_memory_bytes([1.0, 2.0], (0.25, 0.75), optimizer_bytes=8.0) == (3.0, 8.0)
+    assert shard_sync_s((1.0,), grad_bytes=1.0, weight_bytes=1.0, bandwidth_bytes_s=1.0, latency_s=1.0) == 0.0
+    with pytest.raises(ConfigError, match="no replica has free memory"):
+        shard_fractions([0.0, -5.0])
