@@ -46,22 +46,15 @@ from hetpipe.plan.serde import from_json, least_version, to_json
 from hetpipe.plan.validate import validate_plan
 
 PLAN_FORMAT = "hetpipe.plan"
-#: Newest plan version this hetpipe reads and writes.  Version 2 adds `replicas` and `sync`
-#: (issue #6).  Single-pipeline plans are still written as version 1, so older hetpipe
-#: reads them; a plan with replicas is version 2, which older hetpipe refuses instead of
-#: silently running only `stages`.
-#: Version 3 adds optional fields, each declared with ``metadata={"since": 3}`` and written only
-#: when used (e.g. `PlanStage.recompute_units`, `PlanModel.loss`): a plan is written with the
-#: lowest version its content needs (`least_version`), so plans that use none stay 1 or 2.
-#: A single pipeline from `partition_graph` records each baseline's best cards
-#: (`BaselineReport.best`, issue 17), so it is version 3.
-#: Version 4 (issue 17): the objective is the simulated schedule with the optimizer step
+#: Newest plan version this hetpipe reads and writes.  Version 2 adds `replicas` and `sync` (issue
+#: #6): older hetpipe refuses them instead of silently running only `stages`.  From version 3 on,
+#: optional fields declare ``metadata={"since": N}`` and a plan is written with the lowest version
+#: its content needs (`least_version`).  3: `PlanStage.recompute_units`, `PlanModel.loss`,
+#: `BaselineReport.best`.  4: the objective is the simulated schedule with optimizer steps
 #: (`Plan.objective`, `UnitTimes.step`, `PlanStage.step_s`, `Plan.step_launch_s`,
-#: `Predicted.t_1f1b_estimate_s`); plans without `objective` were solved with the H-1F1B estimate
-#: and are re-checked with it.  Version 4 also carries the optimizer-offload lever (issue 14):
-#: `PlanStage.offload` with its bytes and seconds, and the devices' host figures
-#: (`PlanDevice.host_link_bytes_s`), written only by plans solved with ``--offload auto|all``.
-#: Version 4 may also carry tensor-parallel groups (`PlanStage.group_devices`, `group_shares`; issue 15).
+#: `Predicted.t_1f1b_estimate_s`; plans without `objective` are re-checked with the H-1F1B
+#: estimate), the offload lever (`PlanStage.offload*`, the devices' host figures; issue 14) and
+#: tensor-parallel groups (`PlanStage.group_devices`, `group_shares`; issue 15).
 PLAN_VERSION = 4
 #: The version of a plan without replicas.
 PLAN_VERSION_SINGLE = 1
