@@ -93,8 +93,8 @@ class BlockInput:
         self._last = None
 
 
-class ColumnParallelLinear(nn.Module):
-    """This member's output rows of a column-parallel layer: ``x -> x W_m^T + b_m``.
+class ShardedLinear(nn.Module):
+    """A member's slice of a linear layer (weight, optional bias) and the block input it shares.
 
     ``transposed``: the weight is stored (in, out), as Hugging Face's ``Conv1D`` stores it; it
     keeps the model's layout so its name and shape still match the model's weights.
@@ -108,25 +108,23 @@ class ColumnParallelLinear(nn.Module):
         self.block_input = block_input
         self.transposed = transposed
 
+    def matrix(self) -> torch.Tensor:
+        """The weight as ``F.linear`` takes it, (out, in)."""
+        return self.weight.t() if self.transposed else self.weight
+
+
+class ColumnParallelLinear(ShardedLinear):
+    """This member's output rows of a column-parallel layer: ``x -> x W_m^T + b_m``."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight.t() if self.transposed else self.weight
-        return F.linear(self.block_input(x), w, self.bias)
+        return F.linear(self.block_input(x), self.matrix(), self.bias)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(ShardedLinear):
     """This member's input columns of a row-parallel layer; the partial outputs summed over the group."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, block_input: BlockInput, *,
-                 transposed: bool = False) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(weight)
-        self.bias = nn.Parameter(bias) if bias is not None else None
-        self.block_input = block_input
-        self.transposed = transposed
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight.t() if self.transposed else self.weight
-        y = reduce_from_group(F.linear(x, w), self.block_input.group)
+        y = reduce_from_group(F.linear(x, self.matrix()), self.block_input.group)
         self.block_input.clear()
         return y if self.bias is None else y + self.bias
 
