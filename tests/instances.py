@@ -135,3 +135,25 @@ def brute_force(problem: Problem, *, stages: int | None = None) -> float:
             if ev.fits:
                 best = min(best, ev.iteration_s)
     return best
+
+
+def close(a: float, b: float, rel: float) -> bool:
+    """a and b equal within `rel` of the larger (or both infinite)."""
+    return a == b or abs(a - b) <= rel * max(abs(a), abs(b))
+
+
+def assert_solvers_match_brute_force(prob: Problem, exact, i: int) -> bool:
+    """`exact` (a DP answer or None) and CP-SAT both equal brute-force enumeration of the contract, and
+    each reports what its stages cost under `evaluate`.  False when no placement fits (both said so)."""
+    from hetpipe.partitioner.solvers.cpsat import solve_cpsat
+
+    ref = brute_force(prob)
+    assert close(exact.iteration_s if exact else math.inf, ref, 1e-9), (i, ref, exact)
+    got = solve_cpsat(prob, time_limit_s=20.0, seed=0)
+    if exact is None:
+        assert got.status == "INFEASIBLE", (i, got)
+        return False
+    assert got.status == "OPTIMAL" and close(got.iteration_s, ref, 1e-5), (i, got, ref)
+    for res in (exact, got):  # what a solver reports is what its stages cost
+        assert close(evaluate(prob, res.stages).iteration_s, res.iteration_s, 1e-9)
+    return True
