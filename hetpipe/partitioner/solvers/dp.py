@@ -55,6 +55,7 @@ from hetpipe.partitioner.solvers.counts import count_vectors, vectors
 from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.solvers.offload_band import offload_band
 from hetpipe.partitioner.solvers.recompute_band import shared_band
+from hetpipe.partitioner.solvers.simple_bounds import sum_lower_bound
 from hetpipe.partitioner.solvers.stage_moments import band_moments, memory_tables
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class DPResult:
 
     stages: tuple[Stage, ...]
     iteration_s: float
-    bound_s: float  # lower bound on T proven by the search (== iteration_s when exact)
+    bound_s: float  # lower bound on T proven by the search (== iteration_s when exact and no stage offloads)
     caps_tried: int
     exact: bool
 
@@ -327,71 +328,60 @@ def assign_stages(classes: Sequence[DeviceClass], picks: Sequence[tuple[int, int
     return tuple(stages)
 
 
-def simple_lower_bound(problem: Problem) -> float:
-    """A valid lower bound on T for any placement: S >= every unit on its fastest kind (S_lb),
-    and the bottleneck >= the largest such unit and >= S_lb / #devices.
-
-    Example:
-        >>> from hetpipe.partitioner.problem import DeviceSlot
-        >>> p = Problem({"a": (1.0, 3.0)}, {"a": (0.0, 0.0)}, (0, 0), (0, 0), (0, 0),
-        ...             (DeviceSlot("x", "a", "n", 1),), ((1.0,),), ((0.0,),), 3)
-        >>> simple_lower_bound(p)  # 4 + 2 * max(3, 4 / 1)
-        12.0
-    """
-    kinds = list(problem.fwd_s)
-    fastest = [min(problem.fwd_s[k][u] + problem.bwd_s[k][u] for k in kinds) for u in range(problem.num_units)]
-    s_lb = sum(fastest)
-    b_lb = max(max(fastest, default=0.0), s_lb / max(1, len(problem.devices)))
-    return s_lb + (problem.microbatches - 1) * b_lb
-
-
 MinSum = Callable[[float, bool], "tuple[float, tuple[Stage, ...]] | None"]
 
 
-def sum_lower_bound(problem: Problem) -> float:
-    """S >= every unit on its fastest kind (comm and memory only add)."""
-    kinds = list(problem.fwd_s)
-    return sum(min(problem.fwd_s[k][u] + problem.bwd_s[k][u] for k in kinds) for u in range(problem.num_units))
+def walk_value_s(problem: Problem, stages: Sequence[Stage]) -> tuple[float, float]:
+    """(S + (m - 1) b, T_est) of `stages`: what the cap walk minimises, and the estimate it reports.
+
+    They differ by the offload tail max_s O_s only, which no DP pass prices (a max over stages): the
+    walk is exact over S + (m - 1) b among the placements whose tails are under `Problem.offload_cap_s`,
+    and `offload_walk.tail_walk` walks that cap.  Ranking placements by T_est inside the walk would
+    drop, below an offloading placement's bottleneck, a placement with a slightly larger sum and no
+    tail (the brute-force contract found such misses).
+    """
+    ev = evaluate(problem, stages, objective="estimate")
+    return ev.iteration_s - ev.tail_s, ev.iteration_s
 
 
 def parametric_search(problem: Problem, min_sum: MinSum, *, time_limit_s: float,
-                seed: Sequence[Stage] | None = None) -> DPResult | None:
+                      seed: Sequence[Stage] | None = None) -> DPResult | None:
     """The cap walk of the module docstring around `min_sum(cap, bottleneck)`.
 
     `min_sum(cap, False)` is min S under the cap; `min_sum(cap, True)` the least
     achievable bottleneck under it (the same DP with max in place of +).  Any placement
-    better than the best T found has S >= S_lb and so a bottleneck below
+    better than the best found has S >= S_lb and so a bottleneck below
     (best - S_lb) / (m - 1): the walk scans only [b_min, that].  A feasible `seed`
     placement caps the first passes at its bottleneck, so no pass runs uncapped.
+    The walk ranks by S + (m - 1) b (`walk_value_s`); the result reports T_est of the best,
+    and its bound is on S + (m - 1) b, so also on T_est (the tail is >= 0).
     """
     m, start, tries = problem.microbatches, time.perf_counter(), 0
     s_lb = sum_lower_bound(problem)
     seed_ev = evaluate(problem, seed, objective="estimate") if seed is not None else None
     if seed_ev is not None and seed_ev.fits and m > 1:
-        best, best_stages, cap0 = seed_ev.iteration_s, tuple(seed), seed_ev.bottleneck_s * (1.0 + CAP_TOLERANCE)
+        best, best_stages, cap0 = seed_ev.iteration_s - seed_ev.tail_s, tuple(seed), seed_ev.bottleneck_s
     else:
         tries += 1
         first = min_sum(math.inf, False)
         if first is None:
             return None
-        s_lb, stages = first
-        ev = evaluate(problem, stages, objective="estimate")
-        best, best_stages, cap0 = ev.iteration_s, stages, ev.bottleneck_s * (1.0 + CAP_TOLERANCE)
+        s_lb, best_stages = first
+        ev = evaluate(problem, best_stages, objective="estimate")
+        best, cap0 = ev.iteration_s - ev.tail_s, ev.bottleneck_s
         if m == 1:  # T = S: the least sum is optimal
-            return DPResult(best_stages, best, best, tries, True)
+            return DPResult(best_stages, ev.iteration_s, min(best, ev.iteration_s), tries, True)
     tries += 2
-    least = min_sum(cap0, True)  # a placement with bottleneck <= cap0 exists ...
+    least = min_sum(cap0 * (1.0 + CAP_TOLERANCE), True)  # a placement with bottleneck <= cap0 exists ...
     if least is None:  # ... unless rounding hid it: fall back to the uncapped pass
         least = min_sum(math.inf, True)
         if least is None:
             return None
     b_min = least[0]
     bottom = min_sum(b_min * (1.0 + CAP_TOLERANCE), False)  # the window's floor: least sum at b_min
-    if bottom is not None:
-        t_bottom = evaluate(problem, bottom[1], objective="estimate").iteration_s
-        if t_bottom < best:
-            best, best_stages = t_bottom, bottom[1]
-    cap = (best - s_lb) / (m - 1)
+    if bottom is not None and walk_value_s(problem, bottom[1])[0] < best:
+        best, best_stages = walk_value_s(problem, bottom[1])[0], bottom[1]
+    cap, lower = (best - s_lb) / (m - 1), None
     while cap > b_min * (1.0 + CAP_TOLERANCE):  # walk down; S only grows as the cap falls
         tries += 1
         res = min_sum(cap, False)
@@ -399,14 +389,16 @@ def parametric_search(problem: Problem, min_sum: MinSum, *, time_limit_s: float,
             break
         s_cap, stages = res
         ev = evaluate(problem, stages, objective="estimate")
-        if ev.iteration_s < best:
-            best, best_stages = ev.iteration_s, stages
+        if ev.iteration_s - ev.tail_s < best:
+            best, best_stages = ev.iteration_s - ev.tail_s, stages
         if s_cap + (m - 1) * b_min >= best * (1.0 - CAP_TOLERANCE):
             break
         if time.perf_counter() - start > time_limit_s:
-            return DPResult(best_stages, best, min(best, s_cap + (m - 1) * b_min), tries, False)
+            lower = min(best, s_cap + (m - 1) * b_min)
+            break
         cap = min(ev.bottleneck_s, (best - s_lb) / (m - 1)) * (1.0 - CAP_TOLERANCE)
-    return DPResult(best_stages, best, best, tries, True)
+    t_est = walk_value_s(problem, best_stages)[1]
+    return DPResult(best_stages, t_est, best if lower is None else lower, tries, lower is None)
 
 
 def solve_exact(problem: Problem, *, state_budget: int = DEFAULT_STATE_BUDGET,

@@ -1,8 +1,10 @@
 """A relaxation of the contract for clusters too large for the exact DP.
 
 `relaxed_problem` forgets which node a card sits in: cards of one kind become one class
-with the kind's largest usable memory, and every link between two kinds is priced at
-the fastest link any such pair has (highest bandwidth, lowest latency).  Every real
+with the kind's largest usable memory and fastest host figures (host link and host memory
+bandwidth: they price the offload lever's tail, and the DP's classes split on them), and
+every link between two kinds is priced at the fastest link any such pair has (highest
+bandwidth, lowest latency).  Every real
 placement is a placement of the relaxed problem with T no larger, so the relaxed
 optimum (exact DP over kind counts, which is small: a few kinds) is a valid lower
 bound on the real optimum (with recomputation too: more memory never needs a longer prefix).
@@ -39,9 +41,10 @@ from hetpipe.partitioner.solvers.dp import (
     StateSpaceTooLarge,
     least_bottleneck,
     solve_exact,
-    sum_lower_bound,
 )
 from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
+from hetpipe.partitioner.solvers.offload_walk import tail_walk
+from hetpipe.partitioner.solvers.simple_bounds import sum_lower_bound
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 
 #: Usable bytes of a merged kind under ``recompute="auto"`` (`aggregate_kinds`): no memory limit.
@@ -60,8 +63,11 @@ def relaxed_problem(problem: Problem) -> Problem:
     """The node-free relaxation of `problem` (see the module docstring)."""
     devs = problem.devices
     usable: dict[str, int] = {}
+    host: dict[str, tuple[float, float]] = {}  # kind -> (host link, host memory) bytes/s, the best of its cards
     for d in devs:
         usable[d.kind] = max(usable.get(d.kind, 0), d.usable_bytes)
+        link, memory = host.get(d.kind, (0.0, 0.0))
+        host[d.kind] = (max(link, d.host_link_bytes_s), max(memory, d.host_memory_bytes_s))
     kinds = list(dict.fromkeys(d.kind for d in devs))
     of = np.asarray([kinds.index(d.kind) for d in devs])
     # numpy over the n x n link tables: a Python loop over card pairs took seconds at 1,024 cards
@@ -76,9 +82,15 @@ def relaxed_problem(problem: Problem) -> Problem:
     bw, lat = best_bw[of[:, None], of[None, :]], best_lat[of[:, None], of[None, :]]
     np.fill_diagonal(bw, math.inf)
     np.fill_diagonal(lat, 0.0)
-    relaxed = tuple(replace(d, node=ANY_NODE, usable_bytes=usable[d.kind]) for d in devs)
+    # One class per kind (`dp.device_classes` groups by kind, node, usable bytes and host figures):
+    # a faster host only shortens an offloading stage's tail, so the bound stays valid.
+    relaxed = tuple(replace(d, node=ANY_NODE, usable_bytes=usable[d.kind], host_link_bytes_s=host[d.kind][0],
+                            host_memory_bytes_s=host[d.kind][1]) for d in devs)
+    # ``all`` forces every able stage to offload, so a card made able (a better host) could only be
+    # forced to pay a tail: relaxed, the lever is ``auto`` (a superset of the choices ``all`` leaves)
+    lever = "auto" if problem.offload == "all" else problem.offload
     return replace(problem, devices=relaxed, bandwidth_bytes_s=tuple(map(tuple, bw.tolist())),
-                   latency_s=tuple(map(tuple, lat.tolist())))
+                   latency_s=tuple(map(tuple, lat.tolist())), offload=lever)
 
 
 def realise(problem: Problem, kinds: Sequence[str | tuple[str, ...]]) -> list[int]:
@@ -174,7 +186,7 @@ def aggregate_kinds(relaxed: Problem, *, merge_above: int = DEFAULT_STATE_BUDGET
 def _realised(problem: Problem, relaxed: Problem, members: dict[str, tuple[str, ...]],
               relaxed_stages: Sequence[Stage], *, time_limit_s: float) -> DPResult | None:
     order = realise(problem, [members[relaxed.devices[st.device].kind] for st in relaxed_stages])
-    return solve_fixed_order(problem, order, time_limit_s=time_limit_s)
+    return tail_walk(problem, lambda p, _: solve_fixed_order(p, order, time_limit_s=time_limit_s))
 
 
 def relaxed_bound(problem: Problem, *, seed: Sequence[Stage] | None, time_limit_s: float,
@@ -203,9 +215,10 @@ def relaxed_bound(problem: Problem, *, seed: Sequence[Stage] | None, time_limit_
     best = _realised(problem, relaxed, members, stages, time_limit_s=time_limit_s) if num_stages is None else None
     pass_s = time.perf_counter() - start
     if time_limit_s - pass_s > pass_s:  # the DP is time-limited itself: a partial walk still tightens the bound
-        try:
-            res = solve_exact(relaxed, time_limit_s=time_limit_s - pass_s, exact_stages=num_stages,
-                              seed=best.stages if best is not None else seed)
+        left_s, warm = time_limit_s - pass_s, best.stages if best is not None else seed
+        try:  # under the offload lever the DP's T carries a tail it does not minimise: the walk makes it exact
+            res = tail_walk(relaxed, lambda p, first: solve_exact(
+                p, time_limit_s=left_s, exact_stages=num_stages, seed=warm if first else None))
         except StateSpaceTooLarge:
             res = None
         if res is not None:

@@ -46,7 +46,8 @@ from dataclasses import dataclass
 
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.solvers.cpsat import solve_cpsat
-from hetpipe.partitioner.solvers.dp import DPResult, StateSpaceTooLarge, simple_lower_bound, solve_exact
+from hetpipe.partitioner.solvers.dp import DPResult, StateSpaceTooLarge, solve_exact
+from hetpipe.partitioner.solvers.simple_bounds import simple_lower_bound
 from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
 from hetpipe.partitioner.solvers.infeasible import explain_infeasible
 from hetpipe.partitioner.solvers.offload_walk import tail_walk
