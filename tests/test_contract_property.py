@@ -37,7 +37,9 @@ from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
 from hetpipe.partitioner.solvers.lagrange import bottleneck_floor, lagrange_bound
 from hetpipe.partitioner.solvers.offload_walk import tail_walk
 from hetpipe.partitioner.solvers.relax import relaxed_bound
+from hetpipe.partitioner.solvers.schedule_bound import pace_terms, schedule_walk
 from hetpipe.partitioner.solvers.solve import solve
+from hetpipe.partitioner.solvers.verify import first_step_floor
 from hetpipe.schedule.builders import one_f_one_b
 from hetpipe.schedule.held import stage_held_terms
 from hetpipe.schedule.simulate import SimCosts, simulate
@@ -306,3 +308,29 @@ def test_offload_walk_and_relaxation_agree_with_brute_force(prob: Problem) -> No
     if realised is not None:
         ev = evaluate(prob, realised.stages)
         assert ev.fits and _same(ev.iteration_s, realised.iteration_s) and ev.iteration_s >= best * (1 - REL)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(prob=schedule_instances(), offload=st.sampled_from(("never", "never", "auto", "all")))
+def test_pace_bound_holds_for_every_placement_and_the_walk_bounds_the_optimum(prob: Problem, offload: str) -> None:
+    """Issue 12 item 3 (`solvers/schedule_bound.py`): the replayed schedule T >= R_0 + G + S_0 for every
+    placement and lever choice, and the walk's bound plus the least first step <= the enumerated optimum."""
+    if offload != "never":
+        prob = replace(  # every card may offload: 2 of the 6x state bytes per gradient byte leave it
+            prob, devices=tuple(replace(d, host_link_bytes_s=4.0, host_memory_bytes_s=8.0) for d in prob.devices),
+            offload=offload, offload_rates=TEST_RATES, state_bytes=tuple(6 * s for s in prob.state_bytes),
+            grad_bytes=tuple(s * 2 for s in prob.state_bytes))
+    best = math.inf
+    for placement in all_placements(prob):
+        for choice in recompute_choices(prob, placement):
+            ev = evaluate(prob, choice)
+            r0, g = pace_terms(prob, choice)
+            assert r0 + g + ev.stages[0].step_s <= ev.iteration_s * (1 + REL), (choice, r0, g, ev)
+            if ev.fits:
+                best = min(best, ev.iteration_s)
+    if math.isinf(best):
+        return
+    walk = schedule_walk(prob)
+    first_step = first_step_floor(prob)
+    assert walk.bound_s + first_step <= best * (1 + REL), (walk, first_step, best)

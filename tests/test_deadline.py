@@ -14,6 +14,7 @@ import pytest
 from hetpipe.partitioner.problem import Problem, evaluate
 from hetpipe.partitioner.solvers import dp, fixed_order
 from hetpipe.partitioner.solvers.relax import relaxed_bound
+from hetpipe.partitioner.solvers.schedule_bound import schedule_walk
 from hetpipe.partitioner.solvers.solve import heuristic, solve, solve_estimate
 
 
@@ -68,3 +69,5 @@ def test_a_past_deadline_stops_the_relaxation_and_the_exact_dp(gpt_on_64_cards, 
     res = dp.solve_exact(sub, time_limit_s=-1.0, seed=seed.stages)
     assert not res.exact and res.stages == seed.stages and 0 < res.bound_s <= res.iteration_s
     assert not levels_past_deadline
+    walk = schedule_walk(sub, deadline=-math.inf, hints=[seed.stages])  # the schedule bound's walk
+    assert walk.bound_s == 0.0 and not walk.placements and not walk.exact  # nothing proved (once: inf)

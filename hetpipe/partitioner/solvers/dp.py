@@ -268,7 +268,7 @@ class _Lattice:
 
 
 def _min_sum_counts(tab: StageTables, cap: float, lattice: _Lattice, stages: int | None = None,
-                    *, bottleneck: bool = False, deadline: float = math.inf,
+                    *, bottleneck: bool = False, deadline: float = math.inf, level_caps: LevelCaps | None = None,
                     ) -> tuple[float, list[tuple[int, int, int]]] | None:
     """min S(cap) over the count vectors (exactly `stages` devices if given); with
     `bottleneck`, the least max term instead of the least sum.
@@ -276,7 +276,8 @@ def _min_sum_counts(tab: StageTables, cap: float, lattice: _Lattice, stages: int
     Returns (value, [(class, lo, hi)] front to back), or None when nothing fits under the cap.
     Raises `DeadlineReached` past `deadline` (`time.perf_counter()` seconds).
     """
-    vals, backs = _run_counts(tab, cap, lattice, np.maximum if bottleneck else np.add, deadline=deadline)
+    vals, backs = _run_counts(tab, cap, lattice, np.maximum if bottleneck else np.add, deadline=deadline,
+                              level_caps=level_caps)
     best: tuple[float, int, int, int] | None = None  # (value, total, row, class)
     for k, val in vals.items():
         if stages is not None and k != stages:
@@ -361,8 +362,13 @@ def least_bottleneck(problem: Problem, *, cap_s: float = math.inf, state_budget:
     return None if out is None else (out[0], with_recompute(problem, assign_stages(classes, out[1])))
 
 
+#: Per number k of stages in a suffix: (cap on its front stage's F + B, cap on the suffix's value).
+LevelCaps = Callable[[int], "tuple[float, float]"]
+
+
 def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callable = np.add, *,
-                deadline: float = math.inf) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+                deadline: float = math.inf, level_caps: LevelCaps | None = None,
+                ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
     """Backward DP over count vectors, all vectors with the same total k in one numpy batch.
 
     vals[k][i] has shape (C, L+1): the least cost of a suffix that uses the devices of
@@ -379,8 +385,9 @@ def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callab
         n = len(lattice.groups[k])
         val = np.full((n, C, L + 1), np.inf)
         bp = np.full((n, C, L + 1, 2), -1, dtype=np.int32)
+        band_cap, value_cap = (cap, math.inf) if level_caps is None else level_caps(k)
         for c in range(C):
-            band = tab.band(c, k - 1, cap, width)
+            band = tab.band(c, k - 1, min(cap, band_cap), width)
             if k == 1:
                 has = np.asarray([st[c] > 0 for st in lattice.groups[1]])
                 val[has, c] = band.min(axis=1)
@@ -400,6 +407,26 @@ def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callab
             u_best = np.minimum(rows[None, :] + w_best + 1, L)
             bp[idx, c, :, 0] = u_best
             bp[idx, c, :, 1] = np.take_along_axis(f_best, u_best, axis=1)
+        val[val > value_cap] = np.inf  # suffixes over their level's cap are not extended
         vals[k], backs[k] = val, bp
     return vals, backs
 
+
+class CountDP:
+    """The count-vector DP of `problem` built once, for callers that run many passes under caps of their
+    own (`schedule_bound`); raises `StateSpaceTooLarge` beyond `state_budget` rows."""
+
+    def __init__(self, problem: Problem, *, state_budget: int = DEFAULT_STATE_BUDGET) -> None:
+        self.problem, self.classes = problem, device_classes(problem)
+        limit = min(problem.num_units, len(problem.devices))
+        size = count_vectors([c.count for c in self.classes], limit)
+        if size * len(self.classes) * (problem.num_units + 1) > state_budget:
+            raise StateSpaceTooLarge(f"{size} device-count states")
+        self.lattice = _Lattice.build(self.classes, limit)
+        self.tables = StageTables(problem, self.classes)
+
+    def min_sum(self, cap: float, *, level_caps: LevelCaps | None = None,
+                deadline: float = math.inf) -> tuple[float, tuple[Stage, ...]] | None:
+        """Least S over placements whose stages' F + B are under `cap` and the caps of `level_caps`."""
+        out = _min_sum_counts(self.tables, cap, self.lattice, deadline=deadline, level_caps=level_caps)
+        return None if out is None else (out[0], with_recompute(self.problem, assign_stages(self.classes, out[1])))

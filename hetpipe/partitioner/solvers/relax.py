@@ -182,7 +182,7 @@ def aggregate_kinds(relaxed: Problem, *, merge_above: int = DEFAULT_STATE_BUDGET
     return merged, {"+".join(g): tuple(g) for g in groups}
 
 
-def _realised(problem: Problem, relaxed: Problem, members: dict[str, tuple[str, ...]],
+def realised(problem: Problem, relaxed: Problem, members: dict[str, tuple[str, ...]],
               relaxed_stages: Sequence[Stage], *, deadline: float) -> DPResult | None:
     """The relaxed pipeline's kinds on real cards (`realise`), re-cut for the real links and memory."""
     order = realise(problem, [members[relaxed.devices[st.device].kind] for st in relaxed_stages])
@@ -232,7 +232,7 @@ def relaxed_bound(problem: Problem, *, seed: Sequence[Stage] | None, time_limit_
             return math.inf, None  # nothing fits even with every card at its kind's best
         bound = max(bound, sum_lower_bound(problem) + (problem.microbatches - 1) * least[0])
         if num_stages is None:
-            best = _better(best, _realised(problem, relaxed, members, least[1], deadline=deadline))
+            best = _better(best, realised(problem, relaxed, members, least[1], deadline=deadline))
         solved, last = (relaxed, members), (time.perf_counter() - level_start, rows)
     pass_s = time.perf_counter() - start
     if solved is None or time_limit_s - pass_s <= pass_s:  # not even one more pass's time left
@@ -247,7 +247,7 @@ def relaxed_bound(problem: Problem, *, seed: Sequence[Stage] | None, time_limit_
     if res is not None:
         bound = max(bound, res.bound_s)
         if num_stages is None or len(res.stages) == num_stages:
-            best = _better(best, _realised(problem, relaxed, members, res.stages, deadline=deadline))
+            best = _better(best, realised(problem, relaxed, members, res.stages, deadline=deadline))
     return bound, best
 
 

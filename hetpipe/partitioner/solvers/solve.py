@@ -33,8 +33,11 @@ Example:
     ...                bandwidth_bytes_s=((inf, 1.0), (1.0, inf)), latency_s=((0.0, 0.0), (0.0, 0.0)),
     ...                microbatches=4)
     >>> sol = solve(prob)
-    >>> sol.solver, sol.status, sol.iteration_s, round(sol.bound_s, 2), sol.unused_devices  # (m+p-1)(F+B); verify.py
-    ('dp', 'FEASIBLE', 30.0, 27.43, ())
+    >>> sol.solver, sol.status, sol.iteration_s, round(sol.bound_s, 2), sol.unused_devices  # (m+p-1)(F+B)
+    ('dp', 'OPTIMAL', 30.0, 30.0, ())
+
+    (the schedule bound R_0 + G of `schedule_bound`: 12 s of round trip plus the last stage's 3 more
+    micro-batches of 6 s meets T.)
 """
 
 from __future__ import annotations

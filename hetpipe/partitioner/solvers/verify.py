@@ -32,6 +32,13 @@ optimizer step (`evaluate`, ``objective="schedule"``), so `verify`:
    With the offload lever an offloading stage's step is its tail O_b instead of S_b, so both
    bounds count each unit's least step over the two (`_step_floors`: O is linear in the parameters).
 
+   And the pace bound (`schedule_bound`, issue 12 item 3): every rank waits for ceil(m / k_s) round
+   trips R_s below it, so T >= R_0 + max_s max(q_s R_s, m W_s - R_s) + S_0 for every placement, minimised
+   over placements by the DP under caps on that max (on the problem, or on its coarsest relaxation
+   beyond the DP's budget); its placements are more starts for the local search when they beat the
+   candidates.  Time: a quarter of `limit_s` for the bottleneck pass, up to half for the pace bound,
+   the rest for the local search.
+
 The answer is OPTIMAL only when the bound meets it; otherwise the plan records the gap.  The
 brute-force tests check bound <= the enumerated schedule optimum <= answer.
 
@@ -59,6 +66,8 @@ from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.solvers.cap_walk import DeadlineReached
 from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, least_bottleneck
 from hetpipe.partitioner.solvers.offload_walk import best_levers
+from hetpipe.partitioner.solvers.relax import realised, relaxation_levels
+from hetpipe.partitioner.solvers.schedule_bound import schedule_walk
 
 #: Schedule evaluations the local search may spend (each replays O(p m) actions).
 LOCAL_MOVES = 3000
@@ -104,6 +113,32 @@ def _bound_and_placement(problem: Problem, deadline: float = math.inf) -> tuple[
     return max(bottleneck, fill_bound(problem, cards)), placement
 
 
+def pace_bound(problem: Problem, *, deadline: float,
+               hints: Sequence[Sequence[Stage]] = ()) -> tuple[float, list[tuple[Stage, ...]]]:
+    """`schedule_bound.schedule_walk`'s bound plus the least first step, and its placements on real cards.
+
+    On the problem itself when its DP fits, else on its coarsest relaxation (`relax.relaxation_levels`,
+    placements realised on real cards); 0 and none when neither finishes a pass by `deadline`."""
+    first_step = first_step_floor(problem)
+    try:
+        walk = schedule_walk(problem, deadline=deadline, hints=hints)
+        return walk.bound_s + first_step, [_levers(problem, p) for p in walk.placements]
+    except StateSpaceTooLarge:
+        pass
+    relaxed, members = relaxation_levels(problem)[0]
+    try:
+        walk = schedule_walk(relaxed, deadline=deadline, hints=hints)  # the relaxation prices them lower or equal
+    except StateSpaceTooLarge:
+        return 0.0, []
+    real = [realised(problem, relaxed, members, p, deadline=deadline) for p in walk.placements]
+    return walk.bound_s + first_step, [_levers(problem, r.stages) for r in real if r is not None]
+
+
+def first_step_floor(problem: Problem) -> float:
+    """The least step stage 0 can take: unit 0's least step floor over the kinds (`_step_floors`)."""
+    return min(s[0] for s in _step_floors(problem, launch=True).values())
+
+
 def _step_floors(problem: Problem, *, launch: bool) -> dict[str, tuple[float, ...]]:
     """Per kind, per unit: the least a unit adds to its stage's step in the schedule.  S_u (with the kind's
     launch share when `launch`), or, where a stage on that kind may offload, the least of S_u and the
@@ -139,8 +174,7 @@ def fill_bound(problem: Problem, cards: int) -> float:
     """
     m = problem.microbatches
     work = sum(min(problem.fwd_s[k][u] + problem.bwd_s[k][u] for k in problem.fwd_s) for u in range(problem.num_units))
-    first_step = min(s[0] for s in _step_floors(problem, launch=True).values())
-    return work / (1.0 - ((m - 1) / m) ** cards) + first_step
+    return work / (1.0 - ((m - 1) / m) ** cards) + first_step_floor(problem)
 
 
 def _neighbours(problem: Problem, stages: tuple[Stage, ...]) -> Iterator[tuple[Stage, ...]]:
@@ -183,10 +217,18 @@ def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stage
            limit_s: float = LOCAL_SEARCH_S) -> Verified:
     """The fastest of `candidates` (and of the least-bottleneck placement) under the schedule, each
     locally improved (keeping `num_stages` stages when given), with `schedule_bound`."""
-    bound, least = _bound_and_placement(problem, time.perf_counter() + limit_s / 2)
+    start_s = time.perf_counter()
+    bound, least = _bound_and_placement(problem, start_s + limit_s / 4)
+    paced, placed = pace_bound(problem, deadline=start_s + limit_s / 2, hints=candidates)
+    bound = max(bound, paced)
     starts = [tuple(c) if problem.offload == "never" else _levers(problem, c) for c in candidates]
-    if least is not None and (num_stages is None or len(least) == num_stages) and least not in starts:
-        starts.append(least)
+    given_s = min((evaluate(problem, c).iteration_s for c in starts if evaluate(problem, c).fits), default=math.inf)
+    for extra in ([least] if least is not None else []) + placed:
+        if (num_stages is None or len(extra) == num_stages) and extra not in starts:
+            ev = evaluate(problem, extra)
+            if extra is least or (ev.fits and ev.iteration_s < given_s):  # the walk's: only what beats the given
+                starts.append(extra)
+    limit_s = max(0.0, limit_s - (time.perf_counter() - start_s))
     best, best_s, first_s = None, math.inf, math.inf
     for start in starts:
         ev = evaluate(problem, start, objective="schedule")

@@ -1,0 +1,166 @@
+"""A tight lower bound on the 1F1B schedule's optimum, and the placements that reach it (issue 12 item 3).
+
+The schedule T of a placement (p stages, m micro-batches, `schedule.replay`) is bounded below
+stage by stage.  Write W_s = F_s + B_s, R_s = sum_{j>=s} W_j + 2 sum_{s<=j<p-1} C_j (micro-batch
+i's round trip from stage s's forward to its backward), k_s = min(p - s, m) (1F1B's micro-batches
+in flight on s) and R_0 - R_s = sum_{j<s} (W_j + 2 C_j).
+
+* **Round trip.**  Rank s runs F(i + k_s) right after B(i) (1F1B's steady state), and B(i) ends at
+  least R_s after F(i) starts (every op and transfer of micro-batch i's chain below s runs in
+  series).  With m - 1 = q k_s + r: rank s's last backward ends >= start(F(0)) + r F_s + (q + 1) R_s.
+  F(0) starts after sum_{j<s} (F_j + C_j); after B(m - 1) the gradient crosses stages s-1..0
+  (sum_{j<s} (B_j + C_j)), then stage 0 steps.  So T >= R_0 + q_s R_s + S_0, q_s = ceil(m / k_s) - 1.
+* **Work.**  Rank s runs m F and m B in series between the same fill and drain:
+  T >= R_0 - R_s + m W_s + S_0.
+
+Hence T >= R_0 + G + S_0 with G = max_s max(q_s R_s, m W_s - R_s).  Over every placement:
+
+    T* >= min_P (R_0(P) + G(P)) + min over kinds of unit 0's step (its least floor, `verify._step_floors`)
+
+`schedule_walk` bounds that minimum with the DP under caps gamma on G: every placement with
+G <= gamma has, at each stage s with k stages from it to the end, R_s <= gamma / q_k and
+W_s <= min(R_s, (gamma + R_s) / m); the count-vector DP (`dp.CountDP`), whose suffix values are
+exactly the R_s, keeps only suffixes and stages under those caps, so its least R_0, R_0*(gamma),
+is at most that of any placement with G <= gamma.  With caps gamma_0 < ... < gamma_n solved, a
+placement with G in (gamma_{i-1}, gamma_i] has R_0 + G > R_0*(gamma_i) + gamma_{i-1}, one with
+G <= gamma_0 has R_0 + G >= R_0*(gamma_0) + G_lb: the least of those (a staircase) is the bound,
+and each pass splits its weakest band.  On the
+estimate-optimal gpt2-xl placement on 256 cards the replay is 9.569 s and R_0 + G + S_0 is 9.55 s
+(the round trip of the last two stages, across a node boundary, sets the pace).
+
+Every relaxation of the contract (faster links, more memory, merged kinds: `relax`) only lowers
+R_s and W_s and admits more placements, so the walk on one still bounds the real optimum, and its
+placements, realised on real cards, are candidates the schedule itself prefers.
+
+Example (two equal stages of W = 3 s, free links, m = 4: T = (m + 1) W = 15 s; the bound: R_0 = 6 s
+plus G = q_1 R_1 = 3 x 3 s, the last stage's m - 1 more micro-batches; one tick of tolerance below):
+    >>> from hetpipe.partitioner.problem import DeviceSlot, Problem
+    >>> inf = float("inf")
+    >>> prob = Problem(fwd_s={"a": (1.0, 1.0)}, bwd_s={"a": (2.0, 2.0)}, state_bytes=(1, 1),
+    ...                activation_bytes=(1, 1), boundary_bytes=(0, 0),
+    ...                devices=(DeviceSlot("d0", "a", "n", 99), DeviceSlot("d1", "a", "n", 99)),
+    ...                bandwidth_bytes_s=((inf, inf), (inf, inf)), latency_s=((0.0, 0.0), (0.0, 0.0)), microbatches=4)
+    >>> walk = schedule_walk(prob)
+    >>> round(walk.bound_s, 6), walk.exact, evaluate(prob, walk.placements[0]).iteration_s
+    (15.0, True, 15.0)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.solvers.cap_walk import CAP_TOLERANCE, DeadlineReached
+from hetpipe.partitioner.solvers.dp import CountDP, LevelCaps
+from hetpipe.partitioner.solvers.simple_bounds import sum_lower_bound
+
+#: Placements of the walk kept as candidates for the schedule's local search (best first).
+KEEP_PLACEMENTS = 4
+#: Below the lowest cap solved, the next cap tried is this share of it while no cap below is known
+#: (G_lb is far below the optimum's G: bisecting down to it would waste passes).
+PROBE = 0.97
+
+
+@dataclass(frozen=True)
+class ScheduleWalk:
+    """min_P (R_0 + G) (module docstring) as a lower bound, and the walk's placements, best first."""
+
+    bound_s: float  # lower bound on R_0 + G over every placement (the step floor not included)
+    placements: tuple[tuple[Stage, ...], ...]
+    exact: bool  # the walk ended (bound_s is the minimum), not the deadline
+    passes: int
+
+
+def round_trip_factor(m: int, k: int) -> int:
+    """q_k = ceil(m / min(k, m)) - 1: how many more round trips R_s rank s waits for (module docstring).
+
+    Example:
+        >>> [round_trip_factor(8, k) for k in (1, 2, 3, 8, 9)]
+        [7, 3, 2, 0, 0]
+    """
+    return -(-m // min(k, m)) - 1
+
+
+def level_caps(m: int, gamma: float) -> LevelCaps:
+    """The DP's caps, which every placement with G <= gamma meets: at k stages from the end
+    R_s <= gamma / q_k, and W_s <= R_s and m W_s - R_s <= gamma, so W_s <= min(R cap, (gamma + R cap) / m)."""
+    def caps(k: int) -> tuple[float, float]:
+        q = round_trip_factor(m, k)
+        value = gamma / q if q > 0 else math.inf
+        return min(value, (gamma + value) / m), value
+    return caps
+
+
+def pace_terms(problem: Problem, stages: Sequence[Stage]) -> tuple[float, float]:
+    """(R_0, G) of a placement from its stage costs (`evaluate`)."""
+    costs = evaluate(problem, stages, objective="estimate").stages
+    m, p = problem.microbatches, len(costs)
+    suffix, g = 0.0, 0.0
+    for s in range(p - 1, -1, -1):
+        work = costs[s].fwd_s + costs[s].bwd_s
+        suffix += work + (2.0 * costs[s].send_s if s < p - 1 else 0.0)
+        g = max(g, round_trip_factor(m, p - s) * suffix, m * work - suffix)
+    return suffix, g
+
+
+def _staircase(points: dict[float, float], g_floor: float) -> tuple[float, float, float]:
+    """(bound, band's low gamma, band's high gamma) of the weakest band: with gamma_0 < ... < gamma_n the
+    caps solved (R_0*(inf) among them), a placement with G in (gamma_{i-1}, gamma_i] has
+    R_0 + G > R_0*(gamma_i) + gamma_{i-1}; one with G <= gamma_0 has R_0 + G >= R_0*(gamma_0) + g_floor."""
+    caps = sorted(points)
+    best = (points[caps[0]] + g_floor, g_floor, caps[0])
+    for low, high in zip(caps, caps[1:]):
+        if points[high] + low < best[0]:
+            best = (points[high] + low, low, high)
+    return best
+
+
+def schedule_walk(problem: Problem, *, deadline: float = math.inf, dp: CountDP | None = None,
+                  max_passes: int = 400, hints: Sequence[Sequence[Stage]] = ()) -> ScheduleWalk:
+    """min_P (R_0 + G) bounded by a staircase over caps gamma (module docstring): each pass solves the
+    least R_0 under one cap, in the weakest band (its middle; just below its top when the band
+    reaches down to G_lb), until the bound meets the best placement found, `max_passes`, or
+    `deadline` (a pass past it is abandoned).  The first cap is the least G of `hints` (placements of
+    `problem`; R_0*(inf) >= S_lb stands in for the uncapped pass).  Raises `StateSpaceTooLarge`
+    beyond the DP's budget."""
+    dp = CountDP(problem) if dp is None else dp
+    m = problem.microbatches
+    cards = min(problem.num_units, len(problem.devices))
+    g_floor = round_trip_factor(m, cards) * sum_lower_bound(problem)  # G >= q_p R_0 >= q_p S_lb
+    points: dict[float, float] = {}  # cap gamma -> least R_0 of the placements with G <= gamma (inf: none)
+    found: list[tuple[float, tuple[Stage, ...]]] = []
+    gamma, passes = math.inf, 0
+    if hints:
+        points[math.inf] = sum_lower_bound(problem)
+        gamma = min(pace_terms(problem, h)[1] for h in hints)
+    while passes < max_passes:
+        caps = level_caps(m, gamma)
+        try:
+            res = dp.min_sum(max(caps(k)[0] for k in range(1, cards + 1)), level_caps=caps, deadline=deadline)
+        except DeadlineReached:
+            break
+        passes += 1
+        points[gamma] = math.inf if res is None else res[0]
+        if res is not None:
+            real_r0, g = pace_terms(problem, res[1])
+            found.append((real_r0 + g, res[1]))
+            if g <= gamma:  # the caps at g admit it and no more than at gamma: R_0*(g) >= the same least R_0
+                points.setdefault(g, res[0])
+        if not found:
+            break  # nothing fits at all
+        bound, low, high = _staircase(points, g_floor)
+        if bound >= min(v for v, _ in found) * (1.0 - CAP_TOLERANCE) or time.perf_counter() > deadline:
+            break
+        if not math.isfinite(high):
+            gamma = 2 * max(low, g_floor)
+        else:
+            gamma = max((low + high) / 2, PROBE * high) if low <= g_floor else (low + high) / 2
+    if not found:  # inf only when the uncapped pass found nothing fits; 0 when no pass finished
+        return ScheduleWalk(math.inf if points.get(math.inf, 0.0) == math.inf else 0.0, (), False, passes)
+    bound = _staircase(points, g_floor)[0]
+    found.sort(key=lambda vs: vs[0])
+    return ScheduleWalk(bound, tuple(s for _, s in found[:KEEP_PLACEMENTS]),
+                        bound >= found[0][0] * (1.0 - CAP_TOLERANCE), passes)
