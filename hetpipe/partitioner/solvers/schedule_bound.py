@@ -119,7 +119,7 @@ def _staircase(points: dict[float, float], g_floor: float) -> tuple[float, float
 
 
 def schedule_walk(problem: Problem, *, deadline: float = math.inf, dp: CountDP | None = None,
-                  max_passes: int = 400, hints: Sequence[Sequence[Stage]] = ()) -> ScheduleWalk:
+                  max_passes: int = 48, hints: Sequence[Sequence[Stage]] = ()) -> ScheduleWalk:
     """min_P (R_0 + G) bounded by a staircase over caps gamma (module docstring): each pass solves the
     least R_0 under one cap, in the weakest band (its middle; just below its top when the band
     reaches down to G_lb), until the bound meets the best placement found, `max_passes`, or
