@@ -23,7 +23,8 @@ class Restart:
     """One relaunch of a supervised run.
 
     ``kind``: ``lost`` (a rank died; its device is left out of the new plan) or ``adapt`` (a
-    straggler report: the device is kept, priced at its measured slowdown).  ``failed_step``:
+    straggler report: the device is kept, priced at its measured slowdown; ``device`` is then
+    ``"a:0 -> b:1"`` for a slow link, priced at its measured slowdown both ways).  ``failed_step``:
     steps every rank had finished when the old job stopped; ``resumed_step``: the checkpoint's
     step the new job continued from; ``steps_redone`` = failed_step - resumed_step.
     ``replan_s``: wall seconds of the re-plan; ``restart_s``: wall seconds from the old job's end

@@ -15,7 +15,9 @@ supervision) at a time in ``RUN_DIR/attempt-<n>/`` and watches its run directory
   device, the step and how to continue.
 * **A straggler report** (``straggler-rank<r>.json``: stage, device, factor; written by the
   ranks' straggler detection) with ``--adapt``: the job is re-planned with that device's unit
-  times x factor (`hetpipe.plan.replan.scale_device`).  The gain over the remaining steps --
+  times x factor (`hetpipe.plan.replan.scale_device`), or for a slow link (``what: link``, the
+  record's ``link`` and its ``send->S`` factor) with that link's bandwidth / factor and latency
+  x factor (`hetpipe.plan.replan.scale_link`).  The gain over the remaining steps --
   measured recent step time x (1 - new T / old T with the slowdown), from the next checkpoint to
   the end -- is weighed against the measured cost of a restart (the re-plan plus this attempt's
   own start-up, from launch to its first finished step).  If it wins, the supervisor waits for
@@ -48,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetpipe.errors import ConfigError, RuntimeFailure
-from hetpipe.plan.replan import Replan, replan
+from hetpipe.plan.replan import Replan, link_pair, replan
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.checkpoint.files import find_checkpoint, is_complete, parse_step
 from hetpipe.runtime.launch import STOP_REQUEST, describe_exit, exit_codes, read_errors
@@ -100,6 +102,19 @@ class Straggler:
     device: str
     factor: float
     step: int  # the step it was reported at (0 if the report does not say)
+    link: tuple[str, str] | None = None  # a link straggler: its (sending, receiving) device ids
+
+    @property
+    def what(self) -> str:
+        """``rank 2 (n1:2)`` or, for a link, ``rank 1's link n0:1 -> n1:2``."""
+        return (f"rank {self.rank}'s link {self.link[0]} -> {self.link[1]}" if self.link
+                else f"rank {self.rank} ({self.device})")
+
+    def replan(self, plan: Plan) -> Replan:
+        """``plan`` re-solved with this slowdown priced in."""
+        if self.link is not None:
+            return replan(plan, link_slowdown={self.link: self.factor})
+        return replan(plan, slowdown={self.device: self.factor})
 
 
 @dataclass(frozen=True)
@@ -119,7 +134,7 @@ class Decision:
     def line(self) -> str:
         s = self.straggler
         verdict = f"restarting at the checkpoint of step {self.stop_step}" if self.go else "staying on this plan"
-        return (f"straggler: rank {s.rank} ({s.device}) {s.factor:.3g}x slower at step {s.step}; re-planned in "
+        return (f"straggler: {s.what} {s.factor:.3g}x slower at step {s.step}; re-planned in "
                 f"{self.replan.replan_s:.3g} s: {stage_text(self.replan.plan)}, T {self.replan.old_iteration_s:.4g} "
                 f"-> {self.replan.new_iteration_s:.4g} s; predicted gain {self.gain_s:.3g} s vs restart cost "
                 f"{self.cost_s:.3g} s: {verdict}")
@@ -152,26 +167,26 @@ def diagnose(run_dir: Path, plan: Plan, *, start: int) -> Death | None:
 
 
 def read_straggler(path: Path, plan: Plan) -> Straggler | None:
-    """A compute straggler report (None while it is being written, for a link straggler, or when it
-    names no device of the plan).  Reads the faults package's `StragglerRecord` file (``factors``:
-    measure -> measured / predicted; ``detected_step``) and a plain ``{"factor": F, "step": K}``."""
+    """A straggler report (None while it is being written, or when it names no device or link of the plan).
+    Reads the faults package's `StragglerRecord` file (``what``: compute or link; ``factors``: measure ->
+    measured / predicted; ``link``: ``"a:0 -> b:0"``; ``detected_step``) and a plain ``{"factor": F, "step": K}``."""
     try:
         doc = json.loads(path.read_text())
         rank = int(doc.get("rank", path.stem.removeprefix("straggler-rank")))
         stage = int(doc.get("stage", rank))
         device = str(doc.get("device") or plan.stages[stage].device)
+        what = doc.get("what", "compute")
         factors = doc.get("factors") or {}
-        compute = [float(v) for k, v in factors.items() if k in ("fwd", "bwd")]
-        factor = float(doc["factor"]) if "factor" in doc else max(compute)
+        wanted = [float(v) for k, v in factors.items() if (k in ("fwd", "bwd")) == (what == "compute")]
+        factor = float(doc["factor"]) if "factor" in doc else max(wanted)
         step = int(doc.get("detected_step", doc.get("step", 0)))
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        return None
-    if doc.get("what", "compute") != "compute":
-        log.warning("straggler: rank %d's link %s is slower than planned; --adapt re-plans only for slow compute "
-                    "(not for links yet): staying on this plan", rank, doc.get("link", "?"))
+        link = link_pair(doc["link"]) if what == "link" else None
+    except (OSError, ValueError, KeyError, TypeError, IndexError, ConfigError):
         return None
     known = {d.id for d in plan.devices}
-    return Straggler(rank, stage, device, factor, step) if device in known and factor > 1.0 else None
+    if not {device, *(link or ())} <= known or factor <= 1.0:
+        return None
+    return Straggler(rank, stage, device, factor, step, link)
 
 
 def newest_checkpoint(root: Path) -> int:
@@ -250,11 +265,11 @@ def decide(job: _Attempt, straggler: Straggler, records: dict[int, StepsDone], *
     """Re-plan for ``straggler`` and weigh the gain against the restart (None: no checkpoint to stop at)."""
     done = steps_finished(records, len(job.plan.stages), start)
     if not every:
-        log.warning("straggler: rank %d (%s) %.3gx slower; --adapt stops only at checkpoints and this run has no "
-                    "--checkpoint-every: staying on this plan", straggler.rank, straggler.device, straggler.factor)
+        log.warning("straggler: %s %.3gx slower; --adapt stops only at checkpoints and this run has no "
+                    "--checkpoint-every: staying on this plan", straggler.what, straggler.factor)
         return None
     stop = (done // every + 1) * every
-    rp = replan(job.plan, slowdown={straggler.device: straggler.factor})
+    rp = straggler.replan(job.plan)
     recent_s = max((r.recent_real_s() for r in records.values()), default=0.0)
     new_real_s = recent_s * rp.new_iteration_s / rp.old_iteration_s  # the measured step, scaled by the plans' ratio
     startup_s = (job.first_step_at - job.started) if not math.isnan(job.first_step_at) else math.inf
@@ -334,7 +349,8 @@ def _next_pending(job: _Attempt, decision: Decision | None, opts: SuperviseOptio
                                                      death.failed_step)
     else:
         s, rp = decision.straggler, decision.replan
-        kind, cause, rank, device, factor = "adapt", f"straggler report of rank {s.rank}", s.rank, s.device, s.factor
+        kind, cause, rank, factor = "adapt", f"straggler report of rank {s.rank}", s.rank, s.factor
+        device = f"{s.link[0]} -> {s.link[1]}" if s.link else s.device
         failed = steps_finished(records, len(job.plan.stages), start)
     resumed = newest_checkpoint(opts.checkpoint_dir) or _resume_step(opts.resume)
     failed = max(failed, resumed)  # a complete checkpoint proves every rank finished its step (records may lag)
