@@ -39,7 +39,7 @@ from hetpipe.errors import ConfigError, RuntimeFailure
 from hetpipe.plan.check import check_plan
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.checkpoint.options import checkpoint_args
-from hetpipe.runtime.faults.options import FaultArgs, fault_args
+from hetpipe.runtime.faults.options import FaultArgs, check_wait_for_return, fault_args
 from hetpipe.runtime.launch import LaunchSpec, launch
 from hetpipe.runtime.report import RankResult, RunReport, build_report
 from hetpipe.runtime.user_checks import check_user_code
@@ -212,7 +212,7 @@ def run(
     save_weights: str | Path | None = None,
     checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, resume: str | Path | None = None,
     inject: Sequence[str] | None = None, straggler_margin: float | None = None, straggler_steps: int | None = None,
-    max_restarts: int | None = None, adapt: bool = False,
+    max_restarts: int | None = None, adapt: bool = False, wait_for_return: float | None = None,
 ) -> RunReport:
     """Train ``model`` for ``steps`` optimizer steps with ``plan`` (see the module docstring).
 
@@ -221,12 +221,12 @@ def run(
     ``weights``: a checkpoint to start from, each rank reading its stage only (default: `seeded_init`
     from ``seed``); ``save_weights``: a folder for the trained weights (`hetpipe.runtime.stage.weights`).
     ``checkpoint_dir`` / ``checkpoint_every`` / ``resume``: `hetpipe.runtime.checkpoint` (``steps``: the total to reach).
-    ``max_restarts`` / ``adapt``: relaunch on a new plan after a lost rank / a straggler (`hetpipe.runtime.supervise`).
+    ``max_restarts`` / ``adapt`` / ``wait_for_return``: `hetpipe.runtime.supervise` (lost ranks, stragglers).
     Raises `PlanError` (plan for another model), `ScheduleError`, `ConfigError` before
     launching; `RuntimeFailure` naming the rank, stage and action if a rank fails.
     """
     plan = plan if isinstance(plan, Plan) else Plan.load(plan)
-    if max_restarts is not None or adapt:
+    if max_restarts is not None or adapt or wait_for_return is not None:
         return _supervised(plan, locals())
     if timeout_s is None:
         timeout_s = _default_timeout_s(plan, steps=steps, emulate=emulate, safety_factor=safety_factor)
@@ -253,7 +253,7 @@ def run(
     return out
 
 
-_NOT_PER_ATTEMPT = ("plan", "resume", "run_dir", "report", "max_restarts", "adapt")
+_NOT_PER_ATTEMPT = ("plan", "resume", "run_dir", "report", "max_restarts", "adapt", "wait_for_return")
 
 
 def _supervised(plan: Plan, args: dict[str, Any]) -> RunReport:
@@ -267,6 +267,7 @@ def _supervised(plan: Plan, args: dict[str, Any]) -> RunReport:
 
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigError(f"--max-restarts must be a whole number of restarts, 0 or more; got {max_restarts!r}")
+    wait_s = check_wait_for_return(args["wait_for_return"], max_restarts)
     if once["checkpoint_dir"] is None:
         flag = "--adapt" if adapt else f"--max-restarts {max_restarts}"
         raise ConfigError(f"{flag} needs --checkpoint-dir DIR (and --checkpoint-every N): a relaunched job "
@@ -277,7 +278,7 @@ def _supervised(plan: Plan, args: dict[str, Any]) -> RunReport:
     opts = SuperviseOptions(checkpoint_dir=Path(writable_folder(once["checkpoint_dir"], "--checkpoint-dir")),
                             steps=once["steps"], max_restarts=max_restarts, adapt=adapt,
                             resume=str(resume) if resume is not None else None,
-                            checkpoint_every=once["checkpoint_every"])
+                            checkpoint_every=once["checkpoint_every"], wait_for_return_s=wait_s)
 
     def attempt(p: Plan, folder: Path, resume_from: str | None) -> RunReport:
         # Injected faults (``inject``, hetpipe.runtime.faults) belong to the first launch: a kill is

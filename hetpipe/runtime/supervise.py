@@ -8,7 +8,9 @@ supervision) at a time in ``RUN_DIR/attempt-<n>/`` and watches its run directory
   an ``error-rank<r>.json``: it could not say why, so its device is taken to be gone).  With
   restarts left (``--max-restarts N``), its device is removed and the job re-planned on the
   survivors from the plan's own tables (`hetpipe.plan.replan`, seconds), then resumed from the
-  newest complete checkpoint of ``--checkpoint-dir``.  The steps every rank had finished
+  newest complete checkpoint of ``--checkpoint-dir``.  With ``--wait-for-return SECONDS`` the
+  supervisor first waits that long for the device to be back (`hetpipe.runtime.faults.returns`)
+  and, if it is, resumes on the same plan (restart kind ``returned``); else it re-plans.  The steps every rank had finished
   since that checkpoint are redone (``steps_redone``), nothing else.  Any other failure (a rank
   that reported an error, a timeout without a dead rank) is raised as it is: re-planning
   would not fix it.  Without restarts left, one `RuntimeFailure` names the dead rank, its
@@ -53,6 +55,7 @@ from hetpipe.errors import ConfigError, RuntimeFailure
 from hetpipe.plan.replan import Replan, link_pair, replan
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.checkpoint.files import find_checkpoint, is_complete, parse_step
+from hetpipe.runtime.faults.returns import wait_for_return
 from hetpipe.runtime.launch import STOP_REQUEST, describe_exit, exit_codes, read_errors
 from hetpipe.runtime.report import RunReport
 from hetpipe.runtime.restarts import Restart
@@ -80,6 +83,7 @@ class SuperviseOptions:
     adapt: bool = False
     resume: str | None = None
     checkpoint_every: int | None = None  # adapt stops the job only at checkpoints
+    wait_for_return_s: float | None = None  # after a lost rank: wait this long for its device, then re-plan
     poll_s: float = POLL_S
 
 
@@ -237,6 +241,7 @@ class _Pending:
     old_stages: str
     old_measured_s: float
     ended: float
+    waited_s: float = 0.0
 
     def finish(self, job: _Attempt) -> Restart:
         began = job.first_step_at if not math.isnan(job.first_step_at) else job.ended
@@ -248,7 +253,7 @@ class _Pending:
                        restart_s=began - self.ended, old_predicted_s=self.replan.old_iteration_s,
                        new_predicted_s=self.replan.new_iteration_s, old_stages=self.old_stages,
                        new_stages=stage_text(self.replan.plan), old_measured_s=self.old_measured_s,
-                       new_measured_s=new_s, factor=self.factor)
+                       new_measured_s=new_s, factor=self.factor, waited_s=self.waited_s)
 
 
 def recent_iteration_s(records: dict[int, StepsDone]) -> float:
@@ -323,8 +328,10 @@ def _watch(job: _Attempt, opts: SuperviseOptions, *, every: int | None, start: i
     return decision if decision is not None and stop.exists() else None
 
 
-def _lost(job: _Attempt, opts: SuperviseOptions, *, start: int, restarts_used: int) -> tuple[Death, Replan]:
-    """The failed job's dead ranks and the re-plan without their devices; raises when it cannot restart."""
+def _lost(job: _Attempt, opts: SuperviseOptions, *, start: int,
+          restarts_used: int) -> tuple[Death, Replan, float, bool]:
+    """The failed job's dead ranks and what to resume on: (death, re-plan, seconds waited, whether the
+    devices came back -- then the re-plan is the same plan).  Raises when it cannot restart."""
     death = diagnose(job.run_dir, job.plan, start=start)
     if death is None:
         raise job.error if job.error is not None else RuntimeFailure("the job ended without a report")
@@ -335,7 +342,16 @@ def _lost(job: _Attempt, opts: SuperviseOptions, *, start: int, restarts_used: i
                              f"{death.failed_step} steps); --max-restarts {opts.max_restarts} {used}: rerun with "
                              f"--max-restarts {opts.max_restarts + 1} to re-plan on the surviving devices, or "
                              f"continue by hand ({cont})")
-    return death, replan(job.plan, lost=death.devices)
+    waited = 0.0
+    if opts.wait_for_return_s:
+        lost = dict(zip(death.ranks, death.devices))
+        back = wait_for_return(lost, attempt_dir=job.run_dir, run_dir=job.run_dir.parent,
+                               timeout_s=opts.wait_for_return_s)
+        if back is not None:
+            t = job.plan.predicted.iteration_s
+            return death, Replan(job.plan, t, t, 0.0), back, True
+        waited = opts.wait_for_return_s
+    return death, replan(job.plan, lost=death.devices), waited, False
 
 
 def _next_pending(job: _Attempt, decision: Decision | None, opts: SuperviseOptions, *, start: int,
@@ -343,10 +359,11 @@ def _next_pending(job: _Attempt, decision: Decision | None, opts: SuperviseOptio
     """What the relaunch after ``job`` resumes from and runs (a dead rank's, or an adapt decision's)."""
     records = read_steps(job.run_dir)
     measured = recent_iteration_s(records)
+    waited = 0.0
     if decision is None:
-        death, rp = _lost(job, opts, start=start, restarts_used=restarts_used)
-        kind, cause, rank, device, factor, failed = ("lost", death.cause, death.ranks[0], death.devices[0], 0.0,
-                                                     death.failed_step)
+        death, rp, waited, returned = _lost(job, opts, start=start, restarts_used=restarts_used)
+        kind, cause, rank, device, factor, failed = ("returned" if returned else "lost", death.cause, death.ranks[0],
+                                                     death.devices[0], 0.0, death.failed_step)
     else:
         s, rp = decision.straggler, decision.replan
         kind, cause, rank, factor = "adapt", f"straggler report of rank {s.rank}", s.rank, s.factor
@@ -358,7 +375,7 @@ def _next_pending(job: _Attempt, decision: Decision | None, opts: SuperviseOptio
         raise RuntimeFailure(f"{cause}: the job had saved its last checkpoint (step {resumed}) and then failed; "
                              f"the trained state is in {opts.checkpoint_dir}")
     return _Pending(kind, cause, rank, device, factor, failed, resumed, rp, stage_text(job.plan), measured,
-                    job.ended)
+                    job.ended, waited)
 
 
 def supervise(plan: Plan, attempt: AttemptFn, opts: SuperviseOptions, *, run_dir: Path | None = None) -> RunReport:

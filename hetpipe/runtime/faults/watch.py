@@ -31,6 +31,7 @@ from statistics import median
 from typing import Any, Sequence
 
 from hetpipe.runtime.faults.inject import KILL_EXIT_CODE, FaultSchedule
+from hetpipe.runtime.faults.returns import write_down
 from hetpipe.runtime.faults.straggler import (
     DEFAULT_MARGIN, DEFAULT_STEPS, StepRatios, StragglerDetector, StragglerRecord, write_straggler,
 )
@@ -88,7 +89,10 @@ class StepWatch:
     def before_step(self, step: int) -> None:
         """Apply the faults in force at ``step``: exit hard, or set the emulator's factors."""
         self.step = step
-        if self.faults.kills(rank=self.rank, step=step):
+        kill = self.faults.kill_at(rank=self.rank, step=step)
+        if kill is not None:
+            if kill.down_s:  # when the device is back: the injector knows, a supervisor may wait for it
+                write_down(self.run_dir, rank=self.rank, device=self.device, down_s=kill.down_s)
             log.error("rank %d: injected kill at the start of step %d (exit %d, no cleanup)", self.rank, step,
                       KILL_EXIT_CODE)
             sys.stderr.flush()
