@@ -32,13 +32,13 @@ def test_a_device_is_back_by_its_marker_or_its_kills_record(tmp_path):
         parse_fault("kill:rank=2,step=3,down=-1")
     attempt = tmp_path / "attempt-0"
     attempt.mkdir()
-    assert wait_for_return({2: "n1:2"}, attempt_dir=attempt, run_dir=tmp_path, timeout_s=0.05, poll_s=0.01) is None
+    assert wait_for_return(["n1:2"], attempt_dir=attempt, run_dir=tmp_path, timeout_s=0.05, poll_s=0.01) is None
     back_marker(tmp_path, "n1:2").write_text("")
-    assert wait_for_return({2: "n1:2"}, attempt_dir=attempt, run_dir=tmp_path, timeout_s=0.05) is not None
-    write_down(attempt, rank=1, device="n0:1", down_s=3600.0)  # back in an hour: not within the wait
-    assert wait_for_return({1: "n0:1"}, attempt_dir=attempt, run_dir=tmp_path, timeout_s=0.05, poll_s=0.01) is None
-    write_down(attempt, rank=1, device="n0:1", down_s=0.0)
-    assert wait_for_return({1: "n0:1", 2: "n1:2"}, attempt_dir=attempt, run_dir=tmp_path, timeout_s=1.0) is not None
+    assert wait_for_return(["n1:2"], attempt_dir=attempt, run_dir=tmp_path, timeout_s=0.05) is not None
+    write_down(attempt, "n0:1", down_s=3600.0)  # back in an hour: not within the wait
+    assert wait_for_return(["n0:1"], attempt_dir=attempt, run_dir=tmp_path, timeout_s=0.05, poll_s=0.01) is None
+    write_down(attempt, "n0:1", down_s=0.0)
+    assert wait_for_return(["n0:1", "n1:2"], attempt_dir=attempt, run_dir=tmp_path, timeout_s=1.0) is not None
 
 
 def test_the_wait_option_is_checked_and_the_report_says_which_was_chosen(setup, tmp_path, capsys):  # noqa: F811
@@ -88,3 +88,22 @@ def test_a_returning_device_resumes_the_same_plan_bitwise(setup, tmp_path, monke
     assert any(k.startswith("optim/") for k in compared) and any(k.startswith("model/") for k in compared)
     for key in compared:
         assert torch.equal(ended[key], resumed[key]), key
+
+
+def test_a_cut_link_is_diagnosed_from_the_ranks_errors(tmp_path):
+    from hetpipe.runtime.launch import RankError, write_error
+    from hetpipe.runtime.supervise import diagnose, diagnose_cut
+    from tests.runtime_plans import synthetic_plan
+
+    plan = synthetic_plan()  # n0:0, n0:1, n1:2
+    write_error(tmp_path, RankError(2, 2, "1F0", "rank 2 (stage 2) failed waiting on 1F0 from rank 1 (the emulated "
+                                    "link from rank 1 to rank 2 was cut by --inject link:src=1,dst=2,factor=inf,step=3)",
+                                    "RuntimeFailure", 1.0))
+    assert diagnose(tmp_path, plan, start=0) is None  # every rank reported: no silent death
+    death = diagnose_cut(tmp_path, plan, start=0)
+    assert death is not None and death.link == ("n0:1", "n1:2") and death.devices == ("n1:2",)
+    assert death.keys == ("n0:1 -> n1:2",) and death.ranks == (1,)
+    write_error(tmp_path, RankError(1, 1, "1F0", "the emulated link n0:1 -> n1:2 is cut (--inject) and nothing arrived",
+                                    "RuntimeFailure", 0.5))
+    assert diagnose_cut(tmp_path, plan, start=0).link == ("n0:1", "n1:2")
+    assert parse_fault("link:src=1,dst=2,factor=cut,step=3,down=2").spec() == "link:src=1,dst=2,factor=inf,step=3,down=2"

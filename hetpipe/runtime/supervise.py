@@ -42,6 +42,7 @@ import dataclasses
 import json
 import logging
 import math
+import re
 import shutil
 import signal
 import tempfile
@@ -95,6 +96,12 @@ class Death:
     devices: tuple[str, ...]
     cause: str
     failed_step: int
+    link: tuple[str, str] | None = None  # an emulated link cut (--inject): its devices; `devices` is its far end
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """What to wait for with --wait-for-return: the lost devices, or the cut link ``a -> b``."""
+        return (f"{self.link[0]} -> {self.link[1]}",) if self.link else self.devices
 
 
 @dataclass(frozen=True)
@@ -168,6 +175,27 @@ def diagnose(run_dir: Path, plan: Plan, *, start: int) -> Death | None:
     cause = "; ".join(f"rank {r} (stage {s}, device {d}) {describe_exit(codes[r])}"
                       for r, s, d in zip(dead, stages, devices))
     return Death(tuple(dead), devices, cause, steps_finished(records, len(plan.stages), start))
+
+
+_CUT_BY_DEVICES = re.compile(r"the emulated link (\S+) -> (\S+) is cut")
+_CUT_BY_RANKS = re.compile(r"the emulated link from rank (\d+) to rank (\d+) was cut")
+
+
+def diagnose_cut(run_dir: Path, plan: Plan, *, start: int) -> Death | None:
+    """The emulated link whose cut (``--inject link:...,factor=cut``) failed the launch, named by the ranks'
+    errors, or None.  A cut is survived like the loss of its far end: the pipeline has no other way there."""
+    for err in read_errors(run_dir):
+        by_devices, by_ranks = _CUT_BY_DEVICES.search(err.message), _CUT_BY_RANKS.search(err.message)
+        if by_devices:
+            link = (by_devices.group(1), by_devices.group(2))
+        elif by_ranks and max(int(g) for g in by_ranks.groups()) < len(plan.stages):
+            link = tuple(plan.stages[int(g)].device for g in by_ranks.groups())
+        else:
+            continue
+        stage = next(i for i, s in enumerate(plan.stages) if s.device == link[0])
+        done = steps_finished(read_steps(run_dir), len(plan.stages), start)
+        return Death((stage,), (link[1],), f"the emulated link {link[0]} -> {link[1]} was cut", done, link)
+    return None
 
 
 def read_straggler(path: Path, plan: Plan) -> Straggler | None:
@@ -332,7 +360,7 @@ def _lost(job: _Attempt, opts: SuperviseOptions, *, start: int,
           restarts_used: int) -> tuple[Death, Replan, float, bool]:
     """The failed job's dead ranks and what to resume on: (death, re-plan, seconds waited, whether the
     devices came back -- then the re-plan is the same plan).  Raises when it cannot restart."""
-    death = diagnose(job.run_dir, job.plan, start=start)
+    death = diagnose(job.run_dir, job.plan, start=start) or diagnose_cut(job.run_dir, job.plan, start=start)
     if death is None:
         raise job.error if job.error is not None else RuntimeFailure("the job ended without a report")
     if restarts_used >= opts.max_restarts:
@@ -344,8 +372,7 @@ def _lost(job: _Attempt, opts: SuperviseOptions, *, start: int,
                              f"continue by hand ({cont})")
     waited = 0.0
     if opts.wait_for_return_s:
-        lost = dict(zip(death.ranks, death.devices))
-        back = wait_for_return(lost, attempt_dir=job.run_dir, run_dir=job.run_dir.parent,
+        back = wait_for_return(death.keys, attempt_dir=job.run_dir, run_dir=job.run_dir.parent,
                                timeout_s=opts.wait_for_return_s)
         if back is not None:
             t = job.plan.predicted.iteration_s
@@ -363,7 +390,7 @@ def _next_pending(job: _Attempt, decision: Decision | None, opts: SuperviseOptio
     if decision is None:
         death, rp, waited, returned = _lost(job, opts, start=start, restarts_used=restarts_used)
         kind, cause, rank, device, factor, failed = ("returned" if returned else "lost", death.cause, death.ranks[0],
-                                                     death.devices[0], 0.0, death.failed_step)
+                                                     death.keys[0], 0.0, death.failed_step)
     else:
         s, rp = decision.straggler, decision.replan
         kind, cause, rank, factor = "adapt", f"straggler report of rank {s.rank}", s.rank, s.factor

@@ -8,6 +8,7 @@ resumed run continues the count):
 * ``link:src=A,dst=B,factor=F,step=K`` -- the emulated link from rank A to rank B (pipeline
   neighbours) carries every message F times slower (`LinkClock.factor`); ``factor=inf`` or
   ``factor=cut`` cuts it: a send over it blocks for the timeout, then the run fails naming the link;
+  with ``down=S`` the cut link is back S seconds after step K (``RUN_DIR/down-<link>.json``);
 * ``kill:rank=R,step=K[,down=S]`` -- rank R's process exits at once with status `KILL_EXIT_CODE` at the
   start of step K (``os._exit``: no cleanup, no error file, like a node that lost power); with
   ``down=S`` its device is back S seconds later (``RUN_DIR/down-rank<R>.json``, read by
@@ -47,7 +48,7 @@ from hetpipe.errors import ConfigError
 KILL_EXIT_CODE = 137
 KINDS = ("slow", "link", "kill")
 _FIELDS = {"slow": ("rank", "factor", "step"), "link": ("src", "dst", "factor", "step"), "kill": ("rank", "step")}
-_OPTIONAL = {"kill": ("down",)}  # seconds until a killed rank's device is back (0: not said)
+_OPTIONAL = {"kill": ("down",), "link": ("down",)}  # seconds until a killed device / cut link is back (0: not said)
 _EXAMPLES = {"slow": "slow:rank=1,factor=3,step=2", "link": "link:src=0,dst=1,factor=4,step=2",
              "kill": "kill:rank=2,step=5"}
 
@@ -72,13 +73,15 @@ class SlowLink:
     dst: int
     factor: float
     step: int
+    down_s: float = 0.0  # a cut: seconds until it is back (0: not said)
 
     @property
     def cut(self) -> bool:
         return math.isinf(self.factor)
 
     def spec(self) -> str:
-        return f"link:src={self.src},dst={self.dst},factor={self.factor:g},step={self.step}"
+        down = f",down={self.down_s:g}" if self.down_s else ""
+        return f"link:src={self.src},dst={self.dst},factor={self.factor:g},step={self.step}{down}"
 
 
 @dataclass(frozen=True)
@@ -165,7 +168,8 @@ def parse_fault(text: str) -> Fault:
         return SlowCompute(_int(text, "rank", f["rank"]), _factor(text, f["factor"], cut_allowed=False), step)
     if kind == "link":
         src, dst = _int(text, "src", f["src"]), _int(text, "dst", f["dst"])
-        return SlowLink(src, dst, _factor(text, f["factor"], cut_allowed=True), step)
+        down = _seconds(text, f.get("down", "0"))
+        return SlowLink(src, dst, _factor(text, f["factor"], cut_allowed=True), step, down)
     return KillRank(_int(text, "rank", f["rank"]), step, _seconds(text, f.get("down", "0")))
 
 
@@ -240,6 +244,10 @@ class FaultSchedule:
     def kill_at(self, *, rank: int, step: int) -> KillRank | None:
         """The kill of ``rank`` at the start of ``step``, if any."""
         return next((f for f in self.faults if isinstance(f, KillRank) and f.rank == rank and f.step == step), None)
+
+    def cuts_starting(self, *, src: int, step: int) -> tuple[SlowLink, ...]:
+        """The cuts of ``src``'s links that begin at ``step``."""
+        return tuple(f for f in self.faults if isinstance(f, SlowLink) and f.cut and f.src == src and f.step == step)
 
     def cut_at(self, step: int) -> SlowLink | None:
         """The first link cut in force at ``step``, if any (to name it in a timeout's message)."""

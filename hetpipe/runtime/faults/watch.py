@@ -92,11 +92,15 @@ class StepWatch:
         kill = self.faults.kill_at(rank=self.rank, step=step)
         if kill is not None:
             if kill.down_s:  # when the device is back: the injector knows, a supervisor may wait for it
-                write_down(self.run_dir, rank=self.rank, device=self.device, down_s=kill.down_s)
+                write_down(self.run_dir, self.device, down_s=kill.down_s)
             log.error("rank %d: injected kill at the start of step %d (exit %d, no cleanup)", self.rank, step,
                       KILL_EXIT_CODE)
             sys.stderr.flush()
             os._exit(KILL_EXIT_CODE)  # like a lost node: no error file, no teardown
+        for cut in self.faults.cuts_starting(src=self.rank, step=step):
+            peer = next((p for p in self._peers.values() if self.stage_ranks[p] == cut.dst), None)
+            if cut.down_s and peer is not None:
+                write_down(self.run_dir, self._link_name(peer), down_s=cut.down_s)
         compute = getattr(self.hooks, "compute", None)
         if compute is not None:
             compute.factor = self.faults.compute_factor(rank=self.rank, step=step)
