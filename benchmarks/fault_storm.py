@@ -162,7 +162,8 @@ def _lines(storm: Storm, faulty, clean, steps: int, wall: float, diff: float, na
     from benchmarks.common import markdown_table
 
     fired = [f for f in storm.faults if f.spec]
-    rows = [[i + 1, f.step, f.kind + ("" if f.spec.startswith(f.kind.split()[0][:4]) else " (no link: a kill)"),
+    injected_as = {"kill": "kill", "cut": "link", "slow": "slow"}
+    rows = [[i + 1, f.step, f.kind + ("" if f.spec.startswith(injected_as[f.kind.split()[0]]) else " (1 stage: kill)"),
              f.spec, f.device, f.attempt] for i, f in enumerate(fired)]
     restarts = [[i + 1, r.kind, r.device, r.failed_step, r.resumed_step, r.steps_redone,
                  "yes" if r.steps_redone <= EVERY else "NO", f"{r.waited_s:.1f}", f"{r.restart_s:.1f}", r.new_stages]
