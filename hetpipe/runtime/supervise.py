@@ -10,10 +10,7 @@ supervision) at a time in ``RUN_DIR/attempt-<n>/`` and watches its run directory
   survivors from the plan's own tables (`hetpipe.plan.replan`, seconds), then resumed from the
   newest complete checkpoint of ``--checkpoint-dir``.  With ``--wait-for-return SECONDS`` the
   supervisor first waits that long for the device to be back (`hetpipe.runtime.faults.returns`)
-  and, if it is, resumes on the same plan (restart kind ``returned``); else it re-plans.  Also taken for a lost
-  device: the far end of an emulated link cut (`diagnose_cut`, from the ranks' errors), and a rank
-  a reporting peer saw vanish (connection reset) when torchrun's summary missed its exit
-  (`diagnose_vanished`: torchrun may reap the peer first and then tear the dead rank down).  The steps every rank had finished
+  and, if it is, resumes on the same plan (restart kind ``returned``); else it re-plans.  The steps every rank had finished
   since that checkpoint are redone (``steps_redone``), nothing else.  Any other failure (a rank
   that reported an error, a timeout without a dead rank) is raised as it is: re-planning
   would not fix it.  Without restarts left, one `RuntimeFailure` names the dead rank, its
@@ -170,44 +167,14 @@ def diagnose(run_dir: Path, plan: Plan, *, start: int) -> Death | None:
     codes = exit_codes(log_path.read_text(errors="replace")) if log_path.exists() else {}
     reported = {e.rank for e in read_errors(run_dir)}
     dead = sorted(r for r, c in codes.items() if c not in (0, TEARDOWN_CODE) and r not in reported)
-    return _death(run_dir, plan, {r: describe_exit(codes[r]) for r in dead}, start=start) if dead else None
-
-
-def diagnose_vanished(run_dir: Path, plan: Plan, *, start: int) -> Death | None:
-    """The ranks a reporting peer saw vanish when torchrun's summary missed their exit (`_vanished_peers`)."""
-    log_path = run_dir / "torchrun.log"
-    codes = exit_codes(log_path.read_text(errors="replace")) if log_path.exists() else {}
-    dead = _vanished_peers(read_errors(run_dir), codes, len(plan.stages))
-    how = "vanished (a peer's connection to it was reset; torchrun saw the peer fail first)"
-    return _death(run_dir, plan, {r: how for r in dead}, start=start) if dead else None
-
-
-def _death(run_dir: Path, plan: Plan, how: dict[int, str], *, start: int) -> Death:
+    if not dead:
+        return None
     records = read_steps(run_dir)
-    dead = sorted(how)
     stages = [records[r].stage if r in records else r for r in dead]
     devices = tuple(plan.stages[s].device for s in stages)
-    cause = "; ".join(f"rank {r} (stage {s}, device {d}) {how[r]}" for r, s, d in zip(dead, stages, devices))
+    cause = "; ".join(f"rank {r} (stage {s}, device {d}) {describe_exit(codes[r])}"
+                      for r, s, d in zip(dead, stages, devices))
     return Death(tuple(dead), devices, cause, steps_finished(records, len(plan.stages), start))
-
-
-_VANISHED = re.compile(r"Rank (\d+) failed to pass monitoredBarrier")
-_RESET = ("Connection reset by peer", "Connection closed by peer")
-
-
-def _vanished_peers(errors: list, codes: dict[int, int], num_ranks: int) -> list[int]:
-    """Ranks a reporting peer saw vanish (gloo: ``Rank R failed to pass monitoredBarrier`` with the
-    connection reset) that reported nothing themselves and that torchrun did not see exit -- it may
-    poll the peer's exit first and then tear the vanished rank down (``SIGTERM``) or list nothing."""
-    reported = {e.rank for e in errors}
-    out = set()
-    for err in errors:
-        match = _VANISHED.search(err.message)
-        if match and any(reset in err.message for reset in _RESET):
-            r = int(match.group(1))
-            if r < num_ranks and r not in reported and codes.get(r, TEARDOWN_CODE) == TEARDOWN_CODE:
-                out.add(r)
-    return sorted(out)
 
 
 _CUT_BY_DEVICES = re.compile(r"the emulated link (\S+) -> (\S+) is cut")
@@ -393,8 +360,7 @@ def _lost(job: _Attempt, opts: SuperviseOptions, *, start: int,
           restarts_used: int) -> tuple[Death, Replan, float, bool]:
     """The failed job's dead ranks and what to resume on: (death, re-plan, seconds waited, whether the
     devices came back -- then the re-plan is the same plan).  Raises when it cannot restart."""
-    death = next(filter(None, (f(job.run_dir, job.plan, start=start) for f in (diagnose, diagnose_cut,
-                                                                                 diagnose_vanished))), None)
+    death = diagnose(job.run_dir, job.plan, start=start) or diagnose_cut(job.run_dir, job.plan, start=start)
     if death is None:
         raise job.error if job.error is not None else RuntimeFailure("the job ended without a report")
     if restarts_used >= opts.max_restarts:
