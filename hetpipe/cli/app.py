@@ -63,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seq", type=int, default=None)
     p = sub.add_parser("profile", help="detect local GPUs (pynvml) and write a cluster file")
     p.add_argument("--calibrate", action="store_true", help="measure matmul FLOP/s and local link bandwidth")
+    p.add_argument("--cpu-devices", type=int, default=None, metavar="N",
+                   help="with --calibrate on a CPU host: N devices, each a group of cores (one pinned process)")
     p.add_argument("-o", "--output", type=Path, default=None)
     p = sub.add_parser("demo", help="plan the bundled GPT on the emulated home lab, compare baselines, train a few steps")
     p.add_argument("--out", type=Path, default=Path("hetpipe-demo"), help="where plan.json, run.json, gantt.png go")

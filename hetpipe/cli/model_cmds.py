@@ -197,6 +197,6 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
 def cmd_profile(args: argparse.Namespace, console: Console) -> int:
     from hetpipe.cost_models.profile import run_profile
 
-    _, summary = run_profile(output=args.output, calibrate=args.calibrate)
+    _, summary = run_profile(output=args.output, calibrate=args.calibrate, cpu_devices=args.cpu_devices)
     console.print(summary)
     return 0
