@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 
@@ -56,22 +57,48 @@ def _events(timelines: Sequence[Timeline]) -> dict[tuple[int, str, int], tuple[f
     return out
 
 
-def cut_transfers_s(timelines: Sequence[Timeline]) -> dict[int, list[float]]:
-    """Cut index (between stage c and c + 1) -> the measured one-way transfers on it, both directions.
+@dataclass(frozen=True)
+class MessageSpan:
+    """One message seen whole: from the sender's SEND to the waiting receiver's RECV end (CLOCK_MONOTONIC s)."""
+
+    cut: int  # between stage cut and cut + 1
+    src: int  # sending stage
+    dst: int
+    action: str  # the SEND, e.g. "0SEND_F3"
+    microbatch: int
+    start_s: float
+    end_s: float
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+def message_spans(timelines: Sequence[Timeline]) -> list[MessageSpan]:
+    """Every message whose receiver was already waiting when it was sent, in send order.
 
     Empty when any timeline lacks its origin (a report from before origins were recorded).
     """
     if not timelines or any(tl.origin_s <= 0.0 for tl in timelines):
-        return {}
+        return []
     events = _events(timelines)
-    found: dict[int, list[float]] = {}
-    for (stage, op, mb), (send_start, _) in sorted(events.items()):
+    spans = []
+    for (stage, op, mb), (send_start, _) in sorted(events.items(), key=lambda kv: kv[1][0]):
         if op == "SEND_F":
-            recv, cut = events.get((stage + 1, "RECV_F", mb)), stage
+            dst, recv_op, cut = stage + 1, "RECV_F", stage
         elif op == "SEND_B":
-            recv, cut = events.get((stage - 1, "RECV_B", mb)), stage - 1
+            dst, recv_op, cut = stage - 1, "RECV_B", stage - 1
         else:
             continue
+        recv = events.get((dst, recv_op, mb))
         if recv is not None and recv[0] <= send_start <= recv[1]:  # the receiver was waiting for it
-            found.setdefault(cut, []).append(recv[1] - send_start)
+            spans.append(MessageSpan(cut, stage, dst, f"{stage}{op}{mb}", mb, send_start, recv[1]))
+    return spans
+
+
+def cut_transfers_s(timelines: Sequence[Timeline]) -> dict[int, list[float]]:
+    """Cut index (between stage c and c + 1) -> the measured one-way transfers on it, both directions."""
+    found: dict[int, list[float]] = {}
+    for span in message_spans(timelines):
+        found.setdefault(span.cut, []).append(span.duration_s)
     return found

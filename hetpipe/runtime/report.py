@@ -351,11 +351,11 @@ def build_report(plan: "Plan", results: Sequence[RankResult], *, schedule: str, 
     late = sum(r.late_messages for r in results)
     actions = sum(len(r.fwd_s) + len(r.bwd_s) for r in results)
     measured = median(measured_steps(step_s))
-    timelines = tuple(RankTimeline(r.rank, r.stage, r.last_step_actions, r.step_origin_s)
-                      for r in results if r.last_step_actions)
     nodes = {plan.devices[plan.device_index()[st.device]].node for st in plan.stages}
-    one_clock = emulate or len(nodes) == 1  # CLOCK_MONOTONIC is per host; --emulate runs on one host
-    transfers = {cut: [t / scale for t in ts] for cut, ts in cut_transfers_s(timelines).items()} if one_clock else {}
+    one_clock = emulate or len(nodes) == 1  # CLOCK_MONOTONIC is per host (--emulate runs on one host): several
+    timelines = tuple(RankTimeline(r.rank, r.stage, r.last_step_actions, r.step_origin_s if one_clock else 0.0)
+                      for r in results if r.last_step_actions)  # hosts' origins do not compare: left out
+    transfers = {cut: [t / scale for t in ts] for cut, ts in cut_transfers_s(timelines).items()}
     return RunReport(
         model=plan.model.name, fingerprint=plan.model.fingerprint, schedule=schedule, steps=n_steps,
         microbatches=plan.training.microbatches, emulate=emulate, backend=results[0].backend,
