@@ -190,9 +190,15 @@ Where the differences come from:
 - **Backward.** The model charges backward FLOPs at the forward's matmul rate and twice the
   forward's memory traffic and ops; autograd's real backward has its own kernels.
 - **Transfer.** The link is an alpha-beta fit of a ping-pong; in the run a message also packs a
-  header and is unpacked and checked by the receiver (`hetpipe.runtime.execute.comm`).
-- **Optimizer step.** S_s prices the update's bytes at the copy bandwidth plus the launches
-  (`hetpipe.cost_models.optimizer_step`); Adam on a CPU runs a few elementwise kernels per tensor.
+  header and several tensors into one frame and is unpacked and checked by the receiver
+  (`hetpipe.runtime.execute.comm`), and the waiting receiver must be woken: on a loaded machine
+  the scheduler's wake-up alone is milliseconds, which a ping-pong between two spinning processes
+  hides. The Llama's cut carries the rotary cos/sin tables beside the hidden state.
+- **Optimizer step (a cost-model gap).** S_s prices the update's bytes at the copy bandwidth plus
+  `STEP_KERNELS` launches once per stage (`hetpipe.cost_models.optimizer_step`: PyTorch's
+  multi-tensor `foreach` path, the default on CUDA). On a CPU, PyTorch's default is the per-tensor
+  loop: about `STEP_KERNELS` ops *per parameter tensor*, so a stage with many small tensors (the
+  Llama: 9 per layer) pays `tensors x STEP_KERNELS x` the cost per op, which S_s leaves out.
 - **Memory** is accounted exactly by the runtime (unique storages) and predicted by memory model 2;
   a ratio above 1 would be a cost-model error, not noise.
 """
