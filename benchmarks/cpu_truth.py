@@ -193,7 +193,7 @@ Where the differences come from:
   header and several tensors into one frame and is unpacked and checked by the receiver
   (`hetpipe.runtime.execute.comm`), and the waiting receiver must be woken: on a loaded machine
   the scheduler's wake-up alone is milliseconds, which a ping-pong between two spinning processes
-  hides. The Llama's cut carries the rotary cos/sin tables beside the hidden state.
+  hides.
 - **Optimizer step (a cost-model gap).** S_s prices the update's bytes at the copy bandwidth plus
   `STEP_KERNELS` launches once per stage (`hetpipe.cost_models.optimizer_step`: PyTorch's
   multi-tensor `foreach` path, the default on CUDA). On a CPU, PyTorch's default is the per-tensor
