@@ -124,13 +124,13 @@ def _ratio(m: float | None, p: float) -> float | None:
     return None if m is None or p <= 0 else m / p
 
 
-def _cell(ratios: list[float | None]) -> str:
+def _cell(ratios: list[float | None], digits: int = 2) -> str:
     got = [r for r in ratios if r is not None]
     if not got:
         return "-"
     mid = statistics.median(got)
-    spread = f" ({min(got):.2f}-{max(got):.2f})" if len(got) > 1 else ""
-    return f"{mid:.2f}{spread}"
+    spread = f" ({min(got):.{digits}f}-{max(got):.{digits}f})" if len(got) > 1 else ""
+    return f"{mid:.{digits}f}{spread}"
 
 
 def _fmt(seconds: float | None) -> str:
@@ -156,7 +156,7 @@ def tables(outcomes: list[RunOutcome]) -> str:
                          f"{_fmt(first.measured['B'])} / {_fmt(first.predicted['B'])}", _cell(per["B"]),
                          f"{_fmt(first.measured['C'])} / {_fmt(first.predicted['C'])}", _cell(per["C"]),
                          f"{_fmt(first.measured['S'])} / {_fmt(first.predicted['S'])}", _cell(per["S"]),
-                         _cell(per["memory"])])
+                         _cell(per["memory"], digits=3)])
         its = [r.measured_iteration_s / r.predicted_iteration_s for r in runs]
         it_rows.append([model, f"{runs[0].measured_iteration_s:.3f} s", f"{runs[0].predicted_iteration_s:.3f} s",
                         _cell(list(its)), ", ".join(f"{r.load_before:.1f}" for r in runs)])
