@@ -160,6 +160,7 @@ def test_report_sets_measured_beside_predicted_per_stage(tmp_path: Path) -> None
     assert s0.transfer_s == pytest.approx(0.0025) and s0.transfer_messages == 1
     assert s0.predicted_transfer_s == plan.stages[0].send_s and s2.transfer_s is None
     assert s0.update_real_s == 0.03 and s0.predicted_step_s == plan.stages[0].step_s and s0.cores == (0,)
+    assert any(n.startswith("not emulated: times are this machine's") for n in rep.notes)  # no core groups
     assert rep.timelines[0].origin_s == 50.0
     rep.save(tmp_path / "run.json")
     assert RunReport.load(tmp_path / "run.json") == rep
@@ -216,6 +217,7 @@ def test_a_plan_over_core_groups_runs_pinned_without_emulation(tmp_path: Path) -
         assert (st.predicted_step_s, st.predicted_transfer_s) == (planned.step_s, planned.send_s)
         assert st.peak_bytes > 0 and st.predicted_memory_bytes > 0  # ratios: benchmarks/cpu_truth.py
     assert all(t.origin_s > 0 for t in rep.timelines) and len(rep.timelines) == 2
+    assert any("every rank pinned to its device's cores" in n for n in rep.notes)
     transfers = cut_transfers_s(rep.timelines)  # whichever messages found their receiver waiting
     assert rep.stages[0].transfer_messages == len(transfers.get(0, []))
     assert rep.stages[1].transfer_s is None  # the last stage sends nothing forward

@@ -318,7 +318,15 @@ def _stage_record(plan: "Plan", r: RankResult, transfers: Sequence[float] = ()) 
         update_real_s=median(measured_steps(r.update_s)) if r.update_s else 0.0)
 
 
-def _notes(emulate: bool, overruns: int, late: int, actions: int, worst: float) -> tuple[str, ...]:
+def _ran_pinned(plan: "Plan", results: Sequence[RankResult]) -> bool:  # noqa: F821
+    """Every rank ran on exactly its plan device's core group (`hetpipe.runtime.pinning`)."""
+    index = plan.device_index()
+    groups = [tuple(plan.devices[index[plan.stages[r.stage].device]].cores) for r in results]
+    return all(g and tuple(r.cores) == g for g, r in zip(groups, results))
+
+
+def _notes(emulate: bool, overruns: int, late: int, actions: int, worst: float, *,
+           pinned: bool = False) -> tuple[str, ...]:
     notes = []
     if emulate and overruns:
         notes.append(
@@ -327,7 +335,10 @@ def _notes(emulate: bool, overruns: int, late: int, actions: int, worst: float) 
     if emulate and late:
         notes.append(f"{late} messages arrived later than their emulated link time: the real transport was the "
                      "bottleneck there")
-    if not emulate:
+    if not emulate and pinned:
+        notes.append("not emulated, every rank pinned to its device's cores: measured and predicted are the same "
+                     "devices (CPU core groups)")
+    elif not emulate:
         notes.append("not emulated: times are this machine's, predictions are the plan's devices'")
     return tuple(notes)
 
@@ -367,7 +378,8 @@ def build_report(plan: "Plan", results: Sequence[RankResult], *, schedule: str, 
         measured_iteration_s=measured, measured_emulated_iteration_s=measured / scale,
         step_records=records, stages=tuple(_stage_record(plan, r, transfers.get(r.stage, ())) for r in results),
         overruns=overruns, late_messages=late,
-        notes=_notes(emulate, overruns, late, actions, max(r.worst_overrun_ratio for r in results)),
+        notes=_notes(emulate, overruns, late, actions, max(r.worst_overrun_ratio for r in results),
+                     pinned=_ran_pinned(plan, results)),
         machine=machine_info(), wall_s=wall_s,
         timelines=timelines,
         stragglers=tuple(rec for r in results for rec in r.stragglers))
