@@ -194,9 +194,18 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     return 1
 
 
+def add_profile_parser(subparsers: Any) -> None:
+    """Add ``hetpipe profile`` to the CLI's subparsers."""
+    p = subparsers.add_parser("profile", help="detect local GPUs (pynvml) and write a cluster file")
+    p.add_argument("--calibrate", action="store_true", help="measure matmul FLOP/s and local link bandwidth")
+    p.add_argument("--cpu-devices", type=int, default=None, metavar="N",
+                   help="with --calibrate on a CPU host: N devices, each a group of cores (one pinned process)")
+    p.add_argument("-o", "--output", type=Path, default=None)
+
+
 def cmd_profile(args: argparse.Namespace, console: Console) -> int:
     from hetpipe.cost_models.profile import run_profile
 
-    _, summary = run_profile(output=args.output, calibrate=args.calibrate)
+    _, summary = run_profile(output=args.output, calibrate=args.calibrate, cpu_devices=args.cpu_devices)
     console.print(summary)
     return 0

@@ -273,7 +273,8 @@ def plan_devices(problem: Problem, cluster: Cluster) -> tuple[PlanDevice, ...]:
     """The plan's devices; their host figures only when `problem` may offload (a version-4 field)."""
     host = problem.offload != "never"
     return tuple(PlanDevice(d.id, d.kind, d.node, d.memory_bytes, d.usable_bytes,
-                            d.host_link_bytes_s if host else 0.0, d.host_memory_bytes_s if host else 0.0)
+                            d.host_link_bytes_s if host else 0.0, d.host_memory_bytes_s if host else 0.0,
+                            cores=d.cores)
                  for d in cluster.devices)
 
 

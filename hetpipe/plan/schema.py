@@ -122,6 +122,7 @@ class PlanDevice:
     # prices, `hetpipe.cost_models.offload`); written only by plans solved with offload.
     host_link_bytes_s: float = field(default=0.0, metadata={"since": 4})
     host_memory_bytes_s: float = field(default=0.0, metadata={"since": 4})
+    cores: tuple[int, ...] = field(default=(), metadata={"since": 4})  # a CPU core group (cost_models/cpu_cores.py)
 
 
 @dataclass(frozen=True)

@@ -353,17 +353,21 @@ def summary_tables(report: RunReport) -> list[Any]:
         steps.add_row(str(r.step), f"{r.loss:.4f}", f"{r.step_s:.4f}", f"{r.emulated_step_s:.4g}")
     steps.add_row("median", "", f"{report.measured_iteration_s:.4f}", f"{report.measured_emulated_iteration_s:.4g}")
     steps.add_row("predicted", "", f"{report.predicted_real_iteration_s:.4f}", f"{report.predicted_iteration_s:.4g}")
-    stages = Table(title="stages: measured per micro-batch vs plan")
-    for col in ("stage", "device", "units", f"F ({unit})", "F plan", f"B ({unit})", "B plan", "peak MiB",
-                "plan MiB", "usable MiB", "overruns"):
+    stages = Table(title="stages: measured per micro-batch vs plan (F forward, B backward, C one message on the "
+                         "cut to the next stage, S optimizer.step() once per iteration)")
+    for col in ("stage", "device", "units", f"F ({unit})", "F plan", f"B ({unit})", "B plan", f"C ({unit})",
+                "C plan", f"S ({unit})", "S plan", "peak MiB", "plan MiB", "usable MiB", "overruns"):
         stages.add_column(col, justify="right")
     mib = 2**20
     for s in report.stages:
         units = f"{s.first_unit}-{s.last_unit}" + (f" (recompute {_ranges(s.recompute_units)})"
                                                     if s.recompute_units else "")
+        sent = "-" if s.transfer_s is None else f"{s.transfer_s:.4g}"
         stages.add_row(str(s.stage), f"{s.device} ({s.kind})", units,
                        f"{s.fwd_emulated_s:.4g}", f"{s.predicted_fwd_s:.4g}", f"{s.bwd_emulated_s:.4g}",
-                       f"{s.predicted_bwd_s:.4g}", f"{s.peak_bytes / mib:.1f}", f"{s.predicted_memory_bytes / mib:.1f}",
+                       f"{s.predicted_bwd_s:.4g}", sent, f"{s.predicted_transfer_s:.4g}",
+                       f"{s.update_real_s / report.time_scale:.4g}", f"{s.predicted_step_s:.4g}",
+                       f"{s.peak_bytes / mib:.1f}", f"{s.predicted_memory_bytes / mib:.1f}",
                        f"{s.usable_bytes / mib:.1f}", str(s.overruns_fwd + s.overruns_bwd))
     return [steps, stages]
 
