@@ -24,7 +24,7 @@ Example:
     >>> make_schedule("zero-bubble", 2, 2)
     Traceback (most recent call last):
     ...
-    hetpipe.errors.ScheduleError: unknown schedule 'zero-bubble'; choose one of: 'gpipe', '1f1b'
+    hetpipe.errors.ScheduleError: unknown schedule 'zero-bubble'; choose one of: 'gpipe', '1f1b', 'zb-h1'
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from hetpipe.schedule.validate import check_actions, check_sizes, compute_slots,
 
 # `Schedule`, `validate_schedule` and `check_actions` are re-exported: callers build and check here.
 __all__ = ["SCHEDULES", "Schedule", "check_actions", "format_grid", "format_schedule", "gpipe", "make_schedule",
-           "one_f_one_b", "parse_schedule", "rank_actions", "validate_schedule"]
+           "one_f_one_b", "parse_schedule", "rank_actions", "validate_schedule", "zb_h1"]
 
 
 def _forward_steps(stage: int, num_stages: int, mb: int) -> list[Action]:
@@ -107,8 +107,52 @@ def _one_f_one_b_rank(s: int, num_stages: int, m: int) -> list[Action]:
     return actions
 
 
-SCHEDULES: dict[str, Callable[[int, int], Schedule]] = {"gpipe": gpipe, "1f1b": one_f_one_b}
-_RANKS: dict[str, Callable[[int, int, int], list[Action]]] = {"gpipe": _gpipe_rank, "1f1b": _one_f_one_b_rank}
+def zb_h1(num_stages: int, num_microbatches: int) -> Schedule:
+    """ZB-H1 (zero-bubble 1F1B, Qi et al. 2023, arXiv 2311.11015 §3.1): each backward is split into B
+    (input gradient, sent upstream at once) and W (weight gradient).
+
+    The order is 1F1B's with B in place of the whole backward; stage s then runs the W of the
+    micro-batch it finished ``s`` backwards earlier (none deferred on stage 0), and the deferred
+    W's fill its cool-down bubble.  A micro-batch is in flight from its F to its W, so stage s
+    holds at most ``min(p - s, m) + min(s, ...)`` -- never more than ``min(p, m)``: the pipeline's
+    peak (stage 0's, ``p``) is 1F1B's (`hetpipe.schedule.held` prices each stage's own).
+
+    Example:
+        >>> print(format_grid(zb_h1(3, 4)))
+        rank 0: F0 F1 F2 .  .  B0 W0 F3 B1 W1 B2 W2 B3 W3
+        rank 1: .  F0 F1 .  B0 F2 B1 W0 F3 B2 W1 B3 W2 W3
+        rank 2: .  .  F0 B0 F1 B1 F2 B2 W0 F3 B3 W1 W2 W3
+    """
+    check_sizes(num_stages, num_microbatches)
+    return {s: _zb_h1_rank(s, num_stages, num_microbatches) for s in range(num_stages)}
+
+
+def _zb_h1_rank(s: int, num_stages: int, m: int) -> list[Action]:
+    warmup = min(num_stages - s - 1, m)
+    actions: list[Action] = []
+    weights = iter(range(m))  # W's run in micro-batch order
+
+    def weight() -> None:
+        actions.append(Action(s, Op.W, next(weights)))
+
+    for mb in range(warmup):
+        actions += _forward_steps(s, num_stages, mb)
+    for i in range(m - warmup):  # steady state: F, B, and the W deferred s backwards
+        actions += _forward_steps(s, num_stages, warmup + i)
+        actions += _backward_steps(s, num_stages, i)
+        if i >= s:
+            weight()
+    for mb in range(m - warmup, m):  # cool-down: a B, then a deferred W while the next gradient travels
+        actions += _backward_steps(s, num_stages, mb)
+        weight()
+    actions += [Action(s, Op.W, mb) for mb in weights]
+    actions.append(Action(s, Op.STEP))
+    return actions
+
+
+SCHEDULES: dict[str, Callable[[int, int], Schedule]] = {"gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1}
+_RANKS: dict[str, Callable[[int, int, int], list[Action]]] = {"gpipe": _gpipe_rank, "1f1b": _one_f_one_b_rank,
+                                                              "zb-h1": _zb_h1_rank}
 
 
 def make_schedule(name: str, num_stages: int, num_microbatches: int) -> Schedule:
