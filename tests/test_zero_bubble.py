@@ -120,3 +120,82 @@ def test_evaluate_replays_the_problems_schedule_with_the_weight_share():
     assert zb.iteration_s < evaluate(_two_stage_problem("1f1b"), stages).iteration_s
     with pytest.raises(ValueError, match="Problem.schedule is 'zb'"):
         _two_stage_problem("zb")
+
+
+# ----------------------------------------------------------------------------- the executor's split
+
+
+def _split_model_grads(model, x, g):
+    import torch
+
+    from hetpipe.runtime.execute.split_backward import backward_input, backward_weight
+    from torch.utils.flop_counter import FlopCounterMode
+
+    params = list(model.parameters())
+    y = model(x)
+    with FlopCounterMode(display=False) as b_count:
+        dx, pending = backward_input([y], [g], [x], params)
+    no_grads_yet = all(p.grad is None for p in params)
+    with FlopCounterMode(display=False) as w_count:
+        backward_weight(pending, params)
+    return dx[0], no_grads_yet, b_count.get_total_flops(), w_count.get_total_flops()
+
+
+def test_b_then_w_equals_one_backward_with_the_same_flops():
+    """A residual MLP with a weight used twice: B gives dX and no parameter gradient, W the
+    parameters', both equal to one full backward, and B + W do exactly its FLOPs (W does not
+    recompute the input-gradient chain)."""
+    import copy
+
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.c = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8), torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = x + self.b(torch.tanh(self.a(x)))
+            return self.c(h) + h @ self.c.weight  # c.weight twice: one group
+
+    torch.manual_seed(0)
+    net, ref = Net(), None
+    ref = copy.deepcopy(net)
+    x = torch.randn(4, 8, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    g = torch.randn(4, 8)
+    dx, no_grads_yet, b_flops, w_flops = _split_model_grads(net, x, g)
+    y_ref = ref(x_ref)
+    with FlopCounterMode(display=False) as full:
+        y_ref.backward(g)
+    assert no_grads_yet
+    torch.testing.assert_close(dx, x_ref.grad, rtol=1e-6, atol=1e-7)
+    for (name, p), q in zip(net.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7, msg=name)
+    assert b_flops + w_flops == full.get_total_flops() and 0 < w_flops < full.get_total_flops()
+
+
+def test_one_stage_runs_a_split_list_like_one_backward():
+    import torch
+
+    from hetpipe.runtime.execute.executor import PipelineExecutor
+    from hetpipe.runtime.execute.options import ExecutorOptions
+    from hetpipe.runtime.stage.build import build_stage, split_stages
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    prog = split_stages(torch.fx.symbolic_trace(net), {}, example_inputs=(torch.zeros(2, 3),))
+    stage = build_stage(prog, 0, state_dict=net.state_dict(), device="cpu")
+    acts = zb_h1(1, 2)[0]
+    assert [str(a) for a in acts] == ["0F0", "0B0", "0W0", "0F1", "0B1", "0W1", "0STEP"]
+    ex = PipelineExecutor(stage, rank=0, num_stages=1, schedule_actions=acts, microbatches=2,
+                          optimizer=torch.optim.SGD(stage.parameters(), lr=0.0),
+                          loss_fn=torch.nn.functional.mse_loss, options=ExecutorOptions(timeout_s=5.0))
+    x, y = torch.randn(4, 3), torch.randn(4, 1)
+    stats = ex.step([x[:2], x[2:]], [y[:2], y[2:]])
+    torch.nn.functional.mse_loss(net(x), y).backward()
+    assert stats.loss == pytest.approx(torch.nn.functional.mse_loss(net(x), y).item(), rel=1e-6)
+    for p, q in zip(stage.parameters(), net.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7)
+    assert len(stats.backward_s) == 2 and stats.memory.peak_activation_bytes > 0 and stats.memory.grad_bytes > 0
