@@ -41,8 +41,8 @@ Objective (units u = 0..L-1; p stages; stage s on device d_s holds [l_s, r_s]):
                       the runtime keeps a replica there (weights, gradient, optimizer state)
     constraint: M_s <= usable_bytes(d_s)
 
-With ``Problem.schedule = "zb-h1"`` T replays the ZB-H1 lists instead (each backward split into
-B_s - W_s and W_s, W_s = `stage_weight_s`) and M_s takes the moments of those lists.
+With ``Problem.schedule`` one of `SPLIT_SCHEDULES` (ZB-H1, ZB-1F1B) T replays those lists instead
+(each backward split into B_s - W_s and W_s, W_s = `stage_weight_s`) and M_s takes their moments.
 
 Activation recomputation (issue 14; `hetpipe.cost_models.recompute`): a stage may recompute a
 set R_s of its units (`Stage.recompute_units`).  Each u in R_s keeps only its input
@@ -97,7 +97,7 @@ from hetpipe.cost_models.backward_split import stage_bwd_weight_s
 from hetpipe.cost_models.offload import NO_OFFLOAD, OFFLOAD_MODES, OffloadCost, OffloadRates, offload_cost
 from hetpipe.cost_models.recompute import RECOMPUTE_MODES, RecomputeCost, recompute_cost
 from hetpipe.cost_models.stage_memory import pipeline_stage_bytes
-from hetpipe.schedule.builders import SCHEDULES
+from hetpipe.schedule.builders import SCHEDULES, SPLIT_SCHEDULES
 from hetpipe.schedule.held import position_held_terms, stage_held_terms
 from hetpipe.schedule.replay import replay_iteration_s
 
@@ -190,7 +190,7 @@ class Problem:
     # What T means (`OBJECTIVES`): the simulated schedule (default) or the H-1F1B estimate.
     objective: str = "schedule"
     # The action lists T replays and M_s holds (`hetpipe.schedule.builders.SCHEDULES`): 1F1B, or
-    # ZB-H1 with each backward split into B and W (`hetpipe.partitioner.schedule_choice`).
+    # a split one (`SPLIT_SCHEDULES`: B and W apart; `hetpipe.partitioner.schedule_choice`).
     schedule: str = "1f1b"
 
     @property

@@ -24,7 +24,7 @@ Example:
     >>> make_schedule("zero-bubble", 2, 2)
     Traceback (most recent call last):
     ...
-    hetpipe.errors.ScheduleError: unknown schedule 'zero-bubble'; choose one of: 'gpipe', '1f1b', 'zb-h1'
+    hetpipe.errors.ScheduleError: unknown schedule 'zero-bubble'; choose one of: 'gpipe', '1f1b', 'zb-h1', 'zb-1f1b'
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from hetpipe.schedule.validate import check_actions, check_sizes, compute_slots,
 
 # `Schedule`, `validate_schedule` and `check_actions` are re-exported: callers build and check here.
 __all__ = ["SCHEDULES", "Schedule", "check_actions", "format_grid", "format_schedule", "gpipe", "make_schedule",
-           "one_f_one_b", "parse_schedule", "rank_actions", "validate_schedule", "zb_h1"]
+           "one_f_one_b", "parse_schedule", "rank_actions", "validate_schedule", "zb_1f1b", "zb_h1"]
 
 
 def _forward_steps(stage: int, num_stages: int, mb: int) -> list[Action]:
@@ -127,7 +127,28 @@ def zb_h1(num_stages: int, num_microbatches: int) -> Schedule:
     return {s: _zb_h1_rank(s, num_stages, num_microbatches) for s in range(num_stages)}
 
 
-def _zb_h1_rank(s: int, num_stages: int, m: int) -> list[Action]:
+def zb_1f1b(num_stages: int, num_microbatches: int) -> Schedule:
+    """ZB-H1's split backward with 1F1B's memory on every stage: no W is deferred in the steady state
+    (F, B, W), so stage s holds at most ``min(p - s, m)`` micro-batches, like 1F1B; each B's input
+    gradient still leaves before its W, so the round trip through later stages is shorter by their W.
+
+    Example:
+        >>> print(format_grid(zb_1f1b(3, 3)))
+        rank 0: F0 F1 F2 .  .  B0 W0 .  B1 W1 B2 W2
+        rank 1: .  F0 F1 .  B0 W0 F2 B1 W1 B2 W2
+        rank 2: .  .  F0 B0 W0 F1 B1 W1 F2 B2 W2
+    """
+    check_sizes(num_stages, num_microbatches)
+    return {s: _zb_1f1b_rank(s, num_stages, num_microbatches) for s in range(num_stages)}
+
+
+def _zb_1f1b_rank(s: int, num_stages: int, m: int) -> list[Action]:
+    return _zb_h1_rank(s, num_stages, m, defer=0)
+
+
+def _zb_h1_rank(s: int, num_stages: int, m: int, defer: int | None = None) -> list[Action]:
+    """Stage s's split list with `defer` W's held back in the steady state (ZB-H1: s)."""
+    defer = s if defer is None else defer
     warmup = min(num_stages - s - 1, m)
     actions: list[Action] = []
     weights = iter(range(m))  # W's run in micro-batch order
@@ -137,10 +158,10 @@ def _zb_h1_rank(s: int, num_stages: int, m: int) -> list[Action]:
 
     for mb in range(warmup):
         actions += _forward_steps(s, num_stages, mb)
-    for i in range(m - warmup):  # steady state: F, B, and the W deferred s backwards
+    for i in range(m - warmup):  # steady state: F, B, and the W deferred `defer` backwards
         actions += _forward_steps(s, num_stages, warmup + i)
         actions += _backward_steps(s, num_stages, i)
-        if i >= s:
+        if i >= defer:
             weight()
     for mb in range(m - warmup, m):  # cool-down: a B, then a deferred W while the next gradient travels
         actions += _backward_steps(s, num_stages, mb)
@@ -150,9 +171,12 @@ def _zb_h1_rank(s: int, num_stages: int, m: int) -> list[Action]:
     return actions
 
 
-SCHEDULES: dict[str, Callable[[int, int], Schedule]] = {"gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1}
+SCHEDULES: dict[str, Callable[[int, int], Schedule]] = {"gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1,
+                                                        "zb-1f1b": zb_1f1b}
 _RANKS: dict[str, Callable[[int, int, int], list[Action]]] = {"gpipe": _gpipe_rank, "1f1b": _one_f_one_b_rank,
-                                                              "zb-h1": _zb_h1_rank}
+                                                              "zb-h1": _zb_h1_rank, "zb-1f1b": _zb_1f1b_rank}
+#: The schedules whose lists split each backward into B and W (`Op.W`).
+SPLIT_SCHEDULES = ("zb-h1", "zb-1f1b")
 
 
 def make_schedule(name: str, num_stages: int, num_microbatches: int) -> Schedule:

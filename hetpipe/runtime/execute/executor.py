@@ -295,7 +295,7 @@ class PipelineExecutor:
         1F1B last stage deadlock), so one rank's list alone does not decide.
         """
         p, m, s = self.num_stages, self.microbatches, self.stage.stage
-        code = next((i + 1 for i, name in enumerate(("gpipe", "1f1b", "zb-h1"))
+        code = next((i + 1 for i, name in enumerate(("gpipe", "1f1b", "zb-h1", "zb-1f1b"))
                      if list(self.actions) == make_schedule(name, p, m)[s]), 0)
         extremes = torch.tensor([code, -code], dtype=torch.int64)  # max of both: (max code, -min code)
         work = dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=self._group, async_op=True)

@@ -1,0 +1,103 @@
+"""The schedule as a lever: 1F1B, ZB-1F1B or ZB-H1, whichever runs the plan fastest (issue 17, item 2).
+
+The solvers find and verify a placement under 1F1B (`Problem.schedule` "1f1b").  With the
+``auto`` option `choose_schedule` also verifies under each split schedule (`SPLIT_SCHEDULES`:
+each backward split into B and W) -- from the 1F1B answer and the least-bottleneck placement,
+each improved by `verify`'s local search with T and every M_s taken from that schedule's action
+lists -- and keeps the fastest.  ZB-H1 holds up to min(p, m) micro-batches on every stage until
+their W (more than 1F1B's min(p - s, m) on later stages, so a placement that fits under 1F1B may
+not); ZB-1F1B holds 1F1B's.  Naming one schedule keeps that schedule's answer whatever it costs.
+
+A split schedule is searched without recomputation: the executor splits a backward with
+`torch.autograd.grad` and a checkpointed unit would recompute in both halves, so a problem that
+needs recomputation to fit keeps 1F1B.
+
+The bound: `verify`'s fill term charges the round trip through the stages before b with their
+whole backward, but a split schedule sends the input gradient before W.  A valid bound over every
+schedule is `schedule_bound` of the problem whose backwards are only their input part (every term
+can only shrink), so a plan that may run a split schedule records the lesser of the two bounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from hetpipe.cost_models.backward_split import unit_bwd_weight_s
+from hetpipe.errors import ConfigError
+from hetpipe.partitioner.problem import Problem
+from hetpipe.partitioner.solvers.solve import Solution
+from hetpipe.partitioner.solvers.verify import Verified, schedule_bound, verify
+from hetpipe.schedule.builders import SPLIT_SCHEDULES
+
+log = logging.getLogger(__name__)
+
+#: What `hetpipe plan --schedule` accepts: a schedule, or ``auto`` (the fastest for the plan).
+SCHEDULE_OPTIONS = ("1f1b", *SPLIT_SCHEDULES, "auto")
+
+
+def check_schedule_option(option: str) -> None:
+    """Refuse an unknown `--schedule` before any work.
+
+    Example:
+        >>> check_schedule_option("gpipe")
+        Traceback (most recent call last):
+        ...
+        hetpipe.errors.ConfigError: --schedule is 'gpipe'; choose one of 1f1b, zb-h1, zb-1f1b, auto (auto: the fastest for this plan)
+    """
+    if option not in SCHEDULE_OPTIONS:
+        raise ConfigError(f"--schedule is {option!r}; choose one of {', '.join(SCHEDULE_OPTIONS)} "
+                          "(auto: the fastest for this plan)")
+
+
+def input_part_problem(problem: Problem) -> Problem:
+    """`problem` with every unit's backward reduced to its input-gradient part (B - W)."""
+    trainable = problem.grad_bytes or problem.state_bytes
+    bwd = {k: tuple(b - unit_bwd_weight_s(b, trainable=trainable[u] > 0) for u, b in enumerate(table))
+           for k, table in problem.bwd_s.items()}
+    return dataclasses.replace(problem, bwd_s=bwd)
+
+
+def _verified(problem: Problem, sol: Solution, schedule: str, limit_s: float) -> tuple[Problem, Verified | None]:
+    """The split `schedule`'s problem and its verified answer, or None when no candidate fits."""
+    split = dataclasses.replace(problem, schedule=schedule, recompute="none")
+    start = tuple(dataclasses.replace(st, recompute_units=()) for st in sol.stages)
+    try:
+        return split, verify(split, [start], limit_s=limit_s)
+    except ValueError:  # no candidate fits under this schedule's memory
+        return split, None
+
+
+def choose_schedule(problem: Problem, sol: Solution, *, option: str, limit_s: float) -> tuple[Problem, Solution]:
+    """The problem (its `schedule` chosen) and solution a plan records; see the module docstring."""
+    check_schedule_option(option)
+    if option == "1f1b" or problem.objective != "schedule":
+        return problem, sol
+    if problem.recompute == "all":
+        if option == "auto":
+            return problem, sol
+        raise ConfigError(f"--schedule {option} runs no recomputation (each backward is split in two); "
+                          "use --recompute auto or none with it, or --schedule 1f1b")
+    names = SPLIT_SCHEDULES if option == "auto" else (option,)
+    tried = {name: _verified(problem, sol, name, limit_s / len(names)) for name in names}
+    fits = {name: (p, v) for name, (p, v) in tried.items() if v is not None}
+    log.info("schedule choice: 1F1B T = %.6g s; %s", sol.iteration_s,
+             ", ".join(f"{n} T = {v.iteration_s:.6g} s" if v else f"{n}: nothing fits" for n, (_, v) in tried.items()))
+    if not fits:
+        if option != "auto":
+            raise ConfigError(f"--schedule {option}: no placement the search tried fits every card under its "
+                              "in-flight micro-batches without recomputation; use --schedule auto or 1f1b")
+        return problem, sol
+    zb_bound = schedule_bound(input_part_problem(problem))
+    name = min(fits, key=lambda n: fits[n][1].iteration_s)
+    chosen, found = fits[name]
+    # recorded with the original lever: every stage fits without recomputing, which is auto's choice too
+    chosen = dataclasses.replace(chosen, recompute=problem.recompute)
+    if option == "auto" and found.iteration_s >= sol.iteration_s:
+        return problem, dataclasses.replace(sol, bound_s=min(sol.bound_s, zb_bound))
+    bound = min(sol.bound_s if option == "auto" else zb_bound, zb_bound, found.iteration_s)
+    status = "OPTIMAL" if bound >= found.iteration_s * (1 - 1e-9) else "FEASIBLE"
+    used = {st.device for st in found.stages}
+    return chosen, dataclasses.replace(sol, stages=found.stages, iteration_s=found.iteration_s, bound_s=bound,
+                                       status=status,
+                                       unused_devices=tuple(i for i in range(len(problem.devices)) if i not in used))
