@@ -97,7 +97,7 @@ from hetpipe.cost_models.backward_split import stage_bwd_weight_s
 from hetpipe.cost_models.offload import NO_OFFLOAD, OFFLOAD_MODES, OffloadCost, OffloadRates, offload_cost
 from hetpipe.cost_models.recompute import RECOMPUTE_MODES, RecomputeCost, recompute_cost
 from hetpipe.cost_models.stage_memory import pipeline_stage_bytes
-from hetpipe.schedule.builders import SCHEDULES, SPLIT_SCHEDULES
+from hetpipe.schedule.builders import SCHEDULES, SPLIT_SCHEDULES, is_split
 from hetpipe.schedule.held import position_held_terms, stage_held_terms
 from hetpipe.schedule.replay import replay_iteration_s
 
@@ -205,7 +205,7 @@ class Problem:
             raise ValueError(f"Problem.offload is {self.offload!r}; use one of {', '.join(OFFLOAD_MODES)}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"Problem.objective is {self.objective!r}; use one of {', '.join(OBJECTIVES)}")
-        if self.schedule not in SCHEDULES:
+        if self.schedule.partition("@")[0] not in SCHEDULES:
             raise ValueError(f"Problem.schedule is {self.schedule!r}; use one of {', '.join(SCHEDULES)}")
 
     @property

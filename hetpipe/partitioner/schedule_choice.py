@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+from typing import Sequence
 
 from hetpipe.cost_models.backward_split import unit_bwd_weight_s
 from hetpipe.errors import ConfigError
-from hetpipe.partitioner.problem import Problem
+from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.solve import Solution
 from hetpipe.partitioner.solvers.verify import Verified, schedule_bound, verify
-from hetpipe.schedule.builders import SPLIT_SCHEDULES
+from hetpipe.schedule.builders import SPLIT_SCHEDULES, warmup_name
 
 log = logging.getLogger(__name__)
 
@@ -80,24 +82,73 @@ def choose_schedule(problem: Problem, sol: Solution, *, option: str, limit_s: fl
                           "use --recompute auto or none with it, or --schedule 1f1b")
     names = SPLIT_SCHEDULES if option == "auto" else (option,)
     tried = {name: _verified(problem, sol, name, limit_s / len(names)) for name in names}
-    fits = {name: (p, v) for name, (p, v) in tried.items() if v is not None}
     log.info("schedule choice: 1F1B T = %.6g s; %s", sol.iteration_s,
              ", ".join(f"{n} T = {v.iteration_s:.6g} s" if v else f"{n}: nothing fits" for n, (_, v) in tried.items()))
-    if not fits:
-        if option != "auto":
-            raise ConfigError(f"--schedule {option}: no placement the search tried fits every card under its "
-                              "in-flight micro-batches without recomputation; use --schedule auto or 1f1b")
-        return problem, sol
+    # (T, problem, stages): the split schedules recorded with the original lever (every stage fits
+    # without recomputing, which is auto's choice too)
+    found = [(v.iteration_s, dataclasses.replace(p, recompute=problem.recompute), v.stages)
+             for p, v in tried.values() if v is not None]
+    if not found and option != "auto":
+        raise ConfigError(f"--schedule {option}: no placement the search tried fits every card under its "
+                          "in-flight micro-batches without recomputation; use --schedule auto or 1f1b")
+    if option == "auto":
+        found.append((sol.iteration_s, problem, sol.stages))
+        found += [w for t, p, st in list(found) if (w := with_warmup(p, st)) is not None]
+    best_s, chosen, stages = min(found, key=lambda f: f[0])
     zb_bound = schedule_bound(input_part_problem(problem))
-    name = min(fits, key=lambda n: fits[n][1].iteration_s)
-    chosen, found = fits[name]
-    # recorded with the original lever: every stage fits without recomputing, which is auto's choice too
-    chosen = dataclasses.replace(chosen, recompute=problem.recompute)
-    if option == "auto" and found.iteration_s >= sol.iteration_s:
+    if chosen is problem:
         return problem, dataclasses.replace(sol, bound_s=min(sol.bound_s, zb_bound))
-    bound = min(sol.bound_s if option == "auto" else zb_bound, zb_bound, found.iteration_s)
-    status = "OPTIMAL" if bound >= found.iteration_s * (1 - 1e-9) else "FEASIBLE"
-    used = {st.device for st in found.stages}
-    return chosen, dataclasses.replace(sol, stages=found.stages, iteration_s=found.iteration_s, bound_s=bound,
-                                       status=status,
+    bound = min(sol.bound_s if option == "auto" else zb_bound, zb_bound, best_s)
+    status = "OPTIMAL" if bound >= best_s * (1 - 1e-9) else "FEASIBLE"
+    used = {st.device for st in stages}
+    return chosen, dataclasses.replace(sol, stages=tuple(stages), iteration_s=best_s, bound_s=bound, status=status,
                                        unused_devices=tuple(i for i in range(len(problem.devices)) if i not in used))
+
+
+def warmup_extras(problem: Problem, stages: Sequence[Stage]) -> tuple[int, ...]:
+    """Extra warm-up forwards per stage so that its in-flight micro-batches cover its round trip.
+
+    Stage s of 1F1B holds p - s micro-batches; one micro-batch's round trip from its forward on s
+    to its backward back on s takes ``R_s = sum_{j>=s} (F_j + B_j) + 2 sum_{j>=s, j<p-1} C_j``, so
+    s idles unless ``k_s >= R_s / X`` micro-batches are in flight, X the slowest stage's F + B (its
+    period).  Extra = max(0, ceil(R_s / X) - (p - s)), made non-increasing along the pipeline
+    (deadlock-free, `hetpipe.schedule.builders.warmup_name`); memory is checked by the caller.
+    """
+    ev = evaluate(problem, stages)
+    costs = ev.stages
+    period = max(c.fwd_s + c.bwd_s for c in costs)
+    p, extra = len(costs), []
+    for s in range(p):
+        trip = sum(c.fwd_s + c.bwd_s for c in costs[s:]) + 2 * sum(c.send_s for c in costs[s:-1])
+        extra.append(max(0, min(problem.microbatches, math.ceil(trip / period - 1e-9) - (p - s))) if period > 0 else 0)
+    for s in range(p - 2, -1, -1):
+        extra[s] = max(extra[s], extra[s + 1])
+    return tuple(extra)
+
+
+def with_warmup(problem: Problem, stages: Sequence[Stage]) -> tuple[float, Problem, Sequence[Stage]] | None:
+    """`problem` under its schedule with extra warm-up forwards, if that is faster; None otherwise (issue 17:
+    "extra warm-up micro-batches in flight on chosen stages, memory priced").
+
+    Tries `warmup_extras` and 3/4, 1/2, 1/4 of it; each is cut back on the stages that overflow their card
+    (a stage's moments depend on its own count only; later stages are capped to keep the counts
+    non-increasing) until every stage fits; the fastest that beats the plain schedule wins.
+    """
+    base = problem.schedule.partition("@")[0]
+    plain = evaluate(problem, stages).iteration_s
+    full = warmup_extras(problem, stages)
+    best: tuple[float, Problem, Sequence[Stage]] | None = None
+    for share in (1.0, 0.75, 0.5, 0.25):
+        extra = [int(k * share) for k in full]
+        while any(extra):
+            cand = dataclasses.replace(problem, schedule=warmup_name(base, extra))
+            ev = evaluate(cand, stages)
+            if ev.fits:
+                if ev.iteration_s < plain * (1 - 1e-9) and (best is None or ev.iteration_s < best[0]):
+                    best = (ev.iteration_s, cand, stages)
+                break
+            for s, c in enumerate(ev.stages):
+                if not c.fits:
+                    extra[s] = max(0, extra[s] - 1)
+                    extra[s + 1:] = [min(k, extra[s]) for k in extra[s + 1:]]
+    return best

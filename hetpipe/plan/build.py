@@ -50,7 +50,7 @@ from hetpipe.plan.schema import (
     UnitTimes,
 )
 from hetpipe.partitioner.placement import simulate_placement
-from hetpipe.partitioner.problem import DeviceSlot, Evaluation, Problem, Stage, TiedCopy, evaluate
+from hetpipe.partitioner.problem import DeviceSlot, Evaluation, Problem, Stage, TiedCopy, evaluate, is_split
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ def plan_stages(problem: Problem, stages: tuple[Stage, ...], ev: Evaluation) -> 
             offload_bytes=c.offload_bytes,
             offload_s=c.offload_s,
             step_s=c.step_s,
-            bwd_weight_s=c.bwd_weight_s if problem.schedule != "1f1b" else 0.0,
+            bwd_weight_s=c.bwd_weight_s if is_split(problem.schedule) else 0.0,
         )
         for i, (st, c) in enumerate(zip(stages, ev.stages))
     )

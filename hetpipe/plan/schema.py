@@ -37,7 +37,7 @@ from hetpipe.cost_models.recompute import RECOMPUTE_MODES
 from hetpipe.cost_models.sync import BUCKET_CAP_BYTES
 from hetpipe.cost_models.validate import MAX_PLAN_FILE_BYTES
 from hetpipe.errors import PlanError
-from hetpipe.partitioner.problem import SPLIT_SCHEDULES, DeviceSlot, Problem, Stage, TiedCopy
+from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy
 from hetpipe.cost_models.offload import offload_rates
 from hetpipe.plan.offload_note import offload_mode
 # re-exported: `check_plan` and the tests import them from here
@@ -448,7 +448,7 @@ def problem_from_plan(plan: Plan) -> Problem:
         step_s={k: tuple(u.time_s[k].step for u in plan.units) for k in kinds} if scheduled else {},
         step_launch_s={ks.kind: ks.seconds for ks in plan.step_launch_s} if scheduled else {},
         objective=plan.objective_name,
-        schedule=plan.training.schedule if plan.training.schedule in SPLIT_SCHEDULES else "1f1b",  # gpipe: 1F1B's T
+        schedule="1f1b" if plan.training.schedule.startswith("gpipe") else plan.training.schedule,  # gpipe: 1F1B's T
         fwd_s={k: tuple(u.time_s[k].fwd for u in plan.units) for k in kinds},
         bwd_s={k: tuple(u.time_s[k].bwd for u in plan.units) for k in kinds},
         state_bytes=tuple(u.state_bytes for u in plan.units),

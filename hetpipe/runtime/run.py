@@ -91,10 +91,10 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: A
 def refuse_split_recompute(plan: Plan, schedule: str) -> None:
     """A split schedule (ZB) runs no recomputing stage: the two halves of its backward would each
     recompute (`hetpipe.partitioner.schedule_choice`)."""
-    from hetpipe.schedule.builders import SPLIT_SCHEDULES
+    from hetpipe.schedule.builders import is_split
 
     recomputing = [st.index for st in plan.stages if st.recompute_units]
-    if schedule in SPLIT_SCHEDULES and recomputing:
+    if is_split(schedule) and recomputing:
         raise ConfigError(f"--schedule {schedule}: stages {recomputing} recompute activations, which a split "
                           "backward does not run; use --schedule 1f1b, or re-plan with --schedule auto")
 
