@@ -54,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--offload", default="never",
                    help="optimizer-state offload per stage: never (default) | auto (a stage keeps its optimizer "
                         "state in host memory where that lowers T, paying the PCIe copies and the host step) | all")
+    p.add_argument("--schedule", dest="plan_schedule", default="1f1b",
+                   help="pipeline schedule: 1f1b (default) | zb-h1 (zero-bubble: backward split into input and "
+                        "weight gradients) | auto (the faster of the two for this plan)")
     p.add_argument("--replicas", default="1",
                    help="1 (one pipeline, default) | auto (the planner picks one pipeline or several data-parallel "
                         "replicas, each with its own batch share) | N (exactly N pipeline replicas)")

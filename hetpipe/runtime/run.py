@@ -74,6 +74,7 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: A
     else:
         p, m = len(plan.stages), plan.training.microbatches
         validate_schedule(make_schedule(schedule, p, m), num_stages=p, num_microbatches=m)
+        refuse_split_recompute(plan, schedule)
     graph, example = capture_for_plan(plan, model=model, seq=seq)  # raises PlanError for another model
     if [u.node_names for u in plan.units] == [tuple(u.node_names) for u in graph.units]:
         verify_tables(plan, graph, loss_costed=False)  # edited tables never reach the ranks (plan/tables.py)
@@ -85,6 +86,17 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: A
         # Not fatal: an over-full plan is exactly what --emulate demonstrates (emulated OOM).
         log.warning("plan check: %s", violation)
     return graph
+
+
+def refuse_split_recompute(plan: Plan, schedule: str) -> None:
+    """A split schedule (ZB) runs no recomputing stage: the two halves of its backward would each
+    recompute (`hetpipe.partitioner.schedule_choice`)."""
+    from hetpipe.schedule.builders import is_split
+
+    recomputing = [st.index for st in plan.stages if st.recompute_units]
+    if is_split(schedule) and recomputing:
+        raise ConfigError(f"--schedule {schedule}: stages {recomputing} recompute activations, which a split "
+                          "backward does not run; use --schedule 1f1b, or re-plan with --schedule auto")
 
 
 def _check_weights(plan: Plan, graph: Any, example: Any, weights: str) -> None:

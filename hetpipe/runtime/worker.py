@@ -240,10 +240,12 @@ def calibrate(run: _Run, *, loss_fn: Any, batch: tuple[Any, Any] | None) -> list
 
 def _emulation_hooks(run: _Run, loss_fn: Any, batch: tuple[Any, Any] | None) -> Any:
     from hetpipe.runtime.emulate.pipeline import DEFAULT_SAFETY_FACTOR, EmulationHooks, StageTiming, choose_time_scale
+    from hetpipe.schedule.builders import is_split
 
     plan, s = run.plan, run.index
     measured = calibrate(run, loss_fn=loss_fn, batch=batch)
-    predicted = [StageTiming(st.fwd_s, st.bwd_s, st.offload_s) for st in plan.stages]
+    split = is_split(run.args.schedule or plan.training.schedule)  # B and W emulated apart
+    predicted = [StageTiming(st.fwd_s, st.bwd_s, st.offload_s, st.bwd_weight_s if split else 0.0) for st in plan.stages]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", run.num_stages))
     scale = choose_time_scale(measured, predicted, num_ranks=local_ranks, num_cores=cores,
