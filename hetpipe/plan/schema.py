@@ -203,8 +203,7 @@ class PlanStage:
     # stage is `device` alone.  No solver writes groups yet; `check` and `run` refuse them (plan/groups.py).
     group_devices: tuple[str, ...] = field(default=(), metadata={"since": 4})
     group_shares: tuple[float, ...] = field(default=(), metadata={"since": 4})
-    # Version 5: W_s, the weight-gradient part of bwd_s its ZB-H1 W actions take (0: not split).
-    bwd_weight_s: float = field(default=0.0, metadata={"since": 5})
+    bwd_weight_s: float = field(default=0.0, metadata={"since": 5})  # W_s: bwd_s's weight-gradient part (ZB W)
 
 
 @dataclass(frozen=True)
