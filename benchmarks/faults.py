@@ -17,8 +17,10 @@ step, the dead card, steps redone (goal: <= the checkpoint interval), the re-pla
 seconds; the final loss and parameters against a fault-free run of the same data; the median
 recovery time.
 
+(c) N faults of every kind over one emulated run (kills, slowdowns, link cuts; `benchmarks/fault_storm.py`).
+
 Usage:
-    python benchmarks/faults.py [--kills N] [--skip-straggler] [--straggler-steps 40 80]
+    python benchmarks/faults.py [--kills N] [--mixed N] [--skip-straggler] [--straggler-steps 40 80]
 
 Writes ``benchmarks/results/faults.md``.
 """
@@ -232,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kills", type=int, default=5, help="faults in part (b) (the issue's figure is 20; 0 skips part (b))")
-    ap.add_argument("--skip-straggler", action="store_true", help="run part (b) only")
+    ap.add_argument("--mixed", type=int, default=20, help="faults in part (c) (the issue's 20; 0 skips part (c))")
+    ap.add_argument("--skip-straggler", action="store_true", help="skip part (a)")
     ap.add_argument("--straggler-steps", type=int, nargs="+", default=[A_STEPS, 2 * A_STEPS],
                     help=f"part (a)'s run lengths (default {A_STEPS}, the issue's, and {2 * A_STEPS}: more steps to gain)")
     args = ap.parse_args(argv)
@@ -241,6 +244,11 @@ def main(argv: list[str] | None = None) -> int:
         body = [] if args.skip_straggler else [line for n in args.straggler_steps
                                                for line in ["", *straggler(Path(tmp) / f"a{n}", n)]]
         body += ["", *kills(Path(tmp), args.kills)] if args.kills > 0 else []
+        if args.mixed > 0:
+            from benchmarks.fault_storm import mixed
+
+            (Path(tmp) / "c").mkdir()
+            body += ["", *mixed(Path(tmp) / "c", args.mixed)]
     body += ["", f"Load average (1/5/15 min) before: {load_before}; after: {_load()} (other engineers' jobs share "
              "the 2 cores)."]
     print("\n".join(body))

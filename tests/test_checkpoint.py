@@ -2,12 +2,14 @@
 
 One 3-stage run of gpt-tiny saves at steps 2 and 4; resumed from step 2 on the same plan it
 continues bitwise (losses, parameters and optimizer state); resumed on a 2-stage plan with other
-cuts it equals a plain single-device loop within 1e-5.  Interrupted (.tmp) checkpoints are never
+cuts, and on that plan with stage 0 offloading its optimizer state and stage 1 recomputing, it
+equals a plain single-device loop within 1e-5.  Interrupted (.tmp) checkpoints are never
 used, and a checkpoint of another model or lacking names is one ``error:`` line before launch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from hetpipe.errors import ConfigError
 from hetpipe.models import build, lm_loss
 from hetpipe.partitioner.capture.capture import capture
 from hetpipe.partitioner.problem import Stage
+from hetpipe.plan.schema import Plan
 from hetpipe.runtime.checkpoint.state import StageState, canonical_names, program_fingerprint, save_checkpoint
 from hetpipe.runtime.checkpoint.files import (MARKER, CheckpointInfo, find_checkpoint, plan_digest, saved_keys,
                                               tmp_folder)
@@ -131,6 +134,36 @@ def test_resume_on_another_plan_equals_a_single_device_run(setup, first_run, tmp
     tmp, full, (ref_losses, ref_model, ref_opt) = first_run
     assert list(full.losses) == pytest.approx(ref_losses, rel=RTOL, abs=ATOL)
     other = _run(folder, "plan2.json", tmp_path, "--resume", str(tmp / "ck" / "step-000002"),
+                 "--checkpoint-dir", str(tmp_path / "ck"))
+    assert other.world_size == 2
+    assert list(other.losses) == pytest.approx(ref_losses[EVERY:], rel=RTOL, abs=ATOL)
+    saved = read_checkpoint(tmp_path / "ck" / "step-000004")
+    head = graph.tied[0].qualified_names[-1]
+    for name, p in ref_model.state_dict().items():
+        if name != head:  # the tie is saved once, under the embedding's name
+            torch.testing.assert_close(saved[f"model/{name}"], p, rtol=RTOL, atol=ATOL, msg=name)
+    for name, p in ref_model.named_parameters():
+        for key, value in ref_opt.state[p].items():
+            torch.testing.assert_close(saved[f"optim/{name}/{key}"], value, rtol=RTOL, atol=ATOL, msg=f"{name} {key}")
+
+
+def _with_levers(plan: Plan) -> Plan:
+    stages = list(plan.stages)
+    stages[0] = dataclasses.replace(stages[0], offload=True)
+    units = range(stages[1].first_unit, stages[1].last_unit + 1)
+    heaviest = sorted(units, key=lambda u: -plan.units[u].activation_bytes)[:max(1, len(units) // 2)]
+    stages[1] = dataclasses.replace(stages[1], recompute_units=tuple(sorted(heaviest)))
+    return dataclasses.replace(plan, stages=tuple(stages))
+
+
+@pytest.mark.slow
+def test_resume_onto_a_plan_with_offload_and_recompute_equals_a_single_device_run(setup, first_run, tmp_path):
+    folder, _, _, graph, _ = setup
+    tmp, _, (ref_losses, ref_model, ref_opt) = first_run
+    levers = _with_levers(Plan.load(folder / "plan2.json"))
+    assert levers.stages[0].offload and levers.stages[1].recompute_units
+    levers.save(folder / "plan2-levers.json")
+    other = _run(folder, "plan2-levers.json", tmp_path, "--resume", str(tmp / "ck" / "step-000002"),
                  "--checkpoint-dir", str(tmp_path / "ck"))
     assert other.world_size == 2
     assert list(other.losses) == pytest.approx(ref_losses[EVERY:], rel=RTOL, abs=ATOL)
@@ -364,3 +397,21 @@ def test_replica_plans_are_refused_clearly():
 
     with pytest.raises(ConfigError, match="not supported for replica plans yet"):
         checkpoint_args(SimpleNamespace(replicas=(object(),)), None, None, "ck", model=MODEL, seq=None, steps=4)
+
+
+def test_an_offloading_optimizer_steps_the_weights_restored_into_its_stage():
+    """A checkpoint restore replaces the device weights after the optimizer was built: the host copies
+    the next step updates must follow (before the fix the step undid the restore from stale copies)."""
+    from hetpipe.runtime.stage.offload import HostOffloadOptimizer
+
+    w, plain_w = torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(4))
+    opt = HostOffloadOptimizer([w], lambda ps: torch.optim.Adam(ps, lr=0.1))
+    plain = torch.optim.Adam([plain_w], lr=0.1)
+    with torch.no_grad():  # what restore_checkpoint does: load into the device parameters
+        w.copy_(torch.arange(4.0))
+        plain_w.copy_(torch.arange(4.0))
+    opt.reload_weights()
+    for p, o in ((w, opt), (plain_w, plain)):
+        p.grad = torch.ones(4)
+        o.step()
+    assert torch.equal(w.detach(), plain_w.detach())

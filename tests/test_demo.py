@@ -39,6 +39,6 @@ def test_demo_fast_plans_beats_baselines_and_writes_files(tmp_path: Path, capsys
     assert all(s.memory_bytes <= s.usable_bytes for s in plan.stages)
     assert (tmp_path / "gantt.png").stat().st_size > 10_000
     trace = json.loads((tmp_path / "trace.json").read_text())
-    assert {e["ph"] for e in trace["traceEvents"]} == {"X"}
+    assert {e["ph"] for e in trace["traceEvents"]} == {"X", "M"}  # slices, and the metadata naming their rows
     out = capsys.readouterr().out
     assert "out of memory" in out and "faster than the best hand-tuned baseline" in out

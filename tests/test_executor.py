@@ -1,7 +1,7 @@
 """The executor against a deep-copied single-device reference, over real gloo processes.
 
 Numerics (issue #4, acceptance 1): for 2, 3 and 4 uneven stages, a skip-connection
-net and a tied-embedding GPT, GPipe and 1F1B, the loss and every parameter's
+net and a tied-embedding GPT, GPipe, 1F1B and ZB-H1, the loss and every parameter's
 gradient after one step, and every parameter after three optimizer steps, equal
 the unsplit model on the same global batch (fp32, rtol=1e-5, atol=4e-5).  One
 spawned world per stage count runs all four (model, schedule) cases; the parent
@@ -62,6 +62,9 @@ CASES = {
     "skip-1f1b": Case("skip", "1f1b", "adam", reduction="sum"),
     "gpt-gpipe": Case("gpt", "gpipe", "sgd", broadcast_loss=True),
     "gpt-1f1b": Case("gpt", "1f1b", "adam", clip=0.5),
+    # ZB-H1: B and W apart (issue 17 item 2); the tied embedding's W sums over two stages
+    "skip-zb-h1": Case("skip", "zb-h1", "adam", reduction="sum"),
+    "gpt-zb-h1": Case("gpt", "zb-h1", "adam", clip=0.5, broadcast_loss=True),
 }
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hetpipe.cli import app as cli
-from hetpipe.cli.timeline import chrome_trace, gantt_figure, save_gantt_compare, timeline_from_actions
+from hetpipe.cli.timeline import chrome_trace, gantt_figure, row_names, save_gantt_compare, timeline_from_actions
 from hetpipe.plan.analysis import PlanSimulation, compare_plan, divergence_reason, simulate_plan
 from hetpipe.plan.build import partition_graph
 from hetpipe.plan.schema import Plan
@@ -56,10 +56,12 @@ def test_show_prints_stages_memory_bars_baselines_and_writes_timelines(plans, tm
         assert name in out and not b.fits  # the slow card is too small for the baselines' two units
     assert out.count("NO (out of memory)") == len(plan.baselines)
     assert gantt.stat().st_size > 10_000
-    events = json.loads(trace.read_text())["traceEvents"]
-    assert {e["ph"] for e in events} == {"X"}
+    doc = json.loads(trace.read_text())
+    assert {e["ph"] for e in doc["traceEvents"]} == {"X", "M"}  # slices, and the metadata naming their rows
+    events, rows = [e for e in doc["traceEvents"] if e["ph"] == "X"], row_names(doc)
     assert all(set(e) >= {"name", "ts", "dur", "pid", "tid"} and e["dur"] >= 0 for e in events)
-    devices_in_trace = {e["tid"].split(": ")[1].split(" ")[0] for e in events if not e["tid"].startswith("link")}
+    shown = {rows[(e["pid"], e["tid"])] for e in events}
+    devices_in_trace = {row.split(": ")[1].split(" ")[0] for row in shown if not row.startswith("link")}
     assert devices_in_trace == {st.device for st in plan.stages}
 
 
@@ -153,8 +155,9 @@ def test_measured_action_timings_rebuild_the_same_timeline():
     rebuilt = timeline_from_actions(per_rank)
     assert rebuilt.busy_s == pytest.approx(res.busy_s)
     assert rebuilt.iteration_s == pytest.approx(max(e.end_s for e in res.events if e.lane.startswith("rank ")))
-    trace = chrome_trace(rebuilt, labels=["a", "b", "c"], pid="measured")
-    assert {e["pid"] for e in trace["traceEvents"]} == {"measured"}
+    trace = chrome_trace(rebuilt, labels=["a", "b", "c"], process="measured", pid=2)
+    assert {e["pid"] for e in trace["traceEvents"]} == {2}
+    assert [e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"] == ["measured"]
     assert sum(1 for e in rebuilt.events if e.op is Op.STEP) == 3
     with pytest.raises(ValueError, match="rank 1"):
         timeline_from_actions({1: [Timing("1X9", 0.0, 1.0)]})

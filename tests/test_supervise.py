@@ -258,7 +258,7 @@ def test_straggler_reports_of_both_shapes_are_read(tmp_path):
     path.write_text(json.dumps({"rank": 1, "factor": 2.0, "step": 6}))
     assert read_straggler(path, plan) == Straggler(1, 1, "n0:1", 2.0, 6)
     path.write_text(json.dumps({"rank": 1, "what": "link", "factors": {"send": 4.0}, "link": "n0:1 -> n1:2"}))
-    assert read_straggler(path, plan) is None  # links: not re-planned yet
+    assert read_straggler(path, plan) == Straggler(1, 1, "n0:1", 4.0, 0, ("n0:1", "n1:2"))  # a link straggler
     path.write_text("{\"rank\": 1, \"fac")  # mid-write
     assert read_straggler(path, plan) is None
 

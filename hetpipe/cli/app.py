@@ -23,8 +23,10 @@ from rich.console import Console
 
 from hetpipe.cli.calibrate_cmd import add_calibrate_parser, cmd_calibrate
 from hetpipe.cli.checks import OneLineParser, check_args
-from hetpipe.cli.model_cmds import add_model_args, cmd_check, cmd_inspect, cmd_models, cmd_plan, cmd_profile
-from hetpipe.cli.plan_views import cmd_compare, cmd_show, cmd_simulate
+from hetpipe.cli.model_cmds import (
+    add_model_args, add_profile_parser, cmd_check, cmd_inspect, cmd_models, cmd_plan, cmd_profile,
+)
+from hetpipe.cli.plan_views import add_show_parser, cmd_compare, cmd_show, cmd_simulate
 from hetpipe.cli.run_cmds import add_run_parser, cmd_demo, cmd_run
 from hetpipe.cli.weights import add_init_weights_parser, cmd_init_weights
 from hetpipe.errors import HetpipeError
@@ -52,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--offload", default="never",
                    help="optimizer-state offload per stage: never (default) | auto (a stage keeps its optimizer "
                         "state in host memory where that lowers T, paying the PCIe copies and the host step) | all")
+    p.add_argument("--schedule", dest="plan_schedule", default="1f1b",
+                   help="pipeline schedule: 1f1b (default) | zb-h1 (zero-bubble: backward split into input and "
+                        "weight gradients) | auto (the faster of the two for this plan)")
     p.add_argument("--replicas", default="1",
                    help="1 (one pipeline, default) | auto (the planner picks one pipeline or several data-parallel "
                         "replicas, each with its own batch share) | N (exactly N pipeline replicas)")
@@ -61,17 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", type=Path, default=None, help="with --model: also re-derive every unit time on it")
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--seq", type=int, default=None)
-    p = sub.add_parser("profile", help="detect local GPUs (pynvml) and write a cluster file")
-    p.add_argument("--calibrate", action="store_true", help="measure matmul FLOP/s and local link bandwidth")
-    p.add_argument("-o", "--output", type=Path, default=None)
+    add_profile_parser(sub)
     p = sub.add_parser("demo", help="plan the bundled GPT on the emulated home lab, compare baselines, train a few steps")
     p.add_argument("--out", type=Path, default=Path("hetpipe-demo"), help="where plan.json, run.json, gantt.png go")
     p.add_argument("--steps", type=int, default=4, help="training steps to run (default 4)")
     p.add_argument("--fast", action="store_true", help="plan and compare only; do not launch the training run")
-    p = sub.add_parser("show", help="a plan's stages, memory per card, time per stage and speed-up over baselines")
-    p.add_argument("plan", type=Path)
-    p.add_argument("--gantt", type=Path, default=None, help="write the simulated iteration as a Gantt PNG")
-    p.add_argument("--trace", type=Path, default=None, help="write the simulated iteration as a Chrome/Perfetto trace")
+    add_show_parser(sub)
     p = sub.add_parser("simulate", help="simulate a plan's schedule: iteration, bubble, busy/idle per device")
     p.add_argument("plan", type=Path)
     p.add_argument("--microbatches", type=int, default=None, help="micro-batches per iteration (default: the plan's)")

@@ -82,6 +82,10 @@ def check_args(args: argparse.Namespace) -> None:
         from hetpipe.cost_models.offload import check_offload_option
 
         check_offload_option(args.offload)
+    if getattr(args, "plan_schedule", None) is not None:
+        from hetpipe.partitioner.schedule_choice import check_schedule_option
+
+        check_schedule_option(args.plan_schedule)
     for name, flag in _OUTPUTS.items():
         if name == "output" and getattr(args, "command", None) == "profile":
             continue  # `profile -o` creates its folder (cost_models/profile.py)

@@ -80,45 +80,28 @@ def _replicas_story(graph: "UnitGraph", cluster_file: Path, single: Plan, out: P
 
 
 def _timelines(plan: Plan, out: Path) -> tuple[Path, Path]:
-    from hetpipe.cli.timeline import chrome_trace, save_gantt
+    from hetpipe.cli.timeline import chrome_trace, save_gantt, stage_labels
     from hetpipe.plan.schema import problem_from_plan, stages_from_plan
     from hetpipe.partitioner.placement import simulate_placement
 
     result = simulate_placement(problem_from_plan(plan), stages_from_plan(plan))
-    kinds = {d.id: d.kind for d in plan.devices}
-    labels = [f"{s.device} ({kinds[s.device]})" for s in plan.stages]
+    labels = stage_labels(plan)
     png = save_gantt(result, out / "gantt.png", labels=labels, suptitle=gantt_suptitle(plan),
                      title=f"{plan.model.name}: simulated 1F1B iteration {result.iteration_s:.3f} s "
                            f"(plan T {plan.predicted.iteration_s:.3f} s)")
     trace = out / "trace.json"
-    trace.write_text(json.dumps(chrome_trace(result, labels=labels)))
+    trace.write_text(json.dumps(chrome_trace(result, labels=labels, process="predicted (simulated)")))
     return png, trace
 
 
 def _measured_gantt(plan: Plan, report: "RunReport", out: Path) -> Path | None:  # noqa: F821
-    """Predicted (simulated) over measured (emulated seconds) Gantt of the last step, if the run recorded it."""
-    from types import SimpleNamespace
-
-    from hetpipe.cli.timeline import chrome_trace, save_gantt_compare, timeline_from_actions
-    from hetpipe.plan.analysis import simulate_plan
+    """Predicted (simulated) over measured (emulated seconds) Gantt and trace of the last step, if recorded."""
+    from hetpipe.cli.timeline import write_run_timelines
 
     if not report.timelines:
         return None
-    scale = report.time_scale  # real seconds per emulated second
-    measured = timeline_from_actions({
-        t.stage: [SimpleNamespace(action=a.action, start_s=a.start_s / scale, duration_s=a.duration_s / scale)
-                  for a in t.actions]
-        for t in report.timelines})
-    kinds = {d.id: d.kind for d in plan.devices}
-    labels = [f"{s.device} ({kinds[s.device]})" for s in plan.stages]
-    sim = simulate_plan(plan).result
-    both = {"traceEvents": chrome_trace(sim, labels=labels, pid="predicted (simulated)")["traceEvents"]
-            + chrome_trace(measured, labels=labels, pid="measured (emulated, last step)")["traceEvents"],
-            "displayTimeUnit": "ms"}
-    (out / "trace.json").write_text(json.dumps(both))  # Perfetto shows the two as two processes
-    return save_gantt_compare([(f"predicted (simulated): {sim.iteration_s:.3f} s", sim),
-                               (f"measured, emulated: {measured.iteration_s:.3f} s (last step)", measured)],
-                              out / "gantt.png", labels=labels, suptitle=gantt_suptitle(plan))
+    return write_run_timelines(plan, report, gantt=out / "gantt.png", trace=out / "trace.json",
+                               suptitle=gantt_suptitle(plan))[0]
 
 
 def gantt_suptitle(plan: Plan) -> str:

@@ -116,7 +116,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
             plan = plan_replicas(graph, cluster, replicas, global_batch=args.global_batch, solver=args.solver,
                                  time_limit_s=args.time_limit, seed=args.seed,
                                  recompute=getattr(args, "recompute", "auto"),
-                                 offload=getattr(args, "offload", "never"))
+                                 offload=getattr(args, "offload", "never"),
+                                 schedule=getattr(args, "plan_schedule", "1f1b"))
     except InfeasibleError as err:
         from hetpipe.cli.fit_help import with_fit_hints
 
@@ -185,7 +186,8 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
         verify_tables(plan, graph, cluster=cluster, loss_costed=":" not in args.model or bool(plan.model.loss))
     report = check_plan(plan)
     if report.ok:
-        what = ("the simulated 1F1B schedule with optimizer steps" if report.objective == "schedule" else
+        sched = "1F1B" if plan.training.schedule in ("1f1b", "gpipe") else plan.training.schedule
+        what = (f"the simulated {sched} schedule with optimizer steps" if report.objective == "schedule" else
                 "the H-1F1B estimate this plan was solved with (version < 4; re-plan for the schedule objective)")
         console.print(f"{args.plan}: ok; T = {report.iteration_s:.6g} s ({what}), every stage fits")
         return 0
@@ -194,9 +196,18 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     return 1
 
 
+def add_profile_parser(subparsers: Any) -> None:
+    """Add ``hetpipe profile`` to the CLI's subparsers."""
+    p = subparsers.add_parser("profile", help="detect local GPUs (pynvml) and write a cluster file")
+    p.add_argument("--calibrate", action="store_true", help="measure matmul FLOP/s and local link bandwidth")
+    p.add_argument("--cpu-devices", type=int, default=None, metavar="N",
+                   help="with --calibrate on a CPU host: N devices, each a group of cores (one pinned process)")
+    p.add_argument("-o", "--output", type=Path, default=None)
+
+
 def cmd_profile(args: argparse.Namespace, console: Console) -> int:
     from hetpipe.cost_models.profile import run_profile
 
-    _, summary = run_profile(output=args.output, calibrate=args.calibrate)
+    _, summary = run_profile(output=args.output, calibrate=args.calibrate, cpu_devices=args.cpu_devices)
     console.print(summary)
     return 0

@@ -3,8 +3,21 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
 
 from rich.console import Console
+
+
+def add_show_parser(subparsers: Any) -> None:
+    """Add ``hetpipe show`` to the CLI's subparsers."""
+    p = subparsers.add_parser("show", help="a plan's stages, memory per card, time per stage and speed-up over baselines")
+    p.add_argument("plan", type=Path)
+    p.add_argument("--gantt", type=Path, default=None, help="write the simulated iteration as a Gantt PNG")
+    p.add_argument("--trace", type=Path, default=None, help="write the simulated iteration as a Chrome/Perfetto trace")
+    p.add_argument("--run", type=Path, default=None,
+                   help="a run report (run.json) of this plan: --gantt / --trace draw its measured step under the "
+                        "predicted one")
 
 
 def cmd_show(args: argparse.Namespace, console: Console) -> int:
@@ -22,9 +35,19 @@ def cmd_show(args: argparse.Namespace, console: Console) -> int:
             console.print(f"sync policy: {plan.sync.reason}")
     for lo in plan.left_out:
         console.print(f"left out {lo.device}: {lo.reason}")
-    if args.gantt or args.trace:
-        for path in write_timelines(simulate_plan(plan), gantt=args.gantt, trace=args.trace):
-            console.print(f"wrote {path}")
+    if getattr(args, "run", None) is not None:  # predicted beside measured (issue 17 item 5)
+        from hetpipe.cli.demo import gantt_suptitle
+        from hetpipe.cli.timeline import write_run_timelines
+        from hetpipe.runtime.report import RunReport
+
+        report = RunReport.load(args.run)
+        written = write_run_timelines(plan, report, gantt=args.gantt, trace=args.trace, suptitle=gantt_suptitle(plan))
+    elif args.gantt or args.trace:
+        written = write_timelines(simulate_plan(plan), gantt=args.gantt, trace=args.trace)
+    else:
+        written = ()
+    for path in written:
+        console.print(f"wrote {path}")
     return 0
 
 

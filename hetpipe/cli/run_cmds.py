@@ -45,6 +45,9 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-restarts", type=int, default=None, metavar="N",
                    help="after a rank dies, re-plan on the surviving devices and resume from the newest checkpoint, "
                         "up to N times (needs --checkpoint-dir; default: no restart)")
+    p.add_argument("--wait-for-return", type=float, default=None, metavar="SECONDS",
+                   help="after a rank dies, wait up to SECONDS for its device to be back (RUN_DIR/back-<device>, "
+                        "or an injected kill's down=S) and resume on the same plan; else re-plan (needs --max-restarts)")
     p.add_argument("--adapt", action="store_true",
                    help="on a straggler report, re-plan with the measured slowdown and, if the predicted gain over "
                         "the remaining steps beats the restart, relaunch at the next checkpoint (needs --checkpoint-dir)")
@@ -55,7 +58,7 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="replica plans: run the gradient sync after backward instead of overlapped with it")
     p.add_argument("--inject", action="append", default=None, metavar="SPEC",
                    help="inject a fault (repeatable): slow:rank=R,factor=F,step=K | link:src=A,dst=B,factor=F|cut,"
-                        "step=K (both need --emulate) | kill:rank=R,step=K")
+                        "step=K (both need --emulate) | kill:rank=R,step=K[,down=S]")
     p.add_argument("--straggler-margin", type=float, default=None, metavar="FRACTION",
                    help="name a stage slower than the plan by more than this fraction (default 0.25)")
     p.add_argument("--straggler-steps", type=int, default=None, metavar="K",
@@ -97,7 +100,7 @@ def cmd_run(args: argparse.Namespace, console: Any) -> int:
                  sync_overlap=args.sync_overlap, weights=args.weights, save_weights=args.save_weights,
                  checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
                  inject=args.inject, straggler_margin=args.straggler_margin, straggler_steps=args.straggler_steps,
-                 max_restarts=args.max_restarts, adapt=args.adapt)
+                 max_restarts=args.max_restarts, adapt=args.adapt, wait_for_return=args.wait_for_return)
     for table in summary_tables(report):
         console.print(table)
     for note in report.notes:

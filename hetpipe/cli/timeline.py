@@ -11,18 +11,24 @@ Example:
     >>> from hetpipe.schedule.simulate import SimCosts, simulate
     >>> res = simulate(one_f_one_b(2, 2), SimCosts(fwd_s=(1.0, 1.0), bwd_s=(2.0, 2.0), send_s=(0.5,)))
     >>> trace = chrome_trace(res, labels=["gpu0", "gpu1"])
-    >>> sorted({e["tid"] for e in trace["traceEvents"]})[:2]
+    >>> sorted(row_names(trace).values())[:2]
     ['0: gpu0', '1: gpu1']
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Mapping, Protocol, Sequence
 
 from hetpipe.cost_models.outputs import atomic_path, atomic_write_text
-from hetpipe.plan.analysis import PlanSimulation
+from hetpipe.errors import ConfigError
+from hetpipe.plan.analysis import PlanSimulation, simulate_plan
+from hetpipe.plan.schema import Plan
+from hetpipe.runtime.measured_links import message_spans
+from hetpipe.runtime.report import RunReport
 from hetpipe.schedule.actions import Action, Op
 from hetpipe.schedule.simulate import SimEvent, SimResult
 
@@ -34,9 +40,10 @@ WAIT_COLOUR = "lightgrey"
 US_PER_S = 1e6
 #: Micro-batch numbers are written on bars longer than this share of the iteration (readable at 12 in wide).
 LABEL_MIN_SHARE = 1 / 120
-#: A link row busy for less than this share of the iteration is not drawn (its bars would be under
-#: 6 px wide at 12 in and 110 dpi); the panel title names the rows left out.  Rank rows always stay.
-LANE_MIN_SHARE = 1 / 200
+#: A link row busy for less than this share of the iteration is not drawn: at 12 in and 110 dpi the
+#: time axis is ~1000 px wide, so its bars add up to under 20 px -- a near-empty row of slivers, not a
+#: timeline (issue 17 item 5); the panel title names the rows left out.  Rank rows always stay.
+LANE_MIN_SHARE = 1 / 50
 
 
 class TimedAction(Protocol):
@@ -54,13 +61,43 @@ def _lane_label(lane: str, labels: Sequence[str]) -> str:
     return lane
 
 
-def chrome_trace(result: SimResult, *, labels: Sequence[str] = (), pid: str = "hetpipe") -> dict[str, Any]:
-    """The Chrome trace-event JSON (``{"traceEvents": [...]}``) of an iteration; `pid` names the process row."""
+def chrome_trace(result: SimResult, *, labels: Sequence[str] = (), process: str = "hetpipe",
+                 pid: int = 1) -> dict[str, Any]:
+    """The Chrome trace-event JSON (``{"traceEvents": [...]}``) of an iteration as process `pid` named `process`.
+
+    Numeric ids with ``process_name`` / ``thread_name`` metadata events (the trace-event format's
+    way to name rows, which Perfetto and chrome://tracing both read); one thread per row, ranks
+    first (``thread_sort_index``).
+    """
+    lanes = _lanes(result)
+    tid = {lane: i + 1 for i, lane in enumerate(lanes)}
+    meta: list[dict[str, Any]] = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": process}},
+                                  {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
+                                   "args": {"sort_index": pid}}]
+    for lane in lanes:
+        meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid[lane],
+                     "args": {"name": _lane_label(lane, labels)}})
+        meta.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid[lane],
+                     "args": {"sort_index": tid[lane]}})
     events = [{"name": e.action, "ph": "X", "ts": e.start_s * US_PER_S, "dur": e.duration_s * US_PER_S,
-               "pid": pid, "tid": _lane_label(e.lane, labels),
+               "pid": pid, "tid": tid[e.lane],
                "args": {"microbatch": e.microbatch, "op": str(e.op.value if hasattr(e.op, "value") else e.op)}}
               for e in result.events]
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+    return {"traceEvents": meta + events, "displayTimeUnit": "ms"}
+
+
+def row_names(trace: Mapping[str, Any]) -> dict[tuple[int, int], str]:
+    """(pid, tid) -> row name, from a trace's ``thread_name`` metadata (for readers and tests).
+
+    Example:
+        >>> from hetpipe.schedule.builders import gpipe
+        >>> from hetpipe.schedule.simulate import SimCosts, simulate
+        >>> sim = simulate(gpipe(2, 1), SimCosts(fwd_s=(1.0, 1.0), bwd_s=(2.0, 2.0), send_s=(0.5,)))
+        >>> sorted(row_names(chrome_trace(sim, labels=["a", "b"], pid=3)).values())
+        ['0: a', '1: b', 'link 0->1', 'link 1->0']
+    """
+    return {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"]
+            if e.get("ph") == "M" and e.get("name") == "thread_name"}
 
 
 def timeline_from_actions(actions_by_rank: Mapping[int, Sequence[TimedAction]]) -> SimResult:
@@ -222,5 +259,66 @@ def write_timelines(sim: PlanSimulation, *, gantt: Path | None = None, trace: Pa
         written.append(Path(gantt))
     if trace is not None:
         atomic_write_text(trace, json.dumps(chrome_trace(sim.result, labels=sim.labels)))
+        written.append(Path(trace))
+    return tuple(written)
+
+
+def stage_labels(plan: Plan) -> list[str]:
+    """One row label per stage: ``"desk:0 (rtx3090)"``."""
+    kinds = {d.id: d.kind for d in plan.devices}
+    return [f"{s.device} ({kinds[s.device]})" for s in plan.stages]
+
+
+def measured_timeline(report: RunReport) -> SimResult:
+    """A run's last recorded step as a timeline, in the run's seconds (emulated seconds under ``--emulate``).
+
+    The ranks line up on their steps' CLOCK_MONOTONIC origins (one host; a report without
+    origins keeps each rank's own step start), and every message seen whole
+    (`hetpipe.runtime.measured_links.message_spans`) is a transfer on its link row, like the
+    simulator's.
+    """
+    scale = report.time_scale
+    aligned = bool(report.timelines) and all(t.origin_s > 0 for t in report.timelines)
+    zero = min(t.origin_s for t in report.timelines) if aligned else 0.0
+    per_rank = {t.stage: [SimpleNamespace(action=a.action, start_s=(a.start_s + (t.origin_s - zero if aligned else 0.0))
+                                          / scale, duration_s=a.duration_s / scale) for a in t.actions]
+                for t in report.timelines}
+    ranks = timeline_from_actions(per_rank)
+    links = tuple(SimEvent(m.src, f"link {m.src}->{m.dst}", m.action, Action.parse(m.action).op, m.microbatch,
+                           (m.start_s - zero) / scale, (m.end_s - zero) / scale)
+                  for m in (message_spans(report.timelines) if aligned else ()))
+    return replace(ranks, events=tuple(sorted(ranks.events + links, key=lambda e: (e.start_s, e.end_s))))
+
+
+def run_trace(plan: Plan, report: RunReport) -> dict[str, Any]:
+    """One Perfetto trace with two processes: the plan's simulated iteration and the run's measured last step."""
+    labels = stage_labels(plan)
+    seconds = "emulated s" if report.emulate else "real s"
+    predicted = chrome_trace(simulate_plan(plan).result, labels=labels, process="predicted (simulated)", pid=1)
+    measured = chrome_trace(measured_timeline(report), labels=labels, pid=2,
+                            process=f"measured ({seconds}, last step{', not emulated' if not report.emulate else ''})")
+    return {"traceEvents": predicted["traceEvents"] + measured["traceEvents"], "displayTimeUnit": "ms"}
+
+
+def write_run_timelines(plan: Plan, report: RunReport, *, gantt: Path | None = None, trace: Path | None = None,
+                        suptitle: str = "") -> tuple[Path, ...]:
+    """Predicted (simulated) over measured: a two-panel Gantt PNG and/or a two-process Perfetto trace."""
+    if not report.timelines:
+        raise ConfigError("the run report holds no recorded step (a run that stopped before its first step); "
+                          "re-run `hetpipe run --report run.json` and draw that")
+    if report.fingerprint != plan.model.fingerprint:
+        raise ConfigError(f"the run report is of model {report.model} ({report.fingerprint[:12]}), the plan of "
+                          f"{plan.model.name} ({plan.model.fingerprint[:12]}); pass the plan the run used")
+    written = []
+    if gantt is not None:
+        sim, measured = simulate_plan(plan).result, measured_timeline(report)
+        how = "emulated" if report.emulate else "real, not emulated"
+        with atomic_path(gantt) as tmp:
+            save_gantt_compare([(f"predicted (simulated): {sim.iteration_s:.4g} s", sim),
+                                (f"measured ({how}): {measured.iteration_s:.4g} s (last step)", measured)],
+                               tmp, labels=stage_labels(plan), suptitle=suptitle)
+        written.append(Path(gantt))
+    if trace is not None:
+        atomic_write_text(trace, json.dumps(run_trace(plan, report)))
         written.append(Path(trace))
     return tuple(written)

@@ -37,6 +37,7 @@ from typing import Callable, Sequence
 import torch
 from torch.multiprocessing.spawn import ProcessContext, ProcessException
 
+from hetpipe.cost_models.cpu_cores import format_cores
 from hetpipe.cost_models.devices import DeviceProfile
 from hetpipe.errors import ConfigError, RuntimeFailure
 
@@ -70,6 +71,11 @@ LINK_TIMEOUT_S = 60.0
 LINK_OP_TIMEOUT_S = 30.0
 #: Kind of the catalog's CPU row, whose "peak" is itself a measurement.
 CPU_KIND = "cpu"
+#: Ops per timed chain of `measure_op_overhead_s`, on tensors of `OVERHEAD_NUMEL` elements: the
+#: arithmetic is nothing, so the time is the framework's fixed cost per op (dispatch, autograd
+#: node, allocation), the ``op_count * kernel_overhead_s`` term of `hetpipe.cost_models.timing`.
+OVERHEAD_CHAIN_OPS = 200
+OVERHEAD_NUMEL = 8
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,8 @@ class Calibration:
         torch_version: torch that ran the kernels.
         measured_at: UTC date of the measurement (ISO 8601).
         link: a loopback link fit, when one was measured.
+        kernel_overhead_s: fixed seconds per recorded op (`measure_op_overhead_s`), when measured.
+        cores: the CPU core group it ran pinned to (`hetpipe.cost_models.core_groups`); () = unpinned.
     """
 
     device: str
@@ -119,6 +127,8 @@ class Calibration:
     torch_version: str
     measured_at: str
     link: LinkMeasurement | None = None
+    kernel_overhead_s: float | None = None
+    cores: tuple[int, ...] = ()
 
 
 def _sync(device: str) -> None:
@@ -182,6 +192,25 @@ def measure_memory_bandwidth_bytes_s(
     return _median_rate(lambda: dst.copy_(src), device=device, work=work, repeats=repeats)
 
 
+def measure_op_overhead_s(device: str = "cpu", *, repeats: int = DEFAULT_REPEATS) -> float:
+    """Seconds per op of a chain of tiny elementwise ops recorded by autograd (median of `repeats`).
+
+    Example:
+        >>> 0 < measure_op_overhead_s("cpu", repeats=1) < 0.01
+        True
+    """
+    x = torch.ones(OVERHEAD_NUMEL, device=device, requires_grad=True)
+
+    def chain() -> torch.Tensor:
+        y = x
+        for _ in range(OVERHEAD_CHAIN_OPS):
+            y = y * 1.0
+        return y
+
+    ops_s = _median_rate(chain, device=device, work=float(OVERHEAD_CHAIN_OPS), repeats=repeats)
+    return 1.0 / ops_s
+
+
 def fit_alpha_beta(sizes_bytes: Sequence[int], times_s: Sequence[float]) -> tuple[float, float]:
     """Fit ``t = latency + bytes / bandwidth``; returns ``(latency_s, bandwidth_bytes_s)``.
 
@@ -214,7 +243,7 @@ def fit_alpha_beta(sizes_bytes: Sequence[int], times_s: Sequence[float]) -> tupl
     return intercept, 1.0 / slope
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -242,11 +271,16 @@ def _ping_pong(rank: int, peer: int, sizes: Sequence[int], repeats: int) -> list
     return times
 
 
-def _link_worker(rank: int, world_size: int, port: int, sizes: list[int], repeats: int, out: str) -> None:
+def _link_worker(rank: int, world_size: int, port: int, sizes: list[int], repeats: int, out: str,
+                 core_groups: list[list[int]] | None = None) -> None:
     """Spawned per rank: rank 0 ping-pongs with every peer in turn and writes the times."""
     import torch.distributed as dist
 
+    from hetpipe.cost_models.cpu_cores import pin_cores
+
     torch.set_num_threads(1)  # environment_facts.md: mp.spawn oversubscribes otherwise
+    if core_groups:
+        pin_cores(core_groups[rank])  # each end runs where its device (core group) runs
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
         timeout=datetime.timedelta(seconds=LINK_OP_TIMEOUT_S),
@@ -264,7 +298,8 @@ def _link_worker(rank: int, world_size: int, port: int, sizes: list[int], repeat
         dist.destroy_process_group()
 
 
-def _join_or_kill(context: ProcessContext, timeout_s: float) -> None:
+def join_or_kill(context: ProcessContext, timeout_s: float, *, what: str = "link measurement") -> None:
+    """Wait for spawned measurement processes; terminate them past `timeout_s`; failures name `what`."""
     deadline = time.monotonic() + timeout_s
     try:
         while not context.join(timeout=max(0.1, deadline - time.monotonic())):
@@ -272,19 +307,22 @@ def _join_or_kill(context: ProcessContext, timeout_s: float) -> None:
                 for proc in context.processes:
                     proc.terminate()
                 raise RuntimeFailure(
-                    f"link measurement did not finish within {timeout_s:.0f} s; "
+                    f"{what} did not finish within {timeout_s:.0f} s; "
                     "check that 127.0.0.1 is usable and the machine is not overloaded"
                 )
     except ProcessException as err:
         last = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-        raise RuntimeFailure(f"link measurement rank failed: {last}; rerun, or check gloo on 127.0.0.1") from err
+        raise RuntimeFailure(f"{what}: a process failed: {last}; rerun, or check gloo on 127.0.0.1") from err
 
 
 def measure_link(
     world_size: int = 2, *, sizes_bytes: Sequence[int] = DEFAULT_LINK_SIZES_BYTES,
     repeats: int = DEFAULT_REPEATS, timeout_s: float = LINK_TIMEOUT_S,
+    core_groups: Sequence[Sequence[int]] | None = None,
 ) -> LinkMeasurement:
     """Measure point-to-point transfers between `world_size` local gloo ranks.
+
+    With `core_groups` (one per rank), rank r runs pinned to ``core_groups[r]``.
 
     Example:
         >>> m = measure_link(2, sizes_bytes=(4096, 2**20), repeats=2)  # doctest: +SKIP
@@ -296,12 +334,15 @@ def measure_link(
     sizes = sorted({int(s) for s in sizes_bytes})
     if len(sizes) < 2 or sizes[0] < 4:
         raise ConfigError("sizes_bytes needs at least two distinct sizes of 4 bytes or more")
+    groups = [list(g) for g in core_groups] if core_groups else None
+    if groups is not None and len(groups) != world_size:
+        raise ConfigError(f"core_groups has {len(groups)} groups for {world_size} ranks; give one per rank")
     with tempfile.TemporaryDirectory(prefix="hetpipe-link-") as tmp:
         out = os.path.join(tmp, "times.json")
         context = torch.multiprocessing.spawn(
-            _link_worker, args=(world_size, _free_port(), sizes, repeats, out), nprocs=world_size, join=False,
+            _link_worker, args=(world_size, free_port(), sizes, repeats, out, groups), nprocs=world_size, join=False,
         )
-        _join_or_kill(context, timeout_s)
+        join_or_kill(context, timeout_s)
         samples = json.loads(Path(out).read_text())
     medians = [statistics.median(s) for s in samples]
     latency_s, bandwidth = fit_alpha_beta(sizes, medians)
@@ -311,9 +352,11 @@ def measure_link(
 
 def calibrate_device(
     device: str = "cpu", *, size: int = DEFAULT_MATMUL_SIZE, repeats: int = DEFAULT_REPEATS,
-    copy_bytes: int = DEFAULT_COPY_BYTES, link: LinkMeasurement | None = None,
+    copy_bytes: int = DEFAULT_COPY_BYTES, link: LinkMeasurement | None = None, cores: tuple[int, ...] = (),
 ) -> Calibration:
-    """Measure matmul FLOP/s (training dtype and fp32) and copy bandwidth on `device`.
+    """Measure matmul FLOP/s (training dtype and fp32), copy bandwidth and, on a CPU, the cost per op.
+
+    `cores` only records where the caller pinned this process (`hetpipe.cost_models.group_calibration`).
 
     Example:
         >>> cal = calibrate_device("cpu", size=64, repeats=1, copy_bytes=2**20)
@@ -325,10 +368,14 @@ def calibrate_device(
     tensor = fp32 if device == "cpu" else measure_matmul_flops_s(
         device, dtype=torch.bfloat16, size=size, repeats=repeats)
     bandwidth = measure_memory_bandwidth_bytes_s(device, size_bytes=copy_bytes, repeats=repeats)
+    # A CPU runs each op synchronously, so its fixed cost per op adds up; a GPU's launches overlap
+    # the previous kernel on the stream, so the catalog's launch figure stays (timing.py).
+    overhead = measure_op_overhead_s(device, repeats=repeats) if device == "cpu" else None
     return Calibration(
         device=device, tensor_matmul_flops_s=tensor, fp32_matmul_flops_s=fp32,
         memory_bandwidth_bytes_s=bandwidth, matmul_size=size, host=socket.gethostname(),
         torch_version=torch.__version__, measured_at=datetime.date.today().isoformat(), link=link,
+        kernel_overhead_s=overhead, cores=cores,
     )
 
 
@@ -362,5 +409,10 @@ def apply_calibration(profile: DeviceProfile, calibration: Calibration) -> Devic
               f"{calibration.matmul_size}^3 matmul {calibration.tensor_matmul_flops_s:.4g} FLOP/s, "
               f"copy {calibration.memory_bandwidth_bytes_s:.4g} B/s, torch {calibration.torch_version}); "
               f"peaks: {'measured' if measured_peak else profile.source}")
+    overhead = profile.kernel_overhead_s if calibration.kernel_overhead_s is None else calibration.kernel_overhead_s
+    if calibration.kernel_overhead_s is not None:
+        source += f"; {calibration.kernel_overhead_s * 1e6:.3g} us per op"
+    if calibration.cores:
+        source += f"; pinned to cores {format_cores(calibration.cores)}, {len(calibration.cores)} thread(s)"
     return replace(profile, tensor_flops_s=tensor, fp32_flops_s=fp32, memory_bandwidth_bytes_s=bandwidth,
-                   matmul_efficiency=eff, bandwidth_efficiency=bw_eff, source=source)
+                   matmul_efficiency=eff, bandwidth_efficiency=bw_eff, kernel_overhead_s=overhead, source=source)

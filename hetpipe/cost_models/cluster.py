@@ -32,7 +32,9 @@ from typing import Any, Mapping
 import yaml
 
 from hetpipe.cost_models.catalog import load_catalog, lookup_gpu
-from hetpipe.cost_models.cluster_fields import Where, check_keys, device_entry, host_figures, network_spec, text
+from hetpipe.cost_models.cluster_fields import (
+    Where, check_keys, device_entry, entry_cores, host_figures, network_spec, text,
+)
 from hetpipe.cost_models.devices import Cluster, Device, Link
 from hetpipe.cost_models.validate import MAX_CLUSTER_FILE_BYTES, MAX_YAML_ALIASES, check_device_count
 from hetpipe.cost_models.links import (
@@ -274,9 +276,10 @@ def cluster_from_dict(doc: Any, *, source: str = "<dict>", default_name: str = "
                  for k, e in enumerate(entries)]
         check_device_count(len(devices) + sum(len(g) for g in built), f"{source}: nodes[{i}].devices")
         link, memory = host_figures(node, at)
+        cores = [c for k, e in enumerate(entries) for c in entry_cores(e, at.field(f"devices[{k}]", e))]
         node_devices = [Device(f"{name}:{n}", name, profile, reserve,
                                host_link_bytes_s=link or ends.pcie_bandwidth_bytes_s or PCIE4_X16_BANDWIDTH_BYTES_S,
-                               host_memory_bytes_s=memory)
+                               host_memory_bytes_s=memory, cores=cores[n])
                         for n, (profile, reserve, ends) in enumerate(x for group in built for x in group)]
         ends = [e for group in built for (_, _, e) in group]
         by_node[name] = node_devices

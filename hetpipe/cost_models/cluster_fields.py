@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 from hetpipe.cost_models.catalog import load_catalog
+from hetpipe.cost_models.cpu_cores import parse_cores
 from hetpipe.cost_models.devices import DeviceProfile
 from hetpipe.cost_models.offload import HOST_MEMORY_BYTES_S
 from hetpipe.cost_models.links import LinkEnds, NetworkSpec, PCIE4_X16_BANDWIDTH_BYTES_S
@@ -32,7 +33,8 @@ FLOPS_PER_TFLOP = 1e12
 #: Figures a card that is not in the catalog must give.
 REQUIRED_FIGURES = ("memory", "tensor_tflops", "fp32_tflops", "memory_bandwidth")
 DEVICE_KEYS = ("gpu", "name", "count", "reserve", *REQUIRED_FIGURES, "nvlink", "p2p", "pcie_bandwidth",
-               "nvlink_bandwidth", "matmul_efficiency", "bandwidth_efficiency", "kernel_overhead", "source")
+               "nvlink_bandwidth", "matmul_efficiency", "bandwidth_efficiency", "kernel_overhead", "source",
+               "cores")
 NETWORK_KEYS = ("bandwidth", "latency")
 
 
@@ -214,6 +216,28 @@ def device_entry(entry: object, where: Where, *,
             f"reserve of {reserve} bytes leaves nothing of the card's {profile.memory_bytes} bytes; "
             "set reserve: below memory (CUDA context + NCCL + fragmentation, 1-5 GB on a real GPU)")
     return [(profile, reserve, _ends(entry, where, ends, profile))] * count
+
+
+def entry_cores(entry: Mapping[str, Any], where: Where) -> list[tuple[int, ...]]:
+    """The ``cores`` of one ``devices`` entry (a CPU core group, `hetpipe.cost_models.cpu_cores`), one per
+    copy: ``()`` (not pinned) when absent; a group names one device, so ``count`` must then be 1.
+
+    Example:
+        >>> entry_cores({"gpu": "cpu", "cores": "0-1"}, Where("f", None, "d"))
+        [(0, 1)]
+    """
+    count = entry.get("count", 1)
+    if "cores" not in entry:
+        return [()] * count
+    at = where.field("cores")
+    try:
+        cores = parse_cores(entry["cores"])
+    except ValueError as err:
+        raise at.error(f"{err}; write e.g. cores: 0 or cores: 0-3 (the CPU cores this device runs on)") from None
+    if count != 1:
+        raise where.field("count").error(f"must be 1 with cores: (one core group is one device), got {show(count)}; "
+                                         "give each group its own devices entry")
+    return [cores]
 
 
 def host_figures(node: Mapping[str, Any], where: Where) -> tuple[float | None, float]:

@@ -67,6 +67,8 @@ class Device:
         host_link_bytes_s: the card's link to its host's memory, per direction (its PCIe
             figure, or the node's ``host_link``); 0 = unknown.
         host_memory_bytes_s: its host's memory bandwidth (`cost_models.offload`); 0 = unknown.
+        cores: a CPU core group this device is (`cost_models.cpu_cores`): the rank that runs it
+            pins itself there in a non-emulated run; () = not pinned.
     """
 
     id: str
@@ -75,6 +77,7 @@ class Device:
     reserve_bytes: int = 0
     host_link_bytes_s: float = 0.0
     host_memory_bytes_s: float = 0.0
+    cores: tuple[int, ...] = ()
 
     @property
     def kind(self) -> str:

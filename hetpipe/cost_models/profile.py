@@ -38,6 +38,8 @@ from hetpipe.cost_models.calibrate import (
 )
 from hetpipe.cost_models.catalog import load_catalog, normalize_name
 from hetpipe.cost_models.cluster import cluster_from_dict, load_cluster
+from hetpipe.cost_models.cpu_cores import format_cores, split_cores
+from hetpipe.cost_models.group_calibration import group_kind, measure_core_groups
 from hetpipe.cost_models.outputs import atomic_write_text
 from hetpipe.cost_models.devices import Cluster, DeviceProfile
 from hetpipe.errors import ConfigError
@@ -171,6 +173,7 @@ def _calibrated_fields(profile: DeviceProfile, cal: Calibration) -> dict[str, An
             "memory_bandwidth": f"{tuned.memory_bandwidth_bytes_s:.6g}B/s",
             "matmul_efficiency": round(min(1.0, tuned.matmul_efficiency or 1.0), 6),
             "bandwidth_efficiency": round(min(1.0, tuned.bandwidth_efficiency or 1.0), 6),
+            **({"kernel_overhead": f"{tuned.kernel_overhead_s:.6g}s"} if cal.kernel_overhead_s is not None else {}),
             "source": tuned.source}
 
 
@@ -226,9 +229,16 @@ def measure_gpu_copy(src: str, dst: str, *, sizes_bytes: tuple[int, ...] = PROFI
     return fit_alpha_beta(sizes_bytes, medians)
 
 
-def _measure_intra(detection: Detection) -> tuple[dict[str, str], dict[str, Any]]:
-    """Measured ``intra_link`` and its record: GPU copies with 2+ cards, else gloo loopback."""
-    if len(detection.gpus) >= 2:
+def _measure_intra(detection: Detection, groups: tuple[tuple[int, ...], ...] = ()
+                   ) -> tuple[dict[str, str], dict[str, Any]]:
+    """Measured ``intra_link`` and its record: GPU copies with 2+ cards, else gloo loopback (between
+    the first two core groups, each end pinned to its group, when the devices are core groups)."""
+    if len(detection.gpus) < 2 and len(groups) >= 2:
+        m = measure_link(2, sizes_bytes=PROFILE_LINK_SIZES_BYTES, repeats=PROFILE_REPEATS, core_groups=groups[:2])
+        latency, bandwidth = m.latency_s, m.bandwidth_bytes_s
+        how = (f"gloo ping-pong on 127.0.0.1 between processes pinned to cores {format_cores(groups[0])} "
+               f"and {format_cores(groups[1])}")
+    elif len(detection.gpus) >= 2:
         src, dst = _torch_device(detection.gpus[0]), _torch_device(detection.gpus[1])
         latency, bandwidth = measure_gpu_copy(src, dst)
         how = f"torch copy {src} -> {dst}"
@@ -272,7 +282,25 @@ def _device_entries(detection: Detection, *, calibrate: bool) -> tuple[list[dict
     return [e for e, _, _ in targets], record
 
 
-def profile_document(detection: Detection, *, calibrate: bool) -> dict[str, Any]:
+def _group_entries(groups: tuple[tuple[int, ...], ...]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One calibrated device per CPU core group, measured at once (`measure_core_groups`); each
+    gets an equal share of the host's RAM (the groups share it)."""
+    cpu = load_catalog().entries[CPU_KIND].profile
+    cals = measure_core_groups(groups, size=PROFILE_MATMUL_SIZE, repeats=PROFILE_REPEATS)
+    share = _host_memory_bytes() // len(groups)
+    entries, record = [], {}
+    for cores, cal in zip(groups, cals):
+        kind = group_kind(cores)
+        fields = _calibrated_fields(cpu, cal)
+        fields["source"] += f"; memory: 1/{len(groups)} of this host's RAM (sysconf)"
+        entries.append({"gpu": CPU_KIND, "name": kind, "cores": format_cores(cores), "memory": share, **fields})
+        record[kind] = {"device": f"cpu, cores {format_cores(cores)}", "tensor_matmul_flops_s": cal.tensor_matmul_flops_s,
+                        "fp32_matmul_flops_s": cal.fp32_matmul_flops_s, "kernel_overhead_s": cal.kernel_overhead_s,
+                        "memory_bandwidth_bytes_s": cal.memory_bandwidth_bytes_s, "matmul_size": cal.matmul_size}
+    return entries, record
+
+
+def profile_document(detection: Detection, *, calibrate: bool, cpu_devices: int | None = None) -> dict[str, Any]:
     """The cluster document describing this machine (one node).
 
     Example:
@@ -282,11 +310,19 @@ def profile_document(detection: Detection, *, calibrate: bool) -> dict[str, Any]
     """
     import torch
 
-    entries, record = _device_entries(detection, calibrate=calibrate)
+    groups: tuple[tuple[int, ...], ...] = ()
+    if cpu_devices is not None:
+        if detection.gpus or not calibrate:
+            raise ConfigError(f"--cpu-devices {cpu_devices} measures CPU core groups as devices: it needs --calibrate "
+                              "and a machine profiled without GPUs; drop --cpu-devices or add --calibrate")
+        groups = split_cores(cpu_devices)
+        entries, record = _group_entries(groups)
+    else:
+        entries, record = _device_entries(detection, calibrate=calibrate)
     node: dict[str, Any] = {"name": _node_name(), "intra": _intra(detection), "devices": entries}
     doc: dict[str, Any] = {"name": f"{_node_name()}-profile", "nodes": [node]}
     if calibrate:
-        link, link_record = _measure_intra(detection)
+        link, link_record = _measure_intra(detection, groups)
         node["intra_link"] = link
         # the host step of optimizer-state offload runs at the host's copy bandwidth (`cost_models.offload`)
         host = measure_memory_bandwidth_bytes_s("cpu", repeats=PROFILE_REPEATS)
@@ -313,7 +349,7 @@ def _summary(cluster: Cluster, detection: Detection, doc: dict[str, Any], output
     return "\n".join(lines)
 
 
-def run_profile(*, output: Path | None, calibrate: bool) -> tuple[Cluster, str]:
+def run_profile(*, output: Path | None, calibrate: bool, cpu_devices: int | None = None) -> tuple[Cluster, str]:
     """Profile this machine; write the cluster file to `output` when given; return it and a summary.
 
     Example:
@@ -323,12 +359,13 @@ def run_profile(*, output: Path | None, calibrate: bool) -> tuple[Cluster, str]:
     """
     detection = detect_gpus()
     logger.info("%s", detection.note)
-    doc = profile_document(detection, calibrate=calibrate)
+    doc = profile_document(detection, calibrate=calibrate, cpu_devices=cpu_devices)
     if output is None:
         cluster = cluster_from_dict(doc, source="<hetpipe profile>")
     else:
         output = Path(output)
-        header = (f"# written by `hetpipe profile{' --calibrate' if calibrate else ''}` "
+        flags = (" --calibrate" if calibrate else "") + (f" --cpu-devices {cpu_devices}" if cpu_devices else "")
+        header = (f"# written by `hetpipe profile{flags}` "
                   f"on {socket.gethostname()}; {detection.note}\n# see docs/cluster-file.md\n")
         try:
             output.parent.mkdir(parents=True, exist_ok=True)

@@ -35,11 +35,12 @@ def costs_from_problem(problem: Problem, stages: Sequence[Stage]) -> SimCosts:
         ...                bandwidth_bytes_s=((1.0, 4.0), (4.0, 1.0)), latency_s=((0.0, 0.0), (0.0, 0.0)),
         ...                microbatches=4)
         >>> costs_from_problem(prob, (Stage(0, 0, 0), Stage(1, 1, 1)))
-        SimCosts(fwd_s=(1.0, 1.0), bwd_s=(2.0, 2.0), send_s=(1.0,), step_s=(0.0, 0.0))
+        SimCosts(fwd_s=(1.0, 1.0), bwd_s=(2.0, 2.0), send_s=(1.0,), step_s=(0.0, 0.0), bwd_weight_s=(1.0, 1.0))
     """
     ev = evaluate(problem, stages, objective="estimate")  # the stage costs; the schedule is simulated by the caller
     return SimCosts(fwd_s=tuple(c.fwd_s for c in ev.stages), bwd_s=tuple(c.bwd_s for c in ev.stages),
-                    send_s=tuple(c.send_s for c in ev.stages[:-1]), step_s=tuple(c.step_s for c in ev.stages))
+                    send_s=tuple(c.send_s for c in ev.stages[:-1]), step_s=tuple(c.step_s for c in ev.stages),
+                    bwd_weight_s=tuple(c.bwd_weight_s for c in ev.stages))  # used by split (ZB-H1) lists only
 
 
 def simulate_placement(problem: Problem, stages: Sequence[Stage], *, schedule: str = "1f1b") -> SimResult:

@@ -41,6 +41,9 @@ Objective (units u = 0..L-1; p stages; stage s on device d_s holds [l_s, r_s]):
                       the runtime keeps a replica there (weights, gradient, optimizer state)
     constraint: M_s <= usable_bytes(d_s)
 
+With ``Problem.schedule`` one of `SPLIT_SCHEDULES` (ZB-H1, ZB-1F1B) T replays those lists instead
+(each backward split into B_s - W_s and W_s, W_s = `stage_weight_s`) and M_s takes their moments.
+
 Activation recomputation (issue 14; `hetpipe.cost_models.recompute`): a stage may recompute a
 set R_s of its units (`Stage.recompute_units`).  Each u in R_s keeps only its input
 in_u = boundary_bytes[u - 1] (0 for the stage's first unit) instead of activation_bytes[u]
@@ -90,10 +93,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from hetpipe.cost_models.backward_split import stage_bwd_weight_s
 from hetpipe.cost_models.offload import NO_OFFLOAD, OFFLOAD_MODES, OffloadCost, OffloadRates, offload_cost
 from hetpipe.cost_models.recompute import RECOMPUTE_MODES, RecomputeCost, recompute_cost
 from hetpipe.cost_models.stage_memory import pipeline_stage_bytes
-from hetpipe.schedule.held import position_held_terms
+from hetpipe.schedule.builders import SCHEDULES, SPLIT_SCHEDULES, is_split
+from hetpipe.schedule.held import position_held_terms, stage_held_terms
 from hetpipe.schedule.replay import replay_iteration_s
 
 #: What `evaluate`'s T is: ``schedule`` (plan version 4 on): the 1F1B action lists the runtime
@@ -184,6 +189,9 @@ class Problem:
     step_launch_s: Mapping[str, float] = field(default_factory=dict)
     # What T means (`OBJECTIVES`): the simulated schedule (default) or the H-1F1B estimate.
     objective: str = "schedule"
+    # The action lists T replays and M_s holds (`hetpipe.schedule.builders.SCHEDULES`): 1F1B, or
+    # a split one (`SPLIT_SCHEDULES`: B and W apart; `hetpipe.partitioner.schedule_choice`).
+    schedule: str = "1f1b"
 
     @property
     def unit_recompute_bytes(self) -> tuple[int, ...]:
@@ -197,6 +205,8 @@ class Problem:
             raise ValueError(f"Problem.offload is {self.offload!r}; use one of {', '.join(OFFLOAD_MODES)}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"Problem.objective is {self.objective!r}; use one of {', '.join(OBJECTIVES)}")
+        if self.schedule.partition("@")[0] not in SCHEDULES:
+            raise ValueError(f"Problem.schedule is {self.schedule!r}; use one of {', '.join(SCHEDULES)}")
 
     @property
     def num_units(self) -> int:
@@ -223,6 +233,7 @@ class StageCost:
     offload_bytes: int = 0  # optimizer state kept on the host (0: the stage does not offload)
     offload_s: float = 0.0  # O_s, its tail after the stage's last backward
     step_s: float = 0.0  # S_s: the stage's optimizer step, once per iteration
+    bwd_weight_s: float = 0.0  # W_s: the weight-gradient part of bwd_s (`cost_models.backward_split`)
 
     @property
     def fits(self) -> bool:
@@ -254,7 +265,8 @@ def stage_memory_bytes(problem: Problem, stages: Sequence[Stage], s: int) -> int
     rc = stage_recompute_cost(problem, st)
     return pipeline_stage_bytes(
         state_bytes=state, grad_bytes=grads, activation_bytes=stage_activation_bytes(problem, st),
-        held=position_held_terms(p - 1 - s, first=s == 0, microbatches=problem.microbatches),
+        held=(position_held_terms(p - 1 - s, first=s == 0, microbatches=problem.microbatches)
+              if problem.schedule == "1f1b" else stage_held_terms(p, s, problem.microbatches, schedule=problem.schedule)),
         in_bytes=problem.boundary_bytes[st.first_unit - 1] if s > 0 else 0,
         out_bytes=problem.boundary_bytes[st.last_unit] if s < p - 1 else 0,
         in_grad_bytes=grad_cut_bytes(problem, st.first_unit - 1) if s > 0 else 0,
@@ -348,6 +360,7 @@ def evaluate(problem: Problem, stages: Sequence[Stage], *, objective: str | None
             StageCost(
                 fwd_s=fwd,
                 bwd_s=bwd,
+                bwd_weight_s=stage_weight_s(problem, st),
                 send_s=send,
                 memory_bytes=stage_memory_bytes(problem, stages, s),
                 usable_bytes=problem.devices[st.device].usable_bytes,
@@ -361,16 +374,25 @@ def evaluate(problem: Problem, stages: Sequence[Stage], *, objective: str | None
     bottleneck = max(compute + comm2)
     tail = step_tail_s(problem, stages)
     estimate = sum(compute) + sum(comm2) + (problem.microbatches - 1) * bottleneck + tail
-    total = estimate if objective == "estimate" else schedule_s(costs, problem.microbatches)
+    total = estimate if objective == "estimate" else schedule_s(costs, problem.microbatches, problem.schedule)
     return Evaluation(iteration_s=total, bottleneck_s=bottleneck, stages=tuple(costs), tail_s=tail,
                       estimate_s=estimate, objective=objective)
 
 
-def schedule_s(costs: Sequence[StageCost], microbatches: int) -> float:
-    """The 1F1B action lists replayed over these stage costs (`hetpipe.schedule.replay`)."""
-    return replay_iteration_s("1f1b", len(costs), microbatches, fwd_s=[c.fwd_s for c in costs],
+def schedule_s(costs: Sequence[StageCost], microbatches: int, schedule: str = "1f1b") -> float:
+    """The action lists of `schedule` (1F1B by default) replayed over these stage costs (`hetpipe.schedule.replay`)."""
+    return replay_iteration_s(schedule, len(costs), microbatches, fwd_s=[c.fwd_s for c in costs],
                               bwd_s=[c.bwd_s for c in costs], send_s=[c.send_s for c in costs[:-1]],
-                              step_s=[c.step_s for c in costs])
+                              step_s=[c.step_s for c in costs], bwd_weight_s=[c.bwd_weight_s for c in costs])
+
+
+def stage_weight_s(problem: Problem, stage: Stage) -> float:
+    """W_s: the weight-gradient seconds within B_s (`hetpipe.cost_models.backward_split`); a unit is
+    trainable if it has gradient bytes (state bytes where gradients are not recorded)."""
+    units = range(stage.first_unit, stage.last_unit + 1)
+    trainable = problem.grad_bytes or problem.state_bytes
+    table = problem.bwd_s[problem.devices[stage.device].kind]
+    return stage_bwd_weight_s(bwd_s=[table[u] for u in units], trainable=[trainable[u] > 0 for u in units])
 
 
 def stage_step_or_tail_s(problem: Problem, stage: Stage) -> float:

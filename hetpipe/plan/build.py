@@ -50,7 +50,7 @@ from hetpipe.plan.schema import (
     UnitTimes,
 )
 from hetpipe.partitioner.placement import simulate_placement
-from hetpipe.partitioner.problem import DeviceSlot, Evaluation, Problem, Stage, TiedCopy, evaluate
+from hetpipe.partitioner.problem import DeviceSlot, Evaluation, Problem, Stage, TiedCopy, evaluate, is_split
 
 log = logging.getLogger(__name__)
 
@@ -170,8 +170,8 @@ def predicted_figures(problem: Problem, stages: tuple[Stage, ...], ev: Evaluatio
 
 
 def simulated_iteration_s(problem: Problem, stages: tuple[Stage, ...]) -> float:
-    """The 1F1B discrete-event simulation of a placement (the analytic T's check; README)."""
-    return simulate_placement(problem, stages).iteration_s
+    """The discrete-event simulation of a placement under its schedule (the analytic T's check; README)."""
+    return simulate_placement(problem, stages, schedule=problem.schedule).iteration_s
 
 
 def _plan_units(graph: UnitGraph, problem: Problem) -> tuple[PlanUnit, ...]:
@@ -217,6 +217,7 @@ def plan_stages(problem: Problem, stages: tuple[Stage, ...], ev: Evaluation) -> 
             offload_bytes=c.offload_bytes,
             offload_s=c.offload_s,
             step_s=c.step_s,
+            bwd_weight_s=c.bwd_weight_s if is_split(problem.schedule) else 0.0,
         )
         for i, (st, c) in enumerate(zip(stages, ev.stages))
     )
@@ -251,6 +252,7 @@ def assemble_plan(
             microbatches=problem.microbatches,
             optimizer=graph.optimizer,
             precision=graph.precision,
+            schedule=problem.schedule,
         ),
         devices=plan_devices(problem, cluster),
         links=tuple(
@@ -273,7 +275,8 @@ def plan_devices(problem: Problem, cluster: Cluster) -> tuple[PlanDevice, ...]:
     """The plan's devices; their host figures only when `problem` may offload (a version-4 field)."""
     host = problem.offload != "never"
     return tuple(PlanDevice(d.id, d.kind, d.node, d.memory_bytes, d.usable_bytes,
-                            d.host_link_bytes_s if host else 0.0, d.host_memory_bytes_s if host else 0.0)
+                            d.host_link_bytes_s if host else 0.0, d.host_memory_bytes_s if host else 0.0,
+                            cores=d.cores)
                  for d in cluster.devices)
 
 
@@ -351,6 +354,7 @@ def partition(
     targets: Any = None,
     recompute: str = "auto",
     offload: str = "never",
+    schedule: str = "1f1b",
 ) -> Plan:
     """Capture `model`, cost it on `cluster`, and return the best 1F1B pipeline plan.
 
@@ -360,7 +364,8 @@ def partition(
     cross-entropy keeps b*s*vocab log-probabilities).  `recompute` is the activation-recomputation
     lever: ``auto`` (each stage recomputes only what it must to fit), ``none`` or ``all``; `offload`
     the optimizer-offload lever: ``never`` (the default), ``auto`` (a stage keeps its optimizer state
-    on the host where that lowers T) or ``all``.  Raises
+    on the host where that lowers T) or ``all``; `schedule` the pipeline schedule: ``1f1b`` (the
+    default), ``zb-h1`` or ``auto`` (the faster for this plan, `partitioner.schedule_choice`).  Raises
     `InfeasibleError` when nothing fits, `ConfigError` for bad options.
     """
     from hetpipe.partitioner.capture.capture import capture
@@ -369,7 +374,8 @@ def partition(
     graph = capture(model, example_inputs, name=name, granularity=granularity, optimizer=optimizer,
                     precision=precision, loss_fn=loss_fn, targets=targets)
     return partition_graph(graph, cluster, global_batch=global_batch, solver=solver,
-                           time_limit_s=time_limit_s, seed=seed, recompute=recompute, offload=offload)
+                           time_limit_s=time_limit_s, seed=seed, recompute=recompute, offload=offload,
+                           schedule=schedule)
 
 
 def partition_graph(
@@ -382,23 +388,27 @@ def partition_graph(
     seed: int = 0,
     recompute: str = "auto",
     offload: str = "never",
+    schedule: str = "1f1b",
 ) -> Plan:
     """`partition` for an already captured `UnitGraph`."""
     from hetpipe.partitioner.solvers.solve import VERIFY_SHARE, solve
     from hetpipe.partitioner.solvers.verify import LOCAL_SEARCH_S
     from hetpipe.plan.adopt import adopt_faster_baselines
+    from hetpipe.partitioner.schedule_choice import check_schedule_option, choose_schedule
     from hetpipe.plan.baseline_report import baseline_reports
 
     cluster = as_cluster(cluster)
     check_solver_options(solver, time_limit_s, seed)
     check_recompute_option(recompute)
     check_offload_option(offload)
+    check_schedule_option(schedule)
     global_batch, m = microbatches_for(graph, global_batch, len(cluster.devices))
     problem = build_problem(graph, cluster, microbatches=m, recompute=recompute, offload=offload)
     log.info("solving %d units on %d devices, %d micro-batches", graph.num_units, len(cluster.devices), m)
     sol = solve(problem, solver=solver, time_limit_s=time_limit_s, seed=seed)
     base = baseline_reports(problem)  # forced onto every card, and on the best cards (issue 17)
     sol = adopt_faster_baselines(problem, sol, base, limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))
+    problem, sol = choose_schedule(problem, sol, option=schedule, limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))
     report = SolverReport(sol.solver, sol.status, sol.iteration_s, sol.bound_s, sol.wall_s, time_limit_s, seed)
     left = _left_out_reasons(problem, sol, solver=solver, time_limit_s=time_limit_s, seed=seed)
     return assemble_plan(graph, cluster, problem=problem, stages=sol.stages, solver=report,

@@ -26,7 +26,7 @@ import math
 
 from hetpipe.cost_models.stage_memory import MEMORY_MODEL
 from hetpipe.errors import PlanError
-from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.problem import Problem, Stage, evaluate, is_split
 from hetpipe.partitioner.recompute import choose_recompute, is_prefix_choice
 from hetpipe.plan.baseline_check import baseline_violations
 from hetpipe.plan.groups import group_violations
@@ -93,6 +93,7 @@ def _check_pipeline(plan: Plan) -> CheckReport:
             ("offload_bytes", st.offload_bytes, cost.offload_bytes),
             ("offload_s", st.offload_s, cost.offload_s),
             ("step_s", st.step_s, cost.step_s),
+            ("bwd_weight_s", st.bwd_weight_s, cost.bwd_weight_s if is_split(problem.schedule) else 0.0),
         ):
             if not close_to_recorded(recorded, actual):
                 violations.append(f"stage {st.index}: recorded {name} {recorded!r} != recomputed {actual!r}")
@@ -102,7 +103,7 @@ def _check_pipeline(plan: Plan) -> CheckReport:
                 f"{cost.usable_bytes / 2**30:.2f} GiB is usable (over by "
                 f"{(cost.memory_bytes - cost.usable_bytes) / 2**30:.2f} GiB)"
             )
-    violations.extend(baseline_violations(plan, problem))
+    violations.extend(baseline_violations(plan, dataclasses.replace(problem, schedule="1f1b")))  # baselines run 1F1B
     for name, recorded in (("predicted.iteration_s", plan.predicted.iteration_s),
                            ("solver.objective_s", plan.solver.objective_s)):
         if not close_to_recorded(recorded, ev.iteration_s):

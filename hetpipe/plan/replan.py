@@ -5,6 +5,11 @@ devices, links: `problem_from_plan`), so re-planning needs neither the model nor
 and takes the solver's time only (issue 16, items 3 and 4).  Two changes of the cluster:
 
 * ``lost``: devices that are gone (a dead rank's card) are removed with their links;
+* ``link_slowdown``: (device id, device id) -> factor by which the link between them carries
+  messages slower than its plan says (a link straggler report).  `scale_link` divides that
+  pair's bandwidth and multiplies its latency by the factor, in **both** directions: the
+  objective prices a cut as twice its forward link (activations out, gradients back), so a
+  slow direction is priced as a slow pair -- conservative when only one direction degraded;
 * ``slowdown``: device id -> factor by which it runs slower than its plan says (a straggler
   report).  `scale_device` gives that card its own kind, ``<kind>@x<factor>``, whose unit
   times are the kind's times x factor -- the same as dividing its profile's FLOP/s and
@@ -22,6 +27,8 @@ Example (the 3-device synthetic test cluster; the slow card n1:0 lost):
     True
     >>> slowed_kind("rtx3090", 3.0), slowed_kind("rtx3090@x3", 1.5)
     ('rtx3090@x3', 'rtx3090@x4.5')
+    >>> link_pair("n0:1 -> n1:2")
+    ('n0:1', 'n1:2')
 """
 
 from __future__ import annotations
@@ -82,6 +89,32 @@ def scale_device(problem: Problem, device_id: str, factor: float) -> Problem:
     return dataclasses.replace(problem, devices=devices, step_launch_s=launch, **scaled)
 
 
+def link_pair(text: str) -> tuple[str, str]:
+    """``"a:0 -> b:1"`` (a straggler record's ``link``) -> ``("a:0", "b:1")``."""
+    src, arrow, dst = str(text).partition("->")
+    if not arrow or not src.strip() or not dst.strip():
+        raise ConfigError(f"link {text!r} is not 'SRC -> DST' (two device ids); write e.g. 'n0:1 -> n1:2'")
+    return src.strip(), dst.strip()
+
+
+def scale_link(problem: Problem, pair: tuple[str, str], factor: float) -> Problem:
+    """``problem`` with the link between ``pair``'s devices ``factor`` times slower, both directions:
+    bandwidth / factor and latency x factor, so every message over it takes ``factor`` times as long."""
+    if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
+        raise ConfigError(f"slowdown factor of link {pair[0]} -> {pair[1]} must be a positive number, got {factor!r}")
+    ids = [d.id for d in problem.devices]
+    missing = [d for d in pair if d not in ids]
+    if missing:
+        raise ConfigError(f"link slowdown names device {missing[0]!r}, which the plan does not have ({', '.join(ids)})")
+    a, b = ids.index(pair[0]), ids.index(pair[1])
+    slow = {(a, b), (b, a)}
+    bandwidth = tuple(tuple(bw / factor if (i, j) in slow else bw for j, bw in enumerate(row))
+                      for i, row in enumerate(problem.bandwidth_bytes_s))
+    latency = tuple(tuple(lat * factor if (i, j) in slow else lat for j, lat in enumerate(row))
+                    for i, row in enumerate(problem.latency_s))
+    return dataclasses.replace(problem, bandwidth_bytes_s=bandwidth, latency_s=latency)
+
+
 def without_devices(problem: Problem, lost: Iterable[str]) -> Problem:
     """``problem`` without the devices ``lost`` (ids) and their links."""
     gone = set(lost)
@@ -104,8 +137,9 @@ def without_devices(problem: Problem, lost: Iterable[str]) -> Problem:
 
 
 def replan(plan: Plan, *, lost: Iterable[str] = (), slowdown: Mapping[str, float] | None = None,
-           solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0) -> Replan:
-    """Solve ``plan``'s problem again without ``lost`` devices and with ``slowdown`` applied."""
+           link_slowdown: Mapping[tuple[str, str], float] | None = None, solver: str = "auto",
+           time_limit_s: float = 10.0, seed: int = 0) -> Replan:
+    """Solve ``plan``'s problem again without ``lost`` devices, with ``slowdown`` and ``link_slowdown`` applied."""
     from hetpipe.partitioner.solvers.solve import solve
 
     if plan.replicas:
@@ -115,19 +149,21 @@ def replan(plan: Plan, *, lost: Iterable[str] = (), slowdown: Mapping[str, float
     problem = problem_from_plan(plan)
     for device, factor in (slowdown or {}).items():
         problem = scale_device(problem, device, factor)
+    for pair, factor in (link_slowdown or {}).items():
+        problem = scale_link(problem, pair, factor)
     old_s = plan.predicted.iteration_s
     if not set(lost) & {s.device for s in plan.stages}:
         old_s = evaluate(problem, stages_from_plan(plan)).iteration_s
     problem = without_devices(problem, lost)
     sol = solve(problem, solver=solver, time_limit_s=time_limit_s, seed=seed)
     report = SolverReport(sol.solver, sol.status, sol.iteration_s, sol.bound_s, sol.wall_s, time_limit_s, seed)
-    new = plan_on(plan, problem, sol.stages, report, slowdown=slowdown or {})
+    new = plan_on(plan, problem, sol.stages, report, slowdown=slowdown or {}, link_slowdown=link_slowdown or {})
     return Replan(new, old_s, new.predicted.iteration_s, time.perf_counter() - start)
 
 
 def plan_on(plan: Plan, problem: Problem, stages: tuple, solver: SolverReport, *,
-            slowdown: Mapping[str, float]) -> Plan:
-    """``plan`` moved onto ``problem``'s devices and tables with the placement ``stages``."""
+            slowdown: Mapping[str, float], link_slowdown: Mapping[tuple[str, str], float] | None = None) -> Plan:
+    """``plan`` moved onto ``problem``'s devices, links and tables with the placement ``stages``."""
     ev = evaluate(problem, stages)
     kinds = sorted({d.kind for d in problem.devices})
     ids = {d.id: d for d in problem.devices}
@@ -139,10 +175,21 @@ def plan_on(plan: Plan, problem: Problem, stages: tuple, solver: SolverReport, *
         base = next(d.kind for d in plan.devices if d.id == device)
         notes[ids[device].kind] = (f"{base}'s unit times x {factor:.4g}: {device} measured {factor:.4g}x slower "
                                    f"than its plan (straggler report)")
+    for (a, b), factor in (link_slowdown or {}).items():
+        notes[f"link {a} <-> {b}"] = (f"bandwidth / {factor:.4g}, latency x {factor:.4g}: measured {factor:.4g}x "
+                                      "slower than its plan (link straggler report)")
     return dataclasses.replace(
         plan, devices=tuple(dataclasses.replace(d, kind=ids[d.id].kind) for d in plan.devices if d.id in ids),
-        links=tuple(link for link in plan.links if link.src in ids and link.dst in ids), units=units,
+        links=_links_on(plan, problem), units=units,
         stages=plan_stages(problem, stages, ev), predicted=predicted_figures(problem, stages, ev,
                                                                              plan.training.global_batch),
         solver=solver, baselines=baseline_reports(problem), left_out=(), cost_model=notes,
         step_launch_s=tuple(KindSeconds(k, problem.step_launch_s[k]) for k in kinds if k in problem.step_launch_s))
+
+
+def _links_on(plan: Plan, problem: Problem) -> tuple:
+    """``plan``'s links between ``problem``'s devices, with ``problem``'s bandwidth and latency (a slowed link's)."""
+    index = {d.id: i for i, d in enumerate(problem.devices)}
+    return tuple(dataclasses.replace(link, bandwidth_bytes_s=problem.bandwidth_bytes_s[index[link.src]][index[link.dst]],
+                                     latency_s=problem.latency_s[index[link.src]][index[link.dst]])
+                 for link in plan.links if link.src in index and link.dst in index)

@@ -119,7 +119,7 @@ def solve_n_replicas(rp: ReplicaProblem, count: int, *, policy: str = "auto", ou
 
 def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, global_batch: int | None,
                   solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0, recompute: str = "auto",
-                  offload: str = "never") -> Plan:
+                  offload: str = "never", schedule: str = "1f1b") -> Plan:
     """The plan ``hetpipe plan --replicas`` writes (see the module docstring); `recompute` is the
     activation-recomputation lever of every pipeline, single or replica."""
     from hetpipe.plan.build import microbatches_for, partition_graph
@@ -133,8 +133,10 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
     )
 
     if replicas == 1:
-        return partition_graph(graph, cluster, global_batch=global_batch, solver=solver,
-                               time_limit_s=time_limit_s, seed=seed, recompute=recompute, offload=offload)
+        return partition_graph(graph, cluster, global_batch=global_batch, solver=solver, time_limit_s=time_limit_s,
+                               seed=seed, recompute=recompute, offload=offload, schedule=schedule)
+    if schedule != "1f1b":  # replica pipelines run 1F1B (issue 17: ZB-H1 for one pipeline first)
+        raise ConfigError(f"--schedule {schedule} plans one pipeline only; use --replicas 1 or --schedule 1f1b")
     if offload != "never":  # the replica planner prices no offload yet (issue 14: single pipelines first)
         raise ConfigError(f"--offload {offload} plans one pipeline only; use --replicas 1 or --offload never")
     if replicas == "auto":

@@ -54,8 +54,9 @@ PLAN_FORMAT = "hetpipe.plan"
 #: (`Plan.objective`, `UnitTimes.step`, `PlanStage.step_s`, `Plan.step_launch_s`,
 #: `Predicted.t_1f1b_estimate_s`; plans without `objective` are re-checked with the H-1F1B
 #: estimate), the offload lever (`PlanStage.offload*`, the devices' host figures; issue 14) and
-#: tensor-parallel groups (`PlanStage.group_devices`, `group_shares`; issue 15).
-PLAN_VERSION = 4
+#: tensor-parallel groups (`PlanStage.group_devices`, `group_shares`; issue 15).  5: a ZB-H1 plan
+#: (`PlanTraining.schedule` "zb-h1", `PlanStage.bwd_weight_s`; issue 17).
+PLAN_VERSION = 5
 #: The version of a plan without replicas.
 PLAN_VERSION_SINGLE = 1
 #: The first version that may carry replicas.
@@ -122,6 +123,7 @@ class PlanDevice:
     # prices, `hetpipe.cost_models.offload`); written only by plans solved with offload.
     host_link_bytes_s: float = field(default=0.0, metadata={"since": 4})
     host_memory_bytes_s: float = field(default=0.0, metadata={"since": 4})
+    cores: tuple[int, ...] = field(default=(), metadata={"since": 4})  # a CPU core group (cost_models/cpu_cores.py)
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,7 @@ class PlanStage:
     # stage is `device` alone.  No solver writes groups yet; `check` and `run` refuse them (plan/groups.py).
     group_devices: tuple[str, ...] = field(default=(), metadata={"since": 4})
     group_shares: tuple[float, ...] = field(default=(), metadata={"since": 4})
+    bwd_weight_s: float = field(default=0.0, metadata={"since": 5})  # W_s: bwd_s's weight-gradient part (ZB W)
 
 
 @dataclass(frozen=True)
@@ -445,6 +448,7 @@ def problem_from_plan(plan: Plan) -> Problem:
         step_s={k: tuple(u.time_s[k].step for u in plan.units) for k in kinds} if scheduled else {},
         step_launch_s={ks.kind: ks.seconds for ks in plan.step_launch_s} if scheduled else {},
         objective=plan.objective_name,
+        schedule="1f1b" if plan.training.schedule.startswith("gpipe") else plan.training.schedule,  # gpipe: 1F1B's T
         fwd_s={k: tuple(u.time_s[k].fwd for u in plan.units) for k in kinds},
         bwd_s={k: tuple(u.time_s[k].bwd for u in plan.units) for k in kinds},
         state_bytes=tuple(u.state_bytes for u in plan.units),

@@ -40,6 +40,7 @@ from hetpipe.errors import ConfigError, HetpipeError
 from hetpipe.plan.run_sim import simulated_iteration_s
 from hetpipe.plan.serde import from_json, to_json
 from hetpipe.runtime.faults.straggler import StepRatios, StragglerRecord
+from hetpipe.runtime.measured_links import cut_transfers_s
 from hetpipe.runtime.restarts import Restart
 
 RUN_FORMAT = "hetpipe.run"
@@ -81,6 +82,7 @@ class RankTimeline:
     rank: int
     stage: int
     actions: tuple[ActionRecord, ...]
+    origin_s: float = 0.0  # the step's start on CLOCK_MONOTONIC (one host: the ranks' timelines line up)
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,9 @@ class RankResult:
     last_step_actions: tuple[ActionRecord, ...] = ()
     stragglers: tuple[StragglerRecord, ...] = ()  # named by this rank (`hetpipe.runtime.faults.watch`)
     step_ratios: tuple[StepRatios, ...] = ()  # per step after the first: measured / predicted per measure
+    step_origin_s: float = 0.0  # the last step's start on CLOCK_MONOTONIC (`last_step_actions` count from it)
+    cores: tuple[int, ...] = ()  # the CPU cores the rank ran on (pinned to a core-group device, or all)
+    update_s: tuple[float, ...] = ()  # per step: optimizer.step() alone, real seconds (runtime/update_timer.py)
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
@@ -180,6 +185,16 @@ class StageRecord:
     step_real_s: float = 0.0
     step_emulated_s: float = 0.0
     predicted_step_s: float = 0.0
+    # transfers on the cut to the next stage (issue 17): the measured median one-way message of the last step
+    # (in the run's seconds: emulated seconds under --emulate),
+    # both directions, where the receiver was already waiting (`hetpipe.runtime.measured_links`; None: none seen
+    # or several hosts), how many messages that median is of, and the plan's C_s; the cores the rank ran on
+    transfer_s: float | None = None
+    transfer_messages: int = 0
+    predicted_transfer_s: float = 0.0
+    cores: tuple[int, ...] = ()
+    # optimizer.step() alone (no send waits, no tied all-reduce), median real seconds: what S_s prices
+    update_real_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -281,7 +296,7 @@ def _microbatches_of(plan: "Plan", stage: int) -> int:  # noqa: F821
     return plan.training.microbatches
 
 
-def _stage_record(plan: "Plan", r: RankResult) -> StageRecord:  # noqa: F821
+def _stage_record(plan: "Plan", r: RankResult, transfers: Sequence[float] = ()) -> StageRecord:  # noqa: F821
     st, m = plan.stages[r.stage], _microbatches_of(plan, r.stage)
     fwd, bwd = median(measured_steps(r.fwd_s, m)), median(measured_steps(r.bwd_s, m))
     return StageRecord(
@@ -298,10 +313,20 @@ def _stage_record(plan: "Plan", r: RankResult) -> StageRecord:  # noqa: F821
         recompute_units=tuple(st.recompute_units), step_ratios=tuple(r.step_ratios),
         step_real_s=median(measured_steps(r.optimizer_s)) if r.optimizer_s else 0.0,
         step_emulated_s=(median(measured_steps(r.optimizer_s)) if r.optimizer_s else 0.0) / r.time_scale,
-        predicted_step_s=st.step_s)
+        predicted_step_s=st.step_s, transfer_s=median(transfers) if transfers else None,
+        transfer_messages=len(transfers), predicted_transfer_s=st.send_s, cores=tuple(r.cores),
+        update_real_s=median(measured_steps(r.update_s)) if r.update_s else 0.0)
 
 
-def _notes(emulate: bool, overruns: int, late: int, actions: int, worst: float) -> tuple[str, ...]:
+def _ran_pinned(plan: "Plan", results: Sequence[RankResult]) -> bool:  # noqa: F821
+    """Every rank ran on exactly its plan device's core group (`hetpipe.runtime.pinning`)."""
+    index = plan.device_index()
+    groups = [tuple(plan.devices[index[plan.stages[r.stage].device]].cores) for r in results]
+    return all(g and tuple(r.cores) == g for g, r in zip(groups, results))
+
+
+def _notes(emulate: bool, overruns: int, late: int, actions: int, worst: float, *,
+           pinned: bool = False) -> tuple[str, ...]:
     notes = []
     if emulate and overruns:
         notes.append(
@@ -310,7 +335,10 @@ def _notes(emulate: bool, overruns: int, late: int, actions: int, worst: float) 
     if emulate and late:
         notes.append(f"{late} messages arrived later than their emulated link time: the real transport was the "
                      "bottleneck there")
-    if not emulate:
+    if not emulate and pinned:
+        notes.append("not emulated, every rank pinned to its device's cores: measured and predicted are the same "
+                     "devices (CPU core groups)")
+    elif not emulate:
         notes.append("not emulated: times are this machine's, predictions are the plan's devices'")
     return tuple(notes)
 
@@ -334,6 +362,11 @@ def build_report(plan: "Plan", results: Sequence[RankResult], *, schedule: str, 
     late = sum(r.late_messages for r in results)
     actions = sum(len(r.fwd_s) + len(r.bwd_s) for r in results)
     measured = median(measured_steps(step_s))
+    nodes = {plan.devices[plan.device_index()[st.device]].node for st in plan.stages}
+    one_clock = emulate or len(nodes) == 1  # CLOCK_MONOTONIC is per host (--emulate runs on one host): several
+    timelines = tuple(RankTimeline(r.rank, r.stage, r.last_step_actions, r.step_origin_s if one_clock else 0.0)
+                      for r in results if r.last_step_actions)  # hosts' origins do not compare: left out
+    transfers = {cut: [t / scale for t in ts] for cut, ts in cut_transfers_s(timelines).items()}
     return RunReport(
         model=plan.model.name, fingerprint=plan.model.fingerprint, schedule=schedule, steps=n_steps,
         microbatches=plan.training.microbatches, emulate=emulate, backend=results[0].backend,
@@ -343,9 +376,10 @@ def build_report(plan: "Plan", results: Sequence[RankResult], *, schedule: str, 
         predicted_real_iteration_s=plan.predicted.iteration_s * scale,
         simulated_iteration_s=simulated_iteration_s(plan, schedule, overlap_sync=sync_overlap),
         measured_iteration_s=measured, measured_emulated_iteration_s=measured / scale,
-        step_records=records, stages=tuple(_stage_record(plan, r) for r in results),
+        step_records=records, stages=tuple(_stage_record(plan, r, transfers.get(r.stage, ())) for r in results),
         overruns=overruns, late_messages=late,
-        notes=_notes(emulate, overruns, late, actions, max(r.worst_overrun_ratio for r in results)),
+        notes=_notes(emulate, overruns, late, actions, max(r.worst_overrun_ratio for r in results),
+                     pinned=_ran_pinned(plan, results)),
         machine=machine_info(), wall_s=wall_s,
-        timelines=tuple(RankTimeline(r.rank, r.stage, r.last_step_actions) for r in results if r.last_step_actions),
+        timelines=timelines,
         stragglers=tuple(rec for r in results for rec in r.stragglers))

@@ -22,8 +22,10 @@ def _ms(seconds: float) -> str:
 class Restart:
     """One relaunch of a supervised run.
 
-    ``kind``: ``lost`` (a rank died; its device is left out of the new plan) or ``adapt`` (a
-    straggler report: the device is kept, priced at its measured slowdown).  ``failed_step``:
+    ``kind``: ``lost`` (a rank died; its device is left out of the new plan), ``returned`` (a rank
+    died and its device came back within ``--wait-for-return``: same plan) or ``adapt`` (a
+    straggler report: the device is kept, priced at its measured slowdown; ``device`` is then
+    ``"a:0 -> b:1"`` for a slow link, priced at its measured slowdown both ways).  ``failed_step``:
     steps every rank had finished when the old job stopped; ``resumed_step``: the checkpoint's
     step the new job continued from; ``steps_redone`` = failed_step - resumed_step.
     ``replan_s``: wall seconds of the re-plan; ``restart_s``: wall seconds from the old job's end
@@ -50,13 +52,19 @@ class Restart:
     old_measured_s: float = 0.0
     new_measured_s: float = 0.0
     factor: float = 0.0  # adapt: the reported slowdown of `device`
+    waited_s: float = 0.0  # --wait-for-return: seconds waited for the lost device (kind ``returned``: it came back)
 
     def line(self, number: int = 1) -> str:
         """The one log line of this restart."""
-        what = "lost" if self.kind == "lost" else f"{self.factor:.3g}x slower (straggler)"
+        what = "lost" if self.kind in ("lost", "returned") else f"{self.factor:.3g}x slower (straggler)"
         measured = (f"; measured {_ms(self.old_measured_s)} -> {_ms(self.new_measured_s)}"
                     if self.old_measured_s and self.new_measured_s else "")
+        if self.kind == "returned":
+            how = f"back after {self.waited_s:.3g} s: the same plan {self.new_stages}, T {_ms(self.new_predicted_s)}"
+        else:
+            waited = f"not back within {self.waited_s:.3g} s; " if self.waited_s else ""
+            how = (f"{waited}re-planned in {self.replan_s:.3g} s: {self.new_stages}, T {_ms(self.old_predicted_s)} -> "
+                   f"{_ms(self.new_predicted_s)}")
         return (f"restart {number}: rank {self.rank} ({self.device}) {what} at step {self.failed_step} ({self.cause}); "
-                f"re-planned in {self.replan_s:.3g} s: {self.new_stages}, T {_ms(self.old_predicted_s)} -> "
-                f"{_ms(self.new_predicted_s)}{measured}; resumed from step {self.resumed_step}, {self.steps_redone} "
+                f"{how}{measured}; resumed from step {self.resumed_step}, {self.steps_redone} "
                 f"step{'' if self.steps_redone == 1 else 's'} redone, running again after {self.restart_s:.3g} s")

@@ -39,7 +39,7 @@ from hetpipe.errors import ConfigError, RuntimeFailure
 from hetpipe.plan.check import check_plan
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.checkpoint.options import checkpoint_args
-from hetpipe.runtime.faults.options import FaultArgs, fault_args
+from hetpipe.runtime.faults.options import FaultArgs, check_wait_for_return, fault_args
 from hetpipe.runtime.launch import LaunchSpec, launch
 from hetpipe.runtime.report import RankResult, RunReport, build_report
 from hetpipe.runtime.user_checks import check_user_code
@@ -74,6 +74,7 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: A
     else:
         p, m = len(plan.stages), plan.training.microbatches
         validate_schedule(make_schedule(schedule, p, m), num_stages=p, num_microbatches=m)
+        refuse_split_recompute(plan, schedule)
     graph, example = capture_for_plan(plan, model=model, seq=seq)  # raises PlanError for another model
     if [u.node_names for u in plan.units] == [tuple(u.node_names) for u in graph.units]:
         verify_tables(plan, graph, loss_costed=False)  # edited tables never reach the ranks (plan/tables.py)
@@ -85,6 +86,17 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: A
         # Not fatal: an over-full plan is exactly what --emulate demonstrates (emulated OOM).
         log.warning("plan check: %s", violation)
     return graph
+
+
+def refuse_split_recompute(plan: Plan, schedule: str) -> None:
+    """A split schedule (ZB) runs no recomputing stage: the two halves of its backward would each
+    recompute (`hetpipe.partitioner.schedule_choice`)."""
+    from hetpipe.schedule.builders import is_split
+
+    recomputing = [st.index for st in plan.stages if st.recompute_units]
+    if is_split(schedule) and recomputing:
+        raise ConfigError(f"--schedule {schedule}: stages {recomputing} recompute activations, which a split "
+                          "backward does not run; use --schedule 1f1b, or re-plan with --schedule auto")
 
 
 def _check_weights(plan: Plan, graph: Any, example: Any, weights: str) -> None:
@@ -212,7 +224,7 @@ def run(
     save_weights: str | Path | None = None,
     checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, resume: str | Path | None = None,
     inject: Sequence[str] | None = None, straggler_margin: float | None = None, straggler_steps: int | None = None,
-    max_restarts: int | None = None, adapt: bool = False,
+    max_restarts: int | None = None, adapt: bool = False, wait_for_return: float | None = None,
 ) -> RunReport:
     """Train ``model`` for ``steps`` optimizer steps with ``plan`` (see the module docstring).
 
@@ -221,12 +233,12 @@ def run(
     ``weights``: a checkpoint to start from, each rank reading its stage only (default: `seeded_init`
     from ``seed``); ``save_weights``: a folder for the trained weights (`hetpipe.runtime.stage.weights`).
     ``checkpoint_dir`` / ``checkpoint_every`` / ``resume``: `hetpipe.runtime.checkpoint` (``steps``: the total to reach).
-    ``max_restarts`` / ``adapt``: relaunch on a new plan after a lost rank / a straggler (`hetpipe.runtime.supervise`).
+    ``max_restarts`` / ``adapt`` / ``wait_for_return``: `hetpipe.runtime.supervise` (lost ranks, stragglers).
     Raises `PlanError` (plan for another model), `ScheduleError`, `ConfigError` before
     launching; `RuntimeFailure` naming the rank, stage and action if a rank fails.
     """
     plan = plan if isinstance(plan, Plan) else Plan.load(plan)
-    if max_restarts is not None or adapt:
+    if max_restarts is not None or adapt or wait_for_return is not None:
         return _supervised(plan, locals())
     if timeout_s is None:
         timeout_s = _default_timeout_s(plan, steps=steps, emulate=emulate, safety_factor=safety_factor)
@@ -253,7 +265,7 @@ def run(
     return out
 
 
-_NOT_PER_ATTEMPT = ("plan", "resume", "run_dir", "report", "max_restarts", "adapt")
+_NOT_PER_ATTEMPT = ("plan", "resume", "run_dir", "report", "max_restarts", "adapt", "wait_for_return")
 
 
 def _supervised(plan: Plan, args: dict[str, Any]) -> RunReport:
@@ -267,6 +279,7 @@ def _supervised(plan: Plan, args: dict[str, Any]) -> RunReport:
 
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigError(f"--max-restarts must be a whole number of restarts, 0 or more; got {max_restarts!r}")
+    wait_s = check_wait_for_return(args["wait_for_return"], max_restarts)
     if once["checkpoint_dir"] is None:
         flag = "--adapt" if adapt else f"--max-restarts {max_restarts}"
         raise ConfigError(f"{flag} needs --checkpoint-dir DIR (and --checkpoint-every N): a relaunched job "
@@ -277,7 +290,7 @@ def _supervised(plan: Plan, args: dict[str, Any]) -> RunReport:
     opts = SuperviseOptions(checkpoint_dir=Path(writable_folder(once["checkpoint_dir"], "--checkpoint-dir")),
                             steps=once["steps"], max_restarts=max_restarts, adapt=adapt,
                             resume=str(resume) if resume is not None else None,
-                            checkpoint_every=once["checkpoint_every"])
+                            checkpoint_every=once["checkpoint_every"], wait_for_return_s=wait_s)
 
     def attempt(p: Plan, folder: Path, resume_from: str | None) -> RunReport:
         # Injected faults (``inject``, hetpipe.runtime.faults) belong to the first launch: a kill is
@@ -352,17 +365,21 @@ def summary_tables(report: RunReport) -> list[Any]:
         steps.add_row(str(r.step), f"{r.loss:.4f}", f"{r.step_s:.4f}", f"{r.emulated_step_s:.4g}")
     steps.add_row("median", "", f"{report.measured_iteration_s:.4f}", f"{report.measured_emulated_iteration_s:.4g}")
     steps.add_row("predicted", "", f"{report.predicted_real_iteration_s:.4f}", f"{report.predicted_iteration_s:.4g}")
-    stages = Table(title="stages: measured per micro-batch vs plan")
-    for col in ("stage", "device", "units", f"F ({unit})", "F plan", f"B ({unit})", "B plan", "peak MiB",
-                "plan MiB", "usable MiB", "overruns"):
+    stages = Table(title="stages: measured per micro-batch vs plan (F forward, B backward, C one message on the "
+                         "cut to the next stage, S optimizer.step() once per iteration)")
+    for col in ("stage", "device", "units", f"F ({unit})", "F plan", f"B ({unit})", "B plan", f"C ({unit})",
+                "C plan", f"S ({unit})", "S plan", "peak MiB", "plan MiB", "usable MiB", "overruns"):
         stages.add_column(col, justify="right")
     mib = 2**20
     for s in report.stages:
         units = f"{s.first_unit}-{s.last_unit}" + (f" (recompute {_ranges(s.recompute_units)})"
                                                     if s.recompute_units else "")
+        sent = "-" if s.transfer_s is None else f"{s.transfer_s:.4g}"
         stages.add_row(str(s.stage), f"{s.device} ({s.kind})", units,
                        f"{s.fwd_emulated_s:.4g}", f"{s.predicted_fwd_s:.4g}", f"{s.bwd_emulated_s:.4g}",
-                       f"{s.predicted_bwd_s:.4g}", f"{s.peak_bytes / mib:.1f}", f"{s.predicted_memory_bytes / mib:.1f}",
+                       f"{s.predicted_bwd_s:.4g}", sent, f"{s.predicted_transfer_s:.4g}",
+                       f"{s.update_real_s / report.time_scale:.4g}", f"{s.predicted_step_s:.4g}",
+                       f"{s.peak_bytes / mib:.1f}", f"{s.predicted_memory_bytes / mib:.1f}",
                        f"{s.usable_bytes / mib:.1f}", str(s.overruns_fwd + s.overruns_bwd))
     return [steps, stages]
 

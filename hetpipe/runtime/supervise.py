@@ -8,14 +8,18 @@ supervision) at a time in ``RUN_DIR/attempt-<n>/`` and watches its run directory
   an ``error-rank<r>.json``: it could not say why, so its device is taken to be gone).  With
   restarts left (``--max-restarts N``), its device is removed and the job re-planned on the
   survivors from the plan's own tables (`hetpipe.plan.replan`, seconds), then resumed from the
-  newest complete checkpoint of ``--checkpoint-dir``.  The steps every rank had finished
+  newest complete checkpoint of ``--checkpoint-dir``.  With ``--wait-for-return SECONDS`` the
+  supervisor first waits that long for the device to be back (`hetpipe.runtime.faults.returns`)
+  and, if it is, resumes on the same plan (restart kind ``returned``); else it re-plans.  The steps every rank had finished
   since that checkpoint are redone (``steps_redone``), nothing else.  Any other failure (a rank
   that reported an error, a timeout without a dead rank) is raised as it is: re-planning
   would not fix it.  Without restarts left, one `RuntimeFailure` names the dead rank, its
   device, the step and how to continue.
 * **A straggler report** (``straggler-rank<r>.json``: stage, device, factor; written by the
   ranks' straggler detection) with ``--adapt``: the job is re-planned with that device's unit
-  times x factor (`hetpipe.plan.replan.scale_device`).  The gain over the remaining steps --
+  times x factor (`hetpipe.plan.replan.scale_device`), or for a slow link (``what: link``, the
+  record's ``link`` and its ``send->S`` factor) with that link's bandwidth / factor and latency
+  x factor (`hetpipe.plan.replan.scale_link`).  The gain over the remaining steps --
   measured recent step time x (1 - new T / old T with the slowdown), from the next checkpoint to
   the end -- is weighed against the measured cost of a restart (the re-plan plus this attempt's
   own start-up, from launch to its first finished step).  If it wins, the supervisor waits for
@@ -38,6 +42,7 @@ import dataclasses
 import json
 import logging
 import math
+import re
 import shutil
 import signal
 import tempfile
@@ -48,9 +53,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetpipe.errors import ConfigError, RuntimeFailure
-from hetpipe.plan.replan import Replan, replan
+from hetpipe.plan.replan import Replan, link_pair, replan
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.checkpoint.files import find_checkpoint, is_complete, parse_step
+from hetpipe.runtime.faults.returns import wait_for_return
 from hetpipe.runtime.launch import STOP_REQUEST, describe_exit, exit_codes, read_errors
 from hetpipe.runtime.report import RunReport
 from hetpipe.runtime.restarts import Restart
@@ -78,6 +84,7 @@ class SuperviseOptions:
     adapt: bool = False
     resume: str | None = None
     checkpoint_every: int | None = None  # adapt stops the job only at checkpoints
+    wait_for_return_s: float | None = None  # after a lost rank: wait this long for its device, then re-plan
     poll_s: float = POLL_S
 
 
@@ -89,6 +96,12 @@ class Death:
     devices: tuple[str, ...]
     cause: str
     failed_step: int
+    link: tuple[str, str] | None = None  # an emulated link cut (--inject): its devices; `devices` is its far end
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """What to wait for with --wait-for-return: the lost devices, or the cut link ``a -> b``."""
+        return (f"{self.link[0]} -> {self.link[1]}",) if self.link else self.devices
 
 
 @dataclass(frozen=True)
@@ -100,6 +113,19 @@ class Straggler:
     device: str
     factor: float
     step: int  # the step it was reported at (0 if the report does not say)
+    link: tuple[str, str] | None = None  # a link straggler: its (sending, receiving) device ids
+
+    @property
+    def what(self) -> str:
+        """``rank 2 (n1:2)`` or, for a link, ``rank 1's link n0:1 -> n1:2``."""
+        return (f"rank {self.rank}'s link {self.link[0]} -> {self.link[1]}" if self.link
+                else f"rank {self.rank} ({self.device})")
+
+    def replan(self, plan: Plan) -> Replan:
+        """``plan`` re-solved with this slowdown priced in."""
+        if self.link is not None:
+            return replan(plan, link_slowdown={self.link: self.factor})
+        return replan(plan, slowdown={self.device: self.factor})
 
 
 @dataclass(frozen=True)
@@ -119,7 +145,7 @@ class Decision:
     def line(self) -> str:
         s = self.straggler
         verdict = f"restarting at the checkpoint of step {self.stop_step}" if self.go else "staying on this plan"
-        return (f"straggler: rank {s.rank} ({s.device}) {s.factor:.3g}x slower at step {s.step}; re-planned in "
+        return (f"straggler: {s.what} {s.factor:.3g}x slower at step {s.step}; re-planned in "
                 f"{self.replan.replan_s:.3g} s: {stage_text(self.replan.plan)}, T {self.replan.old_iteration_s:.4g} "
                 f"-> {self.replan.new_iteration_s:.4g} s; predicted gain {self.gain_s:.3g} s vs restart cost "
                 f"{self.cost_s:.3g} s: {verdict}")
@@ -151,27 +177,48 @@ def diagnose(run_dir: Path, plan: Plan, *, start: int) -> Death | None:
     return Death(tuple(dead), devices, cause, steps_finished(records, len(plan.stages), start))
 
 
+_CUT_BY_DEVICES = re.compile(r"the emulated link (\S+) -> (\S+) is cut")
+_CUT_BY_RANKS = re.compile(r"the emulated link from rank (\d+) to rank (\d+) was cut")
+
+
+def diagnose_cut(run_dir: Path, plan: Plan, *, start: int) -> Death | None:
+    """The emulated link whose cut (``--inject link:...,factor=cut``) failed the launch, named by the ranks'
+    errors, or None.  A cut is survived like the loss of its far end: the pipeline has no other way there."""
+    for err in read_errors(run_dir):
+        by_devices, by_ranks = _CUT_BY_DEVICES.search(err.message), _CUT_BY_RANKS.search(err.message)
+        if by_devices:
+            link = (by_devices.group(1), by_devices.group(2))
+        elif by_ranks and max(int(g) for g in by_ranks.groups()) < len(plan.stages):
+            link = tuple(plan.stages[int(g)].device for g in by_ranks.groups())
+        else:
+            continue
+        stage = next(i for i, s in enumerate(plan.stages) if s.device == link[0])
+        done = steps_finished(read_steps(run_dir), len(plan.stages), start)
+        return Death((stage,), (link[1],), f"the emulated link {link[0]} -> {link[1]} was cut", done, link)
+    return None
+
+
 def read_straggler(path: Path, plan: Plan) -> Straggler | None:
-    """A compute straggler report (None while it is being written, for a link straggler, or when it
-    names no device of the plan).  Reads the faults package's `StragglerRecord` file (``factors``:
-    measure -> measured / predicted; ``detected_step``) and a plain ``{"factor": F, "step": K}``."""
+    """A straggler report (None while it is being written, or when it names no device or link of the plan).
+    Reads the faults package's `StragglerRecord` file (``what``: compute or link; ``factors``: measure ->
+    measured / predicted; ``link``: ``"a:0 -> b:0"``; ``detected_step``) and a plain ``{"factor": F, "step": K}``."""
     try:
         doc = json.loads(path.read_text())
         rank = int(doc.get("rank", path.stem.removeprefix("straggler-rank")))
         stage = int(doc.get("stage", rank))
         device = str(doc.get("device") or plan.stages[stage].device)
+        what = doc.get("what", "compute")
         factors = doc.get("factors") or {}
-        compute = [float(v) for k, v in factors.items() if k in ("fwd", "bwd")]
-        factor = float(doc["factor"]) if "factor" in doc else max(compute)
+        wanted = [float(v) for k, v in factors.items() if (k in ("fwd", "bwd")) == (what == "compute")]
+        factor = float(doc["factor"]) if "factor" in doc else max(wanted)
         step = int(doc.get("detected_step", doc.get("step", 0)))
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        return None
-    if doc.get("what", "compute") != "compute":
-        log.warning("straggler: rank %d's link %s is slower than planned; --adapt re-plans only for slow compute "
-                    "(not for links yet): staying on this plan", rank, doc.get("link", "?"))
+        link = link_pair(doc["link"]) if what == "link" else None
+    except (OSError, ValueError, KeyError, TypeError, IndexError, ConfigError):
         return None
     known = {d.id for d in plan.devices}
-    return Straggler(rank, stage, device, factor, step) if device in known and factor > 1.0 else None
+    if not {device, *(link or ())} <= known or factor <= 1.0:
+        return None
+    return Straggler(rank, stage, device, factor, step, link)
 
 
 def newest_checkpoint(root: Path) -> int:
@@ -222,6 +269,7 @@ class _Pending:
     old_stages: str
     old_measured_s: float
     ended: float
+    waited_s: float = 0.0
 
     def finish(self, job: _Attempt) -> Restart:
         began = job.first_step_at if not math.isnan(job.first_step_at) else job.ended
@@ -233,7 +281,7 @@ class _Pending:
                        restart_s=began - self.ended, old_predicted_s=self.replan.old_iteration_s,
                        new_predicted_s=self.replan.new_iteration_s, old_stages=self.old_stages,
                        new_stages=stage_text(self.replan.plan), old_measured_s=self.old_measured_s,
-                       new_measured_s=new_s, factor=self.factor)
+                       new_measured_s=new_s, factor=self.factor, waited_s=self.waited_s)
 
 
 def recent_iteration_s(records: dict[int, StepsDone]) -> float:
@@ -250,11 +298,11 @@ def decide(job: _Attempt, straggler: Straggler, records: dict[int, StepsDone], *
     """Re-plan for ``straggler`` and weigh the gain against the restart (None: no checkpoint to stop at)."""
     done = steps_finished(records, len(job.plan.stages), start)
     if not every:
-        log.warning("straggler: rank %d (%s) %.3gx slower; --adapt stops only at checkpoints and this run has no "
-                    "--checkpoint-every: staying on this plan", straggler.rank, straggler.device, straggler.factor)
+        log.warning("straggler: %s %.3gx slower; --adapt stops only at checkpoints and this run has no "
+                    "--checkpoint-every: staying on this plan", straggler.what, straggler.factor)
         return None
     stop = (done // every + 1) * every
-    rp = replan(job.plan, slowdown={straggler.device: straggler.factor})
+    rp = straggler.replan(job.plan)
     recent_s = max((r.recent_real_s() for r in records.values()), default=0.0)
     new_real_s = recent_s * rp.new_iteration_s / rp.old_iteration_s  # the measured step, scaled by the plans' ratio
     startup_s = (job.first_step_at - job.started) if not math.isnan(job.first_step_at) else math.inf
@@ -308,9 +356,11 @@ def _watch(job: _Attempt, opts: SuperviseOptions, *, every: int | None, start: i
     return decision if decision is not None and stop.exists() else None
 
 
-def _lost(job: _Attempt, opts: SuperviseOptions, *, start: int, restarts_used: int) -> tuple[Death, Replan]:
-    """The failed job's dead ranks and the re-plan without their devices; raises when it cannot restart."""
-    death = diagnose(job.run_dir, job.plan, start=start)
+def _lost(job: _Attempt, opts: SuperviseOptions, *, start: int,
+          restarts_used: int) -> tuple[Death, Replan, float, bool]:
+    """The failed job's dead ranks and what to resume on: (death, re-plan, seconds waited, whether the
+    devices came back -- then the re-plan is the same plan).  Raises when it cannot restart."""
+    death = diagnose(job.run_dir, job.plan, start=start) or diagnose_cut(job.run_dir, job.plan, start=start)
     if death is None:
         raise job.error if job.error is not None else RuntimeFailure("the job ended without a report")
     if restarts_used >= opts.max_restarts:
@@ -320,7 +370,15 @@ def _lost(job: _Attempt, opts: SuperviseOptions, *, start: int, restarts_used: i
                              f"{death.failed_step} steps); --max-restarts {opts.max_restarts} {used}: rerun with "
                              f"--max-restarts {opts.max_restarts + 1} to re-plan on the surviving devices, or "
                              f"continue by hand ({cont})")
-    return death, replan(job.plan, lost=death.devices)
+    waited = 0.0
+    if opts.wait_for_return_s:
+        back = wait_for_return(death.keys, attempt_dir=job.run_dir, run_dir=job.run_dir.parent,
+                               timeout_s=opts.wait_for_return_s)
+        if back is not None:
+            t = job.plan.predicted.iteration_s
+            return death, Replan(job.plan, t, t, 0.0), back, True
+        waited = opts.wait_for_return_s
+    return death, replan(job.plan, lost=death.devices), waited, False
 
 
 def _next_pending(job: _Attempt, decision: Decision | None, opts: SuperviseOptions, *, start: int,
@@ -328,13 +386,15 @@ def _next_pending(job: _Attempt, decision: Decision | None, opts: SuperviseOptio
     """What the relaunch after ``job`` resumes from and runs (a dead rank's, or an adapt decision's)."""
     records = read_steps(job.run_dir)
     measured = recent_iteration_s(records)
+    waited = 0.0
     if decision is None:
-        death, rp = _lost(job, opts, start=start, restarts_used=restarts_used)
-        kind, cause, rank, device, factor, failed = ("lost", death.cause, death.ranks[0], death.devices[0], 0.0,
-                                                     death.failed_step)
+        death, rp, waited, returned = _lost(job, opts, start=start, restarts_used=restarts_used)
+        kind, cause, rank, device, factor, failed = ("returned" if returned else "lost", death.cause, death.ranks[0],
+                                                     death.keys[0], 0.0, death.failed_step)
     else:
         s, rp = decision.straggler, decision.replan
-        kind, cause, rank, device, factor = "adapt", f"straggler report of rank {s.rank}", s.rank, s.device, s.factor
+        kind, cause, rank, factor = "adapt", f"straggler report of rank {s.rank}", s.rank, s.factor
+        device = f"{s.link[0]} -> {s.link[1]}" if s.link else s.device
         failed = steps_finished(records, len(job.plan.stages), start)
     resumed = newest_checkpoint(opts.checkpoint_dir) or _resume_step(opts.resume)
     failed = max(failed, resumed)  # a complete checkpoint proves every rank finished its step (records may lag)
@@ -342,7 +402,7 @@ def _next_pending(job: _Attempt, decision: Decision | None, opts: SuperviseOptio
         raise RuntimeFailure(f"{cause}: the job had saved its last checkpoint (step {resumed}) and then failed; "
                              f"the trained state is in {opts.checkpoint_dir}")
     return _Pending(kind, cause, rank, device, factor, failed, resumed, rp, stage_text(job.plan), measured,
-                    job.ended)
+                    job.ended, waited)
 
 
 def supervise(plan: Plan, attempt: AttemptFn, opts: SuperviseOptions, *, run_dir: Path | None = None) -> RunReport:

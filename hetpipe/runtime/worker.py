@@ -57,6 +57,9 @@ from hetpipe.plan.schema import Plan
 from hetpipe.runtime.execute import heartbeat
 from hetpipe.runtime.faults.watch import step_watch
 from hetpipe.runtime.launch import RankError, write_error
+from hetpipe.cost_models.cpu_cores import available_cores
+from hetpipe.runtime.pinning import pin_stage
+from hetpipe.runtime.update_timer import UpdateTimer
 from hetpipe.runtime.report import RankResult, median
 from hetpipe.runtime.steps_done import record_step
 from hetpipe.runtime.stage.buffers import ModelBuffers, kept_buffers
@@ -237,10 +240,12 @@ def calibrate(run: _Run, *, loss_fn: Any, batch: tuple[Any, Any] | None) -> list
 
 def _emulation_hooks(run: _Run, loss_fn: Any, batch: tuple[Any, Any] | None) -> Any:
     from hetpipe.runtime.emulate.pipeline import DEFAULT_SAFETY_FACTOR, EmulationHooks, StageTiming, choose_time_scale
+    from hetpipe.schedule.builders import is_split
 
     plan, s = run.plan, run.index
     measured = calibrate(run, loss_fn=loss_fn, batch=batch)
-    predicted = [StageTiming(st.fwd_s, st.bwd_s, st.offload_s) for st in plan.stages]
+    split = is_split(run.args.schedule or plan.training.schedule)  # B and W emulated apart
+    predicted = [StageTiming(st.fwd_s, st.bwd_s, st.offload_s, st.bwd_weight_s if split else 0.0) for st in plan.stages]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", run.num_stages))
     scale = choose_time_scale(measured, predicted, num_ranks=local_ranks, num_cores=cores,
@@ -266,6 +271,7 @@ class _RankLoop:
     finish: Callable[[], Any] = lambda: None
     start: int = 0  # steps already taken (a resumed run continues with step `start`)
     after_step: Callable[[int, bool], None] = lambda steps_done, last: None  # checkpoints
+    update_s: Callable[[], list[float]] = list  # seconds of each optimizer.step() (runtime/update_timer.py)
 
 
 def _pipeline_rank(args: argparse.Namespace, state: RankState, run: _Run, ranks: list[int]) -> _RankLoop:
@@ -280,6 +286,7 @@ def _pipeline_rank(args: argparse.Namespace, state: RankState, run: _Run, ranks:
     hooks = _emulation_hooks(run, loss_fn, first) if args.emulate else RecordingHooks()
     state.hooks = hooks
     optimizer = stage_optimizer(run.plan, run.index, list(run.stage.parameters()), lr=args.lr)
+    timer = UpdateTimer.attach(optimizer)
     executor = run.executor(actions=run.actions, optimizer=optimizer, microbatches=run.plan.training.microbatches,
                             hooks=hooks, loss_fn=loss_fn)
     start, after_step = _checkpoints(args, state, run, optimizer, resume)
@@ -296,7 +303,8 @@ def _pipeline_rank(args: argparse.Namespace, state: RankState, run: _Run, ranks:
             save_pipeline(run.stage.module, run.saved_names, args.save_weights, stage=run.index,
                           num_stages=run.num_stages)
 
-    return _RankLoop(step, hooks, run.index, stream, first, finish=finish, start=start, after_step=after_step)
+    return _RankLoop(step, hooks, run.index, stream, first, finish=finish, start=start, after_step=after_step,
+                     update_s=lambda: timer.durations_s)
 
 
 def _resume_point(args: argparse.Namespace) -> Any:
@@ -363,7 +371,7 @@ def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, p
     ``watch`` (`hetpipe.runtime.faults.watch.StepWatch`) injects ``--inject`` faults before each
     step and checks the step's times against the plan after it (stragglers)."""
     progress = args.run_dir / f"progress-rank{state.rank}"
-    step_s, losses, stats, optimizer_s = [], [], None, []
+    step_s, losses, stats, optimizer_s, origin_s = [], [], None, [], 0.0
     for step in range(loop.start, args.steps):
         state.phase = f"step {step}"
         watch.before_step(step)
@@ -371,7 +379,7 @@ def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, p
         if loop.stream is not None and batch is None:
             raise ConfigError(f"--data ran out after {step} batches; the run needs {args.steps}")
         barrier(backend == "gloo", args.timeout)
-        start = time.monotonic()
+        start = origin_s = time.monotonic()  # the origin of the step's action times (measured_links.py)
         stats, loss = loop.step(batch)
         step_s.append(time.monotonic() - start)
         watch.after_step(step)
@@ -388,6 +396,7 @@ def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, p
     dev = plan.devices[plan.device_index()[plan.stages[loop.plan_stage].device]]
     return RankResult(rank=state.rank, stage=loop.plan_stage, device=dev.id, kind=dev.kind, step_s=tuple(step_s),
                       losses=tuple(losses), backend=backend, optimizer_s=tuple(optimizer_s),
+                      step_origin_s=origin_s, cores=available_cores(), update_s=tuple(loop.update_s()),
                       **emulation_fields(loop.hooks, stats, loop.plan_stage), **watch.result_fields())
 
 
@@ -405,6 +414,7 @@ def train(args: argparse.Namespace, state: RankState) -> RankResult:
                                 local_rank=int(os.environ.get("LOCAL_RANK", "0")))
     else:
         run = prepare(args, state, plan=plan)  # steps 1-4
+    pin_stage(plan, state.stage, emulate=args.emulate)  # a core-group device: run where it was measured
     state.phase = "joining the process group"
     backend = join_process_group(args.timeout)  # step 5, the one join
     ranks = gather_stage_ranks(state.stage, len(plan.stages))

@@ -12,6 +12,8 @@ Example:
     Action(stage=2, op=<Op.RECV_B: 'RECV_B'>, microbatch=0)
     >>> str(Action(0, Op.STEP))
     '0STEP'
+    >>> Action.parse("1W2")
+    Action(stage=1, op=<Op.W: 'W'>, microbatch=2)
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ class Op(str, Enum):
     """What an action does."""
 
     F = "F"  # forward of one micro-batch
-    B = "B"  # backward (input and weight gradients) of one micro-batch
+    B = "B"  # backward of one micro-batch: input and weight gradients, or only the input gradient
+    # when the rank's list also has a W for that micro-batch (zero-bubble schedules)
+    W = "W"  # weight gradient of one micro-batch, after its B (Qi et al. 2023, arXiv 2311.11015)
     SEND_F = "SEND_F"  # send forward activations to stage + 1
     RECV_F = "RECV_F"  # receive forward activations from stage - 1
     SEND_B = "SEND_B"  # send input gradients to stage - 1
@@ -33,7 +37,7 @@ class Op(str, Enum):
     STEP = "STEP"  # optimizer step (after all micro-batches)
 
 
-_ACTION_RE = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|STEP|F|B)(\d*)$")
+_ACTION_RE = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|STEP|F|B|W)(\d*)$")
 
 
 @dataclass(frozen=True)

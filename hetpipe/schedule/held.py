@@ -52,6 +52,10 @@ def replay_held(actions: Sequence[Action], *, prefetch: int) -> list[HeldCounts]
     sends: list[str] = []
     grads_in: set[int] = set()
     inflight, grads, out = 0, 0, []
+    # A split backward (ZB-H1): B computes only the input gradient and keeps the micro-batch's
+    # graph (its A + in + out) and its received gradient for W, which adds the parameter
+    # gradients and frees them (`hetpipe.runtime.execute.split_backward`).
+    last = Op.W if any(a.op is Op.W for a in actions) else Op.B
     recv_at = [i for i, a in enumerate(actions) if a.op in _RECVS]
     ahead = 0  # recv_at[ahead] is the first receive at or after action i: one pass, not one scan per action
     for i, a in enumerate(actions):
@@ -66,11 +70,13 @@ def replay_held(actions: Sequence[Action], *, prefetch: int) -> list[HeldCounts]
                 grads_in.add(a.microbatch)
         elif a.op is Op.F:
             inflight += 1
-        elif a.op is Op.B:  # inside it (its received gradient already taken): what a recompute adds to
+        elif a.op is last:  # inside it (its received gradient already taken): what a recompute adds to
             grads_in.discard(a.microbatch)
             frames = [*posted.values(), *sends]
             out.append(_counts(1, inflight, frames, len(grads_in), backward=1))
             inflight, grads = inflight - 1, 1
+        elif a.op is Op.B:  # the input half of a split backward: the graph and the gradient stay for W
+            out.append(_counts(grads, inflight, [*posted.values(), *sends], len(grads_in), backward=1))
         elif a.op in (Op.SEND_F, Op.SEND_B):
             sends.append(_FRAME[a.op])
         elif a.op is Op.STEP:

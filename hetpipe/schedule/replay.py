@@ -24,7 +24,7 @@ from hetpipe.schedule.actions import Op
 from hetpipe.schedule.builders import make_schedule
 
 #: Instruction codes of a compiled program (rank, code, a, b).
-_COMPUTE_F, _COMPUTE_B, _COMPUTE_STEP, _SEND, _RECV = 0, 1, 2, 3, 4
+_COMPUTE_F, _COMPUTE_B, _COMPUTE_STEP, _SEND, _RECV, _COMPUTE_W = 0, 1, 2, 3, 4, 5
 
 
 @lru_cache(maxsize=256)
@@ -59,7 +59,7 @@ def compile_schedule(name: str, num_stages: int, num_microbatches: int) -> tuple
                 if key in waiting:
                     ready.append(waiting.pop(key))
             else:
-                code = {Op.F: _COMPUTE_F, Op.B: _COMPUTE_B, Op.STEP: _COMPUTE_STEP}[a.op]
+                code = {Op.F: _COMPUTE_F, Op.B: _COMPUTE_B, Op.STEP: _COMPUTE_STEP, Op.W: _COMPUTE_W}[a.op]
                 program.append((rank, code, 0, 0))
             i += 1
         done[rank] = i
@@ -68,11 +68,20 @@ def compile_schedule(name: str, num_stages: int, num_microbatches: int) -> tuple
 
 
 def replay_iteration_s(name: str, num_stages: int, num_microbatches: int, *, fwd_s: Sequence[float],
-                       bwd_s: Sequence[float], send_s: Sequence[float], step_s: Sequence[float] = ()) -> float:
-    """Seconds from the first action to the last rank's step (module docstring); `step_s` () = 0."""
-    program = compile_schedule(name.strip().lower(), num_stages, num_microbatches)
+                       bwd_s: Sequence[float], send_s: Sequence[float], step_s: Sequence[float] = (),
+                       bwd_weight_s: Sequence[float] = ()) -> float:
+    """Seconds from the first action to the last rank's step (module docstring); `step_s` () = 0.
+
+    `bwd_weight_s` is the W part of `bwd_s` on ranks whose list splits the backward (`SimCosts`).
+    """
+    name = name.strip().lower()
+    program = compile_schedule(name, num_stages, num_microbatches)
     steps = tuple(step_s) or (0.0,) * num_stages
-    dur = [(float(f), float(b), float(s)) for f, b, s in zip(fwd_s, bwd_s, steps)]
+    weights = tuple(bwd_weight_s) or (0.0,) * num_stages
+    split = _split_ranks(name, num_stages, num_microbatches)
+    # indexed by code: F, B (the input part where split), STEP, -, -, W
+    dur = [(float(f), float(b) - float(w) if cut else float(b), float(s), 0.0, 0.0, float(w))
+           for f, b, s, w, cut in zip(fwd_s, bwd_s, steps, weights, split)]
     one_way = [float(c) for c in send_s]
     clock = [0.0] * num_stages
     link_free = [0.0] * (2 * max(num_stages - 1, 1))
@@ -89,3 +98,11 @@ def replay_iteration_s(name: str, num_stages: int, num_microbatches: int, *, fwd
         else:
             clock[rank] += dur[rank][code]
     return max(clock)
+
+
+
+@lru_cache(maxsize=256)
+def _split_ranks(name: str, num_stages: int, num_microbatches: int) -> tuple[bool, ...]:
+    """Per rank: does its list of schedule `name` split the backward into B and W?"""
+    ranks = {rank for rank, code, _, _ in compile_schedule(name, num_stages, num_microbatches) if code == _COMPUTE_W}
+    return tuple(r in ranks for r in range(num_stages))

@@ -1,7 +1,8 @@
 """Discrete-event simulation of a pipeline schedule on heterogeneous stages.
 
 Model (the executor's semantics, `hetpipe.schedule.builders`): F, B and STEP
-occupy their rank for ``fwd_s[s]``, ``bwd_s[s]``, ``step_s[s]``.  A SEND does
+occupy their rank for ``fwd_s[s]``, ``bwd_s[s]``, ``step_s[s]``; on a rank whose list has W
+actions (ZB-H1), B lasts ``bwd_s[s] - bwd_weight_s[s]`` and W ``bwd_weight_s[s]``.  A SEND does
 not block its rank; its transfer starts when the SEND is reached and that
 direction of the link is free (one transfer at a time per direction, FIFO),
 and lasts ``send_s[cut]`` (activation and gradient have the same size).  A
@@ -82,9 +83,12 @@ class SimCosts:
     bwd_s: tuple[float, ...]  # stage s backward of one micro-batch
     send_s: tuple[float, ...]  # cut s (stage s <-> s+1), len p-1; gradient same size as activation
     step_s: tuple[float, ...] = ()  # optimizer step per stage; empty means 0
+    # The weight-gradient part of bwd_s per stage (`hetpipe.cost_models.backward_split`): on a rank
+    # whose list splits the backward, B lasts bwd_s - bwd_weight_s and W bwd_weight_s; empty = 0
+    bwd_weight_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("fwd_s", "bwd_s", "send_s", "step_s"):
+        for name in ("fwd_s", "bwd_s", "send_s", "step_s", "bwd_weight_s"):
             values = tuple(float(v) for v in getattr(self, name))
             bad = [v for v in values if not (math.isfinite(v) and v >= 0.0)]
             if bad:
@@ -97,6 +101,9 @@ class SimCosts:
             raise ConfigError(f"SimCosts.send_s has {len(self.send_s)} entries; {p} stages have {p - 1} cuts")
         if len(self.step_s) not in (0, p):
             raise ConfigError(f"SimCosts.step_s has {len(self.step_s)} entries; give one per stage ({p}) or none")
+        if len(self.bwd_weight_s) not in (0, p) or any(w > b for w, b in zip(self.bwd_weight_s, self.bwd_s)):
+            raise ConfigError(f"SimCosts.bwd_weight_s is {self.bwd_weight_s}; give one per stage ({p}), each at most "
+                              "its bwd_s, or none")
 
     @property
     def num_stages(self) -> int:
@@ -135,7 +142,7 @@ class SimResult:
     bubble_fraction: float
     busy_s: tuple[float, ...]
     idle_s: tuple[float, ...]
-    peak_in_flight_microbatches: tuple[int, ...]  # max over time of (F done - B done) per stage
+    peak_in_flight_microbatches: tuple[int, ...]  # max over time of (F done - B (or W if split) done) per stage
     events: tuple[SimEvent, ...]
 
 
@@ -171,8 +178,11 @@ def _advance(st: _State, schedule: Schedule, costs: SimCosts, rank: int, ready: 
     """Run `rank` from its current step until it finishes or blocks on a RECV."""
     actions, i, t = schedule[rank], st.done[rank], st.clock[rank]
     lane = f"rank {rank}"
-    durations = {Op.F: costs.fwd_s[rank], Op.B: costs.bwd_s[rank],
-                 Op.STEP: costs.step_s[rank] if costs.step_s else 0.0}
+    weight = costs.bwd_weight_s[rank] if costs.bwd_weight_s else 0.0
+    split = any(a.op is Op.W for a in actions)  # B is then the input gradient only
+    durations = {Op.F: costs.fwd_s[rank], Op.B: costs.bwd_s[rank] - weight if split else costs.bwd_s[rank],
+                 Op.W: weight, Op.STEP: costs.step_s[rank] if costs.step_s else 0.0}
+    release = Op.W if split else Op.B  # a micro-batch is in flight until its last backward part
     while i < len(actions):
         a = actions[i]
         op = a.op
@@ -195,7 +205,7 @@ def _advance(st: _State, schedule: Schedule, costs: SimCosts, rank: int, ready: 
             if op is Op.F:
                 st.in_flight[rank] += 1
                 st.peak[rank] = max(st.peak[rank], st.in_flight[rank])
-            elif op is Op.B:
+            elif op is release:
                 st.in_flight[rank] -= 1
         i += 1
     st.done[rank], st.clock[rank] = i, t

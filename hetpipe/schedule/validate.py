@@ -28,7 +28,7 @@ _Key = tuple[Op, "int | None"]
 
 _MAX_REPORTED = 6  # problems listed in one error message; the rest are counted
 _RECV_OF_SEND = {Op.SEND_F: Op.RECV_F, Op.SEND_B: Op.RECV_B}
-_COMPUTE = (Op.F, Op.B)
+_COMPUTE = (Op.F, Op.B, Op.W)
 # (earlier, later, why) orderings every rank must respect for each micro-batch.
 _LOCAL_ORDER = (
     (Op.RECV_F, Op.F, "the forward needs the received activation"),
@@ -36,6 +36,7 @@ _LOCAL_ORDER = (
     (Op.RECV_B, Op.B, "the backward needs the received gradient"),
     (Op.B, Op.SEND_B, "the send carries the backward's input gradient"),
     (Op.F, Op.B, "a backward needs its own forward"),
+    (Op.B, Op.W, "the weight gradient follows its input gradient (B)"),
 )
 
 
@@ -62,7 +63,7 @@ def _raise_if(problems: list[str], what: str = "invalid schedule") -> None:
 
 
 def _allowed_ops(stage: int, num_stages: int) -> set[Op]:
-    ops = {Op.F, Op.B, Op.STEP}
+    ops = {Op.F, Op.B, Op.STEP, Op.W}
     if stage > 0:
         ops |= {Op.RECV_F, Op.SEND_B}
     if stage < num_stages - 1:
@@ -116,7 +117,8 @@ def _positions(actions: list[Action]) -> dict[_Key, list[int]]:
 def _missing_hint(rank: int, key: _Key, pos: dict[_Key, list[int]]) -> str:
     op, mb = key
     anchors = {Op.RECV_F: (Op.F, "before"), Op.SEND_F: (Op.F, "after"),
-               Op.RECV_B: (Op.B, "before"), Op.SEND_B: (Op.B, "after"), Op.B: (Op.F, "after")}
+               Op.RECV_B: (Op.B, "before"), Op.SEND_B: (Op.B, "after"), Op.B: (Op.F, "after"),
+               Op.W: (Op.B, "after")}
     if op in anchors:
         anchor, side = anchors[op]
         steps = pos.get((anchor, mb))
@@ -130,8 +132,10 @@ def _check_coverage(schedule: Schedule, num_stages: int, num_microbatches: int,
     problems = []
     for rank in positions:
         pos, actions = positions[rank], schedule[rank]
+        # W is optional, but then for every micro-batch: a rank splits all its backwards or none
+        split = any(op is Op.W for op, _ in pos)
         required: list[_Key] = [(op, mb) for mb in range(num_microbatches)
-                                for op in _allowed_ops(rank, num_stages) - {Op.STEP}]
+                                for op in _allowed_ops(rank, num_stages) - {Op.STEP, *(() if split else (Op.W,))}]
         for key in sorted(required, key=lambda k: (k[1], k[0].value)):
             if key not in pos:
                 a = Action(rank, key[0], key[1])
@@ -289,7 +293,8 @@ def validate_schedule(schedule: Schedule, *, num_stages: int, num_microbatches: 
 
     Checks, in order: ranks 0..p-1 present; each action on its rank's stage with
     a valid op and micro-batch; every required (op, mb) exactly once and STEP
-    last; RECV_F < F < SEND_F, RECV_B < B < SEND_B and F < B per micro-batch;
+    last (W, the split weight gradient, for every micro-batch of a rank or for none);
+    RECV_F < F < SEND_F, RECV_B < B < SEND_B, F < B and B < W per micro-batch;
     the same message order on both ends of every FIFO link; no deadlock.  With
     ``sends_wait_at_recv`` also no deadlock when each RECV first waits for the
     rank's earlier sends to be received (`_rendezvous_run`).

@@ -235,6 +235,9 @@ def restore_checkpoint(folder: Path, state: StageState, *, same_plan: bool) -> N
     for param, subkeys in optim.items():
         state.optimizer.state[param] = {_state_key(sub): _state_value(wanted[key], param, sub)
                                         for sub, key in subkeys.items()}
+    reload = getattr(state.optimizer, "reload_weights", None)
+    if reload is not None:  # an offloading stage steps host copies: they must be the weights just loaded
+        reload()
     if same_plan:
         _set_rng({k: wanted[k] for k in rng}, state.stage)
 

@@ -93,6 +93,7 @@ class StageTiming:
     fwd_s: float
     bwd_s: float
     step_s: float = 0.0  # the offload tail O_s its STEP lasts (`hetpipe.cost_models.offload`); 0 = unstretched
+    bwd_weight_s: float = 0.0  # W_s of a split schedule (ZB): its B lasts bwd_s - bwd_weight_s, its W bwd_weight_s
 
 
 @dataclass(frozen=True)
@@ -332,6 +333,7 @@ class RecordingHooks(_hooks_base()):  # type: ignore[misc]
         self.fwd_compute_s: list[float] = []
         self.bwd_compute_s: list[float] = []
         self._start_s = 0.0
+        self._b_entry: dict[int, int] = {}  # micro-batch -> its B's index in bwd_s, until its W (split lists)
 
     def before(self, action: Any) -> None:
         self.current = str(action)
@@ -344,11 +346,18 @@ class RecordingHooks(_hooks_base()):  # type: ignore[misc]
         op = action.op.value
         if op == "STEP":
             self.stretch(action, seconds)
-        if op in ("F", "B"):
+        if op in ("F", "B", "W"):
             self.stretch(action, seconds)
             whole = time.monotonic() - self._start_s
+            if op == "W":  # a split backward: one entry per micro-batch, B's seconds plus W's
+                at = self._b_entry.pop(action.microbatch)
+                self.bwd_s[at] += whole
+                self.bwd_compute_s[at] += seconds
+                return
             (self.fwd_s if op == "F" else self.bwd_s).append(whole)
             (self.fwd_compute_s if op == "F" else self.bwd_compute_s).append(seconds)
+            if op == "B":
+                self._b_entry[action.microbatch] = len(self.bwd_s) - 1
 
 
 class EmulationHooks(RecordingHooks):
@@ -390,12 +399,17 @@ class EmulationHooks(RecordingHooks):
             if remaining > 0:
                 time.sleep(remaining)
             return
-        target = self.time_scale * (self.predicted.fwd_s if op == "F" else self.predicted.bwd_s)
+        pred = self.predicted
+        emulated = {"F": pred.fwd_s, "B": pred.bwd_s - pred.bwd_weight_s, "W": pred.bwd_weight_s}[op]
+        target = self.time_scale * emulated
         elapsed = time.monotonic() - self._start_s
         remaining = self.compute.remaining_s(op, elapsed_s=elapsed, target_s=target)
         # What the emulated device took (real s): the stretched target, or the compute if it overran.
         # The host's wake-up latency after the sleep is not the device's (`hetpipe.runtime.faults.watch`).
-        (self.fwd_device_s if op == "F" else self.bwd_device_s).append(elapsed + remaining)
+        if op == "W":  # joins its B's entry (`RecordingHooks.after` has not popped it yet)
+            self.bwd_device_s[self._b_entry[action.microbatch]] += elapsed + remaining
+        else:
+            (self.fwd_device_s if op == "F" else self.bwd_device_s).append(elapsed + remaining)
         if remaining > 0:
             time.sleep(remaining)
 

@@ -12,6 +12,9 @@
   parameters over micro-batches; the gradients of the received inputs are kept
   for ``SEND_B``.  Units the plan recomputes re-run their forward here (checkpoint), and
   the memory ledger adds the largest one's activations on top of what is held.
+* ``B`` and ``W`` when the list splits the backward (ZB-H1): B computes only the received
+  inputs' gradients, keeping the graph; W the parameters' (`split_backward`); the
+  micro-batch's activations are released at its W.
 * ``SEND_*`` post ``isend``s; ``RECV_*`` wait for ``irecv``s posted up to
   ``prefetch_depth`` receives ahead, so transfers overlap compute (on NCCL, which
   matches P2P in issue order per pair, never ahead of a send to the same peer).
@@ -72,7 +75,7 @@ import torch.distributed as dist
 
 from hetpipe.cost_models.stage_memory import RECV_PREFETCH
 from hetpipe.errors import RuntimeFailure
-from hetpipe.runtime.execute import comm, heartbeat
+from hetpipe.runtime.execute import comm, heartbeat, split_backward
 from hetpipe.schedule.actions import Action, Op
 from hetpipe.runtime.execute.held import HeldBytes, grad_bytes, optimizer_bytes, storage_key
 from hetpipe.runtime.execute.options import ExecutorOptions, ReplicaWiring
@@ -99,6 +102,7 @@ class _StepState:
     received: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     grads_in: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     grads_out: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    pending_w: dict[int, split_backward.PendingWeight] = field(default_factory=dict)
     forward_s: dict[int, float] = field(default_factory=dict)
     backward_s: dict[int, float] = field(default_factory=dict)
     comm_wait_s: float = 0.0
@@ -148,7 +152,9 @@ class PipelineExecutor:
         self._check_config(options.cut_specs)
         self.actions = tuple(schedule_actions)
         self._final_backward = wiring.final_backward
-        self._last_b = next((a for a in reversed(self.actions) if a.op is Op.B), None)
+        self._split = any(a.op is Op.W for a in self.actions)  # B and W: the gradients exist from the first W
+        self._grad_op = Op.W if self._split else Op.B
+        self._last_b = next((a for a in reversed(self.actions) if a.op is self._grad_op), None)
         check_actions(self.actions, stage=stage_module.stage, num_stages=num_stages, num_microbatches=microbatches)
         self._loss_scale = 1.0 / microbatches if options.loss_reduction == "mean" else 1.0
         self._distributed = dist.is_available() and dist.is_initialized()
@@ -231,7 +237,7 @@ class PipelineExecutor:
         self.comm.reset()
         explicit = self._track_every_arg
         self._track_every = bool(self.hooks.exact_memory) if explicit is None else bool(explicit)
-        handlers = {Op.F: self._forward, Op.B: self._backward, Op.SEND_F: self._send, Op.SEND_B: self._send,
+        handlers = {Op.F: self._forward, Op.B: self._backward, Op.W: self._weight, Op.SEND_F: self._send, Op.SEND_B: self._send,
                     Op.RECV_F: self._recv, Op.RECV_B: self._recv, Op.STEP: self._optimizer_step}
         hooks, clock, memory = self.hooks, time.perf_counter, self._memory
         start = clock()
@@ -241,7 +247,7 @@ class PipelineExecutor:
             hooks.before(action)
             t0 = clock()
             handlers[action.op](action)
-            if self._sync_cuda and action.op in (Op.F, Op.B):  # not the NCCL streams: the sync runs on
+            if self._sync_cuda and action.op in (Op.F, Op.B, Op.W):  # not the NCCL streams: the sync runs on
                 torch.cuda.current_stream(self.stage.device).synchronize()  # them during the last backward
             seconds = clock() - t0
             self._record(action, seconds)
@@ -261,9 +267,9 @@ class PipelineExecutor:
         st = self._state
         if action.op is Op.F:
             st.forward_s[action.microbatch] = seconds
-        elif action.op is Op.B:
-            st.backward_s[action.microbatch] = seconds
-            if len(st.backward_s) == 1:  # gradients are allocated by the first backward
+        elif action.op is Op.B or action.op is Op.W:  # a split backward's seconds are B's + W's
+            st.backward_s[action.microbatch] = st.backward_s.get(action.microbatch, 0.0) + seconds
+            if action.op is self._grad_op and not self._memory.totals["grads"]:  # allocated by the first
                 self._memory.totals["grads"] = grad_bytes(self._params)
         elif action.op in _RECVS:
             st.comm_wait_s += seconds
@@ -282,14 +288,14 @@ class PipelineExecutor:
         return PREFETCH_DEPTH if local_ranks > cores else 0
 
     def _agreed_builtin_schedule(self) -> bool:
-        """Does every stage run the same built-in list, GPipe's or 1F1B's (one all-reduce)?
+        """Does every stage run the same built-in list, GPipe's, 1F1B's or ZB-H1's (one all-reduce)?
 
         Those are deadlock-free with ``wait_sends_at_recv`` (tests check `validate_schedule`
         ``sends_wait_at_recv=True`` for them); a mix of them is not (GPipe stages before a
         1F1B last stage deadlock), so one rank's list alone does not decide.
         """
         p, m, s = self.num_stages, self.microbatches, self.stage.stage
-        code = next((i + 1 for i, name in enumerate(("gpipe", "1f1b"))
+        code = next((i + 1 for i, name in enumerate(("gpipe", "1f1b", "zb-h1", "zb-1f1b"))
                      if list(self.actions) == make_schedule(name, p, m)[s]), 0)
         extremes = torch.tensor([code, -code], dtype=torch.int64)  # max of both: (max code, -min code)
         work = dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
@@ -384,7 +390,7 @@ class PipelineExecutor:
 
     def _backward(self, action: Action) -> None:
         mb, st = action.microbatch, self._state
-        if self._final_backward is not None and action == self._last_b:
+        if self._final_backward is not None and action == self._last_b and not self._split:
             self._final_backward()
         if self.stage.is_last:
             loss = st.losses.pop(mb)
@@ -394,15 +400,28 @@ class PipelineExecutor:
             pairs = [(o, g) for o, g in zip(outs, st.grads_in.pop(mb)) if o.requires_grad]
             roots, grads = [o for o, _ in pairs], [g for _, g in pairs]
             self._memory.set_comm(("grad_in", mb), None)
-        if roots:
-            torch.autograd.backward(roots, grads)
         inputs = st.inputs.pop(mb)
+        if self._split:  # B: the inputs' gradients now, the parameters' at this micro-batch's W
+            got, st.pending_w[mb] = split_backward.backward_input(roots, grads if grads else None, inputs,
+                                                                  self._params)
+            for x, g in zip(inputs, got):
+                x.grad = g
+        elif roots:
+            torch.autograd.backward(roots, grads)
         if not self.stage.is_first:
             st.grads_out[mb] = [x.grad if x.grad is not None else torch.zeros_like(x)
                                 for x, s in zip(inputs, self.stage.in_cut.tensors) if s.requires_grad]
         if self.stage.recomputed:
             self._observe_recompute(action)
-        self._memory.release(mb)
+        if not self._split:
+            self._memory.release(mb)
+
+    def _weight(self, action: Action) -> None:
+        """W of a split backward: the parameters' gradients, then the micro-batch's activations go."""
+        if self._final_backward is not None and action == self._last_b:
+            self._final_backward()
+        split_backward.backward_weight(self._state.pending_w.pop(action.microbatch), self._params)
+        self._memory.release(action.microbatch)
 
     def _observe_recompute(self, action: Action) -> None:
         """Account the backward's recompute: one unit's saved tensors again, on top of what is held.

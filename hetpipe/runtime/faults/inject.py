@@ -8,8 +8,11 @@ resumed run continues the count):
 * ``link:src=A,dst=B,factor=F,step=K`` -- the emulated link from rank A to rank B (pipeline
   neighbours) carries every message F times slower (`LinkClock.factor`); ``factor=inf`` or
   ``factor=cut`` cuts it: a send over it blocks for the timeout, then the run fails naming the link;
-* ``kill:rank=R,step=K`` -- rank R's process exits at once with status `KILL_EXIT_CODE` at the
-  start of step K (``os._exit``: no cleanup, no error file, like a node that lost power).
+  with ``down=S`` the cut link is back S seconds after step K (``RUN_DIR/down-<link>.json``);
+* ``kill:rank=R,step=K[,down=S]`` -- rank R's process exits at once with status `KILL_EXIT_CODE` at the
+  start of step K (``os._exit``: no cleanup, no error file, like a node that lost power); with
+  ``down=S`` its device is back S seconds later (``RUN_DIR/down-rank<R>.json``, read by
+  `hetpipe.runtime.faults.returns` for ``--wait-for-return``).
 
 Slowing compute or links is emulation only (real devices are not slowed by hetpipe); a kill
 works in any run.  `parse_faults` turns specs into frozen records, `check_faults` checks them
@@ -21,7 +24,9 @@ Example:
     >>> parse_fault("link:src=0,dst=1,factor=cut,step=4").spec()
     'link:src=0,dst=1,factor=inf,step=4'
     >>> parse_fault("kill:rank=2,step=5")
-    KillRank(rank=2, step=5)
+    KillRank(rank=2, step=5, down_s=0.0)
+    >>> parse_fault("kill:rank=2,step=5,down=3").spec()
+    'kill:rank=2,step=5,down=3'
     >>> parse_fault("slow:rank=1,factor=0.5,step=2")
     Traceback (most recent call last):
     ...
@@ -43,6 +48,7 @@ from hetpipe.errors import ConfigError
 KILL_EXIT_CODE = 137
 KINDS = ("slow", "link", "kill")
 _FIELDS = {"slow": ("rank", "factor", "step"), "link": ("src", "dst", "factor", "step"), "kill": ("rank", "step")}
+_OPTIONAL = {"kill": ("down",), "link": ("down",)}  # seconds until a killed device / cut link is back (0: not said)
 _EXAMPLES = {"slow": "slow:rank=1,factor=3,step=2", "link": "link:src=0,dst=1,factor=4,step=2",
              "kill": "kill:rank=2,step=5"}
 
@@ -67,24 +73,29 @@ class SlowLink:
     dst: int
     factor: float
     step: int
+    down_s: float = 0.0  # a cut: seconds until it is back (0: not said)
 
     @property
     def cut(self) -> bool:
         return math.isinf(self.factor)
 
     def spec(self) -> str:
-        return f"link:src={self.src},dst={self.dst},factor={self.factor:g},step={self.step}"
+        down = f",down={self.down_s:g}" if self.down_s else ""
+        return f"link:src={self.src},dst={self.dst},factor={self.factor:g},step={self.step}{down}"
 
 
 @dataclass(frozen=True)
 class KillRank:
-    """Rank ``rank`` exits hard (status `KILL_EXIT_CODE`) at the start of step ``step``."""
+    """Rank ``rank`` exits hard (status `KILL_EXIT_CODE`) at the start of step ``step``; its device
+    is back ``down_s`` seconds later (0: the fault does not say)."""
 
     rank: int
     step: int
+    down_s: float = 0.0
 
     def spec(self) -> str:
-        return f"kill:rank={self.rank},step={self.step}"
+        down = f",down={self.down_s:g}" if self.down_s else ""
+        return f"kill:rank={self.rank},step={self.step}{down}"
 
 
 Fault = Union[SlowCompute, SlowLink, KillRank]
@@ -118,12 +129,23 @@ def _factor(text: str, value: str, *, cut_allowed: bool) -> float:
     return out
 
 
+def _seconds(text: str, value: str) -> float:
+    try:
+        out = float(value)
+    except ValueError:
+        out = math.nan
+    if not (math.isfinite(out) and out >= 0):
+        raise _error(text, f"down {value!r} must be a number of seconds >= 0 (how long the device stays away); "
+                           "write e.g. down=10")
+    return out
+
+
 def _fields(text: str, kind: str, body: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for part in filter(None, body.split(",")):
         key, eq, value = part.partition("=")
         key = key.strip()
-        if not eq or key not in _FIELDS[kind]:
+        if not eq or key not in (*_FIELDS[kind], *_OPTIONAL.get(kind, ())):
             raise _error(text, f"{part!r} is not a field of a {kind} fault; give {', '.join(_FIELDS[kind])} as "
                                f"name=value, e.g. {_EXAMPLES[kind]}")
         out[key] = value.strip()
@@ -146,8 +168,9 @@ def parse_fault(text: str) -> Fault:
         return SlowCompute(_int(text, "rank", f["rank"]), _factor(text, f["factor"], cut_allowed=False), step)
     if kind == "link":
         src, dst = _int(text, "src", f["src"]), _int(text, "dst", f["dst"])
-        return SlowLink(src, dst, _factor(text, f["factor"], cut_allowed=True), step)
-    return KillRank(_int(text, "rank", f["rank"]), step)
+        down = _seconds(text, f.get("down", "0"))
+        return SlowLink(src, dst, _factor(text, f["factor"], cut_allowed=True), step, down)
+    return KillRank(_int(text, "rank", f["rank"]), step, _seconds(text, f.get("down", "0")))
 
 
 def parse_faults(specs: Sequence[str | Fault] | None) -> tuple[Fault, ...]:
@@ -216,7 +239,15 @@ class FaultSchedule:
 
     def kills(self, *, rank: int, step: int) -> bool:
         """Whether ``rank`` dies at the start of ``step``."""
-        return any(isinstance(f, KillRank) and f.rank == rank and f.step == step for f in self.faults)
+        return self.kill_at(rank=rank, step=step) is not None
+
+    def kill_at(self, *, rank: int, step: int) -> KillRank | None:
+        """The kill of ``rank`` at the start of ``step``, if any."""
+        return next((f for f in self.faults if isinstance(f, KillRank) and f.rank == rank and f.step == step), None)
+
+    def cuts_starting(self, *, src: int, step: int) -> tuple[SlowLink, ...]:
+        """The cuts of ``src``'s links that begin at ``step``."""
+        return tuple(f for f in self.faults if isinstance(f, SlowLink) and f.cut and f.src == src and f.step == step)
 
     def cut_at(self, step: int) -> SlowLink | None:
         """The first link cut in force at ``step``, if any (to name it in a timeout's message)."""

@@ -60,3 +60,26 @@ def fault_args(plan: Any, inject: Sequence[str] | None, *, emulate: bool, steps:
     faults = parse_faults(list(inject or ()))
     check_faults(faults, num_ranks=len(plan.stages), emulate=emulate, replicas=bool(plan.replicas), steps=steps)
     return FaultArgs(tuple(f.spec() for f in faults), margin, window_steps)
+
+
+def check_wait_for_return(seconds: float | None, max_restarts: int) -> float | None:
+    """``--wait-for-return SECONDS``: a finite number > 0, and only with restarts to spend.
+
+    Example:
+        >>> check_wait_for_return(30, 1), check_wait_for_return(None, 0)
+        (30.0, None)
+        >>> check_wait_for_return(30, 0)
+        Traceback (most recent call last):
+        ...
+        hetpipe.errors.ConfigError: --wait-for-return 30 needs --max-restarts N (N >= 1): resuming on a device that came back is a restart; add e.g. --max-restarts 1
+    """
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (math.isfinite(seconds)
+                                                                                 and seconds > 0):
+        raise ConfigError(f"--wait-for-return must be a finite number of seconds > 0, got {seconds!r}; write e.g. "
+                          "--wait-for-return 60")
+    if max_restarts < 1:
+        raise ConfigError(f"--wait-for-return {seconds:g} needs --max-restarts N (N >= 1): resuming on a device that "
+                          "came back is a restart; add e.g. --max-restarts 1")
+    return float(seconds)

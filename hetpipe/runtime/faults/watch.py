@@ -31,6 +31,7 @@ from statistics import median
 from typing import Any, Sequence
 
 from hetpipe.runtime.faults.inject import KILL_EXIT_CODE, FaultSchedule
+from hetpipe.runtime.faults.returns import write_down
 from hetpipe.runtime.faults.straggler import (
     DEFAULT_MARGIN, DEFAULT_STEPS, StepRatios, StragglerDetector, StragglerRecord, write_straggler,
 )
@@ -88,11 +89,18 @@ class StepWatch:
     def before_step(self, step: int) -> None:
         """Apply the faults in force at ``step``: exit hard, or set the emulator's factors."""
         self.step = step
-        if self.faults.kills(rank=self.rank, step=step):
+        kill = self.faults.kill_at(rank=self.rank, step=step)
+        if kill is not None:
+            if kill.down_s:  # when the device is back: the injector knows, a supervisor may wait for it
+                write_down(self.run_dir, self.device, down_s=kill.down_s)
             log.error("rank %d: injected kill at the start of step %d (exit %d, no cleanup)", self.rank, step,
                       KILL_EXIT_CODE)
             sys.stderr.flush()
             os._exit(KILL_EXIT_CODE)  # like a lost node: no error file, no teardown
+        for cut in self.faults.cuts_starting(src=self.rank, step=step):
+            peer = next((p for p in self._peers.values() if self.stage_ranks[p] == cut.dst), None)
+            if cut.down_s and peer is not None:
+                write_down(self.run_dir, self._link_name(peer), down_s=cut.down_s)
         compute = getattr(self.hooks, "compute", None)
         if compute is not None:
             compute.factor = self.faults.compute_factor(rank=self.rank, step=step)

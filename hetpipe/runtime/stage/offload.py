@@ -107,6 +107,13 @@ class HostOffloadOptimizer:
         for h in self.host:
             h.grad = None  # the host gradient copy is transient
 
+    @torch.no_grad()
+    def reload_weights(self) -> None:
+        """Weights device -> host copies: after the device parameters were replaced (a checkpoint
+        restored into the stage), the host copies the next step updates must be those values."""
+        for p, h in zip(self.params, self.host):
+            h.copy_(p.detach())
+
     def state_dict(self) -> dict[str, Any]:
         return self.inner.state_dict()
 

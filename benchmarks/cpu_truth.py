@@ -1,0 +1,231 @@
+"""Issue 17 item 4: the cost model meets real compute, on this CPU box, without emulation.
+
+Each round:
+
+1. ``hetpipe profile --calibrate --cpu-devices 2``: the host's cores split into two groups,
+   each measured as a device in a pinned process (matmul FLOP/s, copy bandwidth, cost per op,
+   both groups at once), and the gloo loopback link between pinned ends;
+2. for the built-in ``gpt-demo`` and a Hugging Face ``LlamaForCausalLM`` built from a config
+   written here (no network; the same size class: 8 layers, h=128, 4 heads / 2 kv heads,
+   ffn 344, vocab 512): ``hetpipe plan`` on that cluster file, then ``hetpipe run`` **without**
+   ``--emulate`` (each rank pinned to its device's cores);
+3. the run report's measured figures per stage beside the plan's: forward and backward per
+   micro-batch, one message on the cut, ``optimizer.step()``, held memory; and the iteration
+   (median step after the first) beside the plan's T.
+
+Ratios are measured / predicted per round; the table shows their medians over rounds (and the
+spread), with the load average before each round: on a shared machine other processes take
+the pinned cores too, so the goal (within 15% per stage, 10% per iteration) is a claim for a
+quiet machine -- rerun this there.
+
+Usage:
+    python benchmarks/cpu_truth.py [--rounds 3] [--steps 5] [--models gpt-demo,hf-llama]
+
+Example:
+    $ python benchmarks/cpu_truth.py --rounds 1 --steps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import markdown_table, write_result  # noqa: E402
+
+#: (batch, seq, global batch) per model: 4 micro-batches of 8 x 128 tokens.
+BATCH, SEQ, GLOBAL_BATCH = 8, 128, 32
+STAGE_GOAL, ITERATION_GOAL = 0.15, 0.10  # issue 17 item 4
+LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 344,
+    "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+    "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "attention_dropout": 0.0,
+}
+MEASURES = ("F", "B", "C", "S", "memory")
+
+
+@dataclass(frozen=True)
+class StageRatios:
+    """One stage of one run: measured and predicted per measure (seconds; bytes for memory)."""
+
+    stage: int
+    device: str
+    measured: dict[str, float | None]
+    predicted: dict[str, float]
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    model: str
+    stages: tuple[StageRatios, ...]
+    measured_iteration_s: float
+    predicted_iteration_s: float
+    load_before: float
+
+
+def _hetpipe(*argv: str) -> None:
+    """One ``hetpipe`` command in a child process (its tables go to a log, errors raise)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "hetpipe.cli.app", *argv], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"hetpipe {' '.join(argv)} failed ({done.returncode}): {done.stdout[-2000:]}"
+                           f"{done.stderr[-2000:]}")
+
+
+def _model_name(model: str, tmp: Path) -> str:
+    if model != "hf-llama":
+        return model
+    config = tmp / "llama" / "config.json"
+    config.parent.mkdir(exist_ok=True)
+    config.write_text(json.dumps(LLAMA_CONFIG))
+    return f"hf:{config}"
+
+
+def _stage_ratios(report: dict) -> tuple[StageRatios, ...]:
+    out = []
+    for s in report["stages"]:
+        measured = {"F": s["fwd_compute_s"], "B": s["bwd_compute_s"], "C": s.get("transfer_s"),
+                    "S": s.get("update_real_s"), "memory": float(s["peak_bytes"])}
+        predicted = {"F": s["predicted_fwd_s"], "B": s["predicted_bwd_s"], "C": s.get("predicted_transfer_s", 0.0),
+                     "S": s.get("predicted_step_s", 0.0), "memory": float(s["predicted_memory_bytes"])}
+        out.append(StageRatios(s["stage"], f"{s['device']} ({s['kind']})", measured, predicted))
+    return tuple(out)
+
+
+def one_round(models: list[str], *, steps: int, tmp: Path, index: int) -> list[RunOutcome]:
+    """Calibrate, then plan and run every model on the fresh cluster file."""
+    load = os.getloadavg()[0]
+    cluster = tmp / f"cluster-{index}.yaml"
+    _hetpipe("profile", "--calibrate", "--cpu-devices", "2", "-o", str(cluster))
+    outcomes = []
+    for model in models:
+        name = _model_name(model, tmp)
+        plan, report = tmp / f"plan-{model}-{index}.json", tmp / f"run-{model}-{index}.json"
+        _hetpipe("plan", name, "--cluster", str(cluster), "--batch", str(BATCH), "--seq", str(SEQ),
+                 "--global-batch", str(GLOBAL_BATCH), "--precision", "fp32", "-o", str(plan))
+        _hetpipe("run", str(plan), "--model", name, "--seq", str(SEQ), "--steps", str(steps), "--report", str(report),
+                 "--run-dir", str(tmp / f"rundir-{model}-{index}"))
+        doc = json.loads(report.read_text())
+        outcomes.append(RunOutcome(model, _stage_ratios(doc), doc["measured_iteration_s"],
+                                   doc["predicted_iteration_s"], load))
+    return outcomes
+
+
+def _ratio(m: float | None, p: float) -> float | None:
+    return None if m is None or p <= 0 else m / p
+
+
+def _cell(ratios: list[float | None], digits: int = 2) -> str:
+    got = [r for r in ratios if r is not None]
+    if not got:
+        return "-"
+    mid = statistics.median(got)
+    spread = f" ({min(got):.{digits}f}-{max(got):.{digits}f})" if len(got) > 1 else ""
+    return f"{mid:.{digits}f}{spread}"
+
+
+def _fmt(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.2f} ms"
+
+
+def tables(outcomes: list[RunOutcome]) -> str:
+    """The stage table (median measured / predicted per measure, spread over rounds) and the iteration table."""
+    models = list(dict.fromkeys(o.model for o in outcomes))
+    rows, it_rows, verdicts = [], [], []
+    for model in models:
+        runs = [o for o in outcomes if o.model == model]
+        worst_stage = 0.0
+        for i, first in enumerate(runs[0].stages):
+            per = {k: [_ratio(r.stages[i].measured[k], r.stages[i].predicted[k]) for r in runs if len(r.stages) > i]
+                   for k in MEASURES}
+            for k in ("F", "B"):
+                got = [x for x in per[k] if x is not None]
+                if got:
+                    worst_stage = max(worst_stage, abs(statistics.median(got) - 1.0))
+            rows.append([model, first.stage, first.device,
+                         f"{_fmt(first.measured['F'])} / {_fmt(first.predicted['F'])}", _cell(per["F"]),
+                         f"{_fmt(first.measured['B'])} / {_fmt(first.predicted['B'])}", _cell(per["B"]),
+                         f"{_fmt(first.measured['C'])} / {_fmt(first.predicted['C'])}", _cell(per["C"]),
+                         f"{_fmt(first.measured['S'])} / {_fmt(first.predicted['S'])}", _cell(per["S"]),
+                         _cell(per["memory"], digits=3)])
+        its = [r.measured_iteration_s / r.predicted_iteration_s for r in runs]
+        it_rows.append([model, f"{runs[0].measured_iteration_s:.3f} s", f"{runs[0].predicted_iteration_s:.3f} s",
+                        _cell(list(its)), ", ".join(f"{r.load_before:.1f}" for r in runs)])
+        verdicts.append(f"- {model}: worst stage F/B off by {worst_stage:.0%} (goal {STAGE_GOAL:.0%}), iteration off by "
+                        f"{abs(statistics.median(its) - 1.0):.0%} (goal {ITERATION_GOAL:.0%})")
+    stage_table = markdown_table(
+        ["model", "stage", "device", "F meas / pred (round 1)", "F ratio", "B meas / pred", "B ratio",
+         "C meas / pred", "C ratio", "S meas / pred", "S ratio", "memory ratio"], rows)
+    it_table = markdown_table(["model", "measured (round 1)", "predicted T", "ratio", "load average before each round"],
+                              it_rows)
+    return "\n\n".join([stage_table, it_table, "\n".join(verdicts)])
+
+
+EXPLANATION = """\
+Ratios are measured / predicted: above 1 the stage was slower than the plan said. F, B: per
+micro-batch, compute only (median over the steps after the first); C: one message on the cut to
+the next stage, where the receiver was already waiting (`hetpipe.runtime.measured_links`); S:
+`optimizer.step()` alone; memory: the peak bytes the rank held / the plan's M_s.
+
+Where the differences come from:
+- **Load.** The core groups are measured and the runs pinned on a machine other processes share;
+  a process sharing a pinned core slows that stage by up to 2x, in the calibration or in the run,
+  whichever it overlaps. The load average before each round is in the table; only rounds on a
+  quiet machine (load well under the core count) test the cost model.
+- **Matmul shapes.** The calibration's FLOP/s is a 1024^3 matmul; the models' matmuls are
+  (8 x 128 tokens) x 128 x 384 and smaller, and attention's are 128 x 32 per head: small matmuls
+  reach a lower share of the peak, so F and B run slower than predicted where matmuls dominate.
+- **Cost per op.** Measured on a chain of tiny multiplies recorded by autograd; real ops
+  (softmax, layer norm, views) cost more or less than that, which dominates the small units
+  (embedding, norms).
+- **Backward.** The model charges backward FLOPs at the forward's matmul rate and twice the
+  forward's memory traffic and ops; autograd's real backward has its own kernels.
+- **Transfer.** The link is an alpha-beta fit of a ping-pong; in the run a message also packs a
+  header and several tensors into one frame and is unpacked and checked by the receiver
+  (`hetpipe.runtime.execute.comm`), and the waiting receiver must be woken: on a loaded machine
+  the scheduler's wake-up alone is milliseconds, which a ping-pong between two spinning processes
+  hides.
+- **Optimizer step (a cost-model gap).** S_s prices the update's bytes at the copy bandwidth plus
+  `STEP_KERNELS` launches once per stage (`hetpipe.cost_models.optimizer_step`: PyTorch's
+  multi-tensor `foreach` path, the default on CUDA). On a CPU, PyTorch's default is the per-tensor
+  loop: about `STEP_KERNELS` ops *per parameter tensor*, so a stage with many small tensors (the
+  Llama: 9 per layer) pays `tensors x STEP_KERNELS x` the cost per op, which S_s leaves out.
+- **Memory** is accounted exactly by the runtime (unique storages) and predicted by memory model 2;
+  a ratio above 1 would be a cost-model error, not noise.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--models", default="gpt-demo,hf-llama")
+    args = ap.parse_args(argv)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    outcomes: list[RunOutcome] = []
+    with tempfile.TemporaryDirectory(prefix="hetpipe-cpu-truth-") as tmp:
+        for i in range(args.rounds):
+            print(f"round {i + 1}/{args.rounds}: load average {os.getloadavg()[0]:.2f}", flush=True)
+            outcomes.extend(one_round(models, steps=args.steps, tmp=Path(tmp), index=i))
+    load = os.getloadavg()
+    body = (f"{args.rounds} round(s) of calibrate + plan + run ({args.steps} steps, medians over steps 1..N-1); "
+            f"{BATCH} x {SEQ} tokens per micro-batch, {GLOBAL_BATCH // BATCH} micro-batches, fp32, Adam; "
+            f"two devices = two core groups of this host (`hetpipe profile --calibrate --cpu-devices 2`). "
+            f"Load average at the end: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1/5/15 min) on "
+            f"{os.cpu_count()} cores.\n\n{tables(outcomes)}\n\n{EXPLANATION}")
+    path = write_result("cpu_truth", "CPU truth: the cost model against real compute (issue 17 item 4)", body)
+    print(path.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

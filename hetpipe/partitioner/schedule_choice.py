@@ -1,0 +1,154 @@
+"""The schedule as a lever: 1F1B, ZB-1F1B or ZB-H1, whichever runs the plan fastest (issue 17, item 2).
+
+The solvers find and verify a placement under 1F1B (`Problem.schedule` "1f1b").  With the
+``auto`` option `choose_schedule` also verifies under each split schedule (`SPLIT_SCHEDULES`:
+each backward split into B and W) -- from the 1F1B answer and the least-bottleneck placement,
+each improved by `verify`'s local search with T and every M_s taken from that schedule's action
+lists -- and keeps the fastest.  ZB-H1 holds up to min(p, m) micro-batches on every stage until
+their W (more than 1F1B's min(p - s, m) on later stages, so a placement that fits under 1F1B may
+not); ZB-1F1B holds 1F1B's.  Naming one schedule keeps that schedule's answer whatever it costs.
+
+A split schedule is searched without recomputation: the executor splits a backward with
+`torch.autograd.grad` and a checkpointed unit would recompute in both halves, so a problem that
+needs recomputation to fit keeps 1F1B.
+
+The bound: `verify`'s fill term charges the round trip through the stages before b with their
+whole backward, but a split schedule sends the input gradient before W.  A valid bound over every
+schedule is `schedule_bound` of the problem whose backwards are only their input part (every term
+can only shrink), so a plan that may run a split schedule records the lesser of the two bounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Sequence
+
+from hetpipe.cost_models.backward_split import unit_bwd_weight_s
+from hetpipe.errors import ConfigError
+from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.solvers.solve import Solution
+from hetpipe.partitioner.solvers.verify import Verified, schedule_bound, verify
+from hetpipe.schedule.builders import SPLIT_SCHEDULES, warmup_name
+
+log = logging.getLogger(__name__)
+
+#: What `hetpipe plan --schedule` accepts: a schedule, or ``auto`` (the fastest for the plan).
+SCHEDULE_OPTIONS = ("1f1b", *SPLIT_SCHEDULES, "auto")
+
+
+def check_schedule_option(option: str) -> None:
+    """Refuse an unknown `--schedule` before any work.
+
+    Example:
+        >>> check_schedule_option("gpipe")
+        Traceback (most recent call last):
+        ...
+        hetpipe.errors.ConfigError: --schedule is 'gpipe'; choose one of 1f1b, zb-h1, zb-1f1b, auto (auto: the fastest for this plan)
+    """
+    if option not in SCHEDULE_OPTIONS:
+        raise ConfigError(f"--schedule is {option!r}; choose one of {', '.join(SCHEDULE_OPTIONS)} "
+                          "(auto: the fastest for this plan)")
+
+
+def input_part_problem(problem: Problem) -> Problem:
+    """`problem` with every unit's backward reduced to its input-gradient part (B - W)."""
+    trainable = problem.grad_bytes or problem.state_bytes
+    bwd = {k: tuple(b - unit_bwd_weight_s(b, trainable=trainable[u] > 0) for u, b in enumerate(table))
+           for k, table in problem.bwd_s.items()}
+    return dataclasses.replace(problem, bwd_s=bwd)
+
+
+def _verified(problem: Problem, sol: Solution, schedule: str, limit_s: float) -> tuple[Problem, Verified | None]:
+    """The split `schedule`'s problem and its verified answer, or None when no candidate fits."""
+    split = dataclasses.replace(problem, schedule=schedule, recompute="none")
+    start = tuple(dataclasses.replace(st, recompute_units=()) for st in sol.stages)
+    try:
+        return split, verify(split, [start], limit_s=limit_s)
+    except ValueError:  # no candidate fits under this schedule's memory
+        return split, None
+
+
+def choose_schedule(problem: Problem, sol: Solution, *, option: str, limit_s: float) -> tuple[Problem, Solution]:
+    """The problem (its `schedule` chosen) and solution a plan records; see the module docstring."""
+    check_schedule_option(option)
+    if option == "1f1b" or problem.objective != "schedule":
+        return problem, sol
+    if problem.recompute == "all":
+        if option == "auto":
+            return problem, sol
+        raise ConfigError(f"--schedule {option} runs no recomputation (each backward is split in two); "
+                          "use --recompute auto or none with it, or --schedule 1f1b")
+    names = SPLIT_SCHEDULES if option == "auto" else (option,)
+    tried = {name: _verified(problem, sol, name, limit_s / len(names)) for name in names}
+    log.info("schedule choice: 1F1B T = %.6g s; %s", sol.iteration_s,
+             ", ".join(f"{n} T = {v.iteration_s:.6g} s" if v else f"{n}: nothing fits" for n, (_, v) in tried.items()))
+    # (T, problem, stages): the split schedules recorded with the original lever (every stage fits
+    # without recomputing, which is auto's choice too)
+    found = [(v.iteration_s, dataclasses.replace(p, recompute=problem.recompute), v.stages)
+             for p, v in tried.values() if v is not None]
+    if not found and option != "auto":
+        raise ConfigError(f"--schedule {option}: no placement the search tried fits every card under its "
+                          "in-flight micro-batches without recomputation; use --schedule auto or 1f1b")
+    if option == "auto":
+        found.append((sol.iteration_s, problem, sol.stages))
+        found += [w for t, p, st in list(found) if (w := with_warmup(p, st)) is not None]
+    best_s, chosen, stages = min(found, key=lambda f: f[0])
+    zb_bound = schedule_bound(input_part_problem(problem))
+    if chosen is problem:
+        return problem, dataclasses.replace(sol, bound_s=min(sol.bound_s, zb_bound))
+    bound = min(sol.bound_s if option == "auto" else zb_bound, zb_bound, best_s)
+    status = "OPTIMAL" if bound >= best_s * (1 - 1e-9) else "FEASIBLE"
+    used = {st.device for st in stages}
+    return chosen, dataclasses.replace(sol, stages=tuple(stages), iteration_s=best_s, bound_s=bound, status=status,
+                                       unused_devices=tuple(i for i in range(len(problem.devices)) if i not in used))
+
+
+def warmup_extras(problem: Problem, stages: Sequence[Stage]) -> tuple[int, ...]:
+    """Extra warm-up forwards per stage so that its in-flight micro-batches cover its round trip.
+
+    Stage s of 1F1B holds p - s micro-batches; one micro-batch's round trip from its forward on s
+    to its backward back on s takes ``R_s = sum_{j>=s} (F_j + B_j) + 2 sum_{j>=s, j<p-1} C_j``, so
+    s idles unless ``k_s >= R_s / X`` micro-batches are in flight, X the slowest stage's F + B (its
+    period).  Extra = max(0, ceil(R_s / X) - (p - s)), made non-increasing along the pipeline
+    (deadlock-free, `hetpipe.schedule.builders.warmup_name`); memory is checked by the caller.
+    """
+    ev = evaluate(problem, stages)
+    costs = ev.stages
+    period = max(c.fwd_s + c.bwd_s for c in costs)
+    p, extra = len(costs), []
+    for s in range(p):
+        trip = sum(c.fwd_s + c.bwd_s for c in costs[s:]) + 2 * sum(c.send_s for c in costs[s:-1])
+        extra.append(max(0, min(problem.microbatches, math.ceil(trip / period - 1e-9) - (p - s))) if period > 0 else 0)
+    for s in range(p - 2, -1, -1):
+        extra[s] = max(extra[s], extra[s + 1])
+    return tuple(extra)
+
+
+def with_warmup(problem: Problem, stages: Sequence[Stage]) -> tuple[float, Problem, Sequence[Stage]] | None:
+    """`problem` under its schedule with extra warm-up forwards, if that is faster; None otherwise (issue 17:
+    "extra warm-up micro-batches in flight on chosen stages, memory priced").
+
+    Tries `warmup_extras` and 3/4, 1/2, 1/4 of it; each is cut back on the stages that overflow their card
+    (a stage's moments depend on its own count only; later stages are capped to keep the counts
+    non-increasing) until every stage fits; the fastest that beats the plain schedule wins.
+    """
+    base = problem.schedule.partition("@")[0]
+    plain = evaluate(problem, stages).iteration_s
+    full = warmup_extras(problem, stages)
+    best: tuple[float, Problem, Sequence[Stage]] | None = None
+    for share in (1.0, 0.75, 0.5, 0.25):
+        extra = [int(k * share) for k in full]
+        while any(extra):
+            cand = dataclasses.replace(problem, schedule=warmup_name(base, extra))
+            ev = evaluate(cand, stages)
+            if ev.fits:
+                if ev.iteration_s < plain * (1 - 1e-9) and (best is None or ev.iteration_s < best[0]):
+                    best = (ev.iteration_s, cand, stages)
+                break
+            for s, c in enumerate(ev.stages):
+                if not c.fits:
+                    extra[s] = max(0, extra[s] - 1)
+                    extra[s + 1:] = [min(k, extra[s]) for k in extra[s + 1:]]
+    return best

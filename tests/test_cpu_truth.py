@@ -1,0 +1,223 @@
+"""Issue 17 item 4: CPU core groups as devices, measured, planned on and run without emulation.
+
+The plumbing, not the timing: a core-group cluster file carries each device's cores into the plan,
+a non-emulated run pins each rank there, and its report sets measured beside predicted per stage
+(forward, backward, transfer, optimizer step, held memory).  How close they are is a benchmark
+(`benchmarks/cpu_truth.py`): one sample on a shared 2-core machine proves nothing about it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace as NS
+
+import pytest
+
+from hetpipe.cost_models import profile as profile_mod
+from hetpipe.cost_models.calibrate import Calibration, LinkMeasurement, apply_calibration
+from hetpipe.cost_models.cluster import cluster_from_dict
+from hetpipe.cost_models.cpu_cores import available_cores, format_cores, parse_cores, split_cores
+from hetpipe.cost_models.devices import DeviceProfile
+from hetpipe.errors import ConfigError, HetpipeError
+from hetpipe.runtime.measured_links import cut_transfers_s
+from hetpipe.runtime.report import ActionRecord, RankResult, RankTimeline, build_report
+
+MODEL, BATCH, SEQ = "gpt-tiny", 2, 16
+
+
+def _cal(cores: tuple[int, ...], overhead_s: float = 4e-6) -> Calibration:
+    return Calibration("cpu", 2e10, 2e10, 8e9, 1024, "h", "2.13", "2026-12-03", kernel_overhead_s=overhead_s,
+                       cores=cores)
+
+
+def test_core_lists_split_parse_and_print() -> None:
+    assert split_cores(2, available=(3, 1, 0, 2)) == ((0, 1), (2, 3))
+    assert parse_cores("4-5,0") == (0, 4, 5) and parse_cores([2, 2]) == (2,)
+    assert parse_cores(format_cores((0, 1, 2, 7, 9, 10))) == (0, 1, 2, 7, 9, 10)
+    with pytest.raises(HetpipeError, match="--cpu-devices 3: this process may use 2 core"):
+        split_cores(3, available=(0, 1))
+    for bad in ("a-b", True, -1, [], "1.5"):
+        with pytest.raises(ValueError):
+            parse_cores(bad)
+
+
+def _cluster_doc(*device_entries: dict) -> dict:
+    return {"name": "cg", "nodes": [{"name": "vm", "intra": "pcie-host",
+                                     "intra_link": {"bandwidth": "1GB/s", "latency": "100us"},
+                                     "devices": list(device_entries)}]}
+
+
+def test_cluster_file_cores_reach_the_devices_and_the_plan(tmp_path: Path) -> None:
+    from hetpipe.models import build
+    from hetpipe.plan.build import partition
+    from hetpipe.plan.schema import Plan
+
+    doc = _cluster_doc({"gpu": "cpu", "name": "cpu-c0", "cores": "0", "memory": "2GB", "reserve": 0},
+                       {"gpu": "cpu", "name": "cpu-c1", "cores": [1], "memory": "2GB", "reserve": 0})
+    cluster = cluster_from_dict(doc)
+    assert [d.cores for d in cluster.devices] == [(0,), (1,)]
+    model, inputs = build(MODEL, device="meta", batch=BATCH, seq=SEQ)
+    plan = partition(model, cluster, example_inputs=inputs, global_batch=4 * BATCH)
+    assert [d.cores for d in plan.devices] == [(0,), (1,)]
+    plan.save(tmp_path / "plan.json")
+    assert [d.cores for d in Plan.load(tmp_path / "plan.json").devices] == [(0,), (1,)]
+    plain = partition(model, cluster_from_dict(_cluster_doc({"gpu": "cpu", "count": 2})), example_inputs=inputs,
+                      global_batch=4 * BATCH)
+    plain.save(tmp_path / "plain.json")
+    assert all("cores" not in d for d in json.loads((tmp_path / "plain.json").read_text())["devices"])
+
+
+def test_cluster_file_refuses_bad_cores() -> None:
+    with pytest.raises(ConfigError, match=r"devices\[0\]\.cores: .*write e.g. cores: 0"):
+        cluster_from_dict(_cluster_doc({"gpu": "cpu", "cores": "x"}))
+    with pytest.raises(ConfigError, match=r"devices\[0\]\.count: must be 1 with cores"):
+        cluster_from_dict(_cluster_doc({"gpu": "cpu", "count": 2, "cores": "0"}))
+
+
+def test_calibration_sets_the_cost_per_op_and_names_the_cores() -> None:
+    cpu = DeviceProfile("cpu", 2**30, 5e10, 5e10, 1e10, kernel_overhead_s=None)
+    tuned = apply_calibration(cpu, _cal((1,), overhead_s=7e-6))
+    assert tuned.kernel_overhead_s == 7e-6 and tuned.fp32_flops_s == 2e10 and tuned.matmul_efficiency == 1.0
+    assert "pinned to cores 1, 1 thread(s)" in tuned.source and "7 us per op" in tuned.source
+    assert apply_calibration(cpu, Calibration("cpu", 2e10, 2e10, 8e9, 1024, "h", "2.13", "d")).kernel_overhead_s is None
+
+
+def test_profile_writes_one_device_per_core_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = {}
+
+    def fake_groups(groups, **_):
+        seen["groups"] = groups
+        return tuple(_cal(tuple(g), overhead_s=(3 + i) * 1e-6) for i, g in enumerate(groups))
+
+    def fake_link(world, *, core_groups, **_):
+        seen["link"] = core_groups
+        return LinkMeasurement(5e-5, 2e9, (1, 2), (1.0, 2.0), world)
+
+    monkeypatch.setattr(profile_mod, "measure_core_groups", fake_groups)
+    monkeypatch.setattr(profile_mod, "measure_link", fake_link)
+    monkeypatch.setattr(profile_mod, "measure_memory_bandwidth_bytes_s", lambda *a, **k: 1e10)
+    monkeypatch.setattr(profile_mod, "split_cores", lambda n: ((0,), (1,)))
+    detection = profile_mod.Detection((), False, "no GPUs")
+    doc = profile_mod.profile_document(detection, calibrate=True, cpu_devices=2)
+    assert seen["groups"] == ((0,), (1,)) and tuple(seen["link"]) == ((0,), (1,))
+    cluster = cluster_from_dict(doc)
+    assert [(d.kind, d.cores) for d in cluster.devices] == [("cpu-c0", (0,)), ("cpu-c1", (1,))]
+    assert [d.profile.kernel_overhead_s for d in cluster.devices] == pytest.approx([3e-6, 4e-6])
+    link = cluster.link(cluster.devices[0].id, cluster.devices[1].id)
+    assert link.latency_s == pytest.approx(5e-5) and link.bandwidth_bytes_s == pytest.approx(2e9)
+    with pytest.raises(ConfigError, match="--cpu-devices 2 .* needs --calibrate"):
+        profile_mod.profile_document(detection, calibrate=False, cpu_devices=2)
+
+
+def _timeline(rank: int, origin_s: float, *actions: tuple[str, float, float]) -> RankTimeline:
+    return RankTimeline(rank, rank, tuple(a if isinstance(a, ActionRecord) else ActionRecord(*a) for a in actions),
+                        origin_s=origin_s)
+
+
+def test_transfers_count_only_messages_whose_receiver_was_waiting() -> None:
+    # rank 1's clock starts 1 ms after rank 0's: its times are shifted by that on CLOCK_MONOTONIC
+    r0 = _timeline(0, 10.000, ("0F0", 0.0, 0.010), ("0SEND_F0", 0.010, 0.0005), ("0F1", 0.0105, 0.010),
+                   ("0SEND_F1", 0.0205, 0.0005), ("0RECV_B0", 0.021, 0.020))
+    r1 = _timeline(1, 10.001, ("1RECV_F0", 0.0, 0.0100), ("1F0", 0.010, 0.004), ("1B0", 0.014, 0.005),
+                   ("1SEND_B0", 0.019, 0.0005), ("1RECV_F1", 0.0197, 0.0001))
+    got = cut_transfers_s([r0, r1])
+    # F0: sent at 10.010, received at 10.011 (1 ms); F1 arrived before its RECV began: not counted;
+    # B0: sent at 10.020, but rank 0 began waiting for it only at 10.021: not counted
+    assert list(got) == [0] and got[0] == pytest.approx([0.001])
+    r0_waiting = _timeline(0, 10.000, *r0.actions[:4], ("0RECV_B0", 0.0195, 0.003))
+    assert sorted(cut_transfers_s([r0_waiting, r1])[0]) == pytest.approx([0.001, 0.0025])
+    assert cut_transfers_s([_timeline(0, 0.0, *r0.actions), r1]) == {}  # no origin: no claim
+
+
+def _report_results(plan) -> list[RankResult]:
+    """Three ranks of one step's worth of figures; each stage's SEND_F0 finds the next one waiting."""
+    results = []
+    for s in range(3):
+        acts = (ActionRecord(f"{s}SEND_F0", 0.010, 0.001),) if s < 2 else ()
+        acts += (ActionRecord(f"{s}RECV_F0", 0.0, 0.0125),) if s > 0 else ()
+        results.append(RankResult(rank=s, stage=s, device=plan.stages[s].device, kind="k", step_s=(2.0, 1.0),
+                                  losses=(1.0, 0.5) if s == 2 else (), fwd_s=(0.1,) * 8, bwd_s=(0.2,) * 8,
+                                  fwd_compute_s=(0.1,) * 8, bwd_compute_s=(0.2,) * 8, peak_bytes=10,
+                                  last_step_actions=acts, step_origin_s=50.0, cores=(s,), update_s=(0.5, 0.03)))
+    return results
+
+
+def test_report_sets_measured_beside_predicted_per_stage(tmp_path: Path) -> None:
+    from hetpipe.runtime.report import RunReport
+    from hetpipe.runtime.run import summary_tables
+    from tests.runtime_plans import synthetic_plan
+
+    import dataclasses
+
+    plan = synthetic_plan()
+    multi_node = build_report(plan, _report_results(plan), schedule="1f1b", emulate=False)
+    assert len({d.node for d in plan.devices}) > 1 and multi_node.stages[0].transfer_s is None  # clocks differ
+    one_node = tuple(dataclasses.replace(d, node="vm") for d in plan.devices)
+    plan = dataclasses.replace(plan, devices=one_node)
+    rep = build_report(plan, _report_results(plan), schedule="1f1b", emulate=False)
+    s0, s2 = rep.stages[0], rep.stages[2]
+    assert s0.transfer_s == pytest.approx(0.0025) and s0.transfer_messages == 1
+    assert s0.predicted_transfer_s == plan.stages[0].send_s and s2.transfer_s is None
+    assert s0.update_real_s == 0.03 and s0.predicted_step_s == plan.stages[0].step_s and s0.cores == (0,)
+    assert any(n.startswith("not emulated: times are this machine's") for n in rep.notes)  # no core groups
+    assert rep.timelines[0].origin_s == 50.0
+    rep.save(tmp_path / "run.json")
+    assert RunReport.load(tmp_path / "run.json") == rep
+    stages_table = summary_tables(rep)[1]
+    headers = [c.header for c in stages_table.columns]
+    assert {"C (s)", "C plan", "S (s)", "S plan", "peak MiB", "plan MiB"} <= set(headers)
+
+
+def test_pinning_only_without_emulation(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hetpipe.runtime import pinning
+
+    pinned = []
+    monkeypatch.setattr(pinning, "pin_cores", pinned.append)
+    devices = (NS(id="vm:0", cores=(1,)), NS(id="vm:1", cores=()))
+    plan = NS(devices=devices, stages=(NS(device="vm:0"), NS(device="vm:1")))
+    assert pinning.pin_stage(plan, 0, emulate=True) == () and pinned == []
+    assert pinning.pin_stage(plan, 1, emulate=False) == () and pinned == []
+    assert pinning.pin_stage(plan, 0, emulate=False) == (1,) and pinned == [(1,)]
+
+
+@pytest.mark.slow
+def test_core_group_measured_in_a_pinned_process() -> None:
+    from hetpipe.cost_models.group_calibration import measure_core_groups
+
+    core = available_cores()[-1:]
+    (cal,) = measure_core_groups((core,), size=64, repeats=1, copy_bytes=2**20)
+    assert cal.cores == core and cal.fp32_matmul_flops_s > 0 and cal.memory_bandwidth_bytes_s > 0
+    assert cal.kernel_overhead_s is not None and 0 < cal.kernel_overhead_s < 1e-2
+
+
+@pytest.mark.slow
+def test_a_plan_over_core_groups_runs_pinned_without_emulation(tmp_path: Path) -> None:
+    """Two core-group devices, a 2-stage plan, 2 real steps: the report carries every per-stage figure."""
+    from hetpipe.models import build
+    from hetpipe.plan.build import partition
+    from hetpipe.runtime.run import run
+
+    cores = available_cores()
+    groups = split_cores(2, available=cores) if len(cores) >= 2 else ((cores[0],), (cores[0],))
+    doc = _cluster_doc(*({"gpu": "cpu", "name": f"cpu-g{i}", "cores": format_cores(g), "memory": "2GB", "reserve": 0}
+                         for i, g in enumerate(groups)))
+    model, inputs = build(MODEL, device="meta", batch=BATCH, seq=SEQ)
+    plan = partition(model, cluster_from_dict(doc), example_inputs=inputs, global_batch=4 * BATCH)
+    assert len(plan.stages) == 2, "both core groups should hold a stage"
+    plan.save(tmp_path / "plan.json")
+    rep = run(tmp_path / "plan.json", model=MODEL, steps=2, emulate=False, seq=SEQ, timeout_s=60,
+              run_dir=tmp_path / "run")
+    assert not rep.emulate and rep.time_scale == 1.0 and rep.measured_iteration_s > 0
+    by_id = {d.id: d for d in plan.devices}
+    for st, planned in zip(rep.stages, plan.stages):
+        assert st.cores == by_id[planned.device].cores  # the rank ran pinned to its device's cores
+        assert st.fwd_compute_s > 0 and st.bwd_compute_s > 0 and st.update_real_s > 0
+        assert (st.predicted_fwd_s, st.predicted_bwd_s) == (planned.fwd_s, planned.bwd_s)
+        assert (st.predicted_step_s, st.predicted_transfer_s) == (planned.step_s, planned.send_s)
+        assert st.peak_bytes > 0 and st.predicted_memory_bytes > 0  # ratios: benchmarks/cpu_truth.py
+    assert all(t.origin_s > 0 for t in rep.timelines) and len(rep.timelines) == 2
+    assert any("every rank pinned to its device's cores" in n for n in rep.notes)
+    transfers = cut_transfers_s(rep.timelines)  # whichever messages found their receiver waiting
+    assert rep.stages[0].transfer_messages == len(transfers.get(0, []))
+    assert rep.stages[1].transfer_s is None  # the last stage sends nothing forward
