@@ -20,6 +20,8 @@ from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate
 from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.solvers.dp import solve_exact
 from hetpipe.partitioner.solvers.group_dp import candidate_groups, solve_groups
+from hetpipe.partitioner.solvers.solve import solve
+from hetpipe.partitioner.solvers.tp_solve import solve_tp
 from hetpipe.partitioner.tp_tables import BlockSplit, UnitSplit
 from tests.instances import random_problem
 
@@ -117,3 +119,57 @@ def test_a_layer_wider_than_any_card_fits_only_on_a_group():
     assert res is not None and res.stages[0].members == (0, 1)
     ev = evaluate(prob, res.stages)
     assert ev.fits and ev.stages[0].shares == (0.5, 0.5) and ev.stages[0].memory_bytes <= 100
+
+
+@pytest.mark.parametrize("seed", range(70, 82))
+def test_solve_tp_is_never_slower_than_pipeline_only_under_the_schedule_and_its_bound_holds(seed):
+    rng = random.Random(seed)
+    prob = _with_splits(rng, random_problem(rng, units=rng.randint(4, 5), devices=rng.randint(2, 3),
+                                            objective="schedule"), group_max=3)
+    pipe = solve(replace(prob, group_max=1), time_limit_s=5.0)
+    got = solve_tp(prob, time_limit_s=5.0)
+    assert got.iteration_s <= pipe.iteration_s * (1 + 1e-9)
+    assert evaluate(prob, got.stages).iteration_s == pytest.approx(got.iteration_s, rel=1e-9)
+    best = min(evaluate(prob, with_recompute(prob, plain)).iteration_s for plain in _all_placements(prob)
+               if evaluate(prob, with_recompute(prob, plain)).fits)
+    assert got.bound_s <= best * (1 + 1e-9) <= got.iteration_s * (1 + 1e-9)
+
+
+def _all_placements(problem: Problem):
+    groups = candidate_groups(problem)
+    for p in range(1, min(problem.num_units, len(problem.devices)) + 1):
+        for seq in itertools.permutations(groups, p):
+            cards = [d for g in seq for d in g]
+            if len(set(cards)) == len(cards):
+                for spans in _compositions(problem.num_units, p):
+                    yield tuple(Stage(g[0], lo, hi, members=g if len(g) > 1 else ()) for g, (lo, hi) in zip(seq, spans))
+
+
+@pytest.fixture(scope="module")
+def gpt_problem():
+    from hetpipe.cost_models.cluster import cluster_from_dict
+    from hetpipe.plan.build import build_problem, capture_builtin
+
+    graph = capture_builtin("gpt-tiny", batch=4, seq=64)
+    cluster = cluster_from_dict({"nodes": [{"name": "box", "intra": "pcie-host", "devices": [
+        {"gpu": "rtx3090"}, {"gpu": "rtx3060-12gb"}, {"gpu": "rtx4090"}]}]})
+    return graph, cluster, build_problem(graph, cluster, microbatches=4, tensor_parallel="auto")
+
+
+def test_table_pricing_is_price_group_shares_and_rounded_member_times_on_a_captured_gpt(gpt_problem):
+    from hetpipe.partitioner.tp_groups import price_group, rounded_member_s
+    from hetpipe.partitioner.tp_tables import group_shares, member_fractions
+
+    graph, cluster, prob = gpt_problem
+    units, members = range(1, 5), (0, 1, 2)
+    devices = [cluster.devices[i] for i in members]
+    for in_flight in (1, 3):
+        shares, _ = price_group(graph.units[1:5], devices, cluster, precision=graph.precision, in_flight=in_flight)
+        mine = group_shares(prob, units, members, in_flight=in_flight)
+        assert mine.weights == pytest.approx(shares.weights, rel=1e-12)
+    want = rounded_member_s(graph.units[1:5], shares, devices, precision=graph.precision)
+    for i, d in enumerate(members):
+        kind = prob.devices[d].kind
+        got = sum((prob.fwd_s[kind][u] + prob.bwd_s[kind][u]) * f
+                  for u, f in zip(units, member_fractions(prob, units, shares, i)))
+        assert got == pytest.approx(want[i], rel=1e-12)

@@ -52,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--offload", default="never",
                    help="optimizer-state offload per stage: never (default) | auto (a stage keeps its optimizer "
                         "state in host memory where that lowers T, paying the PCIe copies and the host step) | all")
+    p.add_argument("--tensor-parallel", default="off",
+                   help="off (default) | auto (a stage may run on a group of up to 4 cards of one node, each "
+                        "layer split unevenly by speed and memory; `hetpipe run` does not run groups yet)")
     p.add_argument("--replicas", default="1",
                    help="1 (one pipeline, default) | auto (the planner picks one pipeline or several data-parallel "
                         "replicas, each with its own batch share) | N (exactly N pipeline replicas)")

@@ -82,6 +82,10 @@ def check_args(args: argparse.Namespace) -> None:
         from hetpipe.cost_models.offload import check_offload_option
 
         check_offload_option(args.offload)
+    if getattr(args, "tensor_parallel", None) is not None:
+        from hetpipe.plan.tp_plan import check_tensor_parallel_option
+
+        check_tensor_parallel_option(args.tensor_parallel)
     for name, flag in _OUTPUTS.items():
         if name == "output" and getattr(args, "command", None) == "profile":
             continue  # `profile -o` creates its folder (cost_models/profile.py)

@@ -51,6 +51,10 @@ from hetpipe.cost_models.tensor_parallel import (
 from hetpipe.errors import InfeasibleError
 from hetpipe.schedule.held import position_held_terms
 
+#: `--tensor-parallel`: ``off`` (pipeline only) or ``auto`` (the solver may run a stage on a group).
+TENSOR_PARALLEL_MODES = ("off", "auto")
+#: The most cards of one node a group holds under ``auto`` (issue 15: k <= 4).
+DEFAULT_GROUP_MAX = 4
 #: Share rules: ``uneven`` (equal finish, capped by memory: what the solver uses), ``even`` (1/k).
 GROUP_RULES = ("uneven", "even")
 

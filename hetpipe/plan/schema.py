@@ -40,6 +40,7 @@ from hetpipe.errors import PlanError
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy
 from hetpipe.cost_models.offload import offload_rates
 from hetpipe.plan.offload_note import offload_mode
+from hetpipe.plan.tp_schema import PlanBlock
 # re-exported: `check_plan` and the tests import them from here
 from hetpipe.plan.check_report import CheckReport, close_to_recorded, structure_violations  # noqa: F401
 from hetpipe.plan.serde import from_json, least_version, to_json
@@ -171,6 +172,10 @@ class PlanUnit:
     boundary_grad_bytes: int = field(default=0, metadata={"since": 3})
     # Version 3: the storages the unit makes and saves itself (what recomputing it frees and redoes).
     recompute_bytes: int = field(default=0, metadata={"since": 3})
+    # Version 4 (issue 15; plans solved with --tensor-parallel auto): what a group splits (`plan/tp_plan.py`).
+    tp_flops_fraction: float = field(default=0.0, metadata={"since": 4})
+    tp_param_fraction: float = field(default=0.0, metadata={"since": 4})
+    tp_blocks: tuple[PlanBlock, ...] = field(default=(), metadata={"since": 4})
 
 
 @dataclass(frozen=True)
@@ -195,10 +200,8 @@ class PlanStage:
     offload_s: float = field(default=0.0, metadata={"since": 4})
     # Version 4: S_s, the stage's optimizer step (units' shares + its kind's launch share).
     step_s: float = field(default=0.0, metadata={"since": 4})
-    # Version 4 (issue 15): a stage run by a tensor-parallel group of cards of one node: every
-    # member's device id (`device` first) and its share of each tensor-parallel block (> 0, sum 1;
-    # heads / columns per member by largest remainder, `cost_models.tensor_parallel`).  Empty: the
-    # stage is `device` alone.  No solver writes groups yet; `check` and `run` refuse them (plan/groups.py).
+    # Version 4 (issue 15): a tensor-parallel group of one node's cards: member ids (`device` first) and
+    # shares (> 0, sum 1; `partitioner/tp_tables.py`); empty: `device` alone.  `run` refuses groups.
     group_devices: tuple[str, ...] = field(default=(), metadata={"since": 4})
     group_shares: tuple[float, ...] = field(default=(), metadata={"since": 4})
 

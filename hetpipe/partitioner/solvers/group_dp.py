@@ -126,7 +126,7 @@ def _group_cost(problem: Problem, members: tuple[int, ...], lo: int, last: int, 
 State = tuple[int, int, int]  # (mask of the suffix's cards, its stages, its front stage's group index)
 
 
-def _run(tab: GroupTablesDP, cap: float, bottleneck: bool, exact_stages: int | None,
+def run_pass(tab: GroupTablesDP, cap: float, bottleneck: bool, exact_stages: int | None,
          ) -> tuple[float, list[tuple[int, int, int]]] | None:
     """One pass: the least sum (or bottleneck) over suffixes; (value, [(group, lo, hi)] front to back)."""
     combine = np.maximum if bottleneck else np.add
@@ -206,7 +206,7 @@ def solve_groups(problem: Problem, *, time_limit_s: float = 60.0, exact_stages: 
     tab = GroupTablesDP(problem, groups)
 
     def min_sum(cap: float, bottleneck: bool) -> tuple[float, tuple[Stage, ...]] | None:
-        out = _run(tab, cap, bottleneck, exact_stages)
+        out = run_pass(tab, cap, bottleneck, exact_stages)
         return None if out is None else (out[0], _stages(problem, groups, out[1]))
 
     return parametric_search(problem, min_sum, time_limit_s=time_limit_s, seed=seed)
