@@ -9,6 +9,7 @@ the table-level pricing equals `tp_groups.price_group` / `rounded_member_s` on a
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -173,3 +174,49 @@ def test_table_pricing_is_price_group_shares_and_rounded_member_times_on_a_captu
         got = sum((prob.fwd_s[kind][u] + prob.bwd_s[kind][u]) * f
                   for u, f in zip(units, member_fractions(prob, units, shares, i)))
         assert got == pytest.approx(want[i], rel=1e-12)
+
+
+@pytest.fixture(scope="module")
+def demo_plan():
+    """gpt-demo on the mini home lab with --tensor-parallel auto (its 3090 + 4090 share a node)."""
+    from hetpipe.cost_models.cluster import load_cluster
+    from hetpipe.plan.build import build_problem, capture_builtin, partition_graph
+
+    graph = capture_builtin("gpt-demo", batch=2, seq=128)
+    cluster = load_cluster("examples/clusters/homelab-mini.yaml")
+    plan = partition_graph(graph, cluster, tensor_parallel="auto", time_limit_s=4.0)
+    pipe = solve(build_problem(graph, cluster, microbatches=plan.training.microbatches, recompute="auto"),
+                 time_limit_s=4.0)
+    return plan, pipe
+
+
+def test_a_planned_group_is_written_checked_and_edits_to_it_are_caught(demo_plan, tmp_path):
+    from hetpipe.plan.check import check_plan
+    from hetpipe.plan.schema import Plan
+
+    plan, pipe = demo_plan
+    grouped = [st for st in plan.stages if st.group_devices]
+    assert grouped and plan.solver.name == "group-dp" and plan.cost_model["tensor_parallel"].startswith("auto")
+    assert plan.predicted.iteration_s <= pipe.iteration_s * (1 + 1e-9)  # never worse than pipeline-only
+    assert plan.solver.bound_s <= plan.predicted.iteration_s
+    plan.save(tmp_path / "plan.json")
+    loaded = Plan.load(tmp_path / "plan.json")
+    assert loaded == plan and loaded.version == 4
+    assert check_plan(loaded).ok, check_plan(loaded).violations
+    i = grouped[0].index
+    w = grouped[0].group_shares
+    edited = dataclasses.replace(plan, stages=tuple(
+        dataclasses.replace(st, group_shares=(w[0] + 0.01, w[1] - 0.01, *w[2:])) if st.index == i else st
+        for st in plan.stages))
+    assert any("group_shares" in v for v in check_plan(edited).violations)
+    units = list(plan.units)
+    units[grouped[0].first_unit] = dataclasses.replace(units[grouped[0].first_unit], tp_flops_fraction=0.5)
+    assert not check_plan(dataclasses.replace(plan, units=tuple(units))).ok  # times and shares re-derived
+
+
+def test_an_unknown_tensor_parallel_setting_is_one_config_error_naming_the_flag():
+    from hetpipe.errors import ConfigError
+    from hetpipe.plan.tp_plan import check_tensor_parallel_option
+
+    with pytest.raises(ConfigError, match="--tensor-parallel 'on' is not one of off, auto"):
+        check_tensor_parallel_option("on")

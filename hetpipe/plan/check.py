@@ -29,7 +29,7 @@ from hetpipe.errors import PlanError
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.recompute import choose_recompute, is_prefix_choice
 from hetpipe.plan.baseline_check import baseline_violations
-from hetpipe.plan.tp_plan import share_violations, with_plan_groups
+from hetpipe.plan.tp_plan import share_violations
 from hetpipe.plan.offload_check import offload_violations
 from hetpipe.plan.replica_check import check_replicas
 from hetpipe.plan.schema import (
@@ -77,7 +77,7 @@ def _check_pipeline(plan: Plan) -> CheckReport:
     violations = structure_violations(plan)
     problem = problem_from_plan(plan)
     try:
-        problem, stages = with_plan_groups(plan, problem, stages_from_plan(plan))  # issue 15: groups priced
+        stages = stages_from_plan(plan)  # a tensor-parallel group's members too (issue 15)
         ev = evaluate(problem, stages)
     except ValueError as err:
         return CheckReport(math.nan, tuple(violations + [f"stages: {err}"]))

@@ -40,7 +40,7 @@ from hetpipe.errors import PlanError
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy
 from hetpipe.cost_models.offload import offload_rates
 from hetpipe.plan.offload_note import offload_mode
-from hetpipe.plan.tp_schema import PlanBlock
+from hetpipe.plan.tp_plan import PlanBlock, with_plan_splits  # issue 15: groups and their unit tables
 # re-exported: `check_plan` and the tests import them from here
 from hetpipe.plan.check_report import CheckReport, close_to_recorded, structure_violations  # noqa: F401
 from hetpipe.plan.serde import from_json, least_version, to_json
@@ -444,7 +444,7 @@ def problem_from_plan(plan: Plan) -> Problem:
         bandwidth[index[link.src]][index[link.dst]] = link.bandwidth_bytes_s
         latency[index[link.src]][index[link.dst]] = link.latency_s
     scheduled = plan.objective_name == "schedule"
-    return Problem(
+    return with_plan_splits(plan, Problem(
         step_s={k: tuple(u.time_s[k].step for u in plan.units) for k in kinds} if scheduled else {},
         step_launch_s={ks.kind: ks.seconds for ks in plan.step_launch_s} if scheduled else {},
         objective=plan.objective_name,
@@ -467,7 +467,7 @@ def problem_from_plan(plan: Plan) -> Problem:
         recompute=recompute_mode(plan),
         offload=offload_mode(plan),
         offload_rates=offload_rates(plan.training.optimizer, plan.training.precision) if plan.memory_model >= 2 else None,
-    )
+    ))
 
 
 def recompute_mode(plan: Plan) -> str:
@@ -485,7 +485,8 @@ def stages_from_plan(plan: Plan) -> tuple[Stage, ...]:
     for st in plan.stages:
         if st.device not in index:
             raise PlanError(f"stage {st.index} runs on device {st.device!r}, which the plan does not list")
-        out.append(Stage(index[st.device], st.first_unit, st.last_unit, tuple(sorted(st.recompute_units)), st.offload))
+        out.append(Stage(index[st.device], st.first_unit, st.last_unit, tuple(sorted(st.recompute_units)), st.offload,
+                         tuple(index[d] for d in st.group_devices)))
     return tuple(out)
 
 

@@ -79,21 +79,19 @@ def plan_group_fields(problem: Problem, stage: Stage, shares: tuple[float, ...])
     return {"group_devices": tuple(problem.devices[d].id for d in stage.members), "group_shares": shares}
 
 
-def with_plan_groups(plan: Any, problem: Problem, stages: tuple[Stage, ...]) -> tuple[Problem, tuple[Stage, ...]]:
-    """`problem` and `stages` from `problem_from_plan` / `stages_from_plan`, with the plan's groups and splits."""
+def with_plan_splits(plan: Any, problem: Problem) -> Problem:
+    """`problem_from_plan`'s problem with the plan's unit splits and group size (`stages_from_plan`
+    gives each stage its `group_devices` as `Stage.members`)."""
     grouped = any(st.group_devices for st in plan.stages)
     if tensor_parallel_note_mode(plan.cost_model) == "off" and not grouped:
-        return problem, stages
+        return problem
     splits = tuple(UnitSplit(flops=u.fwd_flops + u.bwd_flops, flops_fraction=u.tp_flops_fraction,
                              param_fraction=u.tp_param_fraction,
                              blocks=tuple(BlockSplit(b.parts, b.fwd_flops, b.allreduce_bytes, b.activation_bytes)
                                           for b in u.tp_blocks)) for u in plan.units)
     widest = max((len(st.group_devices) for st in plan.stages), default=1)
-    problem = replace(problem, tensor_parallel=splits if any(s.blocks for s in splits) else (),
-                      group_max=max(DEFAULT_GROUP_MAX, widest))
-    index = plan.device_index()
-    members = [tuple(index[d] for d in st.group_devices) for st in plan.stages]
-    return problem, tuple(replace(st, members=m) for st, m in zip(stages, members))
+    return replace(problem, tensor_parallel=splits if any(s.blocks for s in splits) else (),
+                   group_max=max(DEFAULT_GROUP_MAX, widest))
 
 
 def share_violations(plan: Any, ev: Evaluation) -> list[str]:

@@ -66,6 +66,9 @@ def solve_tp(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10
     if problem.group_max < 2 or not problem.tensor_parallel:
         return pipe
     left = max(0.0, time_limit_s - (time.perf_counter() - start))
+    if solver == "cpsat":
+        log.info("CP-SAT has no tensor-parallel group variables: it solved the pipeline-only problem; "
+                 "groups are the exact group DP's (solver group-dp)")
     try:
         grp = tail_walk(problem, lambda p, _: solve_groups(p, time_limit_s=left))
     except GroupSpaceTooLarge as err:
