@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Protocol
 
 from hetpipe.cost_models.stage_memory import pipeline_stage_bytes
@@ -206,8 +206,17 @@ def group_stage(tables: GroupTables, *, first: int, last: int, members: Sequence
                 rule: str = "uneven") -> GroupStage:
     """Price units [first, last] on the group ``members`` at ``position`` (module docstring).
 
-    Raises `InfeasibleError` when the members cannot hold the split at any shares.
+    Shares and integer parts are worked out with the members in device-index order (largest
+    remainder's ties go to the lower index), so the price does not depend on which member leads;
+    `GroupStage` lists everything in ``members`` order.  Raises `InfeasibleError` when the members
+    cannot hold the split at any shares.
     """
+    order = sorted(members)
+    if list(members) != order:
+        g = group_stage(tables, first=first, last=last, members=order, position=position, rule=rule)
+        back = [order.index(d) for d in members]
+        return replace(g, shares=tuple(g.shares[i] for i in back), memory_bytes=tuple(g.memory_bytes[i] for i in back),
+                       usable_bytes=tuple(g.usable_bytes[i] for i in back))
     units = range(first, last + 1)
     shares = group_shares(tables, units, members, in_flight=position.in_flight, rule=rule)
     bandwidth, latency = ring_of(tables, members)

@@ -44,6 +44,7 @@ from hetpipe.partitioner.problem import Problem, Stage, StagePosition, grad_cut_
 from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.solvers.dp import DeviceClass, DPResult, StageTables, parametric_search
 from hetpipe.partitioner.tp_tables import group_stage
+from hetpipe.schedule.held import position_held_terms
 
 #: Cards above which the set DP (2^cards states x stages x leads) is declined.
 MAX_GROUP_CARDS = 8
@@ -72,11 +73,14 @@ def candidate_groups(problem: Problem) -> tuple[tuple[int, ...], ...]:
 class GroupTablesDP:
     """Per candidate group and stages-after, its stage cost over the band [lo, w] (inf: not allowed)."""
 
-    def __init__(self, problem: Problem, groups: Sequence[tuple[int, ...]]) -> None:
+    def __init__(self, problem: Problem, groups: Sequence[tuple[int, ...]], cost_cache: dict | None = None) -> None:
         self.problem, self.groups, self.L = problem, tuple(groups), problem.num_units
         singles = tuple(DeviceClass(d.kind, d.node, d.usable_bytes, (i,)) for i, d in enumerate(problem.devices))
         self.single = StageTables(problem, singles)  # width-1 stages: the pipeline DP's own tables and levers
         self._group: dict[tuple[int, int], np.ndarray] = {}
+        # a group's F + B per (member set, units, what its position changes): the lead does not change it;
+        # shared between the passes of one solve (the offload walk changes only width-1 stages)
+        self._cost: dict[tuple, float] = {} if cost_cache is None else cost_cache
         n, L = len(problem.devices), self.L
         self.comm2 = np.zeros((n, n, L + 1))  # round trip over the cut after unit u-1, lead a -> lead b
         for a in range(n):
@@ -95,9 +99,18 @@ class GroupTablesDP:
                 for hi in range(lo + 1, L + 1):
                     if (hi == L) != (after == 0):
                         continue
-                    band[lo, hi - lo - 1] = _group_cost(p, members, lo, hi - 1, after)
+                    band[lo, hi - lo - 1] = self._group_cost(members, lo, hi - 1, after)
             self._group[key] = band
         return self._group[key]
+
+    def _group_cost(self, members: tuple[int, ...], lo: int, last: int, after: int) -> float:
+        """`group_cost`, shared between leads and between positions whose moments are the same."""
+        m = self.problem.microbatches
+        held = position_held_terms(after, first=lo == 0, microbatches=m)
+        key = (tuple(sorted(members)), lo, last, after == 0, min(after + 1, m), held)
+        if key not in self._cost:
+            self._cost[key] = group_cost(self.problem, members, lo, last, after)
+        return self._cost[key]
 
     def band(self, g: int, after: int, cap: float) -> np.ndarray:
         """Stage cost of group g (band form, full width) under `cap`; inf where not allowed."""
@@ -107,7 +120,8 @@ class GroupTablesDP:
         return np.where(band <= cap, band, np.inf)
 
 
-def _group_cost(problem: Problem, members: tuple[int, ...], lo: int, last: int, after: int) -> float:
+def group_cost(problem: Problem, members: tuple[int, ...], lo: int, last: int, after: int) -> float:
+    """F + B of units [lo, last] on the group `members` with `after` stages after it (inf: does not fit)."""
     st = Stage(members[0], lo, last, members=members)
     pos = StagePosition(
         stages_after=after, first=lo == 0, microbatches=problem.microbatches,
@@ -195,7 +209,7 @@ def _stages(problem: Problem, groups: Sequence[tuple[int, ...]], picks: Sequence
 
 
 def solve_groups(problem: Problem, *, time_limit_s: float = 60.0, exact_stages: int | None = None,
-                 seed: Sequence[Stage] | None = None) -> DPResult | None:
+                 seed: Sequence[Stage] | None = None, cost_cache: dict | None = None) -> DPResult | None:
     """The best placement under T_est over cuts, groups, leads and orders (None if nothing fits).
 
     Raises `GroupSpaceTooLarge` above `MAX_GROUP_CARDS` cards.
@@ -203,7 +217,7 @@ def solve_groups(problem: Problem, *, time_limit_s: float = 60.0, exact_stages: 
     if len(problem.devices) > MAX_GROUP_CARDS:
         raise GroupSpaceTooLarge(f"{len(problem.devices)} cards > {MAX_GROUP_CARDS} for the group DP")
     groups = candidate_groups(problem)
-    tab = GroupTablesDP(problem, groups)
+    tab = GroupTablesDP(problem, groups, cost_cache)
 
     def min_sum(cap: float, bottleneck: bool) -> tuple[float, tuple[Stage, ...]] | None:
         out = run_pass(tab, cap, bottleneck, exact_stages)

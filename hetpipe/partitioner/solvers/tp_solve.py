@@ -51,9 +51,9 @@ def used_devices(stages: tuple[Stage, ...]) -> set[int]:
     return {d for st in stages for d in (st.members or (st.device,))}
 
 
-def group_bound(problem: Problem) -> float:
+def group_bound(problem: Problem, cost_cache: dict | None = None) -> float:
     """m · the least max_s (F_s + B_s) over every placement, groups included (module docstring)."""
-    tab = GroupTablesDP(problem, candidate_groups(problem))
+    tab = GroupTablesDP(problem, candidate_groups(problem), cost_cache)
     tab.comm2[:] = 0.0  # a rank's own work only: the links are not in this bound
     out = run_pass(tab, math.inf, True, None)
     return 0.0 if out is None else problem.microbatches * out[0]
@@ -70,7 +70,8 @@ def solve_tp(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10
         log.info("CP-SAT has no tensor-parallel group variables: it solved the pipeline-only problem; "
                  "groups are the exact group DP's (solver group-dp)")
     try:
-        grp = tail_walk(problem, lambda p, _: solve_groups(p, time_limit_s=left))
+        cache: dict = {}  # group costs, shared by every pass and the bound
+        grp = tail_walk(problem, lambda p, _: solve_groups(p, time_limit_s=left, cost_cache=cache))
     except GroupSpaceTooLarge as err:
         log.warning("tensor-parallel groups not searched: %s; the plan is pipeline-only", err)
         return pipe
@@ -80,7 +81,7 @@ def solve_tp(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10
     stages, value = checked.stages, checked.iteration_s
     if pipe.iteration_s <= value:
         stages, value = pipe.stages, pipe.iteration_s
-    bound = min(group_bound(problem), value)
+    bound = min(group_bound(problem, cache), value)
     status = "OPTIMAL" if bound >= value * (1 - 1e-9) else "FEASIBLE"
     used = used_devices(stages)
     return Solution(stages, "group-dp", status, value, bound, time.perf_counter() - start,
