@@ -203,6 +203,14 @@ def test_a_planned_group_is_written_checked_and_edits_to_it_are_caught(demo_plan
     loaded = Plan.load(tmp_path / "plan.json")
     assert loaded == plan and loaded.version == 4
     assert check_plan(loaded).ok, check_plan(loaded).violations
+    from hetpipe.plan.schema import problem_from_plan, stages_from_plan
+    from hetpipe.plan.tp_plan import member_memory
+
+    per_card = member_memory(problem_from_plan(plan), stages_from_plan(plan))  # `hetpipe show`'s memory rows
+    for st in grouped:
+        rows = [per_card[d] for d in st.group_devices]
+        assert all(s == st.index and used <= usable for s, used, usable in rows)
+        assert max(used - usable for _, used, usable in rows) == st.memory_bytes - st.usable_bytes
     i = grouped[0].index
     w = grouped[0].group_shares
     edited = dataclasses.replace(plan, stages=tuple(

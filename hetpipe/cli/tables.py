@@ -151,13 +151,22 @@ def memory_bar(used_bytes: float, usable_bytes: float, width: int = BAR_WIDTH) -
 
 def memory_table(plan: Plan) -> Table:
     """Per card of the cluster: its stage, memory used / usable and a bar; unused cards say why."""
+    from hetpipe.plan.schema import problem_from_plan, stages_from_plan
+    from hetpipe.plan.tp_plan import member_memory
+
     by_device = {st.device: st for st in plan.stages}
+    grouped = any(st.group_devices for st in plan.stages)  # every card of a tensor-parallel group, re-derived
+    members = member_memory(problem_from_plan(plan), stages_from_plan(plan)) if grouped else {}
     reasons = {lo.device: lo.reason for lo in plan.left_out}
     table = Table(title="memory per card (state + in-flight activations + comm buffers)")
     for col in ("device", "kind", "stage", "used", "usable", "used / usable"):
         table.add_column(col, justify="left" if col in ("device", "kind", "used / usable") else "right")
     for d in plan.devices:
         st = by_device.get(d.id)
+        if d.id in members:
+            s, used, usable = members[d.id]
+            table.add_row(d.id, d.kind, str(s), format_bytes(used), format_bytes(usable), Text(memory_bar(used, usable)))
+            continue
         if st is None:
             table.add_row(d.id, d.kind, "-", "-", format_bytes(d.usable_bytes), reasons.get(d.id, "unused"))
             continue

@@ -19,9 +19,9 @@ from dataclasses import replace
 from typing import Any, Mapping
 
 from hetpipe.errors import ConfigError, PlanError
-from hetpipe.partitioner.problem import Evaluation, Problem, Stage
+from hetpipe.partitioner.problem import Evaluation, Problem, Stage, stage_position
 from hetpipe.partitioner.tp_tables import (
-    DEFAULT_GROUP_MAX, TENSOR_PARALLEL_MODES, BlockSplit, UnitSplit, unit_splits)
+    DEFAULT_GROUP_MAX, TENSOR_PARALLEL_MODES, BlockSplit, UnitSplit, group_stage, unit_splits)
 from hetpipe.plan.tp_schema import PlanBlock
 
 #: `Plan.cost_model` key of the setting.
@@ -102,4 +102,17 @@ def share_violations(plan: Any, ev: Evaluation) -> list[str]:
         got = tuple(st.group_shares)
         if len(got) != len(want) or any(abs(a - b) > SHARE_RTOL * max(abs(b), 1e-300) for a, b in zip(got, want)):
             out.append(f"stage {st.index}: recorded group_shares {list(got)} != re-derived {list(want)}")
+    return out
+
+
+def member_memory(problem: Problem, stages: tuple[Stage, ...]) -> dict[str, tuple[int, int, int]]:
+    """Per member of every group stage: (stage index, its M_s, its usable bytes), re-derived
+    (the plan records a group stage's tightest member only; `problem_from_plan`, `stages_from_plan`)."""
+    out = {}
+    for s, st in enumerate(stages):
+        if st.members:
+            g = group_stage(problem, first=st.first_unit, last=st.last_unit, members=st.members,
+                            position=stage_position(problem, stages, s))
+            for d, mem, usable in zip(st.members, g.memory_bytes, g.usable_bytes):
+                out[problem.devices[d].id] = (s, mem, usable)
     return out
