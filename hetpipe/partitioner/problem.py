@@ -68,6 +68,13 @@ The estimate counts no on-card S_s, but it must price the offload's tail, or the
 would see offloading as free memory.  Which stages offload is `Problem.offload` (never | auto
 | all; `hetpipe.partitioner.recompute.with_recompute` chooses it with the recompute prefix).
 
+Tensor-parallel groups (issue 15; `hetpipe.partitioner.tp_tables`): a stage with `Stage.members`
+runs on 2..`group_max` cards of one node, its lead `device` first, each holding its share of every
+split block.  F_s, B_s = the slowest member's part (integer heads / columns) + one ring all-reduce
+per block each way + the broadcast of each received message; M_s holds on every member (its share
+of the split state, gradients and block activations, the rest whole); S_s is the slowest member's
+step; C_s runs lead to lead.  A group has no recompute or offload lever.
+
 T_est is the heterogeneous 1F1B estimate of HARP / AMP / Metis
 (cost_formulas.md §3.3); min(p - s, m) in-flight micro-batches per stage is
 1F1B's activation footprint (Narayanan et al. SC'21; Megatron
