@@ -294,3 +294,16 @@ def test_offload_auto_with_groups_finds_the_enumerated_optimum_on_a_tie():
     prob = _lever_instance(17, "auto")
     got = tail_walk(prob, lambda p, _: solve_groups(p))
     assert got.iteration_s == pytest.approx(brute_force_levers(prob), rel=1e-9)
+
+
+def test_group_pricing_past_its_deadline_gives_up_and_solve_tp_keeps_the_pipeline_answer(monkeypatch):
+    from hetpipe.partitioner.solvers import group_dp, tp_solve
+    from hetpipe.partitioner.solvers.group_dp import GroupSpaceTooLarge
+
+    prob = _instance(3)
+    with pytest.raises(GroupSpaceTooLarge, match="time limit"):
+        solve_groups(prob, deadline=0.0)
+    real = group_dp.solve_groups
+    monkeypatch.setattr(tp_solve, "solve_groups", lambda p, **kw: real(p, **{**kw, "deadline": 0.0}))
+    sched = replace(prob, objective="schedule")
+    assert solve_tp(sched, time_limit_s=10.0).stages == solve(replace(sched, group_max=1), time_limit_s=5.0).stages

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from typing import Sequence
 
 import numpy as np
@@ -73,8 +74,10 @@ def candidate_groups(problem: Problem) -> tuple[tuple[int, ...], ...]:
 class GroupTablesDP:
     """Per candidate group and stages-after, its stage cost over the band [lo, w] (inf: not allowed)."""
 
-    def __init__(self, problem: Problem, groups: Sequence[tuple[int, ...]], cost_cache: dict | None = None) -> None:
+    def __init__(self, problem: Problem, groups: Sequence[tuple[int, ...]], cost_cache: dict | None = None,
+                 deadline: float = math.inf) -> None:
         self.problem, self.groups, self.L = problem, tuple(groups), problem.num_units
+        self.deadline = deadline  # `time.perf_counter()` past which pricing the groups gives up
         singles = tuple(DeviceClass(d.kind, d.node, d.usable_bytes, (i,)) for i, d in enumerate(problem.devices))
         self.single = StageTables(problem, singles)  # width-1 stages: the pipeline DP's own tables and levers
         self._group: dict[tuple[int, int], np.ndarray] = {}
@@ -96,6 +99,8 @@ class GroupTablesDP:
             p, L, members = self.problem, self.L, self.groups[g]
             band = np.full((L + 1, L), np.inf)
             for lo in range(L):
+                if time.perf_counter() > self.deadline:
+                    raise GroupSpaceTooLarge(f"pricing {len(self.groups)} groups x {L} units ran past the time limit")
                 for hi in range(lo + 1, L + 1):
                     if (hi == L) != (after == 0):
                         continue
@@ -209,15 +214,17 @@ def _stages(problem: Problem, groups: Sequence[tuple[int, ...]], picks: Sequence
 
 
 def solve_groups(problem: Problem, *, time_limit_s: float = 60.0, exact_stages: int | None = None,
-                 seed: Sequence[Stage] | None = None, cost_cache: dict | None = None) -> DPResult | None:
+                 seed: Sequence[Stage] | None = None, cost_cache: dict | None = None,
+                 deadline: float = math.inf) -> DPResult | None:
     """The best placement under T_est over cuts, groups, leads and orders (None if nothing fits).
 
-    Raises `GroupSpaceTooLarge` above `MAX_GROUP_CARDS` cards.
+    Raises `GroupSpaceTooLarge` above `MAX_GROUP_CARDS` cards, or when pricing the groups runs
+    past `deadline` (a `time.perf_counter()` value).
     """
     if len(problem.devices) > MAX_GROUP_CARDS:
         raise GroupSpaceTooLarge(f"{len(problem.devices)} cards > {MAX_GROUP_CARDS} for the group DP")
     groups = candidate_groups(problem)
-    tab = GroupTablesDP(problem, groups, cost_cache)
+    tab = GroupTablesDP(problem, groups, cost_cache, deadline)
 
     def min_sum(cap: float, bottleneck: bool) -> tuple[float, tuple[Stage, ...]] | None:
         out = run_pass(tab, cap, bottleneck, exact_stages)

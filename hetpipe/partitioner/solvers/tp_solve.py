@@ -4,7 +4,8 @@
    relaxation or CP-SAT, verified under the schedule): the plan is never slower than it.
 2. The group DP (`group_dp.solve_groups`, exact under the estimate T_est over cuts, groups,
    leads and orders; inside the offload lever's outer walk), when the cluster is small enough
-   (`group_dp.MAX_GROUP_CARDS`); else step 1's answer stands and the log says why.
+   (`group_dp.MAX_GROUP_CARDS`) and its groups are priced within the time limit; else step 1's
+   answer stands and the log says why.
 3. `verify`'s local search under the schedule from both answers; the faster one is the plan.
 
 CP-SAT has no group variables: ``solver="cpsat"`` runs it for step 1 only, and the group
@@ -71,7 +72,8 @@ def solve_tp(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10
                  "groups are the exact group DP's (solver group-dp)")
     try:
         cache: dict = {}  # group costs, shared by every pass and the bound
-        grp = tail_walk(problem, lambda p, _: solve_groups(p, time_limit_s=left, cost_cache=cache))
+        deadline = time.perf_counter() + left  # the group tables are priced within the plan's time limit
+        grp = tail_walk(problem, lambda p, _: solve_groups(p, time_limit_s=left, cost_cache=cache, deadline=deadline))
     except GroupSpaceTooLarge as err:
         log.warning("tensor-parallel groups not searched: %s; the plan is pipeline-only", err)
         return pipe
