@@ -174,11 +174,14 @@ def group_shares(tables: GroupTables, units: range, members: Sequence[int], *, i
 def member_fractions(tables: GroupTables, units: range, shares: TensorShares, member: int) -> list[float]:
     """Per unit, the fraction of its work member ``member`` runs: ``f · mine + 1 - f`` with its
     integer parts of every block (`tp_groups.rounded_member_s`)."""
-    out = []
+    out, parts = [], {}  # parts: one largest-remainder split per block size (blocks of a model repeat them)
     for u in units:
         s = tables.tensor_parallel[u]
         block_flops = sum(b.fwd_flops for b in s.blocks) or 1
-        mine = sum(shares.parts(b.parts)[member] / b.parts * b.fwd_flops / block_flops for b in s.blocks if b.parts)
+        for b in s.blocks:
+            if b.parts not in parts:
+                parts[b.parts] = shares.parts(b.parts)
+        mine = sum(parts[b.parts][member] / b.parts * b.fwd_flops / block_flops for b in s.blocks if b.parts)
         out.append(s.flops_fraction * mine + 1.0 - s.flops_fraction)
     return out
 
