@@ -266,13 +266,16 @@ def _lever_instance(seed: int, mode: str) -> Problem:
     return _with_splits(rng, with_offload(rng, base, mode), group_max=3)
 
 
-def test_group_dp_with_the_recompute_and_offload_levers_equals_brute_force():
-    """Offload ``all`` (forced where a stage can) and every recompute prefix, against brute force."""
+@pytest.mark.parametrize("mode", ["all", "auto"])
+def test_group_dp_with_the_recompute_and_offload_levers_equals_brute_force(mode):
+    """Every recompute prefix and offload setting of every width-1 stage, against brute force (seed 17
+    under ``auto``: an offloading placement tied on S + (m-1) b with its non-offloading twin, which
+    the offload walk missed before it ranked by S + (m-1) b: `cap_walk.walk_value_s`)."""
     from hetpipe.partitioner.solvers.offload_walk import tail_walk
 
     grouped = offloaded = 0
     for seed in range(24):
-        prob = _lever_instance(seed, "all")
+        prob = _lever_instance(seed, mode)
         want = brute_force_levers(prob)
         got = tail_walk(prob, lambda p, _: solve_groups(p))
         if math.isinf(want):
@@ -282,18 +285,7 @@ def test_group_dp_with_the_recompute_and_offload_levers_equals_brute_force():
         assert got.iteration_s == pytest.approx(want, rel=1e-9, abs=1e-12), seed
         grouped += any(st.members for st in got.stages)
         offloaded += any(st.offload for st in got.stages)
-    assert grouped >= 3 and offloaded >= 3, (grouped, offloaded)
-
-
-@pytest.mark.xfail(strict=True, reason="known: under --offload auto, offload_walk.tail_walk stops when the inner "
-                   "DP's best-T_est answer has no tail, but a placement tied with it on S + (m-1) b offloads; its "
-                   "non-offloading twin (a group on the other card of the same kind) is then never returned")
-def test_offload_auto_with_groups_finds_the_enumerated_optimum_on_a_tie():
-    from hetpipe.partitioner.solvers.offload_walk import tail_walk
-
-    prob = _lever_instance(17, "auto")
-    got = tail_walk(prob, lambda p, _: solve_groups(p))
-    assert got.iteration_s == pytest.approx(brute_force_levers(prob), rel=1e-9)
+    assert grouped >= 2 and offloaded >= 2, (grouped, offloaded)  # not vacuous: both levers and groups win somewhere
 
 
 def test_group_pricing_past_its_deadline_gives_up_and_solve_tp_keeps_the_pipeline_answer(monkeypatch):

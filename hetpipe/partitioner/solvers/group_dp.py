@@ -43,7 +43,8 @@ import numpy as np
 from hetpipe.errors import InfeasibleError
 from hetpipe.partitioner.problem import Problem, Stage, StagePosition, grad_cut_bytes, stage_activation_bytes, tied_bytes
 from hetpipe.partitioner.recompute import with_recompute
-from hetpipe.partitioner.solvers.dp import DeviceClass, DPResult, StageTables, parametric_search
+from hetpipe.partitioner.solvers.cap_walk import DPResult, check_deadline, parametric_search
+from hetpipe.partitioner.solvers.dp import DeviceClass, StageTables
 from hetpipe.partitioner.tp_tables import group_stage
 from hetpipe.schedule.held import position_held_terms
 
@@ -146,7 +147,7 @@ State = tuple[int, int, int]  # (mask of the suffix's cards, its stages, its fro
 
 
 def run_pass(tab: GroupTablesDP, cap: float, bottleneck: bool, exact_stages: int | None,
-         ) -> tuple[float, list[tuple[int, int, int]]] | None:
+             deadline: float = math.inf) -> tuple[float, list[tuple[int, int, int]]] | None:
     """One pass: the least sum (or bottleneck) over suffixes; (value, [(group, lo, hi)] front to back)."""
     combine = np.maximum if bottleneck else np.add
     L, groups = tab.L, tab.groups
@@ -165,6 +166,7 @@ def run_pass(tab: GroupTablesDP, cap: float, bottleneck: bool, exact_stages: int
             layer.append(key)
     limit = min(len(tab.problem.devices), L, exact_stages or L)
     for j in range(1, limit):
+        check_deadline(deadline)  # between levels (`cap_walk.DeadlineReached`: the walk keeps its best so far)
         nxt: list[State] = []
         for g, members in enumerate(groups):
             band = tab.band(g, j, cap)
@@ -226,8 +228,8 @@ def solve_groups(problem: Problem, *, time_limit_s: float = 60.0, exact_stages: 
     groups = candidate_groups(problem)
     tab = GroupTablesDP(problem, groups, cost_cache, deadline)
 
-    def min_sum(cap: float, bottleneck: bool) -> tuple[float, tuple[Stage, ...]] | None:
-        out = run_pass(tab, cap, bottleneck, exact_stages)
+    def min_sum(cap: float, bottleneck: bool, deadline: float) -> tuple[float, tuple[Stage, ...]] | None:
+        out = run_pass(tab, cap, bottleneck, exact_stages, deadline)
         return None if out is None else (out[0], _stages(problem, groups, out[1]))
 
     return parametric_search(problem, min_sum, time_limit_s=time_limit_s, seed=seed)
