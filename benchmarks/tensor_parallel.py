@@ -1,102 +1,131 @@
-"""Issue 15, first increment: what uneven tensor-parallel groups would buy — COST MODEL ONLY.
+"""Issue 15: what the solver's tensor-parallel groups buy, under the cost model (no run).
 
-The solver does not choose groups yet (a stage is one card in every plan hetpipe makes), so
-every figure here is the cost model's, on the issue's scenario (c): 2x RTX 3090 + RTX 3060 12GB
-in one node, no NVLink, PCIe through host memory (10 GB/s, 20 us; docs/cluster-file.md; asking
-for ``pcie-p2p`` gives the same ring, since the catalog gives the RTX 3060 no peer-to-peer and the
-ring is bounded by its slowest link).  The unit set is one transformer block stack (the
-captured blocks of the model only: embedding and head left out), bf16-mixed, Adam,
-micro-batch 1, sequence 1024.  Compared, each for a global batch of G sequences:
+For each scenario the planner solves the same problem twice (`plan/build.build_problem`,
+1F1B schedule with optimizer steps, the plan's objective T):
 
-* pipeline-only hetpipe: the exact partitioner's T for the block stack (`solve`, 1F1B,
-  any subset and order of the 3 cards);
-* even TP: one stage on all 3 cards, each holding 1/3 of every block (Megatron style, same
-  degree), G micro-batches one after another;
-* uneven TP: the same group with equal-finish shares capped by memory (`tp_groups.price_group`),
-  priced with each member's integer heads / columns (largest remainder).
+* **pipeline-only**: `solve` (``--tensor-parallel off``: every stage one card);
+* **uneven TP**: `solve_tp` (``--tensor-parallel auto``): stages may be groups of up to 4 cards
+  of one node, shares by equal finish capped by memory (`partitioner/tp_tables.py`);
+* **even TP**: the uneven answer's placement, every group re-priced with Megatron's 1/k shares
+  (same degree, same members, same cuts): its T, or "does not fit" when a member overflows.
 
-Group time per micro-batch = slowest member's compute + 2 ring all-reduces per block per
-direction (`hetpipe.cost_models.tensor_parallel`); no overlap of all-reduces with compute.
-Memory per card = its share of the split state and per-head / per-column activations + the
-replicated rest (one micro-batch in flight: a one-stage group runs them one after another).
-Writes benchmarks/results/tensor_parallel.md.  No run: the CPU equality tests
-(tests/test_tensor_parallel.py) show the runtime's numbers, not its speed.
+Scenarios: (a) the home lab (3090 + 4090 on one node over PCIe through the host, a 3060 on
+another node over 1 GbE), GPT-2 medium (whole model, sequence 1024) and eight Llama-7B blocks
+(sequence 2048: `llama-7b` rows are that block stack, no embedding or head) at small global
+batches (bubble-dominated); (b) a layer
+wider than the smallest card: four Llama-7B blocks at sequence 4096, micro-batch 2 (one block:
+3.0 GiB of state + 1.3 GiB of activations) on a 3090 + two 3060s in one node whose 3060s have
+only 4 GiB usable (8 GiB held back for other jobs, the cluster file's ``reserve``), no
+recomputation; (c) 2x 3090 + a 3060 12GB in one node, PCIe through the host (no NVLink),
+GPT-2 medium and the eight Llama-7B blocks.  bf16-mixed, Adam, micro-batch 1 (2 in (b)); G = micro-batches per iteration.  Writes benchmarks/results/tensor_parallel.md.
 
 Usage:
-    python benchmarks/tensor_parallel.py [--models gpt2-medium llama-1b] [--global-batches 4 32]
+    python benchmarks/tensor_parallel.py
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import markdown_table, write_result  # noqa: E402
-from hetpipe.cost_models.cluster import cluster_from_dict  # noqa: E402
+from hetpipe.cost_models.cluster import cluster_from_dict, load_cluster  # noqa: E402
+from hetpipe.errors import InfeasibleError  # noqa: E402
 from hetpipe.models import build  # noqa: E402
 from hetpipe.partitioner.capture.capture import capture  # noqa: E402
 from hetpipe.partitioner.capture.graph import UnitGraph  # noqa: E402
+from hetpipe.partitioner.problem import Problem, Stage, evaluate, schedule_s, stage_position  # noqa: E402
 from hetpipe.partitioner.solvers.solve import solve  # noqa: E402
-from hetpipe.partitioner.tp_groups import price_group, rounded_member_s  # noqa: E402
+from hetpipe.partitioner.solvers.tp_solve import solve_tp  # noqa: E402
+from hetpipe.partitioner.tp_tables import group_stage  # noqa: E402
 from hetpipe.plan.build import build_problem  # noqa: E402
 
 PRECISION = "bf16-mixed"
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def scenario_c(intra: str):
-    return cluster_from_dict({"name": f"2x3090+3060 ({intra})", "nodes": [{
-        "name": "box", "intra": intra,
-        "devices": [{"gpu": "rtx3090"}, {"gpu": "rtx3090"}, {"gpu": "rtx3060-12gb"}]}]})
+def one_node(name: str, gpus: list[str], reserve: dict[int, str] | None = None):
+    """One node of `gpus` over PCIe through the host; `reserve`: card index -> memory held back."""
+    devices = [{"gpu": g, **({"reserve": reserve[i]} if reserve and i in reserve else {})} for i, g in enumerate(gpus)]
+    return cluster_from_dict({"name": name, "nodes": [{"name": "box", "intra": "pcie-host", "devices": devices}]})
 
 
-def block_stack(name: str) -> UnitGraph:
-    """The captured model's transformer blocks only, re-indexed from 0 (no embedding, no head)."""
-    g = capture(*build(name, device="meta", batch=1, seq=1024), name=name, precision=PRECISION)
-    blocks = [u for u in g.units if u.tensor_parallel]
-    units = tuple(dataclasses.replace(u, index=i) for i, u in enumerate(blocks))
-    units = units[:-1] + (dataclasses.replace(units[-1], boundary_bytes=0, boundary_held_bytes=0,
-                                              boundary_grad_bytes=0),)
+def graph_of(name: str, seq: int, blocks: int | None, batch: int = 1) -> UnitGraph:
+    """The captured model; with `blocks`, only its first that many transformer blocks (re-indexed)."""
+    g = capture(*build(name, device="meta", batch=batch, seq=seq), name=name, precision=PRECISION, optimizer="adam")
+    if blocks is None:
+        return g
+    units = tuple(dataclasses.replace(u, index=i) for i, u in enumerate([u for u in g.units if u.tensor_parallel][:blocks]))
+    units = units[:-1] + (dataclasses.replace(units[-1], boundary_bytes=0, boundary_held_bytes=0, boundary_grad_bytes=0),)
     return dataclasses.replace(g, units=units, tied=(), param_count=sum(u.param_count for u in units))
 
 
-def row(graph: UnitGraph, cluster, global_batch: int) -> list[object]:
-    pipeline = solve(build_problem(graph, cluster, microbatches=global_batch, recompute="none"), solver="dp")
-    out: list[object] = [graph.model_name, cluster.name, global_batch, f"{pipeline.iteration_s:.3f}"]
-    times = {}
-    for rule in ("even", "uneven"):
-        shares, cost = price_group(graph.units, cluster.devices, cluster, precision=PRECISION, rule=rule)
-        compute = max(rounded_member_s(graph.units, shares, cluster.devices, precision=PRECISION))
-        times[rule] = global_batch * (compute + cost.allreduce_s)
-        fits = "" if cost.fits else " (does not fit)"
-        out.append(f"{times[rule]:.3f}{fits}")
-        if rule == "uneven":
-            out.append(" / ".join(f"{w:.2f}" for w in shares.weights))
-            out.append(" / ".join(f"{m / 2**30:.1f}" for m in cost.memory_bytes))
-            out.append(f"{global_batch * cost.allreduce_s:.3f}")
-    out += [f"{times['even'] / times['uneven']:.2f}x", f"{pipeline.iteration_s / times['uneven']:.2f}x"]
-    return out
+def even_t(problem: Problem, stages: tuple[Stage, ...]) -> tuple[float, bool]:
+    """T of `stages` with every group's shares even (1/k), and whether every member fits."""
+    ev = evaluate(problem, stages)
+    costs, fits = list(ev.stages), True
+    for s, st in enumerate(stages):
+        if st.members:
+            g = group_stage(problem, first=st.first_unit, last=st.last_unit, members=st.members,
+                            position=stage_position(problem, stages, s), rule="even")
+            costs[s] = dataclasses.replace(costs[s], fwd_s=g.fwd_s, bwd_s=g.bwd_s, step_s=g.step_s)
+            fits &= g.fits
+    return schedule_s(costs, problem.microbatches), fits
+
+
+def describe(problem: Problem, stages: tuple[Stage, ...]) -> str:
+    ev = evaluate(problem, stages)
+    out = []
+    for st, c in zip(stages, ev.stages):
+        cards = "+".join(problem.devices[d].id for d in (st.members or (st.device,)))
+        shares = f" ({'/'.join(f'{w:.2f}' for w in c.shares)})" if st.members else ""
+        out.append(f"{cards}{shares}: {st.first_unit}-{st.last_unit}")
+    return "; ".join(out)
+
+
+def row(label: str, graph: UnitGraph, cluster, global_batch: int, recompute: str) -> list[object]:
+    m = global_batch  # micro-batches per iteration
+    base = build_problem(graph, cluster, microbatches=m, recompute=recompute)
+    tp = build_problem(graph, cluster, microbatches=m, recompute=recompute, tensor_parallel="auto")
+    try:
+        pipe_t = f"{solve(base, time_limit_s=20.0).iteration_s:.3f}"
+    except InfeasibleError:
+        pipe_t = "does not fit"
+    start = time.perf_counter()
+    sol = solve_tp(tp, time_limit_s=20.0)
+    wall = time.perf_counter() - start
+    even, fits = even_t(tp, sol.stages)
+    even_s = f"{even:.3f}" + ("" if fits else " (does not fit)")
+    vs_pipe = f"{float(pipe_t) / sol.iteration_s:.2f}x" if pipe_t != "does not fit" else "-"
+    return [label, graph.model_name, global_batch, pipe_t, even_s, f"{sol.iteration_s:.3f}",
+            f"{even / sol.iteration_s:.2f}x", vs_pipe, describe(tp, sol.stages), f"{wall:.1f}"]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", nargs="+", default=["gpt2-medium", "llama-1b"])
-    ap.add_argument("--global-batches", nargs="+", type=int, default=[4, 32])
-    args = ap.parse_args()
-    rows = []
-    for name in args.models:
-        graph = block_stack(name)
-        for g in args.global_batches:
-            rows.append(row(graph, scenario_c("pcie-host"), g))
-    header = ["blocks of", "cluster", "G", "pipeline-only T (s)", "even TP T (s)", "uneven TP T (s)",
-              "uneven shares", "uneven GiB per card", "of which all-reduce (s)", "even / uneven", "pipeline / uneven"]
-    body = ("**Cost model only: the solver does not choose tensor-parallel groups yet; no plan or run "
-            "uses them.** " + __doc__.split("\n\n")[1].replace("\n", " ") + "\n\n" + markdown_table(header, rows))
+    homelab = load_cluster(ROOT / "examples/clusters/homelab.yaml")
+    wide = one_node("3090+2x3060, 8 GiB of each 3060 held back", ["rtx3090", "rtx3060-12gb", "rtx3060-12gb"],
+                    reserve={1: "8GiB", 2: "8GiB"})
+    c = one_node("2x3090+3060 (PCIe host)", ["rtx3090", "rtx3090", "rtx3060-12gb"])
+    medium, llama = graph_of("gpt2-medium", 1024, None), graph_of("llama-7b", 2048, 8)
+    rows = [row("(a) home lab", medium, homelab, 4, "auto"),
+            row("(a) home lab", medium, homelab, 16, "auto"),
+            row("(a) home lab", llama, homelab, 4, "auto"),
+            row("(a) home lab", llama, homelab, 16, "auto"),
+            row("(b) layer wider than a 3060", graph_of("llama-7b", 4096, 4, batch=2), wide, 8, "none"),
+            row("(c) 2x3090+3060", medium, c, 4, "auto"),
+            row("(c) 2x3090+3060", medium, c, 32, "auto"),
+            row("(c) 2x3090+3060", llama, c, 4, "auto"),
+            row("(c) 2x3090+3060", llama, c, 32, "auto")]
+    header = ["scenario", "model", "G", "pipeline-only T (s)", "even TP T (s)", "uneven TP T (s)", "even / uneven",
+              "pipeline / uneven", "uneven plan (cards (shares): units)", "solve_tp wall (s)"]
+    body = (__doc__.split("\n\n")[1].replace("\n", " ") + "\n\n" + __doc__.split("\n\n")[2].replace("\n", " ")
+            + "\n\n" + markdown_table(header, rows))
     print(body)
-    write_result("tensor_parallel", "Tensor-parallel groups, cost model only (issue 15, scenario c)", body)
+    write_result("tensor_parallel", "Tensor-parallel groups chosen by the solver (issue 15, cost model)", body)
 
 
 if __name__ == "__main__":

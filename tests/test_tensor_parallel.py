@@ -299,7 +299,8 @@ def test_a_grouped_stage_round_trips_as_version_4_and_check_and_run_refuse_to_pr
     assert json.loads((tmp_path / "plan.json").read_text())["version"] == PLAN_VERSION_GROUPS == 4
     loaded = Plan.load(tmp_path / "plan.json")
     assert loaded == plan and loaded.stages[0].group_shares == (0.6, 0.4)
-    assert any("tensor-parallel group of 2 cards" in v for v in check_plan(loaded).violations)
+    # its units record no tensor-parallel tables (not planned with --tensor-parallel auto): not priceable
+    assert any("tensor-parallel tables" in v for v in check_plan(loaded).violations)
     with pytest.raises(PlanError, match="does not run yet"):
         refuse_groups(loaded)
     ungrouped = dataclasses.replace(plan, stages=(dataclasses.replace(plan.stages[0], group_devices=(),

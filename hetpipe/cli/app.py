@@ -57,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", dest="plan_schedule", default="1f1b",
                    help="pipeline schedule: 1f1b (default) | zb-h1 (zero-bubble: backward split into input and "
                         "weight gradients) | auto (the faster of the two for this plan)")
+    p.add_argument("--tensor-parallel", default="off",
+                   help="off (default) | auto (a stage may run on a group of up to 4 cards of one node, each "
+                        "layer split unevenly by speed and memory; `hetpipe run` does not run groups yet)")
     p.add_argument("--replicas", default="1",
                    help="1 (one pipeline, default) | auto (the planner picks one pipeline or several data-parallel "
                         "replicas, each with its own batch share) | N (exactly N pipeline replicas)")

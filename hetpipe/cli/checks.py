@@ -86,6 +86,10 @@ def check_args(args: argparse.Namespace) -> None:
         from hetpipe.partitioner.schedule_choice import check_schedule_option
 
         check_schedule_option(args.plan_schedule)
+    if getattr(args, "tensor_parallel", None) is not None:
+        from hetpipe.plan.tp_plan import check_tensor_parallel_option
+
+        check_tensor_parallel_option(args.tensor_parallel)
     for name, flag in _OUTPUTS.items():
         if name == "output" and getattr(args, "command", None) == "profile":
             continue  # `profile -o` creates its folder (cost_models/profile.py)

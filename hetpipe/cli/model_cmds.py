@@ -117,7 +117,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
                                  time_limit_s=args.time_limit, seed=args.seed,
                                  recompute=getattr(args, "recompute", "auto"),
                                  offload=getattr(args, "offload", "never"),
-                                 schedule=getattr(args, "plan_schedule", "1f1b"))
+                                 schedule=getattr(args, "plan_schedule", "1f1b"),
+                                 tensor_parallel=getattr(args, "tensor_parallel", "off"))
     except InfeasibleError as err:
         from hetpipe.cli.fit_help import with_fit_hints
 

@@ -7,7 +7,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -92,10 +92,17 @@ def plan_table(plan: Plan) -> Table:
     for st, lever in zip(plan.stages, levers):
         names = f"{st.first_unit}-{st.last_unit} ({plan.units[st.first_unit].name} .. {plan.units[st.last_unit].name})"
         mem = f"{format_bytes(st.memory_bytes)} / {format_bytes(st.usable_bytes)} ({st.memory_bytes / st.usable_bytes:.0%})"
-        row = [str(st.index), st.device, kinds[st.device], names, mem, format_seconds(st.fwd_s),
+        row = [str(st.index), stage_cards(st), "+".join(kinds[d] for d in st.group_devices or (st.device,)), names, mem, format_seconds(st.fwd_s),
                format_seconds(st.bwd_s), format_seconds(st.send_s) if st.send_s else "-"]
         table.add_row(*row, *(([lever.describe() if lever else "-"]) if any(levers) else []))
     return table
+
+
+def stage_cards(st: Any) -> str:
+    """A stage's card, or its tensor-parallel group with the shares: ``desk:0+desk:1 (0.36/0.64)``."""
+    if not st.group_devices:
+        return str(st.device)
+    return "+".join(st.group_devices) + " (" + "/".join(f"{w:.2f}" for w in st.group_shares) + ")"
 
 
 def baseline_table(plan: Plan) -> Table:
@@ -110,7 +117,7 @@ def baseline_table(plan: Plan) -> Table:
                 "cards chosen (search)"):
         table.add_column(col, justify="left" if col in ("plan", "cards chosen (search)") else "right")
     table.add_row("hetpipe", format_seconds(t), "1.00x", format_seconds(t), "1.00x",
-                  ", ".join(st.device for st in plan.stages))
+                  ", ".join(stage_cards(st) for st in plan.stages))
     for name, b in plan.baselines.items():
         forced = (f"{b.iteration_s / t:.2f}x" if b.fits else "NO (out of memory)")
         best = b.best
@@ -144,13 +151,22 @@ def memory_bar(used_bytes: float, usable_bytes: float, width: int = BAR_WIDTH) -
 
 def memory_table(plan: Plan) -> Table:
     """Per card of the cluster: its stage, memory used / usable and a bar; unused cards say why."""
+    from hetpipe.plan.schema import problem_from_plan, stages_from_plan
+    from hetpipe.plan.tp_plan import member_memory
+
     by_device = {st.device: st for st in plan.stages}
+    grouped = any(st.group_devices for st in plan.stages)  # every card of a tensor-parallel group, re-derived
+    members = member_memory(problem_from_plan(plan), stages_from_plan(plan)) if grouped else {}
     reasons = {lo.device: lo.reason for lo in plan.left_out}
     table = Table(title="memory per card (state + in-flight activations + comm buffers)")
     for col in ("device", "kind", "stage", "used", "usable", "used / usable"):
         table.add_column(col, justify="left" if col in ("device", "kind", "used / usable") else "right")
     for d in plan.devices:
         st = by_device.get(d.id)
+        if d.id in members:
+            s, used, usable = members[d.id]
+            table.add_row(d.id, d.kind, str(s), format_bytes(used), format_bytes(usable), Text(memory_bar(used, usable)))
+            continue
         if st is None:
             table.add_row(d.id, d.kind, "-", "-", format_bytes(d.usable_bytes), reasons.get(d.id, "unused"))
             continue

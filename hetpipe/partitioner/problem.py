@@ -71,6 +71,13 @@ The estimate counts no on-card S_s, but it must price the offload's tail, or the
 would see offloading as free memory.  Which stages offload is `Problem.offload` (never | auto
 | all; `hetpipe.partitioner.recompute.with_recompute` chooses it with the recompute prefix).
 
+Tensor-parallel groups (issue 15; `hetpipe.partitioner.tp_tables`): a stage with `Stage.members`
+runs on 2..`group_max` cards of one node, its lead `device` first, each holding its share of every
+split block.  F_s, B_s = the slowest member's part (integer heads / columns) + one ring all-reduce
+per block each way + the broadcast of each received message; M_s holds on every member (its share
+of the split state, gradients and block activations, the rest whole); S_s is the slowest member's
+step; C_s runs lead to lead.  A group has no recompute or offload lever.
+
 T_est is the heterogeneous 1F1B estimate of HARP / AMP / Metis
 (cost_formulas.md §3.3); min(p - s, m) in-flight micro-batches per stage is
 1F1B's activation footprint (Narayanan et al. SC'21; Megatron
@@ -90,13 +97,15 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from hetpipe.cost_models.backward_split import stage_bwd_weight_s
 from hetpipe.cost_models.offload import NO_OFFLOAD, OFFLOAD_MODES, OffloadCost, OffloadRates, offload_cost
 from hetpipe.cost_models.recompute import RECOMPUTE_MODES, RecomputeCost, recompute_cost
 from hetpipe.cost_models.stage_memory import pipeline_stage_bytes
+from hetpipe.errors import InfeasibleError
+from hetpipe.partitioner.tp_tables import GroupStage, StagePosition, UnitSplit, group_stage
 from hetpipe.schedule.builders import SCHEDULES, SPLIT_SCHEDULES, is_split
 from hetpipe.schedule.held import position_held_terms, stage_held_terms
 from hetpipe.schedule.replay import replay_iteration_s
@@ -142,6 +151,9 @@ class Stage:
     last_unit: int
     recompute_units: tuple[int, ...] = ()
     offload: bool = False
+    # A tensor-parallel group (issue 15): every member's device index, `device` first; () = the
+    # stage is `device` alone.  Its time, memory and shares: `hetpipe.partitioner.tp_tables`.
+    members: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -192,6 +204,11 @@ class Problem:
     # The action lists T replays and M_s holds (`hetpipe.schedule.builders.SCHEDULES`): 1F1B, or
     # a split one (`SPLIT_SCHEDULES`: B and W apart; `hetpipe.partitioner.schedule_choice`).
     schedule: str = "1f1b"
+    # Tensor-parallel groups (issue 15): per unit what a group splits (`tp_tables.UnitSplit`;
+    # () = nothing: no stage may be a group) and the most cards of one node a stage's group may
+    # hold (1 = pipeline only; the group solver `solvers/group_dp.py` reads it).
+    tensor_parallel: tuple[UnitSplit, ...] = ()
+    group_max: int = 1
 
     @property
     def unit_recompute_bytes(self) -> tuple[int, ...]:
@@ -234,6 +251,7 @@ class StageCost:
     offload_s: float = 0.0  # O_s, its tail after the stage's last backward
     step_s: float = 0.0  # S_s: the stage's optimizer step, once per iteration
     bwd_weight_s: float = 0.0  # W_s: the weight-gradient part of bwd_s (`cost_models.backward_split`)
+    shares: tuple[float, ...] = ()  # a group's shares, member order (memory: its tightest member)
 
     @property
     def fits(self) -> bool:
@@ -321,10 +339,11 @@ def validate_stages(problem: Problem, stages: Sequence[Stage]) -> None:
         if st.offload and not can_offload(problem, st):
             raise ValueError(f"stage {s} offloads, but its device {problem.devices[st.device].id} has no host link "
                              "or host memory figure, the problem no offload rates, or the stage no trainable state")
+        _validate_group(problem, st, s)
         expected = st.last_unit + 1
     if expected != problem.num_units:
         raise ValueError(f"stages end at unit {expected - 1}, the model has {problem.num_units} units")
-    used = [st.device for st in stages]
+    used = [d for st in stages for d in (st.members or (st.device,))]
     if len(set(used)) != len(used):
         raise ValueError(f"a device is used by two stages: {used}")
 
@@ -351,6 +370,9 @@ def evaluate(problem: Problem, stages: Sequence[Stage], *, objective: str | None
         raise ValueError(f"objective {objective!r}; use one of {', '.join(OBJECTIVES)}")
     costs: list[StageCost] = []
     for s, st in enumerate(stages):
+        if st.members:
+            costs.append(group_stage_cost(problem, stages, s))
+            continue
         kind = problem.devices[st.device].kind
         units = range(st.first_unit, st.last_unit + 1)
         fwd = sum(problem.fwd_s[kind][u] for u in units)
@@ -448,3 +470,49 @@ def step_tail_s(problem: Problem, stages: Sequence[Stage]) -> float:
     does not see offloading as free memory.
     """
     return max((stage_offload(problem, st).tail_s for st in stages), default=0.0)
+
+
+def _validate_group(problem: Problem, st: Stage, s: int) -> None:
+    """A group: 2..group_max distinct cards of one node, `device` first, no recompute or offload."""
+    if not st.members:
+        return
+    m = st.members
+    if (m[0] != st.device or len(set(m)) != len(m) or not 2 <= len(m) <= problem.group_max
+            or not all(0 <= d < len(problem.devices) for d in m)
+            or len({problem.devices[d].node for d in m}) != 1 or not problem.tensor_parallel):
+        raise ValueError(f"stage {s}: group {list(m)} must be 2..{problem.group_max} distinct cards of one node, "
+                         f"device {st.device} first, on a problem with tensor-parallel tables")
+    if st.recompute_units or st.offload:
+        raise ValueError(f"stage {s}: a tensor-parallel group neither recomputes nor offloads (not priced)")
+
+
+def stage_position(problem: Problem, stages: Sequence[Stage], s: int) -> StagePosition:
+    """Stage s's position and cut terms as `stage_memory_bytes` prices them (for `tp_tables`)."""
+    st, p = stages[s], len(stages)
+    return StagePosition(
+        stages_after=p - 1 - s, first=s == 0, microbatches=problem.microbatches,
+        in_bytes=problem.boundary_bytes[st.first_unit - 1] if s > 0 else 0,
+        out_bytes=problem.boundary_bytes[st.last_unit] if s < p - 1 else 0,
+        in_grad_bytes=grad_cut_bytes(problem, st.first_unit - 1) if s > 0 else 0,
+        out_grad_bytes=grad_cut_bytes(problem, st.last_unit) if s < p - 1 else 0,
+        activation_bytes=stage_activation_bytes(problem, st), tied_bytes=tied_bytes(problem, st))
+
+
+def group_stage_cost(problem: Problem, stages: Sequence[Stage], s: int) -> StageCost:
+    """`StageCost` of group stage s (`tp_tables.group_stage`); a group whose split fits no shares
+    is priced as not fitting (memory = every byte of the stage on its lead)."""
+    st = stages[s]
+    send = problem.comm_s(st.device, stages[s + 1].device, st.last_unit) if s + 1 < len(stages) else 0.0
+    try:
+        g: GroupStage = group_stage(problem, first=st.first_unit, last=st.last_unit, members=st.members,
+                                    position=stage_position(problem, stages, s))
+    except InfeasibleError:  # the members hold less than the whole split: priced as the lead alone, not fitting
+        kind, units, usable = problem.devices[st.device].kind, range(st.first_unit, st.last_unit + 1), \
+            problem.devices[st.device].usable_bytes
+        lone = [*stages[:s], replace(st, members=()), *stages[s + 1:]]
+        return StageCost(fwd_s=sum(problem.fwd_s[kind][u] for u in units), bwd_s=sum(problem.bwd_s[kind][u] for u in units),
+                         send_s=send, memory_bytes=max(stage_memory_bytes(problem, lone, s), usable + 1),
+                         usable_bytes=usable, step_s=stage_step_s(problem, st))
+    worst = max(range(len(g.shares)), key=lambda i: g.memory_bytes[i] - g.usable_bytes[i])
+    return StageCost(fwd_s=g.fwd_s, bwd_s=g.bwd_s, send_s=send, memory_bytes=g.memory_bytes[worst],
+                     usable_bytes=g.usable_bytes[worst], step_s=g.step_s, shares=g.shares)

@@ -75,7 +75,8 @@ def choose_recompute(problem: Problem, stages: Sequence[Stage], s: int, mode: st
 def with_recompute(problem: Problem, stages: Sequence[Stage], mode: str | None = None) -> tuple[Stage, ...]:
     """`stages` with every stage's levers chosen by `choose_levers` (replacing any it had)."""
     plain = tuple(replace(st, recompute_units=(), offload=False) for st in stages)
-    return tuple(choose_levers(problem, plain, s, mode) for s in range(len(plain)))
+    # a tensor-parallel group (`Stage.members`) has no levers (not priced for groups)
+    return tuple(st if st.members else choose_levers(problem, plain, s, mode) for s, st in enumerate(plain))
 
 
 def offload_choices(problem: Problem, stage: Stage) -> tuple[bool, ...]:

@@ -35,7 +35,7 @@ def adopt_faster_baselines(problem: Problem, sol: Solution, baselines: Mapping[s
     found = verify(problem, [sol.stages, *starts], limit_s=limit_s)
     if found.iteration_s >= sol.iteration_s:
         return sol
-    used = {st.device for st in found.stages}
+    used = {d for st in found.stages for d in (st.members or (st.device,))}  # a group's members too
     status = "OPTIMAL" if sol.bound_s >= found.iteration_s * (1 - 1e-9) else "FEASIBLE"
     return dataclasses.replace(sol, stages=found.stages, iteration_s=found.iteration_s, status=status,
                                bound_s=min(sol.bound_s, found.iteration_s),

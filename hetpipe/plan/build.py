@@ -32,6 +32,8 @@ from hetpipe.cost_models.timing import efficiencies, peak_flops_s, unit_time_s
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.capture.graph import UnitGraph
 from hetpipe.plan.offload_note import offload_note
+from hetpipe.plan.tp_plan import (
+    check_tensor_parallel_option, plan_group_fields, plan_unit_fields, tensor_parallel_fields, tensor_parallel_note)
 from hetpipe.plan.schema import (
     RECOMPUTE_NOTE,
     BaselineReport,
@@ -76,7 +78,7 @@ def unit_times(graph: UnitGraph, cluster: Cluster) -> dict[str, tuple[UnitTimes,
 
 
 def build_problem(graph: UnitGraph, cluster: Cluster, *, microbatches: int, recompute: str = "none",
-                  offload: str = "never") -> Problem:
+                  offload: str = "never", tensor_parallel: str = "off") -> Problem:
     """The solver input for `graph` on `cluster` with `microbatches` per iteration, the
     activation-recomputation lever `recompute` (auto | none | all, `Problem.recompute`) and the
     optimizer-offload lever `offload` (never | auto | all, `Problem.offload`)."""
@@ -110,6 +112,7 @@ def build_problem(graph: UnitGraph, cluster: Cluster, *, microbatches: int, reco
         recompute=recompute,
         offload=offload,
         offload_rates=offload_rates(graph.optimizer, graph.precision),
+        **tensor_parallel_fields(graph, tensor_parallel),
     )
 
 
@@ -194,6 +197,7 @@ def _plan_units(graph: UnitGraph, problem: Problem) -> tuple[PlanUnit, ...]:
             time_s={k: UnitTimes(fwd=problem.fwd_s[k][u.index], bwd=problem.bwd_s[k][u.index],
                                  step=problem.step_s[k][u.index] if k in problem.step_s else 0.0)
                     for k in problem.fwd_s},
+            **plan_unit_fields(problem, u.index),
         )
         for u in graph.units
     )
@@ -218,6 +222,7 @@ def plan_stages(problem: Problem, stages: tuple[Stage, ...], ev: Evaluation) -> 
             offload_s=c.offload_s,
             step_s=c.step_s,
             bwd_weight_s=c.bwd_weight_s if is_split(problem.schedule) else 0.0,
+            **plan_group_fields(problem, st, c.shares),
         )
         for i, (st, c) in enumerate(zip(stages, ev.stages))
     )
@@ -265,7 +270,8 @@ def assemble_plan(
         solver=solver,
         baselines=baselines or {},
         left_out=left_out,
-        cost_model={**cost_model_notes(cluster, graph.precision), **recompute_note(problem), **offload_note(problem)},
+        cost_model={**cost_model_notes(cluster, graph.precision), **recompute_note(problem), **offload_note(problem),
+                    **tensor_parallel_note(problem)},
         memory_model=MEMORY_MODEL,
         **objective_fields(problem),
     )  # version: the least its content needs (3: `memory_model` is a version-3 field, `PLAN_VERSION_MEMORY`)
@@ -354,7 +360,7 @@ def partition(
     targets: Any = None,
     recompute: str = "auto",
     offload: str = "never",
-    schedule: str = "1f1b",
+                           schedule=schedule, tensor_parallel=tensor_parallel)
 ) -> Plan:
     """Capture `model`, cost it on `cluster`, and return the best 1F1B pipeline plan.
 
@@ -376,6 +382,7 @@ def partition(
     return partition_graph(graph, cluster, global_batch=global_batch, solver=solver,
                            time_limit_s=time_limit_s, seed=seed, recompute=recompute, offload=offload,
                            schedule=schedule)
+                           tensor_parallel=tensor_parallel)
 
 
 def partition_graph(
@@ -389,9 +396,12 @@ def partition_graph(
     recompute: str = "auto",
     offload: str = "never",
     schedule: str = "1f1b",
+    tensor_parallel: str = "off",
 ) -> Plan:
-    """`partition` for an already captured `UnitGraph`."""
+    """`partition` for an already captured `UnitGraph`; ``tensor_parallel="auto"`` lets stages be
+    tensor-parallel groups (`partitioner/solvers/tp_solve.py`)."""
     from hetpipe.partitioner.solvers.solve import VERIFY_SHARE, solve
+    from hetpipe.partitioner.solvers.tp_solve import solve_tp
     from hetpipe.partitioner.solvers.verify import LOCAL_SEARCH_S
     from hetpipe.plan.adopt import adopt_faster_baselines
     from hetpipe.partitioner.schedule_choice import check_schedule_option, choose_schedule
@@ -402,10 +412,16 @@ def partition_graph(
     check_recompute_option(recompute)
     check_offload_option(offload)
     check_schedule_option(schedule)
+    check_tensor_parallel_option(tensor_parallel)
+    if tensor_parallel != "off" and schedule != "1f1b":  # split schedules price one card per stage
+        raise ConfigError(f"--schedule {schedule} with --tensor-parallel {tensor_parallel}: groups are priced "
+                          "under 1F1B only; use --schedule 1f1b or --tensor-parallel off")
     global_batch, m = microbatches_for(graph, global_batch, len(cluster.devices))
-    problem = build_problem(graph, cluster, microbatches=m, recompute=recompute, offload=offload)
+    problem = build_problem(graph, cluster, microbatches=m, recompute=recompute, offload=offload,
+                            tensor_parallel=tensor_parallel)
     log.info("solving %d units on %d devices, %d micro-batches", graph.num_units, len(cluster.devices), m)
-    sol = solve(problem, solver=solver, time_limit_s=time_limit_s, seed=seed)
+    sol = (solve_tp if tensor_parallel == "auto" else solve)(problem, solver=solver, time_limit_s=time_limit_s,
+                                                            seed=seed)
     base = baseline_reports(problem)  # forced onto every card, and on the best cards (issue 17)
     sol = adopt_faster_baselines(problem, sol, base, limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))
     problem, sol = choose_schedule(problem, sol, option=schedule, limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))

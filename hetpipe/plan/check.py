@@ -29,7 +29,7 @@ from hetpipe.errors import PlanError
 from hetpipe.partitioner.problem import Problem, Stage, evaluate, is_split
 from hetpipe.partitioner.recompute import choose_recompute, is_prefix_choice
 from hetpipe.plan.baseline_check import baseline_violations
-from hetpipe.plan.groups import group_violations
+from hetpipe.plan.tp_plan import share_violations
 from hetpipe.plan.offload_check import offload_violations
 from hetpipe.plan.replica_check import check_replicas
 from hetpipe.plan.schema import (
@@ -55,8 +55,6 @@ def check_plan(plan: Plan) -> CheckReport:
     validate_plan(plan)  # NaN, a deleted link: one PlanError naming the field, not a symptom below
     report = check_replicas(plan) if plan.replicas else _check_pipeline(plan)
     report = dataclasses.replace(report, objective=plan.objective_name)
-    if group_violations(plan):  # issue 15: a group's time is not the recorded device's alone
-        report = dataclasses.replace(report, violations=(*report.violations, *group_violations(plan)))
     if plan.memory_model == MEMORY_MODEL:
         return report
     others = [v for v in report.violations if "memory_bytes" not in v]
@@ -79,11 +77,12 @@ def _check_pipeline(plan: Plan) -> CheckReport:
     violations = structure_violations(plan)
     problem = problem_from_plan(plan)
     try:
-        stages = stages_from_plan(plan)
+        stages = stages_from_plan(plan)  # a tensor-parallel group's members too (issue 15)
         ev = evaluate(problem, stages)
     except ValueError as err:
         return CheckReport(math.nan, tuple(violations + [f"stages: {err}"]))
-    violations += recompute_violations(problem, stages) + offload_violations(problem, stages)
+    violations += (recompute_violations(problem, stages) + offload_violations(problem, stages)
+                   + share_violations(plan, ev))
     for st, cost in zip(plan.stages, ev.stages):
         for name, recorded, actual in (
             ("fwd_s", st.fwd_s, cost.fwd_s),
@@ -119,6 +118,8 @@ def recompute_violations(problem: Problem, stages: tuple[Stage, ...]) -> list[st
     stage's order, and under ``auto``/``all`` exactly the choice the planner makes (re-derived)."""
     out = []
     for s, st in enumerate(stages):
+        if st.members:  # a group has no levers (`evaluate` refuses them)
+            continue
         if st.recompute_units and not is_prefix_choice(problem, st):
             out.append(f"stage {s}: recompute_units {list(st.recompute_units)} are not the first units of the "
                        "stage's recompute order (saved bytes per recompute second)")

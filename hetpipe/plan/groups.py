@@ -6,8 +6,8 @@ a plan is loaded (`plan.validate`): the members are plan devices of one node, ``
 first, each once and in no other stage; the shares are one per member, positive, and sum to 1
 (integer heads / columns follow by largest remainder, so their sum is every block's total).
 
-Not wired yet: no solver writes groups, `check_plan` does not price them (it reports that,
-instead of a wrong T) and `hetpipe run` refuses them (`refuse_groups`).
+The solver writes groups under ``--tensor-parallel auto`` and `check_plan` prices them
+(`plan/tp_plan.py`); `hetpipe run` refuses them (`refuse_groups`): not run inside the pipeline yet.
 
 Example:
     >>> from types import SimpleNamespace as NS
@@ -15,8 +15,6 @@ Example:
     >>> plan = NS(devices=[dev("a", "n"), dev("b", "n")],
     ...           stages=[NS(device="a", group_devices=("a", "b"), group_shares=(0.75, 0.25))])
     >>> validate_groups(plan)
-    >>> group_violations(plan)
-    ['stage 0: a tensor-parallel group of 2 cards (a, b); check does not price groups yet (issue 15)']
 """
 
 from __future__ import annotations
@@ -62,12 +60,6 @@ def validate_groups(plan: Any) -> None:
             if m in holders and holders[m] != i:
                 raise PlanError(f"{at}.group_devices: {m!r} also runs stage {holders[m]}; {_FIX}")
             holders[m] = i
-
-
-def group_violations(plan: Any) -> list[str]:
-    """One line per grouped stage: `check_plan` prices each stage as its `device` alone so far."""
-    return [f"stage {i}: a tensor-parallel group of {len(st.group_devices)} cards ({', '.join(st.group_devices)}); "
-            "check does not price groups yet (issue 15)" for i, st in enumerate(plan.stages) if st.group_devices]
 
 
 def refuse_groups(plan: Any) -> None:

@@ -31,7 +31,7 @@ def offload_violations(problem: Problem, stages: Sequence[Stage]) -> list[str]:
                 if st.offload]
     if problem.offload == "all":
         return [f"stage {s}: offload is {st.offload}, but setting 'all' makes every stage that can offload do so"
-                for s, st in enumerate(stages) if st.offload != can_offload(problem, st)]
+                for s, st in enumerate(stages) if not st.members and st.offload != can_offload(problem, st)]
     if any(st.offload and not can_offload(problem, st) for st in stages):
         return []  # evaluate() refuses such a stage: reported by the caller as a stages error
     have, best = evaluate(problem, stages), evaluate(problem, best_levers(problem, stages, problem.objective))

@@ -119,9 +119,10 @@ def solve_n_replicas(rp: ReplicaProblem, count: int, *, policy: str = "auto", ou
 
 def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, global_batch: int | None,
                   solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0, recompute: str = "auto",
-                  offload: str = "never", schedule: str = "1f1b") -> Plan:
+                  offload: str = "never", schedule: str = "1f1b", tensor_parallel: str = "off") -> Plan:
     """The plan ``hetpipe plan --replicas`` writes (see the module docstring); `recompute` is the
-    activation-recomputation lever of every pipeline, single or replica."""
+    activation-recomputation lever of every pipeline, single or replica; `tensor_parallel` (groups,
+    issue 15) is priced for one pipeline only."""
     from hetpipe.plan.build import microbatches_for, partition_graph
     from hetpipe.plan.replicas import (
         assemble_replica_plan,
@@ -134,9 +135,12 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
 
     if replicas == 1:
         return partition_graph(graph, cluster, global_batch=global_batch, solver=solver, time_limit_s=time_limit_s,
-                               seed=seed, recompute=recompute, offload=offload, schedule=schedule)
+                               seed=seed, recompute=recompute, offload=offload, schedule=schedule,
+                               tensor_parallel=tensor_parallel)
     if schedule != "1f1b":  # replica pipelines run 1F1B (issue 17: ZB-H1 for one pipeline first)
         raise ConfigError(f"--schedule {schedule} plans one pipeline only; use --replicas 1 or --schedule 1f1b")
+    if tensor_parallel != "off":  # the replica planner prices no groups (issue 15: single pipelines first)
+        raise ConfigError(f"--tensor-parallel {tensor_parallel} plans one pipeline only; use --replicas 1")
     if offload != "never":  # the replica planner prices no offload yet (issue 14: single pipelines first)
         raise ConfigError(f"--offload {offload} plans one pipeline only; use --replicas 1 or --offload never")
     if replicas == "auto":

@@ -40,6 +40,7 @@ from hetpipe.errors import PlanError
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy
 from hetpipe.cost_models.offload import offload_rates
 from hetpipe.plan.offload_note import offload_mode
+from hetpipe.plan.tp_plan import PlanBlock, with_plan_splits  # issue 15: groups and their unit tables
 # re-exported: `check_plan` and the tests import them from here
 from hetpipe.plan.check_report import CheckReport, close_to_recorded, structure_violations  # noqa: F401
 from hetpipe.plan.serde import from_json, least_version, to_json
@@ -173,6 +174,10 @@ class PlanUnit:
     boundary_grad_bytes: int = field(default=0, metadata={"since": 3})
     # Version 3: the storages the unit makes and saves itself (what recomputing it frees and redoes).
     recompute_bytes: int = field(default=0, metadata={"since": 3})
+    # Version 4 (issue 15; plans solved with --tensor-parallel auto): what a group splits (`plan/tp_plan.py`).
+    tp_flops_fraction: float = field(default=0.0, metadata={"since": 4})
+    tp_param_fraction: float = field(default=0.0, metadata={"since": 4})
+    tp_blocks: tuple[PlanBlock, ...] = field(default=(), metadata={"since": 4})
 
 
 @dataclass(frozen=True)
@@ -197,10 +202,8 @@ class PlanStage:
     offload_s: float = field(default=0.0, metadata={"since": 4})
     # Version 4: S_s, the stage's optimizer step (units' shares + its kind's launch share).
     step_s: float = field(default=0.0, metadata={"since": 4})
-    # Version 4 (issue 15): a stage run by a tensor-parallel group of cards of one node: every
-    # member's device id (`device` first) and its share of each tensor-parallel block (> 0, sum 1;
-    # heads / columns per member by largest remainder, `cost_models.tensor_parallel`).  Empty: the
-    # stage is `device` alone.  No solver writes groups yet; `check` and `run` refuse them (plan/groups.py).
+    # Version 4 (issue 15): a tensor-parallel group of one node's cards: member ids (`device` first) and
+    # shares (> 0, sum 1; `partitioner/tp_tables.py`); empty: `device` alone.  `run` refuses groups.
     group_devices: tuple[str, ...] = field(default=(), metadata={"since": 4})
     group_shares: tuple[float, ...] = field(default=(), metadata={"since": 4})
     bwd_weight_s: float = field(default=0.0, metadata={"since": 5})  # W_s: bwd_s's weight-gradient part (ZB W)
@@ -444,7 +447,7 @@ def problem_from_plan(plan: Plan) -> Problem:
         bandwidth[index[link.src]][index[link.dst]] = link.bandwidth_bytes_s
         latency[index[link.src]][index[link.dst]] = link.latency_s
     scheduled = plan.objective_name == "schedule"
-    return Problem(
+    return with_plan_splits(plan, Problem(
         step_s={k: tuple(u.time_s[k].step for u in plan.units) for k in kinds} if scheduled else {},
         step_launch_s={ks.kind: ks.seconds for ks in plan.step_launch_s} if scheduled else {},
         objective=plan.objective_name,
@@ -468,7 +471,7 @@ def problem_from_plan(plan: Plan) -> Problem:
         recompute=recompute_mode(plan),
         offload=offload_mode(plan),
         offload_rates=offload_rates(plan.training.optimizer, plan.training.precision) if plan.memory_model >= 2 else None,
-    )
+    ))
 
 
 def recompute_mode(plan: Plan) -> str:
@@ -486,7 +489,8 @@ def stages_from_plan(plan: Plan) -> tuple[Stage, ...]:
     for st in plan.stages:
         if st.device not in index:
             raise PlanError(f"stage {st.index} runs on device {st.device!r}, which the plan does not list")
-        out.append(Stage(index[st.device], st.first_unit, st.last_unit, tuple(sorted(st.recompute_units)), st.offload))
+        out.append(Stage(index[st.device], st.first_unit, st.last_unit, tuple(sorted(st.recompute_units)), st.offload,
+                         tuple(index[d] for d in st.group_devices)))
     return tuple(out)
 
 

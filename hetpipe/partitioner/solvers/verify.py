@@ -200,18 +200,19 @@ def _moves(problem: Problem, plain: tuple[Stage, ...]) -> Iterator[tuple[Stage, 
         for cut in range(a.first_unit, b.last_unit):
             if cut != a.last_unit:
                 yield plain[:s] + (replace(a, last_unit=cut), replace(b, first_unit=cut + 1)) + plain[s + 2:]
-        yield plain[:s] + (replace(a, device=b.device), replace(b, device=a.device)) + plain[s + 2:]
+        yield plain[:s] + (replace(a, device=b.device, members=b.members),
+                           replace(b, device=a.device, members=a.members)) + plain[s + 2:]  # groups swap whole
         for dev in (a.device, b.device):
             yield plain[:s] + (Stage(dev, a.first_unit, b.last_unit),) + plain[s + 2:]
-    used = {st.device for st in plain}
+    used = {d for st in plain for d in (st.members or (st.device,))}  # a group's members are all used
     spare = {(d.kind, d.node): i for i, d in reversed(list(enumerate(problem.devices))) if i not in used}
     for s, st in enumerate(plain):
         for dev in spare.values():
-            yield plain[:s] + (replace(st, device=dev),) + plain[s + 1:]
+            yield plain[:s] + (replace(st, device=dev, members=()),) + plain[s + 1:]
             for cut in range(st.first_unit, st.last_unit):
                 head, tail = replace(st, last_unit=cut), replace(st, first_unit=cut + 1)
-                yield plain[:s] + (head, replace(tail, device=dev)) + plain[s + 1:]
-                yield plain[:s] + (replace(head, device=dev), tail) + plain[s + 1:]
+                yield plain[:s] + (head, replace(tail, device=dev, members=())) + plain[s + 1:]
+                yield plain[:s] + (replace(head, device=dev, members=()), tail) + plain[s + 1:]
 
 
 def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stages: int | None = None,

@@ -1,0 +1,257 @@
+"""A pipeline stage run by a tensor-parallel group, priced from the solver's tables (issue 15).
+
+`Problem.tensor_parallel` holds, per unit, what a group can split (`UnitSplit`: the share of
+its FLOPs and parameters inside tensor-parallel blocks, and each block's parts, forward FLOPs,
+all-reduced bytes and per-part activations), the same figures `tp_groups.price_group` reads
+from the captured `Unit`s.  `group_stage` prices a stage on units [first, last] run by the
+group ``members`` (device indices of one node, the lead first) at a pipeline position:
+
+* **shares** -- `tp_groups.price_group`'s ``uneven`` rule (or ``even``): each member's speed on
+  the run is the run's FLOPs over its own F + B on its kind; equal finish with the replicated
+  fraction, capped by memory (``w_i · shardable + replicated <= usable``, shardable = split
+  state + in-flight blocks' activations) -- `cost_models.tensor_parallel.proportional_shares`;
+* **member time** -- each block's *integer* parts (largest remainder, what the runtime runs):
+  member i runs ``(f_u · mine_u + 1 - f_u)`` of unit u's forward and backward on its kind
+  (`tp_groups.rounded_member_s`, the same formula per unit); F_s / B_s = the slowest member's
+  forward / backward + one ring all-reduce per block (forward: the row output; backward: the
+  column input's gradient; over the group's slowest link, largest latency) + one broadcast of
+  the received activation (F_s, not on the first stage) / gradient (B_s, not on the last)
+  from the lead to the group (latency + bytes / bandwidth on the same link);
+* **memory** -- every member under M_s (`stage_memory.pipeline_stage_bytes`, the stage's
+  in-flight count) with its share ``ceil(w_i · x)`` of the split state, gradients and blocks'
+  activations and everything else whole; the stage fits when every member does;
+* **step** -- each member steps its share of the split parameters and all replicated ones on
+  its kind; S_s = the slowest member's.
+
+A group stage neither recomputes nor offloads (not priced for groups: stated in the README).
+
+Example (two cards of one kind: the run splits in half, plus its all-reduces):
+    >>> from types import SimpleNamespace as NS
+    >>> blk = BlockSplit(parts=4, fwd_flops=10, allreduce_bytes=1000, activation_bytes=8)
+    >>> p = NS(fwd_s={"a": (1.0,)}, bwd_s={"a": (2.0,)}, tensor_parallel=(UnitSplit(30, 1.0, 1.0, (blk,)),),
+    ...        devices=(NS(kind="a", usable_bytes=10**6), NS(kind="a", usable_bytes=10**6)),
+    ...        bandwidth_bytes_s=((0.0, 1e6), (1e6, 0.0)), latency_s=((0.0, 0.0), (0.0, 0.0)),
+    ...        state_bytes=(400,), activation_bytes=(8,), grad_bytes=(100,), step_s={}, step_launch_s={})
+    >>> g = group_stage(p, first=0, last=0, members=(0, 1), position=StagePosition(0, True, 4, 0, 0, 0, 0, 8))
+    >>> g.shares, g.fwd_s, g.bwd_s   # 0.5 + 1 ms all-reduce; 1.0 + 1 ms
+    ((0.5, 0.5), 0.501, 1.001)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Protocol
+
+from hetpipe.cost_models.stage_memory import pipeline_stage_bytes
+from hetpipe.cost_models.sync import ring_allreduce_s
+from hetpipe.cost_models.tensor_parallel import (
+    TensorShares, even_shares, memory_caps, proportional_shares)
+from hetpipe.errors import InfeasibleError
+from hetpipe.schedule.held import position_held_terms
+
+#: `--tensor-parallel`: ``off`` (pipeline only) or ``auto`` (the solver may run a stage on a group).
+TENSOR_PARALLEL_MODES = ("off", "auto")
+#: The most cards of one node a group holds under ``auto`` (issue 15: k <= 4).
+DEFAULT_GROUP_MAX = 4
+#: Share rules: ``uneven`` (equal finish, capped by memory: what the solver uses), ``even`` (1/k).
+GROUP_RULES = ("uneven", "even")
+
+
+@dataclass(frozen=True)
+class BlockSplit:
+    """One tensor-parallel block of a unit (`capture.tensor_blocks.TensorParallelBlock`'s numbers)."""
+
+    parts: int  # heads / key-value groups / hidden columns the shares are rounded to
+    fwd_flops: int  # forward FLOPs inside the block: what splits with the parts
+    allreduce_bytes: int  # the row output (forward) and the column input's gradient (backward)
+    activation_bytes: int  # per micro-batch, held for backward, split with the parts
+
+
+@dataclass(frozen=True)
+class UnitSplit:
+    """What a tensor-parallel group can split of one unit (all zero: the unit runs replicated)."""
+
+    flops: int  # forward + backward FLOPs of the unit
+    flops_fraction: float  # of them inside blocks (`Unit.tp_flops_fraction`)
+    param_fraction: float  # of its parameters that split (`Unit.tp_param_fraction`)
+    blocks: tuple[BlockSplit, ...] = ()
+
+
+def unit_splits(units: Sequence[Any]) -> tuple[UnitSplit, ...]:
+    """`UnitSplit` per captured `Unit` (its ``tensor_parallel`` blocks and fractions)."""
+    return tuple(UnitSplit(flops=u.fwd_flops + u.bwd_flops, flops_fraction=u.tp_flops_fraction,
+                           param_fraction=u.tp_param_fraction,
+                           blocks=tuple(BlockSplit(b.parts, b.fwd_flops, b.allreduce_bytes, b.activation_bytes)
+                                        for b in u.tensor_parallel)) for u in units)
+
+
+class GroupTables(Protocol):
+    """The `Problem` fields a group's price reads (a Protocol: `problem.py` imports this module)."""
+
+    fwd_s: Mapping[str, tuple[float, ...]]
+    bwd_s: Mapping[str, tuple[float, ...]]
+    tensor_parallel: tuple[UnitSplit, ...]
+    devices: Sequence[Any]
+    bandwidth_bytes_s: Sequence[Sequence[float]]
+    latency_s: Sequence[Sequence[float]]
+    state_bytes: tuple[int, ...]
+    activation_bytes: tuple[int, ...]
+    grad_bytes: tuple[int, ...]
+    step_s: Mapping[str, tuple[float, ...]]
+    step_launch_s: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class StagePosition:
+    """What the stage's position and neighbours add: stages after it, first or not, micro-batches,
+    and its whole-stage memory terms as `problem.stage_memory_bytes` computes them for one card."""
+
+    stages_after: int
+    first: bool
+    microbatches: int
+    in_bytes: int
+    out_bytes: int
+    in_grad_bytes: int
+    out_grad_bytes: int
+    activation_bytes: int  # A_s of the whole stage (`problem.stage_activation_bytes`)
+    tied_bytes: int = 0  # tied replicas: replicated on every member
+
+    @property
+    def in_flight(self) -> int:
+        return min(self.stages_after + 1, self.microbatches)
+
+
+@dataclass(frozen=True)
+class GroupStage:
+    """A group stage's figures (seconds per micro-batch; bytes; `shares` in member order)."""
+
+    shares: tuple[float, ...]
+    fwd_s: float
+    bwd_s: float
+    step_s: float
+    memory_bytes: tuple[int, ...]  # M_s of each member
+    usable_bytes: tuple[int, ...]
+    allreduce_s: float  # all the blocks' all-reduces, forward + backward
+
+    @property
+    def fits(self) -> bool:
+        return all(m <= u for m, u in zip(self.memory_bytes, self.usable_bytes))
+
+
+def ring_of(tables: GroupTables, members: Sequence[int]) -> tuple[float, float]:
+    """(bandwidth, latency) of the group's ring: its slowest link, its largest latency."""
+    pairs = [(a, b) for a in members for b in members if a != b]
+    if not pairs:
+        return math.inf, 0.0
+    return (min(tables.bandwidth_bytes_s[a][b] for a, b in pairs), max(tables.latency_s[a][b] for a, b in pairs))
+
+
+def _run_s(tables: GroupTables, kind: str, units: range) -> float:
+    return sum(tables.fwd_s[kind][u] + tables.bwd_s[kind][u] for u in units)
+
+
+def group_shares(tables: GroupTables, units: range, members: Sequence[int], *, in_flight: int,
+                 rule: str = "uneven") -> TensorShares:
+    """The shares `tp_groups.price_group` gives the run (raises `InfeasibleError` if no split fits)."""
+    splits = [tables.tensor_parallel[u] for u in units]
+    flops = sum(s.flops for s in splits)
+    split_flops = sum(s.flops_fraction * s.flops for s in splits)
+    if split_flops <= 0:  # a group would only run the same work on every member
+        raise InfeasibleError("nothing in the run splits over a tensor-parallel group")
+    if rule == "even":
+        return even_shares(len(members))
+    split_state = sum(round(s.param_fraction * tables.state_bytes[u]) for s, u in zip(splits, units))
+    split_act = in_flight * sum(b.activation_bytes for s in splits for b in s.blocks)
+    total = sum(tables.state_bytes[u] for u in units) + in_flight * sum(tables.activation_bytes[u] for u in units)
+    speeds = [flops / _run_s(tables, tables.devices[d].kind, units) for d in members]
+    caps = memory_caps([tables.devices[d].usable_bytes for d in members], shardable_bytes=split_state + split_act,
+                       replicated_bytes=total - split_state - split_act)
+    return proportional_shares(speeds, caps, replicated_fraction=1.0 - split_flops / flops)
+
+
+def member_fractions(tables: GroupTables, units: range, shares: TensorShares, member: int) -> list[float]:
+    """Per unit, the fraction of its work member ``member`` runs: ``f · mine + 1 - f`` with its
+    integer parts of every block (`tp_groups.rounded_member_s`)."""
+    out, parts = [], {}  # parts: one largest-remainder split per block size (blocks of a model repeat them)
+    for u in units:
+        s = tables.tensor_parallel[u]
+        block_flops = sum(b.fwd_flops for b in s.blocks) or 1
+        for b in s.blocks:
+            if b.parts not in parts:
+                parts[b.parts] = shares.parts(b.parts)
+        mine = sum(parts[b.parts][member] / b.parts * b.fwd_flops / block_flops for b in s.blocks if b.parts)
+        out.append(s.flops_fraction * mine + 1.0 - s.flops_fraction)
+    return out
+
+
+def _member_bytes(tables: GroupTables, units: range, w: float, pos: StagePosition) -> int:
+    splits = [tables.tensor_parallel[u] for u in units]
+    state = sum(tables.state_bytes[u] for u in units) + pos.tied_bytes
+    grads = sum(tables.grad_bytes[u] for u in units) if tables.grad_bytes else 0
+    split_state = sum(round(s.param_fraction * tables.state_bytes[u]) for s, u in zip(splits, units))
+    split_grad = sum(round(s.param_fraction * tables.grad_bytes[u]) for s, u in zip(splits, units)) if grads else 0
+    split_act = sum(b.activation_bytes for s in splits for b in s.blocks)
+
+    def mine(x: int) -> int:  # the member's part of x split bytes, the rest of x leaves its card
+        return x - int(math.ceil(w * x))
+
+    return pipeline_stage_bytes(
+        state_bytes=state - mine(split_state), grad_bytes=grads - mine(split_grad),
+        activation_bytes=pos.activation_bytes - mine(split_act),
+        held=position_held_terms(pos.stages_after, first=pos.first, microbatches=pos.microbatches),
+        in_bytes=pos.in_bytes, out_bytes=pos.out_bytes, in_grad_bytes=pos.in_grad_bytes,
+        out_grad_bytes=pos.out_grad_bytes)
+
+
+def group_stage(tables: GroupTables, *, first: int, last: int, members: Sequence[int], position: StagePosition,
+                rule: str = "uneven") -> GroupStage:
+    """Price units [first, last] on the group ``members`` at ``position`` (module docstring).
+
+    Shares and integer parts are worked out with the members in device-index order (largest
+    remainder's ties go to the lower index), so the price does not depend on which member leads;
+    `GroupStage` lists everything in ``members`` order.  Raises `InfeasibleError` when the members
+    cannot hold the split at any shares.
+    """
+    order = sorted(members)
+    if list(members) != order:
+        g = group_stage(tables, first=first, last=last, members=order, position=position, rule=rule)
+        back = [order.index(d) for d in members]
+        return replace(g, shares=tuple(g.shares[i] for i in back), memory_bytes=tuple(g.memory_bytes[i] for i in back),
+                       usable_bytes=tuple(g.usable_bytes[i] for i in back))
+    units = range(first, last + 1)
+    shares = group_shares(tables, units, members, in_flight=position.in_flight, rule=rule)
+    bandwidth, latency = ring_of(tables, members)
+    blocks = [b for u in units for b in tables.tensor_parallel[u].blocks]
+    allreduce = sum(ring_allreduce_s(num_bytes=b.allreduce_bytes, ranks=len(members), bandwidth_bytes_s=bandwidth,
+                                     latency_s=latency) for b in blocks)
+
+    def bcast(nbytes: int) -> float:  # the lead hands a received message to the group
+        return latency + nbytes / bandwidth if nbytes > 0 else 0.0
+
+    fwd, bwd, step = [], [], []
+    for i, d in enumerate(members):
+        kind = tables.devices[d].kind
+        frac = member_fractions(tables, units, shares, i)
+        fwd.append(sum(tables.fwd_s[kind][u] * f for u, f in zip(units, frac)))
+        bwd.append(sum(tables.bwd_s[kind][u] * f for u, f in zip(units, frac)))
+        step.append(_member_step_s(tables, kind, units, shares.weights[i]))
+    return GroupStage(
+        shares=shares.weights,
+        fwd_s=max(fwd) + allreduce + (0.0 if position.first else bcast(position.in_bytes)),
+        bwd_s=max(bwd) + allreduce + (bcast(position.out_grad_bytes) if position.stages_after else 0.0),
+        step_s=max(step), allreduce_s=2.0 * allreduce,
+        memory_bytes=tuple(_member_bytes(tables, units, w, position) for w in shares.weights),
+        usable_bytes=tuple(tables.devices[d].usable_bytes for d in members))
+
+
+def _member_step_s(tables: GroupTables, kind: str, units: range, w: float) -> float:
+    """The member's optimizer step: its share of the split parameters, every replicated one."""
+    if kind not in tables.step_s:
+        return 0.0
+    table = tables.step_s[kind]
+    own = sum(table[u] * (tables.tensor_parallel[u].param_fraction * w + 1.0 - tables.tensor_parallel[u].param_fraction)
+              for u in units)
+    return own + tables.step_launch_s.get(kind, 0.0)
+
