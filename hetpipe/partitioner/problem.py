@@ -1,11 +1,9 @@
 """The pure solver input and the objective every solver optimises.
 
-`Problem` is a table-only description of a pipeline-partitioning instance: per
-unit times on each device kind, memory, cut bytes, the devices and the link
-matrix.  It is exactly what a plan file records, so a plan can be re-checked
-from the file alone.  `evaluate` is the single implementation of the
-optimisation contract (issue #3); solvers, baselines, `hetpipe check` and the
-tests all call it.
+`Problem` is a table-only description of a pipeline-partitioning instance: per unit times on each
+device kind, memory, cut bytes, the devices and the link matrix -- exactly what a plan file records,
+so a plan can be re-checked from the file alone.  `evaluate` is the single implementation of the
+optimisation contract (issue #3); solvers, baselines, `hetpipe check` and the tests all call it.
 
 Objective (units u = 0..L-1; p stages; stage s on device d_s holds [l_s, r_s]):
 
@@ -54,8 +52,7 @@ forward runs again in the backward:
     M_s  = ... + k_t * (A_s - sum_{u in R_s} (A_u - in_u) + in_s + out_s) + ... + max_{u in R_s} A_u
     (`pipeline_stage_bytes` with recompute_saved_bytes = sum (A_u - in_u), recompute_peak_bytes)
 
-`evaluate` prices whatever set a stage carries (none by default); which set a solver picks
-is `Problem.recompute` (`hetpipe.partitioner.recompute.choose_recompute`).
+`evaluate` prices whatever set a stage carries; `Problem.recompute` says which a solver may pick.
 
 Optimizer-state offload (issue 14; `hetpipe.cost_models.offload`): a stage with `Stage.offload`
 keeps its optimizer state (Adam's m, v; with the mixed precisions also the fp32 master
@@ -67,21 +64,15 @@ weights) on its host.  With P_s its trainable parameters (tied replicas included
              after the rank's last backward like any step
     T_est += max_s O_s over the offloading stages              (`step_tail_s`: why the max)
 
-The estimate counts no on-card S_s, but it must price the offload's tail, or the search
-would see offloading as free memory.  Which stages offload is `Problem.offload` (never | auto
-| all; `hetpipe.partitioner.recompute.with_recompute` chooses it with the recompute prefix).
+(the estimate must price the tail, or the search would see offloading as free memory); which
+stages may offload is `Problem.offload` (never | auto | all).
 
-Tensor-parallel groups (issue 15; `hetpipe.partitioner.tp_tables`): a stage with `Stage.members`
-runs on 2..`group_max` cards of one node, its lead `device` first, each holding its share of every
-split block.  F_s, B_s = the slowest member's part (integer heads / columns) + one ring all-reduce
-per block each way + the broadcast of each received message; M_s holds on every member (its share
-of the split state, gradients and block activations, the rest whole); S_s is the slowest member's
-step; C_s runs lead to lead.  A group has no recompute or offload lever.
+Tensor-parallel groups (issue 15): a stage with `Stage.members` runs on 2..`group_max` cards of
+one node, lead `device` first; F_s, B_s, M_s (on every member) and S_s as `tp_tables.group_stage`
+states them, C_s lead to lead; a group has no recompute or offload lever.
 
-T_est is the heterogeneous 1F1B estimate of HARP / AMP / Metis
-(cost_formulas.md §3.3); min(p - s, m) in-flight micro-batches per stage is
-1F1B's activation footprint (Narayanan et al. SC'21; Megatron
-theoretical_memory_usage.py).
+T_est is the heterogeneous 1F1B estimate of HARP / AMP / Metis (cost_formulas.md §3.3); min(p - s, m)
+in-flight micro-batches is 1F1B's footprint (Narayanan et al. SC'21; Megatron theoretical_memory_usage.py).
 
 Example:
     >>> prob = Problem(fwd_s={"a": (1.0, 1.0)}, bwd_s={"a": (2.0, 2.0)},
@@ -110,9 +101,8 @@ from hetpipe.schedule.builders import SCHEDULES, SPLIT_SCHEDULES, is_split
 from hetpipe.schedule.held import position_held_terms, stage_held_terms
 from hetpipe.schedule.replay import replay_iteration_s
 
-#: What `evaluate`'s T is: ``schedule`` (plan version 4 on): the 1F1B action lists the runtime
-#: runs, replayed with every stage's optimizer step; ``estimate``: the H-1F1B formula
-#: (plans before version 4 were solved and are re-checked with it).
+#: What `evaluate`'s T is: ``schedule`` (plan version 4 on): the action lists the runtime runs,
+#: replayed with optimizer steps; ``estimate``: the H-1F1B formula (plans before version 4).
 OBJECTIVES = ("schedule", "estimate")
 
 
@@ -142,9 +132,8 @@ class TiedCopy:
 
 @dataclass(frozen=True)
 class Stage:
-    """Stage placement: device index into `Problem.devices`, units [first_unit, last_unit], and the
-    units it recomputes in the backward (global indices, ascending; none by default), and whether
-    it keeps its optimizer state on the host (`offload`)."""
+    """Stage placement: device index into `Problem.devices`, units [first_unit, last_unit], the units it
+    recomputes in the backward (global, ascending) and whether it keeps its optimizer state on the host."""
 
     device: int
     first_unit: int
@@ -176,17 +165,13 @@ class Problem:
     microbatches: int
     tied: tuple[TiedCopy, ...] = ()
     recompute: str = "none"
-    # Per unit: the part of boundary_bytes[u] whose storage is also in activation_bytes (held
-    # for backward by the stage that ends at u); () = none (plans made before it was recorded).
+    # Per unit: the part of boundary_bytes[u] also in activation_bytes (held for backward); () = none.
     boundary_held_bytes: tuple[int, ...] = ()
-    # Per unit: the parameter-gradient bytes within state_bytes (they exist only from a step's
-    # first backward); () = counted at every moment of the step (an upper bound).
+    # Per unit: gradient bytes within state_bytes (from a step's first backward); () = always (a bound).
     grad_bytes: tuple[int, ...] = ()
-    # Per unit: the part of boundary_bytes[u] that requires grad (the gradient message back);
-    # () = the whole cut (an upper bound).
+    # Per unit: the part of boundary_bytes[u] that requires grad (the message back); () = the whole cut.
     boundary_grad_bytes: tuple[int, ...] = ()
-    # Per unit: what a recompute of it allocates again, the storages it makes and saves itself (the
-    # runtime's `RecomputedUnit.saved_bytes`); () = activation_bytes (memory model 1).
+    # Per unit: what a recompute of it allocates again (`RecomputedUnit.saved_bytes`); () = activation_bytes.
     recompute_bytes: tuple[int, ...] = ()
     # Optimizer-state offload (`hetpipe.cost_models.offload`): the lever's setting, the per-parameter
     # bytes (None = offload impossible: no optimizer/precision known), and -- for the solvers'
@@ -194,19 +179,16 @@ class Problem:
     offload: str = "never"
     offload_rates: OffloadRates | None = None
     offload_cap_s: float = math.inf
-    # Per device kind, per unit: the bandwidth share of the optimizer step S (seconds,
-    # `hetpipe.cost_models.optimizer_step.unit_step_s`); {} = the step is free (older plans).
+    # Per kind, per unit: the bandwidth share of the optimizer step S (`optimizer_step.unit_step_s`); {} = free.
     step_s: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     # Per device kind: the launch share of S, paid once per stage (`optimizer_step.step_launch_s`).
     step_launch_s: Mapping[str, float] = field(default_factory=dict)
     # What T means (`OBJECTIVES`): the simulated schedule (default) or the H-1F1B estimate.
     objective: str = "schedule"
-    # The action lists T replays and M_s holds (`hetpipe.schedule.builders.SCHEDULES`): 1F1B, or
-    # a split one (`SPLIT_SCHEDULES`: B and W apart; `hetpipe.partitioner.schedule_choice`).
+    # The action lists T replays and M_s holds (`schedule.builders.SCHEDULES`; split: B and W apart).
     schedule: str = "1f1b"
-    # Tensor-parallel groups (issue 15): per unit what a group splits (`tp_tables.UnitSplit`;
-    # () = nothing: no stage may be a group) and the most cards of one node a stage's group may
-    # hold (1 = pipeline only; the group solver `solvers/group_dp.py` reads it).
+    # Tensor-parallel groups (issue 15): per unit what a group splits (`tp_tables.UnitSplit`; () = no
+    # groups) and the most cards of one node a group may hold (1 = pipeline only; `solvers/group_dp.py`).
     tensor_parallel: tuple[UnitSplit, ...] = ()
     group_max: int = 1
 

@@ -360,7 +360,8 @@ def partition(
     targets: Any = None,
     recompute: str = "auto",
     offload: str = "never",
-                           schedule=schedule, tensor_parallel=tensor_parallel)
+    schedule: str = "1f1b",
+    tensor_parallel: str = "off",
 ) -> Plan:
     """Capture `model`, cost it on `cluster`, and return the best 1F1B pipeline plan.
 
@@ -381,8 +382,7 @@ def partition(
                     precision=precision, loss_fn=loss_fn, targets=targets)
     return partition_graph(graph, cluster, global_batch=global_batch, solver=solver,
                            time_limit_s=time_limit_s, seed=seed, recompute=recompute, offload=offload,
-                           schedule=schedule)
-                           tensor_parallel=tensor_parallel)
+                           schedule=schedule, tensor_parallel=tensor_parallel)
 
 
 def partition_graph(
