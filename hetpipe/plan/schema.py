@@ -43,6 +43,7 @@ from hetpipe.plan.offload_note import offload_mode
 # re-exported: `check_plan` and the tests import them from here
 from hetpipe.plan.check_report import CheckReport, close_to_recorded, structure_violations  # noqa: F401
 from hetpipe.plan.serde import from_json, least_version, to_json
+from hetpipe.plan.shard_schema import PlanShard
 from hetpipe.plan.validate import validate_plan
 
 PLAN_FORMAT = "hetpipe.plan"
@@ -54,8 +55,8 @@ PLAN_FORMAT = "hetpipe.plan"
 #: (`Plan.objective`, `UnitTimes.step`, `PlanStage.step_s`, `Plan.step_launch_s`,
 #: `Predicted.t_1f1b_estimate_s`; plans without `objective` are re-checked with the H-1F1B
 #: estimate), the offload lever (`PlanStage.offload*`, the devices' host figures; issue 14) and
-#: tensor-parallel groups (`PlanStage.group_devices`, `group_shares`; issue 15).
-PLAN_VERSION = 4
+#: tensor-parallel groups (`PlanStage.group_devices`, `group_shares`; issue 15).  5: sharded sync groups.
+PLAN_VERSION = 5
 #: The version of a plan without replicas.
 PLAN_VERSION_SINGLE = 1
 #: The first version that may carry replicas.
@@ -286,6 +287,7 @@ class PlanSyncGroup:
     bandwidth_bytes_s: float  # slowest link between two holders
     latency_s: float  # largest latency between two holders
     time_s: float
+    shard: PlanShard | None = field(default=None, metadata={"since": 5})  # optimizer state sharded (ZeRO-1)
 
 
 @dataclass(frozen=True)
