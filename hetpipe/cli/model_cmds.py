@@ -116,7 +116,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
             plan = plan_replicas(graph, cluster, replicas, global_batch=args.global_batch, solver=args.solver,
                                  time_limit_s=args.time_limit, seed=args.seed,
                                  recompute=getattr(args, "recompute", "auto"),
-                                 offload=getattr(args, "offload", "never"))
+                                 offload=getattr(args, "offload", "never"),
+                                 sharding=getattr(args, "sharding", "never"))
     except InfeasibleError as err:
         from hetpipe.cli.fit_help import with_fit_hints
 
