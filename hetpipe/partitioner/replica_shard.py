@@ -18,7 +18,8 @@ sharded groups (`cost_models.sharding` for the formulas and their sources):
     t_g   = shard_sync_s(f^g, G_g, W_g = G_g) for g in S, the ring all-reduce otherwise
     T     = max_r T'_r + sum_g t_g                  (synchronous; DiLoCo's inner steps keep full state)
 
-Tied-parameter copies keep their full state (their bucket is not sharded).  Which S the
+Tied parameters (GPT-2's wte = lm_head) keep their whole state on every copy: the runtime
+syncs them in a bucket of their own, which it does not shard, so O_g leaves them out.  Which S the
 planner takes is `choose_sharding`: the fitting S of least T, fewer groups on ties --
 every subset while there are at most `SHARD_ENUM_MAX` shardable groups, else a greedy walk.
 
@@ -82,7 +83,7 @@ class ShardedEvaluation:
 
 
 def optimizer_bytes_per_unit(problem: Problem) -> tuple[int, ...]:
-    """K Psi of each unit's own parameters (0 when the problem records no gradient bytes or rates).
+    """K Psi of each unit's own parameters, tied ones left out (0 without gradient bytes or rates).
 
     Example:
         >>> from hetpipe.cost_models.offload import offload_rates
@@ -95,7 +96,10 @@ def optimizer_bytes_per_unit(problem: Problem) -> tuple[int, ...]:
     rates = problem.offload_rates
     if rates is None or not problem.grad_bytes:
         return (0,) * problem.num_units
-    return tuple(g // rates.grad_bytes_per_param * rates.host_bytes_per_param for g in problem.grad_bytes)
+    out = [g // rates.grad_bytes_per_param * rates.host_bytes_per_param for g in problem.grad_bytes]
+    for t in problem.tied:  # a tied parameter syncs in a bucket of its own and keeps its whole state
+        out[t.owner_unit] -= t.state_bytes // rates.state_bytes_per_param * rates.host_bytes_per_param
+    return tuple(max(0, o) for o in out)
 
 
 def relaxed_problem(problem: Problem) -> Problem:
