@@ -157,6 +157,17 @@ def test_replicas_that_fit_only_sharded_are_planned_recorded_and_checked(sharded
     assert Plan.load(path) == plan and check_plan(Plan.load(path)).ok
 
 
+def test_show_prints_what_each_sharded_group_saves_and_pays(sharded_plan, tmp_path, capsys):
+    from hetpipe.cli import app
+
+    path = tmp_path / "plan.json"
+    sharded_plan.save(path)
+    capsys.readouterr()
+    assert app.main(["show", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "optimizer state sharded: units 0-2 n0:0" in out and "MiB)" in out and "sync" in out, out
+
+
 def test_check_catches_an_edited_shard(sharded_plan, tmp_path):
     path = tmp_path / "plan.json"
     sharded_plan.save(path)
@@ -172,3 +183,13 @@ def test_without_sharding_the_same_cards_take_a_pipeline(sharded_plan):
                               policy="synchronous", sharding="never")
     assert len(plan.replicas) == 1 and plan.version == 4
     assert plan.predicted.iteration_s > sharded_plan.predicted.iteration_s
+
+
+def test_a_bad_sharding_setting_is_one_error_line(tmp_path, capsys):
+    from hetpipe.cli import app
+
+    capsys.readouterr()
+    rc = app.main(["plan", "mlp-tiny", "--cluster", "examples/clusters/homelab.yaml", "--replicas", "auto",
+                   "--sharding", "even", "-o", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: sharding (--sharding): 'even'") and err.count("\n") == 1, err

@@ -124,6 +124,7 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
     """The plan ``hetpipe plan --replicas`` writes (see the module docstring); `recompute` is the
     activation-recomputation lever of every pipeline, single or replica; `sharding` the replicas'
     optimizer-state sharding (`partitioner.replica_shard`; ignored by a single pipeline)."""
+    from hetpipe.cost_models.sharding import check_sharding_option
     from hetpipe.plan.build import microbatches_for, partition_graph
     from hetpipe.plan.replicas import (
         assemble_replica_plan,
@@ -134,6 +135,7 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
         single_pipeline,
     )
 
+    check_sharding_option(sharding)
     if replicas == 1:
         return partition_graph(graph, cluster, global_batch=global_batch, solver=solver,
                                time_limit_s=time_limit_s, seed=seed, recompute=recompute, offload=offload)
