@@ -3,7 +3,8 @@
 Replica A = 2 stages (m = 3), replica B = 1 stage (m = 1) of llama-tiny, both sync groups
 sharded 0.7 / 0.3, Adam with global-norm clipping: every step's loss and every parameter after
 3 steps equal the unsplit model trained with Adam on the concatenated global batch (fp32, rtol
-1e-5), and each rank's optimizer holds only its shard's moments (f_r of Adam's two per parameter).
+1e-5), and each rank's optimizer holds only its shard's moments (f_r of Adam's two per parameter).  The same replicas unsharded with replica B's
+stage offloading its optimizer state (issue 14's offload lever inside a replica plan) equal it too.
 """
 
 from __future__ import annotations
@@ -72,11 +73,21 @@ def _run(plan: Any) -> dict[str, Any]:
     named = trainer.stage.module.named_parameters(remove_duplicate=False)
     moments = sum(v.numel() for s in trainer.optimizer.state.values() for k, v in s.items() if k != "step")
     return {"losses": losses, "params": {n: p.detach().clone() for n, p in named}, "moments": moments,
-            "stage_params": sum(p.numel() for p in trainer.stage.parameters()), "replica": trainer.place.replica}
+            "stage_params": sum(p.numel() for p in trainer.stage.parameters()), "replica": trainer.place.replica,
+            "host": bool(getattr(trainer.optimizer, "keeps_state_on_host", False))}
 
 
-def _worker(rank: int, world: int, plan: Any) -> dict[str, Any]:
-    return _run(plan)
+def offload_plan() -> Any:
+    """The same replicas unsharded, replica B's only stage keeping its optimizer state on the host."""
+    plan = sharded_plan()
+    groups = tuple(dataclasses.replace(g, shard=None) for g in plan.sync.groups)
+    stages = plan.stages[:2] + (dataclasses.replace(plan.stages[2], offload=True),)
+    return dataclasses.replace(plan, stages=stages, sync=dataclasses.replace(plan.sync, groups=groups))
+
+
+def _worker(rank: int, world: int, plans: Any) -> dict[str, Any]:
+    """Every plan in turn in one spawned world (one start-up)."""
+    return {name: _run(plan) for name, plan in plans.items()}
 
 
 def _reference() -> tuple[list[float], dict[str, torch.Tensor]]:
@@ -140,18 +151,40 @@ def test_a_lone_holder_steps_its_slice_in_place_like_the_plain_optimizer():
     assert sum(v.numel() for s in sharded.state.values() for k, v in s.items() if k != "step") == 2 * (hi - lo)
 
 
-@pytest.mark.slow
-def test_uneven_shards_over_two_replicas_equal_single_device_adam(tmp_path):
-    outcomes = run_world(_worker, world_size=3, args=(sharded_plan(),), timeout_s=240.0, out_dir=tmp_path)
-    for o in outcomes:
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> Any:
+    plans = {"sharded": sharded_plan(), "offload": offload_plan()}
+    out = run_world(_worker, world_size=3, args=(plans,), timeout_s=300.0, out_dir=tmp_path_factory.mktemp("zero"))
+    for o in out:
         assert o.error is None and o.value is not None, f"rank {o.rank} (exit {o.exitcode}): {o.error}"
-    ref_losses, ref_params = _reference()
+    return out
+
+
+def _equal_reference(outcomes: Any, name: str, ref_losses: list[float], ref_params: dict[str, torch.Tensor]) -> None:
     for o in outcomes:
-        got = o.value
+        got = o.value[name]
         torch.testing.assert_close(got["losses"], ref_losses, rtol=RTOL, atol=ATOL)
-        for name, value in got["params"].items():
-            torch.testing.assert_close(value, ref_params[name], rtol=RTOL, atol=ATOL,
-                                       msg=lambda m, p=name, k=o.rank: f"rank {k} param {p}: {m}")
+        for p, value in got["params"].items():
+            torch.testing.assert_close(value, ref_params[p], rtol=RTOL, atol=ATOL,
+                                       msg=lambda m, q=p, k=o.rank: f"{name}: rank {k} param {q}: {m}")
+
+
+@pytest.mark.slow
+def test_an_offloading_replica_stage_equals_single_device_adam(outcomes):
+    """Offload inside a replica plan: replica B steps on host copies; the run still equals one device."""
+    ref_losses, ref_params = _reference()
+    _equal_reference(outcomes, "offload", ref_losses, ref_params)
+    b = next(o.value["offload"] for o in outcomes if o.value["offload"]["replica"] == 1)
+    assert b["host"] and b["moments"] == 2 * b["stage_params"]  # the whole state, on the host copies
+    assert not any(o.value["offload"]["host"] for o in outcomes if o.value["offload"]["replica"] == 0)
+
+
+@pytest.mark.slow
+def test_uneven_shards_over_two_replicas_equal_single_device_adam(outcomes):
+    ref_losses, ref_params = _reference()
+    _equal_reference(outcomes, "sharded", ref_losses, ref_params)
+    for o in outcomes:
+        got = o.value["sharded"]
         share = FRACTIONS[got["replica"]]
         assert abs(got["moments"] - 2 * share * got["stage_params"]) <= 2 * 2, (o.rank, got["moments"])
     moved = max(float((ref_params[n] - v).abs().max()) for n, v in _initial().items())

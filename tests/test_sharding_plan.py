@@ -23,7 +23,7 @@ from hetpipe.partitioner.replicas import PipelineCache, ReplicaProblem, _exact_g
 from hetpipe.plan.check import check_plan
 from hetpipe.plan.replicas import partition_replicas
 from hetpipe.plan.schema import Plan
-from tests.instances import random_problem
+from tests.instances import TEST_RATES, random_problem, with_offload
 from tests.synthetic import synthetic_cluster, synthetic_graph
 
 #: Per parameter: weight 1 + gradient 1 + 2 optimizer bytes (the fp32-Adam ratio 4:4:8, scaled down).
@@ -58,7 +58,8 @@ def _enumerate(rp: ReplicaProblem) -> float:
                 continue
             for pick in itertools.product(*(cache.options(g, m) for g, m in zip(groups, split))):
                 pipes = [(stages, m) for (stages, _), m in zip(pick, split)]
-                cands = shardable(rp, evaluate_sharding(rp, pipes, ()).sync)
+                offloading = [st.device for stages, _ in pipes for st in stages if st.offload]
+                cands = shardable(rp, evaluate_sharding(rp, pipes, ()).sync, offloading)
                 for n in range(len(cands) + 1):
                     for subset in itertools.combinations(cands, n):
                         ev = evaluate_sharding(rp, pipes, subset)
@@ -91,6 +92,34 @@ def test_exact_reference_with_sharding_equals_enumeration():
             assert evaluate_sharding(rp, pipes, [s.group for s in got.shards]).iteration_s == pytest.approx(
                 got.iteration_s, rel=1e-12)
     assert fit_only_sharded >= 2 and faster >= 1, (fit_only_sharded, faster)
+
+
+def test_offload_inside_replica_plans_with_sharding_equals_enumeration():
+    """Offload in replica plans (each replica's pipeline chooses it, `Problem.offload`): the exact reference
+    still equals the enumeration, is never slower than without offload, and never shards a group whose
+    holder offloads."""
+    only_with = used = 0
+    for seed in range(30):
+        rng = random.Random(1000 + seed)
+        rp = _sharded_rp(seed)
+        base = with_offload(rng, dataclasses.replace(rp.base, tied=()), "auto")
+        params = tuple(g // TEST_RATES.grad_bytes_per_param for g in base.grad_bytes)
+        rp = ReplicaProblem(base, grad_bytes=params, sharding="auto")
+        want = _enumerate(rp)
+        try:
+            without = solve_replicas_exact(dataclasses.replace(rp, base=dataclasses.replace(base, offload="never")),
+                                           policy="synchronous").iteration_s
+        except InfeasibleError:
+            without = math.inf
+        if math.isinf(want):
+            continue
+        got = solve_replicas_exact(rp, policy="synchronous")
+        assert got.iteration_s == pytest.approx(want, rel=1e-9) and got.iteration_s <= without * (1 + 1e-9), seed
+        offloading = {st.device for r in got.replicas for st in r.stages if st.offload}
+        assert not any(set(got.sync[s.group].devices) & offloading for s in got.shards)
+        used += bool(offloading)
+        only_with += math.isinf(without)
+    assert used >= 3 and only_with >= 1, (used, only_with)
 
 
 def test_choose_sharding_is_the_best_subset_and_never_shards_for_nothing():

@@ -106,13 +106,16 @@ def relaxed_problem(problem: Problem) -> Problem:
     """`problem` with every unit's optimizer state taken off its state bytes: the pipelines the
     search tries for replicas that fit only once their state is sharded away."""
     opt = optimizer_bytes_per_unit(problem)
-    return dataclasses.replace(problem, state_bytes=tuple(s - o for s, o in zip(problem.state_bytes, opt)))
+    return dataclasses.replace(problem, state_bytes=tuple(s - o for s, o in zip(problem.state_bytes, opt)),
+                               offload="never")  # the state is gone already: offloading it would count twice
 
 
-def shardable(rp: ReplicaProblem, sync: Sequence[SyncGroup]) -> list[int]:
-    """Groups that can shard: several holders and some optimizer state."""
+def shardable(rp: ReplicaProblem, sync: Sequence[SyncGroup], offloading: Collection[int] = ()) -> list[int]:
+    """Groups that can shard: several holders, some optimizer state, no holder in `offloading` (devices
+    whose stage keeps its optimizer state on the host: nothing of it is left on the card to shard)."""
     opt = optimizer_bytes_per_unit(rp.base)
-    return [k for k, g in enumerate(sync) if len(g.devices) > 1 and sum(opt[g.first_unit:g.last_unit + 1]) > 0]
+    return [k for k, g in enumerate(sync) if len(g.devices) > 1 and sum(opt[g.first_unit:g.last_unit + 1]) > 0
+            and not set(g.devices) & set(offloading)]
 
 
 def evaluate_sharding(rp: ReplicaProblem, pipes: Pipelines, sharded: Collection[int], *,
@@ -122,6 +125,8 @@ def evaluate_sharding(rp: ReplicaProblem, pipes: Pipelines, sharded: Collection[
         raise ValueError(f"shard rule {rule!r}; use one of {', '.join(SHARD_RULES)}")
     base = rp.base
     sync = evaluate_sync(rp, [tuple(stages) for stages, _ in pipes])
+    if any(st.offload and st.device in sync[g].devices for stages, _ in pipes for st in stages for g in sharded):
+        raise ValueError("a sharded sync group is held by a stage that offloads its optimizer state")
     evs = [evaluate(replica_problem(base, m), tuple(stages)) for stages, m in pipes]
     where = {st.device: (r, k) for r, (stages, _) in enumerate(pipes) for k, st in enumerate(stages)}
     opt = optimizer_bytes_per_unit(base)
@@ -187,7 +192,7 @@ def choose_sharding(rp: ReplicaProblem, pipes: Pipelines, *, mode: str | None = 
     none = evaluate_sharding(rp, pipes, (), rule=rule)
     if mode == "never" or len(pipes) < 2:
         return none
-    cands = shardable(rp, none.sync)
+    cands = shardable(rp, none.sync, [st.device for stages, _ in pipes for st in stages if st.offload])
     if mode == "all":
         return evaluate_sharding(rp, pipes, cands, rule=rule)
     best = none if none.fits else None

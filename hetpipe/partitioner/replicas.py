@@ -57,6 +57,7 @@ from hetpipe.cost_models.sync import (
 )
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, solve_exact
+from hetpipe.partitioner.solvers.offload_walk import tail_walk
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate
 from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.replica_shard import choose_sharding, relaxed_problem
@@ -117,8 +118,8 @@ class PipelineCache:
             whole = with_recompute(sub, (Stage(0, 0, sub.num_units - 1),))
             local: tuple[Stage, ...] | None = whole if evaluate(sub, whole).fits else None
         elif self.exact:
-            try:
-                res = solve_exact(sub, time_limit_s=math.inf)
+            try:  # the offload lever's exact outer walk around the DP (the DP alone without offload)
+                res = tail_walk(sub, lambda p, _: solve_exact(p, time_limit_s=math.inf))
             except StateSpaceTooLarge as err:
                 raise ConfigError(f"the exact replica reference is too large for {len(group)} devices ({err}); "
                                   "use solver='search'") from None
@@ -132,7 +133,8 @@ class PipelineCache:
                 local = None
         if local is None:
             return None
-        stages = tuple(Stage(group[st.device], st.first_unit, st.last_unit, st.recompute_units) for st in local)
+        stages = tuple(Stage(group[st.device], st.first_unit, st.last_unit, st.recompute_units, st.offload)
+                       for st in local)
         return stages, evaluate(replica_problem(self.base, m), stages).iteration_s
 
 

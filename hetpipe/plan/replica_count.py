@@ -139,16 +139,15 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
     if replicas == 1:
         return partition_graph(graph, cluster, global_batch=global_batch, solver=solver,
                                time_limit_s=time_limit_s, seed=seed, recompute=recompute, offload=offload)
-    if offload != "never":  # the replica planner prices no offload yet (issue 14: single pipelines first)
-        raise ConfigError(f"--offload {offload} plans one pipeline only; use --replicas 1 or --offload never")
     if replicas == "auto":
         try:
             single: Plan | None = partition_graph(graph, cluster, global_batch=global_batch, solver=solver,
-                                                  time_limit_s=time_limit_s, seed=seed, recompute=recompute)
+                                                  time_limit_s=time_limit_s, seed=seed, recompute=recompute,
+                                                  offload=offload)
         except InfeasibleError:
             single = None
         several = partition_replicas(graph, cluster, global_batch=global_batch, time_limit_s=time_limit_s, seed=seed,
-                                     recompute=recompute, sharding=sharding)
+                                     recompute=recompute, sharding=sharding, offload=offload)
         if single is not None and (len(several.replicas) <= 1
                                    or single.predicted.iteration_s <= several.predicted.iteration_s):
             log.info("--replicas auto: one pipeline (%.4g s) vs replicas (%.4g s)", single.predicted.iteration_s,
@@ -157,7 +156,8 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
         return several
     assert isinstance(replicas, int)
     g, _ = microbatches_for(graph, global_batch, len(cluster.devices))
-    rp = build_replica_problem(graph, cluster, global_batch=g, recompute=recompute, sharding=sharding)
+    rp = build_replica_problem(graph, cluster, global_batch=g, recompute=recompute, sharding=sharding,
+                               offload=offload)
     sol = solve_n_replicas(rp, replicas, time_limit_s=time_limit_s, seed=seed)
     base = {"ddp-equal": ddp_equal(rp),
             "single-pipeline": single_pipeline(rp, time_limit_s=max(1.0, time_limit_s / 3), seed=seed)}

@@ -65,7 +65,7 @@ REPLICA_SOLVERS = ("search", "exact")
 
 def build_replica_problem(graph: UnitGraph, cluster: Cluster, *, global_batch: int,
                           bucket_cap_bytes: int = BUCKET_CAP_BYTES, recompute: str = "auto",
-                          sharding: str = "never") -> ReplicaProblem:
+                          sharding: str = "never", offload: str = "never") -> ReplicaProblem:
     """The replica solver's input: every device, M = global_batch / b, gradients = parameter bytes,
     the activation-recomputation lever every replica's stages may use (`Problem.recompute`) and the
     optimizer-state sharding lever (`partitioner.replica_shard`)."""
@@ -73,7 +73,7 @@ def build_replica_problem(graph: UnitGraph, cluster: Cluster, *, global_batch: i
     if bucket_cap_bytes < 1:
         raise ConfigError(f"bucket_cap_bytes must be a positive number of bytes, got {bucket_cap_bytes!r}")
     _, m = microbatches_for(graph, global_batch, len(cluster.devices))
-    base = build_problem(graph, cluster, microbatches=m, recompute=recompute)
+    base = build_problem(graph, cluster, microbatches=m, recompute=recompute, offload=offload)
     return ReplicaProblem(base, grad_bytes=tuple(u.param_bytes for u in graph.units),
                           bucket_cap_bytes=int(bucket_cap_bytes), sharding=sharding)
 
@@ -191,10 +191,12 @@ def partition_replicas(graph: UnitGraph, cluster: Cluster, *, global_batch: int 
                        policy: str = "auto", outer_steps: int | None = None,
                        budget_fraction: float = SYNC_BUDGET_FRACTION, solver: str = "search",
                        time_limit_s: float = 30.0, seed: int = 0, bucket_cap_bytes: int = BUCKET_CAP_BYTES,
-                       recompute: str = "auto", sharding: str = "never") -> Plan:
+                       recompute: str = "auto", sharding: str = "never", offload: str = "never") -> Plan:
     """Plan pipeline replicas for `graph` on `cluster` (see `partitioner.replicas`); `recompute` is
     the activation-recomputation lever of every replica's stages (auto | none | all), `sharding`
-    the optimizer-state sharding of each sync group (never | auto | all; synchronous sync only).
+    the optimizer-state sharding of each sync group (never | auto | all; synchronous sync only),
+    `offload` each replica stage's optimizer-state offload (`Problem.offload`; a group held by an
+    offloading stage does not shard).
 
     ``bucket_cap_bytes`` is the runtime's gradient all-reduce part size (recorded in the
     plan's ``sync``; the cost model charges each part one ring latency).
@@ -209,7 +211,7 @@ def partition_replicas(graph: UnitGraph, cluster: Cluster, *, global_batch: int 
     global_batch, _ = microbatches_for(graph, global_batch, len(cluster.devices))
     check_recompute_option(recompute)
     rp = build_replica_problem(graph, cluster, global_batch=global_batch, bucket_cap_bytes=bucket_cap_bytes,
-                               recompute=recompute, sharding=sharding)
+                               recompute=recompute, sharding=sharding, offload=offload)
     if solver == "exact":
         sol = solve_replicas_exact(rp, policy=policy, outer_steps=outer_steps, budget_fraction=budget_fraction)
     else:

@@ -43,6 +43,7 @@ from hetpipe.runtime.execute.executor import ActionHooks, PipelineExecutor, Step
 from hetpipe.runtime.execute.options import ExecutorOptions, ReplicaWiring
 from hetpipe.runtime.rank import capture_for_plan, device_backend, make_optimizer, recompute_nodes, resolve_for_plan
 from hetpipe.runtime.replicas.shard import ShardedOptimizer, shard_groups
+from hetpipe.runtime.stage.offload import HostOffloadOptimizer
 from hetpipe.runtime.replicas.sync import (
     DILOCO_OUTER_LR,
     DILOCO_OUTER_MOMENTUM,
@@ -275,6 +276,11 @@ class ReplicaTrainer:
             return factory(ps) if factory is not None else make_optimizer(self.plan.training.optimizer, ps, lr=lr)
 
         shards = shard_groups(self.plan, self.sync, replica=self.place.replica, stage_ranks=self._ranks)
+        if self.plan.stages[self.place.plan_stage].offload:  # its state and step on the host
+            if shards:
+                raise PlanError(f"{self.where}: the stage offloads its optimizer state and also holds a sharded sync "
+                                "group; a plan does one or the other per stage, re-plan it with `hetpipe plan`")
+            return HostOffloadOptimizer(params, build)
         return ShardedOptimizer(params, shards, build) if shards else build(params)
 
     def _schedule(self, name: str) -> list[Any]:
