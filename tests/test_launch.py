@@ -15,6 +15,7 @@ from hetpipe.errors import ConfigError, PlanError
 from hetpipe.runtime.launch import (
     LaunchSpec,
     RankError,
+    exit_codes,
     first_error,
     multinode_command,
     read_errors,
@@ -112,6 +113,18 @@ def test_summary_from_torchrun_log_names_the_killed_rank():
     assert summary_from_log(log) == ("rank 2 (stage 2) was killed by signal 9 (SIGKILL) without reporting an "
                                      "error; see the log for its output")
     assert summary_from_log("x\nsomething broke\n") == "torchrun failed: something broke"
+
+
+def test_exit_codes_pair_each_summary_entry_with_its_own_rank():
+    """Recorded from a CI failure: the agent's "failed (exitcode: 1) local_rank: 0" line before the
+    summary must not be paired with the next entry's code (it lost the killed rank 1)."""
+    log = ("E1203 09:23:48.132000 9275 api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 9402) of binary: py\n"
+           "Failures:\n[1]:\n  time      : 2026-12-03_09:23:48\n  host      : localhost\n"
+           "  rank      : 1 (local_rank: 1)\n  exitcode  : 137 (pid: 9403) \n  error_file: <N/A>\n"
+           "[2]:\n  time      : t\n  host      : h\n  rank      : 2 (local_rank: 2)\n  exitcode  : 1 (pid: 9404) \n"
+           "Root Cause (first observed failure):\n[0]:\n  time      : t\n  host      : h\n"
+           "  rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: 9402) \n")
+    assert exit_codes(log) == {1: 137, 2: 1, 0: 1}
 
 
 # torchrun's summary after rank 2 SIGKILLed itself (recorded from `hetpipe run`): its "Root Cause" is

@@ -26,7 +26,7 @@ from hetpipe.partitioner.capture.capture import capture
 from hetpipe.partitioner.problem import Stage
 from hetpipe.runtime.rank import DEFAULT_LR
 from hetpipe.runtime.report import RunReport
-from hetpipe.runtime.steps_done import read_steps
+from hetpipe.runtime.steps_done import RECENT_STEPS, read_steps
 from tests.runtime_plans import plan_for
 from tests.supervise_data import BATCH, DELAY_ENV, MICROBATCHES, SEQ, batches
 from tests.synthetic import synthetic_cluster
@@ -172,8 +172,8 @@ def _throttle(pid: int, factor: float, stop_file: Path) -> None:
 @pytest.mark.slow
 def test_adapt_replans_away_from_a_slowed_device(setup, tmp_path, monkeypatch):
     """Rank 2's process (n1:2) is throttled to 1/20 of the time from its step 1 on, and the
-    straggler report the ranks' detection would write (factor 20) appears at its step 3.  The
-    re-plan (n0:0 + n0:1) pays over the remaining steps, so the job stops at the next checkpoint (4)
+    straggler report the ranks' detection would write (factor 20) appears at its step 6.  The
+    re-plan (n0:0 + n0:1) pays over the remaining steps, so the job stops at the next checkpoint (8)
     and continues there on the two other cards; the parameters still equal one device's.  SGD: over
     200 steps Adam turns the last-bit differences of the tied embedding's gradient sum (two stages
     vs one autograd graph) into 1e-5 differences on near-zero gradients; SGD keeps them at the
@@ -184,12 +184,18 @@ def test_adapt_replans_away_from_a_slowed_device(setup, tmp_path, monkeypatch):
     attempt0 = tmp_path / "run" / "attempt-0"
     _when_rank_reaches(attempt0, 2, 1, lambda rec: threading.Thread(
         target=_throttle, args=(rec.pid, factor, attempt0 / "stop-request"), daemon=True).start())
+    # The ranks' detection reports only after RECENT_STEPS slow steps, and the supervisor prices the gain
+    # from the median of the last RECENT_STEPS steps: writing the report before that many throttled steps
+    # are recorded would price the old plan at its unthrottled speed (the throttle thread may also start
+    # a step late), so it appears once RECENT_STEPS + 1 steps ran under the throttle.
+    report_at = 2 + RECENT_STEPS + 1
     report_doc = {"rank": 2, "stage": 2, "device": "n1:2", "what": "compute",  # as hetpipe.runtime.faults writes it
-                  "factors": {"fwd": factor, "bwd": factor}, "since_step": 1, "detected_step": 3}
-    _when_rank_reaches(attempt0, 2, 3,
+                  "factors": {"fwd": factor, "bwd": factor}, "since_step": 1, "detected_step": report_at}
+    _when_rank_reaches(attempt0, 2, report_at,
                        lambda rec: (attempt0 / "straggler-rank2.json").write_text(json.dumps(report_doc)))
     assert hetpipe_run(_argv(folder, tmp_path, steps, "--adapt", every=every, plan="plan3-sgd.json")) == 0
     report = RunReport.load(tmp_path / "run.json")
+    assert len(report.restarts) == 1, report.notes  # the notes say how the gain and the cost were weighed
     (r,) = report.restarts
     assert r.kind == "adapt" and r.device == "n1:2" and r.factor == factor
     assert r.resumed_step >= 4 and r.resumed_step % every == 0 and r.steps_redone == r.failed_step - r.resumed_step

@@ -188,7 +188,12 @@ def read_errors(run_dir: Path) -> list[RankError]:
     return sorted(out, key=lambda e: (e.time_s, e.rank))
 
 
-_EXIT_RE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+# One entry of torchrun's failure summary: its own "rank : R (local_rank: L)" line, then its
+# "exitcode : C" line (only the entry's time/host lines may come between, never another rank).  A
+# pattern that spans lines freely pairs the agent's earlier "failed (exitcode: 1) local_rank: 0" log
+# line with the next entry's exit code and loses a rank.
+_EXIT_RE = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank[^\n]*\n(?:\s*(?:time|host)\s*:[^\n]*\n)*"
+                      r"\s*exitcode\s*:\s*(-?\d+)", re.M)
 _SIGTERM = -15  # how torchrun tears down the survivors once one rank failed
 
 
