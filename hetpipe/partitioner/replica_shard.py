@@ -118,16 +118,25 @@ def shardable(rp: ReplicaProblem, sync: Sequence[SyncGroup], offloading: Collect
             and not set(g.devices) & set(offloading)]
 
 
+Unsharded = tuple[tuple[SyncGroup, ...], tuple[Evaluation, ...]]  # the sync groups and each replica's evaluation
+
+
+def unsharded(rp: ReplicaProblem, pipes: Pipelines) -> Unsharded:
+    """What every sharded set starts from (computed once per layout by `choose_sharding`)."""
+    return (evaluate_sync(rp, [tuple(stages) for stages, _ in pipes]),
+            tuple(evaluate(replica_problem(rp.base, m), tuple(stages)) for stages, m in pipes))
+
+
 def evaluate_sharding(rp: ReplicaProblem, pipes: Pipelines, sharded: Collection[int], *,
-                      rule: str = "free") -> ShardedEvaluation:
-    """The contract above for the sharded groups `sharded` (indices into the sync groups)."""
+                      rule: str = "free", start: Unsharded | None = None) -> ShardedEvaluation:
+    """The contract above for the sharded groups `sharded` (indices into the sync groups); `start` is
+    `unsharded(rp, pipes)` when the caller has it."""
     if rule not in SHARD_RULES:
         raise ValueError(f"shard rule {rule!r}; use one of {', '.join(SHARD_RULES)}")
     base = rp.base
-    sync = evaluate_sync(rp, [tuple(stages) for stages, _ in pipes])
+    sync, evs = start if start is not None else unsharded(rp, pipes)
     if any(st.offload and st.device in sync[g].devices for stages, _ in pipes for st in stages for g in sharded):
         raise ValueError("a sharded sync group is held by a stage that offloads its optimizer state")
-    evs = [evaluate(replica_problem(base, m), tuple(stages)) for stages, m in pipes]
     where = {st.device: (r, k) for r, (stages, _) in enumerate(pipes) for k, st in enumerate(stages)}
     opt = optimizer_bytes_per_unit(base)
     group_opt = {g: sum(opt[sync[g].first_unit:sync[g].last_unit + 1]) for g in sharded}
@@ -189,33 +198,34 @@ def choose_sharding(rp: ReplicaProblem, pipes: Pipelines, *, mode: str | None = 
     mode = rp.sharding if mode is None else mode
     if mode not in SHARDING_MODES:
         raise ValueError(f"sharding mode {mode!r}; use one of {', '.join(SHARDING_MODES)}")
-    none = evaluate_sharding(rp, pipes, (), rule=rule)
+    first = unsharded(rp, pipes)
+    none = evaluate_sharding(rp, pipes, (), rule=rule, start=first)
     if mode == "never" or len(pipes) < 2:
         return none
     cands = shardable(rp, none.sync, [st.device for stages, _ in pipes for st in stages if st.offload])
     if mode == "all":
-        return evaluate_sharding(rp, pipes, cands, rule=rule)
+        return evaluate_sharding(rp, pipes, cands, rule=rule, start=first)
     best = none if none.fits else None
     if len(cands) <= SHARD_ENUM_MAX:
         for n in range(1, len(cands) + 1):
             for subset in itertools.combinations(cands, n):
-                ev = evaluate_sharding(rp, pipes, subset, rule=rule)
+                ev = evaluate_sharding(rp, pipes, subset, rule=rule, start=first)
                 if _better(best, ev):
                     best = ev
         return best or none
-    return _greedy(rp, pipes, cands, rule=rule, start=best) or none
+    return _greedy(rp, pipes, cands, rule=rule, start=best, first=first) or none
 
 
 def _greedy(rp: ReplicaProblem, pipes: Pipelines, cands: list[int], *, rule: str,
-            start: ShardedEvaluation | None) -> ShardedEvaluation | None:
+            start: ShardedEvaluation | None, first: Unsharded) -> ShardedEvaluation | None:
     """From no sharding (or all, when that does not fit), flip one group at a time while T improves."""
     chosen: set[int] = set() if start is not None else set(cands)
-    best = start if start is not None else evaluate_sharding(rp, pipes, chosen, rule=rule)
+    best = start if start is not None else evaluate_sharding(rp, pipes, chosen, rule=rule, start=first)
     improved = True
     while improved:
         improved = False
         for g in cands:
-            ev = evaluate_sharding(rp, pipes, chosen ^ {g}, rule=rule)
+            ev = evaluate_sharding(rp, pipes, chosen ^ {g}, rule=rule, start=first)
             if _better(best if best.fits else None, ev):
                 best, chosen, improved = ev, chosen ^ {g}, True
     return best if best.fits else None
