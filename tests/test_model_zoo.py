@@ -176,6 +176,25 @@ def test_zoo_family_trains_through_the_cli_like_a_single_device_loop(family, tmp
     assert result.max_state_diff <= ATOL and result.missing == ()
     if "BatchNorm" in family.label:
         assert result.buffers_saved > 0  # running statistics and num_batches_tracked were compared too
+    if family.model == "hf-llama-tiny":
+        _assert_loads_with_from_pretrained(family.model, tmp_path / "trained")
+
+
+def _assert_loads_with_from_pretrained(model: str, folder) -> None:
+    """The run's ``--save-weights`` folder loads with HF ``from_pretrained``: no missing or unexpected
+    key, and the loaded model holds exactly the saved (trained) tensors."""
+    from safetensors.torch import load_file
+
+    from hetpipe import models
+
+    built = models.resolve(model, device="meta").model
+    loaded, info = type(built).from_pretrained(str(folder), config=built.config, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    saved = {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+    assert saved
+    for name, p in loaded.state_dict().items():
+        if name in saved:
+            assert torch.equal(p, saved[name]), name
 
 
 def test_hetpipe_plan_takes_a_local_hf_config(tmp_path):

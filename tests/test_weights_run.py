@@ -177,24 +177,3 @@ def test_a_replica_plan_starts_from_the_weights_and_refuses_save_weights(setup, 
     with torch.no_grad():
         expected = lm_loss(model(ids), targets).item()  # the mean over the global batch, both replicas
     assert rep.losses[0] == pytest.approx(expected, rel=RTOL, abs=ATOL)
-
-
-@pytest.mark.slow
-def test_saved_hf_weights_load_with_from_pretrained(tmp_path):
-    """An HF Llama trained from its `save_pretrained` folder through the CLI (the zoo's acceptance run):
-    the `--save-weights` folder loads with `from_pretrained` with no missing or unexpected key, and the
-    loaded model holds exactly the saved (trained) tensors."""
-    from tests.zoo_harness import by_model, zoo_case
-
-    result = zoo_case(by_model("hf-llama-tiny"), tmp_path)
-    assert result.returncode == 0 and result.max_loss_diff <= 1e-5 and result.max_state_diff <= 1e-5
-    from hetpipe import models
-
-    config = models.resolve("hf-llama-tiny", device="meta").model.config
-    loaded, info = type(models.resolve("hf-llama-tiny", device="meta").model).from_pretrained(
-        str(tmp_path / "trained"), config=config, output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    saved = {k: v for f in sorted((tmp_path / "trained").glob("*.safetensors")) for k, v in load_file(str(f)).items()}
-    for name, p in loaded.state_dict().items():
-        if name in saved:
-            assert torch.equal(p, saved[name]), name

@@ -3,7 +3,7 @@
 The objective T = S + (m - 1) * b mixes a sum S (every stage's compute and every
 cut's round trip) with a bottleneck b (the largest of those terms).  For a fixed
 cap B on every term, the minimum sum S(B) decomposes over stages, so a DP solves it
-exactly.  `solve_exact` then walks the cap downwards (parametric search):
+exactly.  `solve_exact` then walks the cap downwards (parametric search, `cap_walk`):
 
     B_0 = inf;  (s_i, b_i) = argmin S(B_i);  B_{i+1} = b_i - tol
 
@@ -44,13 +44,13 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
-from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.problem import Problem, Stage
+from hetpipe.partitioner.solvers.cap_walk import DPResult, check_deadline, parametric_search
 from hetpipe.partitioner.solvers.counts import count_vectors, vectors
 from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.solvers.offload_band import offload_band
@@ -59,8 +59,6 @@ from hetpipe.partitioner.solvers.stage_moments import band_moments, memory_table
 
 log = logging.getLogger(__name__)
 
-#: Relative step below the last bottleneck when the cap is tightened (see module doc).
-CAP_TOLERANCE = 1e-9
 #: DP rows (count vectors x classes x (units + 1)) above which `solve_exact` declines and
 #: the caller falls back to the relaxation and CP-SAT.  Each row costs one band of W
 #: stage lengths per pass; 4e7 rows is about 1 s per pass on the 2-core reference VM
@@ -80,17 +78,6 @@ class DeviceClass:
     @property
     def count(self) -> int:
         return len(self.members)
-
-
-@dataclass(frozen=True)
-class DPResult:
-    """An optimal (or, for `solve_fixed_order`, best-in-order) placement."""
-
-    stages: tuple[Stage, ...]
-    iteration_s: float
-    bound_s: float  # lower bound on T proven by the search (== iteration_s when exact)
-    caps_tried: int
-    exact: bool
 
 
 class StateSpaceTooLarge(Exception):
@@ -281,13 +268,15 @@ class _Lattice:
 
 
 def _min_sum_counts(tab: StageTables, cap: float, lattice: _Lattice, stages: int | None = None,
-                    *, bottleneck: bool = False) -> tuple[float, list[tuple[int, int, int]]] | None:
+                    *, bottleneck: bool = False, deadline: float = math.inf,
+                    ) -> tuple[float, list[tuple[int, int, int]]] | None:
     """min S(cap) over the count vectors (exactly `stages` devices if given); with
     `bottleneck`, the least max term instead of the least sum.
 
     Returns (value, [(class, lo, hi)] front to back), or None when nothing fits under the cap.
+    Raises `DeadlineReached` past `deadline` (`time.perf_counter()` seconds).
     """
-    vals, backs = _run_counts(tab, cap, lattice, np.maximum if bottleneck else np.add)
+    vals, backs = _run_counts(tab, cap, lattice, np.maximum if bottleneck else np.add, deadline=deadline)
     best: tuple[float, int, int, int] | None = None  # (value, total, row, class)
     for k, val in vals.items():
         if stages is not None and k != stages:
@@ -327,88 +316,6 @@ def assign_stages(classes: Sequence[DeviceClass], picks: Sequence[tuple[int, int
     return tuple(stages)
 
 
-def simple_lower_bound(problem: Problem) -> float:
-    """A valid lower bound on T for any placement: S >= every unit on its fastest kind (S_lb),
-    and the bottleneck >= the largest such unit and >= S_lb / #devices.
-
-    Example:
-        >>> from hetpipe.partitioner.problem import DeviceSlot
-        >>> p = Problem({"a": (1.0, 3.0)}, {"a": (0.0, 0.0)}, (0, 0), (0, 0), (0, 0),
-        ...             (DeviceSlot("x", "a", "n", 1),), ((1.0,),), ((0.0,),), 3)
-        >>> simple_lower_bound(p)  # 4 + 2 * max(3, 4 / 1)
-        12.0
-    """
-    kinds = list(problem.fwd_s)
-    fastest = [min(problem.fwd_s[k][u] + problem.bwd_s[k][u] for k in kinds) for u in range(problem.num_units)]
-    s_lb = sum(fastest)
-    b_lb = max(max(fastest, default=0.0), s_lb / max(1, len(problem.devices)))
-    return s_lb + (problem.microbatches - 1) * b_lb
-
-
-MinSum = Callable[[float, bool], "tuple[float, tuple[Stage, ...]] | None"]
-
-
-def sum_lower_bound(problem: Problem) -> float:
-    """S >= every unit on its fastest kind (comm and memory only add)."""
-    kinds = list(problem.fwd_s)
-    return sum(min(problem.fwd_s[k][u] + problem.bwd_s[k][u] for k in kinds) for u in range(problem.num_units))
-
-
-def parametric_search(problem: Problem, min_sum: MinSum, *, time_limit_s: float,
-                seed: Sequence[Stage] | None = None) -> DPResult | None:
-    """The cap walk of the module docstring around `min_sum(cap, bottleneck)`.
-
-    `min_sum(cap, False)` is min S under the cap; `min_sum(cap, True)` the least
-    achievable bottleneck under it (the same DP with max in place of +).  Any placement
-    better than the best T found has S >= S_lb and so a bottleneck below
-    (best - S_lb) / (m - 1): the walk scans only [b_min, that].  A feasible `seed`
-    placement caps the first passes at its bottleneck, so no pass runs uncapped.
-    """
-    m, start, tries = problem.microbatches, time.perf_counter(), 0
-    s_lb = sum_lower_bound(problem)
-    seed_ev = evaluate(problem, seed, objective="estimate") if seed is not None else None
-    if seed_ev is not None and seed_ev.fits and m > 1:
-        best, best_stages, cap0 = seed_ev.iteration_s, tuple(seed), seed_ev.bottleneck_s * (1.0 + CAP_TOLERANCE)
-    else:
-        tries += 1
-        first = min_sum(math.inf, False)
-        if first is None:
-            return None
-        s_lb, stages = first
-        ev = evaluate(problem, stages, objective="estimate")
-        best, best_stages, cap0 = ev.iteration_s, stages, ev.bottleneck_s * (1.0 + CAP_TOLERANCE)
-        if m == 1:  # T = S: the least sum is optimal
-            return DPResult(best_stages, best, best, tries, True)
-    tries += 2
-    least = min_sum(cap0, True)  # a placement with bottleneck <= cap0 exists ...
-    if least is None:  # ... unless rounding hid it: fall back to the uncapped pass
-        least = min_sum(math.inf, True)
-        if least is None:
-            return None
-    b_min = least[0]
-    bottom = min_sum(b_min * (1.0 + CAP_TOLERANCE), False)  # the window's floor: least sum at b_min
-    if bottom is not None:
-        t_bottom = evaluate(problem, bottom[1], objective="estimate").iteration_s
-        if t_bottom < best:
-            best, best_stages = t_bottom, bottom[1]
-    cap = (best - s_lb) / (m - 1)
-    while cap > b_min * (1.0 + CAP_TOLERANCE):  # walk down; S only grows as the cap falls
-        tries += 1
-        res = min_sum(cap, False)
-        if res is None:
-            break
-        s_cap, stages = res
-        ev = evaluate(problem, stages, objective="estimate")
-        if ev.iteration_s < best:
-            best, best_stages = ev.iteration_s, stages
-        if s_cap + (m - 1) * b_min >= best * (1.0 - CAP_TOLERANCE):
-            break
-        if time.perf_counter() - start > time_limit_s:
-            return DPResult(best_stages, best, min(best, s_cap + (m - 1) * b_min), tries, False)
-        cap = min(ev.bottleneck_s, (best - s_lb) / (m - 1)) * (1.0 - CAP_TOLERANCE)
-    return DPResult(best_stages, best, best, tries, True)
-
-
 def solve_exact(problem: Problem, *, state_budget: int = DEFAULT_STATE_BUDGET,
                 time_limit_s: float = 60.0, max_stages: int | None = None,
                 exact_stages: int | None = None, seed: Sequence[Stage] | None = None) -> DPResult | None:
@@ -430,31 +337,32 @@ def solve_exact(problem: Problem, *, state_budget: int = DEFAULT_STATE_BUDGET,
     lattice = _Lattice.build(classes, min(limit, exact_stages or limit))
     tab = StageTables(problem, classes)
 
-    def min_sum(cap: float, bottleneck: bool) -> tuple[float, tuple[Stage, ...]] | None:
-        out = _min_sum_counts(tab, cap, lattice, exact_stages, bottleneck=bottleneck)
+    def min_sum(cap: float, bottleneck: bool, deadline: float) -> tuple[float, tuple[Stage, ...]] | None:
+        out = _min_sum_counts(tab, cap, lattice, exact_stages, bottleneck=bottleneck, deadline=deadline)
         return None if out is None else (out[0], with_recompute(problem, assign_stages(classes, out[1])))
 
     return parametric_search(problem, min_sum, time_limit_s=time_limit_s, seed=seed)
 
 
-def least_bottleneck(problem: Problem, *, cap_s: float = math.inf,
-                     state_budget: int = DEFAULT_STATE_BUDGET) -> tuple[float, tuple[Stage, ...]] | None:
+def least_bottleneck(problem: Problem, *, cap_s: float = math.inf, state_budget: int = DEFAULT_STATE_BUDGET,
+                     deadline: float = math.inf) -> tuple[float, tuple[Stage, ...]] | None:
     """(b_min, a placement achieving it): the least possible max_s of every F_s + B_s and 2 C_s.
 
     One DP pass; `cap_s` (any feasible placement's bottleneck) narrows it.  Together with
-    `sum_lower_bound`, T >= S_lb + (m - 1) * b_min is a valid lower bound.
+    `sum_lower_bound`, T >= S_lb + (m - 1) * b_min is a valid lower bound.  Raises `DeadlineReached`
+    past `deadline` (`time.perf_counter()` seconds; checked between DP levels).
     """
     classes = device_classes(problem)
     size = count_vectors([c.count for c in classes], min(problem.num_units, len(problem.devices)))
     if size * len(classes) * (problem.num_units + 1) > state_budget:
         raise StateSpaceTooLarge(f"{size} device-count states")
     lattice = _Lattice.build(classes, min(problem.num_units, len(problem.devices)))
-    out = _min_sum_counts(StageTables(problem, classes), cap_s, lattice, bottleneck=True)
+    out = _min_sum_counts(StageTables(problem, classes), cap_s, lattice, bottleneck=True, deadline=deadline)
     return None if out is None else (out[0], with_recompute(problem, assign_stages(classes, out[1])))
 
 
-def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callable = np.add,
-                ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callable = np.add, *,
+                deadline: float = math.inf) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
     """Backward DP over count vectors, all vectors with the same total k in one numpy batch.
 
     vals[k][i] has shape (C, L+1): the least cost of a suffix that uses the devices of
@@ -467,6 +375,7 @@ def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callab
     vals: dict[int, np.ndarray] = {}
     backs: dict[int, np.ndarray] = {}
     for k in sorted(lattice.groups):
+        check_deadline(deadline)  # one level is at most a few hundred ms at the state budget
         n = len(lattice.groups[k])
         val = np.full((n, C, L + 1), np.inf)
         bp = np.full((n, C, L + 1, 2), -1, dtype=np.int32)

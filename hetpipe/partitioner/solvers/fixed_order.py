@@ -24,13 +24,14 @@ from typing import Sequence
 
 import numpy as np
 
-from hetpipe.partitioner.solvers.dp import DeviceClass, DPResult, assign_stages, parametric_search, StageTables
+from hetpipe.partitioner.solvers.cap_walk import DPResult, check_deadline, parametric_search
+from hetpipe.partitioner.solvers.dp import DeviceClass, assign_stages, StageTables
 from hetpipe.partitioner.problem import Problem, Stage
 from hetpipe.partitioner.recompute import with_recompute
 
 
-def _min_sum_fixed(tab: StageTables, cap: float, order: Sequence[int], *,
-                   bottleneck: bool = False) -> tuple[float, list[tuple[int, int, int]]] | None:
+def _min_sum_fixed(tab: StageTables, cap: float, order: Sequence[int], *, bottleneck: bool = False,
+                   deadline: float = math.inf) -> tuple[float, list[tuple[int, int, int]]] | None:
     """min S(cap) (or the least max term) when stage i runs on class `order[i]`, every position used."""
     combine = np.maximum if bottleneck else np.add
     L, p = tab.L, len(order)
@@ -39,6 +40,7 @@ def _min_sum_fixed(tab: StageTables, cap: float, order: Sequence[int], *,
     suffix = tab.band(order[-1], 0, cap, width).min(axis=1)  # suffix[u]: stages i..p-1 starting at u
     cuts: list[np.ndarray] = []
     for i in range(p - 2, -1, -1):
+        check_deadline(deadline)
         c, nxt = order[i], order[i + 1]
         h = combine(comm_ok[c, nxt], suffix)
         cand = combine(tab.band(c, p - 1 - i, cap, width), tab.gather(h, width))
@@ -78,8 +80,8 @@ def solve_fixed_order(problem: Problem, order: Sequence[int], *, time_limit_s: f
     tab = StageTables(problem, singles)
     positions = list(range(len(order)))
 
-    def min_sum(cap: float, bottleneck: bool) -> tuple[float, tuple[Stage, ...]] | None:
-        out = _min_sum_fixed(tab, cap, positions, bottleneck=bottleneck)
+    def min_sum(cap: float, bottleneck: bool, deadline: float) -> tuple[float, tuple[Stage, ...]] | None:
+        out = _min_sum_fixed(tab, cap, positions, bottleneck=bottleneck, deadline=deadline)
         return None if out is None else (out[0], with_recompute(problem, assign_stages(singles, out[1])))
 
     return parametric_search(problem, min_sum, time_limit_s=time_limit_s)

@@ -56,7 +56,8 @@ import numpy as np
 from ortools.linear_solver import pywraplp
 
 from hetpipe.partitioner.problem import Problem
-from hetpipe.partitioner.solvers.dp import StageTables, device_classes, sum_lower_bound
+from hetpipe.partitioner.solvers.dp import StageTables, device_classes
+from hetpipe.partitioner.solvers.simple_bounds import sum_lower_bound
 from hetpipe.partitioner.solvers.relax import relaxed_problem
 
 log = logging.getLogger(__name__)

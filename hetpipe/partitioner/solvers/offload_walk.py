@@ -49,7 +49,7 @@ from typing import Callable, Sequence
 
 from hetpipe.partitioner.problem import Problem, Stage, evaluate, offload_if
 from hetpipe.partitioner.recompute import with_recompute
-from hetpipe.partitioner.solvers.dp import DPResult
+from hetpipe.partitioner.solvers.cap_walk import DPResult
 
 #: Relative tick the cap is lowered by below the last tail (floating-point ties).
 TAIL_TICK = 1e-9

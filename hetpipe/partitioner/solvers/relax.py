@@ -1,8 +1,10 @@
 """A relaxation of the contract for clusters too large for the exact DP.
 
 `relaxed_problem` forgets which node a card sits in: cards of one kind become one class
-with the kind's largest usable memory, and every link between two kinds is priced at
-the fastest link any such pair has (highest bandwidth, lowest latency).  Every real
+with the kind's largest usable memory and fastest host figures (host link and host memory
+bandwidth: they price the offload lever's tail, and the DP's classes split on them), and
+every link between two kinds is priced at the fastest link any such pair has (highest
+bandwidth, lowest latency).  Every real
 placement is a placement of the relaxed problem with T no larger, so the relaxed
 optimum (exact DP over kind counts, which is small: a few kinds) is a valid lower
 bound on the real optimum (with recomputation too: more memory never needs a longer prefix).
@@ -32,16 +34,16 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from hetpipe.partitioner.solvers.counts import count_vectors
+from hetpipe.partitioner.solvers.cap_walk import CAP_TOLERANCE, DeadlineReached, DPResult
 from hetpipe.partitioner.solvers.dp import (
-    CAP_TOLERANCE,
     DEFAULT_STATE_BUDGET,
-    DPResult,
     StateSpaceTooLarge,
     least_bottleneck,
     solve_exact,
-    sum_lower_bound,
 )
 from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
+from hetpipe.partitioner.solvers.offload_walk import tail_walk
+from hetpipe.partitioner.solvers.simple_bounds import sum_lower_bound
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 
 #: Usable bytes of a merged kind under ``recompute="auto"`` (`aggregate_kinds`): no memory limit.
@@ -60,8 +62,11 @@ def relaxed_problem(problem: Problem) -> Problem:
     """The node-free relaxation of `problem` (see the module docstring)."""
     devs = problem.devices
     usable: dict[str, int] = {}
+    host: dict[str, tuple[float, float]] = {}  # kind -> (host link, host memory) bytes/s, the best of its cards
     for d in devs:
         usable[d.kind] = max(usable.get(d.kind, 0), d.usable_bytes)
+        link, memory = host.get(d.kind, (0.0, 0.0))
+        host[d.kind] = (max(link, d.host_link_bytes_s), max(memory, d.host_memory_bytes_s))
     kinds = list(dict.fromkeys(d.kind for d in devs))
     of = np.asarray([kinds.index(d.kind) for d in devs])
     # numpy over the n x n link tables: a Python loop over card pairs took seconds at 1,024 cards
@@ -76,9 +81,15 @@ def relaxed_problem(problem: Problem) -> Problem:
     bw, lat = best_bw[of[:, None], of[None, :]], best_lat[of[:, None], of[None, :]]
     np.fill_diagonal(bw, math.inf)
     np.fill_diagonal(lat, 0.0)
-    relaxed = tuple(replace(d, node=ANY_NODE, usable_bytes=usable[d.kind]) for d in devs)
+    # One class per kind (`dp.device_classes` groups by kind, node, usable bytes and host figures):
+    # a faster host only shortens an offloading stage's tail, so the bound stays valid.
+    relaxed = tuple(replace(d, node=ANY_NODE, usable_bytes=usable[d.kind], host_link_bytes_s=host[d.kind][0],
+                            host_memory_bytes_s=host[d.kind][1]) for d in devs)
+    # ``all`` forces every able stage to offload, so a card made able (a better host) could only be
+    # forced to pay a tail: relaxed, the lever is ``auto`` (a superset of the choices ``all`` leaves)
+    lever = "auto" if problem.offload == "all" else problem.offload
     return replace(problem, devices=relaxed, bandwidth_bytes_s=tuple(map(tuple, bw.tolist())),
-                   latency_s=tuple(map(tuple, lat.tolist())))
+                   latency_s=tuple(map(tuple, lat.tolist())), offload=lever)
 
 
 def realise(problem: Problem, kinds: Sequence[str | tuple[str, ...]]) -> list[int]:
@@ -172,46 +183,73 @@ def aggregate_kinds(relaxed: Problem, *, merge_above: int = DEFAULT_STATE_BUDGET
 
 
 def _realised(problem: Problem, relaxed: Problem, members: dict[str, tuple[str, ...]],
-              relaxed_stages: Sequence[Stage], *, time_limit_s: float) -> DPResult | None:
+              relaxed_stages: Sequence[Stage], *, deadline: float) -> DPResult | None:
+    """The relaxed pipeline's kinds on real cards (`realise`), re-cut for the real links and memory."""
     order = realise(problem, [members[relaxed.devices[st.device].kind] for st in relaxed_stages])
-    return solve_fixed_order(problem, order, time_limit_s=time_limit_s)
+    try:
+        return tail_walk(problem, lambda p, _: solve_fixed_order(p, order, time_limit_s=deadline - time.perf_counter()))
+    except DeadlineReached:
+        return None
+
+
+def relaxation_levels(problem: Problem) -> list[tuple[Problem, dict[str, tuple[str, ...]]]]:
+    """The relaxations `relaxed_bound` solves, coarsest first: the node-free problem with its slowest
+    kinds merged until its DP has at most `RELAXED_STATE_BUDGET` rows, then the node-free problem
+    itself when its DP fits the exact DP's budget (finer, so a tighter bound, but its pass is longer)."""
+    plain = relaxed_problem(problem)
+    coarse = aggregate_kinds(plain, merge_above=RELAXED_STATE_BUDGET)
+    fine = aggregate_kinds(plain)
+    return [coarse] if fine[0] is coarse[0] or fine[1] == coarse[1] else [coarse, fine]
 
 
 def relaxed_bound(problem: Problem, *, seed: Sequence[Stage] | None, time_limit_s: float,
                   num_stages: int | None = None) -> tuple[float, DPResult | None]:
     """(lower bound on T, best real placement realised from relaxed solutions).
 
-    First one min-max pass: b_min of the relaxation gives T >= S_lb + (m-1) b_min.
-    Then, if the time limit allows at least one more such pass, the exact relaxed
-    optimum (a tighter bound); its walk checks the clock between passes, so the limit
-    may be overrun by up to one pass (about 2-3 s for 64 cards of 8 kinds on the 2-core VM).  The bound is 0 when the relaxation is itself too large,
-    inf when nothing fits even relaxed.
+    One min-max pass per level of `relaxation_levels`, coarsest first: b_min of a relaxation gives
+    T >= S_lb + (m-1) b_min.  Then, if the time limit allows at least one more such pass, the
+    exact optimum of the finest level solved (a tighter bound).  Every pass gives up between two
+    of its DP levels at the deadline (`cap_walk.DeadlineReached`): a finer level that does not
+    finish leaves the coarser one's bound.  The bound is 0 when even the coarsest relaxation is too
+    large or too slow, inf when nothing fits even relaxed.
     """
     start = time.perf_counter()
-    relaxed, members = aggregate_kinds(relaxed_problem(problem))
-    cap = evaluate(problem, seed).bottleneck_s * (1 + CAP_TOLERANCE) if seed is not None else math.inf
-    try:
-        least = least_bottleneck(relaxed, cap_s=cap)
-        if least is None and math.isfinite(cap):
-            least = least_bottleneck(relaxed)
-    except StateSpaceTooLarge:
-        return 0.0, None
-    if least is None:
-        return math.inf, None  # nothing fits even with every card at its kind's best
-    b_min, stages = least
-    bound = sum_lower_bound(problem) + (problem.microbatches - 1) * b_min
-    best = _realised(problem, relaxed, members, stages, time_limit_s=time_limit_s) if num_stages is None else None
-    pass_s = time.perf_counter() - start
-    if time_limit_s - pass_s > pass_s:  # the DP is time-limited itself: a partial walk still tightens the bound
+    deadline = start + time_limit_s
+    cap = evaluate(problem, seed, objective="estimate").bottleneck_s * (1 + CAP_TOLERANCE) if seed is not None else math.inf
+    bound, best, solved, last = 0.0, None, None, None
+    for relaxed, members in relaxation_levels(problem):
+        rows = _dp_rows(relaxed, list(members.values()))
+        if last is not None and last[0] * rows / last[1] > (deadline - time.perf_counter()) / 2:
+            break  # its pass would take most of the time left (passes scale with the DP's rows): solve the last
+        level_start = time.perf_counter()
         try:
-            res = solve_exact(relaxed, time_limit_s=time_limit_s - pass_s, exact_stages=num_stages,
-                              seed=best.stages if best is not None else seed)
-        except StateSpaceTooLarge:
-            res = None
-        if res is not None:
-            bound = max(bound, res.bound_s)
-            if num_stages is None or len(res.stages) == num_stages:
-                real = _realised(problem, relaxed, members, res.stages, time_limit_s=time_limit_s)
-                if real is not None and (best is None or real.iteration_s < best.iteration_s):
-                    best = real
+            least = least_bottleneck(relaxed, cap_s=cap, deadline=deadline)
+            if least is None and math.isfinite(cap):
+                least = least_bottleneck(relaxed, deadline=deadline)
+        except (StateSpaceTooLarge, DeadlineReached):
+            break
+        if least is None:
+            return math.inf, None  # nothing fits even with every card at its kind's best
+        bound = max(bound, sum_lower_bound(problem) + (problem.microbatches - 1) * least[0])
+        if num_stages is None:
+            best = _better(best, _realised(problem, relaxed, members, least[1], deadline=deadline))
+        solved, last = (relaxed, members), (time.perf_counter() - level_start, rows)
+    pass_s = time.perf_counter() - start
+    if solved is None or time_limit_s - pass_s <= pass_s:  # not even one more pass's time left
+        return bound, best
+    relaxed, members = solved
+    warm = best.stages if best is not None else seed
+    try:  # under the offload lever the DP's T carries a tail it does not minimise: the walk makes it exact
+        res = tail_walk(relaxed, lambda p, first: solve_exact(
+            p, time_limit_s=deadline - time.perf_counter(), exact_stages=num_stages, seed=warm if first else None))
+    except (StateSpaceTooLarge, DeadlineReached):
+        res = None
+    if res is not None:
+        bound = max(bound, res.bound_s)
+        if num_stages is None or len(res.stages) == num_stages:
+            best = _better(best, _realised(problem, relaxed, members, res.stages, deadline=deadline))
     return bound, best
+
+
+def _better(a: DPResult | None, b: DPResult | None) -> DPResult | None:
+    return b if a is None or (b is not None and b.iteration_s < a.iteration_s) else a

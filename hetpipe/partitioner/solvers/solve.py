@@ -46,7 +46,9 @@ from dataclasses import dataclass
 
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.solvers.cpsat import solve_cpsat
-from hetpipe.partitioner.solvers.dp import DPResult, StateSpaceTooLarge, simple_lower_bound, solve_exact
+from hetpipe.partitioner.solvers.cap_walk import DPResult
+from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, solve_exact
+from hetpipe.partitioner.solvers.simple_bounds import simple_lower_bound
 from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
 from hetpipe.partitioner.solvers.infeasible import explain_infeasible
 from hetpipe.partitioner.solvers.offload_walk import tail_walk
@@ -189,12 +191,13 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
     Raises `InfeasibleError` (with the missing memory and what would help) when no
     placement fits, and `ConfigError` for an unknown solver name.
     """
-    found = solve_estimate(problem, solver=solver, time_limit_s=time_limit_s, seed=seed, num_stages=num_stages)
+    verify_s = 0.0 if problem.objective == "estimate" else min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s)
+    found = solve_estimate(problem, solver=solver, time_limit_s=time_limit_s - verify_s, seed=seed,
+                           num_stages=num_stages)
     if problem.objective == "estimate":
         return found
     start = time.perf_counter()
-    checked = verify(problem, [found.stages], num_stages=num_stages,
-                     limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))
+    checked = verify(problem, [found.stages], num_stages=num_stages, limit_s=verify_s)
     status = "OPTIMAL" if checked.bound_s >= checked.iteration_s * (1 - 1e-9) else "FEASIBLE"
     return Solution(checked.stages, found.solver, status, checked.iteration_s, checked.bound_s,
                     found.wall_s + time.perf_counter() - start, _unused(problem, checked.stages))
@@ -213,7 +216,8 @@ def solve_estimate(problem: Problem, *, solver: str = "auto", time_limit_s: floa
         warm = heuristic(problem, time_limit_s=time_limit_s / 8, num_stages=num_stages)
     try:  # the offload lever's outer walk around the DP (`offload_walk`; the DP alone without offload)
         exact = tail_walk(problem, lambda p, first: solve_exact(
-            p, time_limit_s=time_limit_s, exact_stages=num_stages, seed=warm.stages if warm and first else None))
+            p, time_limit_s=time_limit_s - (time.perf_counter() - start), exact_stages=num_stages,
+            seed=warm.stages if warm and first else None))
     except StateSpaceTooLarge as err:
         if solver == "dp":
             raise ConfigError(f"the exact DP is too large for this cluster ({err}); use --solver cpsat or auto") from None

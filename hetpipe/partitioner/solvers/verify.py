@@ -56,6 +56,7 @@ from typing import Iterator, Sequence
 
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.recompute import with_recompute
+from hetpipe.partitioner.solvers.cap_walk import DeadlineReached
 from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, least_bottleneck
 from hetpipe.partitioner.solvers.offload_walk import best_levers
 
@@ -81,8 +82,9 @@ def schedule_bound(problem: Problem) -> float:
     return _bound_and_placement(problem)[0]
 
 
-def _bound_and_placement(problem: Problem) -> tuple[float, tuple[Stage, ...] | None]:
-    """`schedule_bound` and the placement of least bottleneck it found (another start for the search)."""
+def _bound_and_placement(problem: Problem, deadline: float = math.inf) -> tuple[float, tuple[Stage, ...] | None]:
+    """`schedule_bound` and the placement of least bottleneck it found (another start for the search);
+    past `deadline` (`time.perf_counter()` seconds) the least-bottleneck pass gives way to the cards' share."""
     m = problem.microbatches
     steps = _step_floors(problem, launch=False)
     bwd = {k: tuple(b + steps[k][u] / m for u, b in enumerate(problem.bwd_s[k]))
@@ -93,10 +95,10 @@ def _bound_and_placement(problem: Problem) -> tuple[float, tuple[Stage, ...] | N
     cards = min(len(problem.devices), problem.num_units)
     placement = None
     try:
-        least = least_bottleneck(relaxed)
+        least = least_bottleneck(relaxed, deadline=deadline)
         bottleneck = 0.0 if least is None else m * least[0]
         placement = None if least is None else _levers(problem, least[1])
-    except StateSpaceTooLarge:
+    except (StateSpaceTooLarge, DeadlineReached):
         work = sum(min(problem.fwd_s[k][u] + bwd[k][u] for k in bwd) for u in range(problem.num_units))
         bottleneck = m * work / cards
     return max(bottleneck, fill_bound(problem, cards)), placement
@@ -181,7 +183,7 @@ def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stage
            limit_s: float = LOCAL_SEARCH_S) -> Verified:
     """The fastest of `candidates` (and of the least-bottleneck placement) under the schedule, each
     locally improved (keeping `num_stages` stages when given), with `schedule_bound`."""
-    bound, least = _bound_and_placement(problem)
+    bound, least = _bound_and_placement(problem, time.perf_counter() + limit_s / 2)
     starts = [tuple(c) if problem.offload == "never" else _levers(problem, c) for c in candidates]
     if least is not None and (num_stages is None or len(least) == num_stages) and least not in starts:
         starts.append(least)
