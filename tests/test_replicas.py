@@ -25,7 +25,7 @@ from hetpipe.errors import ConfigError, InfeasibleError, PlanError
 from hetpipe.plan.build import assemble_plan, build_problem
 from hetpipe.plan.replicas import partition_replicas
 from hetpipe.plan.check import check_plan
-from hetpipe.plan.schema import PLAN_VERSION, PLAN_VERSION_REPLICAS, Plan, SolverReport
+from hetpipe.plan.schema import PLAN_VERSION_OBJECTIVE, PLAN_VERSION_REPLICAS, Plan, SolverReport
 from hetpipe.partitioner.problem import Stage, evaluate
 from hetpipe.plan.replicas import build_replica_problem, ddp_equal
 from hetpipe.partitioner.replicas import (
@@ -214,7 +214,7 @@ def test_replica_plan_round_trips_and_checks(home_plan, tmp_path):
     home_plan.save(path)
     doc = json.loads(path.read_text())
     # version 4: the schedule objective (issue 17), beyond memory model 2's 3 and the replicas' 2
-    assert doc["version"] == 4 < PLAN_VERSION and doc["replicas"] and doc["sync"]["policy"] == "synchronous"
+    assert doc["version"] == PLAN_VERSION_OBJECTIVE == 4 and doc["replicas"] and doc["sync"]["policy"] == "synchronous"
     loaded = Plan.load(path)
     assert loaded == home_plan
     report = check_plan(loaded)

@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--replicas", default="1",
                    help="1 (one pipeline, default) | auto (the planner picks one pipeline or several data-parallel "
                         "replicas, each with its own batch share) | N (exactly N pipeline replicas)")
+    p.add_argument("--sharding", default="never",
+                   help="with --replicas: optimizer-state sharding across replicas (ZeRO-1, shards by free memory): "
+                        "never (default) | auto (where it makes the plan fit or faster) | all")
     p = sub.add_parser("check", help="recompute a plan's objective and memory from its own tables")
     p.add_argument("plan", type=Path)
     p.add_argument("--model", default=None, help="also verify the plan was made for this model, tables included")

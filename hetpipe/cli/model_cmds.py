@@ -118,7 +118,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
                                  recompute=getattr(args, "recompute", "auto"),
                                  offload=getattr(args, "offload", "never"),
                                  schedule=getattr(args, "plan_schedule", "1f1b"),
-                                 tensor_parallel=getattr(args, "tensor_parallel", "off"))
+                                 tensor_parallel=getattr(args, "tensor_parallel", "off"),
+                                 sharding=getattr(args, "sharding", "never"))
     except InfeasibleError as err:
         from hetpipe.cli.fit_help import with_fit_hints
 

@@ -244,6 +244,13 @@ def replica_table(plan: Plan) -> Table:
              + (f" every {sync.outer_steps} steps" if sync.outer_steps > 1 else " every step")
              + f": {format_seconds(sync.sync_s)} per exchange, {format_seconds(sync.amortised_s)} per step"
              if sync else f"{len(plan.replicas)} replicas")
+    shards = [g for g in sync.groups if g.shard is not None] if sync else []
+    if shards:  # issue 14's sharding lever: what each sharded group saves and pays
+        title += "; optimizer state sharded: " + "; ".join(
+            f"units {g.first_unit}-{g.last_unit} " + " / ".join(
+                f"{d} {f:.0%} (-{b / 2**20:.1f} MiB)" for d, f, b in zip(g.devices, g.shard.fractions,
+                                                                           g.shard.saved_bytes))
+            + f", +{format_seconds(g.time_s - g.shard.allreduce_s)} sync" for g in shards)
     table = Table(title=title)
     for col in ("replica", "stages (device: units)", "micro-batches", "samples", "gradient weight", "T_r"):
         table.add_column(col, justify="left" if col.startswith("stages") else "right")

@@ -1,7 +1,7 @@
-"""Optimizer-state sharding across replicas (ZeRO-1), uneven by free memory: the cost formula only.
+"""Optimizer-state sharding across replicas (ZeRO-1), uneven by free memory: the cost formula.
 
-Not wired into the planner yet (issue 14's third lever): this module states what it would cost,
-so the replica planner can price it.  R replicas hold the same stage (the same units) on cards
+Issue 14's third lever; the replica planner prices it per sync group with these functions
+(`hetpipe.partitioner.replica_shard`).  R replicas hold the same stage (the same units) on cards
 r = 1..R.  ZeRO stage 1 (Rajbhandari et al., SC'20, arXiv:1910.02054; `apis_next.md` s.7)
 partitions the optimizer state: each card keeps and updates only its shard, then the
 updated weights are all-gathered.  Shards here are **uneven, in proportion to each card's free
@@ -39,6 +39,24 @@ from typing import Sequence
 
 from hetpipe.errors import ConfigError
 
+#: The lever's settings (``--sharding``): ``never``; ``auto`` = each sync group of a replica plan
+#: shards where that makes the plan fit or lowers T; ``all`` = every group that can (comparisons).
+SHARDING_MODES = ("never", "auto", "all")
+
+
+def check_sharding_option(mode: object) -> None:
+    """Refuse anything but one of `SHARDING_MODES` (``--sharding``, ``sharding=``).
+
+    Example:
+        >>> check_sharding_option("auto")
+        >>> check_sharding_option("even")
+        Traceback (most recent call last):
+        ...
+        hetpipe.errors.ConfigError: sharding (--sharding): 'even' is not a setting; use one of never, auto, all
+    """
+    if mode not in SHARDING_MODES:
+        raise ConfigError(f"sharding (--sharding): {mode!r} is not a setting; use one of {', '.join(SHARDING_MODES)}")
+
 
 def shard_fractions(free_bytes: Sequence[float]) -> tuple[float, ...]:
     """f_r proportional to each card's free memory (negative free counts as none).
@@ -62,9 +80,24 @@ def sharded_memory_bytes(base_bytes: Sequence[float], fractions: Sequence[float]
 
 
 def shard_sync_s(fractions: Sequence[float], *, grad_bytes: float, weight_bytes: float,
-                 bandwidth_bytes_s: float, latency_s: float) -> float:
-    """T_shard: reduce-scatter of the gradients and all-gather of the weights on a ring with uneven shards."""
+                 bandwidth_bytes_s: float, latency_s: float, buckets: int = 1) -> float:
+    """T_shard: reduce-scatter of the gradients and all-gather of the weights on a ring with uneven shards.
+
+    ``buckets`` parts pay the 2 (R - 1) latency steps each, as the all-reduce they replace
+    (`cost_models.sync.ring_allreduce_s`).
+    """
     r = len(fractions)
     if r <= 1:
         return 0.0
-    return (r - 1) * max(fractions) * (grad_bytes + weight_bytes) / bandwidth_bytes_s + 2 * (r - 1) * latency_s
+    return ((r - 1) * max(fractions) * (grad_bytes + weight_bytes) / bandwidth_bytes_s
+            + max(1, buckets) * 2 * (r - 1) * latency_s)
+
+
+def even_fractions(replicas: int) -> tuple[float, ...]:
+    """ZeRO-1's even split, 1/R each (the comparison the uneven rule is measured against).
+
+    Example:
+        >>> even_fractions(4)
+        (0.25, 0.25, 0.25, 0.25)
+    """
+    return tuple(1.0 / replicas for _ in range(replicas))

@@ -33,6 +33,8 @@ class ReplicaProblem:
     base: Problem
     grad_bytes: tuple[int, ...]
     bucket_cap_bytes: int = BUCKET_CAP_BYTES  # the runtime's gradient all-reduce part size
+    # Optimizer-state sharding across replicas (`partitioner.replica_shard`): never | auto | all.
+    sharding: str = "never"
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,18 @@ class Replica:
     stages: tuple[Stage, ...]
     microbatches: int
     iteration_s: float  # T_r
+
+
+@dataclass(frozen=True)
+class GroupShard:
+    """One sharded sync group: fractions per replica, bytes each holder saves, seconds paid."""
+
+    group: int  # index into the sync groups
+    fractions: tuple[float, ...]  # f_r, replica order (the group's `devices` order)
+    optimizer_bytes: int  # O_g
+    saved_bytes: tuple[int, ...]  # O_g - round(f_r O_g) per holder
+    time_s: float  # reduce-scatter + all-gather, replacing the all-reduce
+    allreduce_s: float  # the all-reduce it replaces: time_s - allreduce_s is what sharding pays
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,7 @@ class ReplicaSolution:
     bound_s: float
     wall_s: float
     unused_devices: tuple[int, ...]
+    shards: tuple[GroupShard, ...] = ()  # the sharded sync groups (`partitioner.replica_shard`)
 
 
 def replica_problem(base: Problem, microbatches: int) -> Problem:

@@ -57,9 +57,12 @@ from hetpipe.cost_models.sync import (
 )
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, solve_exact
+from hetpipe.partitioner.solvers.offload_walk import tail_walk
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate
 from hetpipe.partitioner.recompute import with_recompute
+from hetpipe.partitioner.replica_shard import choose_sharding, relaxed_problem
 from hetpipe.partitioner.replica_types import (  # the data types live apart; re-exported here
+    GroupShard,
     Replica,
     ReplicaProblem,
     ReplicaSolution,
@@ -81,16 +84,33 @@ Groups = tuple[tuple[int, ...], ...]
 class PipelineCache:
     """Best pipeline of each (device group, m) - solved once.  `exact` uses `dp.solve_exact` only."""
 
-    def __init__(self, base: Problem, *, exact: bool, time_limit_s: float = 5.0, seed: int = 0) -> None:
+    def __init__(self, base: Problem, *, exact: bool, time_limit_s: float = 5.0, seed: int = 0,
+                 sharding: bool = False) -> None:
         self.base, self.exact, self.time_limit_s, self.seed = base, exact, time_limit_s, seed
         self._memo: dict[tuple[tuple[int, ...], int], tuple[tuple[Stage, ...], float] | None] = {}
+        # With optimizer-state sharding: the same search with the state taken off (`relaxed_problem`).
+        self.relaxed = PipelineCache(relaxed_problem(base), exact=exact, time_limit_s=time_limit_s,
+                                     seed=seed) if sharding else None
 
     def best(self, group: tuple[int, ...], m: int) -> tuple[tuple[Stage, ...], float] | None:
-        """(stages in base indices, T_r) of the best pipeline on `group` with m micro-batches, or None."""
+        """(stages in base indices, T_r) of the best pipeline on `group` with m micro-batches, or None
+        (with sharding: the relaxed one where none fits with the whole state)."""
         key = (group, m)
         if key not in self._memo:
             self._memo[key] = self._solve(group, m)
+        if self._memo[key] is None and self.relaxed is not None:
+            return self.relaxed.best(group, m)
         return self._memo[key]
+
+    def fitting(self, group: tuple[int, ...], m: int) -> tuple[tuple[Stage, ...], float] | None:
+        """The best pipeline that fits with its whole optimizer state (no relaxed fallback)."""
+        self.best(group, m)
+        return self._memo[(group, m)]
+
+    def options(self, group: tuple[int, ...], m: int) -> list[tuple[tuple[Stage, ...], float]]:
+        """The pipelines a sharded layout tries on `group`: the best fitting one and the relaxed one."""
+        found = [self.best(group, m)] + ([self.relaxed.best(group, m)] if self.relaxed is not None else [])
+        return list(dict.fromkeys(f for f in found if f is not None))
 
     def _solve(self, group: tuple[int, ...], m: int) -> tuple[tuple[Stage, ...], float] | None:
         sub = sub_problem(self.base, group, m)
@@ -98,8 +118,8 @@ class PipelineCache:
             whole = with_recompute(sub, (Stage(0, 0, sub.num_units - 1),))
             local: tuple[Stage, ...] | None = whole if evaluate(sub, whole).fits else None
         elif self.exact:
-            try:
-                res = solve_exact(sub, time_limit_s=math.inf)
+            try:  # the offload lever's exact outer walk around the DP (the DP alone without offload)
+                res = tail_walk(sub, lambda p, _: solve_exact(p, time_limit_s=math.inf))
             except StateSpaceTooLarge as err:
                 raise ConfigError(f"the exact replica reference is too large for {len(group)} devices ({err}); "
                                   "use solver='search'") from None
@@ -113,24 +133,31 @@ class PipelineCache:
                 local = None
         if local is None:
             return None
-        stages = tuple(Stage(group[st.device], st.first_unit, st.last_unit, st.recompute_units) for st in local)
+        stages = tuple(Stage(group[st.device], st.first_unit, st.last_unit, st.recompute_units, st.offload)
+                       for st in local)
         return stages, evaluate(replica_problem(self.base, m), stages).iteration_s
 
 
-Scorer = Callable[[float, float], tuple[float, int]]  # (compute_s, sync_s) -> (T, H)
+@dataclass(frozen=True)
+class Scorer:
+    """T as a function of (max_r T_r, T_sync) under `policy` (auto-H for diloco without `outer_steps`)."""
+
+    policy: str
+    outer_steps: int | None = None
+    budget_fraction: float = SYNC_BUDGET_FRACTION
+
+    def __call__(self, compute_s: float, sync_s: float) -> tuple[float, int]:
+        if self.policy == "synchronous":
+            return compute_s + sync_s, 1
+        h = self.outer_steps or outer_steps_for(compute_s=compute_s, sync_s=sync_s,
+                                                budget_fraction=self.budget_fraction)
+        return compute_s + sync_s / h, h
 
 
 def scorer_for(policy: str, *, outer_steps: int | None = None,
                budget_fraction: float = SYNC_BUDGET_FRACTION) -> Scorer:
-    """T as a function of (max_r T_r, T_sync) under `policy` (auto-H for diloco without `outer_steps`)."""
-
-    def score(compute_s: float, sync_s: float) -> tuple[float, int]:
-        if policy == "synchronous":
-            return compute_s + sync_s, 1
-        h = outer_steps or outer_steps_for(compute_s=compute_s, sync_s=sync_s, budget_fraction=budget_fraction)
-        return compute_s + sync_s / h, h
-
-    return score
+    """The `Scorer` of `policy`."""
+    return Scorer(policy, outer_steps, budget_fraction)
 
 
 @dataclass(frozen=True)
@@ -143,13 +170,16 @@ class _Candidate:
     groups: Groups
     replicas: tuple[Replica, ...]
     sync: tuple[SyncGroup, ...]
+    shards: tuple[GroupShard, ...] = ()
 
 
 def _score(rp: ReplicaProblem, cache: PipelineCache, groups: Groups, split: Sequence[int],
            scorer: Scorer) -> _Candidate | None:
+    if rp.sharding != "never" and scorer.policy == "synchronous" and len(groups) > 1:
+        return _score_sharded(rp, cache, groups, split, scorer)
     reps = []
     for g, m in zip(groups, split):
-        best = cache.best(g, m)
+        best = cache.fitting(g, m)
         if best is None:
             return None
         reps.append(Replica(best[0], m, best[1]))
@@ -157,6 +187,23 @@ def _score(rp: ReplicaProblem, cache: PipelineCache, groups: Groups, split: Sequ
     compute = max(r.iteration_s for r in reps)
     sync_s = sum((s.time_s for s in sync), 0.0)
     return _Candidate(scorer(compute, sync_s)[0], compute, sync_s, groups, tuple(reps), sync)
+
+
+def _score_sharded(rp: ReplicaProblem, cache: PipelineCache, groups: Groups, split: Sequence[int],
+                   scorer: Scorer) -> _Candidate | None:
+    """Every replica's pipeline options (`PipelineCache.options`) x `choose_sharding`: the best that fits."""
+    options = [cache.options(g, m) for g, m in zip(groups, split)]
+    best: _Candidate | None = None
+    for pick in itertools.product(*options):
+        pipes = [(stages, m) for (stages, _), m in zip(pick, split)]
+        ev = choose_sharding(rp, pipes)
+        if not ev.fits:
+            continue
+        reps = tuple(Replica(tuple(stages), m, e.iteration_s) for (stages, m), e in zip(pipes, ev.evaluations))
+        t = scorer(ev.compute_s, ev.sync_s)[0]
+        if best is None or t < best.iteration_s * (1 - 1e-12):
+            best = _Candidate(t, ev.compute_s, ev.sync_s, groups, reps, ev.sync, ev.shards)
+    return best
 
 
 def water_fill(cache: PipelineCache, groups: Groups, total: int) -> tuple[int, ...] | None:
@@ -215,7 +262,7 @@ def _finish(rp: ReplicaProblem, best: _Candidate, *, policy: SyncPolicy, solver:
     unused = tuple(i for i in range(len(rp.base.devices)) if i not in used)
     total = best.compute_s + policy.amortised_s
     return ReplicaSolution(best.replicas, best.sync, policy, best.compute_s, best.sync_s, total, solver, status,
-                           min(bound_s, total), time.perf_counter() - start, unused)
+                           min(bound_s, total), time.perf_counter() - start, unused, best.shards)
 
 
 def _check_problem(rp: ReplicaProblem) -> None:
@@ -237,7 +284,7 @@ def solve_replicas_exact(rp: ReplicaProblem, *, policy: str = "synchronous", out
     if count > EXACT_MAX_CANDIDATES:
         raise ConfigError(f"the exact replica reference would try {count:,} groupings x splits "
                           f"(limit {EXACT_MAX_CANDIDATES:,}); use solver='search'")
-    cache = PipelineCache(rp.base, exact=True)
+    cache = PipelineCache(rp.base, exact=True, sharding=rp.sharding != "never")
     found = {kind: _best_over(rp, cache, groupings, splits=lambda g: compositions(total, len(g)),
                               scorer=scorer_for(kind, outer_steps=outer_steps, budget_fraction=budget_fraction))
              for kind in _kinds(policy)}
@@ -424,7 +471,8 @@ def solve_replicas(rp: ReplicaProblem, *, policy: str = "auto", outer_steps: int
     start = time.perf_counter()
     _check_problem(rp)
     check_policy(policy, outer_steps=outer_steps, budget_fraction=budget_fraction)
-    cache = PipelineCache(rp.base, exact=False, time_limit_s=max(1.0, min(5.0, time_limit_s / 6)), seed=seed)
+    cache = PipelineCache(rp.base, exact=False, time_limit_s=max(1.0, min(5.0, time_limit_s / 6)), seed=seed,
+                          sharding=rp.sharding != "never")
     kinds = _kinds(policy)
     found: dict[str, _Candidate | None] = {}
     for i, kind in enumerate(kinds):

@@ -22,7 +22,9 @@ import math
 from hetpipe.cost_models.sync import sync_groups
 from hetpipe.errors import PlanError
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.replica_shard import ShardedEvaluation
 from hetpipe.partitioner.replica_types import replica_problem
+from hetpipe.plan.replica_shards import shard_violations, sharded_from_plan
 from hetpipe.plan.schema import (
     CheckReport,
     Plan,
@@ -58,13 +60,15 @@ def replica_structure(plan: Plan) -> list[str]:
     return out
 
 
-def _check_stages(plan: Plan, problem: Problem, stages: tuple[Stage, ...]) -> tuple[list[float], list[str]]:
+def _check_stages(plan: Plan, problem: Problem, stages: tuple[Stage, ...],
+                  sharded: ShardedEvaluation | None) -> tuple[list[float], list[str]]:
     """Per replica T_r, and every stage-level mismatch or memory violation."""
     out, times = [], []
     for rep in plan.replicas:
         sl = slice(rep.first_stage, rep.first_stage + rep.num_stages)
         try:
-            ev = evaluate(replica_problem(problem, rep.microbatches), stages[sl])
+            ev = (sharded.evaluations[rep.index] if sharded is not None
+                  else evaluate(replica_problem(problem, rep.microbatches), stages[sl]))
         except ValueError as err:
             out.append(f"replicas[{rep.index}]: {err}")
             times.append(math.nan)
@@ -75,7 +79,7 @@ def _check_stages(plan: Plan, problem: Problem, stages: tuple[Stage, ...]) -> tu
                        f"recomputed {ev.iteration_s!r}")
         for st, cost in zip(plan.stages[sl], ev.stages):
             for name, recorded, actual in (("fwd_s", st.fwd_s, cost.fwd_s), ("bwd_s", st.bwd_s, cost.bwd_s),
-                                           ("send_s", st.send_s, cost.send_s),
+                                           ("send_s", st.send_s, cost.send_s), ("step_s", st.step_s, cost.step_s),
                                            ("memory_bytes", st.memory_bytes, cost.memory_bytes)):
                 if not close_to_recorded(recorded, actual):
                     out.append(f"replica {rep.index} stage {st.index}: recorded {name} {recorded!r} != {actual!r}")
@@ -85,18 +89,24 @@ def _check_stages(plan: Plan, problem: Problem, stages: tuple[Stage, ...]) -> tu
     return times, out
 
 
-def _check_sync(plan: Plan, problem: Problem, stages: tuple[Stage, ...], compute_s: float) -> tuple[float, list[str]]:
+def _check_sync(plan: Plan, problem: Problem, stages: tuple[Stage, ...], compute_s: float,
+                sharded: ShardedEvaluation | None) -> tuple[float, list[str]]:
     """Recompute the sync groups and the policy's amortised time; returns (T, violations)."""
     sync, out = plan.sync, []
     assert sync is not None  # Plan.__post_init__: replicas and sync go together
     pipes = [[(st.device, st.first_unit, st.last_unit) for st in stages[r.first_stage:r.first_stage + r.num_stages]]
              for r in plan.replicas]
-    groups = sync_groups(pipes, grad_bytes=[u.param_bytes for u in plan.units],
-                         bandwidth_bytes_s=problem.bandwidth_bytes_s, latency_s=problem.latency_s,
-                         bucket_cap_bytes=sync.bucket_cap_bytes)
+    groups = sharded.sync if sharded is not None else sync_groups(
+        pipes, grad_bytes=[u.param_bytes for u in plan.units], bandwidth_bytes_s=problem.bandwidth_bytes_s,
+        latency_s=problem.latency_s, bucket_cap_bytes=sync.bucket_cap_bytes)
     ids = [d.id for d in problem.devices]
     want = tuple(PlanSyncGroup(g.first_unit, g.last_unit, tuple(ids[d] for d in g.devices), g.num_bytes,
                                g.bandwidth_bytes_s, g.latency_s, g.time_s) for g in groups)
+    if sharded is not None:
+        out += shard_violations([g.shard for g in sync.groups], sharded)
+        if sync.policy != "synchronous":
+            out.append(f"sync: a sharded plan needs the synchronous policy, not {sync.policy!r} (DiLoCo's inner "
+                       "steps use each replica's whole optimizer state); re-plan it with `hetpipe plan`")
     if len(want) != len(sync.groups) or any(
             (a.first_unit, a.last_unit, a.devices, a.num_bytes) != (b.first_unit, b.last_unit, b.devices, b.num_bytes)
             or not all(close_to_recorded(x, y) for x, y in ((a.bandwidth_bytes_s, b.bandwidth_bytes_s),
@@ -118,6 +128,24 @@ def _check_sync(plan: Plan, problem: Problem, stages: tuple[Stage, ...], compute
     return total, out
 
 
+def _sharded(plan: Plan, problem: Problem, stages: tuple[Stage, ...]) -> tuple[ShardedEvaluation | None, list[str]]:
+    """The sharding contract re-evaluated for the plan's sharded groups (None: the plan shards nothing)."""
+    assert plan.sync is not None
+    recorded = [k for k, g in enumerate(plan.sync.groups) if g.shard is not None]
+    if not recorded:
+        return None, []
+    rules = {g.shard.rule for g in plan.sync.groups if g.shard is not None}
+    pipes = [(stages[r.first_stage:r.first_stage + r.num_stages], r.microbatches) for r in plan.replicas]
+    try:
+        ev = sharded_from_plan(problem, pipes, grad_bytes=[u.param_bytes for u in plan.units],
+                               bucket_cap_bytes=plan.sync.bucket_cap_bytes, sharded=recorded, rule=min(rules))
+    except (ValueError, IndexError) as err:
+        return None, [f"sync.groups: the sharded groups {recorded} cannot be re-evaluated ({err})"]
+    if len(ev.sync) != len(plan.sync.groups):
+        return None, ["sync.groups do not match the groups recomputed from the stages, units and links"]
+    return ev, ([] if len(rules) == 1 else [f"sync.groups: shards mix rules {sorted(rules)}; use one"])
+
+
 def check_replicas(plan: Plan) -> CheckReport:
     """`check_plan` for a version-2 plan with replicas: every T_r, M_s, sync group and T."""
     violations = structure_violations(plan) + replica_structure(plan)
@@ -128,9 +156,11 @@ def check_replicas(plan: Plan) -> CheckReport:
         return CheckReport(math.nan, tuple(violations + [str(err)]))
     if violations:
         return CheckReport(math.nan, tuple(violations))
-    times, out = _check_stages(plan, problem, stages)
+    sharded, out = _sharded(plan, problem, stages)
+    violations += out
+    times, out = _check_stages(plan, problem, stages, sharded)
     violations += out
     if any(math.isnan(t) for t in times):
         return CheckReport(math.nan, tuple(violations))
-    total, out = _check_sync(plan, problem, stages, max(times))
+    total, out = _check_sync(plan, problem, stages, max(times), sharded)
     return CheckReport(total, tuple(violations + out))

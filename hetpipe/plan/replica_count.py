@@ -101,28 +101,32 @@ def solve_n_replicas(rp: ReplicaProblem, count: int, *, policy: str = "auto", ou
     if count > min(n, m):
         raise ConfigError(f"--replicas {count}: the cluster has {n} cards and the global batch {m} micro-batches; "
                           f"each replica needs at least one of each, so use --replicas {min(n, m)} or fewer")
-    cache = PipelineCache(rp.base, exact=False, time_limit_s=max(1.0, min(5.0, time_limit_s / 6)), seed=seed)
+    cache = PipelineCache(rp.base, exact=False, time_limit_s=max(1.0, min(5.0, time_limit_s / 6)), seed=seed,
+                          sharding=rp.sharding != "never")
     kind = "diloco" if policy == "diloco" else "synchronous"
     scorer = scorer_for(kind, outer_steps=outer_steps)
     best = _CountedSearch(rp, cache, scorer, start + time_limit_s, count=count).run()
     if best is None:
         raise InfeasibleError(f"--replicas {count}: no layout of {count} pipeline replicas fits in memory on "
                               f"these {n} cards; use fewer replicas (--replicas auto or 1)")
-    pol = choose_policy(compute_s=best.compute_s, sync_s=best.sync_s, policy=policy, outer_steps=outer_steps,
-                        budget_fraction=SYNC_BUDGET_FRACTION)
+    pol = choose_policy(compute_s=best.compute_s, sync_s=best.sync_s, policy="synchronous" if best.shards else policy,
+                        outer_steps=outer_steps, budget_fraction=SYNC_BUDGET_FRACTION)  # shards: every-step sync
     used = {st.device for r in best.replicas for st in r.stages}
     total = best.compute_s + pol.amortised_s
     return ReplicaSolution(best.replicas, best.sync, pol, best.compute_s, best.sync_s, total, "replicas-count",
                            "FEASIBLE", min(work_lower_bound(rp.base), total), time.perf_counter() - start,
-                           tuple(i for i in range(n) if i not in used))
+                           tuple(i for i in range(n) if i not in used), best.shards)
 
 
 def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, global_batch: int | None,
                   solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0, recompute: str = "auto",
-                  offload: str = "never", schedule: str = "1f1b", tensor_parallel: str = "off") -> Plan:
+                  offload: str = "never", schedule: str = "1f1b", tensor_parallel: str = "off",
+                  sharding: str = "never") -> Plan:
     """The plan ``hetpipe plan --replicas`` writes (see the module docstring); `recompute` is the
     activation-recomputation lever of every pipeline, single or replica; `tensor_parallel` (groups,
-    issue 15) is priced for one pipeline only."""
+    issue 15) is priced for one pipeline only; `sharding` the replicas' optimizer-state sharding
+    (`partitioner.replica_shard`; ignored by a single pipeline)."""
+    from hetpipe.cost_models.sharding import check_sharding_option
     from hetpipe.plan.build import microbatches_for, partition_graph
     from hetpipe.plan.replicas import (
         assemble_replica_plan,
@@ -133,6 +137,7 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
         single_pipeline,
     )
 
+    check_sharding_option(sharding)
     if replicas == 1:
         return partition_graph(graph, cluster, global_batch=global_batch, solver=solver, time_limit_s=time_limit_s,
                                seed=seed, recompute=recompute, offload=offload, schedule=schedule,
@@ -141,16 +146,15 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
         raise ConfigError(f"--schedule {schedule} plans one pipeline only; use --replicas 1 or --schedule 1f1b")
     if tensor_parallel != "off":  # the replica planner prices no groups (issue 15: single pipelines first)
         raise ConfigError(f"--tensor-parallel {tensor_parallel} plans one pipeline only; use --replicas 1")
-    if offload != "never":  # the replica planner prices no offload yet (issue 14: single pipelines first)
-        raise ConfigError(f"--offload {offload} plans one pipeline only; use --replicas 1 or --offload never")
     if replicas == "auto":
         try:
             single: Plan | None = partition_graph(graph, cluster, global_batch=global_batch, solver=solver,
-                                                  time_limit_s=time_limit_s, seed=seed, recompute=recompute)
+                                                  time_limit_s=time_limit_s, seed=seed, recompute=recompute,
+                                                  offload=offload)
         except InfeasibleError:
             single = None
         several = partition_replicas(graph, cluster, global_batch=global_batch, time_limit_s=time_limit_s, seed=seed,
-                                     recompute=recompute)
+                                     recompute=recompute, sharding=sharding, offload=offload)
         if single is not None and (len(several.replicas) <= 1
                                    or single.predicted.iteration_s <= several.predicted.iteration_s):
             log.info("--replicas auto: one pipeline (%.4g s) vs replicas (%.4g s)", single.predicted.iteration_s,
@@ -159,7 +163,8 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
         return several
     assert isinstance(replicas, int)
     g, _ = microbatches_for(graph, global_batch, len(cluster.devices))
-    rp = build_replica_problem(graph, cluster, global_batch=g, recompute=recompute)
+    rp = build_replica_problem(graph, cluster, global_batch=g, recompute=recompute, sharding=sharding,
+                               offload=offload)
     sol = solve_n_replicas(rp, replicas, time_limit_s=time_limit_s, seed=seed)
     base = {"ddp-equal": ddp_equal(rp),
             "single-pipeline": single_pipeline(rp, time_limit_s=max(1.0, time_limit_s / 3), seed=seed)}

@@ -28,11 +28,13 @@ import time
 from hetpipe.cost_models.cluster_checks import as_cluster
 from hetpipe.cost_models.devices import Cluster
 from hetpipe.cost_models.recompute import check_recompute_option
+from hetpipe.cost_models.sharding import check_sharding_option
 from hetpipe.cost_models.validate import check_solver_options
 from hetpipe.cost_models.sync import BUCKET_CAP_BYTES, SYNC_BUDGET_FRACTION
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.capture.graph import UnitGraph
 from hetpipe.plan.build import assemble_plan, build_problem, microbatches_for, plan_stages
+from hetpipe.plan.replica_shards import plan_shard, replica_evaluations
 from hetpipe.plan.schema import (
     PLAN_VERSION_REPLICAS,
     BaselineReport,
@@ -62,15 +64,18 @@ REPLICA_SOLVERS = ("search", "exact")
 
 
 def build_replica_problem(graph: UnitGraph, cluster: Cluster, *, global_batch: int,
-                          bucket_cap_bytes: int = BUCKET_CAP_BYTES, recompute: str = "auto") -> ReplicaProblem:
+                          bucket_cap_bytes: int = BUCKET_CAP_BYTES, recompute: str = "auto",
+                          sharding: str = "never", offload: str = "never") -> ReplicaProblem:
     """The replica solver's input: every device, M = global_batch / b, gradients = parameter bytes,
-    and the activation-recomputation lever every replica's stages may use (`Problem.recompute`)."""
+    the activation-recomputation lever every replica's stages may use (`Problem.recompute`) and the
+    optimizer-state sharding lever (`partitioner.replica_shard`)."""
+    check_sharding_option(sharding)
     if bucket_cap_bytes < 1:
         raise ConfigError(f"bucket_cap_bytes must be a positive number of bytes, got {bucket_cap_bytes!r}")
     _, m = microbatches_for(graph, global_batch, len(cluster.devices))
-    base = build_problem(graph, cluster, microbatches=m, recompute=recompute)
+    base = build_problem(graph, cluster, microbatches=m, recompute=recompute, offload=offload)
     return ReplicaProblem(base, grad_bytes=tuple(u.param_bytes for u in graph.units),
-                          bucket_cap_bytes=int(bucket_cap_bytes))
+                          bucket_cap_bytes=int(bucket_cap_bytes), sharding=sharding)
 
 
 def ddp_equal(rp: ReplicaProblem) -> BaselineReport:
@@ -152,8 +157,10 @@ def _predicted(problem: Problem, sol: ReplicaSolution, global_batch: int) -> Pre
 
 def _plan_sync(problem: Problem, sol: ReplicaSolution, budget_fraction: float, bucket_cap_bytes: int) -> PlanSync:
     ids = [d.id for d in problem.devices]
+    shard = {s.group: plan_shard(s) for s in sol.shards}
     groups = tuple(PlanSyncGroup(g.first_unit, g.last_unit, tuple(ids[d] for d in g.devices), g.num_bytes,
-                                 g.bandwidth_bytes_s, g.latency_s, g.time_s) for g in sol.sync)
+                                 g.bandwidth_bytes_s, g.latency_s, g.time_s, shard.get(k))
+                   for k, g in enumerate(sol.sync))
     pol = sol.policy
     return PlanSync(pol.policy, pol.outer_steps, sol.compute_s, sol.sync_s, pol.amortised_s, budget_fraction,
                     pol.reason, groups, bucket_cap_bytes)
@@ -171,8 +178,7 @@ def assemble_replica_plan(graph: UnitGraph, cluster: Cluster, *, rp: ReplicaProb
                          baselines=baselines, left_out=left_out)
     stages, replicas = [], []
     b = graph.micro_batch_size
-    for r, rep in enumerate(sol.replicas):
-        ev = evaluate(replica_problem(rp.base, rep.microbatches), rep.stages)
+    for r, (rep, ev) in enumerate(zip(sol.replicas, replica_evaluations(rp, sol))):
         replicas.append(PlanReplica(r, len(stages), len(rep.stages), rep.microbatches, rep.microbatches * b,
                                     rep.microbatches * b / global_batch, ev.iteration_s))
         stages.extend(plan_stages(rp.base, rep.stages, ev))
@@ -185,9 +191,12 @@ def partition_replicas(graph: UnitGraph, cluster: Cluster, *, global_batch: int 
                        policy: str = "auto", outer_steps: int | None = None,
                        budget_fraction: float = SYNC_BUDGET_FRACTION, solver: str = "search",
                        time_limit_s: float = 30.0, seed: int = 0, bucket_cap_bytes: int = BUCKET_CAP_BYTES,
-                       recompute: str = "auto") -> Plan:
+                       recompute: str = "auto", sharding: str = "never", offload: str = "never") -> Plan:
     """Plan pipeline replicas for `graph` on `cluster` (see `partitioner.replicas`); `recompute` is
-    the activation-recomputation lever of every replica's stages (auto | none | all).
+    the activation-recomputation lever of every replica's stages (auto | none | all), `sharding`
+    the optimizer-state sharding of each sync group (never | auto | all; synchronous sync only),
+    `offload` each replica stage's optimizer-state offload (`Problem.offload`; a group held by an
+    offloading stage does not shard).
 
     ``bucket_cap_bytes`` is the runtime's gradient all-reduce part size (recorded in the
     plan's ``sync``; the cost model charges each part one ring latency).
@@ -202,7 +211,7 @@ def partition_replicas(graph: UnitGraph, cluster: Cluster, *, global_batch: int 
     global_batch, _ = microbatches_for(graph, global_batch, len(cluster.devices))
     check_recompute_option(recompute)
     rp = build_replica_problem(graph, cluster, global_batch=global_batch, bucket_cap_bytes=bucket_cap_bytes,
-                               recompute=recompute)
+                               recompute=recompute, sharding=sharding, offload=offload)
     if solver == "exact":
         sol = solve_replicas_exact(rp, policy=policy, outer_steps=outer_steps, budget_fraction=budget_fraction)
     else:

@@ -44,19 +44,14 @@ from hetpipe.plan.tp_plan import PlanBlock, with_plan_splits  # issue 15: groups
 # re-exported: `check_plan` and the tests import them from here
 from hetpipe.plan.check_report import CheckReport, close_to_recorded, structure_violations  # noqa: F401
 from hetpipe.plan.serde import from_json, least_version, to_json
+from hetpipe.plan.shard_schema import PlanShard
 from hetpipe.plan.validate import validate_plan
 
 PLAN_FORMAT = "hetpipe.plan"
-#: Newest plan version this hetpipe reads and writes.  Version 2 adds `replicas` and `sync` (issue
-#: #6): older hetpipe refuses them instead of silently running only `stages`.  From version 3 on,
-#: optional fields declare ``metadata={"since": N}`` and a plan is written with the lowest version
-#: its content needs (`least_version`).  3: `PlanStage.recompute_units`, `PlanModel.loss`,
-#: `BaselineReport.best`.  4: the objective is the simulated schedule with optimizer steps
-#: (`Plan.objective`, `UnitTimes.step`, `PlanStage.step_s`, `Plan.step_launch_s`,
-#: `Predicted.t_1f1b_estimate_s`; plans without `objective` are re-checked with the H-1F1B
-#: estimate), the offload lever (`PlanStage.offload*`, the devices' host figures; issue 14) and
-#: tensor-parallel groups (`PlanStage.group_devices`, `group_shares`; issue 15).  5: a ZB-H1 plan
-#: (`PlanTraining.schedule` "zb-h1", `PlanStage.bwd_weight_s`; issue 17).
+#: Newest plan version this hetpipe reads and writes; a plan is written with the lowest version its
+#: content needs (fields declare ``metadata={"since": N}``, `least_version`).  2: replicas, sync (#6);
+#: 3: recompute_units, loss, baseline best, memory model 2; 4: T = the simulated schedule with
+#: optimizer steps, offload, tensor-parallel groups; 5: split schedules (bwd_weight_s), sharded sync groups.
 PLAN_VERSION = 5
 #: The version of a plan without replicas.
 PLAN_VERSION_SINGLE = 1
@@ -64,10 +59,8 @@ PLAN_VERSION_SINGLE = 1
 PLAN_VERSION_REPLICAS = 2
 #: The first version that may carry memory levers (a stage's recompute_units, issue 14).
 PLAN_VERSION_LEVERS = 3
-#: The first version that records `Plan.memory_model` and the per-unit tables of memory model 2
-#: (`PlanUnit.grad_bytes`, `boundary_held_bytes`, `boundary_grad_bytes`): every plan this hetpipe
-#: makes (`least_version`).  An older hetpipe refuses it by its version instead of re-checking
-#: its memory with another formula.
+#: The first version with `Plan.memory_model` and memory model 2's unit tables (`grad_bytes`, ...): an
+#: older hetpipe refuses it by its version instead of re-checking its memory with another formula.
 PLAN_VERSION_MEMORY = 3
 #: The first version whose T is the simulated schedule (`Plan.objective` = "schedule").
 PLAN_VERSION_OBJECTIVE = 4
@@ -292,6 +285,7 @@ class PlanSyncGroup:
     bandwidth_bytes_s: float  # slowest link between two holders
     latency_s: float  # largest latency between two holders
     time_s: float
+    shard: PlanShard | None = field(default=None, metadata={"since": 5})  # optimizer state sharded (ZeRO-1)
 
 
 @dataclass(frozen=True)

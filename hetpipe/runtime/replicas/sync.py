@@ -105,7 +105,7 @@ def param_units(graph_module: Any, plan: Plan) -> dict[str, int]:
     return out
 
 
-def _holder(plan: Plan, replica: int, unit: int) -> int:
+def holder_stage(plan: Plan, replica: int, unit: int) -> int:
     """Plan stage index holding ``unit`` in ``replica``."""
     rep = plan.replicas[replica]
     for i in range(rep.first_stage, rep.first_stage + rep.num_stages):
@@ -127,7 +127,7 @@ def _unit_bucket(plan: Plan, group: Any, names: tuple[str, ...], stage_ranks: Se
                  units: tuple[int, ...] = ()) -> SyncBucket:
     holders = []
     for r in range(len(plan.replicas)):
-        stage = _holder(plan, r, group.first_unit)
+        stage = holder_stage(plan, r, group.first_unit)
         st = plan.stages[stage]
         if st.last_unit < group.last_unit or r >= len(group.devices) or st.device != group.devices[r]:
             raise PlanError(f"sync group of units {group.first_unit}-{group.last_unit} lists devices "
@@ -157,7 +157,7 @@ def sync_buckets(plan: Plan, units_of: Mapping[str, int], stage_ranks: Sequence[
     for t in plan.model.tied:
         holders, owners = set(), []
         for r in range(len(plan.replicas)):
-            stages = sorted({_holder(plan, r, u) for u in t.units})
+            stages = sorted({holder_stage(plan, r, u) for u in t.units})
             holders.update(stage_ranks[s] for s in stages)
             owners.append(stage_ranks[stages[0]])
         low = min(t.units)  # its gradient is final when this unit's backward is done: charge it to that group
@@ -226,6 +226,13 @@ class ReplicaSync:
                              units=lb.units)]
         self.reducer = OverlappedReducer(parts, weight=self.weight, timeout_s=self.timeout_s, where=where,
                                          overlap=overlap and policy == "synchronous", on_bytes=self._count)
+
+    def held(self, label: str) -> tuple[list[nn.Parameter], Any] | None:
+        """The parameters (bucket order) and process group of this rank's bucket `label`, or None."""
+        for lb in self._local:
+            if lb.bucket.label == label and not lb.bucket.tied:
+                return lb.params, lb.group
+        return None
 
     def _count(self, num_bytes: int) -> None:
         self.bytes_reduced += num_bytes

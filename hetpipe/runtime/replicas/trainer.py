@@ -42,6 +42,8 @@ from hetpipe.runtime.data import split_microbatches
 from hetpipe.runtime.execute.executor import ActionHooks, PipelineExecutor, StepStats
 from hetpipe.runtime.execute.options import ExecutorOptions, ReplicaWiring
 from hetpipe.runtime.rank import capture_for_plan, device_backend, make_optimizer, recompute_nodes, resolve_for_plan
+from hetpipe.runtime.replicas.shard import ShardedOptimizer, shard_groups
+from hetpipe.runtime.stage.offload import HostOffloadOptimizer
 from hetpipe.runtime.replicas.sync import (
     DILOCO_OUTER_LR,
     DILOCO_OUTER_MOMENTUM,
@@ -250,9 +252,7 @@ class ReplicaTrainer:
                                 groups=groups, timeout_s=timeout_s, where=self.where, outer_lr=outer_lr,
                                 outer_momentum=outer_momentum, overlap=overlap_sync,
                                 bucket_cap_bytes=bucket_cap_bytes or sync.bucket_cap_bytes)
-        params = list(self.stage.parameters())
-        self.optimizer = optimizer(params) if optimizer is not None else make_optimizer(
-            self.plan.training.optimizer, params, lr=lr)
+        self.optimizer = self._optimizer(optimizer, lr)
         if loss is None and self.stage.is_last:
             from hetpipe.models import loss_fn
 
@@ -266,6 +266,22 @@ class ReplicaTrainer:
             wiring=ReplicaWiring(group=groups.get(tuple(sorted(self.place.stage_ranks))),
                                  tied_group=lambda ranks: groups[tuple(sorted(ranks))], grad_sync=self.sync.sync_grads,
                                  final_backward=self.sync.arm if overlap_sync else None))
+
+    def _optimizer(self, factory: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer] | None,
+                   lr: float | None) -> Any:
+        """The stage's optimizer; a `ShardedOptimizer` over it where the plan shards a group this rank holds."""
+        params = list(self.stage.parameters())
+
+        def build(ps: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+            return factory(ps) if factory is not None else make_optimizer(self.plan.training.optimizer, ps, lr=lr)
+
+        shards = shard_groups(self.plan, self.sync, replica=self.place.replica, stage_ranks=self._ranks)
+        if self.plan.stages[self.place.plan_stage].offload:  # its state and step on the host
+            if shards:
+                raise PlanError(f"{self.where}: the stage offloads its optimizer state and also holds a sharded sync "
+                                "group; a plan does one or the other per stage, re-plan it with `hetpipe plan`")
+            return HostOffloadOptimizer(params, build)
+        return ShardedOptimizer(params, shards, build) if shards else build(params)
 
     def _schedule(self, name: str) -> list[Any]:
         from hetpipe.schedule.builders import make_schedule, validate_schedule
