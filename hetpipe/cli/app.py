@@ -81,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("simulate", help="simulate a plan's schedule: iteration, bubble, busy/idle per device")
     p.add_argument("plan", type=Path)
     p.add_argument("--microbatches", type=int, default=None, help="micro-batches per iteration (default: the plan's)")
-    p.add_argument("--schedule", default=None, help="1f1b | gpipe (default: the plan's)")
+    p.add_argument("--schedule", default=None, help="1f1b | gpipe | zb-1f1b | zb-h1 (default: the plan's)")
     p.add_argument("--gantt", type=Path, default=None, help="write a Gantt PNG")
     p.add_argument("--trace", type=Path, default=None, help="write a Chrome/Perfetto trace JSON")
     p = sub.add_parser("compare", help="a plan vs the baselines, analytic and simulated")
@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--baselines", nargs="?", const="all", default="all",
                    help="comma-separated baselines (uniform, parameters, time-homogeneous); default all")
     p.add_argument("--microbatches", type=int, default=None, help="micro-batches per iteration (default: the plan's)")
-    p.add_argument("--schedule", default=None, help="1f1b | gpipe (default: the plan's)")
+    p.add_argument("--schedule", default=None, help="1f1b | gpipe | zb-1f1b | zb-h1 (default: the plan's)")
     add_run_parser(sub)
     add_init_weights_parser(sub)
     add_calibrate_parser(sub)

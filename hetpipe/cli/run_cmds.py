@@ -20,7 +20,7 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--emulate", action="store_true",
                    help="emulate the plan's devices on this machine (speed, memory limit, links)")
     p.add_argument("--report", type=Path, default=None, help="write the run report (run.json) here")
-    p.add_argument("--schedule", default=None, help="1f1b | gpipe (default: the plan's training.schedule)")
+    p.add_argument("--schedule", default=None, help="1f1b | gpipe | zb-1f1b | zb-h1 (default: the plan's training.schedule)")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds any rank waits for a peer (default 60; with --emulate 3 emulated iterations if longer)")
     p.add_argument("--max-minutes", type=float, default=DEFAULT_MAX_MINUTES,

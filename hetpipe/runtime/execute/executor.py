@@ -458,15 +458,15 @@ class PipelineExecutor:
         """Global L2 norm over every stage (tied replicas counted once); scale grads like clip_grad_norm_."""
         not_owned = {id(p) for _, p, name, _ in self._tied
                      if self._owner_stage(name) != self.stage.stage}
-        grads = [p.grad for p in self._params if p.grad is not None]
-        norms = [torch.linalg.vector_norm(g, 2.0) for p, g in zip(self._params, grads) if id(p) not in not_owned]
+        pairs = [(p, p.grad) for p in self._params if p.grad is not None]  # a parameter without grad: skipped whole
+        norms = [torch.linalg.vector_norm(g, 2.0) for p, g in pairs if id(p) not in not_owned]
         squared = torch.stack(norms).pow(2).sum() if norms else torch.zeros((), device=self.stage.device)
         if self._distributed and self.num_stages > 1:
             work = dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=self._group, async_op=True)
             self._collective(work, "the gradient-norm all-reduce", self.stage_ranks)
         total = squared.sqrt()
         coef = torch.clamp(max_norm / (total + _CLIP_EPS), max=1.0)
-        for g in grads:
+        for _, g in pairs:
             g.mul_(coef.to(g.dtype))
         return float(total)
 
