@@ -14,6 +14,11 @@ Example:
     >>> p.grad = torch.ones(3); opt.step()
     >>> len(timer.durations_s), timer.durations_s[0] >= 0.0
     (1, True)
+    >>> class Plain:  # no step hooks: its step is wrapped
+    ...     def step(self): return "stepped"
+    >>> plain = Plain(); other = UpdateTimer.attach(plain)
+    >>> plain.step(), len(other.durations_s)
+    ('stepped', 1)
 """
 
 from __future__ import annotations
@@ -31,9 +36,24 @@ class UpdateTimer:
 
     @classmethod
     def attach(cls, optimizer: Any) -> "UpdateTimer":
+        """Hooks on a torch optimizer; an optimizer without them (the offload lever's
+        `HostOffloadOptimizer`, whose whole step -- copies and host update -- is the plan's O_s)
+        has its ``step`` wrapped on the instance instead."""
         timer = cls()
-        optimizer.register_step_pre_hook(timer._before)
-        optimizer.register_step_post_hook(timer._after)
+        if hasattr(optimizer, "register_step_pre_hook"):
+            optimizer.register_step_pre_hook(timer._before)
+            optimizer.register_step_post_hook(timer._after)
+            return timer
+        inner = optimizer.step
+
+        def timed_step(*args: Any, **kwargs: Any) -> Any:
+            timer._before(optimizer, args, kwargs)
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                timer._after(optimizer, args, kwargs)
+
+        optimizer.step = timed_step
         return timer
 
     def _before(self, optimizer: Any, args: Any, kwargs: Any) -> None:
