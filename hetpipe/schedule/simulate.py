@@ -34,11 +34,12 @@ cost_formulas.md §3.3), and where it does not:
   stage s holds at most ``p-s`` micro-batches, so its period is at least
   ``(sum_{j>=s}(F_j+B_j) + 2 sum_{j>=s} C_j) / (p-s)``.  The formula misses this
   when the round trip through a slow link is long.  With p=4, F=B=0.5 and
-  m=32: C=0.5 on the middle cut (2C equal to F+B) gives 35.0 s against the
-  formula's 37.0 s; C=1.5 on the middle cut gives 69.5 s against the
-  formula's 102.0 s (the middle stage's period is (2+3+1)/2 = 3 s, not 2C = 3 s
-  plus fill); C=0.5 on every cut gives 51.5 s against 38.0 s (the formula is
-  26% short: stage 0 needs (4+6)/4 = 2.5 s per micro-batch, not 1).
+  m=32 (README, "Simulator vs T"): C=0.5 on the middle cut (2C equal to F+B)
+  gives 51 s against the formula's 36 s (stages 1 and 2 form a cycle:
+  (1 + 1 + 1)/2 = 1.5 s per micro-batch); C=1.5 on the middle cut gives 84 s
+  against 100 s (the two directions overlap); C=0.5 on every cut gives 61 s
+  against 38 s (stage 0 holds only p micro-batches in flight: a round trip
+  of 7 s gives 1.75 s per micro-batch).
 * Bubbles from non-bottleneck stages: with two near-equal slow stages the
   second one's fill/drain does not overlap the first's, which the single
   ``max`` cannot express; the simulator charges it exactly.
