@@ -113,26 +113,14 @@ def mixed(tmp: Path, n: int) -> list[str]:
     """``n`` faults over one emulated, supervised run; the report's lines."""
     import torch
 
-    from hetpipe.models import build
-    from hetpipe.partitioner.capture.capture import capture
-    from hetpipe.partitioner.problem import Stage
     from hetpipe.runtime.checkpoint.files import find_checkpoint
     from hetpipe.runtime.run import run
     from hetpipe.runtime.supervise import SuperviseOptions, supervise
-    from tests.runtime_plans import plan_for
-    from tests.supervise_data import BATCH, MICROBATCHES, SEQ
-    from tests.synthetic import synthetic_cluster
     from tests.test_checkpoint import read_checkpoint
-    from benchmarks.faults import B_MODEL, SIX_CARDS
+    from benchmarks.faults import B_MODEL, six_card_setup
+    from tests.supervise_data import SEQ
 
-    meta, inputs = build(B_MODEL, device="meta", batch=BATCH, seq=SEQ)
-    graph = capture(meta, inputs, name=B_MODEL)
-    u = graph.num_units
-    plan = plan_for(graph, synthetic_cluster(SIX_CARDS), (Stage(0, 0, 1), Stage(2, 2, 3), Stage(4, 4, u - 1)),
-                    microbatches=MICROBATCHES)
-    torch.manual_seed(3)
-    model, _ = build(B_MODEL, device="cpu", batch=BATCH, seq=SEQ)
-    torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, tmp / "init.pt")
+    graph, plan, model = six_card_setup(tmp)
     steps = EVERY * (n + 1)
     common = dict(model=B_MODEL, steps=steps, seq=SEQ, data="tests.supervise_data:slow_batches",
                   loss="hetpipe.models:lm_loss", weights=tmp / "init.pt", checkpoint_every=EVERY)

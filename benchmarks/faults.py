@@ -32,6 +32,7 @@ import importlib.util
 import json
 import os
 import random
+from typing import Any
 import signal
 import statistics
 import sys
@@ -167,18 +168,17 @@ def _killer(base: Path, targets: list[int], rng: random.Random, log: list[dict])
     return thread
 
 
-def kills(tmp: Path, n: int) -> list[str]:
-    """Part (b): ``n`` kills over one run, against a fault-free run of the same data."""
+def six_card_setup(tmp: Path) -> tuple[Any, Any, Any]:
+    """Part (b)'s and the storm's set-up: `B_MODEL` captured, planned as three stages on cards 0, 2
+    and 4 of `SIX_CARDS`, and seeded weights saved as ``tmp/init.pt``: (graph, plan, model)."""
     import torch
 
-    import hetpipe
     from hetpipe.models import build
     from hetpipe.partitioner.capture.capture import capture
     from hetpipe.partitioner.problem import Stage
     from tests.runtime_plans import plan_for
-    from tests.supervise_data import BATCH, DELAY_ENV, MICROBATCHES, SEQ
+    from tests.supervise_data import BATCH, MICROBATCHES, SEQ
     from tests.synthetic import synthetic_cluster
-    from tests.test_checkpoint import read_checkpoint
 
     meta, inputs = build(B_MODEL, device="meta", batch=BATCH, seq=SEQ)
     graph = capture(meta, inputs, name=B_MODEL)
@@ -188,6 +188,18 @@ def kills(tmp: Path, n: int) -> list[str]:
     torch.manual_seed(3)
     model, _ = build(B_MODEL, device="cpu", batch=BATCH, seq=SEQ)
     torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, tmp / "init.pt")
+    return graph, plan, model
+
+
+def kills(tmp: Path, n: int) -> list[str]:
+    """Part (b): ``n`` kills over one run, against a fault-free run of the same data."""
+    import torch
+
+    import hetpipe
+    from tests.supervise_data import DELAY_ENV, SEQ
+    from tests.test_checkpoint import read_checkpoint
+
+    graph, plan, model = six_card_setup(tmp)
     os.environ[DELAY_ENV] = B_DELAY_S
     common = dict(model=B_MODEL, steps=B_STEPS, seq=SEQ, data="tests.supervise_data:slow_batches",
                   loss="hetpipe.models:lm_loss", weights=tmp / "init.pt", checkpoint_every=B_EVERY, timeout_s=30.0)
