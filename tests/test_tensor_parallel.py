@@ -289,9 +289,9 @@ def _grouped_plan(members: tuple[str, ...] = ("n0:0", "n0:1"), shares: tuple[flo
     return dataclasses.replace(plan, stages=(first, *plan.stages[1:]))
 
 
-def test_a_grouped_stage_round_trips_as_version_4_and_check_and_run_refuse_to_price_or_run_it(tmp_path):
+def test_a_grouped_stage_round_trips_as_version_4_and_check_refuses_to_price_it_without_tables(tmp_path):
     from hetpipe.plan.check import check_plan
-    from hetpipe.plan.groups import refuse_groups
+    from hetpipe.plan.group_run import refuse_unrunnable_groups
     from hetpipe.plan.schema import PLAN_VERSION_GROUPS, Plan
 
     plan = _grouped_plan()
@@ -301,8 +301,8 @@ def test_a_grouped_stage_round_trips_as_version_4_and_check_and_run_refuse_to_pr
     assert loaded == plan and loaded.stages[0].group_shares == (0.6, 0.4)
     # its units record no tensor-parallel tables (not planned with --tensor-parallel auto): not priceable
     assert any("tensor-parallel tables" in v for v in check_plan(loaded).violations)
-    with pytest.raises(PlanError, match="does not run yet"):
-        refuse_groups(loaded)
+    with pytest.raises(ConfigError, match="use --schedule 1f1b or gpipe"):  # runs, except with a split backward
+        refuse_unrunnable_groups(loaded, "zb-h1")
     ungrouped = dataclasses.replace(plan, stages=(dataclasses.replace(plan.stages[0], group_devices=(),
                                                                       group_shares=()), *plan.stages[1:]),
                                     version=1)  # re-derived: the least version the content needs

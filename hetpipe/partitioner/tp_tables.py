@@ -134,6 +134,11 @@ class GroupStage:
     memory_bytes: tuple[int, ...]  # M_s of each member
     usable_bytes: tuple[int, ...]
     allreduce_s: float  # all the blocks' all-reduces, forward + backward
+    # each member's own F and B (its integer parts + the all-reduces + the lead's broadcast; F_s, B_s: the
+    # largest) and step, in member order: what the emulator stretches each member to
+    member_fwd_s: tuple[float, ...] = ()
+    member_bwd_s: tuple[float, ...] = ()
+    member_step_s: tuple[float, ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -206,22 +211,28 @@ def _member_bytes(tables: GroupTables, units: range, w: float, pos: StagePositio
 
 
 def group_stage(tables: GroupTables, *, first: int, last: int, members: Sequence[int], position: StagePosition,
-                rule: str = "uneven") -> GroupStage:
+                rule: str = "uneven", shares: Sequence[float] | None = None) -> GroupStage:
     """Price units [first, last] on the group ``members`` at ``position`` (module docstring).
 
     Shares and integer parts are worked out with the members in device-index order (largest
     remainder's ties go to the lower index), so the price does not depend on which member leads;
     `GroupStage` lists everything in ``members`` order.  Raises `InfeasibleError` when the members
-    cannot hold the split at any shares.
+    cannot hold the split at any shares.  ``shares`` (in ``members`` order) prices given shares instead
+    of deriving them (the runtime's predictions for the shares a plan records).
     """
     order = sorted(members)
     if list(members) != order:
-        g = group_stage(tables, first=first, last=last, members=order, position=position, rule=rule)
+        given = None if shares is None else [shares[list(members).index(d)] for d in order]
+        g = group_stage(tables, first=first, last=last, members=order, position=position, rule=rule, shares=given)
         back = [order.index(d) for d in members]
         return replace(g, shares=tuple(g.shares[i] for i in back), memory_bytes=tuple(g.memory_bytes[i] for i in back),
-                       usable_bytes=tuple(g.usable_bytes[i] for i in back))
+                       usable_bytes=tuple(g.usable_bytes[i] for i in back),
+                       member_fwd_s=tuple(g.member_fwd_s[i] for i in back),
+                       member_bwd_s=tuple(g.member_bwd_s[i] for i in back),
+                       member_step_s=tuple(g.member_step_s[i] for i in back))
     units = range(first, last + 1)
-    shares = group_shares(tables, units, members, in_flight=position.in_flight, rule=rule)
+    shares = (group_shares(tables, units, members, in_flight=position.in_flight, rule=rule) if shares is None
+              else TensorShares(tuple(shares), (False,) * len(shares)))
     bandwidth, latency = ring_of(tables, members)
     blocks = [b for u in units for b in tables.tensor_parallel[u].blocks]
     allreduce = sum(ring_allreduce_s(num_bytes=b.allreduce_bytes, ranks=len(members), bandwidth_bytes_s=bandwidth,
@@ -237,11 +248,13 @@ def group_stage(tables: GroupTables, *, first: int, last: int, members: Sequence
         fwd.append(sum(tables.fwd_s[kind][u] * f for u, f in zip(units, frac)))
         bwd.append(sum(tables.bwd_s[kind][u] * f for u, f in zip(units, frac)))
         step.append(_member_step_s(tables, kind, units, shares.weights[i]))
+    fwd_extra = allreduce + (0.0 if position.first else bcast(position.in_bytes))
+    bwd_extra = allreduce + (bcast(position.out_grad_bytes) if position.stages_after else 0.0)
     return GroupStage(
-        shares=shares.weights,
-        fwd_s=max(fwd) + allreduce + (0.0 if position.first else bcast(position.in_bytes)),
-        bwd_s=max(bwd) + allreduce + (bcast(position.out_grad_bytes) if position.stages_after else 0.0),
+        shares=shares.weights, fwd_s=max(fwd) + fwd_extra, bwd_s=max(bwd) + bwd_extra,
         step_s=max(step), allreduce_s=2.0 * allreduce,
+        member_fwd_s=tuple(f + fwd_extra for f in fwd), member_bwd_s=tuple(b + bwd_extra for b in bwd),
+        member_step_s=tuple(step),
         memory_bytes=tuple(_member_bytes(tables, units, w, position) for w in shares.weights),
         usable_bytes=tuple(tables.devices[d].usable_bytes for d in members))
 

@@ -7,7 +7,8 @@ first, each once and in no other stage; the shares are one per member, positive,
 (integer heads / columns follow by largest remainder, so their sum is every block's total).
 
 The solver writes groups under ``--tensor-parallel auto`` and `check_plan` prices them
-(`plan/tp_plan.py`); `hetpipe run` refuses them (`refuse_groups`): not run inside the pipeline yet.
+(`plan/tp_plan.py`); `hetpipe run` runs them (`plan/group_run.py`: the rank layout, each member's
+predicted times, and the refusals of what groups do not run yet).
 
 Example:
     >>> from types import SimpleNamespace as NS
@@ -61,10 +62,3 @@ def validate_groups(plan: Any) -> None:
                 raise PlanError(f"{at}.group_devices: {m!r} also runs stage {holders[m]}; {_FIX}")
             holders[m] = i
 
-
-def refuse_groups(plan: Any) -> None:
-    """`hetpipe run` cannot run a grouped stage yet: refuse rather than run it on one card."""
-    grouped = [i for i, st in enumerate(plan.stages) if st.group_devices]
-    if grouped:
-        raise PlanError(f"plan stages {grouped} are tensor-parallel groups, which `hetpipe run` does not run yet "
-                        "(issue 15: only hetpipe.runtime.tp_shard's standalone groups); re-plan without groups")

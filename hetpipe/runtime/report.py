@@ -32,11 +32,12 @@ import json
 import math
 import os
 import platform
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from hetpipe.errors import ConfigError, HetpipeError
+from hetpipe.plan.group_run import member_timings
 from hetpipe.plan.run_sim import simulated_iteration_s
 from hetpipe.plan.serde import from_json, to_json
 from hetpipe.runtime.faults.straggler import StepRatios, StragglerRecord
@@ -127,6 +128,7 @@ class RankResult:
     step_origin_s: float = 0.0  # the last step's start on CLOCK_MONOTONIC (`last_step_actions` count from it)
     cores: tuple[int, ...] = ()  # the CPU cores the rank ran on (pinned to a core-group device, or all)
     update_s: tuple[float, ...] = ()  # per step: optimizer.step() alone, real seconds (runtime/update_timer.py)
+    member: int = 0  # its member of the stage's tensor-parallel group (0: the lead, or a width-1 stage)
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
@@ -195,6 +197,7 @@ class StageRecord:
     cores: tuple[int, ...] = ()
     # optimizer.step() alone (no send waits, no tied all-reduce), median real seconds: what S_s prices
     update_real_s: float = 0.0
+    member: int = 0  # a row of `RunReport.members`: which member of the stage's group (0: its lead)
 
 
 @dataclass(frozen=True)
@@ -236,6 +239,9 @@ class RunReport:
     stragglers: tuple[StragglerRecord, ...] = ()  # stages named slower than planned (issue 16)
     injected: tuple[str, ...] = ()  # the --inject faults of the run, as specs
     restarts: tuple[Restart, ...] = ()  # a supervised run's relaunches (`hetpipe.runtime.supervise`)
+    # every member of every tensor-parallel group (issue 15): its card, measured F / B and peak beside its own
+    # predicted F / B (its share + the group's all-reduces + the lead's broadcast) and M_s
+    members: tuple[StageRecord, ...] = ()
     format: str = RUN_FORMAT
     version: int = RUN_VERSION
 
@@ -318,6 +324,15 @@ def _stage_record(plan: "Plan", r: RankResult, transfers: Sequence[float] = ()) 
         update_real_s=median(measured_steps(r.update_s)) if r.update_s else 0.0)
 
 
+def _member_records(plan: "Plan", results: Sequence[RankResult]) -> tuple[StageRecord, ...]:  # noqa: F821
+    """One row per member of every group stage, beside its own predictions (`plan.group_run.member_timings`)."""
+    mine = member_timings(plan)
+    usable = {d.id: d.usable_bytes for d in plan.devices}
+    return tuple(replace(_stage_record(plan, r), member=r.member, predicted_fwd_s=t.fwd_s, predicted_bwd_s=t.bwd_s,
+                         predicted_step_s=t.step_s, predicted_memory_bytes=t.memory_bytes, usable_bytes=usable[r.device])
+                 for r in results for t in [mine.get((r.stage, r.member))] if t is not None)
+
+
 def _ran_pinned(plan: "Plan", results: Sequence[RankResult]) -> bool:  # noqa: F821
     """Every rank ran on exactly its plan device's core group (`hetpipe.runtime.pinning`)."""
     index = plan.device_index()
@@ -350,7 +365,8 @@ def build_report(plan: "Plan", results: Sequence[RankResult], *, schedule: str, 
     Example:
         >>> # see tests/test_launch.py::test_build_report_merges_ranks
     """
-    results = sorted(results, key=lambda r: r.stage)
+    everyone = sorted(results, key=lambda r: (r.stage, r.member))
+    results = [r for r in everyone if r.member == 0]  # a group's lead stands for its stage
     if [r.stage for r in results] != list(range(len(plan.stages))):
         raise ConfigError(f"run results cover stages {[r.stage for r in results]}, the plan has "
                           f"{len(plan.stages)}; a rank did not finish")
@@ -370,7 +386,7 @@ def build_report(plan: "Plan", results: Sequence[RankResult], *, schedule: str, 
     return RunReport(
         model=plan.model.name, fingerprint=plan.model.fingerprint, schedule=schedule, steps=n_steps,
         microbatches=plan.training.microbatches, emulate=emulate, backend=results[0].backend,
-        world_size=len(results), time_scale=scale, time_scale_limiting=results[0].time_scale_limiting,
+        world_size=len(everyone), time_scale=scale, time_scale_limiting=results[0].time_scale_limiting,
         safety_factor=results[0].safety_factor, contention_factor=results[0].contention_factor,
         predicted_iteration_s=plan.predicted.iteration_s,
         predicted_real_iteration_s=plan.predicted.iteration_s * scale,
@@ -382,4 +398,5 @@ def build_report(plan: "Plan", results: Sequence[RankResult], *, schedule: str, 
                      pinned=_ran_pinned(plan, results)),
         machine=machine_info(), wall_s=wall_s,
         timelines=timelines,
-        stragglers=tuple(rec for r in results for rec in r.stragglers))
+        stragglers=tuple(rec for r in results for rec in r.stragglers),
+        members=_member_records(plan, everyone))

@@ -37,6 +37,7 @@ import torch
 from hetpipe.cost_models.outputs import writable_folder
 from hetpipe.errors import ConfigError, RuntimeFailure
 from hetpipe.plan.check import check_plan
+from hetpipe.plan.group_run import rank_slots, refuse_group_outputs, refuse_unrunnable_groups
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.checkpoint.options import checkpoint_args
 from hetpipe.runtime.faults.options import FaultArgs, check_wait_for_return, fault_args
@@ -61,9 +62,7 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: A
     from hetpipe.schedule.builders import make_schedule, validate_schedule
     from hetpipe.plan.tables import verify_tables
     from hetpipe.runtime.rank import capture_for_plan
-    from hetpipe.plan.groups import refuse_groups
-
-    refuse_groups(plan)  # issue 15: tensor-parallel groups are not run inside the pipeline yet
+    refuse_unrunnable_groups(plan, schedule)  # issue 15: what groups do not run yet, each with its fix
     if plan.replicas:  # each replica is its own pipeline
         from hetpipe.runtime.replicas.trainer import check_runnable
 
@@ -243,8 +242,8 @@ def run(
     if timeout_s is None:
         timeout_s = _default_timeout_s(plan, steps=steps, emulate=emulate, safety_factor=safety_factor)
     faults = _check_args(plan, steps, timeout_s, (inject, emulate), margin=straggler_margin, window=straggler_steps)
-    schedule = schedule or plan.training.schedule
-    loss_spec = function_spec(loss, "loss")
+    schedule, loss_spec = schedule or plan.training.schedule, function_spec(loss, "loss")
+    refuse_group_outputs(plan, checkpoint_dir=checkpoint_dir, resume=resume)
     batches = None if data is None or isinstance(data, str) else take_batches(data, steps)
     preflight(plan, model=model, seq=seq, schedule=schedule, data=data if batches is None else batches,
               loss=loss_spec, weights=str(Path(weights).absolute()) if weights is not None else None)
@@ -253,7 +252,7 @@ def run(
     keep = run_dir is not None
     workdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
     data_spec, plan_path = _fill_workdir(workdir, plan, data, batches)
-    spec = LaunchSpec(plan_path=plan_path, model=model, steps=steps, nproc=len(plan.stages), run_dir=workdir,
+    spec = LaunchSpec(plan_path=plan_path, model=model, steps=steps, nproc=len(rank_slots(plan)), run_dir=workdir,
                       emulate=emulate, schedule=schedule, timeout_s=timeout_s, seed=seed, seq=seq, lr=lr,
                       data=data_spec, loss=loss_spec, safety_factor=safety_factor, sync_overlap=sync_overlap,
                       weights=weights_arg, save_weights=save_arg, **ckpt.launch_fields(), **faults.launch_fields())
@@ -315,7 +314,7 @@ def _launch_and_report(spec: LaunchSpec, plan: Plan, *, sync_overlap: bool) -> R
         from hetpipe.runtime.stage.weights import copy_side_files
 
         copy_side_files(spec.weights, spec.save_weights)
-    results = [RankResult.load(spec.run_dir / f"result-rank{r}.json") for r in range(len(plan.stages))]
+    results = [RankResult.load(spec.run_dir / f"result-rank{r}.json") for r in range(spec.nproc)]
     return build_report(plan, results, schedule=spec.schedule or plan.training.schedule, emulate=spec.emulate,
                         wall_s=outcome.wall_s, sync_overlap=sync_overlap)
 

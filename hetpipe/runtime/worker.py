@@ -53,8 +53,12 @@ import torch
 import torch.distributed as dist
 
 from hetpipe.errors import ConfigError, HetpipeError
+from hetpipe.plan.group_run import has_groups, rank_slots
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.execute import heartbeat
+from hetpipe.runtime.execute.options import ReplicaWiring
+from hetpipe.runtime.tp_ranks import slot_for
+from hetpipe.runtime.tp_run import member_predicted, save_grouped, setup_groups
 from hetpipe.runtime.faults.watch import step_watch
 from hetpipe.runtime.launch import RankError, write_error
 from hetpipe.cost_models.cpu_cores import available_cores
@@ -73,7 +77,6 @@ from hetpipe.runtime.rank import (
     capture_for_plan,
     resolve_for_plan,
     device_backend,
-    device_label,
     emulation_fields,
     gather_stage_ranks,
     join_process_group,
@@ -151,6 +154,10 @@ class _Run:
         self.stage_ranks: list[int] = list(range(self.num_stages))
         self.saved_names: dict[str, str] = {}  # local -> saved name (`hetpipe.runtime.stage.weights.saved_names`)
         self.program: Any = None  # the `StagedProgram` (checkpoints name every stage's tensors from it)
+        self.slot: Any = None  # `RankSlot`: (stage, member of its tensor-parallel group, device)
+        self.units: Any = ()  # the captured units (a group member shards its stage's blocks)
+        self.wiring = ReplicaWiring()  # a tensor-parallel plan's (`hetpipe.runtime.tp_run.setup_groups`)
+        self.groups: Any = None  # its `GroupSetup`
 
     def executor(self, *, actions: Sequence[Any], optimizer: Any, microbatches: int, hooks: Any,
                  loss_fn: Any) -> Any:
@@ -160,7 +167,7 @@ class _Run:
         return PipelineExecutor(self.stage, rank=self.rank, num_stages=self.num_stages, schedule_actions=actions,
                                 loss_fn=loss_fn, optimizer=optimizer, microbatches=microbatches,
                                 stage_ranks=self.stage_ranks, options=ExecutorOptions(timeout_s=self.args.timeout),
-                                hooks=hooks)
+                                hooks=hooks, wiring=self.wiring)
 
     def data(self, start: int = 0) -> Any:
         a = self.args
@@ -181,16 +188,17 @@ def prepare(args: argparse.Namespace, state: RankState, *, plan: Plan | None = N
 
     state.phase = "loading the plan"
     plan = plan if plan is not None else Plan.load(args.plan)
-    p, m = len(plan.stages), plan.training.microbatches
+    p, m, cards = len(plan.stages), plan.training.microbatches, len(rank_slots(plan))
     world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
-    if world != p:
-        raise ConfigError(f"the plan has {p} stages but torchrun started {world} processes; launch with "
-                          f"--nproc-per-node={p} (or one process per stage on each node)")
+    if world != cards:
+        raise ConfigError(f"the plan has {p} stages on {cards} cards but torchrun started {world} processes; launch "
+                          f"with --nproc-per-node={cards} (or one process per card on each node)")
     if args.emulate and int(os.environ.get("LOCAL_WORLD_SIZE", world)) != world:
         raise ConfigError("--emulate runs every stage on one host (emulated links time messages with the host's "
                           "CLOCK_MONOTONIC); launch it with `hetpipe run --emulate`, not across nodes")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    state.stage = stage_for(plan, node=args.node, rank=state.rank, local_rank=local_rank)
+    slot = slot_for(plan, node=args.node, rank=state.rank, local_rank=local_rank) if has_groups(plan) else None
+    state.stage = slot.stage if slot else stage_for(plan, node=args.node, rank=state.rank, local_rank=local_rank)
     state.phase = "capture"
     graph, example = capture_for_plan(plan, model=args.model, seq=args.seq)
     mapping = node_to_stage(plan, graph.module)
@@ -209,7 +217,7 @@ def prepare(args: argparse.Namespace, state: RankState, *, plan: Plan | None = N
                         recompute=recompute_nodes(plan, state.stage))
     run = _Run(args, plan, stage, state.stage, schedule[state.stage], graph.module, example)
     run.saved_names = saved_names(program, state.stage)
-    run.program = program
+    run.program, run.slot, run.units = program, slot, graph.units
     return run
 
 
@@ -232,8 +240,10 @@ def calibrate(run: _Run, *, loss_fn: Any, batch: tuple[Any, Any] | None) -> list
     with kept_buffers(run.stage.module):  # calibration is not training: BatchNorm statistics are restored
         for _ in range(CALIBRATION_PASSES):
             executor.step(inputs[:1] if inputs else None, targets[:1] if targets else None)
-    every: list[Any] = [None] * run.num_stages
+    every: list[Any] = [None] * dist.get_world_size()  # per rank: per stage, or per card of a grouped plan
     dist.all_gather_object(every, (run.index, median(hooks.fwd_compute_s[1:]), median(hooks.bwd_compute_s[1:])))
+    if run.slot is not None:
+        return [StageTiming(f, b) for _, f, b in every]
     by_stage = {s: StageTiming(f, b) for s, f, b in every}
     return [by_stage[s] for s in range(run.num_stages)]
 
@@ -246,15 +256,17 @@ def _emulation_hooks(run: _Run, loss_fn: Any, batch: tuple[Any, Any] | None) -> 
     measured = calibrate(run, loss_fn=loss_fn, batch=batch)
     split = is_split(run.args.schedule or plan.training.schedule)  # B and W emulated apart
     predicted = [StageTiming(st.fwd_s, st.bwd_s, st.offload_s, st.bwd_weight_s if split else 0.0) for st in plan.stages]
+    if run.slot is not None:  # one timing per card: a group member at its own share (tp_run.member_predicted)
+        predicted = [member_predicted(plan, slot, predicted[slot.stage]) for slot in rank_slots(plan)]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", run.num_stages))
     scale = choose_time_scale(measured, predicted, num_ranks=local_ranks, num_cores=cores,
                               safety_factor=run.args.safety_factor or DEFAULT_SAFETY_FACTOR)
-    dev = plan.devices[plan.device_index()[plan.stages[s].device]]
+    dev = plan.devices[plan.device_index()[run.slot.device if run.slot else plan.stages[s].device]]
     log.info("stage %d: time scale %.4g real s per emulated s (limited by %s)", s, scale.real_s_per_emulated_s,
              scale.limiting)
-    return EmulationHooks(rank=run.rank, stage=s, device_label=device_label(plan, s), usable_bytes=dev.usable_bytes,
-                          predicted=predicted[s], links=stage_links(plan, s),
+    return EmulationHooks(rank=run.rank, stage=s, device_label=f"{dev.id} ({dev.kind})", usable_bytes=dev.usable_bytes,
+                          predicted=predicted[run.rank if run.slot else s], links=stage_links(plan, s),
                           time_scale=scale.real_s_per_emulated_s, origin=scale)
 
 
@@ -272,6 +284,7 @@ class _RankLoop:
     start: int = 0  # steps already taken (a resumed run continues with step `start`)
     after_step: Callable[[int, bool], None] = lambda steps_done, last: None  # checkpoints
     update_s: Callable[[], list[float]] = list  # seconds of each optimizer.step() (runtime/update_timer.py)
+    slot: Any = None  # `RankSlot` of a plan with tensor-parallel groups (its member and card)
 
 
 def _pipeline_rank(args: argparse.Namespace, state: RankState, run: _Run, ranks: list[int]) -> _RankLoop:
@@ -300,11 +313,15 @@ def _pipeline_rank(args: argparse.Namespace, state: RankState, run: _Run, ranks:
             from hetpipe.runtime.stage.weights import save_pipeline
 
             state.phase = "saving the weights"
-            save_pipeline(run.stage.module, run.saved_names, args.save_weights, stage=run.index,
-                          num_stages=run.num_stages)
+            if run.groups is not None:  # members gather their shards back, the leads write
+                save_grouped(run.groups, run.plan, run.stage, run.units, names=run.saved_names,
+                             out_dir=args.save_weights)
+            else:
+                save_pipeline(run.stage.module, run.saved_names, args.save_weights, stage=run.index,
+                              num_stages=run.num_stages)
 
     return _RankLoop(step, hooks, run.index, stream, first, finish=finish, start=start, after_step=after_step,
-                     update_s=lambda: timer.durations_s)
+                     update_s=lambda: timer.durations_s, slot=run.slot)
 
 
 def _resume_point(args: argparse.Namespace) -> Any:
@@ -393,11 +410,14 @@ def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, p
     state.phase = "finishing"
     loop.finish()
     barrier(backend == "gloo", args.timeout)
-    dev = plan.devices[plan.device_index()[plan.stages[loop.plan_stage].device]]
-    return RankResult(rank=state.rank, stage=loop.plan_stage, device=dev.id, kind=dev.kind, step_s=tuple(step_s),
+    slot = loop.slot  # a card of a grouped plan: its own device, and its timings at its rank (calibrate)
+    dev = plan.devices[plan.device_index()[slot.device if slot else plan.stages[loop.plan_stage].device]]
+    return RankResult(rank=state.rank, stage=loop.plan_stage, member=slot.member if slot else 0, device=dev.id,
+                      kind=dev.kind, step_s=tuple(step_s),
                       losses=tuple(losses), backend=backend, optimizer_s=tuple(optimizer_s),
                       step_origin_s=origin_s, cores=available_cores(), update_s=tuple(loop.update_s()),
-                      **emulation_fields(loop.hooks, stats, loop.plan_stage), **watch.result_fields())
+                      **emulation_fields(loop.hooks, stats, state.rank if slot else loop.plan_stage),
+                      **watch.result_fields())
 
 
 def train(args: argparse.Namespace, state: RankState) -> RankResult:
@@ -417,7 +437,12 @@ def train(args: argparse.Namespace, state: RankState) -> RankResult:
     pin_stage(plan, state.stage, emulate=args.emulate)  # a core-group device: run where it was measured
     state.phase = "joining the process group"
     backend = join_process_group(args.timeout)  # step 5, the one join
-    ranks = gather_stage_ranks(state.stage, len(plan.stages))
+    if run is not None and run.slot is not None:  # tensor-parallel groups: layout, groups, shards (tp_run.py)
+        state.phase = "setting up the tensor-parallel groups"
+        setup = setup_groups(plan, run.slot, run.stage, run.units, timeout_s=args.timeout)
+        ranks, run.wiring, run.groups = list(setup.layout.executor_ranks), setup.wiring, setup
+    else:
+        ranks = gather_stage_ranks(state.stage, len(plan.stages))
     heartbeat.install(args.run_dir / f"progress-rank{state.rank}")  # the executor beats per action from here
     loop = _replica_rank(args, state, plan, ranks) if run is None else _pipeline_rank(args, state, run, ranks)
     state.watch = step_watch(args, plan=plan, stage=loop.plan_stage, rank=state.rank, stage_ranks=ranks,

@@ -109,7 +109,6 @@ class _StepState:
     grad_norm: float | None = None
 
 
-
 class PipelineExecutor:
     """Executes one rank's action list of a pipeline (see the module docstring).
 
@@ -148,6 +147,7 @@ class PipelineExecutor:
         self._saved_bytes: dict[int, int] = {}  # micro-batch -> activation bytes its forward added (first step)
         self.stage_ranks = tuple(stage_ranks) if stage_ranks is not None else tuple(range(num_stages))
         self._group, self._tied_group_fn, self._grad_sync = wiring.group, wiring.tied_group, wiring.grad_sync
+        self._uncounted = wiring.uncounted  # a tensor-parallel member's replicated parameters (its lead counts them)
         self._where = f"rank {rank} (stage {stage_module.stage})"
         self._check_config(options.cut_specs)
         self.actions = tuple(schedule_actions)
@@ -167,9 +167,9 @@ class PipelineExecutor:
         self._memory = HeldBytes({k[0] for k in map(storage_key, statics) if k})
         self._memory.totals["params"] = sum(t.numel() * t.element_size() for t in statics)
         self._memory.totals["optimizer"] = optimizer_bytes(optimizer)
-        self.comm = comm.StageComm(stage_module, rank=rank, stage_ranks=self.stage_ranks, timeout_s=self.timeout_s,
-                                   send_delay_s=self.hooks.send_delay_s, on_comm_bytes=self._memory.set_comm,
-                                   on_arrived=self.hooks.arrived)
+        self.comm = (wiring.make_comm or comm.StageComm)(
+            stage_module, rank=rank, stage_ranks=self.stage_ranks, timeout_s=self.timeout_s,
+            send_delay_s=self.hooks.send_delay_s, on_comm_bytes=self._memory.set_comm, on_arrived=self.hooks.arrived)
         self._tied = self._make_tied_groups()
         depth = options.prefetch_depth
         self.prefetch_depth = max(0, int(self._default_prefetch() if depth is None else depth))
@@ -457,7 +457,7 @@ class PipelineExecutor:
     def _clip_grads(self, max_norm: float) -> float:
         """Global L2 norm over every stage (tied replicas counted once); scale grads like clip_grad_norm_."""
         not_owned = {id(p) for _, p, name, _ in self._tied
-                     if self._owner_stage(name) != self.stage.stage}
+                     if self._owner_stage(name) != self.stage.stage} | self._uncounted
         pairs = [(p, p.grad) for p in self._params if p.grad is not None]  # a parameter without grad: skipped whole
         norms = [torch.linalg.vector_norm(g, 2.0) for p, g in pairs if id(p) not in not_owned]
         squared = torch.stack(norms).pow(2).sum() if norms else torch.zeros((), device=self.stage.device)

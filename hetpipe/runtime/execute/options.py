@@ -66,7 +66,8 @@ class ExecutorOptions:
 
 @dataclass(frozen=True)
 class ReplicaWiring:
-    """What a replica plan plugs into a pipeline's executor (all None for a single pipeline).
+    """What a replica plan or a tensor-parallel group plugs into a pipeline's executor (all None for a
+    single pipeline of width-1 stages).
 
     group: process group of exactly the pipeline's ranks for the gradient-norm all-reduce
         and the loss broadcast (None: the world, right when the pipeline spans it).
@@ -76,9 +77,15 @@ class ReplicaWiring:
         all-reduce (data-parallel gradient sync between replicas).
     final_backward: called right before the step's last ``B`` of this rank (the replica
         sync launches its all-reduces from gradient hooks from then on).
+    make_comm: ``make_comm(stage_module, **StageComm's keywords)`` builds the stage's messages
+        (None: `StageComm`; a tensor-parallel group member: `hetpipe.runtime.execute.group.GroupComm`).
+    uncounted: ids of parameters this rank leaves out of the global gradient norm (a group member's
+        replicated parameters: its lead counts them).
     """
 
     group: Any = None
     tied_group: Callable[[Sequence[int]], Any] | None = None
     grad_sync: Callable[[], None] | None = None
     final_backward: Callable[[], None] | None = None
+    make_comm: Callable[..., Any] | None = None
+    uncounted: frozenset[int] = frozenset()

@@ -1,0 +1,92 @@
+"""One rank of a plan with tensor-parallel groups: its member's shard, its executor wiring and its
+emulated times (issue 15; the worker calls these after joining the process group).
+
+* `setup_groups`: all-gather the rank layout (`hetpipe.runtime.tp_ranks`), create every group's
+  process groups (collective, same order everywhere), and on a group member cut its shard out of
+  the stage it built from the full initial weights (`hetpipe.runtime.tp_shard.shard_model`: the
+  same seeded init or ``--weights`` a single device starts from, sliced by the plan's shares) and
+  wire the executor (`hetpipe.runtime.execute.group.group_wiring`).
+* `save_grouped`: ``--save-weights``: every group gathers its shards back, the leads write.
+* `member_predicted`: what ``--emulate`` stretches a member's F and B to, its own share's time
+  plus the group's all-reduces and the lead's broadcast as the contract prices them
+  (`hetpipe.plan.group_run.member_timings`); a width-1 stage keeps its plan F_s and B_s.
+
+Example:
+    >>> from types import SimpleNamespace as NS
+    >>> units = [NS(tensor_parallel=()), NS(tensor_parallel=("a", "b")), NS(tensor_parallel=("c",))]
+    >>> stage_blocks(units, NS(first_unit=1, last_unit=2))
+    ['a', 'b', 'c']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from hetpipe.errors import ConfigError
+from hetpipe.plan.group_run import RankSlot, member_timings
+from hetpipe.plan.schema import Plan
+from hetpipe.runtime.emulate.pipeline import StageTiming
+from hetpipe.runtime.execute.group import group_wiring
+from hetpipe.runtime.execute.options import ReplicaWiring
+from hetpipe.runtime.stage.types import StageModule
+from hetpipe.runtime.stage.weights import save_pipeline
+from hetpipe.runtime.tp_ranks import GroupHandles, Layout, gather_layout
+from hetpipe.runtime.tp_shard import MemberShare, gather_parameter, shard_model
+
+
+@dataclass(frozen=True)
+class GroupSetup:
+    """This rank's layout and the wiring its executor takes."""
+
+    layout: Layout
+    wiring: ReplicaWiring
+    handles: GroupHandles
+
+
+def stage_blocks(units: Sequence[Any], plan_stage: Any) -> list[Any]:
+    """The tensor-parallel blocks of the units a plan stage runs, in unit order."""
+    return [b for u in units[plan_stage.first_unit:plan_stage.last_unit + 1] for b in u.tensor_parallel]
+
+
+def setup_groups(plan: Plan, slot: RankSlot, stage: StageModule, units: Sequence[Any], *,
+                 timeout_s: float) -> GroupSetup:
+    """Collective: layout, process groups, this member's shard, its wiring (module docstring)."""
+    layout = gather_layout(plan, slot)
+    handles = GroupHandles(layout, [g.stages for g in stage.tied_groups], timeout_s=timeout_s)
+    st = plan.stages[slot.stage]
+    if not st.group_devices:
+        return GroupSetup(layout, ReplicaWiring(tied_group=handles.tied_group), handles)
+    blocks = stage_blocks(units, st)
+    if not blocks:
+        raise ConfigError(f"plan stage {slot.stage} runs on the group {list(st.group_devices)}, but its units "
+                          f"{st.first_unit}-{st.last_unit} have no tensor-parallel block in this model; re-create "
+                          "the plan with `hetpipe plan --tensor-parallel auto` for this model")
+    group = handles.my_group()
+    shard_model(stage.module, blocks, share=MemberShare(slot.member, tuple(st.group_shares)), group=group)
+    wiring = group_wiring(stage, group=group, lead_rank=layout.stage_ranks[slot.stage], is_lead=layout.is_lead,
+                          tied_group=handles.tied_group)
+    return GroupSetup(layout, wiring, handles)
+
+
+def save_grouped(setup: GroupSetup, plan: Plan, stage: StageModule, units: Sequence[Any], *,
+                 names: Mapping[str, str], out_dir: str) -> None:
+    """``--save-weights`` of a grouped plan (collective): each group gathers its full parameters onto
+    every member (`gather_parameter`), then the leads write the stages as a single pipeline does."""
+    slot = setup.layout.slot
+    st = plan.stages[slot.stage]
+    if st.group_devices:
+        share, params = MemberShare(slot.member, tuple(st.group_shares)), dict(stage.module.named_parameters())
+        for block in stage_blocks(units, st):
+            for spec in block.parameters:  # the run is over: the shard's values become the full tensor's
+                p = params[spec.name]
+                p.data = gather_parameter(p, spec, parts=block.parts, share=share, group=setup.handles.my_group())
+    if setup.layout.is_lead:
+        save_pipeline(stage.module, names, out_dir, stage=slot.stage, num_stages=len(plan.stages),
+                      group=setup.handles.leads)
+
+
+def member_predicted(plan: Plan, slot: RankSlot, stage_timing: StageTiming) -> StageTiming:
+    """The F and B a rank is emulated at: its member's own (group stages) or the stage's (``stage_timing``)."""
+    mine = member_timings(plan).get((slot.stage, slot.member))
+    return stage_timing if mine is None else StageTiming(mine.fwd_s, mine.bwd_s)
