@@ -148,3 +148,58 @@ def test_the_report_has_a_row_per_member_beside_its_own_prediction(grouped_run):
         assert 0 < row.peak_bytes <= row.usable_bytes
     assert rows[(0, 0)].peak_bytes > rows[(0, 1)].peak_bytes  # the 0.7 member holds more of every block
     assert [s.stage for s in report.stages] == [0, 1]  # the stage rows: the leads
+
+
+# ----------------------------------------------------------------------------- 3. Trainer, clipped
+
+
+CLIP = 0.5  # below every step's global gradient norm here (2.3 on the first step): every step clips
+
+
+def _trainer_rank(rank: int, world: int, plan, weights: str, batches: list, out: str) -> dict:
+    from hetpipe.runtime.trainer import Trainer
+
+    trainer = Trainer(plan, model=MODEL, seq=SEQ, weights=weights, grad_clip_norm=CLIP)
+    norms, losses = [], []
+    for (x,), y in batches:
+        stats = trainer.step((x,) if trainer.is_first else None, y if trainer.is_last else None)
+        norms.append(stats.grad_norm)
+        if stats.loss is not None:
+            losses.append(stats.loss)
+    trainer.save_weights(out)
+    return {"norms": norms, "losses": losses}
+
+
+@pytest.mark.slow
+def test_clipping_uses_the_global_norm_over_shards_counting_replicated_parameters_once(tmp_path):
+    """The Trainer (the API that clips) on the same plan: every rank's pre-clip norm is the single
+    device's, and the clipped training equals it."""
+    from hetpipe import models
+    from tests.dist_helpers import run_world
+    from tests.zoo_harness import saved_state
+
+    torch.manual_seed(0)
+    resolved = models.resolve(MODEL, device="cpu", batch=MICRO_BATCH, seq=SEQ)
+    torch.save(resolved.model.state_dict(), tmp_path / "weights.pt")
+    batches = _batches(resolved.model, resolved.example_inputs)
+    reference, loss = copy.deepcopy(resolved.model), models.loss_fn(MODEL)
+    opt = torch.optim.SGD(reference.parameters(), lr=LR, momentum=MOMENTUM)
+    ref_norms = []
+    for (x,), y in batches:
+        opt.zero_grad()
+        for xs, ys in zip(x.chunk(MICROBATCHES), y.chunk(MICROBATCHES)):
+            (loss(reference(xs), ys) / MICROBATCHES).backward()
+        ref_norms.append(float(torch.nn.utils.clip_grad_norm_(reference.parameters(), CLIP)))
+        opt.step()
+    assert min(ref_norms) > CLIP  # the test clips on every step
+    outs = run_world(_trainer_rank, world_size=3, args=(_plan(), str(tmp_path / "weights.pt"), batches,
+                                                        str(tmp_path / "saved")), timeout_s=240,
+                     out_dir=tmp_path / "ranks")
+    for o in outs:
+        assert o.error is None, o.error
+        torch.testing.assert_close(o.value["norms"], ref_norms, rtol=1e-5, atol=0)
+    params = dict(reference.named_parameters(remove_duplicate=False))
+    for name, value in saved_state(tmp_path / "saved").items():
+        if name in params:
+            torch.testing.assert_close(value, params[name].detach(), rtol=1e-5, atol=1e-5,
+                                       msg=lambda m, n=name: f"{n}: {m}")

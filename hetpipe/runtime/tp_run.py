@@ -75,15 +75,21 @@ def save_grouped(setup: GroupSetup, plan: Plan, stage: StageModule, units: Seque
     every member (`gather_parameter`), then the leads write the stages as a single pipeline does."""
     slot = setup.layout.slot
     st = plan.stages[slot.stage]
+    shards: dict[Any, Any] = {}  # parameter -> its shard, put back after writing (training may go on)
     if st.group_devices:
         share, params = MemberShare(slot.member, tuple(st.group_shares)), dict(stage.module.named_parameters())
         for block in stage_blocks(units, st):
-            for spec in block.parameters:  # the run is over: the shard's values become the full tensor's
+            for spec in block.parameters:
                 p = params[spec.name]
-                p.data = gather_parameter(p, spec, parts=block.parts, share=share, group=setup.handles.my_group())
-    if setup.layout.is_lead:
-        save_pipeline(stage.module, names, out_dir, stage=slot.stage, num_stages=len(plan.stages),
-                      group=setup.handles.leads)
+                full = gather_parameter(p, spec, parts=block.parts, share=share, group=setup.handles.my_group())
+                shards[p], p.data = p.data, full
+    try:
+        if setup.layout.is_lead:
+            save_pipeline(stage.module, names, out_dir, stage=slot.stage, num_stages=len(plan.stages),
+                          group=setup.handles.leads)
+    finally:
+        for p, shard in shards.items():
+            p.data = shard
 
 
 def member_predicted(plan: Plan, slot: RankSlot, stage_timing: StageTiming) -> StageTiming:

@@ -43,12 +43,14 @@ import torch
 import torch.distributed as dist
 
 from hetpipe.errors import ConfigError
+from hetpipe.plan.group_run import refuse_group_outputs
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.data import split_microbatches
 from hetpipe.runtime.execute.executor import PipelineExecutor, StepStats
 from hetpipe.runtime.execute.options import ExecutorOptions
 from hetpipe.runtime.stage.offload import HostOffloadOptimizer
 from hetpipe.runtime.rank import RankState, gather_stage_ranks, join_process_group, loss_for, make_optimizer
+from hetpipe.runtime.tp_run import save_grouped, setup_groups
 from hetpipe.runtime.worker import prepare
 
 log = logging.getLogger(__name__)
@@ -88,6 +90,7 @@ class Trainer:
         if loaded.replicas:
             raise ConfigError(f"{plan if not isinstance(plan, Plan) else 'the plan'} has {len(loaded.replicas)} "
                               "replicas; use hetpipe.runtime.replicas.trainer.ReplicaTrainer for replica plans")
+        refuse_group_outputs(loaded, resume=resume)  # a group's shards are not checkpointed yet
         plan_path = plan if not isinstance(plan, Plan) else None
         args = argparse.Namespace(plan=plan_path, model=model, seq=seq, seed=seed, schedule=schedule,
                                   timeout=float(timeout_s), emulate=False, lr=lr, loss=None,
@@ -112,7 +115,7 @@ class Trainer:
             run.stage, rank=run.rank, num_stages=run.num_stages, schedule_actions=run.actions,
             loss_fn=loss if loss is not None else _no_loss, optimizer=opt,
             microbatches=run.plan.training.microbatches, stage_ranks=run.stage_ranks,
-            options=ExecutorOptions(timeout_s=float(timeout_s), grad_clip_norm=grad_clip_norm),
+            options=ExecutorOptions(timeout_s=float(timeout_s), grad_clip_norm=grad_clip_norm), wiring=run.wiring,
             lr_scheduler=lr_scheduler(opt.inner if isinstance(opt, HostOffloadOptimizer) else opt)
             if lr_scheduler is not None else None)
         if resume is not None:
@@ -151,6 +154,7 @@ class Trainer:
         An lr scheduler's state is not saved."""
         from hetpipe.runtime.checkpoint.state import for_run, save_checkpoint
 
+        refuse_group_outputs(self.plan, checkpoint_dir=root)
         st, ckpt = for_run(self._run, self.optimizer, root=root, every=None, model=self._model, seed=self._seed)
         return save_checkpoint(Path(root), step=self.steps_done, state=st, info=ckpt.info(self.steps_done))
 
@@ -170,6 +174,10 @@ class Trainer:
         """
         from hetpipe.runtime.stage.weights import save_pipeline
 
+        if self._run.groups is not None:  # a group's members gather their shards, the leads write
+            save_grouped(self._run.groups, self.plan, self.stage, self._run.units, names=self._saved_names,
+                         out_dir=str(out_dir))
+            return
         save_pipeline(self.stage.module, self._saved_names, out_dir, stage=self.stage.stage,
                       num_stages=self.stage.num_stages)
 
@@ -187,5 +195,9 @@ def _join(run: Any) -> str:
     """Join torchrun's process group (or reuse one) and learn every stage's global rank."""
     backend = join_process_group(run.args.timeout)
     run.rank = dist.get_rank()
-    run.stage_ranks = gather_stage_ranks(run.index, run.num_stages)
+    if run.slot is not None:  # tensor-parallel groups: layout, process groups, this member's shard (tp_run.py)
+        run.groups = setup_groups(run.plan, run.slot, run.stage, run.units, timeout_s=run.args.timeout)
+        run.stage_ranks, run.wiring = list(run.groups.layout.executor_ranks), run.groups.wiring
+    else:
+        run.stage_ranks = gather_stage_ranks(run.index, run.num_stages)
     return backend
