@@ -18,8 +18,10 @@ group ``members`` (device indices of one node, the lead first) at a pipeline pos
   the received activation (F_s, not on the first stage) / gradient (B_s, not on the last)
   from the lead to the group (latency + bytes / bandwidth on the same link);
 * **memory** -- every member under M_s (`stage_memory.pipeline_stage_bytes`, the stage's
-  in-flight count) with its share ``ceil(w_i · x)`` of the split state, gradients and blocks'
-  activations and everything else whole; the stage fits when every member does;
+  in-flight count) with its *integer* parts of every block (what runs): each block's activations
+  ``ceil(parts_i / parts · x)``, each unit's split state and gradients at the largest part fraction
+  of its blocks (an upper bound: the tables hold no per-block parameter bytes), everything else
+  whole; the stage fits when every member does;
 * **step** -- each member steps its share of the split parameters and all replicated ones on
   its kind; S_s = the slowest member's.
 
@@ -191,20 +193,30 @@ def member_fractions(tables: GroupTables, units: range, shares: TensorShares, me
     return out
 
 
-def _member_bytes(tables: GroupTables, units: range, w: float, pos: StagePosition) -> int:
+def _member_bytes(tables: GroupTables, units: range, shares: TensorShares, member: int, pos: StagePosition) -> int:
+    """Member ``member``'s M_s with its *integer* parts of every block (largest remainder, what runs):
+    each block's activations exactly; each unit's split state and gradients at the largest part
+    fraction of its blocks (the tables record no per-block parameter bytes: an upper bound; with
+    continuous shares, 4 heads at 0.64 priced 0.64 of the attention where the member holds 3 of 4)."""
     splits = [tables.tensor_parallel[u] for u in units]
     state = sum(tables.state_bytes[u] for u in units) + pos.tied_bytes
     grads = sum(tables.grad_bytes[u] for u in units) if tables.grad_bytes else 0
-    split_state = sum(round(s.param_fraction * tables.state_bytes[u]) for s, u in zip(splits, units))
-    split_grad = sum(round(s.param_fraction * tables.grad_bytes[u]) for s, u in zip(splits, units)) if grads else 0
-    split_act = sum(b.activation_bytes for s in splits for b in s.blocks)
-
-    def mine(x: int) -> int:  # the member's part of x split bytes, the rest of x leaves its card
-        return x - int(math.ceil(w * x))
-
+    parts: dict[int, tuple[int, ...]] = {}
+    left_state = left_grad = left_act = 0  # split bytes that leave this member's card
+    for s, u in zip(splits, units):
+        for b in s.blocks:
+            if b.parts and b.parts not in parts:
+                parts[b.parts] = shares.parts(b.parts)
+        mine = max((parts[b.parts][member] / b.parts for b in s.blocks if b.parts), default=1.0)
+        split_state = round(s.param_fraction * tables.state_bytes[u])
+        left_state += split_state - int(math.ceil(mine * split_state))
+        if grads:
+            split_grad = round(s.param_fraction * tables.grad_bytes[u])
+            left_grad += split_grad - int(math.ceil(mine * split_grad))
+        left_act += sum(b.activation_bytes - -(-b.activation_bytes * parts[b.parts][member] // b.parts)
+                        for b in s.blocks if b.parts)
     return pipeline_stage_bytes(
-        state_bytes=state - mine(split_state), grad_bytes=grads - mine(split_grad),
-        activation_bytes=pos.activation_bytes - mine(split_act),
+        state_bytes=state - left_state, grad_bytes=grads - left_grad, activation_bytes=pos.activation_bytes - left_act,
         held=position_held_terms(pos.stages_after, first=pos.first, microbatches=pos.microbatches),
         in_bytes=pos.in_bytes, out_bytes=pos.out_bytes, in_grad_bytes=pos.in_grad_bytes,
         out_grad_bytes=pos.out_grad_bytes)
@@ -255,7 +267,7 @@ def group_stage(tables: GroupTables, *, first: int, last: int, members: Sequence
         step_s=max(step), allreduce_s=2.0 * allreduce,
         member_fwd_s=tuple(f + fwd_extra for f in fwd), member_bwd_s=tuple(b + bwd_extra for b in bwd),
         member_step_s=tuple(step),
-        memory_bytes=tuple(_member_bytes(tables, units, w, position) for w in shares.weights),
+        memory_bytes=tuple(_member_bytes(tables, units, shares, i, position) for i in range(len(members))),
         usable_bytes=tuple(tables.devices[d].usable_bytes for d in members))
 
 
