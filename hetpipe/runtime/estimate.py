@@ -31,6 +31,7 @@ import os
 from dataclasses import dataclass
 
 from hetpipe.errors import ConfigError
+from hetpipe.plan.group_run import rank_slots
 from hetpipe.plan.schema import Plan
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ def estimate_wall(plan: Plan, *, steps: int, safety_factor: float | None = None,
         units = plan.units[st.first_unit:st.last_unit + 1]
         real.append(StageTiming(sum(u.fwd_flops for u in units) / rate, sum(u.bwd_flops for u in units) / rate))
         predicted.append(StageTiming(st.fwd_s, st.bwd_s))
-    nproc = len(plan.stages)
+    nproc = len(rank_slots(plan))  # one rank per card: a tensor-parallel group's members too
     scale = choose_time_scale(real, predicted, num_ranks=nproc, num_cores=num_cores or _num_cores(),
                               safety_factor=safety_factor or DEFAULT_SAFETY_FACTOR).real_s_per_emulated_s
     iteration_s = plan.predicted.iteration_s

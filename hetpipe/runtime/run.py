@@ -356,7 +356,8 @@ def summary_tables(report: RunReport) -> list[Any]:
     from rich.table import Table
 
     unit = "emulated s" if report.emulate else "s"
-    steps = Table(title=f"{report.model}: {report.steps} steps, {report.schedule}, {report.world_size} stages"
+    ranks = f" on {report.world_size} ranks" if report.world_size != len(report.stages) else ""  # groups
+    steps = Table(title=f"{report.model}: {report.steps} steps, {report.schedule}, {len(report.stages)} stages{ranks}"
                         + (f", time scale {report.time_scale:.4g} real s per emulated s" if report.emulate else ""))
     for col in ("step", "loss", "step (real s)", f"step ({unit})"):
         steps.add_column(col, justify="right")
@@ -370,11 +371,14 @@ def summary_tables(report: RunReport) -> list[Any]:
                 "C plan", f"S ({unit})", "S plan", "peak MiB", "plan MiB", "usable MiB", "overruns"):
         stages.add_column(col, justify="right")
     mib = 2**20
-    for s in report.stages:
+    members = {}  # a group stage's row (its lead, the plan's F_s / B_s), then one row per member (its own)
+    for m in report.members:
+        members.setdefault(m.stage, []).append((f"{m.stage} member {m.member}", m))
+    for label, s in [row for st in report.stages for row in [(str(st.stage), st), *members.get(st.stage, [])]]:
         units = f"{s.first_unit}-{s.last_unit}" + (f" (recompute {_ranges(s.recompute_units)})"
                                                     if s.recompute_units else "")
         sent = "-" if s.transfer_s is None else f"{s.transfer_s:.4g}"
-        stages.add_row(str(s.stage), f"{s.device} ({s.kind})", units,
+        stages.add_row(label, f"{s.device} ({s.kind})", units,
                        f"{s.fwd_emulated_s:.4g}", f"{s.predicted_fwd_s:.4g}", f"{s.bwd_emulated_s:.4g}",
                        f"{s.predicted_bwd_s:.4g}", sent, f"{s.predicted_transfer_s:.4g}",
                        f"{s.update_real_s / report.time_scale:.4g}", f"{s.predicted_step_s:.4g}",

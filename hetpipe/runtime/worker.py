@@ -3,7 +3,10 @@
 On one node (``torchrun --standalone``) rank r runs stage r.  Across nodes, each node's
 ranks run that node's stages in pipeline order: pass ``--plan-node NAME`` (the plan's node
 name; or set ``HETPIPE_NODE``) and local rank k runs the k-th stage placed on that
-node, whatever global rank the c10d rendezvous gave it (`stage_for`).  In order,
+node, whatever global rank the c10d rendezvous gave it (`stage_for`).  A plan with
+tensor-parallel groups runs one rank per card instead (`hetpipe.plan.group_run.rank_slots`:
+each group's lead first); after the join its members cut their shards and every rank learns the
+layout (`hetpipe.runtime.tp_run.setup_groups`).  In order,
 with nothing distributed before step 5:
 
 1. re-capture ``--model`` on the meta device and verify the plan's fingerprint;

@@ -32,6 +32,9 @@ Each rank pretends to be the device its stage was planned on (issue #4, "Emulate
 * **Offload time**: an offloading stage's STEP (gradients to the host, the host step, weights
   back) lasts at least ``time_scale * offload_s`` (the plan's O_s); its optimizer state is on
   the host, so the ledger counts none of it (`hetpipe.runtime.stage.offload`).
+* **Tensor-parallel groups**: each member is stretched to its own F / B (its share's integer parts
+  plus the group's all-reduces and the lead's broadcast, `hetpipe.plan.group_run.member_timings`);
+  the real all-reduces run inside them, and its ledger holds its own card's usable bytes.
 * **Recomputation time** needs nothing special: the plan's ``bwd_s`` includes the recompute
   (the forward of the recomputed units), and the calibration's real backward does too.
 
