@@ -56,7 +56,7 @@ import torch
 import torch.distributed as dist
 
 from hetpipe.errors import ConfigError, HetpipeError
-from hetpipe.plan.group_run import has_groups, rank_slots
+from hetpipe.plan.group_run import has_groups, rank_slots, refuse_group_outputs
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.execute import heartbeat
 from hetpipe.runtime.execute.options import ReplicaWiring
@@ -431,6 +431,8 @@ def train(args: argparse.Namespace, state: RankState) -> RankResult:
     if plan.replicas and (getattr(args, "resume", None) or getattr(args, "checkpoint_dir", None)):
         raise ConfigError("--checkpoint-dir and --resume are not supported for replica plans yet; run the replica "
                           "plan without them, or checkpoint a single-pipeline plan")
+    refuse_group_outputs(plan, checkpoint_dir=getattr(args, "checkpoint_dir", None),
+                         resume=getattr(args, "resume", None))  # a group's shards are not checkpointed yet
     if plan.replicas:
         check_runnable(plan, world_size=int(os.environ.get("WORLD_SIZE", "1")))  # refuse before joining
         state.stage = stage_for(plan, node=args.node, rank=state.rank,
