@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from pathlib import Path
 
 import pytest
@@ -26,18 +27,27 @@ SHARES = (0.7, 0.3)
 LR, MOMENTUM = 1e-2, 0.9  # the plan's optimizer "momentum" at the runtime's default rate (runtime/rank.py)
 
 
-def _plan(model: str = MODEL):
-    """Stage 0 (units 0-3) on the group box:1 + box:0 (lead: the 3060), stage 1 (units 4-5) on box:2."""
+@functools.lru_cache(maxsize=None)
+def _graph(model: str):
+    """The captured model (cached: plans and graphs are immutable)."""
+    from hetpipe.plan.build import capture_builtin
+
+    return capture_builtin(model, batch=MICRO_BATCH, seq=SEQ, optimizer="momentum")
+
+
+@functools.lru_cache(maxsize=None)
+def _plan(model: str = MODEL, cut: int = 3):
+    """Stage 0 (units 0-``cut``) on the group box:1 + box:0 (lead: the 3060), stage 1 (the rest) on box:2."""
     from hetpipe.cost_models.cluster import cluster_from_dict
     from hetpipe.partitioner.problem import Stage, evaluate
-    from hetpipe.plan.build import assemble_plan, build_problem, capture_builtin
+    from hetpipe.plan.build import assemble_plan, build_problem
     from hetpipe.plan.schema import SolverReport
 
-    graph = capture_builtin(model, batch=MICRO_BATCH, seq=SEQ, optimizer="momentum")
+    graph = _graph(model)
     cluster = cluster_from_dict({"nodes": [{"name": "box", "intra": "pcie-host", "devices": [
         {"gpu": "rtx3090"}, {"gpu": "rtx3060-12gb"}, {"gpu": "rtx4090"}]}]})
     problem = build_problem(graph, cluster, microbatches=MICROBATCHES, tensor_parallel="auto")
-    stages = (Stage(1, 0, 3, members=(1, 0)), Stage(2, 4, 5))
+    stages = (Stage(1, 0, cut, members=(1, 0)), Stage(2, cut + 1, len(graph.units) - 1))
     ev = evaluate(problem, stages)
     plan = assemble_plan(graph, cluster, problem=problem, stages=stages, global_batch=MICRO_BATCH * MICROBATCHES,
                          solver=SolverReport("hand", "FEASIBLE", ev.iteration_s, 0.0, 0.0))
@@ -203,3 +213,15 @@ def test_clipping_uses_the_global_norm_over_shards_counting_replicated_parameter
         if name in params:
             torch.testing.assert_close(value, params[name].detach(), rtol=1e-5, atol=1e-5,
                                        msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_a_group_on_a_torch_export_graph_is_refused_before_the_launch():
+    """Hugging Face models run as torch.export graphs: no Linear / Conv1D module to shard yet."""
+    from hetpipe.runtime.tp_run import check_shardable
+
+    graph = _graph("hf-gpt2-tiny")
+    assert len(graph.units) == 5 and graph.units[1].tensor_parallel  # its Conv1D MLPs are blocks ...
+    plan = _plan("hf-gpt2-tiny", cut=2)
+    with pytest.raises(ConfigError, match=r"'transformer.h.0.mlp.c_fc' is a Module in the captured graph"):
+        check_shardable(plan, graph)  # ... but the pipeline's graph holds no Conv1D module
+    check_shardable(_plan(), _graph(MODEL))

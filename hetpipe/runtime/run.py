@@ -42,6 +42,7 @@ from hetpipe.plan.schema import Plan
 from hetpipe.runtime.checkpoint.options import checkpoint_args
 from hetpipe.runtime.faults.options import FaultArgs, check_wait_for_return, fault_args
 from hetpipe.runtime.launch import LaunchSpec, launch
+from hetpipe.runtime.tp_run import check_shardable
 from hetpipe.runtime.report import RankResult, RunReport, build_report
 from hetpipe.runtime.user_checks import check_user_code
 
@@ -75,6 +76,7 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: A
         validate_schedule(make_schedule(schedule, p, m), num_stages=p, num_microbatches=m)
         refuse_split_recompute(plan, schedule)
     graph, example = capture_for_plan(plan, model=model, seq=seq)  # raises PlanError for another model
+    check_shardable(plan, graph)  # a group of a torch.export graph (Hugging Face) cannot shard yet
     if [u.node_names for u in plan.units] == [tuple(u.node_names) for u in graph.units]:
         verify_tables(plan, graph, loss_costed=False)  # edited tables never reach the ranks (plan/tables.py)
     check_user_code(plan, model=model, data=data, loss=loss, example=example, meta_model=graph.module)

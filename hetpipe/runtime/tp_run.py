@@ -49,6 +49,22 @@ def stage_blocks(units: Sequence[Any], plan_stage: Any) -> list[Any]:
     return [b for u in units[plan_stage.first_unit:plan_stage.last_unit + 1] for b in u.tensor_parallel]
 
 
+def check_shardable(plan: Plan, graph: Any) -> None:
+    """Refuse, before launching, a group stage whose blocks' layers are not ``nn.Linear`` / ``Conv1D``
+    modules in the captured graph (a ``torch.export`` graph of a Hugging Face model holds plain
+    containers: `shard_model` would refuse it on every rank after the launch)."""
+    for st in plan.stages:
+        for block in stage_blocks(graph.units, st) if st.group_devices else ():
+            for spec in (*block.column, block.row):
+                path = spec.name.rsplit(".", 1)[0]
+                kind = type(graph.module.get_submodule(path)).__name__
+                if kind not in ("Linear", "Conv1D"):
+                    raise ConfigError(f"plan stage {st.index} runs on the group {list(st.group_devices)}, but its "
+                                      f"tensor-parallel layer {path!r} is a {kind} in the captured graph (a "
+                                      "torch.export graph: Hugging Face models), which groups cannot shard yet; "
+                                      "re-plan with --tensor-parallel off")
+
+
 def setup_groups(plan: Plan, slot: RankSlot, stage: StageModule, units: Sequence[Any], *,
                  timeout_s: float) -> GroupSetup:
     """Collective: layout, process groups, this member's shard, its wiring (module docstring)."""
