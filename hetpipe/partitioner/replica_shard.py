@@ -3,8 +3,8 @@
 Issue 14's third lever, for replica plans with every-step (synchronous) sync.  A sync group g
 (`cost_models.sync`: units [first, last] held by one card d_r in every replica r) may shard
 the optimizer state of its units over its R holders: holder r keeps and steps the fraction
-f_r of it, gradients are reduce-scattered and the updated weights all-gathered over the
-group's ring instead of the gradient all-reduce.  With O_g the group's optimizer-state bytes
+f_r of it, gradients are all-reduced (each holder keeps its slice: gloo has no uneven
+reduce-scatter) and the updated weights all-gathered over the group's ring.  With O_g the group's optimizer-state bytes
 (K Psi: Adam's two fp32 moments, and the fp32 master weights under bf16/fp16-mixed -- per
 parameter the offload lever's ``host_bytes_per_param``, `cost_models.offload`) and a set S of
 sharded groups (`cost_models.sharding` for the formulas and their sources):

@@ -17,8 +17,9 @@ so the optimizer state it allocates (Adam's moments) is f_r of the group's.  Eac
    gloo has no reduce-scatter of uneven chunks, and the all-reduce keeps the overlapped,
    bucketed exchange of `hetpipe.runtime.replicas.buckets` unchanged; the numbers are the
    same (each slice of the sum), the wire carries the all-reduce's 2 (R-1)/R G instead of
-   the reduce-scatter's share (the plan prices the ZeRO-1 exchange; the emulation charges
-   the plan's time, `hetpipe.runtime.emulate.replicas`).
+   the reduce-scatter's share; the plan prices exactly this, the all-reduce plus the padded
+   all-gather (`cost_models.sharding.shard_sync_s`), and the emulation charges the plan's time,
+   `hetpipe.runtime.emulate.replicas`).
 2. the inner optimizer steps: the pieces alias the parameters, so the owned slices update
    in place (Adam is elementwise: a slice's update equals the whole tensor's on it).
 3. the updated slices are **all-gathered** over the group (gloo all-gathers equal sizes:
