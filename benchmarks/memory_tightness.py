@@ -22,6 +22,8 @@ schedule objective of the plan `solve` returns (what `hetpipe plan` runs, 10 s l
 * bound: the least T of `solve` and the exact DP with no recomputation and unlimited memory.
 
 rho = the recomputed units' forward seconds over the plan's forward seconds (each on its stage's card).
+`solve`'s local search under the schedule has a wall-clock budget, so on a loaded machine a row
+can differ between runs (seen: the tightest scale with offload, 7.68 vs 8.05 s); the rest repeat.
 
 Recompute granularity (table 2): what each candidate region frees per second of recompute, on
 the 4090, from captures at three granularities -- whole blocks (the default units), half blocks
