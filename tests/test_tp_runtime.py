@@ -36,7 +36,7 @@ def _graph(model: str):
 
 
 @functools.lru_cache(maxsize=None)
-def _plan(model: str = MODEL, cut: int = 3):
+def _plan(model: str = MODEL, cut: int = 3, lead: int = 1):
     """Stage 0 (units 0-``cut``) on the group box:1 + box:0 (lead: the 3060), stage 1 (the rest) on box:2."""
     from hetpipe.cost_models.cluster import cluster_from_dict
     from hetpipe.partitioner.problem import Stage, evaluate
@@ -47,7 +47,7 @@ def _plan(model: str = MODEL, cut: int = 3):
     cluster = cluster_from_dict({"nodes": [{"name": "box", "intra": "pcie-host", "devices": [
         {"gpu": "rtx3090"}, {"gpu": "rtx3060-12gb"}, {"gpu": "rtx4090"}]}]})
     problem = build_problem(graph, cluster, microbatches=MICROBATCHES, tensor_parallel="auto")
-    stages = (Stage(1, 0, cut, members=(1, 0)), Stage(2, cut + 1, len(graph.units) - 1))
+    stages = (Stage(lead, 0, cut, members=(lead, 1 - lead)), Stage(2, cut + 1, len(graph.units) - 1))
     ev = evaluate(problem, stages)
     plan = assemble_plan(graph, cluster, problem=problem, stages=stages, global_batch=MICRO_BATCH * MICROBATCHES,
                          solver=SolverReport("hand", "FEASIBLE", ev.iteration_s, 0.0, 0.0))
@@ -72,6 +72,11 @@ def test_one_rank_per_card_the_lead_first_and_what_does_not_run_yet_is_refused_n
         refuse_unrunnable_groups(levers, "1f1b")
     with pytest.raises(ConfigError, match="--checkpoint-dir: plan stages .0. are tensor-parallel groups"):
         refuse_group_outputs(plan, checkpoint_dir="ckpt")
+    from hetpipe.plan.check import check_plan
+
+    led_by_the_larger = _plan(lead=0)  # the stage records its tightest member's usable bytes, not the lead's
+    assert led_by_the_larger.stages[0].usable_bytes < led_by_the_larger.devices[0].usable_bytes
+    assert not [v for v in check_plan(led_by_the_larger).violations if "usable" in v]
     mine = member_timings(plan)  # each member at its own (recorded) share: the 0.7 member is the slower
     assert set(mine) == {(0, 0), (0, 1)} and mine[(0, 0)].fwd_s > mine[(0, 1)].fwd_s
     assert mine[(0, 0)].memory_bytes > mine[(0, 1)].memory_bytes

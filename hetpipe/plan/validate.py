@@ -111,7 +111,9 @@ def _stages(plan: Any, usable: dict[str, int]) -> None:
         at = f"plan.stages[{i}]"
         if st.device not in usable:
             raise PlanError(f"{at}.device: {st.device!r} is not in plan.devices; {_FIX}")
-        if st.usable_bytes != usable[st.device]:
+        # a group stage records its tightest member's M_s and usable bytes (`problem.evaluate`), any member's
+        members = [m for m in getattr(st, "group_devices", ()) if m in usable] or [st.device]
+        if st.usable_bytes not in {usable[m] for m in members}:
             raise PlanError(f"{at}.usable_bytes: {st.usable_bytes} contradicts device {st.device}'s usable_bytes "
                             f"{usable[st.device]}; {_FIX}")
         _int(st.first_unit, f"{at}.first_unit")
