@@ -34,7 +34,7 @@ from hetpipe.cost_models.cluster import Cluster, cluster_from_dict  # noqa: E402
 from hetpipe.models import build  # noqa: E402
 from hetpipe.partitioner.capture.capture import capture  # noqa: E402
 from hetpipe.partitioner.solvers.dp import device_classes  # noqa: E402
-from hetpipe.partitioner.solvers.solve import LOCAL_SEARCH_S, VERIFY_SHARE, solve_estimate  # noqa: E402
+from hetpipe.partitioner.solvers.solve import SCHEDULE_SHARE, solve_estimate  # noqa: E402
 from hetpipe.partitioner.solvers.verify import verify  # noqa: E402
 from hetpipe.plan.build import build_problem  # noqa: E402
 
@@ -59,8 +59,10 @@ def run_case(model_name: str, devices: int) -> list[object]:
     problem = build_problem(graph, eight_kind_cluster(devices), microbatches=2 * devices)
     start = time.perf_counter()
     # `solve` step by step (solvers/solve.py), to keep the estimate's figures beside the schedule's.
-    est = solve_estimate(problem, time_limit_s=TIME_LIMIT_S, seed=0)
-    sched = verify(problem, [est.stages], limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * TIME_LIMIT_S))
+    verify_s = SCHEDULE_SHARE * TIME_LIMIT_S
+    est = solve_estimate(problem, time_limit_s=TIME_LIMIT_S - verify_s, seed=0)
+    left_s = max(TIME_LIMIT_S - (time.perf_counter() - start), verify_s / 4)
+    sched = verify(problem, [est.stages], limit_s=left_s)
     wall = time.perf_counter() - start
     gap = (sched.iteration_s - sched.bound_s) / sched.iteration_s
     return [model_name, devices, len(device_classes(problem)), len(sched.stages), est.solver, est.status,

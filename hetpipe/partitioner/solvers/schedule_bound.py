@@ -50,11 +50,11 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.cap_walk import CAP_TOLERANCE, DeadlineReached
-from hetpipe.partitioner.solvers.dp import CountDP, LevelCaps
+from hetpipe.partitioner.solvers.dp import CountDP, LevelCaps, PaceRule
 from hetpipe.partitioner.solvers.simple_bounds import sum_lower_bound
 
 #: Placements of the walk kept as candidates for the schedule's local search (best first).
@@ -85,24 +85,54 @@ def round_trip_factor(m: int, k: int) -> int:
 
 
 def level_caps(m: int, gamma: float) -> LevelCaps:
-    """The DP's caps, which every placement with G <= gamma meets: at k stages from the end
-    R_s <= gamma / q_k, and W_s <= R_s and m W_s - R_s <= gamma, so W_s <= min(R cap, (gamma + R cap) / m)."""
-    def caps(k: int) -> tuple[float, float]:
-        q = round_trip_factor(m, k)
+    """The DP's caps, which every placement with G <= gamma meets, at k stages from the end (`stage_pace`):
+    q_k R_s <= gamma gives R_s <= gamma / q_k; with W_s <= R_s, m W_s - R_s <= gamma gives W_s <= (gamma + R cap) / m;
+    and the round trips and single steps themselves, exactly, as the DP's `PaceRule` (one part in 10^9 of slack:
+    the DP adds the same seconds in another order than `pace_terms`)."""
+    def caps(k: int) -> tuple[float, float, PaceRule]:
+        q, kk = round_trip_factor(m, k), min(k, m)
         value = gamma / q if q > 0 else math.inf
-        return min(value, (gamma + value) / m), value
+        # single steps: (m - kk) W + (kk - 1) B = (m - 1) W - (kk - 1) F
+        rule = PaceRule(trips=q, steps=leftover_trips(m, k) if q > 0 else 0, weighted=m - 1, forward=kk - 1,
+                        cap=gamma * (1.0 + 1e-9))
+        return min(value, (gamma + value) / m), value, rule
     return caps
 
 
+def leftover_trips(m: int, k: int) -> int:
+    """r_k = m - 1 - q_k min(k, m): the single steps B(i) -> B(i + 1) left beside q_k round trips (module docstring).
+
+    Example:
+        >>> [leftover_trips(8, k) for k in (1, 2, 3, 8, 9)]
+        [0, 1, 1, 7, 7]
+    """
+    return m - 1 - round_trip_factor(m, k) * min(k, m)
+
+
+def stage_pace(m: int, k: int, fwd_s: float, bwd_s: float, round_trip_s: float) -> float:
+    """G_s of one stage with k stages from it to the end (module docstring): the longest of its chains
+    B(0) -> B(m - 1) (all round trips, or all single steps), or its m micro-batches' work past its round trip.
+
+    Example (m = 8, k = 3, F = 1, B = 2, R = 10: 2 round trips and 1 single step of F + B):
+        >>> stage_pace(8, 3, 1.0, 2.0, 10.0)
+        23.0
+    """
+    work = fwd_s + bwd_s
+    kk = min(k, m)
+    q = round_trip_factor(m, k)  # with q >= 1 the r single steps fit in the steady state (F between the Bs)
+    trips = q * round_trip_s + leftover_trips(m, k) * work if q > 0 else 0.0
+    singles = (m - kk) * work + (kk - 1) * bwd_s
+    return max(trips, singles, m * work - round_trip_s)
+
+
 def pace_terms(problem: Problem, stages: Sequence[Stage]) -> tuple[float, float]:
-    """(R_0, G) of a placement from its stage costs (`evaluate`)."""
+    """(R_0, G) of a placement from its stage costs (`evaluate`), G = max_s `stage_pace`."""
     costs = evaluate(problem, stages, objective="estimate").stages
     m, p = problem.microbatches, len(costs)
     suffix, g = 0.0, 0.0
     for s in range(p - 1, -1, -1):
-        work = costs[s].fwd_s + costs[s].bwd_s
-        suffix += work + (2.0 * costs[s].send_s if s < p - 1 else 0.0)
-        g = max(g, round_trip_factor(m, p - s) * suffix, m * work - suffix)
+        suffix += costs[s].fwd_s + costs[s].bwd_s + (2.0 * costs[s].send_s if s < p - 1 else 0.0)
+        g = max(g, stage_pace(m, p - s, costs[s].fwd_s, costs[s].bwd_s, suffix))
     return suffix, g
 
 
@@ -119,14 +149,17 @@ def _staircase(points: dict[float, float], g_floor: float) -> tuple[float, float
 
 
 def schedule_walk(problem: Problem, *, deadline: float = math.inf, dp: CountDP | None = None,
-                  max_passes: int = 48, hints: Sequence[Sequence[Stage]] = ()) -> ScheduleWalk:
+                  max_passes: int = 48, hints: Sequence[Sequence[Stage]] = (),
+                  terms: Callable[[Any], tuple[float, float]] | None = None) -> ScheduleWalk:
     """min_P (R_0 + G) bounded by a staircase over caps gamma (module docstring): each pass solves the
     least R_0 under one cap, in the weakest band (its middle; just below its top when the band
     reaches down to G_lb), until the bound meets the best placement found, `max_passes`, or
     `deadline` (a pass past it is abandoned).  The first cap is the least G of `hints` (placements of
     `problem`; R_0*(inf) >= S_lb stands in for the uncapped pass).  Raises `StateSpaceTooLarge`
-    beyond the DP's budget."""
+    beyond the DP's budget.  `dp` may be any DP with `CountDP.min_sum`'s protocol whose placements
+    `terms` prices (R_0, G) as the DP does (`pace_runs.RunDP`); by default the count DP and `pace_terms`."""
     dp = CountDP(problem) if dp is None else dp
+    terms = (lambda placement: pace_terms(problem, placement)) if terms is None else terms
     m = problem.microbatches
     cards = min(problem.num_units, len(problem.devices))
     g_floor = round_trip_factor(m, cards) * sum_lower_bound(problem)  # G >= q_p R_0 >= q_p S_lb
@@ -145,7 +178,7 @@ def schedule_walk(problem: Problem, *, deadline: float = math.inf, dp: CountDP |
         passes += 1
         points[gamma] = math.inf if res is None else res[0]
         if res is not None:
-            real_r0, g = pace_terms(problem, res[1])
+            real_r0, g = terms(res[1])
             found.append((real_r0 + g, res[1]))
             if g <= gamma:  # the caps at g admit it and no more than at gamma: R_0*(g) >= the same least R_0
                 points.setdefault(g, res[0])

@@ -58,7 +58,7 @@ from hetpipe.partitioner.solvers.offload_walk import tail_walk
 from hetpipe.partitioner.solvers.lagrange import bottleneck_floor, lagrange_bound
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.relax import relaxed_bound
-from hetpipe.partitioner.solvers.verify import LOCAL_SEARCH_S, verify
+from hetpipe.partitioner.solvers.verify import verify
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,13 @@ RELAXATION_SHARE = 0.7
 #: Gap to the relaxation bound under which CP-SAT is not started: in our measurements it did
 #: not close a sub-1% gap on 64 cards within 10 s (benchmarks/planner_speed.py).
 GOOD_ENOUGH_GAP = 0.01
-#: Share of the time limit the schedule's local search may take at most (`verify.LOCAL_SEARCH_S` caps it).
+#: Share of the time limit the schedule's local search may take at most (`verify.LOCAL_SEARCH_S` caps it)
+#: where a placement is verified after `solve` (plan/build.py, tp_solve.py).
 VERIFY_SHARE = 0.2
+#: Share of `solve`'s time limit kept for `verify` (its pace walks and local search; it also gets whatever
+#: the estimate's search leaves): measured on benchmarks/planner_scale.py, the walks at 256 and 1,024 cards
+#: need 1-3 s on the 2-core VM and the estimate's search settles in 2-4 s there.
+SCHEDULE_SHARE = 0.4
 #: Share of the time left after the relaxation that the kind-exact Lagrangian bound may take
 #: (`lagrange.lagrange_bound`); CP-SAT gets the rest if the gap is still above `GOOD_ENOUGH_GAP`.
 LAGRANGE_SHARE = 0.6
@@ -194,13 +199,15 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
     Raises `InfeasibleError` (with the missing memory and what would help) when no
     placement fits, and `ConfigError` for an unknown solver name.
     """
-    verify_s = 0.0 if problem.objective == "estimate" else min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s)
+    begin = time.perf_counter()
+    verify_s = 0.0 if problem.objective == "estimate" else SCHEDULE_SHARE * time_limit_s
     found = solve_estimate(problem, solver=solver, time_limit_s=time_limit_s - verify_s, seed=seed,
                            num_stages=num_stages)
     if problem.objective == "estimate":
         return found
     start = time.perf_counter()
-    checked = verify(problem, [found.stages], num_stages=num_stages, limit_s=verify_s)
+    left_s = max(time_limit_s - (start - begin), verify_s / 4)  # the estimate's unused time too
+    checked = verify(problem, [found.stages], num_stages=num_stages, limit_s=left_s)
     status = "OPTIMAL" if checked.bound_s >= checked.iteration_s * (1 - 1e-9) else "FEASIBLE"
     return Solution(checked.stages, found.solver, status, checked.iteration_s, checked.bound_s,
                     found.wall_s + time.perf_counter() - start, _unused(problem, checked.stages))
