@@ -42,7 +42,7 @@ import numpy as np
 
 from hetpipe.partitioner.problem import Problem, Stage
 from hetpipe.partitioner.solvers.cap_walk import check_deadline
-from hetpipe.partitioner.solvers.dp import LevelCaps, StageTables, StateSpaceTooLarge, device_classes
+from hetpipe.partitioner.solvers.dp import DeviceClass, LevelCaps, StageTables, StateSpaceTooLarge
 from hetpipe.partitioner.solvers.relax import relaxed_problem
 from hetpipe.partitioner.solvers.schedule_bound import stage_pace
 
@@ -86,10 +86,14 @@ class RunDP:
 
     def __init__(self, problem: Problem, *, max_units_x_stages: int = 20000) -> None:
         relaxed = relaxed_problem(problem)
-        classes = device_classes(relaxed)  # one per kind: every card of a kind alike once relaxed
-        self.kinds = [c.kind for c in classes]
-        if len(set(self.kinds)) != len(self.kinds):
-            raise StateSpaceTooLarge("a kind split into several classes once relaxed")
+        members: dict[str, list[int]] = {}
+        for i, d in enumerate(relaxed.devices):
+            members.setdefault(d.kind, []).append(i)
+        # one class per kind: relaxed, a kind's cards share memory, host figures and links (what
+        # `dp.device_classes` finds, in seconds at 1,024 cards)
+        classes = tuple(DeviceClass(k, relaxed.devices[ids[0]].node, relaxed.devices[ids[0]].usable_bytes, tuple(ids))
+                        for k, ids in members.items())
+        self.kinds = list(members)
         self.problem, self.tab = problem, StageTables(relaxed, classes)
         self.intra2, self.inter2 = link_tables(problem, self.kinds)
         nodes: dict[str, int] = {}

@@ -5,35 +5,46 @@ stage by stage.  Write W_s = F_s + B_s, R_s = sum_{j>=s} W_j + 2 sum_{s<=j<p-1} 
 i's round trip from stage s's forward to its backward), k_s = min(p - s, m) (1F1B's micro-batches
 in flight on s) and R_0 - R_s = sum_{j<s} (W_j + 2 C_j).
 
-* **Round trip.**  Rank s runs F(i + k_s) right after B(i) (1F1B's steady state), and B(i) ends at
-  least R_s after F(i) starts (every op and transfer of micro-batch i's chain below s runs in
-  series).  With m - 1 = q k_s + r: rank s's last backward ends >= start(F(0)) + r F_s + (q + 1) R_s.
-  F(0) starts after sum_{j<s} (F_j + C_j); after B(m - 1) the gradient crosses stages s-1..0
-  (sum_{j<s} (B_j + C_j)), then stage 0 steps.  So T >= R_0 + q_s R_s + S_0, q_s = ceil(m / k_s) - 1.
+* **Round trips.**  Rank s runs F(i + k_s) right after B(i) (1F1B's steady state), and B(i + k_s) ends at
+  least R_s after F(i + k_s) starts (every op and transfer of that micro-batch's chain below s runs in
+  series): a jump of k_s micro-batches costs R_s.  B(0) ends at least sum_{j<s} (F_j + C_j) + R_s after the
+  start; after B(m - 1) the gradient crosses stages s-1..0 (sum_{j<s} (B_j + C_j)), then stage 0 steps.
+  Every chain B(0) -> B(m - 1) on rank s therefore gives T >= R_0 + (the chain) + S_0.  With
+  m - 1 = q k_s + r (q_s = ceil(m / k_s) - 1): q round trips and r single steps B(i) -> F(i + k_s) -> B(i + 1)
+  of W_s each (they fit in the steady state when q >= 1): q_s R_s + r_s W_s.
+* **Single steps.**  All m - 1 steps one by one: m - k_s steady ones of W_s, then k_s - 1 in the cool-down of
+  B_s alone: (m - k_s) W_s + (k_s - 1) B_s.
 * **Work.**  Rank s runs m F and m B in series between the same fill and drain:
   T >= R_0 - R_s + m W_s + S_0.
 
-Hence T >= R_0 + G + S_0 with G = max_s max(q_s R_s, m W_s - R_s).  Over every placement:
+Hence T >= R_0 + G + S_0 with G = max_s G_s (`stage_pace`).  Over every placement:
 
     T* >= min_P (R_0(P) + G(P)) + min over kinds of unit 0's step (its least floor, `verify._step_floors`)
 
 `schedule_walk` bounds that minimum with the DP under caps gamma on G: every placement with
-G <= gamma has, at each stage s with k stages from it to the end, R_s <= gamma / q_k and
-W_s <= min(R_s, (gamma + R_s) / m); the count-vector DP (`dp.CountDP`), whose suffix values are
-exactly the R_s, keeps only suffixes and stages under those caps, so its least R_0, R_0*(gamma),
-is at most that of any placement with G <= gamma.  With caps gamma_0 < ... < gamma_n solved, a
-placement with G in (gamma_{i-1}, gamma_i] has R_0 + G > R_0*(gamma_i) + gamma_{i-1}, one with
-G <= gamma_0 has R_0 + G >= R_0*(gamma_0) + G_lb: the least of those (a staircase) is the bound,
-and each pass splits its weakest band.  On the
-estimate-optimal gpt2-xl placement on 256 cards the replay is 9.569 s and R_0 + G + S_0 is 9.55 s
-(the round trip of the last two stages, across a node boundary, sets the pace).
+G <= gamma has, at each stage s with k stages from it to the end, R_s <= gamma / q_k,
+W_s <= (gamma + R_s) / m, q_k R_s + r_k W_s <= gamma and (m - 1) W_s - (k - 1) F_s <= gamma; the
+count-vector DP (`dp.CountDP`), whose suffix values are exactly the R_s, keeps only suffixes and stages
+under those caps (`dp.PaceRule`: both grow with R_s and W_s, so the least-R_s suffix of a state passes
+whenever any does), so its least R_0, R_0*(gamma), is at most that of any placement with G <= gamma.
+With caps gamma_0 < ... < gamma_n solved, a placement with G in (gamma_{i-1}, gamma_i] has
+R_0 + G > R_0*(gamma_i) + gamma_{i-1}, one with G <= gamma_0 has R_0 + G >= R_0*(gamma_0) + G_lb: the
+least of those (a staircase) is the bound, and each pass splits its weakest band.  The DP's argmin meets
+its cap exactly but for the work term, so the walk ends with the bound on its best placement: the pace
+optimum (tests/test_pace_walk.py checks it against enumeration).  What the pace leaves out: the
+zigzags through windows of neighbouring ranks t..s (B(i) on s, back up to t, F(i + k_s + s - t) down to
+s, B(i + s - t + 1) on s: s - t + 1 micro-batches per sum_{t..s} W + 2 sum C).  On gpt2-xl at 256 cards
+the node-run walk's best placement (`pace_runs`) replays in 8.19 s against its R_0 + G + S_0 = 7.66 s:
+stages of one or two blocks (6.6-13.3 ms) with 1.3 ms cuts, where a window of four ranks takes 15.3 ms
+per micro-batch against the largest W of 14.2 ms.  Pairs alone (the next stage's length in the DP's
+state) raised that bound only to 7.68 s, in ten times the time: they are not in the walk.
 
 Every relaxation of the contract (faster links, more memory, merged kinds: `relax`) only lowers
 R_s and W_s and admits more placements, so the walk on one still bounds the real optimum, and its
 placements, realised on real cards, are candidates the schedule itself prefers.
 
 Example (two equal stages of W = 3 s, free links, m = 4: T = (m + 1) W = 15 s; the bound: R_0 = 6 s
-plus G = q_1 R_1 = 3 x 3 s, the last stage's m - 1 more micro-batches; one tick of tolerance below):
+plus G = q_1 R_1 = 3 x 3 s, the last stage's m - 1 more micro-batches):
     >>> from hetpipe.partitioner.problem import DeviceSlot, Problem
     >>> inf = float("inf")
     >>> prob = Problem(fwd_s={"a": (1.0, 1.0)}, bwd_s={"a": (2.0, 2.0)}, state_bytes=(1, 1),

@@ -32,11 +32,13 @@ optimizer step (`evaluate`, ``objective="schedule"``), so `verify`:
    With the offload lever an offloading stage's step is its tail O_b instead of S_b, so both
    bounds count each unit's least step over the two (`_step_floors`: O is linear in the parameters).
 
-   And the pace bound (`schedule_bound`, issue 12 item 3): every rank waits for ceil(m / k_s) round
-   trips R_s below it, so T >= R_0 + max_s max(q_s R_s, m W_s - R_s) + S_0 for every placement, minimised
-   over placements by the DP under caps on that max (on the problem, or on its coarsest relaxation
-   beyond the DP's budget); its placements are more starts for the local search when they beat the
-   candidates.  Time: a quarter of `limit_s` for the bottleneck pass, up to `PACE_SHARE` in all with the pace
+   And the pace bound (`schedule_bound`, issue 12 item 3): rank s's backwards B(0) -> B(m - 1) form chains of
+   round trips R_s below it and of its own steps, so T >= R_0 + max_s G_s + S_0 for every placement
+   (`schedule_bound.stage_pace`), minimised over placements by the DP under caps on that max (on the problem;
+   beyond the count DP's budget, the larger of the node-run relaxation's walk, `pace_runs`, kinds exact and
+   no card counts, and the coarsest count relaxation's); its placements, realised on real cards, are more
+   starts for the local search when they beat the candidates (at most `MAX_WALK_STARTS`).  Time: a
+   quarter of `limit_s` for the bottleneck pass, up to `PACE_SHARE` in all with the pace
    bound, the rest for the local search.  Only for 1F1B: the split schedules (`Problem.schedule`) keep the
    bounds above.
 
@@ -144,6 +146,8 @@ def pace_bound(problem: Problem, *, deadline: float,
         placed = [_levers(problem, r) for r in map(runs.realise, walk.placements) if r is not None]
     except (StateSpaceTooLarge, DeadlineReached):
         pass
+    if time.perf_counter() > deadline:
+        return (bound + first_step if bound else 0.0), placed
     relaxed, members = relaxation_levels(problem)[0]
     try:
         walk = schedule_walk(relaxed, deadline=deadline, hints=hints)  # the relaxation prices them lower or equal
