@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.solvers.cpsat import solve_cpsat
@@ -118,6 +118,9 @@ class Solution:
     bound_s: float  # proven lower bound on T (== iteration_s when OPTIMAL)
     wall_s: float
     unused_devices: tuple[int, ...]
+    # other placements the search met (the heuristic's, the relaxation's realised): more starts for `verify`,
+    # where an estimate-worse placement can be schedule-better (gpt2-xl on 1,024 cards: 29.47 s against 31.6 s)
+    alternatives: tuple[tuple[Stage, ...], ...] = ()
 
     @property
     def gap(self) -> float:
@@ -207,7 +210,7 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
         return found
     start = time.perf_counter()
     left_s = max(time_limit_s - (start - begin), verify_s / 4)  # the estimate's unused time too
-    checked = verify(problem, [found.stages], num_stages=num_stages, limit_s=left_s)
+    checked = verify(problem, [found.stages, *found.alternatives], num_stages=num_stages, limit_s=left_s)
     status = "OPTIMAL" if checked.bound_s >= checked.iteration_s * (1 - 1e-9) else "FEASIBLE"
     return Solution(checked.stages, found.solver, status, checked.iteration_s, checked.bound_s,
                     found.wall_s + time.perf_counter() - start, _unused(problem, checked.stages))
@@ -260,10 +263,13 @@ def _large(problem: Problem, warm: DPResult | None, *, start: float, time_limit_
                                           time_limit_s=LAGRANGE_SHARE * left, target_gap=LAGRANGE_GAP).bound_s)
     left = time_limit_s - (time.perf_counter() - start) - cpsat_build_s(problem)
     if hint is not None and (hint.iteration_s <= bound * (1 + GOOD_ENOUGH_GAP) or left < MIN_CPSAT_S):
-        return _from_dp(problem, hint, name="relaxation", wall_s=time.perf_counter() - start, proved=False,
-                        bound_s=bound)
-    return _with_cpsat(problem, hint, lower_bound_s=bound, start=start, time_limit_s=time_limit_s, seed=seed,
-                       num_stages=num_stages, hint_name="relaxation" if hint is real else "heuristic")
+        sol = _from_dp(problem, hint, name="relaxation", wall_s=time.perf_counter() - start, proved=False,
+                       bound_s=bound)
+    else:
+        sol = _with_cpsat(problem, hint, lower_bound_s=bound, start=start, time_limit_s=time_limit_s, seed=seed,
+                          num_stages=num_stages, hint_name="relaxation" if hint is real else "heuristic")
+    others = tuple(dict.fromkeys(r.stages for r in (warm, real) if r is not None and r.stages != sol.stages))
+    return replace(sol, alternatives=others)
 
 
 def _with_cpsat(problem: Problem, hint: DPResult | None, *, lower_bound_s: float, start: float,
