@@ -14,7 +14,8 @@ Strategy (issue #3):
    tightens it; if the gap is still above and time is left, **CP-SAT** (`cpsat.solve_cpsat`) starts from the best placement as a hint, with
    a time limit and a seed.  The plan records solver, status, bound and gap.
 
-4. **Bound and verify** (`verify.verify`): the estimate's answer is priced by the schedule
+4. **Bound and verify** (`verify.verify`): the estimate's answer (and, beyond the exact DP, the
+   heuristic's and the relaxation's placements: `Solution.alternatives`) is priced by the schedule
    it will run (the objective, `evaluate`), improved by a local search under that schedule,
    and given a valid lower bound on the schedule optimum; the status is ``OPTIMAL`` only when
    they meet.  A problem whose objective is ``estimate`` (a plan made before version 4) stops
