@@ -24,7 +24,7 @@ Example:
     >>> refuse_diloco(NS(replicas=(1, 2), sync=NS(policy="diloco", outer_steps=4)), "--resume")
     Traceback (most recent call last):
     ...
-    hetpipe.errors.ConfigError: --resume: the replica plan syncs with DiLoCo (H = 4), whose replicas differ between outer steps; checkpoints of replica plans need synchronous sync: re-plan with hetpipe.plan.replicas.partition_replicas(..., policy="synchronous") (or --sharding auto, which syncs every step), or run without --checkpoint-dir/--resume
+    hetpipe.errors.ConfigError: --resume: the replica plan syncs with DiLoCo (H = 4), whose replicas differ between outer steps; checkpoints of replica plans need synchronous sync: re-plan with hetpipe.plan.replicas.partition_replicas(..., policy="synchronous"), or run without --checkpoint-dir/--resume
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ def refuse_diloco(plan: Any, flag: str) -> None:
     if plan.replicas and sync is not None and sync.policy == "diloco":
         raise ConfigError(f"{flag}: the replica plan syncs with DiLoCo (H = {sync.outer_steps}), whose replicas differ "
                           "between outer steps; checkpoints of replica plans need synchronous sync: re-plan with "
-                          "hetpipe.plan.replicas.partition_replicas(..., policy=\"synchronous\") (or --sharding auto, "
-                          "which syncs every step), or run without --checkpoint-dir/--resume")
+                          "hetpipe.plan.replicas.partition_replicas(..., policy=\"synchronous\"), or run without "
+                          "--checkpoint-dir/--resume")
 
 
 def replica_state(trainer: Any, *, root: str | Path | None, every: int | None, model: str,
