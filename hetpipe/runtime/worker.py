@@ -29,7 +29,8 @@ before step 5 (`hetpipe.runtime.replicas.trainer.check_runnable`), steps 1-4 hap
 `ReplicaTrainer` after the join (it makes the replicas' process groups), and with
 ``--emulate`` `hetpipe.runtime.emulate.replicas` calibrates every replica and delays the
 sync to the plan's time.  Each step is one global batch; the last stage of each replica
-reports the replicas' sample-weighted loss.
+reports the replicas' sample-weighted loss.  ``--checkpoint-dir`` / ``--resume`` work as for a
+pipeline, in the same files (`hetpipe.runtime.checkpoint.replicas`: replica 0 writes each tensor).
 
 Example:
     $ torchrun --standalone --nproc-per-node=3 -m hetpipe.runtime.worker plan.json \\
