@@ -297,6 +297,7 @@ def _supervised(plan: Plan, args: dict[str, Any]) -> RunReport:
     carrier = InjectionCarrier(once.pop("inject", None))  # the faults belong to the run, not to one launch
     out = supervise(plan, carried_attempts(once, carrier), opts, run_dir=Path(run_dir) if run_dir is not None else None)
     if carrier.records:
+        carrier.settle(opts.steps)  # the run finished: its last attempt reached every step
         out = dataclasses.replace(out, notes=(*out.notes, *(f"injection {line}" for line in carrier.lines())))
     if report is not None:
         out.save(report)

@@ -91,9 +91,7 @@ class InjectionCarrier:
 
     def specs_for(self, plan: Any, *, high_water: int, start: int, attempt: str = "") -> tuple[str, ...]:
         """`for_attempt` with the furthest step earlier attempts finished given (pure but for `records`)."""
-        for r in self.records:  # what an earlier attempt was handed and reached is history
-            if (r.spec or r.note) and r.fault.step <= high_water:
-                r.reached = True
+        self.settle(high_water)
         out = list(self._persisting(plan, start))
         for r in self.records:
             if r.reached:
@@ -107,6 +105,13 @@ class InjectionCarrier:
             r.spec, r.target = resolved[0].spec(), resolved[1]
             out.append(r.spec)
         return tuple(out)
+
+    def settle(self, high_water: int) -> None:
+        """Mark what the attempts were handed and reached (``high_water``: the furthest step they
+        finished; after a finished run, its ``--steps``) as history: fired, or noted as not fired."""
+        for r in self.records:
+            if (r.spec or r.note) and r.fault.step <= high_water:
+                r.reached = True
 
     def _persisting(self, plan: Any, start: int) -> list[str]:
         """``slow:`` specs for the cards of ``plan`` that fired slowdowns hit, beyond what the plan prices."""
@@ -127,8 +132,10 @@ class InjectionCarrier:
         """One line per fault: its spec as given, what it became and where."""
         out = []
         for r in self.records:
-            state = "fired" if r.fired else r.note if r.reached else "not reached"
-            out.append(f"{r.fault.spec()}: {state}" + (f" as {r.spec} on {r.target} in {r.attempt}" if r.spec else ""))
+            if r.fired:
+                out.append(f"{r.fault.spec()}: fired as {r.spec} on {r.target} in {r.attempt}")
+            else:
+                out.append(f"{r.fault.spec()}: {r.note if r.reached else 'not reached'}")
         return out
 
 
