@@ -152,7 +152,7 @@ def _size_rows(folder: Path) -> list[list[object]]:
                                              info["stage_optim_bytes"])):
         disk = sum(p.stat().st_size for p in folder.glob(f"__{s}_*.distcp"))
         rows.append([info["step"], s, f"{mb / 2**20:.2f}", f"{ob / 2**20:.2f}", f"{(mb + ob) / 2**20:.2f}",
-                     f"{disk / 2**20:.2f}", f"{disk / max(1, mb + ob):.3f}", f"{save_s * 1000:.0f}"])
+                     f"{disk / 2**20:.2f}", f"{disk / (mb + ob):.3f}" if mb + ob else "-", f"{save_s * 1000:.0f}"])
     return rows
 
 
