@@ -282,6 +282,10 @@ def _supervised(plan: Plan, args: dict[str, Any]) -> RunReport:
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigError(f"--max-restarts must be a whole number of restarts, 0 or more; got {max_restarts!r}")
     wait_s = check_wait_for_return(args["wait_for_return"], max_restarts)
+    if plan.replicas:  # hetpipe.plan.replan solves one pipeline; a lost or slow card needs the replica planner
+        raise ConfigError("--max-restarts, --wait-for-return and --adapt supervise single-pipeline plans only (they "
+                          "re-plan with one pipeline); run the replica plan with --checkpoint-dir and, after a "
+                          "failure, re-plan it with `hetpipe plan --replicas` and continue with --resume DIR")
     if once["checkpoint_dir"] is None:
         flag = "--adapt" if adapt else f"--max-restarts {max_restarts}"
         raise ConfigError(f"{flag} needs --checkpoint-dir DIR (and --checkpoint-every N): a relaunched job "
