@@ -19,10 +19,25 @@ def test_shares_sum_to_one_and_follow_free_memory(free):
 
 
 @pytest.mark.parametrize("replicas", [2, 3, 4, 8])
-def test_even_shards_cost_the_ring_all_reduce(replicas):
+def test_even_shards_cost_the_ring_all_reduce_plus_an_all_gather(replicas):
     f = shard_fractions([1.0] * replicas)
     got = shard_sync_s(f, grad_bytes=5e9, weight_bytes=5e9, bandwidth_bytes_s=1e9, latency_s=0.0)
-    assert math.isclose(got, 2 * (replicas - 1) / replicas * 5e9 / 1e9)  # cost_formulas.md s.3.4
+    # what runs on gloo: the all-reduce (cost_formulas.md s.3.4), then each holder's 1/R all-gathered
+    assert math.isclose(got, 2 * (replicas - 1) / replicas * 5e9 / 1e9 + (replicas - 1) / replicas * 5e9 / 1e9)
+
+
+@given(st.lists(st.floats(min_value=0.01, max_value=1.0), min_size=2, max_size=4), st.integers(1000, 10**6))
+def test_the_all_gather_term_is_the_padded_slice_the_runtime_sends(free, numel):
+    from hetpipe.runtime.replicas.shard import shard_bounds
+
+    f = shard_fractions(free)
+    bounds = shard_bounds(numel, f)
+    longest = max(b - a for a, b in bounds)  # every holder sends its slice padded to the largest
+    elem, bw, lat, r = 4, 1e9, 1e-4, len(f)
+    got = shard_sync_s(f, grad_bytes=numel * elem, weight_bytes=numel * elem, bandwidth_bytes_s=bw, latency_s=lat)
+    all_reduce = 2 * (r - 1) * lat + 2 * (r - 1) / r * numel * elem / bw
+    wire = all_reduce + (r - 1) * (longest * elem / bw + lat)
+    assert math.isclose(got, wire, rel_tol=0, abs_tol=(r - 1) * 2 * elem / bw)  # slices round to whole elements
 
 
 def test_memory_adds_each_share_and_no_free_memory_is_refused():

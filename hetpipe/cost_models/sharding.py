@@ -12,16 +12,19 @@ evenly):
   a card with no free memory takes no shard, and sharding cannot help if sum free < K Psi);
 * **M_r = M_r(no optimizer state) + f_r K Psi** (K Psi: the stage's optimizer-state bytes, e.g.
   12 B/param for bf16-mixed Adam, or 8 for fp32 Adam);
-* per step, instead of the all-reduce of the gradients (G bytes), a reduce-scatter of G into the
-  shards and an all-gather of the updated weights (W bytes).  On a ring each phase takes R - 1
-  steps of one chunk, and with uneven chunks a step lasts as long as its largest chunk over the
-  ring's slowest link, so (cost_formulas.md s.3.4, ring collectives):
+* per step, what the runtime runs (`runtime/replicas/shard.py`): the gradients' ring all-reduce
+  (G bytes, unchanged: gloo has no reduce-scatter of uneven chunks, so each holder all-reduces
+  and keeps its slice), then an all-gather of the updated weights (W bytes) in which every
+  holder sends its slice padded to the largest.  On a ring the all-gather takes R - 1 steps of
+  one padded chunk over the ring's slowest link (cost_formulas.md s.3.4, ring collectives):
 
-      T_shard = (R - 1) * max_r f_r * (G + W) / BW_min   (+ 2 (R - 1) latency)
+      T_shard = 2 (R - 1)/R G / BW_min + k 2 (R - 1) latency      (the all-reduce, k buckets)
+              + (R - 1) max_r f_r W / BW_min + (R - 1) latency     (the padded all-gather)
 
-  which for even shards (f_r = 1/R) and W = G is the ring all-reduce's 2 (R - 1)/R G / BW_min:
-  ZeRO-1 moves the same bytes as data parallelism (ZeRO paper: 2 Psi), uneven shards cost
-  max_r f_r / (1/R) times more on the wire.
+  so a sharded group's exchange always takes longer than the all-reduce alone (even shards and
+  W = G: 1.5x its bandwidth term); sharding pays through the memory it frees (and the smaller step).  A true ZeRO-1 exchange
+  (a reduce-scatter instead of the all-reduce: (R - 1) max_r f_r (G + W) / BW_min, the all-reduce's
+  bytes for even shards) is not what runs on gloo, so it is not what the plan prices.
 
 Example (3 replicas, 10 GB of Adam state; free 6, 3 and 1 GB beyond their other bytes):
     >>> shares = shard_fractions([6e9, 3e9, 1e9])
@@ -30,13 +33,14 @@ Example (3 replicas, 10 GB of Adam state; free 6, 3 and 1 GB beyond their other 
     >>> sharded_memory_bytes([10e9, 12e9, 5e9], shares, optimizer_bytes=10e9)
     (16000000000.0, 15000000000.0, 6000000000.0)
     >>> round(shard_sync_s(shares, grad_bytes=2e9, weight_bytes=2e9, bandwidth_bytes_s=1e9, latency_s=0.0), 3)
-    4.8
+    5.067
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+from hetpipe.cost_models.sync import ring_allreduce_s
 from hetpipe.errors import ConfigError
 
 #: The lever's settings (``--sharding``): ``never``; ``auto`` = each sync group of a replica plan
@@ -81,16 +85,23 @@ def sharded_memory_bytes(base_bytes: Sequence[float], fractions: Sequence[float]
 
 def shard_sync_s(fractions: Sequence[float], *, grad_bytes: float, weight_bytes: float,
                  bandwidth_bytes_s: float, latency_s: float, buckets: int = 1) -> float:
-    """T_shard: reduce-scatter of the gradients and all-gather of the weights on a ring with uneven shards.
+    """T_shard: the ring all-reduce of the gradients, then the all-gather of the weights padded to the largest slice.
 
-    ``buckets`` parts pay the 2 (R - 1) latency steps each, as the all-reduce they replace
-    (`cost_models.sync.ring_allreduce_s`).
+    ``buckets`` parts of the all-reduce pay its 2 (R - 1) latency steps each
+    (`cost_models.sync.ring_allreduce_s`); the all-gather is one call per group and step.
+
+    Example (2 holders 0.7 / 0.3 of 1 GB of gradients and of weights, 1 GB/s, no latency):
+        >>> round(shard_sync_s((0.7, 0.3), grad_bytes=1e9, weight_bytes=1e9, bandwidth_bytes_s=1e9,
+        ...                    latency_s=0.0), 3)   # all-reduce 2 * 1/2 * 1 s + all-gather 1 * 0.7 * 1 s
+        1.7
     """
     r = len(fractions)
     if r <= 1:
         return 0.0
-    return ((r - 1) * max(fractions) * (grad_bytes + weight_bytes) / bandwidth_bytes_s
-            + max(1, buckets) * 2 * (r - 1) * latency_s)
+    all_reduce = ring_allreduce_s(num_bytes=int(grad_bytes), ranks=r, bandwidth_bytes_s=bandwidth_bytes_s,
+                                  latency_s=latency_s, buckets=buckets)
+    all_gather = (r - 1) * (max(fractions) * weight_bytes / bandwidth_bytes_s + latency_s)
+    return all_reduce + all_gather
 
 
 def even_fractions(replicas: int) -> tuple[float, ...]:

@@ -3,8 +3,8 @@
 Issue 14's third lever, for replica plans with every-step (synchronous) sync.  A sync group g
 (`cost_models.sync`: units [first, last] held by one card d_r in every replica r) may shard
 the optimizer state of its units over its R holders: holder r keeps and steps the fraction
-f_r of it, gradients are reduce-scattered and the updated weights all-gathered over the
-group's ring instead of the gradient all-reduce.  With O_g the group's optimizer-state bytes
+f_r of it, gradients are all-reduced (each holder keeps its slice: gloo has no uneven
+reduce-scatter) and the updated weights all-gathered over the group's ring.  With O_g the group's optimizer-state bytes
 (K Psi: Adam's two fp32 moments, and the fp32 master weights under bf16/fp16-mixed -- per
 parameter the offload lever's ``host_bytes_per_param``, `cost_models.offload`) and a set S of
 sharded groups (`cost_models.sharding` for the formulas and their sources):
@@ -18,8 +18,12 @@ sharded groups (`cost_models.sharding` for the formulas and their sources):
     t_g   = shard_sync_s(f^g, G_g, W_g = G_g) for g in S, the ring all-reduce otherwise
     T     = max_r T'_r + sum_g t_g                  (synchronous; DiLoCo's inner steps keep full state)
 
-Tied parameters (GPT-2's wte = lm_head) keep their whole state on every copy: the runtime
-syncs them in a bucket of their own, which it does not shard, so O_g leaves them out.  Which S the
+Tied parameters (GPT-2's wte = lm_head): a group whose units include every unit that uses one
+(one-card replicas, or a stage holding both ends) holds all its aliases on one card per replica,
+so its state shards with the group's (O_g counts it, the runtime appends it to the group's
+flattened parameters); a tied parameter whose users are split over several groups keeps its
+whole state on every copy (its copies sit on different ranks of a replica and sync in a bucket of
+their own), and no O_g counts it (`group_optimizer_bytes`).  Which S the
 planner takes is `choose_sharding`: the fitting S of least T, fewer groups on ties --
 every subset while there are at most `SHARD_ENUM_MAX` shardable groups, else a greedy walk.
 
@@ -102,6 +106,29 @@ def optimizer_bytes_per_unit(problem: Problem) -> tuple[int, ...]:
     return tuple(max(0, o) for o in out)
 
 
+def group_optimizer_bytes(problem: Problem, first_unit: int, last_unit: int) -> int:
+    """O_g of the group of units [first_unit, last_unit]: its units' own K Psi, plus that of every tied
+    parameter all of whose users the group holds (see the module docstring).
+
+    Example (units 0-1 share one fp32 parameter, owned by unit 0; 1 own parameter each):
+        >>> from hetpipe.cost_models.offload import offload_rates
+        >>> from hetpipe.partitioner.problem import TiedCopy
+        >>> p = Problem(fwd_s={"a": (1.0, 1.0)}, bwd_s={"a": (1.0, 1.0)}, state_bytes=(32, 16),
+        ...             activation_bytes=(0, 0), boundary_bytes=(0, 0), devices=(), bandwidth_bytes_s=(),
+        ...             latency_s=(), microbatches=1, grad_bytes=(8, 4), tied=(TiedCopy(0, (0, 1), 16),),
+        ...             offload_rates=offload_rates("adam", "fp32"))
+        >>> optimizer_bytes_per_unit(p), group_optimizer_bytes(p, 0, 1), group_optimizer_bytes(p, 0, 0)
+        ((8, 8), 24, 8)
+    """
+    opt = optimizer_bytes_per_unit(problem)
+    own = sum(opt[first_unit:last_unit + 1])
+    rates = problem.offload_rates
+    if rates is None or not problem.grad_bytes:
+        return own
+    return own + sum(t.state_bytes // rates.state_bytes_per_param * rates.host_bytes_per_param for t in problem.tied
+                     if first_unit <= min(t.user_units) and max(t.user_units) <= last_unit)
+
+
 def relaxed_problem(problem: Problem) -> Problem:
     """`problem` with every unit's optimizer state taken off its state bytes: the pipelines the
     search tries for replicas that fit only once their state is sharded away."""
@@ -113,9 +140,8 @@ def relaxed_problem(problem: Problem) -> Problem:
 def shardable(rp: ReplicaProblem, sync: Sequence[SyncGroup], offloading: Collection[int] = ()) -> list[int]:
     """Groups that can shard: several holders, some optimizer state, no holder in `offloading` (devices
     whose stage keeps its optimizer state on the host: nothing of it is left on the card to shard)."""
-    opt = optimizer_bytes_per_unit(rp.base)
-    return [k for k, g in enumerate(sync) if len(g.devices) > 1 and sum(opt[g.first_unit:g.last_unit + 1]) > 0
-            and not set(g.devices) & set(offloading)]
+    return [k for k, g in enumerate(sync) if len(g.devices) > 1
+            and group_optimizer_bytes(rp.base, g.first_unit, g.last_unit) > 0 and not set(g.devices) & set(offloading)]
 
 
 Unsharded = tuple[tuple[SyncGroup, ...], tuple[Evaluation, ...]]  # the sync groups and each replica's evaluation
@@ -138,8 +164,7 @@ def evaluate_sharding(rp: ReplicaProblem, pipes: Pipelines, sharded: Collection[
     if any(st.offload and st.device in sync[g].devices for stages, _ in pipes for st in stages for g in sharded):
         raise ValueError("a sharded sync group is held by a stage that offloads its optimizer state")
     where = {st.device: (r, k) for r, (stages, _) in enumerate(pipes) for k, st in enumerate(stages)}
-    opt = optimizer_bytes_per_unit(base)
-    group_opt = {g: sum(opt[sync[g].first_unit:sync[g].last_unit + 1]) for g in sharded}
+    group_opt = {g: group_optimizer_bytes(base, sync[g].first_unit, sync[g].last_unit) for g in sharded}
     memory = {d: evs[r].stages[k].memory_bytes for d, (r, k) in where.items()}
     for g in sharded:
         for d in sync[g].devices:

@@ -54,7 +54,7 @@ class GroupShard:
     fractions: tuple[float, ...]  # f_r, replica order (the group's `devices` order)
     optimizer_bytes: int  # O_g
     saved_bytes: tuple[int, ...]  # O_g - round(f_r O_g) per holder
-    time_s: float  # reduce-scatter + all-gather, replacing the all-reduce
+    time_s: float  # the all-reduce and then the slices' all-gather (`cost_models.sharding.shard_sync_s`)
     allreduce_s: float  # the all-reduce it replaces: time_s - allreduce_s is what sharding pays
 
 

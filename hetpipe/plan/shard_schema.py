@@ -3,8 +3,9 @@
 Kept apart from `plan.schema` (which only names it) so the schema stays one readable file.
 A `PlanSyncGroup` with a `PlanShard` shards its units' optimizer state over its holders
 (`hetpipe.partitioner.replica_shard`): holder r keeps the fraction ``fractions[r]`` of the
-``optimizer_bytes`` (its card saves ``saved_bytes[r]``), and the group's ``time_s`` is the
-reduce-scatter + all-gather; ``time_s - allreduce_s`` is what sharding pays on the wire.
+``optimizer_bytes`` (its card saves ``saved_bytes[r]``), and the group's ``time_s`` is what
+runs: the gradients' all-reduce, then the all-gather of the updated slices
+(`cost_models.sharding.shard_sync_s`); ``time_s - allreduce_s`` is what sharding pays on the wire.
 
 Example:
     >>> s = PlanShard(fractions=(0.7, 0.3), optimizer_bytes=1000, saved_bytes=(300, 700), allreduce_s=1.0)

@@ -6,9 +6,11 @@ one rank of every replica.  Flatten them in that order (N elements); replica r's
 owns the contiguous slice ``shard_bounds(N, fractions)[r]`` (f_r of the elements, by the
 plan's fractions).  `ShardedOptimizer` builds the inner optimizer (Adam, ...) over
 
-* every parameter of this rank that no sharded group holds (tied copies included), and
+* every parameter of this rank that no sharded group holds (a tied parameter whose units span
+  several groups keeps its whole state: its copies sit on different ranks of a replica), and
 * for each sharded group, *pieces*: views of the parameters' storage covering only this
-  rank's slice (a parameter split by a shard boundary contributes part of itself),
+  rank's slice (a parameter split by a shard boundary contributes part of itself); a tied parameter
+  all of whose units the group holds is flattened after the group's own parameters,
 
 so the optimizer state it allocates (Adam's moments) is f_r of the group's.  Each step:
 
@@ -17,8 +19,9 @@ so the optimizer state it allocates (Adam's moments) is f_r of the group's.  Eac
    gloo has no reduce-scatter of uneven chunks, and the all-reduce keeps the overlapped,
    bucketed exchange of `hetpipe.runtime.replicas.buckets` unchanged; the numbers are the
    same (each slice of the sum), the wire carries the all-reduce's 2 (R-1)/R G instead of
-   the reduce-scatter's share (the plan prices the ZeRO-1 exchange; the emulation charges
-   the plan's time, `hetpipe.runtime.emulate.replicas`).
+   the reduce-scatter's share; the plan prices exactly this, the all-reduce plus the padded
+   all-gather (`cost_models.sharding.shard_sync_s`), and the emulation charges the plan's time,
+   `hetpipe.runtime.emulate.replicas`).
 2. the inner optimizer steps: the pieces alias the parameters, so the owned slices update
    in place (Adam is elementwise: a slice's update equals the whole tensor's on it).
 3. the updated slices are **all-gathered** over the group (gloo all-gathers equal sizes:
@@ -176,6 +179,17 @@ def shard_groups(plan: Plan, sync: ReplicaSync, *, replica: int, stage_ranks: Se
             raise PlanError(f"sync group of units {g.first_unit}-{g.last_unit}: shard fractions "
                             f"{list(g.shard.fractions)} must be one per replica and sum to 1; re-plan it")
         holders = tuple(stage_ranks[holder_stage(plan, r, g.first_unit)] for r in range(len(plan.replicas)))
-        out.append(ShardGroup(f"units {g.first_unit}-{g.last_unit}", held[0], held[1], g.shard.fractions, replica,
-                              holders))
+        out.append(ShardGroup(f"units {g.first_unit}-{g.last_unit}", held[0] + _tied_within(plan, sync, g),
+                              held[1], g.shard.fractions, replica, holders))
+    return out
+
+
+def _tied_within(plan: Plan, sync: ReplicaSync, group: Any) -> list[nn.Parameter]:
+    """The tied parameters all of whose units `group` holds, in the plan's tied order (the same on every
+    holder): their state shards with the group's (`partitioner.replica_shard.group_optimizer_bytes`)."""
+    out: list[nn.Parameter] = []
+    for t in plan.model.tied:
+        if group.first_unit <= min(t.units) and max(t.units) <= group.last_unit:
+            held = sync.held(f"tied {t.names[0]}", tied=True)
+            out += held[0] if held is not None else []
     return out

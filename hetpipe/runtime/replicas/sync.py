@@ -227,10 +227,11 @@ class ReplicaSync:
         self.reducer = OverlappedReducer(parts, weight=self.weight, timeout_s=self.timeout_s, where=where,
                                          overlap=overlap and policy == "synchronous", on_bytes=self._count)
 
-    def held(self, label: str) -> tuple[list[nn.Parameter], Any] | None:
-        """The parameters (bucket order) and process group of this rank's bucket `label`, or None."""
+    def held(self, label: str, *, tied: bool = False) -> tuple[list[nn.Parameter], Any] | None:
+        """The parameters (bucket order) and process group of this rank's bucket `label` (a tied
+        parameter's bucket with `tied`), or None."""
         for lb in self._local:
-            if lb.bucket.label == label and not lb.bucket.tied:
+            if lb.bucket.label == label and lb.bucket.tied == tied:
                 return lb.params, lb.group
         return None
 
