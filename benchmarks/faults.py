@@ -240,6 +240,13 @@ def _kill_lines(plan, faulty, clean, log, n: int, wall: float, diff: float) -> l
             "is start-up (torchrun, imports, capture, building the stages) on 2 shared cores."]
 
 
+def _repeat(tmp: Path, steps: int, k: int) -> list[str]:
+    """One part (a) run, headed by its repetition number and the load averages around it."""
+    before = _load()
+    lines = straggler(tmp, steps)
+    return ["", f"**(a) run {k + 1}** (load average 1/5/15 min before: {before}; after: {_load()})", "", *lines]
+
+
 def main(argv: list[str] | None = None) -> int:
     import logging
 
@@ -250,11 +257,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-straggler", action="store_true", help="skip part (a)")
     ap.add_argument("--straggler-steps", type=int, nargs="+", default=[A_STEPS, 2 * A_STEPS],
                     help=f"part (a)'s run lengths (default {A_STEPS}, the issue's, and {2 * A_STEPS}: more steps to gain)")
+    ap.add_argument("--straggler-repeats", type=int, default=1,
+                    help="part (a) this many times per run length, each with its load average")
     args = ap.parse_args(argv)
     load_before = _load()
     with tempfile.TemporaryDirectory(prefix="hetpipe-faults-") as tmp:
         body = [] if args.skip_straggler else [line for n in args.straggler_steps
-                                               for line in ["", *straggler(Path(tmp) / f"a{n}", n)]]
+                                               for k in range(args.straggler_repeats)
+                                               for line in _repeat(Path(tmp) / f"a{n}-{k}", n, k)]
         body += ["", *kills(Path(tmp), args.kills)] if args.kills > 0 else []
         if args.mixed > 0:
             from benchmarks.fault_storm import mixed

@@ -388,13 +388,17 @@ def test_random_generators_are_restored_on_the_same_plan_only(setup, tmp_path):
     assert torch.equal(torch.rand(3), after[0]) and random.random() == after[1]
 
 
-def test_replica_plans_are_refused_clearly():
+def test_diloco_replica_plans_are_refused_clearly(tmp_path):
+    """DiLoCo replicas differ between outer steps: one error naming the fix, before launch (synchronous
+    replica plans checkpoint and resume: tests/test_checkpoint_replicas.py)."""
     from types import SimpleNamespace
 
     from hetpipe.runtime.checkpoint.options import checkpoint_args
 
-    with pytest.raises(ConfigError, match="not supported for replica plans yet"):
-        checkpoint_args(SimpleNamespace(replicas=(object(),)), None, None, "ck", model=MODEL, seq=None, steps=4)
+    diloco = SimpleNamespace(replicas=(object(),), sync=SimpleNamespace(policy="diloco", outer_steps=4))
+    for ck, resume, flag in ((tmp_path, None, "--checkpoint-dir"), (None, "ck", "--resume")):
+        with pytest.raises(ConfigError, match=f"^{flag}: the replica plan syncs with DiLoCo .*policy=\"synchronous\""):
+            checkpoint_args(diloco, ck, None, resume, model=MODEL, seq=None, steps=4)
 
 
 def test_an_offloading_optimizer_steps_the_weights_restored_into_its_stage():

@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import shutil
@@ -40,6 +41,7 @@ from hetpipe.plan.check import check_plan
 from hetpipe.plan.group_run import rank_slots, refuse_group_outputs, refuse_unrunnable_groups
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.checkpoint.options import checkpoint_args
+from hetpipe.runtime.faults.carry import InjectionCarrier
 from hetpipe.runtime.faults.options import FaultArgs, check_wait_for_return, fault_args
 from hetpipe.runtime.launch import LaunchSpec, launch
 from hetpipe.runtime.tp_run import check_shardable
@@ -281,6 +283,10 @@ def _supervised(plan: Plan, args: dict[str, Any]) -> RunReport:
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigError(f"--max-restarts must be a whole number of restarts, 0 or more; got {max_restarts!r}")
     wait_s = check_wait_for_return(args["wait_for_return"], max_restarts)
+    if plan.replicas:  # hetpipe.plan.replan solves one pipeline; a lost or slow card needs the replica planner
+        raise ConfigError("--max-restarts, --wait-for-return and --adapt supervise single-pipeline plans only (they "
+                          "re-plan with one pipeline); run the replica plan with --checkpoint-dir and, after a "
+                          "failure, re-plan it with `hetpipe plan --replicas` and continue with --resume DIR")
     if once["checkpoint_dir"] is None:
         flag = "--adapt" if adapt else f"--max-restarts {max_restarts}"
         raise ConfigError(f"{flag} needs --checkpoint-dir DIR (and --checkpoint-every N): a relaunched job "
@@ -293,16 +299,26 @@ def _supervised(plan: Plan, args: dict[str, Any]) -> RunReport:
                             resume=str(resume) if resume is not None else None,
                             checkpoint_every=once["checkpoint_every"], wait_for_return_s=wait_s)
 
-    def attempt(p: Plan, folder: Path, resume_from: str | None) -> RunReport:
-        # Injected faults (``inject``, hetpipe.runtime.faults) belong to the first launch: a kill is
-        # one-shot, and a slowdown lives on in the re-planned plan's tables of that card.
-        later = {k: v for k, v in once.items() if k != "inject"} if folder.name != "attempt-0" else once
-        return run(p, run_dir=folder, resume=resume_from, **later)
-
-    out = supervise(plan, attempt, opts, run_dir=Path(run_dir) if run_dir is not None else None)
+    carrier = InjectionCarrier(once.pop("inject", None))  # the faults belong to the run, not to one launch
+    out = supervise(plan, carried_attempts(once, carrier), opts, run_dir=Path(run_dir) if run_dir is not None else None)
+    if carrier.records:
+        carrier.settle(opts.steps)  # the run finished: its last attempt reached every step
+        out = dataclasses.replace(out, notes=(*out.notes, *(f"injection {line}" for line in carrier.lines())))
     if report is not None:
         out.save(report)
     return out
+
+
+def carried_attempts(once: dict[str, Any], carrier: InjectionCarrier) -> Callable[[Plan, Path, str | None], RunReport]:
+    """The supervisor's attempt: a plain `run` in its folder, resumed from the checkpoint it is given, with
+    the faults ``carrier`` hands it (`hetpipe.runtime.faults.carry`); ``once``: `run`'s other arguments."""
+    from hetpipe.runtime.checkpoint.files import find_checkpoint
+
+    def attempt(p: Plan, folder: Path, resume_from: str | None) -> RunReport:
+        start = find_checkpoint(resume_from)[1].step if resume_from else 0
+        return run(p, run_dir=folder, resume=resume_from, inject=carrier.for_attempt(p, folder, start), **once)
+
+    return attempt
 
 
 def _launch_and_report(spec: LaunchSpec, plan: Plan, *, sync_overlap: bool) -> RunReport:

@@ -32,7 +32,8 @@ before step 5 (`hetpipe.runtime.replicas.trainer.check_runnable`), steps 1-4 hap
 `ReplicaTrainer` after the join (it makes the replicas' process groups), and with
 ``--emulate`` `hetpipe.runtime.emulate.replicas` calibrates every replica and delays the
 sync to the plan's time.  Each step is one global batch; the last stage of each replica
-reports the replicas' sample-weighted loss.
+reports the replicas' sample-weighted loss.  ``--checkpoint-dir`` / ``--resume`` work as for a
+pipeline, in the same files (`hetpipe.runtime.checkpoint.replicas`: replica 0 writes each tensor).
 
 Example:
     $ torchrun --standalone --nproc-per-node=3 -m hetpipe.runtime.worker plan.json \\
@@ -93,6 +94,7 @@ from hetpipe.runtime.rank import (
     touch,
 )
 from hetpipe.runtime.replicas.trainer import ReplicaTrainer, check_runnable
+from hetpipe.runtime.checkpoint.replicas import replica_checkpoints
 
 log = logging.getLogger("hetpipe.worker")
 
@@ -368,20 +370,24 @@ def _replica_rank(args: argparse.Namespace, state: RankState, plan: Plan, ranks:
                              stage_ranks=ranks, hooks=hooks, overlap_sync=args.sync_overlap,
                              state_dict=open_weights(args.weights))
     reads = trainer.is_first or trainer.is_last
+    resume = _resume_point(args)  # one global batch per step: the data position is the checkpoint's step count
     stream = data_stream(args.data, model=args.model, global_batch=plan.training.global_batch, seed=args.seed,
-                         example=trainer.example, meta_model=trainer.graph_module) if reads else None
+                         example=trainer.example, meta_model=trainer.graph_module,
+                         start=resume[1].batches_consumed if resume else 0) if reads else None
     first = next(stream, None) if stream is not None else None
     if args.emulate:
         state.phase = "calibration"
         emulate_replicas(trainer, hooks, inputs=first[0] if first is not None else None,
                          targets=first[1] if first is not None else None, timeout_s=args.timeout,
                          safety_factor=args.safety_factor)
+    start, after_step = replica_checkpoints(args, trainer, resume, lambda phase: setattr(state, "phase", phase))
 
     def step(batch: Any) -> tuple[Any, float | None]:
         out = trainer.step(*(batch if batch is not None else (None, None)))
         return out.stats, out.loss if trainer.is_last else None  # every rank has the loss; the last reports it
 
-    return _RankLoop(step, hooks, trainer.place.plan_stage, stream, first, finish=trainer.finish)
+    return _RankLoop(step, hooks, trainer.place.plan_stage, stream, first, finish=trainer.finish, start=start,
+                     after_step=after_step)
 
 
 def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, plan: Plan,
@@ -428,9 +434,6 @@ def train(args: argparse.Namespace, state: RankState) -> RankResult:
     process group once, (calibrate), run the steps, return the result."""
     plan = Plan.load(args.plan)
     run = None
-    if plan.replicas and (getattr(args, "resume", None) or getattr(args, "checkpoint_dir", None)):
-        raise ConfigError("--checkpoint-dir and --resume are not supported for replica plans yet; run the replica "
-                          "plan without them, or checkpoint a single-pipeline plan")
     refuse_group_outputs(plan, checkpoint_dir=getattr(args, "checkpoint_dir", None),
                          resume=getattr(args, "resume", None))  # a group's shards are not checkpointed yet
     if plan.replicas:

@@ -179,10 +179,12 @@ class StageTables:
         self.first = np.broadcast_to(lo == 0, self.valid.shape)
         self.is_last = hi == L
         # compute per class: F + B of the stage's units on kind(c)
-        self.compute = []
+        self.compute, self.forward = [], []  # forward: F alone (the pace walk's rules, `PaceRule`)
         for c in classes:
             work = np.concatenate(([0.0], np.cumsum(np.add(problem.fwd_s[c.kind], problem.bwd_s[c.kind]))))
             self.compute.append(np.where(self.valid, work[hi_c] - work[lo], np.inf))
+            fwd = np.concatenate(([0.0], np.cumsum(np.asarray(problem.fwd_s[c.kind], dtype=np.float64))))
+            self.forward.append(np.where(self.valid, fwd[hi_c] - fwd[lo], np.inf))
         self.levers = None if problem.recompute == "none" else shared_band(problem, hi_c, self.valid)
         self.offload = offload_band(problem, self)
         self._memory: dict[int, np.ndarray] = {}  # stages after -> M_s over the full band (`memory`)
@@ -362,8 +364,22 @@ def least_bottleneck(problem: Problem, *, cap_s: float = math.inf, state_budget:
     return None if out is None else (out[0], with_recompute(problem, assign_stages(classes, out[1])))
 
 
-#: Per number k of stages in a suffix: (cap on its front stage's F + B, cap on the suffix's value).
-LevelCaps = Callable[[int], "tuple[float, float]"]
+@dataclass(frozen=True)
+class PaceRule:
+    """Filters on a suffix's front stage s (W = F + B with its levers, R its suffix value), kept when
+    ``trips * R + steps * W <= cap`` and ``weighted * W - forward * F <= cap`` (`schedule_bound.level_caps`):
+    both grow with R and W, so a least-R suffix that fails them has no costlier sibling that passes."""
+
+    trips: float
+    steps: float
+    weighted: float
+    forward: float
+    cap: float
+
+
+#: Per number k of stages in a suffix: (cap on its front stage's F + B, cap on the suffix's value), and
+#: optionally a `PaceRule` as a third item.
+LevelCaps = Callable[[int], "tuple[float, float] | tuple[float, float, PaceRule]"]
 
 
 def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callable = np.add, *,
@@ -385,9 +401,13 @@ def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callab
         n = len(lattice.groups[k])
         val = np.full((n, C, L + 1), np.inf)
         bp = np.full((n, C, L + 1, 2), -1, dtype=np.int32)
-        band_cap, value_cap = (cap, math.inf) if level_caps is None else level_caps(k)
+        band_cap, value_cap, *rule = (cap, math.inf) if level_caps is None else level_caps(k)
         for c in range(C):
             band = tab.band(c, k - 1, min(cap, band_cap), width)
+            if rule:  # inf entries give nan here: they stay inf
+                with np.errstate(invalid="ignore"):
+                    band = np.where(rule[0].weighted * band - rule[0].forward * tab.forward[c][:, :width] <= rule[0].cap,
+                                    band, np.inf)
             if k == 1:
                 has = np.asarray([st[c] > 0 for st in lattice.groups[1]])
                 val[has, c] = band.min(axis=1)
@@ -402,6 +422,9 @@ def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callab
             padded = np.concatenate((h, np.full((h.shape[0], width), np.inf)), axis=1)
             windows = np.lib.stride_tricks.sliding_window_view(padded, width, axis=1)[:, 1:L + 2, :]
             cand = combine(band[None], windows)  # (n, L+1, W)
+            if rule:
+                with np.errstate(invalid="ignore"):
+                    cand = np.where(rule[0].trips * cand + rule[0].steps * band[None] <= rule[0].cap, cand, np.inf)
             w_best = np.argmin(cand, axis=2)
             val[idx, c] = np.take_along_axis(cand, w_best[..., None], axis=2)[..., 0]
             u_best = np.minimum(rows[None, :] + w_best + 1, L)

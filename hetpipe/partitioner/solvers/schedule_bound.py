@@ -5,35 +5,46 @@ stage by stage.  Write W_s = F_s + B_s, R_s = sum_{j>=s} W_j + 2 sum_{s<=j<p-1} 
 i's round trip from stage s's forward to its backward), k_s = min(p - s, m) (1F1B's micro-batches
 in flight on s) and R_0 - R_s = sum_{j<s} (W_j + 2 C_j).
 
-* **Round trip.**  Rank s runs F(i + k_s) right after B(i) (1F1B's steady state), and B(i) ends at
-  least R_s after F(i) starts (every op and transfer of micro-batch i's chain below s runs in
-  series).  With m - 1 = q k_s + r: rank s's last backward ends >= start(F(0)) + r F_s + (q + 1) R_s.
-  F(0) starts after sum_{j<s} (F_j + C_j); after B(m - 1) the gradient crosses stages s-1..0
-  (sum_{j<s} (B_j + C_j)), then stage 0 steps.  So T >= R_0 + q_s R_s + S_0, q_s = ceil(m / k_s) - 1.
+* **Round trips.**  Rank s runs F(i + k_s) right after B(i) (1F1B's steady state), and B(i + k_s) ends at
+  least R_s after F(i + k_s) starts (every op and transfer of that micro-batch's chain below s runs in
+  series): a jump of k_s micro-batches costs R_s.  B(0) ends at least sum_{j<s} (F_j + C_j) + R_s after the
+  start; after B(m - 1) the gradient crosses stages s-1..0 (sum_{j<s} (B_j + C_j)), then stage 0 steps.
+  Every chain B(0) -> B(m - 1) on rank s therefore gives T >= R_0 + (the chain) + S_0.  With
+  m - 1 = q k_s + r (q_s = ceil(m / k_s) - 1): q round trips and r single steps B(i) -> F(i + k_s) -> B(i + 1)
+  of W_s each (they fit in the steady state when q >= 1): q_s R_s + r_s W_s.
+* **Single steps.**  All m - 1 steps one by one: m - k_s steady ones of W_s, then k_s - 1 in the cool-down of
+  B_s alone: (m - k_s) W_s + (k_s - 1) B_s.
 * **Work.**  Rank s runs m F and m B in series between the same fill and drain:
   T >= R_0 - R_s + m W_s + S_0.
 
-Hence T >= R_0 + G + S_0 with G = max_s max(q_s R_s, m W_s - R_s).  Over every placement:
+Hence T >= R_0 + G + S_0 with G = max_s G_s (`stage_pace`).  Over every placement:
 
     T* >= min_P (R_0(P) + G(P)) + min over kinds of unit 0's step (its least floor, `verify._step_floors`)
 
 `schedule_walk` bounds that minimum with the DP under caps gamma on G: every placement with
-G <= gamma has, at each stage s with k stages from it to the end, R_s <= gamma / q_k and
-W_s <= min(R_s, (gamma + R_s) / m); the count-vector DP (`dp.CountDP`), whose suffix values are
-exactly the R_s, keeps only suffixes and stages under those caps, so its least R_0, R_0*(gamma),
-is at most that of any placement with G <= gamma.  With caps gamma_0 < ... < gamma_n solved, a
-placement with G in (gamma_{i-1}, gamma_i] has R_0 + G > R_0*(gamma_i) + gamma_{i-1}, one with
-G <= gamma_0 has R_0 + G >= R_0*(gamma_0) + G_lb: the least of those (a staircase) is the bound,
-and each pass splits its weakest band.  On the
-estimate-optimal gpt2-xl placement on 256 cards the replay is 9.569 s and R_0 + G + S_0 is 9.55 s
-(the round trip of the last two stages, across a node boundary, sets the pace).
+G <= gamma has, at each stage s with k stages from it to the end, R_s <= gamma / q_k,
+W_s <= (gamma + R_s) / m, q_k R_s + r_k W_s <= gamma and (m - 1) W_s - (k - 1) F_s <= gamma; the
+count-vector DP (`dp.CountDP`), whose suffix values are exactly the R_s, keeps only suffixes and stages
+under those caps (`dp.PaceRule`: both grow with R_s and W_s, so the least-R_s suffix of a state passes
+whenever any does), so its least R_0, R_0*(gamma), is at most that of any placement with G <= gamma.
+With caps gamma_0 < ... < gamma_n solved, a placement with G in (gamma_{i-1}, gamma_i] has
+R_0 + G > R_0*(gamma_i) + gamma_{i-1}, one with G <= gamma_0 has R_0 + G >= R_0*(gamma_0) + G_lb: the
+least of those (a staircase) is the bound, and each pass splits its weakest band.  The DP's argmin meets
+its cap exactly but for the work term, so the walk ends with the bound on its best placement: the pace
+optimum (tests/test_pace_walk.py checks it against enumeration).  What the pace leaves out: the
+zigzags through windows of neighbouring ranks t..s (B(i) on s, back up to t, F(i + k_s + s - t) down to
+s, B(i + s - t + 1) on s: s - t + 1 micro-batches per sum_{t..s} W + 2 sum C).  On gpt2-xl at 256 cards
+the node-run walk's best placement (`pace_runs`) replays in 8.19 s against its R_0 + G + S_0 = 7.66 s:
+stages of one or two blocks (6.6-13.3 ms) with 1.3 ms cuts, where a window of four ranks takes 15.3 ms
+per micro-batch against the largest W of 14.2 ms.  Pairs alone (the next stage's length in the DP's
+state) raised that bound only to 7.68 s, in ten times the time: they are not in the walk.
 
 Every relaxation of the contract (faster links, more memory, merged kinds: `relax`) only lowers
 R_s and W_s and admits more placements, so the walk on one still bounds the real optimum, and its
 placements, realised on real cards, are candidates the schedule itself prefers.
 
 Example (two equal stages of W = 3 s, free links, m = 4: T = (m + 1) W = 15 s; the bound: R_0 = 6 s
-plus G = q_1 R_1 = 3 x 3 s, the last stage's m - 1 more micro-batches; one tick of tolerance below):
+plus G = q_1 R_1 = 3 x 3 s, the last stage's m - 1 more micro-batches):
     >>> from hetpipe.partitioner.problem import DeviceSlot, Problem
     >>> inf = float("inf")
     >>> prob = Problem(fwd_s={"a": (1.0, 1.0)}, bwd_s={"a": (2.0, 2.0)}, state_bytes=(1, 1),
@@ -50,11 +61,11 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.cap_walk import CAP_TOLERANCE, DeadlineReached
-from hetpipe.partitioner.solvers.dp import CountDP, LevelCaps
+from hetpipe.partitioner.solvers.dp import CountDP, LevelCaps, PaceRule
 from hetpipe.partitioner.solvers.simple_bounds import sum_lower_bound
 
 #: Placements of the walk kept as candidates for the schedule's local search (best first).
@@ -85,24 +96,54 @@ def round_trip_factor(m: int, k: int) -> int:
 
 
 def level_caps(m: int, gamma: float) -> LevelCaps:
-    """The DP's caps, which every placement with G <= gamma meets: at k stages from the end
-    R_s <= gamma / q_k, and W_s <= R_s and m W_s - R_s <= gamma, so W_s <= min(R cap, (gamma + R cap) / m)."""
-    def caps(k: int) -> tuple[float, float]:
-        q = round_trip_factor(m, k)
+    """The DP's caps, which every placement with G <= gamma meets, at k stages from the end (`stage_pace`):
+    q_k R_s <= gamma gives R_s <= gamma / q_k; with W_s <= R_s, m W_s - R_s <= gamma gives W_s <= (gamma + R cap) / m;
+    and the round trips and single steps themselves, exactly, as the DP's `PaceRule` (one part in 10^9 of slack:
+    the DP adds the same seconds in another order than `pace_terms`)."""
+    def caps(k: int) -> tuple[float, float, PaceRule]:
+        q, kk = round_trip_factor(m, k), min(k, m)
         value = gamma / q if q > 0 else math.inf
-        return min(value, (gamma + value) / m), value
+        # single steps: (m - kk) W + (kk - 1) B = (m - 1) W - (kk - 1) F
+        rule = PaceRule(trips=q, steps=leftover_trips(m, k) if q > 0 else 0, weighted=m - 1, forward=kk - 1,
+                        cap=gamma * (1.0 + 1e-9))
+        return min(value, (gamma + value) / m), value, rule
     return caps
 
 
+def leftover_trips(m: int, k: int) -> int:
+    """r_k = m - 1 - q_k min(k, m): the single steps B(i) -> B(i + 1) left beside q_k round trips (module docstring).
+
+    Example:
+        >>> [leftover_trips(8, k) for k in (1, 2, 3, 8, 9)]
+        [0, 1, 1, 7, 7]
+    """
+    return m - 1 - round_trip_factor(m, k) * min(k, m)
+
+
+def stage_pace(m: int, k: int, fwd_s: float, bwd_s: float, round_trip_s: float) -> float:
+    """G_s of one stage with k stages from it to the end (module docstring): the longest of its chains
+    B(0) -> B(m - 1) (all round trips, or all single steps), or its m micro-batches' work past its round trip.
+
+    Example (m = 8, k = 3, F = 1, B = 2, R = 10: 2 round trips and 1 single step of F + B):
+        >>> stage_pace(8, 3, 1.0, 2.0, 10.0)
+        23.0
+    """
+    work = fwd_s + bwd_s
+    kk = min(k, m)
+    q = round_trip_factor(m, k)  # with q >= 1 the r single steps fit in the steady state (F between the Bs)
+    trips = q * round_trip_s + leftover_trips(m, k) * work if q > 0 else 0.0
+    singles = (m - kk) * work + (kk - 1) * bwd_s
+    return max(trips, singles, m * work - round_trip_s)
+
+
 def pace_terms(problem: Problem, stages: Sequence[Stage]) -> tuple[float, float]:
-    """(R_0, G) of a placement from its stage costs (`evaluate`)."""
+    """(R_0, G) of a placement from its stage costs (`evaluate`), G = max_s `stage_pace`."""
     costs = evaluate(problem, stages, objective="estimate").stages
     m, p = problem.microbatches, len(costs)
     suffix, g = 0.0, 0.0
     for s in range(p - 1, -1, -1):
-        work = costs[s].fwd_s + costs[s].bwd_s
-        suffix += work + (2.0 * costs[s].send_s if s < p - 1 else 0.0)
-        g = max(g, round_trip_factor(m, p - s) * suffix, m * work - suffix)
+        suffix += costs[s].fwd_s + costs[s].bwd_s + (2.0 * costs[s].send_s if s < p - 1 else 0.0)
+        g = max(g, stage_pace(m, p - s, costs[s].fwd_s, costs[s].bwd_s, suffix))
     return suffix, g
 
 
@@ -119,14 +160,17 @@ def _staircase(points: dict[float, float], g_floor: float) -> tuple[float, float
 
 
 def schedule_walk(problem: Problem, *, deadline: float = math.inf, dp: CountDP | None = None,
-                  max_passes: int = 48, hints: Sequence[Sequence[Stage]] = ()) -> ScheduleWalk:
+                  max_passes: int = 48, hints: Sequence[Sequence[Stage]] = (),
+                  terms: Callable[[Any], tuple[float, float]] | None = None) -> ScheduleWalk:
     """min_P (R_0 + G) bounded by a staircase over caps gamma (module docstring): each pass solves the
     least R_0 under one cap, in the weakest band (its middle; just below its top when the band
     reaches down to G_lb), until the bound meets the best placement found, `max_passes`, or
     `deadline` (a pass past it is abandoned).  The first cap is the least G of `hints` (placements of
     `problem`; R_0*(inf) >= S_lb stands in for the uncapped pass).  Raises `StateSpaceTooLarge`
-    beyond the DP's budget."""
+    beyond the DP's budget.  `dp` may be any DP with `CountDP.min_sum`'s protocol whose placements
+    `terms` prices (R_0, G) as the DP does (`pace_runs.RunDP`); by default the count DP and `pace_terms`."""
     dp = CountDP(problem) if dp is None else dp
+    terms = (lambda placement: pace_terms(problem, placement)) if terms is None else terms
     m = problem.microbatches
     cards = min(problem.num_units, len(problem.devices))
     g_floor = round_trip_factor(m, cards) * sum_lower_bound(problem)  # G >= q_p R_0 >= q_p S_lb
@@ -145,7 +189,7 @@ def schedule_walk(problem: Problem, *, deadline: float = math.inf, dp: CountDP |
         passes += 1
         points[gamma] = math.inf if res is None else res[0]
         if res is not None:
-            real_r0, g = pace_terms(problem, res[1])
+            real_r0, g = terms(res[1])
             found.append((real_r0 + g, res[1]))
             if g <= gamma:  # the caps at g admit it and no more than at gamma: R_0*(g) >= the same least R_0
                 points.setdefault(g, res[0])

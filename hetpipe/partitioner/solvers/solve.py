@@ -14,7 +14,8 @@ Strategy (issue #3):
    tightens it; if the gap is still above and time is left, **CP-SAT** (`cpsat.solve_cpsat`) starts from the best placement as a hint, with
    a time limit and a seed.  The plan records solver, status, bound and gap.
 
-4. **Bound and verify** (`verify.verify`): the estimate's answer is priced by the schedule
+4. **Bound and verify** (`verify.verify`): the estimate's answer (and, beyond the exact DP, the
+   heuristic's and the relaxation's placements: `Solution.alternatives`) is priced by the schedule
    it will run (the objective, `evaluate`), improved by a local search under that schedule,
    and given a valid lower bound on the schedule optimum; the status is ``OPTIMAL`` only when
    they meet.  A problem whose objective is ``estimate`` (a plan made before version 4) stops
@@ -45,7 +46,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.solvers.cpsat import solve_cpsat
@@ -58,7 +59,7 @@ from hetpipe.partitioner.solvers.offload_walk import tail_walk
 from hetpipe.partitioner.solvers.lagrange import bottleneck_floor, lagrange_bound
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.relax import relaxed_bound
-from hetpipe.partitioner.solvers.verify import LOCAL_SEARCH_S, verify
+from hetpipe.partitioner.solvers.verify import verify
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,13 @@ RELAXATION_SHARE = 0.7
 #: Gap to the relaxation bound under which CP-SAT is not started: in our measurements it did
 #: not close a sub-1% gap on 64 cards within 10 s (benchmarks/planner_speed.py).
 GOOD_ENOUGH_GAP = 0.01
-#: Share of the time limit the schedule's local search may take at most (`verify.LOCAL_SEARCH_S` caps it).
+#: Share of the time limit the schedule's local search may take at most (`verify.LOCAL_SEARCH_S` caps it)
+#: where a placement is verified after `solve` (plan/build.py, tp_solve.py).
 VERIFY_SHARE = 0.2
+#: Share of `solve`'s time limit kept for `verify` (its pace walks and local search; it also gets whatever
+#: the estimate's search leaves): measured on benchmarks/planner_scale.py, the walks at 256 and 1,024 cards
+#: need 1-3 s on the 2-core VM and the estimate's search settles in 2-4 s there.
+SCHEDULE_SHARE = 0.4
 #: Share of the time left after the relaxation that the kind-exact Lagrangian bound may take
 #: (`lagrange.lagrange_bound`); CP-SAT gets the rest if the gap is still above `GOOD_ENOUGH_GAP`.
 LAGRANGE_SHARE = 0.6
@@ -113,6 +119,9 @@ class Solution:
     bound_s: float  # proven lower bound on T (== iteration_s when OPTIMAL)
     wall_s: float
     unused_devices: tuple[int, ...]
+    # other placements the search met (the heuristic's, the relaxation's realised): more starts for `verify`,
+    # where an estimate-worse placement can be schedule-better (gpt2-xl on 1,024 cards: 29.47 s against 31.6 s)
+    alternatives: tuple[tuple[Stage, ...], ...] = ()
 
     @property
     def gap(self) -> float:
@@ -194,13 +203,15 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
     Raises `InfeasibleError` (with the missing memory and what would help) when no
     placement fits, and `ConfigError` for an unknown solver name.
     """
-    verify_s = 0.0 if problem.objective == "estimate" else min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s)
+    begin = time.perf_counter()
+    verify_s = 0.0 if problem.objective == "estimate" else SCHEDULE_SHARE * time_limit_s
     found = solve_estimate(problem, solver=solver, time_limit_s=time_limit_s - verify_s, seed=seed,
                            num_stages=num_stages)
     if problem.objective == "estimate":
         return found
     start = time.perf_counter()
-    checked = verify(problem, [found.stages], num_stages=num_stages, limit_s=verify_s)
+    left_s = max(time_limit_s - (start - begin), verify_s / 4)  # the estimate's unused time too
+    checked = verify(problem, [found.stages, *found.alternatives], num_stages=num_stages, limit_s=left_s)
     status = "OPTIMAL" if checked.bound_s >= checked.iteration_s * (1 - 1e-9) else "FEASIBLE"
     return Solution(checked.stages, found.solver, status, checked.iteration_s, checked.bound_s,
                     found.wall_s + time.perf_counter() - start, _unused(problem, checked.stages))
@@ -253,10 +264,13 @@ def _large(problem: Problem, warm: DPResult | None, *, start: float, time_limit_
                                           time_limit_s=LAGRANGE_SHARE * left, target_gap=LAGRANGE_GAP).bound_s)
     left = time_limit_s - (time.perf_counter() - start) - cpsat_build_s(problem)
     if hint is not None and (hint.iteration_s <= bound * (1 + GOOD_ENOUGH_GAP) or left < MIN_CPSAT_S):
-        return _from_dp(problem, hint, name="relaxation", wall_s=time.perf_counter() - start, proved=False,
-                        bound_s=bound)
-    return _with_cpsat(problem, hint, lower_bound_s=bound, start=start, time_limit_s=time_limit_s, seed=seed,
-                       num_stages=num_stages, hint_name="relaxation" if hint is real else "heuristic")
+        sol = _from_dp(problem, hint, name="relaxation", wall_s=time.perf_counter() - start, proved=False,
+                       bound_s=bound)
+    else:
+        sol = _with_cpsat(problem, hint, lower_bound_s=bound, start=start, time_limit_s=time_limit_s, seed=seed,
+                          num_stages=num_stages, hint_name="relaxation" if hint is real else "heuristic")
+    others = tuple(dict.fromkeys(r.stages for r in (warm, real) if r is not None and r.stages != sol.stages))
+    return replace(sol, alternatives=others)
 
 
 def _with_cpsat(problem: Problem, hint: DPResult | None, *, lower_bound_s: float, start: float,

@@ -32,12 +32,14 @@ optimizer step (`evaluate`, ``objective="schedule"``), so `verify`:
    With the offload lever an offloading stage's step is its tail O_b instead of S_b, so both
    bounds count each unit's least step over the two (`_step_floors`: O is linear in the parameters).
 
-   And the pace bound (`schedule_bound`, issue 12 item 3): every rank waits for ceil(m / k_s) round
-   trips R_s below it, so T >= R_0 + max_s max(q_s R_s, m W_s - R_s) + S_0 for every placement, minimised
-   over placements by the DP under caps on that max (on the problem, or on its coarsest relaxation
-   beyond the DP's budget); its placements are more starts for the local search when they beat the
-   candidates.  Time: a quarter of `limit_s` for the bottleneck pass, up to half for the pace bound,
-   the rest for the local search.  Only for 1F1B: the split schedules (`Problem.schedule`) keep the
+   And the pace bound (`schedule_bound`, issue 12 item 3): rank s's backwards B(0) -> B(m - 1) form chains of
+   round trips R_s below it and of its own steps, so T >= R_0 + max_s G_s + S_0 for every placement
+   (`schedule_bound.stage_pace`), minimised over placements by the DP under caps on that max (on the problem;
+   beyond the count DP's budget, the larger of the node-run relaxation's walk, `pace_runs`, kinds exact and
+   no card counts, and the coarsest count relaxation's); its placements, realised on real cards, are more
+   starts for the local search when they beat the candidates (at most `MAX_WALK_STARTS`).  Time: a
+   quarter of `limit_s` for the bottleneck pass, up to `PACE_SHARE` in all with the pace
+   bound, the rest for the local search.  Only for 1F1B: the split schedules (`Problem.schedule`) keep the
    bounds above.
 
 The answer is OPTIMAL only when the bound meets it; otherwise the plan records the gap.  The
@@ -67,11 +69,18 @@ from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.solvers.cap_walk import DeadlineReached
 from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, least_bottleneck
 from hetpipe.partitioner.solvers.offload_walk import best_levers
+from hetpipe.partitioner.solvers.pace_runs import RunDP, run_terms
 from hetpipe.partitioner.solvers.relax import realised, relaxation_levels
 from hetpipe.partitioner.solvers.schedule_bound import schedule_walk
 
 #: Schedule evaluations the local search may spend (each replays O(p m) actions).
 LOCAL_MOVES = 3000
+#: Share of `verify`'s time by which the pace walks must end (measured: the walks' placements gain more
+#: than the local search does; benchmarks/planner_scale.py).
+PACE_SHARE = 0.7
+#: Placements of the pace walks that start a local search (best first; each new pipeline length costs a
+#: schedule compilation, seconds at 1,024 cards).
+MAX_WALK_STARTS = 2
 #: Seconds the local search may spend at most (by default; `solve` gives it a fifth of its time limit
 #: when that is less).
 LOCAL_SEARCH_S = 2.0
@@ -118,21 +127,36 @@ def pace_bound(problem: Problem, *, deadline: float,
                hints: Sequence[Sequence[Stage]] = ()) -> tuple[float, list[tuple[Stage, ...]]]:
     """`schedule_bound.schedule_walk`'s bound plus the least first step, and its placements on real cards.
 
-    On the problem itself when its DP fits, else on its coarsest relaxation (`relax.relaxation_levels`,
-    placements realised on real cards); 0 and none when neither finishes a pass by `deadline`."""
+    On the problem itself when its DP fits; else the larger of two relaxations' bounds: node runs with
+    every kind exact and no card counts (`pace_runs.RunDP`, first: it is the fast one), then the
+    coarsest count relaxation (`relax.relaxation_levels`) in the time left; their placements realised on
+    real cards.  0 and none when no walk finishes a pass by `deadline`."""
     first_step = first_step_floor(problem)
     try:
         walk = schedule_walk(problem, deadline=deadline, hints=hints)
         return walk.bound_s + first_step, [_levers(problem, p) for p in walk.placements]
     except StateSpaceTooLarge:
         pass
+    bound, placed = 0.0, []
+    try:
+        runs = RunDP(problem)
+        walk = schedule_walk(problem, deadline=deadline, hints=hints, dp=runs,
+                             terms=lambda picks: run_terms(problem.microbatches, picks))
+        bound = walk.bound_s
+        placed = [_levers(problem, r) for r in map(runs.realise, walk.placements) if r is not None]
+    except (StateSpaceTooLarge, DeadlineReached):
+        pass
+    if time.perf_counter() > deadline:
+        return (bound + first_step if bound else 0.0), placed
     relaxed, members = relaxation_levels(problem)[0]
     try:
         walk = schedule_walk(relaxed, deadline=deadline, hints=hints)  # the relaxation prices them lower or equal
     except StateSpaceTooLarge:
-        return 0.0, []
+        return (bound + first_step if bound else 0.0), placed
     real = [realised(problem, relaxed, members, p, deadline=deadline) for p in walk.placements]
-    return walk.bound_s + first_step, [_levers(problem, r.stages) for r in real if r is not None]
+    placed += [_levers(problem, r.stages) for r in real if r is not None]
+    bound = max(bound, walk.bound_s)
+    return (bound + first_step if bound else 0.0), placed
 
 
 def first_step_floor(problem: Problem) -> float:
@@ -222,20 +246,25 @@ def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stage
     start_s = time.perf_counter()
     bound, least = _bound_and_placement(problem, start_s + limit_s / 4)
     # the pace bound's round trips follow 1F1B's order (F(i + k) right after B(i)); the split schedules keep theirs
-    paced, placed = (pace_bound(problem, deadline=start_s + limit_s / 2, hints=candidates)
+    paced, placed = (pace_bound(problem, deadline=start_s + PACE_SHARE * limit_s, hints=candidates)
                      if problem.schedule == "1f1b" else (0.0, []))
     bound = max(bound, paced)
     starts = [tuple(c) if problem.offload == "never" else _levers(problem, c) for c in candidates]
-    given_s = min((evaluate(problem, c).iteration_s for c in starts if evaluate(problem, c).fits), default=math.inf)
+    priced = {c: evaluate(problem, c, objective="schedule") for c in starts}  # a new pipeline length compiles its schedule once (seconds)
+    given_s = min((ev.iteration_s for ev in priced.values() if ev.fits), default=math.inf)
+    walked = 0
     for extra in ([least] if least is not None else []) + placed:
-        if (num_stages is None or len(extra) == num_stages) and extra not in starts:
-            ev = evaluate(problem, extra)
+        if time.perf_counter() > start_s + limit_s or walked >= MAX_WALK_STARTS:
+            break
+        if (num_stages is None or len(extra) == num_stages) and extra not in priced:
+            priced[extra] = ev = evaluate(problem, extra, objective="schedule")
             if extra is least or (ev.fits and ev.iteration_s < given_s):  # the walk's: only what beats the given
                 starts.append(extra)
+                walked += extra is not least
     limit_s = max(0.0, limit_s - (time.perf_counter() - start_s))
     best, best_s, first_s = None, math.inf, math.inf
     for start in starts:
-        ev = evaluate(problem, start, objective="schedule")
+        ev = priced[start]
         if not ev.fits:
             continue
         first_s = min(first_s, ev.iteration_s)

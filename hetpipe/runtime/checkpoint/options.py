@@ -1,9 +1,10 @@
 """``hetpipe run``'s checkpoint options, checked before anything is launched.
 
-`checkpoint_args` refuses a bad ``--checkpoint-every``, an unwritable ``--checkpoint-dir``, replica
-plans, and a ``--resume`` checkpoint that is incomplete, of another model, lacks a name of the
-new plan's stages, holds another optimizer's state or is already past ``--steps``; it resolves
-``--resume DIR`` to the newest complete checkpoint and says which.
+`checkpoint_args` refuses a bad ``--checkpoint-every``, an unwritable ``--checkpoint-dir``, DiLoCo
+replica plans (`hetpipe.runtime.checkpoint.replicas`), and a ``--resume`` checkpoint that is
+incomplete, of another model, lacks a name of the new plan's stages, holds another optimizer's
+state or is already past ``--steps``; it resolves ``--resume DIR`` to the newest complete
+checkpoint and says which.
 
 Example:
     >>> from types import SimpleNamespace
@@ -58,9 +59,10 @@ def checkpoint_args(plan: Any, checkpoint_dir: str | os.PathLike[str] | None, ev
         raise ConfigError(f"--checkpoint-every must be a positive number of steps, got {every!r}")
     if every is not None and checkpoint_dir is None:
         raise ConfigError(f"--checkpoint-every {every} needs --checkpoint-dir DIR (where to write the checkpoints)")
-    if plan.replicas and (checkpoint_dir is not None or resume is not None):
-        raise ConfigError("--checkpoint-dir and --resume are not supported for replica plans yet; run the replica "
-                          "plan without them, or checkpoint a single-pipeline plan")
+    if checkpoint_dir is not None or resume is not None:
+        from hetpipe.runtime.checkpoint.replicas import refuse_diloco
+
+        refuse_diloco(plan, "--checkpoint-dir" if resume is None else "--resume")
     out_dir = writable_folder(checkpoint_dir, "--checkpoint-dir") if checkpoint_dir is not None else None
     if resume is None:
         return CheckpointArgs(out_dir, every)

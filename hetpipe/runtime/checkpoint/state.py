@@ -315,15 +315,16 @@ def preflight_resume(plan: Any, graph: Any, example: Any, resume: str | Path, *,
     from hetpipe.runtime.rank import node_to_stage
     from hetpipe.runtime.stage.build import split_stages
 
-    if plan.replicas:
-        raise ConfigError("--resume is not supported for replica plans yet; resume on a single-pipeline plan")
     folder, info = find_checkpoint(resume)
     if info.step >= steps:
         raise ConfigError(f"--resume {folder}: the checkpoint is at step {info.step} and --steps {steps} is the "
                           f"total to reach; pass --steps larger than {info.step}")
     check_optimizer(folder, info, plan)
-    program = split_stages(graph.module, node_to_stage(plan, graph.module), example_inputs=example,
-                           num_stages=len(plan.stages))
+    if plan.replicas:  # every replica holds the whole model: one stage covers every name
+        program = split_stages(graph.module, {}, example_inputs=example, num_stages=1)
+    else:
+        program = split_stages(graph.module, node_to_stage(plan, graph.module), example_inputs=example,
+                               num_stages=len(plan.stages))
     check_names(folder, info, model=model, fingerprint=program_fingerprint(program),
                 needed=model_shapes(program, parameters_only=True))
     return folder, info

@@ -113,6 +113,11 @@ class ShardedOptimizer:
         return self.inner.state
 
     @property
+    def pieces(self) -> list[list[tuple[nn.Parameter, nn.Parameter, int, int]]]:
+        """Per sharded group (``groups`` order): (param, piece, a, b), the piece aliasing param's elements [a, b)."""
+        return self._pieces
+
+    @property
     def param_groups(self) -> list[dict[str, Any]]:
         return self.inner.param_groups
 

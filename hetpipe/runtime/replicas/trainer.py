@@ -231,6 +231,7 @@ class ReplicaTrainer:
         graph, example = capture_for_plan(self.plan, model=model, seq=seq)
         self.graph_module, self.example = graph.module, example  # meta: for data_stream(meta_model=, example=)
         programs = self._programs(graph.module, example)
+        self.program = programs[self.place.replica]  # its replica's `StagedProgram` (checkpoints name tensors by it)
         dev = torch.device(device) if device is not None else device_backend(int(os.environ.get("LOCAL_RANK", "0")))[1]
         from hetpipe.runtime.stage.buffers import ModelBuffers
         from hetpipe.runtime.stage.build import build_stage

@@ -1,0 +1,82 @@
+"""Issue 12 item 3: the pace walk against brute force on small instances.
+
+* On the count DP (`schedule_bound.schedule_walk`), the walk's bound is at most the least R_0 + G over
+  every placement and lever choice that fits, and when the walk ends (`exact`) its first placement
+  reaches that least value: the walk's argmin is the pace optimum.
+* On the node-run relaxation (`pace_runs.RunDP`, what `verify` uses beyond the count DP), the walk's
+  bound plus the least first step is at most the enumerated schedule optimum, and its placements,
+  realised on real cards, are valid placements.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import HealthCheck, given, settings
+
+from hetpipe.partitioner.problem import Problem, evaluate
+from hetpipe.partitioner.solvers.pace_runs import RunDP, run_terms
+from hetpipe.partitioner.solvers.schedule_bound import pace_terms, schedule_walk, stage_pace
+from hetpipe.partitioner.solvers.verify import first_step_floor
+from hetpipe.schedule.builders import one_f_one_b
+from hetpipe.schedule.replay import compile_actions, compile_one_f_one_b
+from tests.instances import all_placements, recompute_choices
+from tests.test_contract_property import REL, schedule_instances
+
+#: Passes enough for the walk to end on these instances (4 units, 3 cards).
+PASSES = 200
+
+
+def _pace_and_schedule_optima(prob: Problem) -> tuple[float, float]:
+    """(least R_0 + G, least replayed T) over every placement and lever choice that fits."""
+    pace, sched = math.inf, math.inf
+    for placement in all_placements(prob):
+        for choice in recompute_choices(prob, placement):
+            ev = evaluate(prob, choice)
+            if ev.fits:
+                r0, g = pace_terms(prob, choice)
+                pace, sched = min(pace, r0 + g), min(sched, ev.iteration_s)
+    return pace, sched
+
+
+def test_stage_pace_takes_the_longest_chain() -> None:
+    """m = 8, k = 3 (q = 2 round trips, r = 1 single step); F = 1, B = 2."""
+    assert stage_pace(8, 3, 1.0, 2.0, 10.0) == 2 * 10.0 + 3.0  # round trips
+    assert stage_pace(8, 3, 1.0, 2.0, 6.0) == 5 * 3.0 + 2 * 2.0  # single steps: 5 steady, 2 cool-down
+    assert stage_pace(8, 8, 1.0, 2.0, 3.0) == 8 * 3.0 - 3.0  # every micro-batch in flight: the work
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(prob=schedule_instances())
+def test_pace_walk_argmin_is_the_pace_optimum(prob: Problem) -> None:
+    best, _ = _pace_and_schedule_optima(prob)
+    walk = schedule_walk(prob, max_passes=PASSES)
+    if math.isinf(best):
+        assert not walk.placements
+        return
+    assert walk.bound_s <= best * (1 + REL), (walk, best)
+    assert walk.exact, walk
+    r0, g = pace_terms(prob, walk.placements[0])
+    assert evaluate(prob, walk.placements[0]).fits
+    assert r0 + g <= best * (1 + REL), (walk.placements[0], r0 + g, best)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(prob=schedule_instances())
+def test_node_run_walk_bounds_the_schedule_optimum(prob: Problem) -> None:
+    _, best = _pace_and_schedule_optima(prob)
+    runs = RunDP(prob)
+    walk = schedule_walk(prob, dp=runs, max_passes=PASSES, terms=lambda picks: run_terms(prob.microbatches, picks))
+    assert walk.bound_s + first_step_floor(prob) <= best * (1 + REL), (walk, best)
+    for picks in walk.placements:
+        real = runs.realise(picks)
+        if real is not None:
+            evaluate(prob, real)  # a valid placement (raises otherwise); memory is the verify's to check
+
+
+def test_fast_one_f_one_b_program_is_the_action_walk() -> None:
+    """`replay.compile_one_f_one_b` (integer lists, no actions) gives the generic walk's program exactly."""
+    for p, m in [(1, 1), (1, 4), (2, 1), (2, 4), (3, 2), (3, 7), (5, 3), (6, 6), (8, 17), (13, 40)]:
+        assert compile_one_f_one_b(p, m) == compile_actions(one_f_one_b(p, m), p), (p, m)
