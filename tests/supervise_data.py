@@ -13,18 +13,17 @@ from collections.abc import Iterator
 
 import torch
 
-BATCH, SEQ, MICROBATCHES, VOCAB, STEPS_MAX = 2, 16, 4, 256, 256
+from tests.reference_loop import BATCH, MICROBATCHES, SEQ, seeded_batches
+
+__all__ = ["BATCH", "MICROBATCHES", "SEQ", "batches", "slow_batches"]
+
+STEPS_MAX = 256
 DELAY_ENV = "HETPIPE_TEST_DATA_DELAY_S"
 
 
 def batches(n: int = STEPS_MAX) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``n`` global batches of token ids and next-token targets (seeded)."""
-    gen = torch.Generator().manual_seed(9)
-    out = []
-    for _ in range(n):
-        ids = torch.randint(0, VOCAB, (BATCH * MICROBATCHES, SEQ), generator=gen)
-        out.append((ids, torch.roll(ids, -1, 1)))
-    return out
+    return seeded_batches(n, seed=9)
 
 
 def slow_batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

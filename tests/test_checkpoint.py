@@ -30,6 +30,7 @@ from hetpipe.runtime.rank import DEFAULT_LR
 from hetpipe.runtime.report import RunReport
 from hetpipe.runtime.stage.build import build_stage, split_stages
 from hetpipe.runtime.stage.weights import saved_names
+from tests.reference_loop import initial_state, reference_loop, seeded_batches
 from tests.runtime_plans import plan_for
 from tests.synthetic import synthetic_cluster
 from tests.test_run_cli import _error, hetpipe_run
@@ -64,15 +65,9 @@ def setup(tmp_path_factory):
     three, two = _plans(graph, graph.num_units)
     three.save(folder / "plan3.json")
     two.save(folder / "plan2.json")
-    torch.manual_seed(3)
-    model, _ = build(MODEL, device="cpu", batch=BATCH, seq=SEQ)
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state = initial_state(MODEL, seed=3)
     torch.save(state, folder / "init.pt")
-    gen = torch.Generator().manual_seed(9)
-    batches = []
-    for _ in range(STEPS):
-        ids = torch.randint(0, 256, (BATCH * MICROBATCHES, SEQ), generator=gen)
-        batches.append((ids, torch.roll(ids, -1, 1)))
+    batches = seeded_batches(STEPS, seed=9)
     torch.save(batches, folder / "data.pt")
     return folder, state, batches, graph, inputs
 
@@ -88,20 +83,7 @@ def _run(folder: Path, plan: str, tmp: Path, *extra: str) -> RunReport:
 
 def _reference(state, batches):
     """A plain single-device loop: Adam (the plan's optimizer, the runtime's default rate)."""
-    model, _ = build(MODEL, device="cpu", batch=BATCH, seq=SEQ)
-    model.load_state_dict(state)
-    opt = torch.optim.Adam(model.parameters(), lr=DEFAULT_LR["adam"])
-    losses = []
-    for ids, targets in batches:
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for x, y in zip(ids.chunk(MICROBATCHES), targets.chunk(MICROBATCHES)):
-            loss = lm_loss(model(x), y) / MICROBATCHES
-            loss.backward()
-            total += float(loss.detach())
-        opt.step()
-        losses.append(total)
-    return losses, model, opt
+    return reference_loop(state, batches, lambda p: torch.optim.Adam(p, lr=DEFAULT_LR["adam"]), model_name=MODEL)
 
 
 @pytest.fixture(scope="module")

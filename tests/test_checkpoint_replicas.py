@@ -27,12 +27,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetpipe.models import build, lm_loss
+from hetpipe.models import build
 from hetpipe.partitioner.capture.capture import capture
 from hetpipe.partitioner.problem import Stage
 from hetpipe.plan.shard_schema import PlanShard
 from hetpipe.runtime.rank import DEFAULT_LR, MOMENTUM
 from hetpipe.runtime.report import RunReport
+from tests.reference_loop import initial_state, reference_loop, seeded_batches
 from tests.runtime_plans import plan_for, replica_plan_for
 from tests.synthetic import synthetic_cluster
 from tests.test_checkpoint import read_checkpoint
@@ -60,21 +61,14 @@ def _plans(graph) -> dict[str, object]:
 
 def _reference(state, batches):
     """A plain single-device loop; (losses, {steps done: (parameters, momentum buffers)})."""
-    model, _ = build(MODEL, device="cpu", batch=BATCH, seq=SEQ)
-    model.load_state_dict(state)
-    opt = torch.optim.SGD(model.parameters(), lr=DEFAULT_LR[OPTIMIZER], momentum=MOMENTUM)
-    losses, snapshots = [], {}
-    for step, (ids, targets) in enumerate(batches, 1):
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for x, y in zip(ids.chunk(MICROBATCHES), targets.chunk(MICROBATCHES)):
-            loss = lm_loss(model(x), y) / MICROBATCHES
-            loss.backward()
-            total += float(loss.detach())
-        opt.step()
-        losses.append(total)
+    snapshots = {}
+
+    def snapshot(step, model, opt):
         snapshots[step] = ({n: p.detach().clone() for n, p in model.state_dict().items()},
                            {n: opt.state[p]["momentum_buffer"].clone() for n, p in model.named_parameters()})
+
+    losses, *_ = reference_loop(state, batches, lambda p: torch.optim.SGD(p, lr=DEFAULT_LR[OPTIMIZER], momentum=MOMENTUM),
+                                model_name=MODEL, on_step=snapshot)
     return losses, snapshots
 
 
@@ -85,15 +79,9 @@ def setup(tmp_path_factory):
     graph = capture(meta, inputs, name=MODEL, optimizer=OPTIMIZER)  # the plan's state tables are SGD momentum's
     for name, plan in _plans(graph).items():
         plan.save(folder / f"{name}.json")
-    torch.manual_seed(3)
-    model, _ = build(MODEL, device="cpu", batch=BATCH, seq=SEQ)
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state = initial_state(MODEL, seed=3)
     torch.save(state, folder / "init.pt")
-    gen = torch.Generator().manual_seed(9)
-    batches = []
-    for _ in range(STEPS):
-        ids = torch.randint(0, 256, (BATCH * MICROBATCHES, SEQ), generator=gen)
-        batches.append((ids, torch.roll(ids, -1, 1)))
+    batches = seeded_batches(STEPS, seed=9)
     torch.save(batches, folder / "data.pt")
     return folder, graph, _reference(state, batches)
 

@@ -21,14 +21,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetpipe.models import build, lm_loss
+from hetpipe.models import build
 from hetpipe.partitioner.capture.capture import capture
 from hetpipe.partitioner.problem import Stage
 from hetpipe.runtime.rank import DEFAULT_LR
 from hetpipe.runtime.report import RunReport
 from hetpipe.runtime.steps_done import RECENT_STEPS, read_steps
 from tests.runtime_plans import plan_for
-from tests.supervise_data import BATCH, DELAY_ENV, MICROBATCHES, SEQ, batches
+from tests.reference_loop import MICROBATCHES, initial_state, reference_loop
+from tests.supervise_data import BATCH, DELAY_ENV, SEQ, batches
 from tests.synthetic import synthetic_cluster
 from tests.test_checkpoint import read_checkpoint
 from tests.test_run_cli import _error, hetpipe_run
@@ -49,9 +50,7 @@ def setup(tmp_path_factory):
         plan = plan_for(graph, synthetic_cluster(), (Stage(0, 0, n // 3 - 1), Stage(1, n // 3, 2 * n // 3 - 1),
                                                      Stage(2, 2 * n // 3, n - 1)), microbatches=MICROBATCHES)
         plan.save(folder / name)
-    torch.manual_seed(3)
-    model, _ = build(MODEL, device="cpu", batch=BATCH, seq=SEQ)
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state = initial_state(MODEL, seed=3)
     torch.save(state, folder / "init.pt")
     return folder, state
 
@@ -82,20 +81,8 @@ def _when_rank_reaches(run_dir: Path, rank: int, steps: int, act) -> threading.T
 
 def _reference(state, steps: int, optimizer: str):
     """A plain single-device loop over the same batches: the plan's optimizer at the runtime's default rate."""
-    model, _ = build(MODEL, device="cpu", batch=BATCH, seq=SEQ)
-    model.load_state_dict(state)
     make = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}[optimizer]
-    opt = make(model.parameters(), lr=DEFAULT_LR[optimizer])
-    losses = []
-    for ids, targets in batches(steps):
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for x, y in zip(ids.chunk(MICROBATCHES), targets.chunk(MICROBATCHES)):
-            loss = lm_loss(model(x), y) / MICROBATCHES
-            loss.backward()
-            total += float(loss.detach())
-        opt.step()
-        losses.append(total)
+    losses, model, _ = reference_loop(state, batches(steps), lambda p: make(p, lr=DEFAULT_LR[optimizer]), model_name=MODEL)
     return losses, model
 
 

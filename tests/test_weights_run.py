@@ -19,6 +19,7 @@ from hetpipe.runtime.report import RunReport
 from hetpipe.runtime.stage.build import build_stage, split_stages
 from hetpipe.runtime.stage.weights import SAFE_INDEX_NAME, open_weights
 from hetpipe.runtime.rank import DEFAULT_LR, node_to_stage
+from tests.reference_loop import initial_state, reference_loop, seeded_batches
 from tests.runtime_plans import plan_for
 from tests.synthetic import synthetic_cluster
 from tests.test_run_cli import _error, hetpipe_run
@@ -38,16 +39,10 @@ def setup(tmp_path_factory):
     plan = plan_for(graph, synthetic_cluster(), (Stage(0, 0, n // 3 - 1), Stage(1, n // 3, 2 * n // 3 - 1),
                                                  Stage(2, 2 * n // 3, n - 1)), microbatches=MICROBATCHES)
     plan.save(folder / "plan.json")
-    torch.manual_seed(11)
-    model, _ = build(MODEL, device="cpu", batch=BATCH, seq=SEQ)
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state = initial_state(MODEL, seed=11)
     head = graph.tied[0].qualified_names[-1]
     _shard({k: v for k, v in state.items() if k != head}, folder / "init", 2)
-    gen = torch.Generator().manual_seed(5)
-    batches = []
-    for _ in range(STEPS):
-        ids = torch.randint(0, 256, (BATCH * MICROBATCHES, SEQ), generator=gen)
-        batches.append((ids, torch.roll(ids, -1, 1)))
+    batches = seeded_batches(STEPS, seed=5)
     torch.save(batches, folder / "data.pt")
     return folder, state, batches, graph, inputs
 
@@ -55,19 +50,7 @@ def setup(tmp_path_factory):
 def _reference(state: dict[str, torch.Tensor], batches) -> tuple[list[float], torch.nn.Module]:
     """A plain single-device loop: Adam (the plan's optimizer, the runtime's default rate), the mean
     loss over the plan's micro-batches."""
-    model, _ = build(MODEL, device="cpu", batch=BATCH, seq=SEQ)
-    model.load_state_dict(state)
-    opt = torch.optim.Adam(model.parameters(), lr=DEFAULT_LR["adam"])
-    losses = []
-    for ids, targets in batches:
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for x, y in zip(ids.chunk(MICROBATCHES), targets.chunk(MICROBATCHES)):
-            loss = lm_loss(model(x), y) / MICROBATCHES
-            loss.backward()
-            total += float(loss.detach())
-        opt.step()
-        losses.append(total)
+    losses, model, _ = reference_loop(state, batches, lambda p: torch.optim.Adam(p, lr=DEFAULT_LR["adam"]), model_name=MODEL)
     return losses, model
 
 
