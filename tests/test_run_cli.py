@@ -40,6 +40,9 @@ STRETCH_OVER = 0.50
 # safety factor than the default (a larger time scale) keeps that share small on 2 busy cores;
 # the median over the steps after the first smooths one-off stalls from other processes.
 SAFETY_FACTOR = 6.0
+#: The synthetic cluster's (node, kind, fp32 TFLOP/s, memory GB), and a factor that slows its cards.
+SYNTHETIC_SPEC = (("n0", "fast", 40.0, 24.0), ("n0", "mid", 30.0, 24.0), ("n1", "slow", 10.0, 12.0))
+SLOW_CARDS = 0.0005
 EMULATED_STEPS = 3
 WALL_LIMIT_S = 240.0  # generous: 3 ranks importing torch on 2 shared cores
 
@@ -373,10 +376,14 @@ def test_emulated_diloco_charges_the_outer_step_every_h_steps(tmp_path, capsys):
     model, inputs = build(MODEL, device="meta", batch=BATCH, seq=SEQ)
     graph = capture(model, inputs, name=MODEL)
     n = graph.num_units
-    plan = replica_plan_for(graph, synthetic_cluster(inter_bytes_s=1e9),
+    # Cards and link slowed so that a step lasts ~20 ms and the outer exchange ~10 ms: at the default figures
+    # they were 1.5 and 1.7 ms, where one scheduler wake-up (~0.2 ms on a loaded 2-core box) is 15%.
+    slow = tuple((node, kind, tflops * SLOW_CARDS, mem) for node, kind, tflops, mem in SYNTHETIC_SPEC)
+    plan = replica_plan_for(graph, synthetic_cluster(slow, inter_bytes_s=1e8),
                             [((Stage(0, 0, n // 2 - 1), Stage(1, n // 2, n - 1)), 3), ((Stage(2, 0, n - 1),), 1)],
                             policy="diloco", outer_steps=2)
     assert plan.sync.policy == "diloco" and plan.sync.outer_steps == 2
+    assert plan.sync.compute_s > 0.01 and plan.sync.sync_s > 0.005  # both well above scheduling noise
     path = tmp_path / "diloco.json"
     plan.save(path)
     report_path = tmp_path / "run.json"
