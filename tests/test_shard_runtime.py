@@ -20,10 +20,11 @@ from hetpipe.plan.shard_schema import PlanShard
 from hetpipe.runtime.replicas.shard import ShardGroup, ShardedOptimizer, shard_bounds
 from hetpipe.runtime.replicas.trainer import ReplicaTrainer
 from tests.dist_helpers import run_world
+from tests.reference_loop import seeded_batches
 from tests.runtime_plans import replica_plan_for
 from tests.synthetic import synthetic_cluster
 
-MODEL, SEQ, VOCAB, BATCH, STEPS, LR, CLIP = "llama-tiny", 16, 256, 2, 3, 1e-2, 0.5
+MODEL, SEQ, BATCH, STEPS, LR, CLIP = "llama-tiny", 16, 2, 3, 1e-2, 0.5
 RTOL, ATOL = 1e-5, 4e-5  # as tests/test_replica_runtime.py (torch's pipelining tolerances, fp32)
 FRACTIONS = (0.7, 0.3)
 STAGE_RANKS = (1, 2, 0)  # replica A on ranks 1-2, replica B on rank 0
@@ -59,17 +60,11 @@ def _adam(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=LR, eps=EPS)
 
 
-def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    gen = torch.Generator().manual_seed(7)
-    ids = [torch.randint(0, VOCAB, (4 * BATCH, SEQ), generator=gen) for _ in range(STEPS)]
-    return [(x, torch.roll(x, -1, 1)) for x in ids]
-
-
 def _run(plan: Any) -> dict[str, Any]:
     trainer = ReplicaTrainer(plan, model=MODEL, seq=SEQ, optimizer=_adam, grad_clip_norm=CLIP, timeout_s=60.0,
                              stage_ranks=STAGE_RANKS)
     losses = [trainer.step(x if trainer.is_first else None, y if trainer.is_last else None).loss
-              for x, y in _batches()]
+              for x, y in seeded_batches(STEPS, seed=7)]
     named = trainer.stage.module.named_parameters(remove_duplicate=False)
     moments = sum(v.numel() for s in trainer.optimizer.state.values() for k, v in s.items() if k != "step")
     return {"losses": losses, "params": {n: p.detach().clone() for n, p in named}, "moments": moments,
@@ -102,7 +97,7 @@ def _reference() -> tuple[list[float], dict[str, torch.Tensor]]:
                                                                           seq=SEQ)[0]))
     opt = _adam(list(whole.parameters()))
     losses = []
-    for ids, targets in _batches():
+    for ids, targets in seeded_batches(STEPS, seed=7):
         opt.zero_grad(set_to_none=True)
         loss = sum(lm_loss(whole(x), y) for x, y in zip(ids.chunk(4), targets.chunk(4))) / 4
         loss.backward()

@@ -19,10 +19,11 @@ from hetpipe.partitioner.problem import Stage
 from hetpipe.plan.shard_schema import PlanShard
 from hetpipe.runtime.replicas.trainer import ReplicaTrainer
 from tests.dist_helpers import run_world
+from tests.reference_loop import seeded_batches
 from tests.runtime_plans import replica_plan_for
 from tests.synthetic import synthetic_cluster
 
-MODEL, SEQ, VOCAB, BATCH, STEPS, LR, EPS = "gpt-tiny", 16, 256, 2, 3, 1e-2, 1e-6  # eps: tests/test_shard_runtime.py
+MODEL, SEQ, BATCH, STEPS, LR, EPS = "gpt-tiny", 16, 2, 3, 1e-2, 1e-6  # eps: tests/test_shard_runtime.py
 RTOL, ATOL = 1e-5, 4e-5  # as tests/test_shard_runtime.py (fp32)
 FRACTIONS = (0.7, 0.3)
 
@@ -66,15 +67,9 @@ def _adam(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=LR, eps=EPS)
 
 
-def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    gen = torch.Generator().manual_seed(11)
-    ids = [torch.randint(0, VOCAB, (4 * BATCH, SEQ), generator=gen) for _ in range(STEPS)]
-    return [(x, torch.roll(x, -1, 1)) for x in ids]
-
-
 def _worker(rank: int, world: int, plan: Any) -> dict[str, Any]:
     trainer = ReplicaTrainer(plan, model=MODEL, seq=SEQ, optimizer=_adam, timeout_s=60.0, stage_ranks=(0, 1))
-    losses = [trainer.step(x, y).loss for x, y in _batches()]
+    losses = [trainer.step(x, y).loss for x, y in seeded_batches(STEPS, seed=11)]
     named = trainer.stage.module.named_parameters(remove_duplicate=False)
     moments = sum(v.numel() for s in trainer.optimizer.state.values() for k, v in s.items() if k != "step")
     return {"losses": losses, "params": {n: p.detach().clone() for n, p in named}, "moments": moments,
@@ -94,7 +89,7 @@ def _reference() -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.
     start = {n: p.detach().clone() for n, p in whole.module.named_parameters(remove_duplicate=False)}
     opt = _adam(list(whole.parameters()))
     losses = []
-    for ids, targets in _batches():
+    for ids, targets in seeded_batches(STEPS, seed=11):
         opt.zero_grad(set_to_none=True)
         loss = sum(lm_loss(whole(x), y) for x, y in zip(ids.chunk(4), targets.chunk(4))) / 4
         loss.backward()
