@@ -14,9 +14,9 @@ import math
 
 from hypothesis import HealthCheck, given, settings
 
-from hetpipe.partitioner.problem import Problem, evaluate
+from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.pace_runs import RunDP, run_terms
-from hetpipe.partitioner.solvers.schedule_bound import pace_terms, schedule_walk, stage_pace
+from hetpipe.partitioner.solvers.schedule_bound import pace_terms, pair_chain, schedule_walk, stage_pace
 from hetpipe.partitioner.solvers.verify import first_step_floor
 from hetpipe.schedule.builders import one_f_one_b
 from hetpipe.schedule.replay import compile_actions, compile_one_f_one_b
@@ -80,3 +80,22 @@ def test_fast_one_f_one_b_program_is_the_action_walk() -> None:
     """`replay.compile_one_f_one_b` (integer lists, no actions) gives the generic walk's program exactly."""
     for p, m in [(1, 1), (1, 4), (2, 1), (2, 4), (3, 2), (3, 7), (5, 3), (6, 6), (8, 17), (13, 40)]:
         assert compile_one_f_one_b(p, m) == compile_actions(one_f_one_b(p, m), p), (p, m)
+
+
+def test_pair_chain_binds_and_stays_below_the_replay() -> None:
+    """Three one-unit stages of W = 3 s, a 3 s cut after the first and a free one after the second, m = 8:
+    rank 0's pairs (W_0 + W_1 + 2 C_0 = 12 s per two micro-batches) outrun its round trips (R_0 = 15 s per
+    three) and single steps; the pace with the pair chain is still at most the replayed T (brute force over
+    every placement: test_contract_property)."""
+    inf = float("inf")
+    devs = tuple(DeviceSlot(f"d{i}", "a", "n", 99) for i in range(3))
+    prob = Problem(fwd_s={"a": (1.0,) * 3}, bwd_s={"a": (2.0,) * 3}, state_bytes=(1,) * 3, activation_bytes=(1,) * 3,
+                   boundary_bytes=(3, 0, 0), devices=devs,
+                   bandwidth_bytes_s=tuple(tuple(inf if i == j else 1.0 for j in range(3)) for i in range(3)),
+                   latency_s=((0.0,) * 3,) * 3, microbatches=8, objective="schedule")
+    stages = (Stage(0, 0, 0), Stage(1, 1, 1), Stage(2, 2, 2))
+    r0, g = pace_terms(prob, stages)
+    without = max(stage_pace(8, 3 - s, 1.0, 2.0, r) for s, r in enumerate((15.0, 6.0, 3.0)))
+    assert (r0, without) == (15.0, 33.0)  # 2 round trips of 15 s and a single step of 3 s
+    assert g == pair_chain(8, 3, 3.0, 12.0, 15.0) == 2 * 12.0 + 15.0 > without
+    assert r0 + g <= evaluate(prob, stages).iteration_s

@@ -54,6 +54,7 @@ from hetpipe.partitioner.solvers.cap_walk import DPResult, check_deadline, param
 from hetpipe.partitioner.solvers.counts import count_vectors, vectors
 from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.solvers.offload_band import offload_band
+from hetpipe.partitioner.solvers.pace_rule import LevelCaps, PaceRule, next_pairs, pair_filter, pair_kept, paired_values
 from hetpipe.partitioner.solvers.recompute_band import shared_band
 from hetpipe.partitioner.solvers.stage_moments import band_moments, memory_tables
 
@@ -364,22 +365,12 @@ def least_bottleneck(problem: Problem, *, cap_s: float = math.inf, state_budget:
     return None if out is None else (out[0], with_recompute(problem, assign_stages(classes, out[1])))
 
 
-@dataclass(frozen=True)
-class PaceRule:
-    """Filters on a suffix's front stage s (W = F + B with its levers, R its suffix value), kept when
-    ``trips * R + steps * W <= cap`` and ``weighted * W - forward * F <= cap`` (`schedule_bound.level_caps`):
-    both grow with R and W, so a least-R suffix that fails them has no costlier sibling that passes."""
-
-    trips: float
-    steps: float
-    weighted: float
-    forward: float
-    cap: float
+def _windows(h: np.ndarray, width: int, L: int) -> np.ndarray:
+    """windows[i, lo, w] = h[i, lo + w + 1] (inf past the last unit), a view, not a copy."""
+    padded = np.concatenate((h, np.full((h.shape[0], width), np.inf)), axis=1)
+    return np.lib.stride_tricks.sliding_window_view(padded, width, axis=1)[:, 1:L + 2, :]
 
 
-#: Per number k of stages in a suffix: (cap on its front stage's F + B, cap on the suffix's value), and
-#: optionally a `PaceRule` as a third item.
-LevelCaps = Callable[[int], "tuple[float, float] | tuple[float, float, PaceRule]"]
 
 
 def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callable = np.add, *,
@@ -395,6 +386,7 @@ def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callab
     width, rows = tab.width(cap), np.arange(L + 1)
     comm_ok = np.where(tab.comm2 <= cap, tab.comm2, np.inf)
     vals: dict[int, np.ndarray] = {}
+    paired: dict[int, np.ndarray] = {}  # least x W_front + R per state, x of the level above (`next_pairs`)
     backs: dict[int, np.ndarray] = {}
     for k in sorted(lattice.groups):
         check_deadline(deadline)  # one level is at most a few hundred ms at the state budget
@@ -402,6 +394,8 @@ def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callab
         val = np.full((n, C, L + 1), np.inf)
         bp = np.full((n, C, L + 1, 2), -1, dtype=np.int32)
         band_cap, value_cap, *rule = (cap, math.inf) if level_caps is None else level_caps(k)
+        xn = next_pairs(level_caps, k)
+        pv = np.full((n, C, L + 1), np.inf) if xn >= 0 else None
         for c in range(C):
             band = tab.band(c, k - 1, min(cap, band_cap), width)
             if rule:  # inf entries give nan here: they stay inf
@@ -411,6 +405,8 @@ def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callab
             if k == 1:
                 has = np.asarray([st[c] > 0 for st in lattice.groups[1]])
                 val[has, c] = band.min(axis=1)
+                if pv is not None:
+                    pv[has, c] = paired_values(xn, band, band)
                 continue
             idx, prev = lattice.moves[(k, c)]
             if not idx.size:
@@ -418,13 +414,15 @@ def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callab
             tot = combine(comm_ok[c][None], vals[k - 1][prev])  # (n, C, L+1): 2C(c->f, u) (+|max) suffix
             f_best = np.argmin(tot, axis=1)
             h = np.take_along_axis(tot, f_best[:, None, :], axis=1)[:, 0, :]
-            # windows[i, lo, w] = h[i, lo + w + 1] (inf past the last unit), a view, not a copy
-            padded = np.concatenate((h, np.full((h.shape[0], width), np.inf)), axis=1)
-            windows = np.lib.stride_tricks.sliding_window_view(padded, width, axis=1)[:, 1:L + 2, :]
-            cand = combine(band[None], windows)  # (n, L+1, W)
+            cand = combine(band[None], _windows(h, width, L))  # (n, L+1, W)
             if rule:
                 with np.errstate(invalid="ignore"):
                     cand = np.where(rule[0].trips * cand + rule[0].steps * band[None] <= rule[0].cap, cand, np.inf)
+                    if rule[0].pairs >= 0 and k - 1 in paired:
+                        pm = _windows(pair_filter(rule[0], comm_ok[c][None], paired[k - 1][prev]), width, L)
+                        cand = pair_kept(rule[0], band[None], pm, cand)
+            if pv is not None:
+                pv[idx, c] = paired_values(xn, band[None], cand)
             w_best = np.argmin(cand, axis=2)
             val[idx, c] = np.take_along_axis(cand, w_best[..., None], axis=2)[..., 0]
             u_best = np.minimum(rows[None, :] + w_best + 1, L)
@@ -432,6 +430,8 @@ def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callab
             bp[idx, c, :, 1] = np.take_along_axis(f_best, u_best, axis=1)
         val[val > value_cap] = np.inf  # suffixes over their level's cap are not extended
         vals[k], backs[k] = val, bp
+        if pv is not None:
+            paired[k] = pv
     return vals, backs
 
 

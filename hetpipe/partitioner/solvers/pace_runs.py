@@ -42,7 +42,8 @@ import numpy as np
 
 from hetpipe.partitioner.problem import Problem, Stage
 from hetpipe.partitioner.solvers.cap_walk import check_deadline
-from hetpipe.partitioner.solvers.dp import DeviceClass, LevelCaps, StageTables, StateSpaceTooLarge
+from hetpipe.partitioner.solvers.dp import DeviceClass, StageTables, StateSpaceTooLarge
+from hetpipe.partitioner.solvers.pace_rule import LevelCaps, PaceRule, next_pairs, pair_filter, pair_kept, paired_values
 from hetpipe.partitioner.solvers.relax import relaxed_problem
 from hetpipe.partitioner.solvers.schedule_bound import stage_pace
 
@@ -111,11 +112,12 @@ class RunDP:
         width = tab.width(cap)
         ends = tab.hi[:, :width]
         values = np.full((run, K, L + 1), math.inf)  # [stages after the front in its run, front kind, unit]
+        paired = None  # least x W_front + R per state, x of the level above (`dp.next_pairs`)
         levels: list[tuple[np.ndarray, list[np.ndarray]]] = []
         best: tuple[float, int, int, int] | None = None
         for k in range(1, self.stages + 1):
             check_deadline(deadline)
-            values, level = self._level(k, cap, width, ends, values, level_caps)
+            values, paired, level = self._level(k, cap, width, ends, (values, paired), level_caps)
             levels.append(level)
             at0 = values[:, :, 0]
             if np.isfinite(at0).any() and (best is None or at0.min() < best[0]):
@@ -127,12 +129,16 @@ class RunDP:
             return None
         return best[0], self._unwind(levels, best[1:], ends)
 
-    def _level(self, k: int, cap: float, width: int, ends: np.ndarray, after: np.ndarray,
-               level_caps: LevelCaps | None) -> tuple[np.ndarray, tuple[np.ndarray, list[np.ndarray]]]:
-        """Values of the suffixes of k stages, and (back-pointers (run, K, L+1, 3): width, next kind, next
-        position; each kind's band) to unwind them."""
+    def _level(self, k: int, cap: float, width: int, ends: np.ndarray,
+               after_values: tuple[np.ndarray, np.ndarray | None], level_caps: LevelCaps | None,
+               ) -> tuple[np.ndarray, np.ndarray | None, tuple[np.ndarray, list[np.ndarray]]]:
+        """Values of the suffixes of k stages, their `dp.next_pairs` companion, and (back-pointers
+        (run, K, L+1, 3): width, next kind, next position; each kind's band) to unwind them."""
         tab, K, L, run = self.tab, len(self.kinds), self.tab.L, self.run
+        after, paired = after_values
         band_cap, value_cap, *rule = (cap, math.inf) if level_caps is None else level_caps(k)
+        xn = next_pairs(level_caps, k)
+        pv = np.full((run, K, L + 1), math.inf) if xn >= 0 else None
         out = np.full((run, K, L + 1), math.inf)
         back = np.full((run, K, L + 1, 3), -1, dtype=np.int64)
         bands = []
@@ -145,18 +151,24 @@ class RunDP:
                 bands.append(band)
                 if k == 1:
                     out[0, c], back[0, c, :, 0] = band.min(axis=1), band.argmin(axis=1)
+                    if pv is not None:
+                        pv[0, c] = paired_values(xn, band, band)
                     continue
                 h, nxt = self._next(c, after)  # (run, L+1): best suffix from each next start, per position
                 cand = band[None] + h[:, ends]  # (run, L+1, W)
                 if rule:
                     cand = np.where(rule[0].trips * cand + rule[0].steps * band[None] <= rule[0].cap, cand, math.inf)
+                    if rule[0].pairs >= 0 and paired is not None:  # `dp.PaceRule`'s pair chain, next stages as `_next`
+                        cand = pair_kept(rule[0], band[None], self._pair_next(c, paired, rule[0])[:, ends], cand)
+                if pv is not None:
+                    pv[:, c] = paired_values(xn, band[None], cand)
             w = cand.argmin(axis=2)
             out[:, c] = np.take_along_axis(cand, w[..., None], axis=2)[..., 0]
             starts = ends[np.arange(L + 1)[None, :], w]  # (run, L+1): the next stage's first unit
             back[:, c, :, 0] = w
             back[:, c, :, 1:] = np.take_along_axis(nxt, np.repeat(starts[..., None], 2, axis=2), axis=1)
         out[out > value_cap] = math.inf  # suffixes over their level's cap are not extended
-        return out, (back, bands)
+        return out, pv, (back, bands)
 
     def _next(self, c: int, after: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(h, where): h[p, v] the least 2C + R of a suffix starting at unit v after a front stage of kind c
@@ -174,6 +186,15 @@ class RunDP:
             h[1:] = np.take_along_axis(same, f[:, None, :], axis=1)[:, 0]
             where[1:, :, 0], where[1:, :, 1] = f, np.arange(run - 1)[:, None]
         return h, where
+
+    def _pair_next(self, c: int, paired: np.ndarray, rule: PaceRule) -> np.ndarray:
+        """(run, L+1): `dp.pair_filter` over the next stages `_next` may pick after a front stage of kind c."""
+        run, _, L1 = paired.shape
+        out = np.empty((run, L1))
+        out[0] = pair_filter(rule, self.inter2[c][None], paired).min(axis=0)  # a new run: any position
+        if run > 1:
+            out[1:] = pair_filter(rule, self.intra2[c][None], paired[:-1])
+        return out
 
     def _unwind(self, levels: list[tuple[np.ndarray, list[np.ndarray]]], key: tuple[int, int, int],
                 ends: np.ndarray) -> tuple[RunStage, ...]:
@@ -231,5 +252,6 @@ def run_terms(m: int, picks: Sequence[RunStage]) -> tuple[float, float]:
     for s in range(p - 1, -1, -1):
         st = picks[s]
         suffix += st.work_s + st.round_trip_s
-        g = max(g, stage_pace(m, p - s, st.fwd_s, st.work_s - st.fwd_s, suffix))
+        pair = st.work_s + st.round_trip_s + picks[s + 1].work_s if s < p - 1 else 0.0
+        g = max(g, stage_pace(m, p - s, st.fwd_s, st.work_s - st.fwd_s, suffix, pair))
     return suffix, g

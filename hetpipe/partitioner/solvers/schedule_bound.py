@@ -14,6 +14,13 @@ in flight on s) and R_0 - R_s = sum_{j<s} (W_j + 2 C_j).
   of W_s each (they fit in the steady state when q >= 1): q_s R_s + r_s W_s.
 * **Single steps.**  All m - 1 steps one by one: m - k_s steady ones of W_s, then k_s - 1 in the cool-down of
   B_s alone: (m - k_s) W_s + (k_s - 1) B_s.
+* **Pairs** (session 9).  1F1B does not hide a cut between two neighbours: B(i) on s, F(i + k_s) on s, on
+  s + 1 (its next backward after that forward is B(i + 2), as k_{s+1} = k_s - 1), B(i + 2) on s + 1 and on s:
+  two micro-batches per P_s = W_s + W_{s+1} + 2 C_s.  With m - 1 - k_s = 2x + y (k_s >= 2, every such step
+  starts at some B(i) with i + k_s <= m - 1, in the steady state): x pairs, y single steps, then one
+  round trip, x P_s + y W_s + R_s (`pair_chain`).  It sets the pace where stages are one or two blocks and
+  a cut is not small beside them (llama-7b on 64 cards: a 4090 stage of 87 ms, an A6000 one of 95 ms and
+  their 10.7 ms cross-node cut make 101.5 ms per micro-batch against the largest W of 94.5 ms).
 * **Work.**  Rank s runs m F and m B in series between the same fill and drain:
   T >= R_0 - R_s + m W_s + S_0.
 
@@ -23,21 +30,22 @@ Hence T >= R_0 + G + S_0 with G = max_s G_s (`stage_pace`).  Over every placemen
 
 `schedule_walk` bounds that minimum with the DP under caps gamma on G: every placement with
 G <= gamma has, at each stage s with k stages from it to the end, R_s <= gamma / q_k,
-W_s <= (gamma + R_s) / m, q_k R_s + r_k W_s <= gamma and (m - 1) W_s - (k - 1) F_s <= gamma; the
+W_s <= (gamma + R_s) / m, q_k R_s + r_k W_s <= gamma, (m - 1) W_s - (k - 1) F_s <= gamma and the pair
+chain <= gamma; the
 count-vector DP (`dp.CountDP`), whose suffix values are exactly the R_s, keeps only suffixes and stages
 under those caps (`dp.PaceRule`: both grow with R_s and W_s, so the least-R_s suffix of a state passes
 whenever any does), so its least R_0, R_0*(gamma), is at most that of any placement with G <= gamma.
 With caps gamma_0 < ... < gamma_n solved, a placement with G in (gamma_{i-1}, gamma_i] has
 R_0 + G > R_0*(gamma_i) + gamma_{i-1}, one with G <= gamma_0 has R_0 + G >= R_0*(gamma_0) + G_lb: the
-least of those (a staircase) is the bound, and each pass splits its weakest band.  The DP's argmin meets
-its cap exactly but for the work term, so the walk ends with the bound on its best placement: the pace
-optimum (tests/test_pace_walk.py checks it against enumeration).  What the pace leaves out: the
-zigzags through windows of neighbouring ranks t..s (B(i) on s, back up to t, F(i + k_s + s - t) down to
-s, B(i + s - t + 1) on s: s - t + 1 micro-batches per sum_{t..s} W + 2 sum C).  On gpt2-xl at 256 cards
-the node-run walk's best placement (`pace_runs`) replays in 8.19 s against its R_0 + G + S_0 = 7.66 s:
-stages of one or two blocks (6.6-13.3 ms) with 1.3 ms cuts, where a window of four ranks takes 15.3 ms
-per micro-batch against the largest W of 14.2 ms.  Pairs alone (the next stage's length in the DP's
-state) raised that bound only to 7.68 s, in ten times the time: they are not in the walk.
+least of those (a staircase) is the bound, and each pass splits its weakest band.  The pair chain needs
+W_{s+1}: the DP keeps beside each state's least R the least x W_front + R of its suffixes (`dp.PaceRule`),
+which bounds the chain exactly per next state, but the value keeps the least-R suffix, so the filter is a
+relaxation (valid) and the argmin may break it; on the brute-force instances the walk still ends on the
+pace optimum (tests/test_pace_walk.py checks it against enumeration).  What the pace leaves out: the
+longer zigzags through windows of three or more neighbouring ranks t..s (B(i) on s, back up to t,
+F(i + k_s + s - t) down to s, B(i + s - t + 1) on s: s - t + 1 micro-batches per sum_{t..s} W + 2 sum C).
+On gpt2-xl at 256 cards a window of four ranks takes 15.3 ms per micro-batch against the largest W of
+14.2 ms (stages of 6.6-13.3 ms, cuts of 1.3 ms).
 
 Every relaxation of the contract (faster links, more memory, merged kinds: `relax`) only lowers
 R_s and W_s and admits more placements, so the walk on one still bounds the real optimum, and its
@@ -65,14 +73,17 @@ from typing import Any, Callable, Sequence
 
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.cap_walk import CAP_TOLERANCE, DeadlineReached
-from hetpipe.partitioner.solvers.dp import CountDP, LevelCaps, PaceRule
+from hetpipe.partitioner.solvers.dp import CountDP
+from hetpipe.partitioner.solvers.pace_rule import LevelCaps, PaceRule
 from hetpipe.partitioner.solvers.simple_bounds import sum_lower_bound
 
-#: Placements of the walk kept as candidates for the schedule's local search (best first).
-KEEP_PLACEMENTS = 4
+#: Distinct placements of the walk kept as candidates for the schedule's local search (best first; `verify`
+#: ranks them again on real cards: a relaxation's best may need more cards of a kind than there are).
+KEEP_PLACEMENTS = 8
 #: Below the lowest cap solved, the next cap tried is this share of it while no cap below is known
-#: (G_lb is far below the optimum's G: bisecting down to it would waste passes).
-PROBE = 0.97
+#: (G_lb is far below the optimum's G: bisecting down to it would waste passes; 1% under it, a cap nothing
+#: meets proves a 1% bound in one pass: issue 12 item 3 asks for 2%).
+PROBE = 0.99
 
 
 @dataclass(frozen=True)
@@ -95,7 +106,7 @@ def round_trip_factor(m: int, k: int) -> int:
     return -(-m // min(k, m)) - 1
 
 
-def level_caps(m: int, gamma: float) -> LevelCaps:
+def level_caps(m: int, gamma: float, *, pairs: bool = True) -> LevelCaps:
     """The DP's caps, which every placement with G <= gamma meets, at k stages from the end (`stage_pace`):
     q_k R_s <= gamma gives R_s <= gamma / q_k; with W_s <= R_s, m W_s - R_s <= gamma gives W_s <= (gamma + R cap) / m;
     and the round trips and single steps themselves, exactly, as the DP's `PaceRule` (one part in 10^9 of slack:
@@ -104,8 +115,9 @@ def level_caps(m: int, gamma: float) -> LevelCaps:
         q, kk = round_trip_factor(m, k), min(k, m)
         value = gamma / q if q > 0 else math.inf
         # single steps: (m - kk) W + (kk - 1) B = (m - 1) W - (kk - 1) F
+        x, y = (pair_counts(m, k) if pairs else None) or (-1, 0)
         rule = PaceRule(trips=q, steps=leftover_trips(m, k) if q > 0 else 0, weighted=m - 1, forward=kk - 1,
-                        cap=gamma * (1.0 + 1e-9))
+                        cap=gamma * (1.0 + 1e-9), pairs=x, pair_steps=y)
         return min(value, (gamma + value) / m), value, rule
     return caps
 
@@ -120,30 +132,67 @@ def leftover_trips(m: int, k: int) -> int:
     return m - 1 - round_trip_factor(m, k) * min(k, m)
 
 
-def stage_pace(m: int, k: int, fwd_s: float, bwd_s: float, round_trip_s: float) -> float:
+def stage_pace(m: int, k: int, fwd_s: float, bwd_s: float, round_trip_s: float, pair_s: float = 0.0) -> float:
     """G_s of one stage with k stages from it to the end (module docstring): the longest of its chains
-    B(0) -> B(m - 1) (all round trips, or all single steps), or its m micro-batches' work past its round trip.
+    B(0) -> B(m - 1) (all round trips; pairs with the next stage, `pair_chain`, when `pair_s` =
+    W_s + W_{s+1} + 2 C_s is given; all single steps), or its m micro-batches' work past its round trip.
 
     Example (m = 8, k = 3, F = 1, B = 2, R = 10: 2 round trips and 1 single step of F + B):
         >>> stage_pace(8, 3, 1.0, 2.0, 10.0)
         23.0
+        >>> stage_pace(8, 3, 1.0, 2.0, 10.0, pair_s=9.0)   # 2 pairs of 9 s, then one round trip
+        28.0
     """
     work = fwd_s + bwd_s
     kk = min(k, m)
     q = round_trip_factor(m, k)  # with q >= 1 the r single steps fit in the steady state (F between the Bs)
     trips = q * round_trip_s + leftover_trips(m, k) * work if q > 0 else 0.0
     singles = (m - kk) * work + (kk - 1) * bwd_s
-    return max(trips, singles, m * work - round_trip_s)
+    pairs = pair_chain(m, k, work, pair_s, round_trip_s) if pair_s > 0 else 0.0
+    return max(trips, singles, pairs, m * work - round_trip_s)
+
+
+def pair_counts(m: int, k: int) -> tuple[int, int] | None:
+    """(x, y) of `pair_chain`: x = floor((m - 1 - k) / 2) pairs and y = (m - 1 - k) mod 2 single steps, or
+    None where the chain does not exist (no next stage, or fewer than k + 1 micro-batches).
+
+    Example:
+        >>> pair_counts(8, 3), pair_counts(8, 2), pair_counts(8, 1), pair_counts(4, 5)
+        ((2, 0), (2, 1), None, None)
+    """
+    left = m - 1 - k
+    if k < 2 or left < 0:
+        return None
+    return left // 2, left % 2
+
+
+def pair_chain(m: int, k: int, work_s: float, pair_s: float, round_trip_s: float) -> float:
+    """A chain B(0) -> B(m - 1) on rank s through the pair window {s, s + 1} (module docstring, *Pairs*):
+    x pairs of `pair_s` = W_s + W_{s+1} + 2 C_s, y single steps of W_s, then one round trip R_s
+    (`pair_counts`); 0 where the chain does not exist.
+
+    Example (m = 8, k = 2: B(0) -> B(2) -> B(4) by pairs, B(5) by a single step, B(7) by the round trip):
+        >>> pair_chain(8, 2, 3.0, 8.0, 8.0)
+        27.0
+    """
+    counts = pair_counts(m, k)
+    if counts is None:
+        return 0.0
+    x, y = counts
+    return x * pair_s + y * work_s + round_trip_s
 
 
 def pace_terms(problem: Problem, stages: Sequence[Stage]) -> tuple[float, float]:
     """(R_0, G) of a placement from its stage costs (`evaluate`), G = max_s `stage_pace`."""
     costs = evaluate(problem, stages, objective="estimate").stages
     m, p = problem.microbatches, len(costs)
-    suffix, g = 0.0, 0.0
+    suffix, g, after = 0.0, 0.0, 0.0  # after: W_{s+1}
     for s in range(p - 1, -1, -1):
-        suffix += costs[s].fwd_s + costs[s].bwd_s + (2.0 * costs[s].send_s if s < p - 1 else 0.0)
-        g = max(g, stage_pace(m, p - s, costs[s].fwd_s, costs[s].bwd_s, suffix))
+        work, cut2 = costs[s].fwd_s + costs[s].bwd_s, (2.0 * costs[s].send_s if s < p - 1 else 0.0)
+        suffix += work + cut2
+        pair = work + after + cut2 if s < p - 1 else 0.0
+        g = max(g, stage_pace(m, p - s, costs[s].fwd_s, costs[s].bwd_s, suffix, pair))
+        after = work
     return suffix, g
 
 
@@ -161,14 +210,16 @@ def _staircase(points: dict[float, float], g_floor: float) -> tuple[float, float
 
 def schedule_walk(problem: Problem, *, deadline: float = math.inf, dp: CountDP | None = None,
                   max_passes: int = 48, hints: Sequence[Sequence[Stage]] = (),
-                  terms: Callable[[Any], tuple[float, float]] | None = None) -> ScheduleWalk:
+                  terms: Callable[[Any], tuple[float, float]] | None = None, enough_s: float = math.inf,
+                  pairs: bool = True) -> ScheduleWalk:
     """min_P (R_0 + G) bounded by a staircase over caps gamma (module docstring): each pass solves the
     least R_0 under one cap, in the weakest band (its middle; just below its top when the band
     reaches down to G_lb), until the bound meets the best placement found, `max_passes`, or
     `deadline` (a pass past it is abandoned).  The first cap is the least G of `hints` (placements of
     `problem`; R_0*(inf) >= S_lb stands in for the uncapped pass).  Raises `StateSpaceTooLarge`
     beyond the DP's budget.  `dp` may be any DP with `CountDP.min_sum`'s protocol whose placements
-    `terms` prices (R_0, G) as the DP does (`pace_runs.RunDP`); by default the count DP and `pace_terms`."""
+    `terms` prices (R_0, G) as the DP does (`pace_runs.RunDP`); by default the count DP and `pace_terms`.
+    The walk also ends once its bound reaches `enough_s` (a caller that needs no tighter bound than that)."""
     dp = CountDP(problem) if dp is None else dp
     terms = (lambda placement: pace_terms(problem, placement)) if terms is None else terms
     m = problem.microbatches
@@ -181,7 +232,7 @@ def schedule_walk(problem: Problem, *, deadline: float = math.inf, dp: CountDP |
         points[math.inf] = sum_lower_bound(problem)
         gamma = min(pace_terms(problem, h)[1] for h in hints)
     while passes < max_passes:
-        caps = level_caps(m, gamma)
+        caps = level_caps(m, gamma, pairs=pairs)
         try:
             res = dp.min_sum(max(caps(k)[0] for k in range(1, cards + 1)), level_caps=caps, deadline=deadline)
         except DeadlineReached:
@@ -196,7 +247,7 @@ def schedule_walk(problem: Problem, *, deadline: float = math.inf, dp: CountDP |
         if not found:
             break  # nothing fits at all
         bound, low, high = _staircase(points, g_floor)
-        if bound >= min(v for v, _ in found) * (1.0 - CAP_TOLERANCE) or time.perf_counter() > deadline:
+        if bound >= min(min(v for v, _ in found) * (1.0 - CAP_TOLERANCE), enough_s) or time.perf_counter() > deadline:
             break
         if not math.isfinite(high):
             gamma = 2 * max(low, g_floor)
@@ -206,5 +257,6 @@ def schedule_walk(problem: Problem, *, deadline: float = math.inf, dp: CountDP |
         return ScheduleWalk(math.inf if points.get(math.inf, 0.0) == math.inf else 0.0, (), False, passes)
     bound = _staircase(points, g_floor)[0]
     found.sort(key=lambda vs: vs[0])
-    return ScheduleWalk(bound, tuple(s for _, s in found[:KEEP_PLACEMENTS]),
+    distinct = tuple(dict.fromkeys(s for _, s in found))  # passes under nearby caps often return the same one
+    return ScheduleWalk(bound, distinct[:KEEP_PLACEMENTS],
                         bound >= found[0][0] * (1.0 - CAP_TOLERANCE), passes)
