@@ -82,8 +82,8 @@ PACE_SHARE = 0.7
 #: Placements of the pace walks that start a local search (best first; each new pipeline length costs a
 #: schedule compilation, seconds at 1,024 cards).
 MAX_WALK_STARTS = 2
-#: Share of the pace walks' time the first of the two relaxations may take (`pace_bound`): the other one
-#: gets the rest (a walk past its deadline keeps the passes it finished).
+#: Share of the pace walks' time the count relaxation may take where card counts bind (`pace_bound`): the
+#: node runs get the rest (a walk past its deadline keeps the passes it finished).
 FIRST_WALK_SHARE = 0.65
 #: Gap to the best candidate's R_0 + G + S_0 (at most its T) at which the pace walks stop tightening their
 #: bound (a tighter one changes no answer; issue 12 item 3 asks for 2%).
@@ -147,11 +147,12 @@ def pace_bound(problem: Problem, *, deadline: float, hints: Sequence[Sequence[St
         return walk.bound_s + first_step, [_levers(problem, p) for p in walk.placements]
     except StateSpaceTooLarge:
         pass
-    walks = [_runs_walk, _merged_walk]
-    if counts_bind(problem, hints):
-        walks.reverse()
+    # where counts bind, the count relaxation first, with a share of the time (the node runs' placements are
+    # still worth having); else the node runs first with all of it (the count relaxation is weak there)
+    walks, first_share = (([_merged_walk, _runs_walk], FIRST_WALK_SHARE) if counts_bind(problem, hints)
+                          else ([_runs_walk, _merged_walk], 1.0))
     bound, placed = 0.0, []
-    for walk_fn, share in zip(walks, (FIRST_WALK_SHARE, 1.0)):
+    for walk_fn, share in zip(walks, (first_share, 1.0)):
         now = time.perf_counter()
         if now > deadline or bound >= enough:
             break
