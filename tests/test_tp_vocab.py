@@ -161,6 +161,15 @@ def _reference(model: torch.nn.Module, batches: list) -> list[float]:
     return losses
 
 
+def test_a_custom_loss_for_a_head_split_by_vocabulary_is_refused_before_the_launch():
+    from hetpipe.errors import ConfigError
+    from hetpipe.runtime.tp_run import check_shardable
+
+    check_shardable(_plan(), _graph(MODEL), loss="hetpipe.models:lm_loss")  # the built-in loss runs vocab-parallel
+    with pytest.raises(ConfigError, match="runs only the built-in language-model loss .* re-plan with --tensor-par"):
+        check_shardable(_plan(), _graph(MODEL), loss="tests.dist_helpers:gpt_loss")
+
+
 @pytest.mark.slow
 def test_a_head_split_by_vocabulary_trains_like_one_device(tmp_path):
     from hetpipe import models

@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 from hetpipe.errors import ConfigError
 from hetpipe.plan.group_run import RankSlot, member_timings
 from hetpipe.plan.schema import Plan
+from hetpipe.plan.user_code import import_callable
 from hetpipe.runtime.emulate.pipeline import StageTiming
 from hetpipe.runtime.execute.group import group_wiring
 from hetpipe.runtime.execute.options import ReplicaWiring
@@ -33,7 +34,7 @@ from hetpipe.runtime.stage.types import StageModule
 from hetpipe.runtime.stage.weights import save_pipeline
 from hetpipe.runtime.tp_ranks import GroupHandles, Layout, gather_layout
 from hetpipe.runtime.tp_shard import MemberShare, gather_parameter, shard_model
-from hetpipe.runtime.tp_vocab import vocab_loss
+from hetpipe.runtime.tp_vocab import check_vocab_loss, vocab_loss
 
 
 @dataclass(frozen=True)
@@ -56,10 +57,14 @@ def stage_blocks(units: Sequence[Any], plan_stage: Any) -> list[Any]:
     return [b for u in units[plan_stage.first_unit:plan_stage.last_unit + 1] for b in u.tensor_parallel]
 
 
-def check_shardable(plan: Plan, graph: Any) -> None:
+def check_shardable(plan: Plan, graph: Any, *, loss: str | None = None) -> None:
     """Refuse, before launching, a group stage whose blocks' layers are not ``nn.Linear`` / ``Conv1D``
-    modules in the captured graph (a ``torch.export`` graph of a Hugging Face model holds plain
-    containers: `shard_model` would refuse it on every rank after the launch)."""
+    (``nn.Embedding``) modules in the captured graph (a ``torch.export`` graph of a Hugging Face model
+    holds plain containers: `shard_model` would refuse it on every rank after the launch), and a
+    ``--loss`` other than the built-in LM loss when the last stage's head is split by vocabulary."""
+    last = plan.stages[-1]
+    if loss is not None and last.group_devices and any(b.kind == "head" for b in stage_blocks(graph.units, last)):
+        check_vocab_loss(import_callable(loss, option="--loss"))
     for st in plan.stages:
         for block in stage_blocks(graph.units, st) if st.group_devices else ():
             for spec in block.parameters:

@@ -166,6 +166,15 @@ def vocab_head(module: nn.Module) -> VocabParallelHead | None:
     return next((m for m in module.modules() if isinstance(m, VocabParallelHead)), None)
 
 
+def check_vocab_loss(loss_fn: Callable[..., Any]) -> None:
+    """Refuse a loss other than the built-in language-model one for a head split by vocabulary."""
+    if loss_fn not in LM_LOSSES:
+        raise ConfigError(f"the plan splits the LM head by vocabulary over a tensor-parallel group, which runs only "
+                          f"the built-in language-model loss (cross-entropy), not "
+                          f"{getattr(loss_fn, '__qualname__', loss_fn)!r}, which would see only one card's slice "
+                          "of the logits: drop --loss or re-plan with --tensor-parallel off")
+
+
 def vocab_loss(loss_fn: Callable[..., Any], module: nn.Module) -> Callable[..., Any]:
     """``loss_fn`` for a stage whose head may be split by vocabulary: unchanged without such a head;
     with one, the built-in language-model loss becomes `vocab_parallel_cross_entropy` of this member's
@@ -173,11 +182,7 @@ def vocab_loss(loss_fn: Callable[..., Any], module: nn.Module) -> Callable[..., 
     head = vocab_head(module)
     if head is None:
         return loss_fn
-    if loss_fn not in LM_LOSSES:
-        raise ConfigError(f"the plan splits the LM head by vocabulary over a tensor-parallel group, which runs only "
-                          f"the built-in language-model loss (cross-entropy), not "
-                          f"{getattr(loss_fn, '__qualname__', loss_fn)!r}: drop --loss or re-plan with "
-                          "--tensor-parallel off")
+    check_vocab_loss(loss_fn)
 
     def loss(output: Any, targets: torch.Tensor) -> torch.Tensor:
         logits = output if isinstance(output, torch.Tensor) else output["logits"]
