@@ -5,7 +5,7 @@
    (b, s) fp32 vectors forward (the vocab-parallel cross-entropy) and one (b, s, h) backward.
 3. The group DP with vocabulary blocks equals brute force on small instances.
 4. A run (slow): gpt-tiny with its tied head on a group of two cards at 0.7 / 0.3 (vocabulary rows
-   180:76) after a width-1 stage, 3 gloo ranks, equals a plain single-device loop (losses rtol 1e-5,
+   179:77) after a width-1 stage, 3 gloo ranks, equals a plain single-device loop (losses rtol 1e-5,
    gathered parameters rtol/atol 1e-5).
 """
 

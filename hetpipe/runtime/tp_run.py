@@ -66,7 +66,8 @@ def check_shardable(plan: Plan, graph: Any, *, loss: str | None = None) -> None:
     if loss is not None and last.group_devices and any(b.kind == "head" for b in stage_blocks(graph.units, last)):
         check_vocab_loss(import_callable(loss, option="--loss"))
     for st in plan.stages:
-        for block in stage_blocks(graph.units, st) if st.group_devices else ():
+        blocks = stage_blocks(graph.units, st) if st.group_devices else []
+        for block in sorted(blocks, key=lambda b: b.is_vocab):  # the pairs' layers named first
             for spec in block.parameters:
                 path = spec.name.rsplit(".", 1)[0]
                 kind = type(graph.module.get_submodule(path)).__name__

@@ -49,6 +49,8 @@ from hetpipe.partitioner.capture.tensor_parallel import op_name
 #: fp32 bytes of one element of the cross-entropy's per-token all-reduced vectors.
 LOSS_VECTOR_ELEMENT_BYTES = 4
 NO_PAIR_NOTE = "no column-parallel -> row-parallel linear pair"
+#: Reshapes the token ids may pass through between the model input and the embedding.
+ID_VIEWS = frozenset({"view", "reshape", "contiguous", "to", "alias"})
 
 
 @dataclass(frozen=True)
@@ -69,17 +71,22 @@ def _param_name(gm: fx.GraphModule, node: Any) -> str | None:
     return None
 
 
+def _model_input(node: Any) -> bool:
+    """``node`` is a graph input, or a view of one (Hugging Face GPT-2: ``input_ids.view(-1, s)``)."""
+    while isinstance(node, fx.Node) and op_name(node) in ID_VIEWS and node.args:
+        node = node.args[0]
+    return isinstance(node, fx.Node) and node.op == "placeholder"
+
+
 def _embedding(gm: fx.GraphModule, node: fx.Node) -> _Found | None:
     """The token embedding: a lookup of a parameter by ids that are a graph input."""
     if node.op == "call_module":
         mod = gm.get_submodule(str(node.target))
-        ids = node.args[0] if node.args else None
-        if type(mod) is nn.Embedding and isinstance(ids, fx.Node) and ids.op == "placeholder":
+        if type(mod) is nn.Embedding and node.args and _model_input(node.args[0]):
             return _Found(node, f"{node.target}.weight", mod.num_embeddings)
         return None
     if op_name(node) == "embedding" and (w := _param_name(gm, node.args[0])) is not None:
-        ids = node.args[1]
-        if isinstance(ids, fx.Node) and ids.op == "placeholder":
+        if _model_input(node.args[1]):
             return _Found(node, w, gm.get_parameter(w).shape[0])
     return None
 
