@@ -6,7 +6,8 @@
 3. The group DP with vocabulary blocks equals brute force on small instances.
 4. A run (slow): gpt-tiny with its tied head on a group of two cards at 0.7 / 0.3 (vocabulary rows
    179:77) after a width-1 stage, 3 gloo ranks, equals a plain single-device loop (losses rtol 1e-5,
-   gathered parameters rtol/atol 1e-5).
+   gathered parameters rtol/atol 1e-5), each member's measured peak within its M_s (the tied head's
+   replica priced at its rows).
 """
 
 from __future__ import annotations
@@ -82,6 +83,24 @@ def test_each_block_kind_pays_its_own_allreduces(kind, fwd, bwd):
     assert g.fwd_s == pytest.approx(0.5 + ring(fwd), rel=1e-12)
     assert g.bwd_s == pytest.approx(1.0 + ring(bwd), rel=1e-12)
     assert g.allreduce_s == pytest.approx(ring(fwd) + ring(bwd), rel=1e-12)
+
+
+def test_a_tied_heads_replica_is_priced_at_each_members_rows():
+    """Unit 1 holds a replica of unit 0's tied weight (1000 state bytes): on a group, a head block splits it
+    3:1 at shares 0.75 / 0.25; a Megatron pair does not (the replica stays whole on each member)."""
+    from hetpipe.partitioner.problem import TiedCopy
+
+    def member_bytes(kind: str) -> tuple[int, ...]:
+        block = BlockSplit(parts=64, fwd_flops=10, allreduce_bytes=0, activation_bytes=0, kind=kind)
+        prob = dataclasses.replace(_problem(block, first=False), tied=(TiedCopy(0, (0, 1), 1000),))
+        prob = dataclasses.replace(prob, fwd_s={"a": (1.0, 1.0)}, bwd_s={"a": (2.0, 2.0)}, state_bytes=(0, 400),
+                                   activation_bytes=(0, 8), boundary_bytes=(0, 0),
+                                   tensor_parallel=(UnitSplit(30, 0.0, 0.0), *prob.tensor_parallel))
+        pos = StagePosition(0, False, 2, 0, 0, 0, 0, 8, tied_bytes=1000)
+        return group_stage(prob, first=1, last=1, members=(0, 1), position=pos, shares=(0.75, 0.25)).memory_bytes
+
+    whole, rows = member_bytes(""), member_bytes("head")
+    assert (whole[0] - rows[0], whole[1] - rows[1]) == (1000 - 750, 1000 - 250)
 
 
 # ----------------------------------------------------------------------------- 3. the group DP
@@ -189,8 +208,11 @@ def test_a_head_split_by_vocabulary_trains_like_one_device(tmp_path):
     reference = copy.deepcopy(resolved.model)
     ref_losses = _reference(reference, batches)
     report = run(plan, model=MODEL, steps=STEPS, seq=SEQ, data=batches, weights=tmp_path / "weights.pt",
-                 save_weights=tmp_path / "saved", emulate=False, run_dir=tmp_path / "run", timeout_s=120)
+                 save_weights=tmp_path / "saved", emulate=True, run_dir=tmp_path / "run", timeout_s=120)
     assert report.world_size == 3
+    assert len(report.members) == 2
+    for row in report.members:  # each member's held bytes (its rows of the tied head) within its priced M_s
+        assert 0 < row.peak_bytes <= row.predicted_memory_bytes, row
     torch.testing.assert_close(list(report.losses), ref_losses, rtol=1e-5, atol=0)
     state = saved_state(tmp_path / "saved")  # the head's rows gathered back, the tied weight whole
     params = dict(reference.named_parameters(remove_duplicate=False))

@@ -134,7 +134,7 @@ class StagePosition:
     in_grad_bytes: int
     out_grad_bytes: int
     activation_bytes: int  # A_s of the whole stage (`problem.stage_activation_bytes`)
-    tied_bytes: int = 0  # tied replicas: replicated on every member
+    tied_bytes: int = 0  # tied replicas: replicated on every member, but a tied head's rows (`tied_vocab_bytes`)
 
     @property
     def in_flight(self) -> int:
@@ -161,6 +161,20 @@ class GroupStage:
     @property
     def fits(self) -> bool:
         return all(m <= u for m, u in zip(self.memory_bytes, self.usable_bytes))
+
+
+def tied_vocab_bytes(tables: Any, first: int, last: int) -> int:
+    """Of the tied replicas a stage on units [first, last] holds (`problem.tied_bytes`), the state bytes
+    held through a unit with a block split by vocabulary: a tied LM head on a group, of which each member
+    holds only its rows.  ``tables``: a `Problem` (its ``tied`` and ``tensor_parallel``)."""
+    held = range(first, last + 1)
+    splits = tables.tensor_parallel
+
+    def vocab(u: int) -> bool:
+        return bool(splits) and any(b.kind in VOCAB_KINDS for b in splits[u].blocks)
+
+    return sum(t.state_bytes for t in getattr(tables, "tied", ()) if t.owner_unit not in held
+               and any(u in held and vocab(u) for u in t.user_units if u != t.owner_unit))
 
 
 def ring_of(tables: GroupTables, members: Sequence[int]) -> tuple[float, float]:
@@ -231,6 +245,9 @@ def _member_bytes(tables: GroupTables, units: range, shares: TensorShares, membe
             left_grad += split_grad - int(math.ceil(mine * split_grad))
         left_act += sum(b.activation_bytes - -(-b.activation_bytes * parts[b.parts][member] // b.parts)
                         for b in s.blocks if b.parts)
+    vocab = [parts[b.parts][member] / b.parts for s in splits for b in s.blocks if b.kind in VOCAB_KINDS]
+    tied_vocab = tied_vocab_bytes(tables, units.start, units.stop - 1) if vocab else 0
+    left_state += tied_vocab - int(math.ceil(max(vocab, default=1.0) * tied_vocab))  # a tied head: its rows
     return pipeline_stage_bytes(
         state_bytes=state - left_state, grad_bytes=grads - left_grad, activation_bytes=pos.activation_bytes - left_act,
         held=position_held_terms(pos.stages_after, first=pos.first, microbatches=pos.microbatches),
