@@ -221,7 +221,8 @@ def _stage_module(meta: torch.nn.Module, batch: tuple[torch.Tensor, ...], state:
 def _member(rank: int, world: int, name: str, weights: tuple[float, ...], steps: int, state_path: str,
             batch: tuple[torch.Tensor, ...], via: str) -> dict:
     meta, _ = _model(name, device="meta")  # nothing allocated: the member takes its bytes from the file
-    blocks = [b for u in capture(meta, batch).units for b in u.tensor_parallel]
+    # heads and columns (the vocabulary split, whose head needs the vocab-parallel loss: tests/test_tp_vocab.py)
+    blocks = [b for u in capture(meta, batch).units for b in u.tensor_parallel if not b.is_vocab]
     numel_of = {n: p.numel() for n, p in meta.named_parameters()}
     full_numel = held_numel(meta)  # before build_member replaces the layers in place
     group = tensor_parallel_group(range(world))
