@@ -147,7 +147,10 @@ SESSION_9 = (
     "run each, same code): llama-7b on 64 cards 0.56% (bound 15.249 s), gpt2-xl 26.4% (64) and 17.3% (256: "
     "the node-run walk's pair-aware placements put 33 stages on 32 A100s and realise slower, 9.28 s against "
     "session 8's 8.11 s).  Under the table's load the walks at 64 and 256 cards (gpt2-xl) finish no pass in "
-    "the limit and the bound falls back to the fill: these gaps depend on the load, the others do not.")
+    "the limit and the bound falls back to the fill: these gaps depend on the load.  A second run right after "
+    "(load 9.2 / 9.4 / 12.8) gave the same figures but for llama-7b on 1,024 cards (bound 91.0 s, 23%: its "
+    "node-run walk finished no pass) and on 64 (6.4%), gpt2-xl on 64 cards 26.7%: at 256-1,024 cards a "
+    "walk's first pass (its tables included) takes most of `verify`'s 2-3 s under such load.")
 
 
 def main(argv: list[str] | None = None) -> int:
