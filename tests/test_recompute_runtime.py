@@ -333,22 +333,21 @@ def test_three_stages_with_recompute_train_like_a_single_device_loop(model, tmp_
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model, batch, seq", [("gpt-demo", 2, 32), ("hf-llama-tiny", 2, 32)])
-def test_recomputing_stages_hold_less_and_match_the_cost_model(tmp_path, model, batch, seq):
+def test_recomputing_stages_hold_less_and_match_the_cost_model(plain_peak_run, model, batch, seq):
     """Peak held bytes (the executor's ledger) of each recomputing stage: below the same stage without
     recomputation, never above the planner's M_s with recomputation (`evaluate`; the formula spelled out
     in `predicted_recompute_bytes`), and within 5% of it."""
     from hetpipe.partitioner.problem import evaluate
     from hetpipe.plan.schema import Plan, problem_from_plan, stages_from_plan
     from hetpipe.runtime.run import run
-    from tests.test_memory_truth import TOLERANCE, _plan
+    from tests.test_memory_truth import TOLERANCE
 
-    plain = Plan.load(_plan(model, batch, seq, tmp_path))
+    plain_path, plain_report = plain_peak_run(model, batch, seq)  # the run tests/test_memory_truth.py checks
+    plain = Plan.load(plain_path)
     rc = with_recompute(plain, worth_recomputing)
     assert sum(1 for st in rc.stages if st.recompute_units) >= 2
-    peaks = {}
-    for label, plan in (("plain", plain), ("recompute", rc)):
-        report = run(plan, model=model, steps=2, seq=seq, timeout_s=90.0)
-        peaks[label] = [s.peak_bytes for s in report.stages]
+    peaks = {"plain": [s.peak_bytes for s in plain_report.stages],
+             "recompute": [s.peak_bytes for s in run(rc, model=model, steps=2, seq=seq, timeout_s=90.0).stages]}
     evaluated = evaluate(problem_from_plan(rc), stages_from_plan(rc)).stages
     for st, held, without in zip(rc.stages, peaks["recompute"], peaks["plain"]):
         if not st.recompute_units:
