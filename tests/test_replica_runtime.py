@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from pathlib import Path
 from typing import Any
@@ -252,6 +253,7 @@ def _whole_model(batch: int) -> Any:
                        device="cpu", seed=0)  # the seeded init every partition reproduces
 
 
+@functools.lru_cache(maxsize=1)  # read by 3 sync modes and the recompute case; never mutated
 def _numerics_reference() -> tuple[list[float], dict[str, torch.Tensor], list[float]]:
     from hetpipe.models import lm_loss
 

@@ -4,6 +4,7 @@ with its tied embedding/head split over the first and last stages)."""
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 from typing import Any
 
@@ -53,6 +54,7 @@ def _trainer_worker(rank: int, world: int, plan_path: str) -> dict[str, Any]:
             "params": {n: p.detach().clone() for n, p in trainer.stage.named_parameters()}}
 
 
+@functools.lru_cache(maxsize=1)  # read by this file's and test_recompute_runtime's Trainer tests; never mutated
 def _reference() -> tuple[list[float], dict[str, torch.Tensor]]:
     from hetpipe.models import build, lm_loss
     from hetpipe.partitioner.capture.capture import capture
