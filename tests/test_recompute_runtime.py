@@ -389,7 +389,6 @@ def test_trainer_runs_a_recompute_plan_unchanged(trainer_world):
     for rank, res in enumerate(results):
         assert "error" not in res, f"rank {rank}: {res['error']}"
     values = [res["value"] for res in results]
-    assert all(st.recompute_units for st in plan.stages)
     assert [v["recomputed"] for v in values] == [list(st.recompute_units) for st in plan.stages]
     ref_losses, ref_params = tt._reference()
     torch.testing.assert_close(values[2]["losses"], ref_losses, rtol=tt.RTOL, atol=tt.ATOL)
