@@ -144,3 +144,90 @@ def test_held_moments_sum_the_chunks() -> None:
     assert all(len(t) == 2 and t[0].in_frames == 0 == t[0].in_grad_frames for t in terms)
     last = rank_held_terms(2, 1, 2, 4, prefetch=0)
     assert all(t[1].out_frames == 0 == t[1].out_grad_frames for t in last)  # virtual stage 3 is the last
+
+
+# ----------------------------------------------------------------------------- the contract (Problem/evaluate)
+
+from hetpipe.cost_models.chunk_memory import ChunkTerms, pipeline_rank_bytes  # noqa: E402
+from hetpipe.cost_models.stage_memory import HeldCounts, pipeline_stage_bytes  # noqa: E402
+from hetpipe.partitioner.interleave import price_interleaved  # noqa: E402
+from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate, stage_memory_terms  # noqa: E402
+
+
+def _problem(schedule: str = "1f1b", m: int = 4) -> Problem:
+    rnd = random.Random(5)
+    n = 10
+    devs = (DeviceSlot("fast", "a", "n0", 10**9), DeviceSlot("slow", "b", "n1", 10**9))
+    return Problem(fwd_s={"a": tuple(rnd.uniform(0.5, 1.5) for _ in range(n)),
+                          "b": tuple(rnd.uniform(1.0, 3.0) for _ in range(n))},
+                   bwd_s={"a": tuple(rnd.uniform(1.0, 3.0) for _ in range(n)),
+                          "b": tuple(rnd.uniform(2.0, 6.0) for _ in range(n))},
+                   state_bytes=tuple(rnd.randint(100, 900) for _ in range(n)),
+                   activation_bytes=tuple(rnd.randint(10, 90) for _ in range(n)),
+                   boundary_bytes=tuple(rnd.randint(4, 40) for _ in range(n - 1)) + (0,),
+                   grad_bytes=tuple(rnd.randint(10, 90) for _ in range(n)), devices=devs,
+                   bandwidth_bytes_s=((1.0, 20.0), (5.0, 1.0)), latency_s=((0.0, 0.1), (0.3, 0.0)),
+                   microbatches=m, schedule=schedule)
+
+
+VIRTUAL = (Stage(0, 0, 2), Stage(1, 3, 4), Stage(0, 5, 7), Stage(1, 8, 9))
+
+
+def test_evaluate_replays_the_interleaved_lists() -> None:
+    prob = _problem("interleaved:2")
+    ev = evaluate(prob, VIRTUAL)
+    # C of each virtual cut over its own link: 1 -> 0 for the wrap-around cut after unit 4
+    assert ev.stages[1].send_s == pytest.approx(0.3 + prob.boundary_bytes[4] / 5.0)
+    assert ev.stages[0].send_s == pytest.approx(0.1 + prob.boundary_bytes[2] / 20.0)
+    costs = SimCosts(fwd_s=tuple(c.fwd_s for c in ev.stages), bwd_s=tuple(c.bwd_s for c in ev.stages),
+                     send_s=tuple(c.send_s for c in ev.stages[:-1]), step_s=tuple(c.step_s for c in ev.stages))
+    assert ev.iteration_s == simulate_stages(costs, 4, schedule="interleaved:2").iteration_s
+
+
+def test_rank_memory_is_the_largest_sum_over_its_chunks() -> None:
+    prob = _problem("interleaved:2")
+    ev = evaluate(prob, VIRTUAL)
+    for rank in (0, 1):
+        mine = (rank, rank + 2)
+        terms = [stage_memory_terms(prob, VIRTUAL, k) for k in mine]
+        moments = replay_held_by_stage(rank_actions("interleaved:2", 2, 4, rank), stages=mine, prefetch=3)
+        fixed = sum(t.state_bytes - t.grad_bytes for t in terms)
+        # every moment of the full replay, none inside a backward (no recompute), first/last cuts dropped
+        brute = max(sum(t.moment_bytes(HeldCounts(c.grads, c.microbatches,
+                                                   c.in_frames if k else 0, c.in_grad_frames if k else 0,
+                                                   c.out_frames if k != 3 else 0, c.out_grad_frames if k != 3 else 0))
+                        for t, c, k in zip(terms, moment, mine))
+                    for moment in moments if not any(c.backward for c in moment))
+        assert ev.stages[rank].memory_bytes == ev.stages[rank + 2].memory_bytes == fixed + brute
+
+
+def test_one_chunk_rank_bytes_equal_stage_bytes() -> None:
+    rnd = random.Random(3)
+    for _ in range(50):
+        held = [HeldCounts(rnd.randint(0, 1), rnd.randint(0, 4), rnd.randint(0, 3), rnd.randint(0, 2),
+                           rnd.randint(0, 3), rnd.randint(0, 3), rnd.randint(0, 1)) for _ in range(5)]
+        held.append(HeldCounts(1, 1))
+        terms = ChunkTerms(state_bytes=5000, grad_bytes=rnd.randint(0, 999), activation_bytes=rnd.randint(50, 500),
+                           in_bytes=rnd.randint(0, 99), out_bytes=rnd.randint(0, 99), in_grad_bytes=rnd.randint(0, 50),
+                           out_grad_bytes=rnd.randint(0, 50), recompute_saved_bytes=rnd.choice((0, 20)),
+                           recompute_peak_bytes=rnd.choice((0, 40)))
+        assert pipeline_rank_bytes((terms,), [(c,) for c in held]) == pipeline_stage_bytes(**vars(terms), held=held)
+
+
+def test_evaluate_refuses_chunks_off_their_rank() -> None:
+    with pytest.raises(ValueError, match="not chunks of ranks"):
+        evaluate(_problem("interleaved:2"), (Stage(0, 0, 2), Stage(1, 3, 4), Stage(1, 5, 7), Stage(0, 8, 9)))
+    with pytest.raises(ValueError, match="not chunks of ranks"):
+        evaluate(_problem("interleaved:2"), VIRTUAL[:3] + (Stage(1, 8, 8), Stage(0, 9, 9)))
+
+
+def test_price_interleaved_beats_1f1b_on_equal_layers_and_fits() -> None:
+    prob = _problem(m=8)
+    plain = (Stage(0, 0, 5), Stage(1, 6, 9))
+    found = price_interleaved(prob, plain, chunks=2, limit_s=10.0)
+    assert found is not None and found.evaluation.fits and len(found.stages) == 4
+    assert found.problem.schedule == "interleaved:2"
+    assert [st.device for st in found.stages] == [0, 1, 0, 1]
+    assert found.evaluation.iteration_s == evaluate(found.problem, found.stages).iteration_s
+    assert price_interleaved(prob, plain[:1] + (Stage(1, 6, 9),), chunks=2) is not None
+    assert price_interleaved(_problem(m=3), plain, chunks=2) is None  # m % p != 0
