@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -231,3 +232,65 @@ def test_price_interleaved_beats_1f1b_on_equal_layers_and_fits() -> None:
     assert found.evaluation.iteration_s == evaluate(found.problem, found.stages).iteration_s
     assert price_interleaved(prob, plain[:1] + (Stage(1, 6, 9),), chunks=2) is not None
     assert price_interleaved(_problem(m=3), plain, chunks=2) is None  # m % p != 0
+
+
+# ----------------------------------------------------------------------------- plan format (version 6), check, run
+
+
+def test_a_plan_lists_each_cards_chunks_and_check_rederives_them(tmp_path) -> None:
+    from hetpipe.errors import ConfigError
+    from hetpipe.models import build
+    from hetpipe.plan.build import partition
+    from hetpipe.plan.check import check_plan
+    from hetpipe.plan.schema import Plan, problem_from_plan, stages_from_plan
+    from hetpipe.runtime.run import preflight
+
+    model, inputs = build("gpt-tiny", device="meta", batch=2, seq=16)
+    plan = partition(model, "examples/clusters/homelab-mini.yaml", example_inputs=inputs, global_batch=12,
+                     time_limit_s=2.0, schedule="interleaved:2")  # m = 6, a multiple of the 3 cards
+    assert plan.version == 6 and plan.training.schedule == "interleaved:2"
+    p = len(plan.stages)
+    assert all(len(st.chunks) == 2 and (st.first_unit, st.last_unit) == (st.chunks[0].first_unit, st.chunks[0].last_unit)
+               for st in plan.stages)
+    virtual = stages_from_plan(plan)
+    assert [v.first_unit for v in virtual] == [0] + [v.last_unit + 1 for v in virtual[:-1]]  # model order
+    assert [v.device for v in virtual] == [v.device for v in virtual[:p]] * 2  # chunk c of rank r = stage c p + r
+    ev = evaluate(problem_from_plan(plan), virtual)
+    assert plan.predicted.iteration_s == ev.iteration_s == pytest.approx(plan.predicted.simulated_iteration_s, rel=1e-9)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    again = Plan.load(path)
+    assert again == plan and check_plan(again).ok, check_plan(again).violations
+    chunk = dataclasses.replace(again.stages[1].chunks[1], fwd_s=again.stages[1].chunks[1].fwd_s * 2)
+    edited = dataclasses.replace(again, stages=(again.stages[0], dataclasses.replace(again.stages[1], chunks=(
+        again.stages[1].chunks[0], chunk)), *again.stages[2:]))
+    assert any("stage 1 chunk 1: recorded fwd_s" in v for v in check_plan(edited).violations)
+    with pytest.raises(ConfigError, match="interleaved virtual stages are planned and checked but not run yet"):
+        preflight(again, model="gpt-tiny", seq=16, schedule=again.training.schedule)
+
+
+def test_schedule_option_and_auto_with_interleaving(monkeypatch) -> None:
+    from hetpipe.errors import ConfigError
+    from hetpipe.partitioner import schedule_choice
+    from hetpipe.partitioner.interleave import work_bound_s
+    from hetpipe.partitioner.schedule_choice import check_schedule_option, choose_schedule
+    from hetpipe.partitioner.solvers.solve import solve
+
+    check_schedule_option("interleaved:3")
+    for bad in ("interleaved:1", "interleaved:two"):
+        with pytest.raises(ConfigError, match="--schedule"):
+            check_schedule_option(bad)
+    prob = dataclasses.replace(_problem(m=8), objective="schedule")
+    sol = solve(prob, time_limit_s=2.0)
+    chosen, got = choose_schedule(prob, sol, option="interleaved:2", limit_s=2.0)
+    ev = evaluate(chosen, got.stages)
+    assert chosen.schedule == "interleaved:2" and ev.fits and ev.iteration_s == got.iteration_s
+    assert work_bound_s(prob) <= got.bound_s <= got.iteration_s
+    _, plain = choose_schedule(prob, sol, option="auto", limit_s=1.0)  # auto does not pick it: run cannot execute it
+    monkeypatch.setattr(schedule_choice, "AUTO_INTERLEAVE_CHUNKS", (2,))
+    picked, best = choose_schedule(prob, sol, option="auto", limit_s=1.0)
+    assert best.iteration_s <= min(plain.iteration_s, got.iteration_s) * (1 + 1e-9)
+    assert (picked.schedule == "interleaved:2") == (best.iteration_s < plain.iteration_s)
+    with pytest.raises(ConfigError, match="not a multiple of the plan's"):
+        choose_schedule(dataclasses.replace(prob, microbatches=3), dataclasses.replace(sol), option="interleaved:2",
+                        limit_s=1.0)

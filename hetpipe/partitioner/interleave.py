@@ -31,7 +31,9 @@ import logging
 import time
 from typing import Sequence
 
+from hetpipe.errors import ConfigError
 from hetpipe.partitioner.problem import Evaluation, Problem, Stage, evaluate
+from hetpipe.partitioner.solvers.solve import Solution
 from hetpipe.schedule.interleaved import interleaved_name
 
 log = logging.getLogger(__name__)
@@ -137,3 +139,46 @@ def price_interleaved(problem: Problem, stages: Sequence[Stage], *, chunks: int,
     found, ev = improve_cuts(inter, devices, cuts, limit_s=limit_s)
     log.info("interleaved:%d on %d ranks: T = %.6g s, fits: %s", chunks, p, ev.iteration_s, ev.fits)
     return Interleaved(inter, found, ev) if ev.fits else None
+
+
+#: Chunks per card `--schedule auto` also prices.  Empty: `hetpipe run` does not execute interleaved
+#: plans yet (the executor runs one stage per rank), so `auto` must not choose one; (2,) once it does.
+AUTO_INTERLEAVE_CHUNKS: tuple[int, ...] = ()
+
+
+def work_bound_s(problem: Problem) -> float:
+    """A lower bound on T under any schedule and placement: every micro-batch's forward and backward
+    of every unit runs somewhere, at best on the fastest kind for that unit, and the cards share the
+    work at best evenly: ``m sum_u min_kind (F_u + B_u) / number of cards`` (optimizer steps, links and
+    bubbles only add to it)."""
+    best = [min(problem.fwd_s[k][u] + problem.bwd_s[k][u] for k in problem.fwd_s) for u in range(problem.num_units)]
+    return problem.microbatches * sum(best) / len(problem.devices)
+
+
+def interleave_candidates(problem: Problem, stages: Sequence[Stage], chunk_options: Sequence[int], *,
+                          limit_s: float) -> list[tuple[float, Problem, tuple[Stage, ...]]]:
+    """(T, problem, virtual stages) of each chunk count in `chunk_options` that runs and fits on `stages`' cards."""
+    found = [price_interleaved(problem, stages, chunks=v, limit_s=limit_s / max(len(chunk_options), 1))
+             for v in chunk_options]
+    return [(f.evaluation.iteration_s, f.problem, f.stages) for f in found if f is not None]
+
+
+def choose_interleaved(problem: Problem, sol: Solution, *, chunks: int, limit_s: float) -> tuple[Problem, Solution]:
+    """`--schedule interleaved:V`: the solved placement's cards, in its order, re-cut into V chunks each
+    (`price_interleaved`); a `ConfigError` saying why when it cannot run or fit."""
+    if problem.recompute == "all":
+        raise ConfigError(f"--schedule interleaved:{chunks} runs no recomputation; use --recompute auto or none "
+                          "with it, or --schedule 1f1b")
+    p = len(sol.stages)
+    if problem.microbatches % p:
+        raise ConfigError(f"--schedule interleaved:{chunks}: the {problem.microbatches} micro-batches are not a "
+                          f"multiple of the plan's {p} cards (Megatron-LM's rule); choose --global-batch so they are")
+    found = price_interleaved(problem, sol.stages, chunks=chunks, limit_s=limit_s)
+    if found is None:
+        raise ConfigError(f"--schedule interleaved:{chunks}: no cut of the model into {chunks * p} chunks on the plan's "
+                          f"{p} cards fits every card (or the model has fewer units); use fewer chunks or 1f1b")
+    t = found.evaluation.iteration_s
+    bound = min(work_bound_s(problem), t)
+    log.info("interleaved:%d: T = %.6g s (1F1B %.6g s)", chunks, t, sol.iteration_s)
+    return found.problem, dataclasses.replace(sol, stages=found.stages, iteration_s=t, bound_s=bound,
+                                              status="OPTIMAL" if bound >= t * (1 - 1e-9) else "FEASIBLE")
