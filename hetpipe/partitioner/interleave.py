@@ -97,9 +97,9 @@ def _stages(devices: Sequence[int], cuts: Sequence[int]) -> tuple[Stage, ...]:
     return tuple(Stage(devices[k % len(devices)], a, b) for k, (a, b) in enumerate(zip(starts, cuts)))
 
 
-def _score(ev: Evaluation) -> tuple[bool, float, int]:
-    """Fitting first, then T, then the fullest card's overflow (how a non-fitting start moves toward fitting)."""
-    return (not ev.fits, ev.iteration_s, max(c.memory_bytes - c.usable_bytes for c in ev.stages))
+def _score(ev: Evaluation) -> tuple[bool, int, float]:
+    """Fitting first; until it fits, the fullest card's overflow (how a start moves toward fitting); then T."""
+    return (not ev.fits, 0 if ev.fits else max(c.memory_bytes - c.usable_bytes for c in ev.stages), ev.iteration_s)
 
 
 def improve_cuts(problem: Problem, devices: Sequence[int], cuts: list[int], *,
