@@ -81,13 +81,13 @@ def planner_rows() -> list[str]:
         full = max(s.memory_bytes / s.usable_bytes for s in plain.stages)
         if inter is None:
             out.append(f"| {model_name} | {cluster} | {plain.training.microbatches} | {len(plain.stages)} | "
-                       f"{plain.predicted.iteration_s * 1e3:.1f} ms | refused: {why} | - | {full:.0%} / - | {wall:.0f} |")
+                       f"{plain.predicted.iteration_s * 1e3:.1f} ms | refused: {why} | - | {full:.2%} / - | {wall:.0f} |")
             continue
         ifull = max(s.memory_bytes / s.usable_bytes for s in inter.stages)
         change = inter.predicted.iteration_s / plain.predicted.iteration_s - 1
         out.append(f"| {model_name} | {cluster} | {plain.training.microbatches} | {len(plain.stages)} | "
                    f"{plain.predicted.iteration_s * 1e3:.1f} ms | {inter.predicted.iteration_s * 1e3:.1f} ms | "
-                   f"{change:+.1%} | {full:.0%} / {ifull:.0%} | {wall:.0f} |")
+                   f"{change:+.1%} | {full:.2%} / {ifull:.2%} | {wall:.0f} |")
     return out
 
 

@@ -47,7 +47,8 @@ def compile_actions(schedule: dict, num_stages: int) -> tuple[tuple[int, int, in
     """`compile_schedule`'s walk over the action lists of `schedule` (rank -> actions).
 
     Messages are keyed by the (virtual) stage, so interleaved lists compile too: a SEND's ``a`` is
-    then 2 * virtual cut (+ 1 for gradients), and a compute instruction's ``a`` is its stage.
+    then 2 * virtual cut (+ 1 for gradients), and a compute instruction's ``a`` is its stage - rank
+    (c p for chunk c; 0 in every one-stage-per-rank list, as `compile_one_f_one_b` writes it).
     """
     slots: dict[tuple[Op, int, int | None], int] = {}
     done, waiting, program = [0] * num_stages, {}, []
@@ -74,7 +75,7 @@ def compile_actions(schedule: dict, num_stages: int) -> tuple[tuple[int, int, in
                     ready.append(waiting.pop(key))
             else:
                 code = {Op.F: _COMPUTE_F, Op.B: _COMPUTE_B, Op.STEP: _COMPUTE_STEP, Op.W: _COMPUTE_W}[a.op]
-                program.append((rank, code, a.stage, 0))
+                program.append((rank, code, a.stage - rank, 0))  # 0 but for an interleaved chunk: c p
             i += 1
         done[rank] = i
     assert all(done[r] == len(schedule[r]) for r in range(num_stages)), "schedule deadlocks"
@@ -209,5 +210,5 @@ def replay_virtual_s(program: Sequence[tuple[int, int, int, int]], num_ranks: in
         elif code == _COMPUTE_STEP:
             clock[rank] += step_of_rank[rank]
         else:
-            clock[rank] += dur[a][code]
+            clock[rank] += dur[rank + a][code]
     return max(clock)
