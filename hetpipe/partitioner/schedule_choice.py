@@ -48,7 +48,7 @@ def check_schedule_option(option: str) -> None:
         >>> check_schedule_option("gpipe")
         Traceback (most recent call last):
         ...
-        hetpipe.errors.ConfigError: --schedule is 'gpipe'; choose one of 1f1b, zb-h1, zb-1f1b, auto (auto: the fastest for this plan)
+        hetpipe.errors.ConfigError: --schedule is 'gpipe'; choose one of 1f1b, zb-h1, zb-1f1b, auto or interleaved:V with V >= 2 chunks per card (auto: the fastest for this plan)
     """
     try:
         chunks = parse_interleaved(option)
