@@ -150,7 +150,8 @@ SESSION_9 = (
     "the limit and the bound falls back to the fill: these gaps depend on the load.  A second run right after "
     "(load 9.2 / 9.4 / 12.8) gave the same figures but for llama-7b on 1,024 cards (bound 91.0 s, 23%: its "
     "node-run walk finished no pass) and on 64 (6.4%), gpt2-xl on 64 cards 26.7%: at 256-1,024 cards a "
-    "walk's first pass (its tables included) takes most of `verify`'s 2-3 s under such load.")
+    "walk's first pass (its tables included) takes most of `verify`'s 2-3 s under such load."
+    "  The table above is the lead's rerun of this code at load 3.9 / 3.7 / 7.1 (main before this branch, same hour, load 3.1: 3.69 / 26.34 / 5.50 / 0.22% and 1.79 / 2.73 / 1.60 / 5.34%): gpt2-xl 1.00 / 25.21 / 7.48 / 0.40%, llama-7b 1.59 / 0.56 / 0.40 / 0.25% at 16 / 64 / 256 / 1,024 cards, so <= 2% in 6 of 8; the answers are as good or better everywhere but gpt2-xl on 256 cards, 8.296 s against 8.110 s (+2.3%: the local search there gets little time).")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown_table(header, rows)
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     body = (f"{__doc__.split('Usage:')[0].strip()}\n\nLoad average (1/5/15 min) when the table was written: "
-            f"{load} (the machine's 2 cores are shared; wall times grow with it, the gaps do not).\n\n{table}\n\n"
+            f"{load} (the machine's 2 cores are shared; wall times grow with it, and since session 9 the gaps at 64-1,024 cards too: see below).\n\n{table}\n\n"
             "Before session 5's fix (llama-7b): 64 cards `cpsat` FEASIBLE T = 17.04 s, "
             "bound 7.82 s; 256 cards `cpsat`/heuristic T = 46.33 s, bound 25.06 s (the relaxation was too "
             "large for its DP and only the trivial bound was left).  Since then the node-free relaxation merges its "
