@@ -1,18 +1,16 @@
 """Supervised runs of replica plans (issue 16, item 4): ``--max-restarts`` relaunches the same plan.
 
 gpt-tiny, SGD + momentum (see tests/test_checkpoint_replicas.py), a replica plan of two pipelines on
-3 ranks: ranks 0-1 a 2-stage pipeline with m = 3, rank 2 a 1-stage one with m = 1.  The data factory
-sleeps per batch (`tests.supervise_data`) so that the test kills rank 2 with SIGKILL once it finished
-step 3 of 6 (checkpoints every 2 steps).  The supervisor relaunches the same plan from the newest
-checkpoint; the steps after it, and the final parameters and momentum, equal a fault-free single-device
+3 ranks: ranks 0-1 a 2-stage pipeline with m = 3, rank 2 a 1-stage one with m = 1.  Rank 2 is killed
+at the start of step 3 of 6 (``--inject kill:rank=2,step=3``: the process exits at once, no error file;
+deterministic, whatever the load), checkpoints every 2 steps.  The supervisor relaunches the same plan
+from the newest checkpoint (step 2); the steps after it, and the final parameters and momentum, equal a fault-free single-device
 loop over the same batches within 1e-5.  ``--adapt`` (re-planning) is refused for replica plans.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import signal
 
 import pytest
 import torch
@@ -25,11 +23,10 @@ from hetpipe.runtime.rank import DEFAULT_LR, MOMENTUM
 from hetpipe.runtime.report import RunReport
 from tests.reference_loop import initial_state, reference_loop
 from tests.runtime_plans import replica_plan_for
-from tests.supervise_data import BATCH, DELAY_ENV, SEQ, batches
+from tests.supervise_data import BATCH, SEQ, batches
 from tests.synthetic import synthetic_cluster
 from tests.test_checkpoint import read_checkpoint
 from tests.test_run_cli import hetpipe_run
-from tests.test_supervise import _when_rank_reaches
 
 MODEL, OPTIMIZER, STEPS, EVERY, KILL_AT = "gpt-tiny", "momentum", 6, 2, 3
 RTOL, ATOL = 1e-5, 1e-5  # fp32, the issue's acceptance tolerances
@@ -59,18 +56,16 @@ def _argv(folder, tmp, *extra: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_killed_rank_of_a_replica_plan_relaunches_the_same_plan_equal_to_a_fault_free_run(setup, tmp_path,
-                                                                                          monkeypatch):
+def test_a_killed_rank_of_a_replica_plan_relaunches_the_same_plan_equal_to_a_fault_free_run(setup, tmp_path):
     folder, state = setup
-    monkeypatch.setenv(DELAY_ENV, "0.3")
-    killer = _when_rank_reaches(tmp_path / "run" / "attempt-0", 2, KILL_AT,
-                                lambda rec: os.kill(rec.pid, signal.SIGKILL))
-    assert hetpipe_run(_argv(folder, tmp_path, "--max-restarts", "1")) == 0
-    killer.join(timeout=1)
+    kill = f"kill:rank=2,step={KILL_AT}"
+    assert hetpipe_run(_argv(folder, tmp_path, "--max-restarts", "1", "--inject", kill)) == 0
     report = RunReport.load(tmp_path / "run.json")
     (r,) = report.restarts
-    assert r.kind == "relaunched" and r.rank == 2 and r.device == "n1:2" and "SIGKILL" in r.cause
-    assert r.failed_step >= KILL_AT and r.resumed_step == (r.failed_step // EVERY) * EVERY
+    assert r.kind == "relaunched" and r.rank == 2 and r.device == "n1:2" and "rank 2 (stage 2" in r.cause
+    # the step-2 checkpoint completed before the kill (a collective save); the others' step-3 records may
+    # lose the race with torchrun's teardown, so steps every rank finished is 2 or 3
+    assert r.resumed_step == 2 and r.failed_step in (2, KILL_AT) and r.steps_redone == r.failed_step - 2
     assert r.old_stages == r.new_stages and report.world_size == 3
     assert "relaunched on the same plan" in r.line()
     losses, model, opt = reference_loop(state, batches(STEPS), lambda p: torch.optim.SGD(  # fault-free
