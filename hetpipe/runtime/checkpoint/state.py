@@ -274,9 +274,9 @@ def restore_checkpoint(folder: Path, state: StageState, *, same_plan: bool) -> N
     with _single_process_quiet():
         dcp.load(wanted, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=not dist.is_initialized())
     with torch.no_grad():
-        for name in split:  # a member keeps its slice of the whole tensor just read
-            key = MODEL_PREFIX + state.names[name]
-            if key in wanted:
+        for name, canonical in state.names.items():  # a member keeps its slice of the whole tensor just read
+            key = MODEL_PREFIX + canonical
+            if name in split and key in wanted:
                 local[name].copy_(sliced_value(state.slices, name, wanted[key], tuple(wanted[key].shape)))
     names = {id(p): n for n, p in state.module.named_parameters()}
     for param, subkeys in optim.items():
