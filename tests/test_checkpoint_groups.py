@@ -149,3 +149,39 @@ def test_a_group_resumed_on_its_own_plan_continues_bitwise(setup, chain, tmp_pat
     assert sorted(ended) == sorted(resumed)
     for key, value in ended.items():  # parameters, momentum, every rank's random generators
         assert torch.equal(value, resumed[key]), key
+
+
+# ----------------------------------------------------------------------------- no processes
+
+
+def test_a_member_resumes_its_rows_and_their_momentum_from_whole_tensors(tmp_path):
+    """A whole Linear's checkpoint (one process) read by member 1 of a 0.75 / 0.25 group holding 1 of
+    its 4 output rows: the member keeps row 3 of the weight, the bias and their momentum; the
+    replicated parameter (not split) is read whole."""
+    from hetpipe.partitioner.capture.tensor_blocks import ShardedParameter
+    from hetpipe.runtime.checkpoint.files import CheckpointInfo
+    from hetpipe.runtime.checkpoint.groups import GroupSlices
+    from hetpipe.runtime.checkpoint.state import StageState, restore_checkpoint, save_checkpoint
+    from hetpipe.runtime.tp_shard import MemberShare
+
+    torch.manual_seed(0)
+    whole = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.LayerNorm(4))
+    opt = torch.optim.SGD(whole.parameters(), lr=0.1, momentum=0.9)
+    whole(torch.randn(3, 2)).pow(2).sum().backward()
+    opt.step()
+    names = {n: n for n, _ in whole.named_parameters()}
+    info = CheckpointInfo(step=1, batches_consumed=1, model="m", params_fingerprint="f", plan_digest="d",
+                          num_stages=1, optimizer="momentum", seed=0, saved_time_s=0.0)
+    folder = save_checkpoint(tmp_path, step=1, state=StageState(whole, names, names, opt, 0), info=info)
+    member = torch.nn.Sequential(torch.nn.Linear(2, 1), torch.nn.LayerNorm(4))  # row 3 of 4
+    mine = torch.optim.SGD(member.parameters(), lr=0.1, momentum=0.9)
+    specs = {"0.weight": (ShardedParameter("0.weight", dim=0, part_size=1), 4),
+             "0.bias": (ShardedParameter("0.bias", dim=0, part_size=1), 4)}
+    slices = GroupSlices(specs, MemberShare(1, (0.75, 0.25)), group=None)
+    restore_checkpoint(folder, StageState(member, names, {}, mine, 0, member=1, slices=slices), same_plan=False)
+    wp, mp = dict(whole.named_parameters()), dict(member.named_parameters())
+    for name in names:
+        want = wp[name].detach()[3:] if name in specs else wp[name].detach()
+        assert torch.equal(mp[name].detach(), want), name
+        momentum = opt.state[wp[name]]["momentum_buffer"]
+        assert torch.equal(mine.state[mp[name]]["momentum_buffer"], momentum[3:] if name in specs else momentum)
