@@ -78,7 +78,7 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: A
         validate_schedule(make_schedule(schedule, p, m), num_stages=p, num_microbatches=m)
         refuse_split_recompute(plan, schedule)
     graph, example = capture_for_plan(plan, model=model, seq=seq)  # raises PlanError for another model
-    check_shardable(plan, graph)  # a group of a torch.export graph (Hugging Face) cannot shard yet
+    check_shardable(plan, graph, loss=loss)  # a group of a torch.export graph (Hugging Face) cannot shard yet
     if [u.node_names for u in plan.units] == [tuple(u.node_names) for u in graph.units]:
         verify_tables(plan, graph, loss_costed=False)  # edited tables never reach the ranks (plan/tables.py)
     check_user_code(plan, model=model, data=data, loss=loss, example=example, meta_model=graph.module)
