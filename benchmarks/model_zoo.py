@@ -48,7 +48,7 @@ def zoo_rows(only: list[str]) -> list[list[object]]:
             continue
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
-            r = zoo_harness.zoo_case(family, Path(tmp))
+            r = zoo_harness.zoo_case(family, Path(tmp), time_capture=True)
             wall = time.perf_counter() - start
         memory = " / ".join(f"{_mib(s.peak_bytes)}/{_mib(s.predicted_memory_bytes)}" for s in r.report.stages) \
             if r.report else "-"

@@ -18,6 +18,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -141,7 +142,10 @@ def _run_case(case: Case, rank: int, world: int) -> dict[str, Any]:
 
 
 def _numerics_worker(rank: int, world: int) -> dict[str, Any]:
-    return {name: _run_case(case, rank, world) for name, case in CASES.items()}
+    out = {name: _run_case(case, rank, world) for name, case in CASES.items()}
+    if world == len(PERMUTED_STAGE_RANKS):  # the permuted-ranks case on the same world: one start-up less
+        out[PERMUTED] = _permuted_worker(rank, world)
+    return out
 
 
 def _reference(case: Case) -> dict[str, Any]:
@@ -166,14 +170,27 @@ def _reference(case: Case) -> dict[str, Any]:
     return out
 
 
+@pytest.fixture(scope="module")
+def worlds(tmp_path_factory):
+    """``get(world)``: every rank's `_numerics_worker` results, each world size launched once per module
+    (`world_results` and the permuted-ranks test read the same 3-rank world)."""
+    cache: dict[int, list[Any]] = {}
+
+    def get(world: int) -> list[Any]:
+        if world not in cache:
+            outcomes = run_world(_numerics_worker, world_size=world, timeout_s=WORLD_TIMEOUT_S,
+                                 out_dir=tmp_path_factory.mktemp(f"numerics{world}"))
+            for o in outcomes:
+                assert o.error is None and o.value is not None, f"rank {o.rank} (exit {o.exitcode}): {o.error}"
+            cache[world] = [o.value for o in outcomes]
+        return cache[world]
+
+    return get
+
+
 @pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda w: f"{w}stages")
-def world_results(request, tmp_path_factory):
-    world = request.param
-    outcomes = run_world(_numerics_worker, world_size=world, timeout_s=WORLD_TIMEOUT_S,
-                         out_dir=tmp_path_factory.mktemp(f"numerics{world}"))
-    for o in outcomes:
-        assert o.error is None and o.value is not None, f"rank {o.rank} (exit {o.exitcode}): {o.error}"
-    return world, [o.value for o in outcomes]
+def world_results(request, worlds):
+    return request.param, worlds(request.param)
 
 
 @pytest.mark.slow
@@ -222,6 +239,7 @@ def test_step_stats_are_measured(world_results):
 # torchrun): stage 0 on rank 2, stage 1 on rank 0, stage 2 on rank 1.  The tied embedding's
 # gradient all-reduce then runs between ranks 2 and 1.
 PERMUTED_STAGE_RANKS = (2, 0, 1)
+PERMUTED = "permuted-ranks"  # its key in `_numerics_worker`'s results
 
 
 def _permuted_worker(rank: int, world: int) -> dict[str, Any]:
@@ -248,10 +266,9 @@ def _permuted_worker(rank: int, world: int) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_stages_on_permuted_ranks_match_the_reference(tmp_path):
-    outcomes = run_world(_permuted_worker, world_size=3, timeout_s=WORLD_TIMEOUT_S, out_dir=tmp_path)
-    for o in outcomes:
-        assert o.error is None and o.value is not None, f"rank {o.rank} (exit {o.exitcode}): {o.error}"
+def test_stages_on_permuted_ranks_match_the_reference(worlds):
+    # run after the numerics cases on the same 3 ranks (`_numerics_worker`), each rank on its own stage
+    outcomes = [SimpleNamespace(rank=rank, value=res[PERMUTED]) for rank, res in enumerate(worlds(3))]
     case = CASES["gpt-1f1b"]
     model, _ = _model(case)
     ref = copy.deepcopy(model)

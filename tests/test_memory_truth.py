@@ -149,12 +149,10 @@ def _plan(model: str, batch: int, seq: int | None, folder: Path) -> Path:
     ("unet-tiny", 4, None),     # skip connections saved units later
     ("hf-llama-tiny", 2, 32),   # HF Llama: rotary tables, GQA
 ])
-def test_measured_peak_is_within_5_percent_below_the_plan(tmp_path, model, batch, seq):
+def test_measured_peak_is_within_5_percent_below_the_plan(plain_peak_run, model, batch, seq):
     from hetpipe.plan.schema import Plan
-    from hetpipe.runtime.run import run
 
-    path = _plan(model, batch, seq, tmp_path)
-    report = run(path, model=model, steps=2, seq=seq, timeout_s=60.0)
+    path, report = plain_peak_run(model, batch, seq)  # shared with tests/test_recompute_runtime.py
     plan = Plan.load(path)
     for st, planned in zip(report.stages, plan.stages):
         assert st.predicted_memory_bytes == planned.memory_bytes

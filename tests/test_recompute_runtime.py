@@ -333,22 +333,21 @@ def test_three_stages_with_recompute_train_like_a_single_device_loop(model, tmp_
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model, batch, seq", [("gpt-demo", 2, 32), ("hf-llama-tiny", 2, 32)])
-def test_recomputing_stages_hold_less_and_match_the_cost_model(tmp_path, model, batch, seq):
+def test_recomputing_stages_hold_less_and_match_the_cost_model(plain_peak_run, model, batch, seq):
     """Peak held bytes (the executor's ledger) of each recomputing stage: below the same stage without
     recomputation, never above the planner's M_s with recomputation (`evaluate`; the formula spelled out
     in `predicted_recompute_bytes`), and within 5% of it."""
     from hetpipe.partitioner.problem import evaluate
     from hetpipe.plan.schema import Plan, problem_from_plan, stages_from_plan
     from hetpipe.runtime.run import run
-    from tests.test_memory_truth import TOLERANCE, _plan
+    from tests.test_memory_truth import TOLERANCE
 
-    plain = Plan.load(_plan(model, batch, seq, tmp_path))
+    plain_path, plain_report = plain_peak_run(model, batch, seq)  # the run tests/test_memory_truth.py checks
+    plain = Plan.load(plain_path)
     rc = with_recompute(plain, worth_recomputing)
     assert sum(1 for st in rc.stages if st.recompute_units) >= 2
-    peaks = {}
-    for label, plan in (("plain", plain), ("recompute", rc)):
-        report = run(plan, model=model, steps=2, seq=seq, timeout_s=90.0)
-        peaks[label] = [s.peak_bytes for s in report.stages]
+    peaks = {"plain": [s.peak_bytes for s in plain_report.stages],
+             "recompute": [s.peak_bytes for s in run(rc, model=model, steps=2, seq=seq, timeout_s=90.0).stages]}
     evaluated = evaluate(problem_from_plan(rc), stages_from_plan(rc)).stages
     for st, held, without in zip(rc.stages, peaks["recompute"], peaks["plain"]):
         if not st.recompute_units:
@@ -379,31 +378,22 @@ def _trainer_worker(rank: int, world: int, plan_path: str) -> dict:
 
 
 @pytest.mark.slow
-def test_trainer_runs_a_recompute_plan_unchanged(tmp_path):
+def test_trainer_runs_a_recompute_plan_unchanged(trainer_world):
     """`hetpipe.Trainer` in a user loop builds each stage with the plan's recomputed units and matches the
-    unsplit model (the `tests/test_trainer.py` loop: SGD with momentum, clipping, an LR schedule)."""
+    unsplit model (the `tests/test_trainer.py` loop: SGD with momentum, clipping, an LR schedule; its
+    stages, every one recomputing all but its last unit; one world shared with that file's test,
+    tests/conftest.py)."""
     from tests import test_trainer as tt
-    from tests.dist_helpers import run_world
 
-    from hetpipe.partitioner.problem import Stage
-    from tests.runtime_plans import plan_for
-    from tests.synthetic import synthetic_cluster
-
-    meta, example = build(tt.MODEL, device="meta", batch=tt.BATCH, seq=tt.SEQ)
-    graph = capture(meta, example, name=tt.MODEL)
-    n = graph.num_units
-    stages = (Stage(0, 0, 1), Stage(1, 2, n - 3), Stage(2, n - 2, n - 1))  # tests/test_trainer.py's stages
-    plan = with_recompute(plan_for(graph, synthetic_cluster(), stages, microbatches=tt.MICROBATCHES), all_but_last)
-    plan.save(tmp_path / "recompute.json")
-    outcomes = run_world(_trainer_worker, world_size=3, args=(str(tmp_path / "recompute.json"),),
-                         timeout_s=tt.WORLD_TIMEOUT_S, out_dir=tmp_path)
-    for o in outcomes:
-        assert o.error is None and o.value is not None, f"rank {o.rank} (exit {o.exitcode}): {o.error}"
-    assert [o.value["recomputed"] for o in outcomes] == [list(st.recompute_units) for st in plan.stages]
+    plan, results = trainer_world["recompute"]
+    for rank, res in enumerate(results):
+        assert "error" not in res, f"rank {rank}: {res['error']}"
+    values = [res["value"] for res in results]
+    assert [v["recomputed"] for v in values] == [list(st.recompute_units) for st in plan.stages]
     ref_losses, ref_params = tt._reference()
-    torch.testing.assert_close(outcomes[2].value["losses"], ref_losses, rtol=tt.RTOL, atol=tt.ATOL)
-    for o in outcomes:
-        for name, value in o.value["params"].items():
+    torch.testing.assert_close(values[2]["losses"], ref_losses, rtol=tt.RTOL, atol=tt.ATOL)
+    for v in values:
+        for name, value in v["params"].items():
             torch.testing.assert_close(value, ref_params[name], rtol=tt.RTOL, atol=tt.ATOL)
 
 
@@ -420,16 +410,16 @@ def _replica_worker(rank: int, world: int, plan) -> dict:
 
 
 @pytest.mark.slow
-def test_replica_plan_with_recompute_equals_single_device_training(tmp_path):
+def test_replica_plan_with_recompute_equals_single_device_training(replica_numerics):
     """Uneven replicas (a 2-stage and a 1-stage pipeline), every stage recomputing all but its last unit,
-    gradient sync launched from hooks during the recomputing backward: equal to one device."""
+    gradient sync launched from hooks during the recomputing backward: equal to one device.  Run on the
+    3-rank world of tests/test_replica_runtime.py's numerics, after its cases (tests/conftest.py)."""
     from tests import test_replica_runtime as tr
-    from tests.dist_helpers import run_world
 
     plan = with_recompute(tr._numerics_plan(), all_but_last)
-    outcomes = run_world(_replica_worker, world_size=3, args=(plan,), timeout_s=tr.WORLD_TIMEOUT_S, out_dir=tmp_path)
-    for o in outcomes:
-        assert o.error is None and o.value is not None, f"rank {o.rank} (exit {o.exitcode}): {o.error}"
+    for o in replica_numerics:
+        assert "error" not in o.value[tr.RECOMPUTE], f"rank {o.rank}: {o.value[tr.RECOMPUTE]['error']}"
+    outcomes = [dataclasses.replace(o, value=o.value[tr.RECOMPUTE]["value"]) for o in replica_numerics]
     by_rank = {r: list(plan.stages[s].recompute_units) for s, r in enumerate(tr.STAGE_RANKS)}
     assert {o.rank: o.value["recomputed"] for o in outcomes} == by_rank
     ref_losses, ref_params, _ = tr._numerics_reference()

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from pathlib import Path
 from typing import Any
@@ -217,10 +218,11 @@ def _sgd(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
 # (overlap_sync, bucket_cap_bytes) of each run: the default; parts of at most 16 KiB (several per bucket,
 # launched from gradient hooks in order); everything in the optimizer step.
 SYNC_MODES = {"overlap": (True, None), "overlap-16k-parts": (True, 16 * 1024), "after-backward": (False, None)}
+RECOMPUTE = "recompute"  # the key of tests/test_recompute_runtime.py's run in `_numerics_worker`'s results
 
 
-def _numerics_worker(rank: int, world: int, plan: Any) -> dict[str, Any]:
-    out = {}
+def _numerics_worker(rank: int, world: int, plan: Any, recompute_plan: Any = None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for mode, (overlap, cap) in SYNC_MODES.items():
         trainer = ReplicaTrainer(plan, model=MODEL, seq=SEQ, optimizer=_sgd, grad_clip_norm=CLIP, timeout_s=60.0,
                                  stage_ranks=STAGE_RANKS, overlap_sync=overlap,
@@ -231,6 +233,15 @@ def _numerics_worker(rank: int, world: int, plan: Any) -> dict[str, Any]:
         out[mode] = {"losses": losses, "bytes": trainer.bytes_reduced, "replica": trainer.place.replica,
                      "parts": [(p.label, p.in_backward, len(p.params)) for p in trainer.sync.parts],
                      "params": {n: p.detach().clone() for n, p in named}}
+    if recompute_plan is not None:  # tests/test_recompute_runtime.py's replica case, on the same world
+        import traceback
+
+        from tests.test_recompute_runtime import _replica_worker
+
+        try:
+            out[RECOMPUTE] = {"value": _replica_worker(rank, world, recompute_plan)}
+        except Exception:  # noqa: BLE001 - that test asserts on it; this file's modes ran before
+            out[RECOMPUTE] = {"error": traceback.format_exc()}
     return out
 
 
@@ -242,6 +253,7 @@ def _whole_model(batch: int) -> Any:
                        device="cpu", seed=0)  # the seeded init every partition reproduces
 
 
+@functools.lru_cache(maxsize=1)  # read by 3 sync modes and the recompute case; never mutated
 def _numerics_reference() -> tuple[list[float], dict[str, torch.Tensor], list[float]]:
     from hetpipe.models import lm_loss
 
@@ -259,12 +271,9 @@ def _numerics_reference() -> tuple[list[float], dict[str, torch.Tensor], list[fl
 
 
 @pytest.fixture(scope="module")
-def numerics_outcomes(tmp_path_factory):
-    outcomes = run_world(_numerics_worker, world_size=3, args=(_numerics_plan(),), timeout_s=WORLD_TIMEOUT_S,
-                         out_dir=tmp_path_factory.mktemp("replica-numerics"))
-    for o in outcomes:
-        assert o.error is None and o.value is not None, f"rank {o.rank} (exit {o.exitcode}): {o.error}"
-    return outcomes
+def numerics_outcomes(replica_numerics):
+    """Every rank's `_numerics_worker` results: one 3-rank world per session (tests/conftest.py)."""
+    return replica_numerics
 
 
 @pytest.mark.slow

@@ -15,7 +15,6 @@ import dataclasses
 import json
 import math
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 import torch
@@ -242,32 +241,71 @@ def _member(rank: int, world: int, name: str, weights: tuple[float, ...], steps:
     return {"losses": losses, "params": full, "held": held_numel(model), "expected": expected}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name,weights,via", [
+GROUP_CASES = (
     ("gpt-tiny", (0.75, 0.25), "eager"),        # heads 3:1, MLP columns 192:64
     ("llama-mha", (0.75, 0.25), "eager"),       # heads 3:1, MLP columns 72:24
     ("gpt-tiny", (0.5, 0.3, 0.2), "eager"),     # heads 2:1:1, MLP columns 128:77:51
     ("hf-llama-tiny", (0.6, 0.4), "eager"),     # key/value groups 1:1, MLP columns 38:26
     ("gpt-tiny", (0.75, 0.25), "stage"),        # the same on the pipeline runtime's fx stage module
     ("hf-gpt2-tiny", (0.6, 0.4), "eager"),      # Conv1D MLP columns 77:51; attention replicated
-])
-def test_uneven_group_trains_like_one_device(tmp_path: Path, name: str, weights: tuple[float, ...], via: str):
-    steps = 3
+)
+GROUP_STEPS = 3
+
+
+def _members(rank: int, world: int, cases: list[tuple]) -> dict:
+    """`_member` for each case in turn on one world (each case builds its own group); an error is kept per case."""
+    import traceback
+
+    out = {}
+    for key, args in cases:
+        try:
+            out[key] = {"value": _member(rank, world, *args)}
+        except Exception:  # noqa: BLE001 - the parent asserts on it, case by case
+            out[key] = {"error": traceback.format_exc()}
+    return out
+
+
+@pytest.fixture(scope="module")
+def group_runs(tmp_path_factory) -> dict:
+    """Every case of `GROUP_CASES`, one gloo world per group size (2 and 3 cards), not one per case:
+    each start costs every rank a torch (and transformers) import.  Case -> (initial state file, per-rank results)."""
+    folder = tmp_path_factory.mktemp("groups")
+    runs = {}
+    for size in sorted({len(w) for _, w, _ in GROUP_CASES}):
+        cases, files = [], {}
+        for i, (name, weights, via) in enumerate(c for c in GROUP_CASES if len(c[1]) == size):
+            model, batch = _model(name)
+            files[(name, weights, via)] = folder / f"init-{size}-{i}.pt"
+            torch.save(model.state_dict(), files[(name, weights, via)])
+            cases.append(((name, weights, via), (name, weights, GROUP_STEPS, str(files[(name, weights, via)]), batch,
+                                                 via)))
+        outs = run_world(_members, world_size=size, args=(cases,), timeout_s=240 * len(cases),
+                         out_dir=folder / f"ranks{size}")
+        for key, _ in cases:
+            runs[key] = (files[key], [o.value[key] if o.value is not None else
+                                      {"error": f"rank {o.rank} (exit {o.exitcode}): {o.error}"} for o in outs])
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,weights,via", GROUP_CASES)
+def test_uneven_group_trains_like_one_device(group_runs: dict, name: str, weights: tuple[float, ...], via: str):
     model, batch = _model(name)
-    torch.save(model.state_dict(), tmp_path / "init.pt")
+    state_file, outs = group_runs[(name, weights, via)]
+    model.load_state_dict(torch.load(state_file))  # the very weights the members started from
     reference = copy.deepcopy(model)
-    ref_losses = _train(reference, batch, steps)
-    outs = run_world(_member, world_size=len(weights), args=(name, weights, steps, str(tmp_path / "init.pt"), batch, via),
-                     timeout_s=240, out_dir=tmp_path / "ranks")
+    ref_losses = _train(reference, batch, GROUP_STEPS)
     for o in outs:
-        assert o.error is None, o.error
-        torch.testing.assert_close(o.value["losses"], ref_losses, rtol=1e-5, atol=0)
+        assert "error" not in o, o["error"]
+    members = [o["value"] for o in outs]
+    for got in members:
+        torch.testing.assert_close(got["losses"], ref_losses, rtol=1e-5, atol=0)
         ref = dict(reference.named_parameters())
-        assert set(o.value["params"]) == set(ref)
-        for n, p in o.value["params"].items():
+        assert set(got["params"]) == set(ref)
+        for n, p in got["params"].items():
             torch.testing.assert_close(p, ref[n].detach(), rtol=1e-5, atol=1e-5, msg=lambda m, n=n: f"{n}: {m}")
-    held = [o.value["held"] for o in outs]  # each member holds its parts and the replicated rest, no more
-    assert held == [o.value["expected"] for o in outs]
+    held = [got["held"] for got in members]  # each member holds its parts and the replicated rest, no more
+    assert held == [got["expected"] for got in members]
     assert held[0] > held[-1] and all(h < sum(p.numel() for p in model.parameters()) for h in held)
 
 

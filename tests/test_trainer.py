@@ -4,17 +4,14 @@ with its tied embedding/head split over the first and last stages)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import functools
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
 from hetpipe.errors import ConfigError
-from hetpipe.partitioner.problem import Stage
-from tests.dist_helpers import run_world
-from tests.runtime_plans import plan_for
-from tests.synthetic import synthetic_cluster
 
 MODEL, BATCH, SEQ, MICROBATCHES, STEPS = "gpt-tiny", 2, 16, 4, 3
 RTOL, ATOL = 1e-5, 4e-5
@@ -57,20 +54,7 @@ def _trainer_worker(rank: int, world: int, plan_path: str) -> dict[str, Any]:
             "params": {n: p.detach().clone() for n, p in trainer.stage.named_parameters()}}
 
 
-@pytest.fixture(scope="module")
-def plan_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from hetpipe.models import build
-    from hetpipe.partitioner.capture.capture import capture
-
-    model, inputs = build(MODEL, device="meta", batch=BATCH, seq=SEQ)
-    graph = capture(model, inputs, name=MODEL)
-    n = graph.num_units
-    stages = (Stage(0, 0, 1), Stage(1, 2, n - 3), Stage(2, n - 2, n - 1))  # uneven: 2 | n-4 | 2 units
-    path = tmp_path_factory.mktemp("trainer") / "plan.json"
-    plan_for(graph, synthetic_cluster(), stages, microbatches=MICROBATCHES).save(path)
-    return path
-
-
+@functools.lru_cache(maxsize=1)  # read by this file's and test_recompute_runtime's Trainer tests; never mutated
 def _reference() -> tuple[list[float], dict[str, torch.Tensor]]:
     from hetpipe.models import build, lm_loss
     from hetpipe.partitioner.capture.capture import capture
@@ -97,11 +81,12 @@ def _reference() -> tuple[list[float], dict[str, torch.Tensor]]:
 
 
 @pytest.mark.slow
-def test_trainer_in_a_user_loop_matches_the_unsplit_model(plan_path, tmp_path):
-    outcomes = run_world(_trainer_worker, world_size=3, args=(str(plan_path),), timeout_s=WORLD_TIMEOUT_S,
-                         out_dir=tmp_path)
-    for o in outcomes:
-        assert o.error is None and o.value is not None, f"rank {o.rank} (exit {o.exitcode}): {o.error}"
+def test_trainer_in_a_user_loop_matches_the_unsplit_model(trainer_world):
+    # the plan: stages 2 | n-4 | 2 units (tests/conftest.py, one world shared with the recompute plan's test)
+    _, results = trainer_world["plain"]
+    for rank, res in enumerate(results):
+        assert "error" not in res, f"rank {rank}: {res['error']}"
+    outcomes = [SimpleNamespace(rank=rank, value=res["value"]) for rank, res in enumerate(results)]
     ref_losses, ref_params = _reference()
     assert [o.value["stage"] for o in outcomes] == [0, 1, 2]
     torch.testing.assert_close(outcomes[2].value["losses"], ref_losses, rtol=RTOL, atol=ATOL)

@@ -63,9 +63,13 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: A
     ``weights`` that lack a tensor of the model or hold one of another shape (headers only); returns
     the UnitGraph."""
     from hetpipe.schedule.builders import make_schedule, validate_schedule
+    from hetpipe.schedule.interleaved import parse_interleaved
     from hetpipe.plan.tables import verify_tables
     from hetpipe.runtime.rank import capture_for_plan
     refuse_unrunnable_groups(plan, schedule)  # issue 15: what groups do not run yet, each with its fix
+    if parse_interleaved(schedule) or any(st.chunks for st in plan.stages):  # issue 17: priced, not executed yet
+        raise ConfigError(f"schedule {plan.training.schedule}: interleaved virtual stages are planned and checked but "
+                          "not run yet (one stage per rank); re-plan with --schedule 1f1b, zb-1f1b or auto")
     if plan.replicas:  # each replica is its own pipeline
         from hetpipe.runtime.replicas.trainer import check_runnable
 

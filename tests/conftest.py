@@ -1,0 +1,106 @@
+"""Fixtures shared across test files: one multi-process run that several files assert on.
+
+A launch costs every rank a torch import, a capture and a stage build (2-4 s of CPU each, many
+more seconds of wall time on a loaded 2-core machine), so a run whose results tests in two files
+read is launched once per session (`plain_peak_run`), and cases that need the same world size
+run one after another on one world (`trainer_world`, `replica_numerics`).  Each test still
+asserts everything it asserted on its own run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def plain_peak_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Path, object]]:
+    """``get(model, batch, seq) -> (plan path, RunReport)``: 2 steps of the 3-stage plan of
+    `tests.test_memory_truth._plan` (no recomputation), launched once per (model, batch, seq).
+
+    tests/test_memory_truth.py checks its measured peaks against the plan; tests/test_recompute_runtime.py
+    compares the same plan's peaks with a recomputing copy's.  Peak held bytes are the executor's
+    ledger (deterministic), so both may read one run.
+    """
+    from hetpipe.runtime.run import run
+    from tests.test_memory_truth import _plan
+
+    runs: dict[tuple[str, int, int | None], tuple[Path, object]] = {}
+
+    def get(model: str, batch: int, seq: int | None) -> tuple[Path, object]:
+        key = (model, batch, seq)
+        if key not in runs:
+            path = _plan(model, batch, seq, tmp_path_factory.mktemp(f"plain-{model}"))
+            runs[key] = (path, run(path, model=model, steps=2, seq=seq, timeout_s=90.0))
+        return runs[key]
+
+    return get
+
+
+def _trainer_plans_worker(rank: int, world: int, jobs: list[tuple[str, str, str]]) -> dict:
+    """Each (label, "module:function", plan path) in turn on one world (an initialised process group is
+    reused by `Trainer`); an error is kept per label."""
+    import importlib
+    import traceback
+
+    out = {}
+    for label, spec, path in jobs:
+        module, name = spec.split(":")
+        try:
+            out[label] = {"value": getattr(importlib.import_module(module), name)(rank, world, path)}
+        except Exception:  # noqa: BLE001 - the parent asserts on it, label by label
+            out[label] = {"error": traceback.format_exc()}
+    return out
+
+
+@pytest.fixture(scope="session")
+def trainer_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[object, list[dict]]]:
+    """`hetpipe.Trainer` in a user loop on 3 gloo ranks, once per session for two plans of gpt-tiny with the
+    stages of tests/test_trainer.py: ``"plain"`` (that file's test) and ``"recompute"`` (every stage
+    recomputing all but its last unit, tests/test_recompute_runtime.py's).  Label -> (plan, each rank's
+    result or {"error": ...})."""
+    from hetpipe.models import build
+    from hetpipe.partitioner.capture.capture import capture
+    from hetpipe.partitioner.problem import Stage
+    from tests import test_trainer as tt
+    from tests.dist_helpers import run_world
+    from tests.runtime_plans import plan_for
+    from tests.synthetic import synthetic_cluster
+    from tests.test_recompute_runtime import all_but_last, with_recompute
+
+    folder = tmp_path_factory.mktemp("trainer-world")
+    meta, example = build(tt.MODEL, device="meta", batch=tt.BATCH, seq=tt.SEQ)
+    graph = capture(meta, example, name=tt.MODEL)
+    n = graph.num_units
+    stages = (Stage(0, 0, 1), Stage(1, 2, n - 3), Stage(2, n - 2, n - 1))  # uneven: 2 | n-4 | 2 units
+    plain = plan_for(graph, synthetic_cluster(), stages, microbatches=tt.MICROBATCHES)
+    plans = {"plain": plain, "recompute": with_recompute(plain, all_but_last)}
+    workers = {"plain": "tests.test_trainer:_trainer_worker", "recompute": "tests.test_recompute_runtime:_trainer_worker"}
+    jobs = []
+    for label, plan in plans.items():
+        plan.save(folder / f"{label}.json")
+        jobs.append((label, workers[label], str(folder / f"{label}.json")))
+    outcomes = run_world(_trainer_plans_worker, world_size=3, args=(jobs,), timeout_s=2 * tt.WORLD_TIMEOUT_S,
+                         out_dir=folder / "ranks")
+    return {label: (plans[label], [o.value[label] if o.value is not None else
+                                   {"error": f"rank {o.rank} (exit {o.exitcode}): {o.error}"} for o in outcomes])
+            for label in plans}
+
+
+@pytest.fixture(scope="session")
+def replica_numerics(tmp_path_factory: pytest.TempPathFactory) -> list:
+    """tests/test_replica_runtime.py's uneven replicas (a 2-stage and a 1-stage pipeline) on 3 gloo ranks,
+    once per session: its three sync modes, then the same plan with every stage recomputing all but its
+    last unit (tests/test_recompute_runtime.py's case, under the key ``RECOMPUTE``)."""
+    from tests import test_replica_runtime as tr
+    from tests.dist_helpers import run_world
+    from tests.test_recompute_runtime import all_but_last, with_recompute
+
+    plan = tr._numerics_plan()
+    outcomes = run_world(tr._numerics_worker, world_size=3, args=(plan, with_recompute(plan, all_but_last)),
+                         timeout_s=2 * tr.WORLD_TIMEOUT_S, out_dir=tmp_path_factory.mktemp("replica-numerics"))
+    for o in outcomes:
+        assert o.error is None and o.value is not None, f"rank {o.rank} (exit {o.exitcode}): {o.error}"
+    return outcomes
