@@ -8,7 +8,9 @@ bytes and Adam state bytes the rank saved, its files on disk, and its seconds in
 2 more steps on the same plan and on three others (a hand 2-stage cut, a hand 4-stage cut, the
 planner's cut of ``examples/clusters/homelab-mini.yaml``); each resumed run saves again at step 4, and its losses and final
 parameters are compared with a single-device loop over the same weights and data (max abs diff),
-the same-plan resume also with the uninterrupted run (bitwise: 0).
+the same-plan resume also with the uninterrupted run (bitwise: 0).  A plan with a tensor-parallel group
+(stage 0 on two cards at shares 0.7 / 0.3) resumes the step-2 checkpoint too, saves at steps 3 and 4
+(size, gather and save time per stage), and its step-3 checkpoint is resumed on the 3-stage source plan.
 
 Usage:
     python benchmarks/checkpoint.py
@@ -60,7 +62,36 @@ def _plans(tmp: Path) -> dict[str, Path]:
     out["planner, homelab-mini"] = tmp / "homelab-mini.json"
     plan.save(out["planner, homelab-mini"])
     out.update(_replica_plans(graph, tmp))
+    out[GROUPED] = tmp / "grouped.json"
+    _grouped_plan(meta, inputs).save(out[GROUPED])
     return out
+
+
+GROUPED = "group 0.7 / 0.3 + 1 card"
+SHARES = (0.7, 0.3)
+
+
+def _grouped_plan(meta, inputs):
+    """Stage 0 (units 0-3) on a tensor-parallel group of two cards at shares 0.7 / 0.3 (an RTX 3090 leading
+    a 3060: tests/test_tp_runtime.py's plan), stage 1 (the rest) on a 4090; Adam, m = 4."""
+    import dataclasses
+
+    from hetpipe.cost_models.cluster import cluster_from_dict
+    from hetpipe.partitioner.capture.capture import capture
+    from hetpipe.partitioner.problem import Stage, evaluate
+    from hetpipe.plan.build import assemble_plan, build_problem
+    from hetpipe.plan.schema import SolverReport
+
+    graph = capture(meta, inputs, name=MODEL)
+    cluster = cluster_from_dict({"nodes": [{"name": "box", "intra": "pcie-host", "devices": [
+        {"gpu": "rtx3090"}, {"gpu": "rtx3060-12gb"}, {"gpu": "rtx4090"}]}]})
+    problem = build_problem(graph, cluster, microbatches=GLOBAL // BATCH, tensor_parallel="auto")
+    stages = (Stage(0, 0, 3, members=(0, 1)), Stage(2, 4, graph.num_units - 1))
+    ev = evaluate(problem, stages)
+    plan = assemble_plan(graph, cluster, problem=problem, stages=stages, global_batch=GLOBAL,
+                         solver=SolverReport("hand", "FEASIBLE", ev.iteration_s, 0.0, 0.0))
+    return dataclasses.replace(plan, stages=(dataclasses.replace(plan.stages[0], group_shares=SHARES),
+                                             *plan.stages[1:]))
 
 
 def _replica_plans(graph, tmp: Path) -> dict[str, Path]:
@@ -88,7 +119,8 @@ def _replica_plans(graph, tmp: Path) -> dict[str, Path]:
 
 def _cuts(path: Path) -> str:
     plan = json.loads(path.read_text())
-    return " \\| ".join(f"{s['first_unit']}-{s['last_unit']} {s['device']}" for s in plan["stages"])
+    return " \\| ".join(f"{s['first_unit']}-{s['last_unit']} {'+'.join(s.get('group_devices') or [s['device']])}"
+                         for s in plan["stages"])
 
 
 def _data(tmp: Path) -> tuple[dict, list]:
@@ -156,6 +188,37 @@ def _size_rows(folder: Path) -> list[list[object]]:
     return rows
 
 
+def _group_rows(folder: Path, plan: Path) -> list[list[object]]:
+    """Per stage of the grouped plan's checkpoint: what its lead wrote (whole tensors), the gather before it."""
+    stages = json.loads(plan.read_text())["stages"]
+    info = json.loads((folder / "hetpipe-checkpoint.json").read_text())
+    rows, rank = [], 0
+    for s, st in enumerate(stages):
+        width = len(st.get("group_devices") or [st["device"]])
+        disk = sum(p.stat().st_size for r in range(rank, rank + width) for p in folder.glob(f"__{r}_*.distcp"))
+        rank += width
+        mb, ob = info["stage_model_bytes"][s], info["stage_optim_bytes"][s]
+        gathered = info["stage_gather_bytes"][s]
+        rows.append([info["step"], s, width, f"{mb / 2**20:.2f}", f"{ob / 2**20:.2f}", f"{disk / 2**20:.2f}",
+                     f"{gathered / 2**20:.2f}", f"{gathered / (mb + ob):.3f}" if mb + ob else "-",
+                     f"{info['stage_gather_s'][s] * 1000:.0f}", f"{info['stage_save_s'][s] * 1000:.0f}"])
+    return rows
+
+
+def _resume_row(label: str, plans: dict, tmp: Path, source: Path, *, at: int, ref_losses, ref_state,
+                full) -> list[object]:
+    """Resume ``source`` (a checkpoint folder at step ``at``) on plan ``label``; the row of the resume table."""
+    ck = tmp / f"ck-from-{source.parent.name}-{plans[label].stem}"
+    start = time.perf_counter()
+    rep = _run(plans[label], tmp, ck, resume=source)
+    wall = time.perf_counter() - start
+    loss_diff = max(abs(a - b) for a, b in zip(rep.losses, ref_losses[at:]))
+    vs_full = max(abs(a - b) for a, b in zip(rep.losses, full.losses[at:]))
+    return [f"resume at step {at} (the group's checkpoint)", label, _cuts(plans[label]),
+            f"{loss_diff:.1e}", f"{_max_param_diff(ck / f'step-{STEPS:06d}', ref_state):.1e}", f"{vs_full:.1e}",
+            f"{wall:.0f}"]
+
+
 def main() -> int:
     import warnings
 
@@ -168,6 +231,7 @@ def main() -> int:
         ref_losses, ref_state = _reference(state, batches)
         source = next(iter(plans))
         replica_rows: list[list[object]] = []
+        group_rows: list[list[object]] = []
         start = time.perf_counter()
         full = _run(plans[source], tmp, tmp / "ck", checkpoint_every=EVERY)
         full_s = time.perf_counter() - start
@@ -178,7 +242,8 @@ def main() -> int:
         for label, path in plans.items():
             ck = tmp / f"ck-{path.stem}"
             start = time.perf_counter()
-            rep = _run(path, tmp, ck, resume=tmp / "ck" / "step-000002")
+            grouped = label == GROUPED  # saves at step 3 too: resumed on the source plan below
+            rep = _run(path, tmp, ck, resume=tmp / "ck" / "step-000002", checkpoint_every=1 if grouped else None)
             wall = time.perf_counter() - start
             loss_diff = max(abs(a - b) for a, b in zip(rep.losses, ref_losses[EVERY:]))
             vs_full = max(abs(a - b) for a, b in zip(rep.losses, full.losses[EVERY:]))
@@ -187,6 +252,11 @@ def main() -> int:
             print(rows[-1], flush=True)
             if label.startswith("replicas"):
                 replica_rows += [[label, *row] for row in _size_rows(ck / "step-000004")]
+            if grouped:
+                group_rows = _group_rows(ck / "step-000003", path) + _group_rows(ck / "step-000004", path)
+                rows.append(_resume_row(source, plans, tmp, ck / "step-000003", at=3, ref_losses=ref_losses,
+                                        ref_state=ref_state, full=full))
+                print(rows[-1], flush=True)
     load_after = os.getloadavg()
     body = "\n\n".join([
         f"`{MODEL}` (seq {SEQ}, micro-batch {BATCH}, global batch {GLOBAL}, Adam, fp32), `hetpipe.run` on gloo "
@@ -214,6 +284,18 @@ def main() -> int:
         "(tests/test_shard_runtime.py), which the param diff shows if it exceeds the pipelines'.",
         markdown_table(["plan", "step", "plan stage", "params+buffers MiB", "Adam state MiB", "saved MiB", "disk MiB",
                         "disk / saved", "save ms"], replica_rows),
+        f"**Tensor-parallel group** (`{GROUPED}`: stage 0 = units 0-3 on two cards at shares {SHARES[0]} / "
+        f"{SHARES[1]}, stage 1 one card): its checkpoints at steps 3 and 4, per plan stage. The group's members "
+        "all-gather every split parameter and its Adam moments along the split dimension "
+        "(`hetpipe.runtime.checkpoint.groups`), then the lead writes them whole under the model's names (the layout "
+        "a width-1 stage writes); the member writes only its random generators. Gathered = the whole split "
+        "tensors assembled, summed over the members (each receives the others' slices); gather ms = the slowest "
+        "member's seconds in that all-gather, before `dcp.save`; save ms = seconds inside `dcp.save`. Disk = every "
+        "member's `.distcp` files. The resume table's rows `" + GROUPED + "` (the source's step-2 checkpoint "
+        "resumed on the group) and `resume at step 3 (the group's checkpoint)` (the group's own checkpoint resumed "
+        "on the 3-stage source plan) show the equality with one device.",
+        markdown_table(["step", "plan stage", "cards", "params+buffers MiB", "Adam state MiB", "disk MiB",
+                        "gathered MiB", "gathered / saved", "gather ms", "save ms"], group_rows),
     ])
     print(body)
     write_result("checkpoint", "Checkpoints that move between plans (issue 16)", body)

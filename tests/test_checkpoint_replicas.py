@@ -198,12 +198,12 @@ def test_adam_state_of_a_sharded_group_gathers_whole_and_slices_back():
     assert all(float(s["step"]) == 2.0 for s in again.state.values())
 
 
-def test_supervising_a_replica_plan_is_one_error_naming_the_fix(setup, tmp_path):
-    """Re-planning (`hetpipe.plan.replan`) solves one pipeline: supervised replica runs are refused before launch."""
+def test_adapting_a_replica_plan_is_one_error_naming_the_fix(setup, tmp_path):
+    """Re-planning (`hetpipe.plan.replan`) solves one pipeline: ``--adapt`` of a replica plan is refused before
+    launch (``--max-restarts`` relaunches the same plan: tests/test_supervise_replicas.py)."""
     from hetpipe.errors import ConfigError
     from hetpipe.runtime.run import run
 
     folder, *_ = setup
-    for flags in ({"max_restarts": 1}, {"adapt": True}):
-        with pytest.raises(ConfigError, match="supervise single-pipeline plans only.*--resume DIR"):
-            run(folder / "R1.json", model=MODEL, steps=2, checkpoint_dir=tmp_path / "ck", **flags)
+    with pytest.raises(ConfigError, match="--adapt re-plans single-pipeline plans only.*--resume DIR"):
+        run(folder / "R1.json", model=MODEL, steps=2, checkpoint_dir=tmp_path / "ck", adapt=True)

@@ -20,7 +20,7 @@ import torch
 
 from hetpipe.errors import ConfigError, PlanError
 from hetpipe.plan.group_run import (
-    member_timings, rank_slots, refuse_group_outputs, refuse_unrunnable_groups)
+    member_timings, rank_slots, refuse_group_supervision, refuse_unrunnable_groups)
 
 MODEL, MICRO_BATCH, SEQ, MICROBATCHES, STEPS = "gpt-tiny", 2, 16, 4, 3
 SHARES = (0.7, 0.3)
@@ -70,8 +70,8 @@ def test_one_rank_per_card_the_lead_first_and_what_does_not_run_yet_is_refused_n
                                                *plan.stages[1:]))
     with pytest.raises(PlanError, match=r"plan stages \[0\] are tensor-parallel groups that recompute or offload"):
         refuse_unrunnable_groups(levers, "1f1b")
-    with pytest.raises(ConfigError, match="--checkpoint-dir: plan stages .0. are tensor-parallel groups"):
-        refuse_group_outputs(plan, checkpoint_dir="ckpt")
+    with pytest.raises(ConfigError, match="--adapt: plan stages .0. are tensor-parallel groups.*--resume DIR"):
+        refuse_group_supervision(plan)
     from hetpipe.plan.check import check_plan
 
     led_by_the_larger = _plan(lead=0)  # the stage records its tightest member's usable bytes, not the lead's

@@ -43,8 +43,9 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="continue from the newest complete checkpoint in DIR (or the step-NNNNNN folder named), on "
                         "this plan or another; --steps is the total to reach")
     p.add_argument("--max-restarts", type=int, default=None, metavar="N",
-                   help="after a rank dies, re-plan on the surviving devices and resume from the newest checkpoint, "
-                        "up to N times (needs --checkpoint-dir; default: no restart)")
+                   help="after a rank dies, re-plan on the surviving devices (a replica plan: relaunch the same "
+                        "plan) and resume from the newest checkpoint, up to N times (needs --checkpoint-dir; default: "
+                        "no restart)")
     p.add_argument("--wait-for-return", type=float, default=None, metavar="SECONDS",
                    help="after a rank dies, wait up to SECONDS for its device to be back (RUN_DIR/back-<device>, "
                         "or an injected kill's down=S) and resume on the same plan; else re-plan (needs --max-restarts)")

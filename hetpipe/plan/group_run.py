@@ -1,5 +1,6 @@
 """What running a plan's tensor-parallel groups needs from the plan (issue 15): the rank layout,
-each member's own predicted times, and the refusals of what the runtime does not run.
+each member's own predicted times, and the refusals of what the runtime does not run (`refuse_unrunnable_groups`;
+supervised runs: `refuse_group_supervision`).
 
 `hetpipe run` starts one rank per card: the stages in order, each group stage's members in
 ``group_devices`` order (its lead, `PlanStage.device`, first).  `rank_slots` is that layout.
@@ -91,10 +92,17 @@ def refuse_unrunnable_groups(plan: Any, schedule: str) -> None:
                         "do not do (the levers are not priced for groups); re-create the plan with `hetpipe plan`")
 
 
-def refuse_group_outputs(plan: Any, *, checkpoint_dir: Any = None, resume: Any = None) -> None:
-    """Checkpoints of a grouped plan are not written or read yet: each member holds a shard."""
-    used = [flag for flag, value in (("--checkpoint-dir", checkpoint_dir), ("--resume", resume)) if value is not None]
-    if used and has_groups(plan):
-        raise ConfigError(f"{', '.join(used)}: plan stages {[st.index for st in plan.stages if st.group_devices]} "
-                          "are tensor-parallel groups, whose members' shards are not checkpointed yet; run the "
-                          "grouped plan without them (--save-weights works), or checkpoint a plan without groups")
+def refuse_group_supervision(plan: Any) -> None:
+    """Supervised runs (``--max-restarts``, ``--wait-for-return``, ``--adapt``) of a grouped plan are
+    refused: the supervisor maps dead ranks to stages one card per stage, and re-planning solves
+    width-1 stages.  Checkpoints and ``--resume`` of grouped plans work (`hetpipe.runtime.checkpoint.groups`).
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> refuse_group_supervision(NS(stages=[NS(index=0, group_devices=())]))
+    """
+    if has_groups(plan):
+        raise ConfigError(f"--max-restarts, --wait-for-return and --adapt: plan stages "
+                          f"{[st.index for st in plan.stages if st.group_devices]} are tensor-parallel groups, "
+                          "which supervised runs do not restart yet; run the grouped plan with --checkpoint-dir "
+                          "and, after a failure, continue with --resume DIR (on this plan or a re-made one)")

@@ -23,7 +23,8 @@ class Restart:
     """One relaunch of a supervised run.
 
     ``kind``: ``lost`` (a rank died; its device is left out of the new plan), ``returned`` (a rank
-    died and its device came back within ``--wait-for-return``: same plan) or ``adapt`` (a
+    died and its device came back within ``--wait-for-return``: same plan), ``relaunched`` (a rank of
+    a replica plan died: the same plan is relaunched, its card taken to be working) or ``adapt`` (a
     straggler report: the device is kept, priced at its measured slowdown; ``device`` is then
     ``"a:0 -> b:1"`` for a slow link, priced at its measured slowdown both ways).  ``failed_step``:
     steps every rank had finished when the old job stopped; ``resumed_step``: the checkpoint's
@@ -56,11 +57,13 @@ class Restart:
 
     def line(self, number: int = 1) -> str:
         """The one log line of this restart."""
-        what = "lost" if self.kind in ("lost", "returned") else f"{self.factor:.3g}x slower (straggler)"
+        what = "lost" if self.kind in ("lost", "returned", "relaunched") else f"{self.factor:.3g}x slower (straggler)"
         measured = (f"; measured {_ms(self.old_measured_s)} -> {_ms(self.new_measured_s)}"
                     if self.old_measured_s and self.new_measured_s else "")
         if self.kind == "returned":
             how = f"back after {self.waited_s:.3g} s: the same plan {self.new_stages}, T {_ms(self.new_predicted_s)}"
+        elif self.kind == "relaunched":
+            how = f"relaunched on the same plan {self.new_stages}, T {_ms(self.new_predicted_s)}"
         else:
             waited = f"not back within {self.waited_s:.3g} s; " if self.waited_s else ""
             how = (f"{waited}re-planned in {self.replan_s:.3g} s: {self.new_stages}, T {_ms(self.old_predicted_s)} -> "

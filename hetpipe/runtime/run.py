@@ -38,7 +38,7 @@ import torch
 from hetpipe.cost_models.outputs import writable_folder
 from hetpipe.errors import ConfigError, RuntimeFailure
 from hetpipe.plan.check import check_plan
-from hetpipe.plan.group_run import rank_slots, refuse_group_outputs, refuse_unrunnable_groups
+from hetpipe.plan.group_run import rank_slots, refuse_group_supervision, refuse_unrunnable_groups
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.checkpoint.options import checkpoint_args
 from hetpipe.runtime.faults.carry import InjectionCarrier
@@ -251,7 +251,6 @@ def run(
         timeout_s = _default_timeout_s(plan, steps=steps, emulate=emulate, safety_factor=safety_factor)
     faults = _check_args(plan, steps, timeout_s, (inject, emulate), margin=straggler_margin, window=straggler_steps)
     schedule, loss_spec = schedule or plan.training.schedule, function_spec(loss, "loss")
-    refuse_group_outputs(plan, checkpoint_dir=checkpoint_dir, resume=resume)
     batches = None if data is None or isinstance(data, str) else take_batches(data, steps)
     preflight(plan, model=model, seq=seq, schedule=schedule, data=data if batches is None else batches,
               loss=loss_spec, weights=str(Path(weights).absolute()) if weights is not None else None)
@@ -287,10 +286,11 @@ def _supervised(plan: Plan, args: dict[str, Any]) -> RunReport:
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigError(f"--max-restarts must be a whole number of restarts, 0 or more; got {max_restarts!r}")
     wait_s = check_wait_for_return(args["wait_for_return"], max_restarts)
-    if plan.replicas:  # hetpipe.plan.replan solves one pipeline; a lost or slow card needs the replica planner
-        raise ConfigError("--max-restarts, --wait-for-return and --adapt supervise single-pipeline plans only (they "
-                          "re-plan with one pipeline); run the replica plan with --checkpoint-dir and, after a "
-                          "failure, re-plan it with `hetpipe plan --replicas` and continue with --resume DIR")
+    if plan.replicas and adapt:  # hetpipe.plan.replan solves one pipeline: a slow card needs the replica planner
+        raise ConfigError("--adapt re-plans single-pipeline plans only; run the replica plan with --max-restarts "
+                          "(a dead rank relaunches the same plan from the newest checkpoint) and, for a slow card, "
+                          "re-plan it with `hetpipe plan --replicas` and continue with --resume DIR")
+    refuse_group_supervision(plan)
     if once["checkpoint_dir"] is None:
         flag = "--adapt" if adapt else f"--max-restarts {max_restarts}"
         raise ConfigError(f"{flag} needs --checkpoint-dir DIR (and --checkpoint-every N): a relaunched job "
@@ -301,7 +301,8 @@ def _supervised(plan: Plan, args: dict[str, Any]) -> RunReport:
     opts = SuperviseOptions(checkpoint_dir=Path(writable_folder(once["checkpoint_dir"], "--checkpoint-dir")),
                             steps=once["steps"], max_restarts=max_restarts, adapt=adapt,
                             resume=str(resume) if resume is not None else None,
-                            checkpoint_every=once["checkpoint_every"], wait_for_return_s=wait_s)
+                            checkpoint_every=once["checkpoint_every"], wait_for_return_s=wait_s,
+                            same_plan=bool(plan.replicas))
 
     carrier = InjectionCarrier(once.pop("inject", None))  # the faults belong to the run, not to one launch
     out = supervise(plan, carried_attempts(once, carrier), opts, run_dir=Path(run_dir) if run_dir is not None else None)

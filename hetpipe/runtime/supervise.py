@@ -14,7 +14,10 @@ supervision) at a time in ``RUN_DIR/attempt-<n>/`` and watches its run directory
   since that checkpoint are redone (``steps_redone``), nothing else.  Any other failure (a rank
   that reported an error, a timeout without a dead rank) is raised as it is: re-planning
   would not fix it.  Without restarts left, one `RuntimeFailure` names the dead rank, its
-  device, the step and how to continue.
+  device, the step and how to continue.  A replica plan (``SuperviseOptions.same_plan``:
+  `hetpipe.plan.replan` solves one pipeline) is relaunched on the same plan from the newest
+  checkpoint (restart kind ``relaunched``: the rank is taken for a crashed process on a working
+  card); if ``--wait-for-return`` runs out, one `RuntimeFailure` says to re-plan it by hand.
 * **A straggler report** (``straggler-rank<r>.json``: stage, device, factor; written by the
   ranks' straggler detection) with ``--adapt``: the job is re-planned with that device's unit
   times x factor (`hetpipe.plan.replan.scale_device`), or for a slow link (``what: link``, the
@@ -85,6 +88,7 @@ class SuperviseOptions:
     resume: str | None = None
     checkpoint_every: int | None = None  # adapt stops the job only at checkpoints
     wait_for_return_s: float | None = None  # after a lost rank: wait this long for its device, then re-plan
+    same_plan: bool = False  # after a lost rank: relaunch this plan (replica plans: `hetpipe.plan.replan` solves one pipeline)
     poll_s: float = POLL_S
 
 
@@ -357,9 +361,10 @@ def _watch(job: _Attempt, opts: SuperviseOptions, *, every: int | None, start: i
 
 
 def _lost(job: _Attempt, opts: SuperviseOptions, *, start: int,
-          restarts_used: int) -> tuple[Death, Replan, float, bool]:
-    """The failed job's dead ranks and what to resume on: (death, re-plan, seconds waited, whether the
-    devices came back -- then the re-plan is the same plan).  Raises when it cannot restart."""
+          restarts_used: int) -> tuple[Death, Replan, float, str]:
+    """The failed job's dead ranks and what to resume on: (death, re-plan, seconds waited, the restart's
+    kind: ``returned`` or ``relaunched`` -- then the re-plan is the same plan -- or ``lost``).  Raises
+    when it cannot restart."""
     death = diagnose(job.run_dir, job.plan, start=start) or diagnose_cut(job.run_dir, job.plan, start=start)
     if death is None:
         raise job.error if job.error is not None else RuntimeFailure("the job ended without a report")
@@ -376,9 +381,23 @@ def _lost(job: _Attempt, opts: SuperviseOptions, *, start: int,
                                timeout_s=opts.wait_for_return_s)
         if back is not None:
             t = job.plan.predicted.iteration_s
-            return death, Replan(job.plan, t, t, 0.0), back, True
+            return death, Replan(job.plan, t, t, 0.0), back, "returned"
         waited = opts.wait_for_return_s
-    return death, replan(job.plan, lost=death.devices), waited, False
+    if opts.same_plan:
+        return death, _same_plan(job, death, opts, waited), waited, "relaunched"
+    return death, replan(job.plan, lost=death.devices), waited, "lost"
+
+
+def _same_plan(job: _Attempt, death: Death, opts: SuperviseOptions, waited_s: float) -> Replan:
+    """``opts.same_plan`` (replica plans): the dead rank is taken for a crashed process on a working card and
+    the same plan is relaunched; after ``--wait-for-return`` ran out, the card is gone: one error naming the fix."""
+    if waited_s:
+        cont = f"--resume {opts.checkpoint_dir}" if newest_checkpoint(opts.checkpoint_dir) else "from the start"
+        raise RuntimeFailure(f"{death.cause} at step {death.failed_step}; {', '.join(death.keys)} not back within "
+                             f"{waited_s:.3g} s, and replica plans are not re-planned around a lost card: re-plan "
+                             f"with `hetpipe plan --replicas` on the remaining cards and continue ({cont})")
+    t = job.plan.predicted.iteration_s
+    return Replan(job.plan, t, t, 0.0)
 
 
 def _next_pending(job: _Attempt, decision: Decision | None, opts: SuperviseOptions, *, start: int,
@@ -388,9 +407,8 @@ def _next_pending(job: _Attempt, decision: Decision | None, opts: SuperviseOptio
     measured = recent_iteration_s(records)
     waited = 0.0
     if decision is None:
-        death, rp, waited, returned = _lost(job, opts, start=start, restarts_used=restarts_used)
-        kind, cause, rank, device, factor, failed = ("returned" if returned else "lost", death.cause, death.ranks[0],
-                                                     death.keys[0], 0.0, death.failed_step)
+        death, rp, waited, kind = _lost(job, opts, start=start, restarts_used=restarts_used)
+        cause, rank, device, factor, failed = death.cause, death.ranks[0], death.keys[0], 0.0, death.failed_step
     else:
         s, rp = decision.straggler, decision.replan
         kind, cause, rank, factor = "adapt", f"straggler report of rank {s.rank}", s.rank, s.factor

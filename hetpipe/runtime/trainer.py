@@ -43,7 +43,6 @@ import torch
 import torch.distributed as dist
 
 from hetpipe.errors import ConfigError
-from hetpipe.plan.group_run import refuse_group_outputs
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.data import split_microbatches
 from hetpipe.runtime.execute.executor import PipelineExecutor, StepStats
@@ -90,7 +89,6 @@ class Trainer:
         if loaded.replicas:
             raise ConfigError(f"{plan if not isinstance(plan, Plan) else 'the plan'} has {len(loaded.replicas)} "
                               "replicas; use hetpipe.runtime.replicas.trainer.ReplicaTrainer for replica plans")
-        refuse_group_outputs(loaded, resume=resume)  # a group's shards are not checkpointed yet
         plan_path = plan if not isinstance(plan, Plan) else None
         args = argparse.Namespace(plan=plan_path, model=model, seq=seq, seed=seed, schedule=schedule,
                                   timeout=float(timeout_s), emulate=False, lr=lr, loss=None,
@@ -156,7 +154,6 @@ class Trainer:
         An lr scheduler's state is not saved."""
         from hetpipe.runtime.checkpoint.state import for_run, save_checkpoint
 
-        refuse_group_outputs(self.plan, checkpoint_dir=root)
         st, ckpt = for_run(self._run, self.optimizer, root=root, every=None, model=self._model, seed=self._seed)
         return save_checkpoint(Path(root), step=self.steps_done, state=st, info=ckpt.info(self.steps_done))
 

@@ -57,7 +57,7 @@ import torch
 import torch.distributed as dist
 
 from hetpipe.errors import ConfigError, HetpipeError
-from hetpipe.plan.group_run import has_groups, rank_slots, refuse_group_outputs
+from hetpipe.plan.group_run import has_groups, rank_slots
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.execute import heartbeat
 from hetpipe.runtime.execute.options import ReplicaWiring
@@ -436,8 +436,6 @@ def train(args: argparse.Namespace, state: RankState) -> RankResult:
     process group once, (calibrate), run the steps, return the result."""
     plan = Plan.load(args.plan)
     run = None
-    refuse_group_outputs(plan, checkpoint_dir=getattr(args, "checkpoint_dir", None),
-                         resume=getattr(args, "resume", None))  # a group's shards are not checkpointed yet
     if plan.replicas:
         check_runnable(plan, world_size=int(os.environ.get("WORLD_SIZE", "1")))  # refuse before joining
         state.stage = stage_for(plan, node=args.node, rank=state.rank,

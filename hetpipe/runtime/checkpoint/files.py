@@ -18,7 +18,9 @@ one.  `find_checkpoint` picks the newest complete one (or the one named).
 Keys (the model's own fully-qualified names, so any other cut finds them):
 ``model/<name>`` for parameters and buffers, ``optim/<name>/<state key>`` for the optimizer
 state of that parameter (Adam's ``exp_avg``, ``exp_avg_sq``, ``step``; SGD's
-``momentum_buffer``), ``rng/stage-<k>/<source>`` for stage k's random generators.
+``momentum_buffer``), ``rng/stage-<k>/<source>`` for stage k's random generators (a
+tensor-parallel group's other members: ``rng/stage-<k>-member-<m>/<source>``).  A group stage's
+split tensors are saved whole, as a width-1 stage saves them (`hetpipe.runtime.checkpoint.groups`).
 
 Example:
     >>> step_dir_name(123)
@@ -77,6 +79,10 @@ class CheckpointInfo:
     stage_save_s: tuple[float, ...] = ()
     stage_model_bytes: tuple[int, ...] = ()
     stage_optim_bytes: tuple[int, ...] = ()
+    # Per stage, a tensor-parallel group's gather of its split tensors before the save (0 elsewhere):
+    # its slowest member's seconds, and the whole tensors' bytes gathered, summed over its members.
+    stage_gather_s: tuple[float, ...] = ()
+    stage_gather_bytes: tuple[int, ...] = ()
     format: str = FORMAT
     version: int = VERSION
 

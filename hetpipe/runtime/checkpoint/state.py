@@ -46,6 +46,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hetpipe.errors import ConfigError
+from hetpipe.runtime.checkpoint.groups import GroupSlices, WholeState, gather_whole, member_slices, sliced_value
 from hetpipe.runtime.checkpoint.files import (
     MODEL_PREFIX,
     OPTIM_PREFIX,
@@ -69,7 +70,10 @@ class StageState:
     """What one rank checkpoints: its stage module, its names, its optimizer.
 
     ``names``: local name -> the model's canonical name for every parameter and buffer of the
-    stage; ``owned``: the subset this stage saves (a tied parameter only on its owner stage).
+    stage; ``owned``: the subset this stage saves (a tied parameter only on its owner stage; on a
+    tensor-parallel group, only the lead's).  ``member``: this rank's member of its stage's group
+    (0: the lead, or a width-1 stage); ``slices``: its split parameters
+    (`hetpipe.runtime.checkpoint.groups`), None off a group stage.
     """
 
     module: nn.Module
@@ -77,6 +81,8 @@ class StageState:
     owned: Mapping[str, str]
     optimizer: torch.optim.Optimizer
     stage: int
+    member: int = 0
+    slices: GroupSlices | None = None
 
 
 def canonical_names(program: Any, stage: int) -> dict[str, str]:
@@ -115,9 +121,20 @@ def _bytes_tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
 
 
-def rng_tensors(stage: int) -> dict[str, torch.Tensor]:
+def rng_prefix(stage: int, member: int = 0) -> str:
+    """Where a rank's random generators are saved: ``rng/stage-<k>/``, a group's other members
+    ``rng/stage-<k>-member-<m>/`` (each rank's own stream).
+
+    Example:
+        >>> rng_prefix(2), rng_prefix(2, 1)
+        ('rng/stage-2/', 'rng/stage-2-member-1/')
+    """
+    return f"{RNG_PREFIX}stage-{stage}{f'-member-{member}' if member else ''}/"
+
+
+def rng_tensors(stage: int, member: int = 0) -> dict[str, torch.Tensor]:
     """This process's random generators (torch CPU, CUDA when present, python, numpy when imported)."""
-    prefix = f"{RNG_PREFIX}stage-{stage}/"
+    prefix = rng_prefix(stage, member)
     out = {prefix + "torch": torch.get_rng_state(), prefix + "python": _bytes_tensor(pickle.dumps(random.getstate()))}
     if torch.cuda.is_available():
         out[prefix + "cuda"] = torch.cuda.get_rng_state()
@@ -126,10 +143,9 @@ def rng_tensors(stage: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def _set_rng(values: Mapping[str, torch.Tensor], stage: int) -> None:
-    prefix = f"{RNG_PREFIX}stage-{stage}/"
-    for key, t in values.items():
-        source = key[len(prefix):]
+def _set_rng(values: Mapping[str, torch.Tensor]) -> None:
+    """Restore the random generators ``rng_tensors`` saved (keys: their sources, the prefix removed)."""
+    for source, t in values.items():
         if source == "torch":
             torch.set_rng_state(t)
         elif source == "cuda" and torch.cuda.is_available():
@@ -140,9 +156,11 @@ def _set_rng(values: Mapping[str, torch.Tensor], stage: int) -> None:
             sys.modules["numpy"].random.set_state(pickle.loads(t.numpy().tobytes()))
 
 
-def stage_state_dict(state: StageState) -> dict[str, torch.Tensor]:
-    """The flat DCP state dict one rank saves (see the module docstring for the keys)."""
+def stage_state_dict(state: StageState, whole: WholeState | None = None) -> dict[str, torch.Tensor]:
+    """The flat DCP state dict one rank saves (see the module docstring for the keys); ``whole``: a
+    group member's split tensors gathered whole (`gather_whole`), saved in place of its slices."""
     local = _local(state.module)
+    local.update(whole.tensors if whole is not None else {})
     out = {MODEL_PREFIX + key: local[name].detach() for name, key in state.owned.items()}
     name_of: dict[int, str] = {}
     for n, p in state.module.named_parameters(remove_duplicate=False):
@@ -153,11 +171,12 @@ def stage_state_dict(state: StageState) -> dict[str, torch.Tensor]:
             continue
         prefix = f"{OPTIM_PREFIX}{state.owned[name]}/"
         for key, value in values.items():
+            value = whole.optim.get((name, key), value) if whole is not None else value
             if isinstance(value, torch.Tensor):
                 out[prefix + key] = value.detach()
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 out[prefix + key + _SCALAR] = torch.tensor(float(value), dtype=torch.float64)
-    out.update(rng_tensors(state.stage))
+    out.update(rng_tensors(state.stage, state.member))
     return out
 
 
@@ -171,7 +190,8 @@ def _single_process_quiet() -> Iterator[None]:
 
 def save_checkpoint(root: Path, *, step: int, state: StageState, info: CheckpointInfo) -> Path:
     """Collective over the world: every rank writes its stage into ``step-NNNNNN.tmp/``; after all
-    finished, rank 0 writes the marker and renames the folder (`publish`).  Returns the folder."""
+    finished, rank 0 writes the marker and renames the folder (`publish`).  Returns the folder.
+    A tensor-parallel group's members first gather their split tensors whole (`gather_whole`)."""
     import torch.distributed.checkpoint as dcp
 
     started = time.monotonic()
@@ -181,25 +201,41 @@ def save_checkpoint(root: Path, *, step: int, state: StageState, info: Checkpoin
     if dist.is_initialized():
         dist.barrier()
     tmp = root / f"step-{step:06d}.tmp"
-    sd = stage_state_dict(state)
+    whole = gather_whole(state.slices, state.module, state.optimizer) if state.slices is not None else None
+    sd = stage_state_dict(state, whole)
     wrote = time.monotonic()
     with _single_process_quiet():
         dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(tmp)), no_dist=not dist.is_initialized())
-    mine = (state.stage, time.monotonic() - wrote, *_bytes_by_prefix(sd))
+    mine = (state.stage, time.monotonic() - wrote, *_bytes_by_prefix(sd),
+            whole.seconds if whole is not None else 0.0, whole.bytes if whole is not None else 0)
     every = [mine]
     if dist.is_initialized():  # also the barrier: every rank's files are written
         every = [None] * dist.get_world_size()
         dist.all_gather_object(every, mine)
     if rank == 0:
-        stats = sorted(every)
-        info = dataclasses.replace(info, stage_save_s=tuple(s[1] for s in stats),
-                                   stage_model_bytes=tuple(s[2] for s in stats),
-                                   stage_optim_bytes=tuple(s[3] for s in stats))
+        info = dataclasses.replace(info, **_per_stage(every))
     final = publish(root, step, info) if rank == 0 else root / f"step-{step:06d}"
     if dist.is_initialized():
         dist.barrier()  # nobody moves on (or saves again) before the folder is complete
     log.info("rank %d: saved stage %d at step %d in %.3f s", rank, state.stage, step, time.monotonic() - started)
     return final
+
+
+def _per_stage(every: Any) -> dict[str, tuple[Any, ...]]:
+    """The marker's per-stage figures from every rank's (stage, save s, model bytes, optimizer bytes,
+    gather s, gathered bytes): a group stage's slowest member's seconds, its members' bytes summed.
+
+    Example:
+        >>> _per_stage([(0, 0.2, 10, 20, 0.1, 30), (1, 0.1, 5, 5, 0.0, 0), (0, 0.3, 0, 0, 0.2, 30)])["stage_save_s"]
+        (0.3, 0.1)
+    """
+    stages = sorted({e[0] for e in every})
+    pick = {s: [e for e in every if e[0] == s] for s in stages}
+    return {"stage_save_s": tuple(max(e[1] for e in pick[s]) for s in stages),
+            "stage_model_bytes": tuple(sum(e[2] for e in pick[s]) for s in stages),
+            "stage_optim_bytes": tuple(sum(e[3] for e in pick[s]) for s in stages),
+            "stage_gather_s": tuple(max(e[4] for e in pick[s]) for s in stages),
+            "stage_gather_bytes": tuple(sum(e[5] for e in pick[s]) for s in stages)}
 
 
 def _bytes_by_prefix(sd: Mapping[str, torch.Tensor]) -> tuple[int, int]:
@@ -211,35 +247,47 @@ def _bytes_by_prefix(sd: Mapping[str, torch.Tensor]) -> tuple[int, int]:
 
 def restore_checkpoint(folder: Path, state: StageState, *, same_plan: bool) -> None:
     """Collective: load this stage's tensors, its parameters' optimizer state and (on the same plan)
-    its random generators from ``folder``; reads only the keys of this stage."""
+    its random generators from ``folder``; reads only the keys of this stage.  A group member
+    reads the whole tensors of its split parameters and keeps its slices (`sliced_value`)."""
     import torch.distributed.checkpoint as dcp
 
     keys = saved_keys(folder)
     local = _local(state.module)
+    split = state.slices.specs if state.slices is not None else {}
     wanted: dict[str, torch.Tensor] = {}
     for name, key in state.names.items():
         if MODEL_PREFIX + key in keys:  # absent buffers (never saved) keep the stage's own
-            wanted[MODEL_PREFIX + key] = local[name].detach()
+            shape, dtype = keys[MODEL_PREFIX + key]
+            wanted[MODEL_PREFIX + key] = torch.empty(shape, dtype=dtype) if name in split else local[name].detach()
     optim: dict[nn.Parameter, dict[str, str]] = {}
+    whole_shape: dict[nn.Parameter, tuple[int, ...] | None] = {}
     for name, param in state.module.named_parameters():
         prefix = f"{OPTIM_PREFIX}{state.names[name]}/"
+        whole_shape[param] = keys.get(MODEL_PREFIX + state.names[name], (None,))[0]
         for key, (shape, dtype) in keys.items():
             if key.startswith(prefix):
                 wanted[key] = torch.empty(shape, dtype=dtype)
                 optim.setdefault(param, {})[key[len(prefix):]] = key
-    rng_prefix = f"{RNG_PREFIX}stage-{state.stage}/"
-    rng = {k: torch.empty(s, dtype=d) for k, (s, d) in keys.items() if k.startswith(rng_prefix)} if same_plan else {}
+    rng_at = rng_prefix(state.stage, state.member)
+    rng = {k: torch.empty(s, dtype=d) for k, (s, d) in keys.items() if k.startswith(rng_at)} if same_plan else {}
     wanted.update(rng)
     with _single_process_quiet():
         dcp.load(wanted, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=not dist.is_initialized())
+    with torch.no_grad():
+        for name, canonical in state.names.items():  # a member keeps its slice of the whole tensor just read
+            key = MODEL_PREFIX + canonical
+            if name in split and key in wanted:
+                local[name].copy_(sliced_value(state.slices, name, wanted[key], tuple(wanted[key].shape)))
+    names = {id(p): n for n, p in state.module.named_parameters()}
     for param, subkeys in optim.items():
-        state.optimizer.state[param] = {_state_key(sub): _state_value(wanted[key], param, sub)
-                                        for sub, key in subkeys.items()}
+        state.optimizer.state[param] = {
+            _state_key(sub): _state_value(sliced_value(state.slices, names[id(param)], wanted[key], whole_shape[param]),
+                                          param, sub) for sub, key in subkeys.items()}
     reload = getattr(state.optimizer, "reload_weights", None)
     if reload is not None:  # an offloading stage steps host copies: they must be the weights just loaded
         reload()
     if same_plan:
-        _set_rng({k: wanted[k] for k in rng}, state.stage)
+        _set_rng({k[len(rng_at):]: wanted[k] for k in rng})
 
 
 def _state_key(sub: str) -> str:
@@ -280,8 +328,12 @@ class Checkpointing:
 
 def for_run(run: Any, optimizer: torch.optim.Optimizer, *, root: str | Path | None, every: int | None,
             model: str, seed: int) -> tuple[StageState, Checkpointing]:
-    """(what this rank saves, when and as what) for a worker's or `Trainer`'s prepared run."""
-    st = StageState(run.stage.module, canonical_names(run.program, run.index), run.saved_names, optimizer, run.index)
+    """(what this rank saves, when and as what) for a worker's or `Trainer`'s prepared run.  On a
+    tensor-parallel group the lead writes the stage's tensors, gathered whole; a member only its
+    random generators (`hetpipe.runtime.checkpoint.groups`)."""
+    member = run.slot.member if getattr(run, "slot", None) is not None else 0
+    st = StageState(run.stage.module, canonical_names(run.program, run.index), run.saved_names if member == 0 else {},
+                    optimizer, run.index, member=member, slices=member_slices(run))
     ckpt = Checkpointing(root=Path(root) if root is not None else None, every=every, model=model,
                          fingerprint=program_fingerprint(run.program), plan=run.plan, seed=seed)
     return st, ckpt
