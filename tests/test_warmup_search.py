@@ -9,8 +9,6 @@ import itertools
 import math
 
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate
-from hetpipe.partitioner.schedule_choice import choose_schedule
-from hetpipe.partitioner.solvers.solve import solve
 from hetpipe.partitioner.warmup_search import warmup_search, with_warmup
 from hetpipe.schedule.builders import warmup_name
 
@@ -48,15 +46,3 @@ def test_a_deeper_pipeline_makes_room_for_the_warm_ups_and_matches_the_enumerati
     ev = evaluate(chosen, stages)
     assert ev.fits and ev.iteration_s == t and len(stages) == 3
     assert t == _enumerated(prob) < evaluate(prob, two).iteration_s
-
-
-def test_auto_records_what_it_found_and_is_never_slower_than_warm_ups_on_the_placement() -> None:
-    for memory, cut in ((80, 4.0), (100, 2.0), (120, 6.0)):
-        prob = _ring(6, 3, memory, cut)
-        sol = solve(prob, time_limit_s=1.0)
-        chosen, got = choose_schedule(prob, sol, option="auto", limit_s=1.0)
-        ev = evaluate(chosen, got.stages)
-        assert ev.fits and math.isclose(ev.iteration_s, got.iteration_s, rel_tol=1e-9), (memory, cut)
-        fixed = with_warmup(prob, sol.stages)
-        assert got.iteration_s <= min(sol.iteration_s, fixed[0] if fixed else math.inf) * (1 + 1e-9)
-        assert got.bound_s <= got.iteration_s * (1 + 1e-9)
