@@ -5,15 +5,19 @@ Cluster: examples/clusters/homelab.yaml (RTX 3090 24 GB + RTX 4090 24 GB on one 
 L transformer layers of width h, fp32-logit head; bf16-mixed with Adam, 16 bytes of state per
 parameter; Korthikanti et al.'s 34·s·b·h saved bytes per layer; one unit per layer), at the demo's
 GPT-2 XL settings: micro-batch 1, sequence 1024, two micro-batches per card (m = 6).  Every figure
-is the planner's contract (`problem.evaluate`): no training run.
+is the planner's contract (`problem.evaluate`: the replayed 1F1B schedule with each stage's
+optimizer step, the T a plan records): no training run.
 
 Approaches (each under the same cost model and memory check):
 * hetpipe, ``--recompute auto``: the exact DP over cuts, devices, order and each stage's
   recompute prefix (`partitioner/recompute.py`);
 * hetpipe, ``--recompute none``;
-* even split + full recomputation: equal layers per card in cluster order, every unit recomputed
-  (Megatron-LM ``--recompute-granularity full`` on the `uniform` baseline);
+* even split + full recomputation: equal layers per card, every unit recomputed (Megatron-LM
+  ``--recompute-granularity full`` on the `uniform` baseline);
 * even split without recomputation (the `uniform` baseline as is).
+  Every even split is given its best ordered subset of the cards (issue 17: the best a careful
+  user could do by hand; on three cards all 15 ordered subsets are tried); table 1 also gives
+  the even split forced onto every card in file order.
 * hetpipe, ``--recompute auto --offload auto``: the same DP, each stage also choosing whether to
   keep its optimizer state (fp32 master weights and Adam's moments: 12 of 16 bytes per parameter)
   on the host, inside the exact outer walk over the offload tail (`solvers/offload_walk.py`);
@@ -40,6 +44,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import itertools
 import math
 import statistics
 import sys
@@ -52,8 +57,8 @@ from benchmarks.common import markdown_table, write_result  # noqa: E402
 from benchmarks.scenarios import CLUSTERS_DIR, HALF_BYTES, gpt_graph  # noqa: E402
 from hetpipe.cost_models.cluster import load_cluster  # noqa: E402
 from hetpipe.cost_models.devices import Cluster  # noqa: E402
-from hetpipe.partitioner.baselines import baseline_stages  # noqa: E402
-from hetpipe.partitioner.problem import Problem, evaluate  # noqa: E402
+from hetpipe.partitioner.baselines import rule_bounds  # noqa: E402
+from hetpipe.partitioner.problem import Problem, Stage, evaluate  # noqa: E402
 from hetpipe.partitioner.recompute import with_recompute  # noqa: E402
 from hetpipe.partitioner.solvers.dp import solve_exact  # noqa: E402
 from hetpipe.partitioner.solvers.offload_walk import tail_walk  # noqa: E402
@@ -70,6 +75,7 @@ SETTINGS = {
     "even + ZeRO-Offload": ("even", "none", "all"),
     "even + recompute all": ("even", "all", "never"),
     "even, no recompute": ("even", "none", "never"),
+    "even, no recompute, every card in file order": ("forced", "none", "never"),
 }
 APPROACHES = tuple(SETTINGS)  # table 1's rows
 SETTINGS["hetpipe all"] = ("hetpipe", "all", "never")  # table 2: hetpipe's placement recomputing everything
@@ -91,13 +97,27 @@ def problem_for(layers: int, hidden: int, recompute: str) -> tuple[Problem, int]
 
 
 def t_of(approach: str, prob: Problem) -> float:
-    """T of one approach on `prob` (its lever settings replaced; inf when it does not fit)."""
+    """T of one approach on `prob` (its lever settings replaced; inf when it does not fit): the
+    schedule T of the exact DP's placement for hetpipe, the best ordered card subset's for an even
+    split (``forced``: every card in file order instead)."""
     who, recompute, offload = SETTINGS[approach]
     prob = dataclasses.replace(prob, recompute=recompute, offload=offload)
     if who == "hetpipe":  # the DP inside the offload lever's exact outer walk (a plain DP for never)
         res = tail_walk(prob, lambda p, _: solve_exact(p))
-        return res.iteration_s if res is not None else math.inf
-    ev = evaluate(prob, with_recompute(prob, baseline_stages(prob, "uniform")))
+        return evaluate(prob, tuple(res.stages)).iteration_s if res is not None else math.inf
+    if who == "forced":
+        return _even_t(prob, tuple(range(len(prob.devices))))
+    n = len(prob.devices)
+    return min(_even_t(prob, order) for p in range(1, n + 1) for order in itertools.permutations(range(n), p))
+
+
+def _even_t(prob: Problem, order: tuple[int, ...]) -> float:
+    """T of the even split over the cards `order` (one stage each, in that order); inf when it does not fit."""
+    if len(order) > prob.num_units:
+        return math.inf
+    bounds = rule_bounds(prob, "uniform", len(order))
+    stages = tuple(Stage(d, lo, hi - 1) for d, (lo, hi) in zip(order, bounds))
+    ev = evaluate(prob, with_recompute(prob, stages))
     return ev.iteration_s if ev.fits else math.inf
 
 
@@ -114,11 +134,13 @@ def largest(approach: str, hidden: int, max_layers: int) -> int:
 
 
 def lower_bound_s(prob: Problem) -> float:
-    """T without recomputation and without the memory limit (every card unlimited)."""
-    roomy = tuple(dataclasses.replace(d, usable_bytes=2**62) for d in prob.devices)
-    res = solve_exact(dataclasses.replace(prob, devices=roomy, recompute="none"))
+    """T without recomputation and without the memory limit (every card unlimited): the schedule T
+    of the exact DP's placement there (the issue's "lower bound": no lever, no memory limit)."""
+    roomy = dataclasses.replace(prob, devices=tuple(dataclasses.replace(d, usable_bytes=2**62) for d in prob.devices),
+                                recompute="none")
+    res = solve_exact(roomy)
     assert res is not None
-    return res.iteration_s
+    return evaluate(roomy, tuple(res.stages)).iteration_s
 
 
 def largest_table(widths: list[int], max_layers: int) -> tuple[str, dict[str, dict[int, int]], dict[str, int]]:
@@ -137,6 +159,8 @@ def largest_table(widths: list[int], max_layers: int) -> tuple[str, dict[str, di
                             ("hetpipe auto + offload / hetpipe auto (no offload)", "hetpipe auto + offload",
                              best["hetpipe auto"]),
                             ("hetpipe auto / best even split", "hetpipe auto", even),
+                            ("hetpipe auto / even split forced onto every card", "hetpipe auto",
+                             best["even, no recompute, every card in file order"]),
                             ("hetpipe auto / hetpipe none", "hetpipe auto", best["hetpipe none"])):
         rows.append([label] + [""] * len(widths) + [f"{best[num] / den:.2f}x" if den else "-"])
     header = ["approach"] + [f"h={h}" for h in widths] + ["largest"]
@@ -149,7 +173,7 @@ def cost_row(label: str, prob: Problem) -> tuple[list[object], tuple[float, floa
     res = solve_exact(dataclasses.replace(prob, recompute="auto"))
     wall = time.perf_counter() - start
     assert res is not None
-    auto = res.iteration_s
+    auto = evaluate(prob, tuple(res.stages)).iteration_s  # the schedule T a plan of these stages records
     # the same placement without its recomputation, memory ignored: what recomputing costs by itself
     plain = evaluate(prob, tuple(dataclasses.replace(st, recompute_units=()) for st in res.stages)).iteration_s
     every, even_all, bound = t_of("hetpipe all", prob), t_of("even + recompute all", prob), lower_bound_s(prob)

@@ -17,7 +17,10 @@ wider than the smallest card: four Llama-7B blocks at sequence 4096, micro-batch
 3.0 GiB of state + 1.3 GiB of activations) on a 3090 + two 3060s in one node whose 3060s have
 only 4 GiB usable (8 GiB held back for other jobs, the cluster file's ``reserve``), no
 recomputation; (c) 2x 3090 + a 3060 12GB in one node, PCIe through the host (no NVLink),
-GPT-2 medium and the eight Llama-7B blocks.  bf16-mixed, Adam, micro-batch 1 (2 in (b)); G = micro-batches per iteration.  Writes benchmarks/results/tensor_parallel.md.
+GPT-2 medium and the eight Llama-7B blocks; (b + ends) scenario (b) with Llama-7B's token embedding
+and its final norm + LM head with the cross-entropy loss (vocabulary 32,000), which split by
+vocabulary rows (`capture/vocab_parallel.py`).  The column "no vocabulary split" solves the same
+problem with the embedding and head blocks removed (replicated on every member, as before them).  bf16-mixed, Adam, micro-batch 1 (2 in (b)); G = micro-batches per iteration.  Writes benchmarks/results/tensor_parallel.md.
 
 Usage:
     python benchmarks/tensor_parallel.py
@@ -35,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import markdown_table, write_result  # noqa: E402
 from hetpipe.cost_models.cluster import cluster_from_dict, load_cluster  # noqa: E402
 from hetpipe.errors import InfeasibleError  # noqa: E402
-from hetpipe.models import build  # noqa: E402
+from hetpipe.models import build, example_targets, lm_loss  # noqa: E402
 from hetpipe.partitioner.capture.capture import capture  # noqa: E402
 from hetpipe.partitioner.capture.graph import UnitGraph  # noqa: E402
 from hetpipe.partitioner.problem import Problem, Stage, evaluate, schedule_s, stage_position  # noqa: E402
@@ -54,14 +57,31 @@ def one_node(name: str, gpus: list[str], reserve: dict[int, str] | None = None):
     return cluster_from_dict({"name": name, "nodes": [{"name": "box", "intra": "pcie-host", "devices": devices}]})
 
 
-def graph_of(name: str, seq: int, blocks: int | None, batch: int = 1) -> UnitGraph:
-    """The captured model; with `blocks`, only its first that many transformer blocks (re-indexed)."""
-    g = capture(*build(name, device="meta", batch=batch, seq=seq), name=name, precision=PRECISION, optimizer="adam")
+def graph_of(name: str, seq: int, blocks: int | None, batch: int = 1, *, ends: bool = False) -> UnitGraph:
+    """The captured model; with `blocks`, only its first that many transformer blocks (re-indexed), and with
+    `ends` also its embedding (first unit) and its final norm + LM head with the loss (last unit)."""
+    g = capture(*build(name, device="meta", batch=batch, seq=seq), name=name, precision=PRECISION, optimizer="adam",
+                **({"loss_fn": lm_loss, "targets": example_targets(name, build(name, device="meta", batch=batch,
+                                                                                seq=seq)[1])} if ends else {}))
     if blocks is None:
         return g
-    units = tuple(dataclasses.replace(u, index=i) for i, u in enumerate([u for u in g.units if u.tensor_parallel][:blocks]))
+    layers = [u for u in g.units if any(not b.is_vocab for b in u.tensor_parallel)][:blocks]
+    picked = [g.units[0], *layers, g.units[-1]] if ends else layers
+    units = tuple(dataclasses.replace(u, index=i) for i, u in enumerate(picked))
     units = units[:-1] + (dataclasses.replace(units[-1], boundary_bytes=0, boundary_held_bytes=0, boundary_grad_bytes=0),)
     return dataclasses.replace(g, units=units, tied=(), param_count=sum(u.param_count for u in units))
+
+
+def without_vocab(graph: UnitGraph) -> UnitGraph:
+    """`graph` with its embedding and head blocks (split by vocabulary) removed: the runtime before them."""
+    units = []
+    for u in graph.units:
+        blocks = tuple(b for b in u.tensor_parallel if not b.is_vocab)
+        units.append(dataclasses.replace(
+            u, tensor_parallel=blocks,
+            tp_flops_fraction=sum(b.fwd_flops for b in blocks) / u.fwd_flops if blocks and u.fwd_flops else 0.0,
+            tp_param_fraction=sum(b.param_numel for b in blocks) / u.param_count if blocks and u.param_count else 0.0))
+    return dataclasses.replace(graph, units=tuple(units))
 
 
 def even_t(problem: Problem, stages: tuple[Stage, ...]) -> tuple[float, bool]:
@@ -92,6 +112,10 @@ def row(label: str, graph: UnitGraph, cluster, global_batch: int, recompute: str
     base = build_problem(graph, cluster, microbatches=m, recompute=recompute)
     tp = build_problem(graph, cluster, microbatches=m, recompute=recompute, tensor_parallel="auto")
     try:
+        no_vocab = f"{solve_tp(build_problem(without_vocab(graph), cluster, microbatches=m, recompute=recompute, tensor_parallel='auto'), time_limit_s=20.0).iteration_s:.3f}"
+    except InfeasibleError:
+        no_vocab = "does not fit"
+    try:
         pipe_t = f"{solve(base, time_limit_s=20.0).iteration_s:.3f}"
     except InfeasibleError:
         pipe_t = "does not fit"
@@ -101,7 +125,7 @@ def row(label: str, graph: UnitGraph, cluster, global_batch: int, recompute: str
     even, fits = even_t(tp, sol.stages)
     even_s = f"{even:.3f}" + ("" if fits else " (does not fit)")
     vs_pipe = f"{float(pipe_t) / sol.iteration_s:.2f}x" if pipe_t != "does not fit" else "-"
-    return [label, graph.model_name, global_batch, pipe_t, even_s, f"{sol.iteration_s:.3f}",
+    return [label, graph.model_name, global_batch, pipe_t, even_s, no_vocab, f"{sol.iteration_s:.3f}",
             f"{even / sol.iteration_s:.2f}x", vs_pipe, describe(tp, sol.stages), f"{wall:.1f}"]
 
 
@@ -116,11 +140,13 @@ def main() -> None:
             row("(a) home lab", llama, homelab, 4, "auto"),
             row("(a) home lab", llama, homelab, 16, "auto"),
             row("(b) layer wider than a 3060", graph_of("llama-7b", 4096, 4, batch=2), wide, 8, "none"),
+            row("(b) + embedding and head", graph_of("llama-7b", 4096, 4, batch=2, ends=True), wide, 8, "none"),
             row("(c) 2x3090+3060", medium, c, 4, "auto"),
             row("(c) 2x3090+3060", medium, c, 32, "auto"),
             row("(c) 2x3090+3060", llama, c, 4, "auto"),
             row("(c) 2x3090+3060", llama, c, 32, "auto")]
-    header = ["scenario", "model", "G", "pipeline-only T (s)", "even TP T (s)", "uneven TP T (s)", "even / uneven",
+    header = ["scenario", "model", "G", "pipeline-only T (s)", "even TP T (s)", "uneven TP, no vocabulary split T (s)",
+              "uneven TP T (s)", "even / uneven",
               "pipeline / uneven", "uneven plan (cards (shares): units)", "solve_tp wall (s)"]
     body = (__doc__.split("\n\n")[1].replace("\n", " ") + "\n\n" + __doc__.split("\n\n")[2].replace("\n", " ")
             + "\n\n" + markdown_table(header, rows))

@@ -130,9 +130,9 @@ def _linear_modules(model: torch.nn.Module, prefix: str) -> set[str]:
 def test_capture_finds_attention_and_mlp_blocks_covering_every_linear_of_each_layer(name):
     model, batch = build(name, device="meta")
     g = capture(model, batch, name=name)
-    layers = [u for u in g.units if u.tensor_parallel]
-    assert len(layers) == len(g.units) - 2  # the embedding and head units stay width-1 ...
-    assert all("width-1" in u.tp_note for u in g.units if not u.tensor_parallel)  # ... and say why
+    layers = [u for u in g.units if any(not b.is_vocab for b in u.tensor_parallel)]
+    assert len(layers) == len(g.units) - 2  # the embedding and head units split by vocabulary only
+    assert [[b.kind for b in g.units[i].tensor_parallel] for i in (0, -1)] == [["embedding"], ["head"]]
     for u in layers:
         assert [b.kind for b in sorted(u.tensor_parallel, key=lambda b: b.kind)] == ["attention", "mlp"]
         names = {p.name.rsplit(".", 1)[0] for b in u.tensor_parallel for p in b.parameters}
@@ -221,7 +221,8 @@ def _stage_module(meta: torch.nn.Module, batch: tuple[torch.Tensor, ...], state:
 def _member(rank: int, world: int, name: str, weights: tuple[float, ...], steps: int, state_path: str,
             batch: tuple[torch.Tensor, ...], via: str) -> dict:
     meta, _ = _model(name, device="meta")  # nothing allocated: the member takes its bytes from the file
-    blocks = [b for u in capture(meta, batch).units for b in u.tensor_parallel]
+    # heads and columns (the vocabulary split, whose head needs the vocab-parallel loss: tests/test_tp_vocab.py)
+    blocks = [b for u in capture(meta, batch).units for b in u.tensor_parallel if not b.is_vocab]
     numel_of = {n: p.numel() for n, p in meta.named_parameters()}
     full_numel = held_numel(meta)  # before build_member replaces the layers in place
     group = tensor_parallel_group(range(world))
@@ -413,7 +414,7 @@ def test_an_exported_graph_is_refused_by_name_not_sharded_wrongly():
     full, batch = build("hf-llama-tiny", device="cpu", batch=2, seq=16)
     module = _stage_module(full, batch, full.state_dict())
     blocks = [b for u in capture(full, batch).units for b in u.tensor_parallel]
-    with pytest.raises(ConfigError, match="only nn.Linear .and Conv1D. layers are sharded so far"):
+    with pytest.raises(ConfigError, match="is a Module; only (nn.Linear .and Conv1D. layers are sharded|an nn.Embedding)"):
         shard_model(module, blocks, share=MemberShare(member=0, weights=(1.0,)), group=None)
 
 
@@ -429,5 +430,5 @@ def test_bad_shares_members_and_weights_are_refused_with_the_fix():
     from hetpipe.runtime.tp_shard import shard_block
 
     with pytest.raises(ConfigError, match="none of the 4 heads of transformer.h.0.attn; raise its share"):
-        shard_block(build("gpt-tiny", device="cpu", batch=2, seq=8)[0], blocks[0],  # 3.6 : 0.4 heads -> 4 : 0
+        shard_block(build("gpt-tiny", device="cpu", batch=2, seq=8)[0], blocks[1],  # 3.6 : 0.4 heads -> 4 : 0
                     share=MemberShare(1, (0.9, 0.1)), group=None)

@@ -55,8 +55,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="optimizer-state offload per stage: never (default) | auto (a stage keeps its optimizer "
                         "state in host memory where that lowers T, paying the PCIe copies and the host step) | all")
     p.add_argument("--schedule", dest="plan_schedule", default="1f1b",
-                   help="pipeline schedule: 1f1b (default) | zb-h1 (zero-bubble: backward split into input and "
-                        "weight gradients) | auto (the faster of the two for this plan)")
+                   help="pipeline schedule: 1f1b (default) | zb-1f1b | zb-h1 (zero-bubble: backward split) | "
+                        "interleaved:V (V chunks per card; planned, not run yet) | auto (the fastest for this plan)")
     p.add_argument("--tensor-parallel", default="off",
                    help="off (default) | auto (a stage may run on a group of up to 4 cards of one node, each "
                         "layer split unevenly by speed and memory; `hetpipe run` does not run groups yet)")

@@ -51,6 +51,37 @@ from hetpipe.errors import ConfigError, InfeasibleError
 #: Two all-reduces per tensor-parallel block and step: one forward (the row-parallel
 #: output), one backward (the column-parallel input's gradient); Megatron-LM §3, Fig. 3.
 ALLREDUCES_PER_BLOCK = 2
+#: Forward all-reduces of the vocab-parallel cross-entropy, each of one (b, s) fp32 vector:
+#: the logits' max, the target's logit, the sum of exp (Megatron-LM
+#: ``core/tensor_parallel/cross_entropy.py``: ``_VocabParallelCrossEntropy.forward``).
+LOSS_ALLREDUCES = 3
+
+
+def block_allreduce_bytes(kind: str, *, allreduce_bytes: int, loss_allreduce_bytes: int = 0
+                          ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(forward, backward) bytes of each all-reduce one micro-batch of a block costs the group.
+
+    * a Megatron pair (``attention`` / ``mlp``, or ``""``): its row output forward, its column input's
+      gradient backward, each ``b · s · h`` (Megatron-LM §3, Fig. 3);
+    * ``embedding`` split by vocabulary: each member looks up only its rows, zeros elsewhere, and the
+      (b, s, h) output is all-reduced forward; nothing backward, the ids have no gradient
+      (Megatron-LM ``VocabParallelEmbedding.forward``: mask, lookup, ``reduce_from_tensor_model_parallel_region``);
+    * ``head`` split by vocabulary with the vocab-parallel cross-entropy: three all-reduces of a (b, s)
+      fp32 vector forward (`LOSS_ALLREDUCES`); backward the loss needs none (each member's softmax
+      slice minus its part of the one-hot is its logits' gradient), and the head's input gradient
+      one all-reduce of (b, s, h) (the column-parallel ``copy_to_tensor_model_parallel_region``).
+
+    Example:
+        >>> block_allreduce_bytes("head", allreduce_bytes=8192, loss_allreduce_bytes=128)
+        ((128, 128, 128), (8192,))
+        >>> block_allreduce_bytes("embedding", allreduce_bytes=8192), block_allreduce_bytes("mlp", allreduce_bytes=8)
+        (((8192,), ()), ((8,), (8,)))
+    """
+    if kind == "embedding":
+        return (allreduce_bytes,), ()
+    if kind == "head":
+        return (loss_allreduce_bytes,) * LOSS_ALLREDUCES, (allreduce_bytes,)
+    return (allreduce_bytes,), (allreduce_bytes,)
 
 
 @dataclass(frozen=True)

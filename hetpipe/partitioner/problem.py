@@ -42,11 +42,10 @@ Objective (units u = 0..L-1; p stages; stage s on device d_s holds [l_s, r_s]):
 With ``Problem.schedule`` one of `SPLIT_SCHEDULES` (ZB-H1, ZB-1F1B) T replays those lists instead
 (each backward split into B_s - W_s and W_s, W_s = `stage_weight_s`) and M_s takes their moments.
 
-Activation recomputation (issue 14; `hetpipe.cost_models.recompute`): a stage may recompute a
-set R_s of its units (`Stage.recompute_units`).  Each u in R_s keeps only its input
-in_u = boundary_bytes[u - 1] (0 for the stage's first unit) instead of activation_bytes[u]
-per in-flight micro-batch, its activations live again once during its backward, and its
-forward runs again in the backward:
+Activation recomputation (issue 14; `hetpipe.cost_models.recompute`): a stage may recompute a set R_s
+of its units (`Stage.recompute_units`); each u in R_s keeps only its input in_u = boundary_bytes[u - 1]
+(0 for the stage's first unit) per in-flight micro-batch instead of activation_bytes[u], its
+activations live again once during its backward, and its forward runs again in the backward:
 
     B_s += sum_{u in R_s} F_u
     M_s  = ... + k_t * (A_s - sum_{u in R_s} (A_u - in_u) + in_s + out_s) + ... + max_{u in R_s} A_u
@@ -54,9 +53,9 @@ forward runs again in the backward:
 
 `evaluate` prices whatever set a stage carries; `Problem.recompute` says which a solver may pick.
 
-Optimizer-state offload (issue 14; `hetpipe.cost_models.offload`): a stage with `Stage.offload`
-keeps its optimizer state (Adam's m, v; with the mixed precisions also the fp32 master
-weights) on its host.  With P_s its trainable parameters (tied replicas included):
+Optimizer-state offload (issue 14; `hetpipe.cost_models.offload`): a stage with `Stage.offload` keeps its
+optimizer state (Adam's m, v; mixed precisions: the fp32 master weights too) on its host; P_s its
+trainable parameters (tied replicas included):
 
     M_s   -= P_s * host_bytes_per_param                        (every moment of the step)
     O_s    = P_s * link_bytes_per_param / host_link(d_s) + P_s * step_bytes_per_param / host_memory(d_s)
@@ -64,12 +63,16 @@ weights) on its host.  With P_s its trainable parameters (tied replicas included
              after the rank's last backward like any step
     T_est += max_s O_s over the offloading stages              (`step_tail_s`: why the max)
 
-(the estimate must price the tail, or the search would see offloading as free memory); which
-stages may offload is `Problem.offload` (never | auto | all).
+(priced, or the search would see offloading as free memory); `Problem.offload`: never | auto | all.
 
 Tensor-parallel groups (issue 15): a stage with `Stage.members` runs on 2..`group_max` cards of
 one node, lead `device` first; F_s, B_s, M_s (on every member) and S_s as `tp_tables.group_stage`
 states them, C_s lead to lead; a group has no recompute or offload lever.
+
+Interleaved 1F1B (``schedule="interleaved:V"``, `hetpipe.schedule.interleaved`): `stages` are the V p virtual
+stages in model order, stage k on rank k % p (so on stage k % p's device); F, B, C (the wrap-around link
+p-1 -> 0 included) and S per virtual stage as above, T replays the interleaved lists, and every virtual
+stage's M is its rank's: `hetpipe.cost_models.chunk_memory` over the rank's per-chunk moments.
 
 T_est is the heterogeneous 1F1B estimate of HARP / AMP / Metis (cost_formulas.md §3.3); min(p - s, m)
 in-flight micro-batches is 1F1B's footprint (Narayanan et al. SC'21; Megatron theoretical_memory_usage.py).
@@ -92,6 +95,7 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from hetpipe.cost_models.backward_split import stage_bwd_weight_s
+from hetpipe.cost_models.chunk_memory import ChunkTerms, pipeline_rank_bytes
 from hetpipe.cost_models.offload import NO_OFFLOAD, OFFLOAD_MODES, OffloadCost, OffloadRates, offload_cost
 from hetpipe.cost_models.recompute import RECOMPUTE_MODES, RecomputeCost, recompute_cost
 from hetpipe.cost_models.stage_memory import pipeline_stage_bytes
@@ -99,6 +103,8 @@ from hetpipe.errors import InfeasibleError
 from hetpipe.partitioner.tp_tables import GroupStage, StagePosition, UnitSplit, group_stage
 from hetpipe.schedule.builders import SCHEDULES, SPLIT_SCHEDULES, is_split
 from hetpipe.schedule.held import position_held_terms, stage_held_terms
+from hetpipe.schedule.held_virtual import rank_held_terms
+from hetpipe.schedule.interleaved import chunks_of, parse_interleaved
 from hetpipe.schedule.replay import replay_iteration_s
 
 #: What `evaluate`'s T is: ``schedule`` (plan version 4 on): the action lists the runtime runs,
@@ -204,7 +210,7 @@ class Problem:
             raise ValueError(f"Problem.offload is {self.offload!r}; use one of {', '.join(OFFLOAD_MODES)}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"Problem.objective is {self.objective!r}; use one of {', '.join(OBJECTIVES)}")
-        if self.schedule.partition("@")[0] not in SCHEDULES:
+        if self.schedule.partition("@")[0] not in SCHEDULES and parse_interleaved(self.schedule) is None:
             raise ValueError(f"Problem.schedule is {self.schedule!r}; use one of {', '.join(SCHEDULES)}")
 
     @property
@@ -257,16 +263,25 @@ class Evaluation:
 
 
 def stage_memory_bytes(problem: Problem, stages: Sequence[Stage], s: int) -> int:
-    """M_s of the contract for stage index `s` of `stages`."""
-    st, p = stages[s], len(stages)
+    """M_s of the contract for stage index `s` of `stages` (interleaved: its rank's, every chunk's sum)."""
+    p, chunks = len(stages), chunks_of(problem.schedule)
+    if chunks > 1:
+        ranks = p // chunks
+        terms = [stage_memory_terms(problem, stages, k) for k in range(s % ranks, p, ranks)]
+        return pipeline_rank_bytes(terms, rank_held_terms(ranks, s % ranks, chunks, problem.microbatches))
+    held = (position_held_terms(p - 1 - s, first=s == 0, microbatches=problem.microbatches)
+            if problem.schedule == "1f1b" else stage_held_terms(p, s, problem.microbatches, schedule=problem.schedule))
+    return pipeline_stage_bytes(**vars(stage_memory_terms(problem, stages, s)), held=held)
+
+
+def stage_memory_terms(problem: Problem, stages: Sequence[Stage], s: int) -> ChunkTerms:
+    """Stage (or chunk) s's terms of M_s: state, gradients, A_s, its cuts, its recompute's."""
+    st, p, rc = stages[s], len(stages), stage_recompute_cost(problem, stages[s])
     units = range(st.first_unit, st.last_unit + 1)
     state = sum(problem.state_bytes[u] for u in units) + tied_bytes(problem, st) - stage_offload(problem, st).saved_bytes
-    grads = sum(problem.grad_bytes[u] for u in units) if problem.grad_bytes else 0
-    rc = stage_recompute_cost(problem, st)
-    return pipeline_stage_bytes(
-        state_bytes=state, grad_bytes=grads, activation_bytes=stage_activation_bytes(problem, st),
-        held=(position_held_terms(p - 1 - s, first=s == 0, microbatches=problem.microbatches)
-              if problem.schedule == "1f1b" else stage_held_terms(p, s, problem.microbatches, schedule=problem.schedule)),
+    return ChunkTerms(
+        state_bytes=state, grad_bytes=sum(problem.grad_bytes[u] for u in units) if problem.grad_bytes else 0,
+        activation_bytes=stage_activation_bytes(problem, st),
         in_bytes=problem.boundary_bytes[st.first_unit - 1] if s > 0 else 0,
         out_bytes=problem.boundary_bytes[st.last_unit] if s < p - 1 else 0,
         in_grad_bytes=grad_cut_bytes(problem, st.first_unit - 1) if s > 0 else 0,
@@ -280,11 +295,8 @@ def grad_cut_bytes(problem: Problem, unit: int) -> int:
 
 
 def stage_activation_bytes(problem: Problem, stage: Stage) -> int:
-    """A_s: what one micro-batch keeps for backward on `stage` beyond its input and output frames.
-
-    The stage's units' held storages (`Problem.activation_bytes`, each storage in the unit that
-    produces it) less the held share of its output cut, which ``out_s`` already counts.
-    """
+    """A_s: what one micro-batch keeps for backward on `stage` beyond its input and output frames: its
+    units' held storages (each in the unit that produces it) less the held share of its output cut."""
     act = sum(problem.activation_bytes[u] for u in range(stage.first_unit, stage.last_unit + 1))
     has_out = problem.boundary_held_bytes and stage.last_unit < problem.num_units - 1  # the last stage sends nothing
     return act - (problem.boundary_held_bytes[stage.last_unit] if has_out else 0)
@@ -325,7 +337,10 @@ def validate_stages(problem: Problem, stages: Sequence[Stage]) -> None:
         expected = st.last_unit + 1
     if expected != problem.num_units:
         raise ValueError(f"stages end at unit {expected - 1}, the model has {problem.num_units} units")
-    used = [d for st in stages for d in (st.members or (st.device,))]
+    ranks, chunks = divmod(len(stages), chunks_of(problem.schedule))
+    if chunks or any(st.device != stages[k % ranks].device or st.members for k, st in enumerate(stages[ranks:])):
+        raise ValueError(f"{problem.schedule}: {len(stages)} stages are not chunks of ranks 0..p-1 on their devices")
+    used = [d for st in stages[:ranks] for d in (st.members or (st.device,))]
     if len(set(used)) != len(used):
         raise ValueError(f"a device is used by two stages: {used}")
 
@@ -333,10 +348,9 @@ def validate_stages(problem: Problem, stages: Sequence[Stage]) -> None:
 def stage_step_s(problem: Problem, stage: Stage) -> float:
     """S_s: the optimizer step of `stage` on its device's kind (0 when the problem prices none)."""
     kind = problem.devices[stage.device].kind
-    if kind not in problem.step_s:
-        return 0.0
-    table = problem.step_s[kind]
-    return sum(table[u] for u in range(stage.first_unit, stage.last_unit + 1)) + problem.step_launch_s.get(kind, 0.0)
+    table = problem.step_s.get(kind)
+    return 0.0 if table is None else (sum(table[u] for u in range(stage.first_unit, stage.last_unit + 1))
+                                      + problem.step_launch_s.get(kind, 0.0))
 
 
 def evaluate(problem: Problem, stages: Sequence[Stage], *, objective: str | None = None) -> Evaluation:
@@ -360,19 +374,11 @@ def evaluate(problem: Problem, stages: Sequence[Stage], *, objective: str | None
         fwd = sum(problem.fwd_s[kind][u] for u in units)
         bwd = sum(problem.bwd_s[kind][u] for u in units) + stage_recompute_cost(problem, st).extra_s
         send = problem.comm_s(st.device, stages[s + 1].device, st.last_unit) if s + 1 < len(stages) else 0.0
-        costs.append(
-            StageCost(
-                fwd_s=fwd,
-                bwd_s=bwd,
-                bwd_weight_s=stage_weight_s(problem, st),
-                send_s=send,
-                memory_bytes=stage_memory_bytes(problem, stages, s),
-                usable_bytes=problem.devices[st.device].usable_bytes,
-                offload_bytes=stage_offload(problem, st).saved_bytes,
-                offload_s=stage_offload(problem, st).tail_s,
-                step_s=stage_step_or_tail_s(problem, st),
-            )
-        )
+        off = stage_offload(problem, st)
+        costs.append(StageCost(fwd_s=fwd, bwd_s=bwd, bwd_weight_s=stage_weight_s(problem, st), send_s=send,
+                               memory_bytes=stage_memory_bytes(problem, stages, s),
+                               usable_bytes=problem.devices[st.device].usable_bytes, offload_bytes=off.saved_bytes,
+                               offload_s=off.tail_s, step_s=stage_step_or_tail_s(problem, st)))
     compute = [c.fwd_s + c.bwd_s for c in costs]
     comm2 = [2.0 * c.send_s for c in costs[:-1]]
     bottleneck = max(compute + comm2)
@@ -385,7 +391,7 @@ def evaluate(problem: Problem, stages: Sequence[Stage], *, objective: str | None
 
 def schedule_s(costs: Sequence[StageCost], microbatches: int, schedule: str = "1f1b") -> float:
     """The action lists of `schedule` (1F1B by default) replayed over these stage costs (`hetpipe.schedule.replay`)."""
-    return replay_iteration_s(schedule, len(costs), microbatches, fwd_s=[c.fwd_s for c in costs],
+    return replay_iteration_s(schedule, len(costs) // chunks_of(schedule), microbatches, fwd_s=[c.fwd_s for c in costs],
                               bwd_s=[c.bwd_s for c in costs], send_s=[c.send_s for c in costs[:-1]],
                               step_s=[c.step_s for c in costs], bwd_weight_s=[c.bwd_weight_s for c in costs])
 
@@ -440,17 +446,11 @@ def stage_offload(problem: Problem, stage: Stage) -> OffloadCost:
 
 
 def step_tail_s(problem: Problem, stages: Sequence[Stage]) -> float:
-    """The seconds the offload's tail adds to the estimate T_est: max_s O_s over the offloading
-    stages (0 if none).  The schedule T replays each O_s as that stage's step instead.
-
-    Why the max and no more: every stage starts its tail after its own last backward, which
-    ends no later than the H-1F1B span (stage 0's last backward ends the pipeline: the drain runs
-    from the last stage to the first), and the tails of different cards run in parallel, so the
-    step ends by T_est + max_s O_s; it ends exactly then when the stage with the largest tail is
-    stage 0.  No overlap with the drain is credited (an upper bound for later stages).  The
-    estimate counts no on-card step S_s (as for every problem); it counts O_s so that the search
-    does not see offloading as free memory.
-    """
+    """The seconds the offload's tail adds to T_est: max_s O_s over the offloading stages (0 if none;
+    the schedule T replays each O_s as that stage's step).  The max and no more: each tail starts
+    after its stage's last backward, by the H-1F1B span, and the cards' tails run in parallel (exact
+    when stage 0 has the largest; no overlap with the drain credited).  T_est counts no on-card
+    S_s; it counts O_s so that the search does not see offloading as free memory."""
     return max((stage_offload(problem, st).tail_s for st in stages), default=0.0)
 
 

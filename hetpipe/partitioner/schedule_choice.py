@@ -26,14 +26,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 
 from hetpipe.cost_models.backward_split import unit_bwd_weight_s
-from hetpipe.errors import ConfigError
+from hetpipe.errors import ConfigError, ScheduleError
+from hetpipe.partitioner.interleave import (AUTO_INTERLEAVE_CHUNKS, choose_interleaved, interleave_candidates,
+                                            work_bound_s)
 from hetpipe.partitioner.problem import Problem
 from hetpipe.partitioner.solvers.solve import Solution
 from hetpipe.partitioner.solvers.verify import Verified, schedule_bound, verify
 from hetpipe.partitioner.warmup_search import warmup_extras, with_warmup
 from hetpipe.schedule.builders import SPLIT_SCHEDULES
+from hetpipe.schedule.interleaved import parse_interleaved
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +49,21 @@ SCHEDULE_OPTIONS = ("1f1b", *SPLIT_SCHEDULES, "auto")
 
 
 def check_schedule_option(option: str) -> None:
-    """Refuse an unknown `--schedule` before any work.
+    """Refuse an unknown `--schedule` before any work (``interleaved:V``, V >= 2, is one too).
 
     Example:
         >>> check_schedule_option("gpipe")
         Traceback (most recent call last):
         ...
-        hetpipe.errors.ConfigError: --schedule is 'gpipe'; choose one of 1f1b, zb-h1, zb-1f1b, auto (auto: the fastest for this plan)
+        hetpipe.errors.ConfigError: --schedule is 'gpipe'; choose one of 1f1b, zb-h1, zb-1f1b, auto or interleaved:V with V >= 2 chunks per card (auto: the fastest for this plan)
     """
-    if option not in SCHEDULE_OPTIONS:
+    try:
+        chunks = parse_interleaved(option)
+    except ScheduleError as err:
+        raise ConfigError(f"--schedule: {err}") from None
+    if (option not in SCHEDULE_OPTIONS and chunks is None) or (chunks is not None and chunks < 2):
         raise ConfigError(f"--schedule is {option!r}; choose one of {', '.join(SCHEDULE_OPTIONS)} "
-                          "(auto: the fastest for this plan)")
+                          "or interleaved:V with V >= 2 chunks per card (auto: the fastest for this plan)")
 
 
 def input_part_problem(problem: Problem) -> Problem:
@@ -81,6 +89,8 @@ def choose_schedule(problem: Problem, sol: Solution, *, option: str, limit_s: fl
     check_schedule_option(option)
     if option == "1f1b" or problem.objective != "schedule":
         return problem, sol
+    if parse_interleaved(option) is not None:
+        return choose_interleaved(problem, sol, chunks=parse_interleaved(option) or 2, limit_s=limit_s)
     if problem.recompute == "all":
         if option == "auto":
             return problem, sol
@@ -100,11 +110,13 @@ def choose_schedule(problem: Problem, sol: Solution, *, option: str, limit_s: fl
     if option == "auto":
         found.append((sol.iteration_s, problem, sol.stages))
         found += [w for t, p, st in list(found) if (w := with_warmup(p, st)) is not None]
+        found += interleave_candidates(problem, sol.stages, AUTO_INTERLEAVE_CHUNKS, limit_s=limit_s)
     best_s, chosen, stages = min(found, key=lambda f: f[0])
     zb_bound = schedule_bound(input_part_problem(problem))
     if chosen is problem:
         return problem, dataclasses.replace(sol, bound_s=min(sol.bound_s, zb_bound))
-    bound = min(sol.bound_s if option == "auto" else zb_bound, zb_bound, best_s)
+    bound = min(sol.bound_s if option == "auto" else zb_bound, zb_bound, best_s,
+                work_bound_s(problem) if parse_interleaved(chosen.schedule) else math.inf)
     status = "OPTIMAL" if bound >= best_s * (1 - 1e-9) else "FEASIBLE"
     used = {st.device for st in stages}
     return chosen, dataclasses.replace(sol, stages=tuple(stages), iteration_s=best_s, bound_s=bound, status=status,

@@ -13,8 +13,9 @@ group ``members`` (device indices of one node, the lead first) at a pipeline pos
 * **member time** -- each block's *integer* parts (largest remainder, what the runtime runs):
   member i runs ``(f_u · mine_u + 1 - f_u)`` of unit u's forward and backward on its kind
   (`tp_groups.rounded_member_s`, the same formula per unit); F_s / B_s = the slowest member's
-  forward / backward + one ring all-reduce per block (forward: the row output; backward: the
-  column input's gradient; over the group's slowest link, largest latency) + one broadcast of
+  forward / backward + each block's ring all-reduces (a Megatron pair: the row output forward, the
+  column input's gradient backward; split by vocabulary: `tensor_parallel.block_allreduce_bytes`;
+  over the group's slowest link, largest latency) + one broadcast of
   the received activation (F_s, not on the first stage) / gradient (B_s, not on the last)
   from the lead to the group (latency + bytes / bandwidth on the same link);
 * **memory** -- every member under M_s (`stage_memory.pipeline_stage_bytes`, the stage's
@@ -49,7 +50,7 @@ from typing import Any, Mapping, Protocol
 from hetpipe.cost_models.stage_memory import pipeline_stage_bytes
 from hetpipe.cost_models.sync import ring_allreduce_s
 from hetpipe.cost_models.tensor_parallel import (
-    TensorShares, even_shares, memory_caps, proportional_shares)
+    TensorShares, block_allreduce_bytes, even_shares, memory_caps, proportional_shares)
 from hetpipe.errors import InfeasibleError
 from hetpipe.schedule.held import position_held_terms
 
@@ -57,6 +58,8 @@ from hetpipe.schedule.held import position_held_terms
 TENSOR_PARALLEL_MODES = ("off", "auto")
 #: The most cards of one node a group holds under ``auto`` (issue 15: k <= 4).
 DEFAULT_GROUP_MAX = 4
+#: Block kinds split by vocabulary (their all-reduces differ from a Megatron pair's).
+VOCAB_KINDS = ("embedding", "head")
 #: Share rules: ``uneven`` (equal finish, capped by memory: what the solver uses), ``even`` (1/k).
 GROUP_RULES = ("uneven", "even")
 
@@ -69,6 +72,13 @@ class BlockSplit:
     fwd_flops: int  # forward FLOPs inside the block: what splits with the parts
     allreduce_bytes: int  # the row output (forward) and the column input's gradient (backward)
     activation_bytes: int  # per micro-batch, held for backward, split with the parts
+    kind: str = ""  # "embedding" / "head" (split by vocabulary) change the all-reduces; "" a Megatron pair
+    loss_allreduce_bytes: int = 0  # a vocabulary head: one (b, s) fp32 vector of the vocab-parallel loss
+
+    def allreduces(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(forward, backward) bytes of each all-reduce (`tensor_parallel.block_allreduce_bytes`)."""
+        return block_allreduce_bytes(self.kind, allreduce_bytes=self.allreduce_bytes,
+                                     loss_allreduce_bytes=self.loss_allreduce_bytes)
 
 
 @dataclass(frozen=True)
@@ -85,8 +95,14 @@ def unit_splits(units: Sequence[Any]) -> tuple[UnitSplit, ...]:
     """`UnitSplit` per captured `Unit` (its ``tensor_parallel`` blocks and fractions)."""
     return tuple(UnitSplit(flops=u.fwd_flops + u.bwd_flops, flops_fraction=u.tp_flops_fraction,
                            param_fraction=u.tp_param_fraction,
-                           blocks=tuple(BlockSplit(b.parts, b.fwd_flops, b.allreduce_bytes, b.activation_bytes)
-                                        for b in u.tensor_parallel)) for u in units)
+                           blocks=tuple(block_split(b) for b in u.tensor_parallel)) for u in units)
+
+
+def block_split(b: Any) -> BlockSplit:
+    """`BlockSplit` of a captured `TensorParallelBlock` (or a plan's `PlanBlock`)."""
+    kind = getattr(b, "kind", "")
+    return BlockSplit(b.parts, b.fwd_flops, b.allreduce_bytes, b.activation_bytes,
+                      kind=kind if kind in VOCAB_KINDS else "", loss_allreduce_bytes=b.loss_allreduce_bytes)
 
 
 class GroupTables(Protocol):
@@ -118,7 +134,7 @@ class StagePosition:
     in_grad_bytes: int
     out_grad_bytes: int
     activation_bytes: int  # A_s of the whole stage (`problem.stage_activation_bytes`)
-    tied_bytes: int = 0  # tied replicas: replicated on every member
+    tied_bytes: int = 0  # tied replicas: replicated on every member, but a tied head's rows (`tied_vocab_bytes`)
 
     @property
     def in_flight(self) -> int:
@@ -145,6 +161,20 @@ class GroupStage:
     @property
     def fits(self) -> bool:
         return all(m <= u for m, u in zip(self.memory_bytes, self.usable_bytes))
+
+
+def tied_vocab_bytes(tables: Any, first: int, last: int) -> int:
+    """Of the tied replicas a stage on units [first, last] holds (`problem.tied_bytes`), the state bytes
+    held through a unit with a block split by vocabulary: a tied LM head on a group, of which each member
+    holds only its rows.  ``tables``: a `Problem` (its ``tied`` and ``tensor_parallel``)."""
+    held = range(first, last + 1)
+    splits = tables.tensor_parallel
+
+    def vocab(u: int) -> bool:
+        return bool(splits) and any(b.kind in VOCAB_KINDS for b in splits[u].blocks)
+
+    return sum(t.state_bytes for t in getattr(tables, "tied", ()) if t.owner_unit not in held
+               and any(u in held and vocab(u) for u in t.user_units if u != t.owner_unit))
 
 
 def ring_of(tables: GroupTables, members: Sequence[int]) -> tuple[float, float]:
@@ -215,6 +245,9 @@ def _member_bytes(tables: GroupTables, units: range, shares: TensorShares, membe
             left_grad += split_grad - int(math.ceil(mine * split_grad))
         left_act += sum(b.activation_bytes - -(-b.activation_bytes * parts[b.parts][member] // b.parts)
                         for b in s.blocks if b.parts)
+    vocab = [parts[b.parts][member] / b.parts for s in splits for b in s.blocks if b.kind in VOCAB_KINDS]
+    tied_vocab = tied_vocab_bytes(tables, units.start, units.stop - 1) if vocab else 0
+    left_state += tied_vocab - int(math.ceil(max(vocab, default=1.0) * tied_vocab))  # a tied head: its rows
     return pipeline_stage_bytes(
         state_bytes=state - left_state, grad_bytes=grads - left_grad, activation_bytes=pos.activation_bytes - left_act,
         held=position_held_terms(pos.stages_after, first=pos.first, microbatches=pos.microbatches),
@@ -247,8 +280,13 @@ def group_stage(tables: GroupTables, *, first: int, last: int, members: Sequence
               else TensorShares(tuple(shares), (False,) * len(shares)))
     bandwidth, latency = ring_of(tables, members)
     blocks = [b for u in units for b in tables.tensor_parallel[u].blocks]
-    allreduce = sum(ring_allreduce_s(num_bytes=b.allreduce_bytes, ranks=len(members), bandwidth_bytes_s=bandwidth,
-                                     latency_s=latency) for b in blocks)
+
+    def ring(sizes: Sequence[int]) -> float:
+        return sum(ring_allreduce_s(num_bytes=n, ranks=len(members), bandwidth_bytes_s=bandwidth, latency_s=latency)
+                   for n in sizes)
+
+    fwd_allreduce = sum(ring(b.allreduces()[0]) for b in blocks)
+    bwd_allreduce = sum(ring(b.allreduces()[1]) for b in blocks)
 
     def bcast(nbytes: int) -> float:  # the lead hands a received message to the group
         return latency + nbytes / bandwidth if nbytes > 0 else 0.0
@@ -260,11 +298,11 @@ def group_stage(tables: GroupTables, *, first: int, last: int, members: Sequence
         fwd.append(sum(tables.fwd_s[kind][u] * f for u, f in zip(units, frac)))
         bwd.append(sum(tables.bwd_s[kind][u] * f for u, f in zip(units, frac)))
         step.append(_member_step_s(tables, kind, units, shares.weights[i]))
-    fwd_extra = allreduce + (0.0 if position.first else bcast(position.in_bytes))
-    bwd_extra = allreduce + (bcast(position.out_grad_bytes) if position.stages_after else 0.0)
+    fwd_extra = fwd_allreduce + (0.0 if position.first else bcast(position.in_bytes))
+    bwd_extra = bwd_allreduce + (bcast(position.out_grad_bytes) if position.stages_after else 0.0)
     return GroupStage(
         shares=shares.weights, fwd_s=max(fwd) + fwd_extra, bwd_s=max(bwd) + bwd_extra,
-        step_s=max(step), allreduce_s=2.0 * allreduce,
+        step_s=max(step), allreduce_s=fwd_allreduce + bwd_allreduce,
         member_fwd_s=tuple(f + fwd_extra for f in fwd), member_bwd_s=tuple(b + bwd_extra for b in bwd),
         member_step_s=tuple(step),
         memory_bytes=tuple(_member_bytes(tables, units, shares, i, position) for i in range(len(members))),

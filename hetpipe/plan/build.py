@@ -16,6 +16,7 @@ Example (the tiny test MLP on the home lab; `partition` captures it on meta, no 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,8 @@ from hetpipe.plan.schema import (
     UnitTimes,
 )
 from hetpipe.partitioner.placement import simulate_placement
+from hetpipe.plan.chunk_schema import plan_chunks
+from hetpipe.schedule.interleaved import chunks_of
 from hetpipe.partitioner.problem import DeviceSlot, Evaluation, Problem, Stage, TiedCopy, evaluate, is_split
 
 log = logging.getLogger(__name__)
@@ -159,9 +162,9 @@ def predicted_figures(problem: Problem, stages: tuple[Stage, ...], ev: Evaluatio
     busy = 0.0
     for st, cost in zip(stages, ev.stages):
         work = m * (cost.fwd_s + cost.bwd_s)
-        util[problem.devices[st.device].id] = work / ev.iteration_s
+        util[problem.devices[st.device].id] += work / ev.iteration_s  # interleaved: a card's chunks add up
         busy += work
-    bubble = 1.0 - busy / (len(stages) * ev.iteration_s)
+    bubble = 1.0 - busy / (len({st.device for st in stages}) * ev.iteration_s)
     return Predicted(
         iteration_s=ev.iteration_s,
         bubble_fraction=bubble,
@@ -204,7 +207,9 @@ def _plan_units(graph: UnitGraph, problem: Problem) -> tuple[PlanUnit, ...]:
 
 
 def plan_stages(problem: Problem, stages: tuple[Stage, ...], ev: Evaluation) -> tuple[PlanStage, ...]:
-    """The plan's stage records of an evaluated placement (indices 0..p-1, device ids, costs as evaluated)."""
+    """The plan's stage records of an evaluated placement (indices 0..p-1, device ids, costs as evaluated;
+    interleaved: one per rank, its chunks listed, `plan.chunk_schema`)."""
+    ranks = len(stages) // chunks_of(problem.schedule)
     return tuple(
         PlanStage(
             index=i,
@@ -223,8 +228,9 @@ def plan_stages(problem: Problem, stages: tuple[Stage, ...], ev: Evaluation) -> 
             step_s=c.step_s,
             bwd_weight_s=c.bwd_weight_s if is_split(problem.schedule) else 0.0,
             **plan_group_fields(problem, st, c.shares),
+            chunks=plan_chunks(stages, ev.stages, i, ranks),
         )
-        for i, (st, c) in enumerate(zip(stages, ev.stages))
+        for i, (st, c) in enumerate(zip(stages[:ranks], ev.stages))
     )
 
 
@@ -442,7 +448,8 @@ def _left_out_reasons(problem: Problem, sol: Any, *, solver: str, time_limit_s: 
         why = f"the model has only {problem.num_units} units for {n} devices"
     else:
         try:
-            full = solve(problem, solver=solver, time_limit_s=time_limit_s, seed=seed, num_stages=n)
+            plain = problem if chunks_of(problem.schedule) == 1 else dataclasses.replace(problem, schedule="1f1b")
+            full = solve(plain, solver=solver, time_limit_s=time_limit_s, seed=seed, num_stages=n)
             why = (
                 f"the best plan using all {n} devices predicts {full.iteration_s:.4g} s per iteration vs "
                 f"{sol.iteration_s:.4g} s without it ({full.iteration_s / sol.iteration_s:.2f}x slower)"

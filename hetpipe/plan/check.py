@@ -29,6 +29,7 @@ from hetpipe.errors import PlanError
 from hetpipe.partitioner.problem import Problem, Stage, evaluate, is_split
 from hetpipe.partitioner.recompute import choose_recompute, is_prefix_choice
 from hetpipe.plan.baseline_check import baseline_violations
+from hetpipe.plan.chunk_schema import chunk_violations
 from hetpipe.plan.tp_plan import share_violations
 from hetpipe.plan.offload_check import offload_violations
 from hetpipe.plan.replica_check import check_replicas
@@ -82,7 +83,7 @@ def _check_pipeline(plan: Plan) -> CheckReport:
     except ValueError as err:
         return CheckReport(math.nan, tuple(violations + [f"stages: {err}"]))
     violations += (recompute_violations(problem, stages) + offload_violations(problem, stages)
-                   + share_violations(plan, ev))
+                   + share_violations(plan, ev) + chunk_violations(plan.stages, ev.stages))
     for st, cost in zip(plan.stages, ev.stages):
         for name, recorded, actual in (
             ("fwd_s", st.fwd_s, cost.fwd_s),

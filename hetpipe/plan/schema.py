@@ -45,14 +45,15 @@ from hetpipe.plan.tp_plan import PlanBlock, with_plan_splits  # issue 15: groups
 from hetpipe.plan.check_report import CheckReport, close_to_recorded, structure_violations  # noqa: F401
 from hetpipe.plan.serde import from_json, least_version, to_json
 from hetpipe.plan.shard_schema import PlanShard
+from hetpipe.plan.chunk_schema import PlanChunk, virtual_stages
 from hetpipe.plan.validate import validate_plan
 
 PLAN_FORMAT = "hetpipe.plan"
 #: Newest plan version this hetpipe reads and writes; a plan is written with the lowest version its
 #: content needs (fields declare ``metadata={"since": N}``, `least_version`).  2: replicas, sync (#6);
-#: 3: recompute_units, loss, baseline best, memory model 2; 4: T = the simulated schedule with
-#: optimizer steps, offload, tensor-parallel groups; 5: split schedules (bwd_weight_s), sharded sync groups.
-PLAN_VERSION = 5
+#: 3: recompute_units, loss, baseline best, memory model 2; 4: T = the simulated schedule with optimizer steps,
+#: offload, tensor-parallel groups; 5: split schedules (bwd_weight_s), sharded sync groups; 6: chunks (interleaved).
+PLAN_VERSION = 6
 #: The version of a plan without replicas.
 PLAN_VERSION_SINGLE = 1
 #: The first version that may carry replicas.
@@ -184,9 +185,8 @@ class PlanStage:
     memory_bytes: int
     usable_bytes: int
     send_s: float  # C_s one way to the next stage; 0 for the last
-    # Version 3 (issue 14): global unit indices in [first_unit, last_unit] whose forward the stage
-    # recomputes in the backward (torch.utils.checkpoint, non-reentrant) instead of keeping what
-    # autograd saves.  Left out of the file while empty, so plans without levers stay version 1/2.
+    # Version 3 (issue 14): global unit indices in [first_unit, last_unit] whose forward the stage recomputes
+    # in the backward (non-reentrant checkpoint).  Left out while empty: plans without levers stay version 1/2.
     recompute_units: tuple[int, ...] = field(default=(), metadata={"since": 3})
     # Version 4 (issue 14): the stage keeps its optimizer state on the host: the bytes that leaves
     # its card and the seconds O_s it adds after its last backward (`hetpipe.cost_models.offload`).
@@ -200,6 +200,7 @@ class PlanStage:
     group_devices: tuple[str, ...] = field(default=(), metadata={"since": 4})
     group_shares: tuple[float, ...] = field(default=(), metadata={"since": 4})
     bwd_weight_s: float = field(default=0.0, metadata={"since": 5})  # W_s: bwd_s's weight-gradient part (ZB W)
+    chunks: tuple[PlanChunk, ...] = field(default=(), metadata={"since": 6})  # interleaved: chunk_schema.py
 
 
 @dataclass(frozen=True)
@@ -485,7 +486,8 @@ def stages_from_plan(plan: Plan) -> tuple[Stage, ...]:
             raise PlanError(f"stage {st.index} runs on device {st.device!r}, which the plan does not list")
         out.append(Stage(index[st.device], st.first_unit, st.last_unit, tuple(sorted(st.recompute_units)), st.offload,
                          tuple(index[d] for d in st.group_devices)))
-    return tuple(out)
+    chunked = [(index[st.device], st.chunks) for st in plan.stages]  # interleaved: the v p virtual stages
+    return virtual_stages(chunked) if any(c for _, c in chunked) else tuple(out)
 
 
 def verify_model(plan: Plan, graph: "UnitGraph") -> None:  # noqa: F821 - avoid importing torch-heavy modules

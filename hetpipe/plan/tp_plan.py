@@ -21,7 +21,7 @@ from typing import Any, Mapping
 from hetpipe.errors import ConfigError, PlanError
 from hetpipe.partitioner.problem import Evaluation, Problem, Stage, stage_position
 from hetpipe.partitioner.tp_tables import (
-    DEFAULT_GROUP_MAX, TENSOR_PARALLEL_MODES, BlockSplit, UnitSplit, group_stage, unit_splits)
+    DEFAULT_GROUP_MAX, TENSOR_PARALLEL_MODES, UnitSplit, block_split, group_stage, unit_splits)
 from hetpipe.plan.tp_schema import PlanBlock
 
 #: `Plan.cost_model` key of the setting.
@@ -68,8 +68,8 @@ def plan_unit_fields(problem: Problem, index: int) -> dict[str, Any]:
         return {}
     s = problem.tensor_parallel[index]
     return {"tp_flops_fraction": s.flops_fraction, "tp_param_fraction": s.param_fraction,
-            "tp_blocks": tuple(PlanBlock(b.parts, b.fwd_flops, b.allreduce_bytes, b.activation_bytes)
-                               for b in s.blocks)}
+            "tp_blocks": tuple(PlanBlock(b.parts, b.fwd_flops, b.allreduce_bytes, b.activation_bytes, kind=b.kind,
+                                         loss_allreduce_bytes=b.loss_allreduce_bytes) for b in s.blocks)}
 
 
 def plan_group_fields(problem: Problem, stage: Stage, shares: tuple[float, ...]) -> dict[str, Any]:
@@ -87,8 +87,7 @@ def with_plan_splits(plan: Any, problem: Problem) -> Problem:
         return problem
     splits = tuple(UnitSplit(flops=u.fwd_flops + u.bwd_flops, flops_fraction=u.tp_flops_fraction,
                              param_fraction=u.tp_param_fraction,
-                             blocks=tuple(BlockSplit(b.parts, b.fwd_flops, b.allreduce_bytes, b.activation_bytes)
-                                          for b in u.tp_blocks)) for u in plan.units)
+                             blocks=tuple(block_split(b) for b in u.tp_blocks)) for u in plan.units)
     widest = max((len(st.group_devices) for st in plan.stages), default=1)
     return replace(problem, tensor_parallel=splits if any(s.blocks for s in splits) else (),
                    group_max=max(DEFAULT_GROUP_MAX, widest))

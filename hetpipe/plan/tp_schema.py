@@ -10,7 +10,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -21,3 +21,6 @@ class PlanBlock:
     fwd_flops: int
     allreduce_bytes: int
     activation_bytes: int
+    # a block split by vocabulary ("embedding" / "head"; "" a Megatron pair) and its loss all-reduce
+    kind: str = field(default="", metadata={"since": 4})
+    loss_allreduce_bytes: int = field(default=0, metadata={"since": 4})

@@ -63,9 +63,13 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: A
     ``weights`` that lack a tensor of the model or hold one of another shape (headers only); returns
     the UnitGraph."""
     from hetpipe.schedule.builders import make_schedule, validate_schedule
+    from hetpipe.schedule.interleaved import parse_interleaved
     from hetpipe.plan.tables import verify_tables
     from hetpipe.runtime.rank import capture_for_plan
     refuse_unrunnable_groups(plan, schedule)  # issue 15: what groups do not run yet, each with its fix
+    if parse_interleaved(schedule) or any(st.chunks for st in plan.stages):  # issue 17: priced, not executed yet
+        raise ConfigError(f"schedule {plan.training.schedule}: interleaved virtual stages are planned and checked but "
+                          "not run yet (one stage per rank); re-plan with --schedule 1f1b, zb-1f1b or auto")
     if plan.replicas:  # each replica is its own pipeline
         from hetpipe.runtime.replicas.trainer import check_runnable
 
@@ -78,7 +82,7 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: A
         validate_schedule(make_schedule(schedule, p, m), num_stages=p, num_microbatches=m)
         refuse_split_recompute(plan, schedule)
     graph, example = capture_for_plan(plan, model=model, seq=seq)  # raises PlanError for another model
-    check_shardable(plan, graph)  # a group of a torch.export graph (Hugging Face) cannot shard yet
+    check_shardable(plan, graph, loss=loss)  # a group of a torch.export graph (Hugging Face) cannot shard yet
     if [u.node_names for u in plan.units] == [tuple(u.node_names) for u in graph.units]:
         verify_tables(plan, graph, loss_costed=False)  # edited tables never reach the ranks (plan/tables.py)
     check_user_code(plan, model=model, data=data, loss=loss, example=example, meta_model=graph.module)

@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 from hetpipe.errors import ConfigError
 from hetpipe.plan.group_run import RankSlot, member_timings
 from hetpipe.plan.schema import Plan
+from hetpipe.plan.user_code import import_callable
 from hetpipe.runtime.emulate.pipeline import StageTiming
 from hetpipe.runtime.execute.group import group_wiring
 from hetpipe.runtime.execute.options import ReplicaWiring
@@ -33,6 +34,7 @@ from hetpipe.runtime.stage.types import StageModule
 from hetpipe.runtime.stage.weights import save_pipeline
 from hetpipe.runtime.tp_ranks import GroupHandles, Layout, gather_layout
 from hetpipe.runtime.tp_shard import MemberShare, gather_parameter, shard_model
+from hetpipe.runtime.tp_vocab import check_vocab_loss, vocab_loss
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,12 @@ class GroupSetup:
     layout: Layout
     wiring: ReplicaWiring
     handles: GroupHandles
+    module: Any = None  # this member's sharded stage module (None on a width-1 stage)
+
+    def loss(self, loss_fn: Any) -> Any:
+        """The loss this rank runs: a head split by vocabulary runs the vocab-parallel cross-entropy
+        (`tp_vocab.vocab_loss`); otherwise ``loss_fn`` itself."""
+        return loss_fn if self.module is None or loss_fn is None else vocab_loss(loss_fn, self.module)
 
 
 def stage_blocks(units: Sequence[Any], plan_stage: Any) -> list[Any]:
@@ -49,16 +57,21 @@ def stage_blocks(units: Sequence[Any], plan_stage: Any) -> list[Any]:
     return [b for u in units[plan_stage.first_unit:plan_stage.last_unit + 1] for b in u.tensor_parallel]
 
 
-def check_shardable(plan: Plan, graph: Any) -> None:
+def check_shardable(plan: Plan, graph: Any, *, loss: str | None = None) -> None:
     """Refuse, before launching, a group stage whose blocks' layers are not ``nn.Linear`` / ``Conv1D``
-    modules in the captured graph (a ``torch.export`` graph of a Hugging Face model holds plain
-    containers: `shard_model` would refuse it on every rank after the launch)."""
+    (``nn.Embedding``) modules in the captured graph (a ``torch.export`` graph of a Hugging Face model
+    holds plain containers: `shard_model` would refuse it on every rank after the launch), and a
+    ``--loss`` other than the built-in LM loss when the last stage's head is split by vocabulary."""
+    last = plan.stages[-1]
+    if loss is not None and last.group_devices and any(b.kind == "head" for b in stage_blocks(graph.units, last)):
+        check_vocab_loss(import_callable(loss, option="--loss"))
     for st in plan.stages:
-        for block in stage_blocks(graph.units, st) if st.group_devices else ():
-            for spec in (*block.column, block.row):
+        blocks = stage_blocks(graph.units, st) if st.group_devices else []
+        for block in sorted(blocks, key=lambda b: b.is_vocab):  # the pairs' layers named first
+            for spec in block.parameters:
                 path = spec.name.rsplit(".", 1)[0]
                 kind = type(graph.module.get_submodule(path)).__name__
-                if kind not in ("Linear", "Conv1D"):
+                if kind not in ("Linear", "Conv1D", "Embedding"):
                     raise ConfigError(f"plan stage {st.index} runs on the group {list(st.group_devices)}, but its "
                                       f"tensor-parallel layer {path!r} is a {kind} in the captured graph (a "
                                       "torch.export graph: Hugging Face models), which groups cannot shard yet; "
@@ -82,7 +95,7 @@ def setup_groups(plan: Plan, slot: RankSlot, stage: StageModule, units: Sequence
     shard_model(stage.module, blocks, share=MemberShare(slot.member, tuple(st.group_shares)), group=group)
     wiring = group_wiring(stage, group=group, lead_rank=layout.stage_ranks[slot.stage], is_lead=layout.is_lead,
                           tied_group=handles.tied_group)
-    return GroupSetup(layout, wiring, handles)
+    return GroupSetup(layout, wiring, handles, stage.module)
 
 
 def save_grouped(setup: GroupSetup, plan: Plan, stage: StageModule, units: Sequence[Any], *,
@@ -97,6 +110,8 @@ def save_grouped(setup: GroupSetup, plan: Plan, stage: StageModule, units: Seque
         for block in stage_blocks(units, st):
             for spec in block.parameters:
                 p = params[spec.name]
+                if p in shards:  # a tied embedding and head: one parameter, gathered once
+                    continue
                 full = gather_parameter(p, spec, parts=block.parts, share=share, group=setup.handles.my_group())
                 shards[p], p.data = p.data, full
     try:

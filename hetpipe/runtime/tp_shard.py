@@ -8,8 +8,10 @@ rows of those parts, bias included) and its row-parallel layer `RowParallelLinea
 columns of those parts; the bias whole, added once after the all-reduce).  Slices are cut from the full initial
 weights by the model's own parameter names, so a group starts from exactly the weights
 a single device starts from; only the slice is kept (the full tensor is dropped with the
-replaced layer, or never allocated when ``state`` supplies it).  Everything else (norms,
-embeddings, head) is replicated: every member computes it alike on the same inputs.
+replaced layer, or never allocated when ``state`` supplies it).  A token embedding and an LM head
+split by vocabulary become `tp_vocab.VocabParallelEmbedding` / `VocabParallelHead` (the member's
+rows).  Everything else (norms, position embeddings) is replicated: every member computes it alike
+on the same inputs.
 
 The model's own forward runs unchanged on the shard, so it must read head counts from
 the projections' widths (``view(b, t, -1, head_dim)``) as the built-in GPT / Llama and Hugging
@@ -42,6 +44,7 @@ from hetpipe.cost_models.tensor_parallel import largest_remainder
 from hetpipe.errors import ConfigError
 from hetpipe.partitioner.capture.tensor_blocks import ShardedParameter, TensorParallelBlock
 from hetpipe.runtime.tp_comm import copy_to_group, reduce_from_group
+from hetpipe.runtime.tp_vocab import shard_vocab_block
 
 
 @dataclass(frozen=True)
@@ -218,9 +221,24 @@ def shard_model(model: nn.Module, blocks: Sequence[TensorParallelBlock], *, shar
     if size != len(share.weights):
         raise ConfigError(f"{len(share.weights)} shares for a tensor-parallel group of {size} ranks; "
                           "give one share per group member")
+    made: dict[int, nn.Parameter] = {}  # a tied embedding and head share their sliced rows
     for block in blocks:
-        shard_block(model, block, share=share, group=group, state=state, device=device)
+        if block.is_vocab:
+            parts = _parts_of(share, block)
+            shard_vocab_block(model, block, parts=parts, group=group, device=device, made=made,
+                              full=_source(model, state, block.column[0].name))
+        else:
+            shard_block(model, block, share=share, group=group, state=state, device=device)
     return model
+
+
+def _parts_of(share: MemberShare, block: TensorParallelBlock) -> tuple[int, int]:
+    parts = share.part_range(parts=block.parts)
+    if parts[0] == parts[1]:
+        raise ConfigError(f"shares {share.weights} give member {share.member} none of the {block.parts} "
+                          f"{block.division} rows of {block.column[0].name}; raise its share or leave it out of "
+                          "the group")
+    return parts
 
 
 def tensor_parallel_group(members: Sequence[int]) -> Any:

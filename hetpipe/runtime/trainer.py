@@ -105,6 +105,8 @@ class Trainer:
         self.steps_done = 0  # optimizer steps taken (= global batches consumed), counting a resumed checkpoint's
         if self.is_last and loss is None:
             loss = loss_for(model, None)
+        if run.groups is not None:  # a head split by vocabulary runs the vocab-parallel loss (runtime/tp_vocab.py)
+            loss = run.groups.loss(loss)
         params = list(run.stage.parameters())
         make = optimizer if optimizer is not None else (
             lambda ps: make_optimizer(run.plan.training.optimizer, ps, lr=lr))

@@ -297,6 +297,8 @@ def _pipeline_rank(args: argparse.Namespace, state: RankState, run: _Run, ranks:
     run.stage_ranks = ranks
     last = run.index == run.num_stages - 1
     loss_fn = loss_for(args.model, args.loss) if last else None
+    if run.groups is not None:  # a head split by vocabulary runs the vocab-parallel loss (runtime/tp_vocab.py)
+        loss_fn = run.groups.loss(loss_fn)
     resume = _resume_point(args)
     stream = run.data(resume[1].batches_consumed if resume else 0) if run.index == 0 or last else None
     first = next(stream, None) if stream is not None else None

@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 
 from hetpipe.errors import ScheduleError
 from hetpipe.schedule.actions import Action, Op, Schedule
+from hetpipe.schedule.interleaved import check_interleaved, interleaved_1f1b, interleaved_rank, parse_interleaved
 from hetpipe.schedule.validate import check_actions, check_sizes, compute_slots, validate_schedule
 
 # `Schedule`, `validate_schedule` and `check_actions` are re-exported: callers build and check here.
@@ -190,12 +191,16 @@ def is_split(name: str) -> bool:
 
 
 def make_schedule(name: str, num_stages: int, num_microbatches: int) -> Schedule:
-    """The schedule called `name` ("gpipe" or "1f1b", case-insensitive).
+    """The schedule called `name` ("gpipe" or "1f1b", case-insensitive; ``interleaved:V`` over
+    `num_stages` ranks of V chunks each, `hetpipe.schedule.interleaved`).
 
     Example:
         >>> make_schedule("1F1B", 2, 4) == one_f_one_b(2, 4)
         True
     """
+    chunks = parse_interleaved(name)
+    if chunks is not None:
+        return interleaved_1f1b(num_stages, chunks, num_microbatches)
     base, extra = split_name(name, num_stages)
     if not any(extra):
         return SCHEDULES[base](num_stages, num_microbatches)
@@ -242,10 +247,14 @@ def rank_actions(name: str, num_stages: int, num_microbatches: int, stage: int) 
         >>> rank_actions("1f1b", 3, 4, 1) == one_f_one_b(3, 4)[1]
         True
     """
-    base, extra = split_name(name, num_stages)
+    chunks = parse_interleaved(name)
+    base, extra = split_name(name, num_stages) if chunks is None else ("", ())
     check_sizes(num_stages, num_microbatches)
     if not 0 <= stage < num_stages:
         raise ScheduleError(f"stage {stage} is outside a pipeline of {num_stages} stages; use 0..{num_stages - 1}")
+    if chunks is not None:
+        check_interleaved(num_stages, chunks, num_microbatches)
+        return interleaved_rank(stage, num_stages, chunks, num_microbatches)
     if not any(extra):
         return _RANKS[base](stage, num_stages, num_microbatches)
     return _RANKS[base](stage, num_stages, num_microbatches, extra[stage])

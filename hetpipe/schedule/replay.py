@@ -23,6 +23,7 @@ from typing import Sequence
 
 from hetpipe.schedule.actions import Op
 from hetpipe.schedule.builders import make_schedule
+from hetpipe.schedule.interleaved import chunks_of
 
 #: Instruction codes of a compiled program (rank, code, a, b).
 _COMPUTE_F, _COMPUTE_B, _COMPUTE_STEP, _SEND, _RECV, _COMPUTE_W = 0, 1, 2, 3, 4, 5
@@ -43,7 +44,12 @@ def compile_schedule(name: str, num_stages: int, num_microbatches: int) -> tuple
 
 
 def compile_actions(schedule: dict, num_stages: int) -> tuple[tuple[int, int, int, int], ...]:
-    """`compile_schedule`'s walk over the action lists of `schedule` (rank -> actions)."""
+    """`compile_schedule`'s walk over the action lists of `schedule` (rank -> actions).
+
+    Messages are keyed by the (virtual) stage, so interleaved lists compile too: a SEND's ``a`` is
+    then 2 * virtual cut (+ 1 for gradients), and a compute instruction's ``a`` is its stage - rank
+    (c p for chunk c; 0 in every one-stage-per-rank list, as `compile_one_f_one_b` writes it).
+    """
     slots: dict[tuple[Op, int, int | None], int] = {}
     done, waiting, program = [0] * num_stages, {}, []
     ready = list(range(num_stages))
@@ -53,23 +59,23 @@ def compile_actions(schedule: dict, num_stages: int) -> tuple[tuple[int, int, in
         while i < len(actions):
             a = actions[i]
             if a.op is Op.RECV_F or a.op is Op.RECV_B:
-                key = (a.op, rank, a.microbatch)
+                key = (a.op, a.stage, a.microbatch)
                 if key not in slots:
                     waiting[key] = rank
                     break
                 program.append((rank, _RECV, slots[key], 0))
             elif a.op is Op.SEND_F or a.op is Op.SEND_B:
                 forward = a.op is Op.SEND_F
-                dst = rank + 1 if forward else rank - 1
+                dst = a.stage + 1 if forward else a.stage - 1
                 key = (Op.RECV_F if forward else Op.RECV_B, dst, a.microbatch)
                 slots[key] = len(slots)
-                cut = rank if forward else dst
+                cut = a.stage if forward else dst
                 program.append((rank, _SEND, 2 * cut + (0 if forward else 1), slots[key]))
                 if key in waiting:
                     ready.append(waiting.pop(key))
             else:
                 code = {Op.F: _COMPUTE_F, Op.B: _COMPUTE_B, Op.STEP: _COMPUTE_STEP, Op.W: _COMPUTE_W}[a.op]
-                program.append((rank, code, 0, 0))
+                program.append((rank, code, a.stage - rank, 0))  # 0 but for an interleaved chunk: c p
             i += 1
         done[rank] = i
     assert all(done[r] == len(schedule[r]) for r in range(num_stages)), "schedule deadlocks"
@@ -132,6 +138,9 @@ def replay_iteration_s(name: str, num_stages: int, num_microbatches: int, *, fwd
     """
     name = name.strip().lower()
     program = compile_schedule(name, num_stages, num_microbatches)
+    if chunks_of(name) > 1:
+        return replay_virtual_s(program, num_stages, num_microbatches, fwd_s=fwd_s, bwd_s=bwd_s, send_s=send_s,
+                                step_s=step_s, bwd_weight_s=bwd_weight_s)
     steps = tuple(step_s) or (0.0,) * num_stages
     weights = tuple(bwd_weight_s) or (0.0,) * num_stages
     split = _split_ranks(name, num_stages, num_microbatches)
@@ -162,3 +171,44 @@ def _split_ranks(name: str, num_stages: int, num_microbatches: int) -> tuple[boo
     """Per rank: does its list of schedule `name` split the backward into B and W?"""
     ranks = {rank for rank, code, _, _ in compile_schedule(name, num_stages, num_microbatches) if code == _COMPUTE_W}
     return tuple(r in ranks for r in range(num_stages))
+
+
+def replay_virtual_s(program: Sequence[tuple[int, int, int, int]], num_ranks: int, num_microbatches: int, *,
+                     fwd_s: Sequence[float], bwd_s: Sequence[float], send_s: Sequence[float],
+                     step_s: Sequence[float] = (), bwd_weight_s: Sequence[float] = ()) -> float:
+    """`replay_iteration_s` of an interleaved program: costs per virtual stage (v p) and virtual cut
+    (v p - 1); a rank's STEP lasts its chunks' steps together; the cuts c and c + p share the
+    physical link direction they cross (rank c % p -> (c + 1) % p, the wrap-around p-1 -> 0 included),
+    one transfer at a time, as in `hetpipe.schedule.simulate`.
+    """
+    virtual = len(fwd_s)
+    steps = tuple(step_s) or (0.0,) * virtual
+    weights = tuple(bwd_weight_s) or (0.0,) * virtual
+    split = {rank for rank, code, _, _ in program if code == _COMPUTE_W}
+    dur = [(float(f), float(b) - float(w) if s % num_ranks in split else float(b), 0.0, 0.0, 0.0, float(w))
+           for s, (f, b, w) in enumerate(zip(fwd_s, bwd_s, weights))]
+    step_of_rank = [sum(float(steps[s]) for s in range(r, virtual, num_ranks)) for r in range(num_ranks)]
+    one_way = [float(c) for c in send_s]
+
+    def direction(a: int) -> int:  # physical (src rank, dst rank) of message direction a, as one index
+        cut, grad = a >> 1, a & 1
+        src, dst = cut % num_ranks, (cut + 1) % num_ranks
+        return dst * num_ranks + src if grad else src * num_ranks + dst
+
+    phys = [direction(a) for a in range(2 * max(virtual - 1, 1))]
+    clock = [0.0] * num_ranks
+    link_free = [0.0] * (num_ranks * num_ranks)
+    arrival = [0.0] * (2 * virtual * num_microbatches)
+    for rank, code, a, b in program:
+        if code == _RECV:
+            if arrival[a] > clock[rank]:
+                clock[rank] = arrival[a]
+        elif code == _SEND:
+            d = phys[a]
+            start = clock[rank] if clock[rank] > link_free[d] else link_free[d]
+            link_free[d] = arrival[b] = start + one_way[a >> 1]
+        elif code == _COMPUTE_STEP:
+            clock[rank] += step_of_rank[rank]
+        else:
+            clock[rank] += dur[rank + a][code]
+    return max(clock)

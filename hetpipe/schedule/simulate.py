@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from hetpipe.errors import ConfigError, ScheduleError
 from hetpipe.schedule.actions import Action, Op
 from hetpipe.schedule.builders import Schedule, make_schedule, validate_schedule
+from hetpipe.schedule.interleaved import chunks_of
 
 
 #: ``str(Action)`` without the enum attribute lookup per event (the 64x256 benchmark makes ~85k events).
@@ -133,7 +134,7 @@ class SimEvent:
 
 @dataclass(frozen=True)
 class SimResult:
-    """Outcome of one simulated iteration; per-rank tuples are indexed by rank (= stage).
+    """Outcome of one simulated iteration; per-rank tuples are indexed by rank (= stage, or its chunks).
 
     ``bubble_fraction = 1 - sum(busy_s) / (p * iteration_s)``; busy time is F, B and STEP.
     `events` are sorted by start time.
@@ -163,12 +164,15 @@ class _State:
 
 
 def _send(st: _State, costs: SimCosts, rank: int, a: Action, t: float, ready: deque[int]) -> None:
+    # Virtual stages (interleaved): the message goes to stage a.stage +- 1 on its rank, over the
+    # physical link direction (rank -> dst); cuts c and c + p share it, one transfer at a time.
     forward = a.op is Op.SEND_F
-    dst = rank + 1 if forward else rank - 1
+    dst_stage = a.stage + 1 if forward else a.stage - 1
+    dst = dst_stage % len(st.clock)
     start = max(t, st.link_free.get((rank, dst), 0.0))
-    end = start + costs.send_s[rank if forward else dst]
+    end = start + costs.send_s[a.stage if forward else dst_stage]
     st.link_free[(rank, dst)] = end
-    key = (Op.RECV_F if forward else Op.RECV_B, dst, a.microbatch)
+    key = (Op.RECV_F if forward else Op.RECV_B, dst_stage, a.microbatch)
     st.arrival[key] = end
     st.events.append(SimEvent(rank, f"link {rank}->{dst}", _label(a), a.op, a.microbatch, start, end))
     if key in st.waiting:
@@ -179,16 +183,14 @@ def _advance(st: _State, schedule: Schedule, costs: SimCosts, rank: int, ready: 
     """Run `rank` from its current step until it finishes or blocks on a RECV."""
     actions, i, t = schedule[rank], st.done[rank], st.clock[rank]
     lane = f"rank {rank}"
-    weight = costs.bwd_weight_s[rank] if costs.bwd_weight_s else 0.0
     split = any(a.op is Op.W for a in actions)  # B is then the input gradient only
-    durations = {Op.F: costs.fwd_s[rank], Op.B: costs.bwd_s[rank] - weight if split else costs.bwd_s[rank],
-                 Op.W: weight, Op.STEP: costs.step_s[rank] if costs.step_s else 0.0}
+    durations = _durations(costs, rank, len(st.clock), split)
     release = Op.W if split else Op.B  # a micro-batch is in flight until its last backward part
     while i < len(actions):
         a = actions[i]
         op = a.op
         if op is Op.RECV_F or op is Op.RECV_B:
-            key = (op, rank, a.microbatch)
+            key = (op, a.stage, a.microbatch)
             end = st.arrival.get(key)
             if end is None:
                 st.waiting[key] = rank
@@ -199,7 +201,7 @@ def _advance(st: _State, schedule: Schedule, costs: SimCosts, rank: int, ready: 
         elif op is Op.SEND_F or op is Op.SEND_B:
             _send(st, costs, rank, a, t, ready)
         else:
-            dur = durations[op]
+            dur = durations[(op, a.stage)]
             st.events.append(SimEvent(rank, lane, _label(a), op, a.microbatch, t, t + dur))
             t += dur
             st.busy[rank] += dur
@@ -212,15 +214,30 @@ def _advance(st: _State, schedule: Schedule, costs: SimCosts, rank: int, ready: 
     st.done[rank], st.clock[rank] = i, t
 
 
+def _durations(costs: SimCosts, rank: int, num_ranks: int, split: bool) -> dict[tuple[Op, int], float]:
+    """(op, stage) -> seconds on `rank`; its STEP (named by its first stage) steps all its chunks."""
+    out: dict[tuple[Op, int], float] = {}
+    stages = range(rank, costs.num_stages, num_ranks)
+    for s in stages:
+        weight = costs.bwd_weight_s[s] if costs.bwd_weight_s else 0.0
+        out[(Op.F, s)] = costs.fwd_s[s]
+        out[(Op.B, s)] = costs.bwd_s[s] - weight if split else costs.bwd_s[s]
+        out[(Op.W, s)] = weight
+    out[(Op.STEP, rank)] = sum(costs.step_s[s] for s in stages) if costs.step_s else 0.0
+    return out
+
+
 def _check_match(schedule: Schedule, costs: SimCosts) -> None:
-    p = costs.num_stages
-    if not isinstance(schedule, dict) or len(schedule) != p:
-        ranks = len(schedule) if isinstance(schedule, dict) else type(schedule).__name__
-        raise ScheduleError(f"the costs describe {p} stages but the schedule has {ranks} ranks; "
-                            f"fix: build the schedule with num_stages={p}")
+    """The schedule has p ranks and the costs p (or, interleaved, v p virtual) stages."""
+    v = costs.num_stages
+    ranks = len(schedule) if isinstance(schedule, dict) else 0
+    if not isinstance(schedule, dict) or not ranks or v % ranks:
+        shown = ranks if isinstance(schedule, dict) else type(schedule).__name__
+        raise ScheduleError(f"the costs describe {v} stages but the schedule has {shown} ranks; "
+                            f"fix: build the schedule with num_stages={v} (or a divisor of it, interleaved)")
     first = schedule.get(0, [])
-    m = sum(1 for a in first if isinstance(a, Action) and a.op is Op.F)
-    validate_schedule(schedule, num_stages=p, num_microbatches=max(m, 1))
+    m = sum(1 for a in first if isinstance(a, Action) and a.op is Op.F and a.stage == 0)
+    validate_schedule(schedule, num_stages=ranks, num_microbatches=max(m, 1), chunks=v // ranks)
 
 
 def simulate(schedule: Schedule, costs: SimCosts) -> SimResult:
@@ -234,7 +251,7 @@ def simulate(schedule: Schedule, costs: SimCosts) -> SimResult:
         9.0
     """
     _check_match(schedule, costs)
-    p = costs.num_stages
+    p = len(schedule)  # ranks; the costs may describe v p virtual stages (interleaved)
     st = _State(clock=[0.0] * p, busy=[0.0] * p, in_flight=[0] * p, peak=[0] * p, done=[0] * p,
                 link_free={}, arrival={}, waiting={}, events=[])
     ready: deque[int] = deque(range(p))
@@ -251,10 +268,18 @@ def simulate(schedule: Schedule, costs: SimCosts) -> SimResult:
 
 
 def simulate_stages(costs: SimCosts, microbatches: int, *, schedule: str = "1f1b") -> SimResult:
-    """Simulate the schedule called `schedule` over stages with these plain costs (one stage per rank).
+    """Simulate the schedule called `schedule` over stages with these plain costs (one stage per rank;
+    ``interleaved:V``: the costs' stages are virtual, V per rank).
 
     Example:
         >>> simulate_stages(SimCosts(fwd_s=(1.0, 1.0), bwd_s=(2.0, 2.0), send_s=(0.0,)), 4).iteration_s
         15.0
+        >>> simulate_stages(SimCosts(fwd_s=(0.5,) * 4, bwd_s=(1.0,) * 4, send_s=(0.0,) * 3), 4,
+        ...                 schedule="interleaved:2").iteration_s
+        13.5
     """
-    return simulate(make_schedule(schedule, len(costs.fwd_s), microbatches), costs)
+    ranks, chunks = divmod(len(costs.fwd_s), chunks_of(schedule))
+    if chunks:
+        raise ScheduleError(f"schedule {schedule!r} needs a multiple of {chunks_of(schedule)} stages (chunks per rank), "
+                            f"the costs describe {len(costs.fwd_s)}; fix: give {chunks_of(schedule)} per rank")
+    return simulate(make_schedule(schedule, ranks, microbatches), costs)

@@ -23,8 +23,9 @@ from typing import Sequence
 from hetpipe.errors import ScheduleError
 from hetpipe.schedule.actions import Action, Op, Schedule
 
-# Key of one action on one rank: (op, micro-batch); STEP has micro-batch None.
-_Key = tuple[Op, "int | None"]
+# Key of one action on one rank: (op, stage, micro-batch); STEP has micro-batch None.  The stage is
+# the virtual stage (`hetpipe.schedule.interleaved`): rank r runs stages r, r + p, ..., one per chunk.
+_Key = tuple[Op, int, "int | None"]
 
 _MAX_REPORTED = 6  # problems listed in one error message; the rest are counted
 _RECV_OF_SEND = {Op.SEND_F: Op.RECV_F, Op.SEND_B: Op.RECV_B}
@@ -63,6 +64,7 @@ def _raise_if(problems: list[str], what: str = "invalid schedule") -> None:
 
 
 def _allowed_ops(stage: int, num_stages: int) -> set[Op]:
+    """The ops of (virtual) stage `stage` of `num_stages` (STEP is the rank's, on its first stage)."""
     ops = {Op.F, Op.B, Op.STEP, Op.W}
     if stage > 0:
         ops |= {Op.RECV_F, Op.SEND_B}
@@ -89,15 +91,17 @@ def _check_shape(schedule: Schedule, num_stages: int) -> list[str]:
 
 
 def _check_actions(schedule: Schedule, num_stages: int, num_microbatches: int,
-                   ranks: Sequence[int] | None = None) -> list[str]:
+                   ranks: Sequence[int] | None = None, chunks: int = 1) -> list[str]:
     problems = []
+    virtual = num_stages * chunks
     for rank in range(num_stages) if ranks is None else ranks:
-        allowed = _allowed_ops(rank, num_stages)
+        mine = list(range(rank, virtual, num_stages))
         for step, a in enumerate(schedule[rank]):
             where = _at(rank, step, a)
-            if a.stage != rank:
-                problems.append(f"{where}: names stage {a.stage}, but rank {rank} runs stage {rank} only; fix: use stage {rank}")
-            elif a.op not in allowed:
+            if a.stage not in mine or (a.op is Op.STEP and a.stage != rank):
+                runs = f"stage {rank}" if chunks == 1 or a.op is Op.STEP else f"stages {mine}"
+                problems.append(f"{where}: names stage {a.stage}, but rank {rank} runs {runs} only; fix: use {runs}")
+            elif a.op not in _allowed_ops(a.stage, virtual):
                 peer = "previous" if a.op in (Op.RECV_F, Op.SEND_B) else "next"
                 problems.append(f"{where}: stage {rank} has no {peer} stage to talk to; fix: remove it")
             elif a.op is Op.STEP and a.microbatch is not None:
@@ -110,41 +114,43 @@ def _check_actions(schedule: Schedule, num_stages: int, num_microbatches: int,
 def _positions(actions: list[Action]) -> dict[_Key, list[int]]:
     where: dict[_Key, list[int]] = {}
     for step, a in enumerate(actions):
-        where.setdefault((a.op, a.microbatch), []).append(step)
+        where.setdefault((a.op, a.stage, a.microbatch), []).append(step)
     return where
 
 
 def _missing_hint(rank: int, key: _Key, pos: dict[_Key, list[int]]) -> str:
-    op, mb = key
+    op, stage, mb = key
     anchors = {Op.RECV_F: (Op.F, "before"), Op.SEND_F: (Op.F, "after"),
                Op.RECV_B: (Op.B, "before"), Op.SEND_B: (Op.B, "after"), Op.B: (Op.F, "after"),
                Op.W: (Op.B, "after")}
     if op in anchors:
         anchor, side = anchors[op]
-        steps = pos.get((anchor, mb))
+        steps = pos.get((anchor, stage, mb))
         if steps:
-            return f"add it {side} {Action(rank, anchor, mb)} (step {steps[0]})"
+            return f"add it {side} {Action(stage, anchor, mb)} (step {steps[0]})"
     return "add it"
 
 
 def _check_coverage(schedule: Schedule, num_stages: int, num_microbatches: int,
-                    positions: dict[int, dict[_Key, list[int]]]) -> list[str]:
+                    positions: dict[int, dict[_Key, list[int]]], chunks: int = 1) -> list[str]:
     problems = []
+    virtual = num_stages * chunks
     for rank in positions:
         pos, actions = positions[rank], schedule[rank]
         # W is optional, but then for every micro-batch: a rank splits all its backwards or none
-        split = any(op is Op.W for op, _ in pos)
-        required: list[_Key] = [(op, mb) for mb in range(num_microbatches)
-                                for op in _allowed_ops(rank, num_stages) - {Op.STEP, *(() if split else (Op.W,))}]
-        for key in sorted(required, key=lambda k: (k[1], k[0].value)):
+        split = any(op is Op.W for op, _, _ in pos)
+        required: list[_Key] = [(op, stage, mb) for stage in range(rank, virtual, num_stages)
+                                for mb in range(num_microbatches)
+                                for op in _allowed_ops(stage, virtual) - {Op.STEP, *(() if split else (Op.W,))}]
+        for key in sorted(required, key=lambda k: (k[2], k[1], k[0].value)):
             if key not in pos:
-                a = Action(rank, key[0], key[1])
+                a = Action(key[1], key[0], key[2])
                 problems.append(f"rank {rank} has no {a}; fix: {_missing_hint(rank, key, pos)}")
         for key, steps in pos.items():
             if len(steps) > 1:
-                a = Action(rank, key[0], key[1])
+                a = Action(key[1], key[0], key[2])
                 problems.append(f"{_at(rank, steps[1], a)}: duplicate of step {steps[0]}; every action runs once, fix: remove one")
-        step_at = pos.get((Op.STEP, None), [])
+        step_at = pos.get((Op.STEP, rank, None), [])
         if not step_at:
             problems.append(f"rank {rank} has no {rank}STEP; fix: append it as the last action")
         elif step_at[0] != len(actions) - 1:
@@ -153,15 +159,16 @@ def _check_coverage(schedule: Schedule, num_stages: int, num_microbatches: int,
 
 
 def _check_local_order(num_stages: int, num_microbatches: int,
-                       positions: dict[int, dict[_Key, list[int]]]) -> list[str]:
+                       positions: dict[int, dict[_Key, list[int]]], chunks: int = 1) -> list[str]:
     problems = []
     for rank in positions:
         pos = positions[rank]
-        for mb in range(num_microbatches):
+        for stage, mb in ((st, mb) for st in range(rank, num_stages * chunks, num_stages)
+                          for mb in range(num_microbatches)):
             for first, later, why in _LOCAL_ORDER:
-                a_steps, b_steps = pos.get((first, mb)), pos.get((later, mb))
+                a_steps, b_steps = pos.get((first, stage, mb)), pos.get((later, stage, mb))
                 if a_steps and b_steps and b_steps[0] < a_steps[0]:
-                    a, b = Action(rank, first, mb), Action(rank, later, mb)
+                    a, b = Action(stage, first, mb), Action(stage, later, mb)
                     problems.append(f"{_at(rank, b_steps[0], b)} comes before {a} (step {a_steps[0]}) but {why}; "
                                     f"fix: move {b} after {a}")
     return problems
@@ -173,17 +180,19 @@ def _channels(num_stages: int) -> list[tuple[int, int, Op, str]]:
     return chans + [(s + 1, s, Op.SEND_B, "gradients") for s in range(num_stages - 1)]
 
 
-def _check_link_order(schedule: Schedule, num_stages: int) -> list[str]:
+def _check_link_order(schedule: Schedule, num_stages: int, chunks: int = 1) -> list[str]:
+    """Each (stage, next stage, kind) is one FIFO channel (a chunk's messages carry its own tags)."""
     problems = []
-    for src, dst, send_op, what in _channels(num_stages):
+    for src, dst, send_op, what in _channels(num_stages * chunks):
         recv_op = _RECV_OF_SEND[send_op]
-        sends = [(i, a) for i, a in enumerate(schedule[src]) if a.op is send_op]
-        recvs = [(i, a) for i, a in enumerate(schedule[dst]) if a.op is recv_op]
+        src_rank, dst_rank = src % num_stages, dst % num_stages
+        sends = [(i, a) for i, a in enumerate(schedule[src_rank]) if a.op is send_op and a.stage == src]
+        recvs = [(i, a) for i, a in enumerate(schedule[dst_rank]) if a.op is recv_op and a.stage == dst]
         for k, ((si, sa), (ri, ra)) in enumerate(zip(sends, recvs)):
             if sa.microbatch != ra.microbatch:
                 problems.append(
                     f"link {src}->{dst} ({what}) is a FIFO channel: message #{k} is micro-batch {sa.microbatch} "
-                    f"sent at {_at(src, si, sa)}, but {_at(dst, ri, ra)} expects micro-batch {ra.microbatch}; "
+                    f"sent at {_at(src_rank, si, sa)}, but {_at(dst_rank, ri, ra)} expects micro-batch {ra.microbatch}; "
                     f"fix: receive in the order the peer sends (or reorder the sends)")
                 break
     return problems
@@ -208,13 +217,13 @@ def _abstract_run(schedule: Schedule) -> tuple[dict[int, int], dict[int, list[tu
         while i < len(actions):
             a = actions[i]
             if a.op is Op.RECV_F or a.op is Op.RECV_B:
-                key = (a.op, rank, a.microbatch)
+                key = (a.op, a.stage, a.microbatch)
                 if key not in sent:
                     waiting[key] = rank
                     break
                 t = max(t, sent[key])
             elif a.op is Op.SEND_F or a.op is Op.SEND_B:
-                key = (_RECV_OF_SEND[a.op], rank + 1 if a.op is Op.SEND_F else rank - 1, a.microbatch)
+                key = _send_key(a)
                 sent.setdefault(key, t)
                 if key in waiting:
                     ready.append(waiting.pop(key))
@@ -226,9 +235,9 @@ def _abstract_run(schedule: Schedule) -> tuple[dict[int, int], dict[int, list[tu
     return done, slots
 
 
-def _send_key(rank: int, a: Action) -> tuple[Op, int, int | None]:
-    """The (recv op, receiving rank, micro-batch) a SEND action of ``rank`` is received as."""
-    return _RECV_OF_SEND[a.op], rank + 1 if a.op is Op.SEND_F else rank - 1, a.microbatch
+def _send_key(a: Action) -> tuple[Op, int, int | None]:
+    """The (recv op, receiving stage, micro-batch) a SEND action is received as."""
+    return _RECV_OF_SEND[a.op], a.stage + 1 if a.op is Op.SEND_F else a.stage - 1, a.microbatch
 
 
 def _rendezvous_run(schedule: Schedule) -> dict[int, int]:
@@ -251,7 +260,7 @@ def _rendezvous_run(schedule: Schedule) -> dict[int, int]:
         while i < len(actions):
             a = actions[i]
             if a.op is Op.RECV_F or a.op is Op.RECV_B:
-                key = (a.op, rank, a.microbatch)
+                key = (a.op, a.stage, a.microbatch)
                 if key not in posted:
                     posted.add(key)
                     ready.extend(sorted(parked))  # a blocked sender may now complete
@@ -261,7 +270,7 @@ def _rendezvous_run(schedule: Schedule) -> dict[int, int]:
                     parked.add(rank)
                     break
             elif a.op is Op.SEND_F or a.op is Op.SEND_B:
-                key = _send_key(rank, a)
+                key = _send_key(a)
                 sent.add(key)
                 pending[rank].append(key)
                 ready.extend(sorted(parked))  # a blocked receiver may now run
@@ -276,8 +285,9 @@ def _deadlock_problems(schedule: Schedule, done: dict[int, int]) -> list[str]:
     problems = []
     for rank, step in blocked.items():
         a = schedule[rank][step]
-        peer = rank - 1 if a.op is Op.RECV_F else rank + 1
-        send = Action(peer, Op.SEND_F if a.op is Op.RECV_F else Op.SEND_B, a.microbatch)
+        peer_stage = a.stage - 1 if a.op is Op.RECV_F else a.stage + 1
+        peer = peer_stage % len(schedule)
+        send = Action(peer_stage, Op.SEND_F if a.op is Op.RECV_F else Op.SEND_B, a.microbatch)
         state = (f"blocked itself at {_at(peer, blocked[peer], schedule[peer][blocked[peer]])}"
                  if peer in blocked else "finished without sending it")
         problems.append(f"deadlock: {_at(rank, step, a)} waits for {send} from rank {peer}, which is {state}")
@@ -288,7 +298,7 @@ def _deadlock_problems(schedule: Schedule, done: dict[int, int]) -> list[str]:
 
 
 def validate_schedule(schedule: Schedule, *, num_stages: int, num_microbatches: int,
-                      sends_wait_at_recv: bool = False) -> None:
+                      sends_wait_at_recv: bool = False, chunks: int | None = None) -> None:
     """Raise `ScheduleError` unless `schedule` is a complete, ordered, deadlock-free p-stage schedule.
 
     Checks, in order: ranks 0..p-1 present; each action on its rank's stage with
@@ -299,6 +309,10 @@ def validate_schedule(schedule: Schedule, *, num_stages: int, num_microbatches: 
     ``sends_wait_at_recv`` also no deadlock when each RECV first waits for the
     rank's earlier sends to be received (`_rendezvous_run`).
 
+    `num_stages` is the number of ranks p; with ``chunks`` v > 1 rank r runs the virtual stages
+    r, r + p, ..., (v - 1) p + r (`hetpipe.schedule.interleaved`), every check above per virtual
+    stage, the links between consecutive virtual stages; None takes v from the actions' stages.
+
     Example:
         >>> bad = {0: [Action(0, Op.F, 0), Action(0, Op.B, 0)]}
         >>> validate_schedule(bad, num_stages=1, num_microbatches=1)
@@ -308,11 +322,13 @@ def validate_schedule(schedule: Schedule, *, num_stages: int, num_microbatches: 
     """
     check_sizes(num_stages, num_microbatches)
     _raise_if(_check_shape(schedule, num_stages))
-    _raise_if(_check_actions(schedule, num_stages, num_microbatches))
+    chunks = _chunks(schedule, num_stages) if chunks is None else chunks
+    check_sizes(chunks, num_microbatches)
+    _raise_if(_check_actions(schedule, num_stages, num_microbatches, chunks=chunks))
     positions = {r: _positions(schedule[r]) for r in range(num_stages)}
-    _raise_if(_check_coverage(schedule, num_stages, num_microbatches, positions))
-    _raise_if(_check_local_order(num_stages, num_microbatches, positions))
-    _raise_if(_check_link_order(schedule, num_stages))
+    _raise_if(_check_coverage(schedule, num_stages, num_microbatches, positions, chunks))
+    _raise_if(_check_local_order(num_stages, num_microbatches, positions, chunks))
+    _raise_if(_check_link_order(schedule, num_stages, chunks))
     done, _ = _abstract_run(schedule)
     _raise_if(_deadlock_problems(schedule, done))
     if sends_wait_at_recv:
@@ -324,13 +340,20 @@ def validate_schedule(schedule: Schedule, *, num_stages: int, num_microbatches: 
                                 "wait_sends_at_recv=False, or post every SEND's peer RECV before it is awaited")
 
 
-def check_actions(actions: Sequence[Action], *, stage: int, num_stages: int, num_microbatches: int) -> None:
+def _chunks(schedule: Schedule, num_ranks: int) -> int:
+    """Chunks per rank the actions' stages imply: the highest virtual stage // p + 1."""
+    return max((a.stage // num_ranks for acts in schedule.values() for a in acts if isinstance(a, Action)),
+               default=0) + 1
+
+
+def check_actions(actions: Sequence[Action], *, stage: int, num_stages: int, num_microbatches: int,
+                  chunks: int = 1) -> None:
     """Raise `ScheduleError` unless ``actions`` is a complete, locally ordered list for ``stage``.
 
     The part of `validate_schedule` one rank can check alone (the same checks, on one
     rank): every action on this stage with a valid op and micro-batch, each exactly once,
     STEP last, RECV < F < SEND and F < B per micro-batch.  Links and deadlocks need
-    every rank's list.
+    every rank's list.  With `chunks` > 1, `stage` is the rank and the list covers its chunks.
 
     Example:
         >>> check_actions([Action(0, Op.F, 0), Action(0, Op.STEP)], stage=0, num_stages=1, num_microbatches=1)
@@ -345,10 +368,10 @@ def check_actions(actions: Sequence[Action], *, stage: int, num_stages: int, num
     one: Schedule = {stage: list(actions)}
     _raise_if([f"{_at(stage, i, repr(a))}: not an Action; build it with Action.parse('{stage}F0')"
                for i, a in enumerate(one[stage]) if not isinstance(a, Action)], what)
-    _raise_if(_check_actions(one, num_stages, num_microbatches, ranks=(stage,)), what)
+    _raise_if(_check_actions(one, num_stages, num_microbatches, ranks=(stage,), chunks=chunks), what)
     positions = {stage: _positions(one[stage])}
-    _raise_if(_check_coverage(one, num_stages, num_microbatches, positions), what)
-    _raise_if(_check_local_order(num_stages, num_microbatches, positions), what)
+    _raise_if(_check_coverage(one, num_stages, num_microbatches, positions, chunks), what)
+    _raise_if(_check_local_order(num_stages, num_microbatches, positions, chunks), what)
 
 
 def compute_slots(schedule: Schedule) -> dict[int, list[tuple[int, Action]]]:

@@ -76,6 +76,7 @@ from hetpipe.partitioner.capture.graph import TiedParameter, Unit, UnitGraph
 from hetpipe.partitioner.capture.storages import unit_buffer_bytes
 from hetpipe.partitioner.capture.tensor_parallel import with_tensor_parallel
 from hetpipe.partitioner.capture.liveness import dead_parameters, with_loss
+from hetpipe.partitioner.capture.vocab_parallel import with_vocab_parallel
 from hetpipe.partitioner.capture.measure import (
     CALL_OPS, LossCosts, NodeCost, TrainingCosts, measure_forward, measure_loss, measure_training, module_path_of)
 from hetpipe.partitioner.capture.units import (
@@ -141,6 +142,7 @@ def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None, g
                                        precision=precision, dead=dead_parameters(gm, loss.live) if loss else set())
     units = with_loss(units, loss) if loss else units
     units = with_tensor_parallel(gm, units, unit_of, costs, held=train.held_output_storages)
+    units = with_vocab_parallel(gm, units, unit_of, costs, tied=tied, loss=loss)
     graph = UnitGraph(
         model_name=name or type(model).__name__, fingerprint=fingerprint(gm, costs), units=units,
         param_count=total, micro_batch_size=_micro_batch(inputs), optimizer=optimizer, precision=precision,

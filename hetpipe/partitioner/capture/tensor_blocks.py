@@ -23,9 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Kinds of block and units of division.
-KINDS = ("attention", "mlp")
-DIVISIONS = ("heads", "columns")
+#: Kinds of block and units of division.  ``embedding`` / ``head``: the token embedding and the LM
+#: head split by vocabulary rows (Megatron-LM's VocabParallelEmbedding and vocab-parallel
+#: cross-entropy; `capture.vocab_parallel`): one sharded weight (``column``), no row layer.
+KINDS = ("attention", "mlp", "embedding", "head")
+DIVISIONS = ("heads", "columns", "vocabulary")
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ class TensorParallelBlock:
         division: ``"heads"`` (key/value groups) or ``"columns"`` (hidden columns).
         parts: indivisible parts the shares are rounded to.
         column: column-parallel weights and their biases (split by output).
-        row: the row-parallel weight (split by input).
+        row: the row-parallel weight (split by input); None for a vocabulary block.
         row_bias: the row-parallel bias, replicated, added once after the all-reduce ("" if none).
         fwd_flops: forward FLOPs of the block's nodes (what splits with the shares).
         param_numel: elements of the parameters that split.
@@ -71,20 +73,29 @@ class TensorParallelBlock:
         activation_bytes: held storages per micro-batch the block makes from its column
             outputs on (per-head / per-column tensors kept for backward): they split with the
             shares; the block's input and output are whole on every member.
+        loss_allreduce_bytes: a vocabulary head only: bytes of one (b, s) fp32 vector, each of the
+            three forward all-reduces of the vocab-parallel cross-entropy (max, sum of exp, target
+            logit; `cost_models.tensor_parallel.block_allreduce_bytes`).
     """
 
     kind: str
     division: str
     parts: int
     column: tuple[ShardedParameter, ...]
-    row: ShardedParameter
+    row: ShardedParameter | None
     row_bias: str
     fwd_flops: int
     param_numel: int
     allreduce_bytes: int = 0
     activation_bytes: int = 0
+    loss_allreduce_bytes: int = 0
 
     @property
     def parameters(self) -> tuple[ShardedParameter, ...]:
         """Every parameter that splits, column ones first."""
-        return (*self.column, self.row)
+        return (*self.column, self.row) if self.row is not None else self.column
+
+    @property
+    def is_vocab(self) -> bool:
+        """Split by vocabulary rows (a token embedding or an LM head)."""
+        return self.division == "vocabulary"

@@ -82,6 +82,7 @@ from hetpipe.runtime.execute.options import ExecutorOptions, ReplicaWiring
 from hetpipe.schedule.builders import check_actions, make_schedule
 from hetpipe.runtime.stage.build import StageModule
 from hetpipe.runtime.execute.stats import ActionHooks, ActionTiming, MemoryStats, StepStats
+from hetpipe.runtime.execute.tied import reduce_tied
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,8 @@ class PipelineExecutor:
         self._saved_bytes: dict[int, int] = {}  # micro-batch -> activation bytes its forward added (first step)
         self.stage_ranks = tuple(stage_ranks) if stage_ranks is not None else tuple(range(num_stages))
         self._group, self._tied_group_fn, self._grad_sync = wiring.group, wiring.tied_group, wiring.grad_sync
-        self._uncounted = wiring.uncounted  # a tensor-parallel member's replicated parameters (its lead counts them)
+        # a tensor-parallel member's replicated parameters (its lead counts them), tied ones held as vocabulary rows
+        self._uncounted, self._tied_rows = wiring.uncounted, wiring.tied_rows
         self._where = f"rank {rank} (stage {stage_module.stage})"
         self._check_config(options.cut_specs)
         self.actions = tuple(schedule_actions)
@@ -441,11 +443,7 @@ class PipelineExecutor:
         self._state.comm_wait_s += time.perf_counter() - t0
         if self._grad_sync is not None:
             self._grad_sync()
-        for handle, param, name, ranks in self._tied:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-            work = dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=handle, async_op=True)
-            self._collective(work, f"the gradient all-reduce of tied parameter {name!r}", ranks)
+        reduce_tied(self._tied, rows=self._tied_rows, wait=self._collective)  # execute/tied.py
         if self.grad_clip_norm is not None:
             self._state.grad_norm = self._clip_grads(float(self.grad_clip_norm))
         self.optimizer.step()

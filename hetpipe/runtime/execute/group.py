@@ -13,7 +13,8 @@ executor share one list); only the messages differ, and `GroupComm` swaps them:
 
 `group_wiring` plugs it into `PipelineExecutor` (``ReplicaWiring.make_comm``) with the two
 optimizer-step rules of a member: a tied parameter's gradient is summed over the leads and every
-member of the stages holding it, members adding zeros (theirs equals their lead's); and the
+member of the stages holding it, members adding zeros (theirs equals their lead's), or, split by
+vocabulary, each its own rows of a whole-size buffer (`ReplicaWiring.tied_rows`); and the
 global gradient norm counts each replicated parameter once, on the lead (``uncounted``), every
 member's own shards always.
 
@@ -37,6 +38,7 @@ from hetpipe.runtime.execute.comm import Pending, StageComm, encode_header, fram
 from hetpipe.runtime.execute.options import ReplicaWiring
 from hetpipe.runtime.stage.types import StageModule
 from hetpipe.runtime.tp_shard import ColumnParallelLinear, RowParallelLinear
+from hetpipe.runtime.tp_vocab import VocabShard, tied_rows
 from hetpipe.schedule.actions import Action, Op
 
 
@@ -92,6 +94,8 @@ def replicated_ids(module: torch.nn.Module) -> set[int]:
     biases and the row layers' weights (a row layer's bias is added once, after the all-reduce)."""
     shards = set()
     for m in module.modules():
+        if isinstance(m, VocabShard):  # an embedding's or a head's vocabulary rows
+            shards.add(id(m.weight))
         if isinstance(m, (ColumnParallelLinear, RowParallelLinear)):
             shards.add(id(m.weight))
             if isinstance(m, ColumnParallelLinear) and m.bias is not None:
@@ -102,7 +106,8 @@ def replicated_ids(module: torch.nn.Module) -> set[int]:
 def group_wiring(stage: StageModule, *, group: Any, lead_rank: int, is_lead: bool,
                  tied_group: Callable[[Sequence[int]], Any]) -> ReplicaWiring:
     """The executor wiring of one member of a group stage (module docstring)."""
-    tied = [p for name, p in stage.named_parameters() if name in stage.tied_parameters()]
+    rows = tied_rows(stage.module)  # a tied parameter split by vocabulary: every member adds its own rows
+    tied = [p for name, p in stage.named_parameters() if name in stage.tied_parameters() and id(p) not in rows]
 
     def zero_tied() -> None:  # before the tied all-reduce: the lead's gradient stands for the group's
         for p in tied:
@@ -113,4 +118,5 @@ def group_wiring(stage: StageModule, *, group: Any, lead_rank: int, is_lead: boo
         return GroupComm(stage_module, group=group, lead_rank=lead_rank, is_lead=is_lead, **kwargs)
 
     return ReplicaWiring(tied_group=tied_group, grad_sync=None if is_lead else zero_tied, make_comm=make_comm,
-                         uncounted=frozenset() if is_lead else frozenset(replicated_ids(stage.module)))
+                         uncounted=frozenset() if is_lead else frozenset(replicated_ids(stage.module)),
+                         tied_rows=rows)

@@ -17,8 +17,8 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
 
 from hetpipe.errors import ConfigError
 
@@ -81,6 +81,8 @@ class ReplicaWiring:
         (None: `StageComm`; a tensor-parallel group member: `hetpipe.runtime.execute.group.GroupComm`).
     uncounted: ids of parameters this rank leaves out of the global gradient norm (a group member's
         replicated parameters: its lead counts them).
+    tied_rows: id of a tied parameter this rank holds only rows of (split by vocabulary) -> (first
+        row, whole rows): its gradient is all-reduced in a whole-size buffer, zeros outside its rows.
     """
 
     group: Any = None
@@ -89,3 +91,4 @@ class ReplicaWiring:
     final_backward: Callable[[], None] | None = None
     make_comm: Callable[..., Any] | None = None
     uncounted: frozenset[int] = frozenset()
+    tied_rows: Mapping[int, tuple[int, int]] = field(default_factory=dict)
