@@ -7,6 +7,10 @@ each improved by `verify`'s local search with T and every M_s taken from that sc
 lists -- and keeps the fastest.  ZB-H1 holds up to min(p, m) micro-batches on every stage until
 their W (more than 1F1B's min(p - s, m) on later stages, so a placement that fits under 1F1B may
 not); ZB-1F1B holds 1F1B's.  Naming one schedule keeps that schedule's answer whatever it costs.
+With ``auto`` each answer is also tried with extra warm-up forwards (`with_warmup`).
+`warmup_search` (searching placements for them, deeper pipelines included) is not called here
+yet: its plans sit at the memory limit, where the split schedules' M_s is below what the runtime
+holds (docs/schedules.md, "Memory").
 
 A split schedule is searched without recomputation: the executor splits a backward with
 `torch.autograd.grad` and a checkpointed unit would recompute in both halves, so a problem that
@@ -23,19 +27,22 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Sequence
 
 from hetpipe.cost_models.backward_split import unit_bwd_weight_s
 from hetpipe.errors import ConfigError, ScheduleError
 from hetpipe.partitioner.interleave import (AUTO_INTERLEAVE_CHUNKS, choose_interleaved, interleave_candidates,
                                             work_bound_s)
-from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.problem import Problem
 from hetpipe.partitioner.solvers.solve import Solution
 from hetpipe.partitioner.solvers.verify import Verified, schedule_bound, verify
-from hetpipe.schedule.builders import SPLIT_SCHEDULES, warmup_name
+from hetpipe.partitioner.warmup_search import warmup_extras, with_warmup
+from hetpipe.schedule.builders import SPLIT_SCHEDULES
 from hetpipe.schedule.interleaved import parse_interleaved
 
 log = logging.getLogger(__name__)
+
+__all__ = ["SCHEDULE_OPTIONS", "check_schedule_option", "choose_schedule", "input_part_problem", "warmup_extras",
+           "with_warmup"]
 
 #: What `hetpipe plan --schedule` accepts: a schedule, or ``auto`` (the fastest for the plan).
 SCHEDULE_OPTIONS = ("1f1b", *SPLIT_SCHEDULES, "auto")
@@ -114,52 +121,3 @@ def choose_schedule(problem: Problem, sol: Solution, *, option: str, limit_s: fl
     used = {st.device for st in stages}
     return chosen, dataclasses.replace(sol, stages=tuple(stages), iteration_s=best_s, bound_s=bound, status=status,
                                        unused_devices=tuple(i for i in range(len(problem.devices)) if i not in used))
-
-
-def warmup_extras(problem: Problem, stages: Sequence[Stage]) -> tuple[int, ...]:
-    """Extra warm-up forwards per stage so that its in-flight micro-batches cover its round trip.
-
-    Stage s of 1F1B holds p - s micro-batches; one micro-batch's round trip from its forward on s
-    to its backward back on s takes ``R_s = sum_{j>=s} (F_j + B_j) + 2 sum_{j>=s, j<p-1} C_j``, so
-    s idles unless ``k_s >= R_s / X`` micro-batches are in flight, X the slowest stage's F + B (its
-    period).  Extra = max(0, ceil(R_s / X) - (p - s)), made non-increasing along the pipeline
-    (deadlock-free, `hetpipe.schedule.builders.warmup_name`); memory is checked by the caller.
-    """
-    ev = evaluate(problem, stages)
-    costs = ev.stages
-    period = max(c.fwd_s + c.bwd_s for c in costs)
-    p, extra = len(costs), []
-    for s in range(p):
-        trip = sum(c.fwd_s + c.bwd_s for c in costs[s:]) + 2 * sum(c.send_s for c in costs[s:-1])
-        extra.append(max(0, min(problem.microbatches, math.ceil(trip / period - 1e-9) - (p - s))) if period > 0 else 0)
-    for s in range(p - 2, -1, -1):
-        extra[s] = max(extra[s], extra[s + 1])
-    return tuple(extra)
-
-
-def with_warmup(problem: Problem, stages: Sequence[Stage]) -> tuple[float, Problem, Sequence[Stage]] | None:
-    """`problem` under its schedule with extra warm-up forwards, if that is faster; None otherwise (issue 17:
-    "extra warm-up micro-batches in flight on chosen stages, memory priced").
-
-    Tries `warmup_extras` and 3/4, 1/2, 1/4 of it; each is cut back on the stages that overflow their card
-    (a stage's moments depend on its own count only; later stages are capped to keep the counts
-    non-increasing) until every stage fits; the fastest that beats the plain schedule wins.
-    """
-    base = problem.schedule.partition("@")[0]
-    plain = evaluate(problem, stages).iteration_s
-    full = warmup_extras(problem, stages)
-    best: tuple[float, Problem, Sequence[Stage]] | None = None
-    for share in (1.0, 0.75, 0.5, 0.25):
-        extra = [int(k * share) for k in full]
-        while any(extra):
-            cand = dataclasses.replace(problem, schedule=warmup_name(base, extra))
-            ev = evaluate(cand, stages)
-            if ev.fits:
-                if ev.iteration_s < plain * (1 - 1e-9) and (best is None or ev.iteration_s < best[0]):
-                    best = (ev.iteration_s, cand, stages)
-                break
-            for s, c in enumerate(ev.stages):
-                if not c.fits:
-                    extra[s] = max(0, extra[s] - 1)
-                    extra[s + 1:] = [min(k, extra[s]) for k in extra[s + 1:]]
-    return best
