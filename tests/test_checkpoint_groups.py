@@ -26,12 +26,12 @@ import torch
 from hetpipe.partitioner.problem import Stage
 from hetpipe.runtime.rank import DEFAULT_LR, MOMENTUM
 from hetpipe.runtime.report import RunReport
+from tests.checkpoint_runs import run_with_checkpoints
 from tests.reference_loop import initial_state, reference_loop, seeded_batches
 from tests.runtime_plans import plan_for
 from tests.synthetic import synthetic_cluster
 from tests.test_checkpoint import read_checkpoint
-from tests.test_run_cli import hetpipe_run
-from tests.test_tp_runtime import _graph, _plan
+from tests.test_tp_runtime import tp_graph, tp_plan
 
 MODEL, SEQ, STEPS, OPTIMIZER = "gpt-tiny", 16, 6, "momentum"
 RTOL, ATOL = 1e-5, 1e-5  # fp32, the acceptance tolerances
@@ -53,11 +53,11 @@ def _reference(state, batches):
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ckgroup")
-    graph = _graph(MODEL)  # captured with SGD momentum's state tables
+    graph = tp_graph(MODEL)  # captured with SGD momentum's state tables
     n = graph.num_units
     p2 = plan_for(graph, synthetic_cluster(), (Stage(0, 0, n // 2), Stage(1, n // 2 + 1, n - 1)), microbatches=4)
     p2 = dataclasses.replace(p2, training=dataclasses.replace(p2.training, optimizer=OPTIMIZER))
-    grouped = _plan()
+    grouped = tp_plan()
     assert grouped.stages[0].group_shares == (0.7, 0.3) and grouped.training.optimizer == OPTIMIZER
     assert (p2.training.global_batch, p2.training.microbatches) == (8, 4) == (
         grouped.training.global_batch, grouped.training.microbatches)
@@ -71,15 +71,8 @@ def setup(tmp_path_factory):
 
 
 def _run(folder: Path, plan: str, out: Path, *, steps: int, resume: Path | None, every: int | None = None) -> RunReport:
-    out.mkdir(parents=True, exist_ok=True)
-    extra = ["--resume", str(resume)] if resume is not None else []
-    extra += ["--checkpoint-every", str(every)] if every is not None else []
-    rc = hetpipe_run([str(folder / f"{plan}.json"), "--model", MODEL, "--seq", str(SEQ), "--steps", str(steps),
-                      "--timeout", "120", "--data", str(folder / "data.pt"), "--loss", "hetpipe.models:lm_loss",
-                      "--weights", str(folder / "init.pt"), "--report", str(out / "run.json"),
-                      "--checkpoint-dir", str(out / "ck"), *extra])
-    assert rc == 0
-    return RunReport.load(out / "run.json")
+    return run_with_checkpoints(folder, plan, out, model=MODEL, seq=SEQ, steps=steps, resume=resume, every=every,
+                                timeout_s=120)
 
 
 @pytest.fixture(scope="module")

@@ -33,11 +33,11 @@ from hetpipe.partitioner.problem import Stage
 from hetpipe.plan.shard_schema import PlanShard
 from hetpipe.runtime.rank import DEFAULT_LR, MOMENTUM
 from hetpipe.runtime.report import RunReport
+from tests.checkpoint_runs import run_with_checkpoints
 from tests.reference_loop import initial_state, reference_loop, seeded_batches
 from tests.runtime_plans import plan_for, replica_plan_for
 from tests.synthetic import synthetic_cluster
 from tests.test_checkpoint import read_checkpoint
-from tests.test_run_cli import hetpipe_run
 
 MODEL, BATCH, SEQ, MICROBATCHES, STEPS, OPTIMIZER = "gpt-tiny", 2, 16, 4, 6, "momentum"
 RTOL, ATOL = 1e-5, 1e-5  # fp32, the acceptance tolerances
@@ -87,15 +87,8 @@ def setup(tmp_path_factory):
 
 
 def _run(folder: Path, plan: str, out: Path, *, steps: int, resume: Path | None, every: int | None = None) -> RunReport:
-    out.mkdir(parents=True, exist_ok=True)
-    extra = ["--resume", str(resume)] if resume is not None else []
-    extra += ["--checkpoint-every", str(every)] if every is not None else []
-    rc = hetpipe_run([str(folder / f"{plan}.json"), "--model", MODEL, "--seq", str(SEQ), "--steps", str(steps),
-                      "--timeout", "60", "--data", str(folder / "data.pt"), "--loss", "hetpipe.models:lm_loss",
-                      "--weights", str(folder / "init.pt"), "--report", str(out / "run.json"),
-                      "--checkpoint-dir", str(out / "ck"), *extra])
-    assert rc == 0
-    return RunReport.load(out / "run.json")
+    return run_with_checkpoints(folder, plan, out, model=MODEL, seq=SEQ, steps=steps, resume=resume, every=every,
+                                timeout_s=60)
 
 
 @pytest.fixture(scope="module")

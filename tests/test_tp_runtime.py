@@ -28,7 +28,7 @@ LR, MOMENTUM = 1e-2, 0.9  # the plan's optimizer "momentum" at the runtime's def
 
 
 @functools.lru_cache(maxsize=None)
-def _graph(model: str):
+def tp_graph(model: str):
     """The captured model (cached: plans and graphs are immutable)."""
     from hetpipe.plan.build import capture_builtin
 
@@ -36,14 +36,14 @@ def _graph(model: str):
 
 
 @functools.lru_cache(maxsize=None)
-def _plan(model: str = MODEL, cut: int = 3, lead: int = 1):
+def tp_plan(model: str = MODEL, cut: int = 3, lead: int = 1):
     """Stage 0 (units 0-``cut``) on the group box:1 + box:0 (lead: the 3060), stage 1 (the rest) on box:2."""
     from hetpipe.cost_models.cluster import cluster_from_dict
     from hetpipe.partitioner.problem import Stage, evaluate
     from hetpipe.plan.build import assemble_plan, build_problem
     from hetpipe.plan.schema import SolverReport
 
-    graph = _graph(model)
+    graph = tp_graph(model)
     cluster = cluster_from_dict({"nodes": [{"name": "box", "intra": "pcie-host", "devices": [
         {"gpu": "rtx3090"}, {"gpu": "rtx3060-12gb"}, {"gpu": "rtx4090"}]}]})
     problem = build_problem(graph, cluster, microbatches=MICROBATCHES, tensor_parallel="auto")
@@ -60,7 +60,7 @@ def _plan(model: str = MODEL, cut: int = 3, lead: int = 1):
 
 
 def test_one_rank_per_card_the_lead_first_and_what_does_not_run_yet_is_refused_naming_the_fix():
-    plan = _plan()
+    plan = tp_plan()
     assert [(s.stage, s.member, s.device) for s in rank_slots(plan)] == [(0, 0, "box:1"), (0, 1, "box:0"),
                                                                           (1, 0, "box:2")]
     refuse_unrunnable_groups(plan, "1f1b")
@@ -74,7 +74,7 @@ def test_one_rank_per_card_the_lead_first_and_what_does_not_run_yet_is_refused_n
         refuse_group_supervision(plan)
     from hetpipe.plan.check import check_plan
 
-    led_by_the_larger = _plan(lead=0)  # the stage records its tightest member's usable bytes, not the lead's
+    led_by_the_larger = tp_plan(lead=0)  # the stage records its tightest member's usable bytes, not the lead's
     assert led_by_the_larger.stages[0].usable_bytes < led_by_the_larger.devices[0].usable_bytes
     assert not [v for v in check_plan(led_by_the_larger).violations if "usable" in v]
     mine = member_timings(plan)  # each member at its own (recorded) share: the 0.7 member is the slower
@@ -121,7 +121,7 @@ def grouped_run(tmp_path_factory):
     from hetpipe.runtime.run import run
 
     out = tmp_path_factory.mktemp("tp_run")
-    plan = _plan()
+    plan = tp_plan()
     torch.manual_seed(0)
     resolved = models.resolve(MODEL, device="cpu", batch=MICRO_BATCH, seq=SEQ)
     torch.save(resolved.model.state_dict(), out / "weights.pt")
@@ -207,7 +207,7 @@ def test_clipping_uses_the_global_norm_over_shards_counting_replicated_parameter
         ref_norms.append(float(torch.nn.utils.clip_grad_norm_(reference.parameters(), CLIP)))
         opt.step()
     assert min(ref_norms) > CLIP  # the test clips on every step
-    outs = run_world(_trainer_rank, world_size=3, args=(_plan(), str(tmp_path / "weights.pt"), batches,
+    outs = run_world(_trainer_rank, world_size=3, args=(tp_plan(), str(tmp_path / "weights.pt"), batches,
                                                         str(tmp_path / "saved")), timeout_s=240,
                      out_dir=tmp_path / "ranks")
     for o in outs:
@@ -224,9 +224,9 @@ def test_a_group_on_a_torch_export_graph_is_refused_before_the_launch():
     """Hugging Face models run as torch.export graphs: no Linear / Conv1D module to shard yet."""
     from hetpipe.runtime.tp_run import check_shardable
 
-    graph = _graph("hf-gpt2-tiny")
+    graph = tp_graph("hf-gpt2-tiny")
     assert len(graph.units) == 5 and graph.units[1].tensor_parallel  # its Conv1D MLPs are blocks ...
-    plan = _plan("hf-gpt2-tiny", cut=2)
+    plan = tp_plan("hf-gpt2-tiny", cut=2)
     with pytest.raises(ConfigError, match=r"'transformer.h.0.mlp.c_fc' is a Module in the captured graph"):
         check_shardable(plan, graph)  # ... but the pipeline's graph holds no Conv1D module
-    check_shardable(_plan(), _graph(MODEL))
+    check_shardable(tp_plan(), tp_graph(MODEL))

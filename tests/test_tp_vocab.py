@@ -28,16 +28,8 @@ from hetpipe.partitioner.tp_tables import BlockSplit, StagePosition, UnitSplit, 
 from tests.instances import random_problem
 from tests.test_tp_solver import brute_force_groups
 
-MODEL, MICRO_BATCH, SEQ, MICROBATCHES, STEPS = "gpt-tiny", 2, 16, 4, 3
-SHARES = (0.7, 0.3)
-LR, MOMENTUM = 1e-2, 0.9  # the plan's optimizer "momentum" at the runtime's default rate (runtime/rank.py)
-
-
-@functools.lru_cache(maxsize=None)
-def _graph(model: str):
-    from hetpipe.plan.build import capture_builtin
-
-    return capture_builtin(model, batch=MICRO_BATCH, seq=SEQ, optimizer="momentum")
+from tests.test_tp_runtime import (  # the same model, shares and optimizer as the group runtime test
+    LR, MICRO_BATCH, MICROBATCHES, MODEL, MOMENTUM, SEQ, SHARES, STEPS, tp_graph)
 
 
 # ----------------------------------------------------------------------------- 1. capture
@@ -45,7 +37,7 @@ def _graph(model: str):
 
 @pytest.mark.parametrize("model, tied", [("gpt-tiny", True), ("llama-tiny", False)])
 def test_capture_marks_the_token_embedding_and_the_lm_head_split_by_vocabulary(model, tied):
-    g = _graph(model)
+    g = tp_graph(model)
     (emb,), (head,) = g.units[0].tensor_parallel, g.units[-1].tensor_parallel
     vocab, hidden, tokens = 256, 64, MICRO_BATCH * SEQ
     assert (emb.kind, emb.division, emb.parts, emb.column[0].dim, emb.row) == ("embedding", "vocabulary", vocab, 0, None)
@@ -145,14 +137,14 @@ def test_group_dp_equals_brute_force_with_vocabulary_blocks():
 
 
 @functools.lru_cache(maxsize=None)
-def _plan(cut: int = 3):
+def vocab_plan(cut: int = 3):
     """Stage 0 (units 0-``cut``) on box:2 alone; stage 1 (the last blocks and the tied head) on the group
     box:1 + box:0 at 0.7 / 0.3."""
     from hetpipe.cost_models.cluster import cluster_from_dict
     from hetpipe.plan.build import assemble_plan, build_problem
     from hetpipe.plan.schema import SolverReport
 
-    graph = _graph(MODEL)
+    graph = tp_graph(MODEL)
     cluster = cluster_from_dict({"nodes": [{"name": "box", "intra": "pcie-host", "devices": [
         {"gpu": "rtx3090"}, {"gpu": "rtx3060-12gb"}, {"gpu": "rtx4090"}]}]})
     problem = build_problem(graph, cluster, microbatches=MICROBATCHES, tensor_parallel="auto")
@@ -184,9 +176,9 @@ def test_a_custom_loss_for_a_head_split_by_vocabulary_is_refused_before_the_laun
     from hetpipe.errors import ConfigError
     from hetpipe.runtime.tp_run import check_shardable
 
-    check_shardable(_plan(), _graph(MODEL), loss="hetpipe.models:lm_loss")  # the built-in loss runs vocab-parallel
+    check_shardable(vocab_plan(), tp_graph(MODEL), loss="hetpipe.models:lm_loss")  # the built-in loss runs vocab-parallel
     with pytest.raises(ConfigError, match="runs only the built-in language-model loss .* re-plan with --tensor-par"):
-        check_shardable(_plan(), _graph(MODEL), loss="tests.dist_helpers:gpt_loss")
+        check_shardable(vocab_plan(), tp_graph(MODEL), loss="tests.dist_helpers:gpt_loss")
 
 
 @pytest.mark.slow
@@ -195,7 +187,7 @@ def test_a_head_split_by_vocabulary_trains_like_one_device(tmp_path):
     from hetpipe.runtime.run import run
     from tests.zoo_harness import saved_state
 
-    plan = _plan()
+    plan = vocab_plan()
     assert plan.stages[1].group_devices and not plan.stages[0].group_devices
     torch.manual_seed(0)
     resolved = models.resolve(MODEL, device="cpu", batch=MICRO_BATCH, seq=SEQ)

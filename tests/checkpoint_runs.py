@@ -1,0 +1,28 @@
+"""One `hetpipe run` of a saved plan that writes checkpoints and may resume: the step of every
+checkpoint-chain test (replica plans, tensor-parallel groups).
+
+The folder holds the plans (``<name>.json``), the initial weights (``init.pt``) and the batches
+(``data.pt``); each run writes its report and its checkpoints (``ck/``) under ``out``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hetpipe.runtime.report import RunReport
+from tests.test_run_cli import hetpipe_run
+
+
+def run_with_checkpoints(folder: Path, plan: str, out: Path, *, model: str, seq: int, steps: int,
+                         resume: Path | None, every: int | None = None, timeout_s: int = 60) -> RunReport:
+    """Run plan ``<plan>.json`` of ``folder`` to ``steps`` (from ``resume`` when given), checkpointing
+    into ``out/ck`` (every ``every`` steps, else at the end); its report."""
+    out.mkdir(parents=True, exist_ok=True)
+    extra = ["--resume", str(resume)] if resume is not None else []
+    extra += ["--checkpoint-every", str(every)] if every is not None else []
+    rc = hetpipe_run([str(folder / f"{plan}.json"), "--model", model, "--seq", str(seq), "--steps", str(steps),
+                      "--timeout", str(timeout_s), "--data", str(folder / "data.pt"), "--loss", "hetpipe.models:lm_loss",
+                      "--weights", str(folder / "init.pt"), "--report", str(out / "run.json"),
+                      "--checkpoint-dir", str(out / "ck"), *extra])
+    assert rc == 0
+    return RunReport.load(out / "run.json")
