@@ -26,3 +26,16 @@ def run_with_checkpoints(folder: Path, plan: str, out: Path, *, model: str, seq:
                       "--checkpoint-dir", str(out / "ck"), *extra])
     assert rc == 0
     return RunReport.load(out / "run.json")
+
+
+def write_inputs(folder: Path, model: str, steps: int) -> tuple[dict, list]:
+    """Write the initial weights (seed 3) and ``steps`` global batches (seed 9) the runs read; return both."""
+    import torch
+
+    from tests.reference_loop import initial_state, seeded_batches
+
+    state = initial_state(model, seed=3)
+    torch.save(state, folder / "init.pt")
+    batches = seeded_batches(steps, seed=9)
+    torch.save(batches, folder / "data.pt")
+    return state, batches

@@ -26,8 +26,8 @@ import torch
 from hetpipe.partitioner.problem import Stage
 from hetpipe.runtime.rank import DEFAULT_LR, MOMENTUM
 from hetpipe.runtime.report import RunReport
-from tests.checkpoint_runs import run_with_checkpoints
-from tests.reference_loop import initial_state, reference_loop, seeded_batches
+from tests.checkpoint_runs import run_with_checkpoints, write_inputs
+from tests.reference_loop import reference_loop
 from tests.runtime_plans import plan_for
 from tests.synthetic import synthetic_cluster
 from tests.test_checkpoint import read_checkpoint
@@ -63,10 +63,7 @@ def setup(tmp_path_factory):
         grouped.training.global_batch, grouped.training.microbatches)
     p2.save(folder / "P2.json")
     grouped.save(folder / "G.json")
-    state = initial_state(MODEL, seed=3)
-    torch.save(state, folder / "init.pt")
-    batches = seeded_batches(STEPS, seed=9)
-    torch.save(batches, folder / "data.pt")
+    state, batches = write_inputs(folder, MODEL, STEPS)
     return folder, graph, _reference(state, batches)
 
 

@@ -33,8 +33,8 @@ from hetpipe.partitioner.problem import Stage
 from hetpipe.plan.shard_schema import PlanShard
 from hetpipe.runtime.rank import DEFAULT_LR, MOMENTUM
 from hetpipe.runtime.report import RunReport
-from tests.checkpoint_runs import run_with_checkpoints
-from tests.reference_loop import initial_state, reference_loop, seeded_batches
+from tests.checkpoint_runs import run_with_checkpoints, write_inputs
+from tests.reference_loop import reference_loop
 from tests.runtime_plans import plan_for, replica_plan_for
 from tests.synthetic import synthetic_cluster
 from tests.test_checkpoint import read_checkpoint
@@ -79,10 +79,7 @@ def setup(tmp_path_factory):
     graph = capture(meta, inputs, name=MODEL, optimizer=OPTIMIZER)  # the plan's state tables are SGD momentum's
     for name, plan in _plans(graph).items():
         plan.save(folder / f"{name}.json")
-    state = initial_state(MODEL, seed=3)
-    torch.save(state, folder / "init.pt")
-    batches = seeded_batches(STEPS, seed=9)
-    torch.save(batches, folder / "data.pt")
+    state, batches = write_inputs(folder, MODEL, STEPS)
     return folder, graph, _reference(state, batches)
 
 

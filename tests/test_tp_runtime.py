@@ -96,7 +96,7 @@ def _batches(model: torch.nn.Module, example: tuple[torch.Tensor, ...]) -> list:
     return out
 
 
-def _reference(model: torch.nn.Module, batches: list) -> list[float]:
+def group_reference(model: torch.nn.Module, batches: list) -> list[float]:
     """Plain single-device training: micro-batches accumulated, mean loss, SGD with momentum."""
     from hetpipe.models import loss_fn
 
@@ -127,7 +127,7 @@ def grouped_run(tmp_path_factory):
     torch.save(resolved.model.state_dict(), out / "weights.pt")
     batches = _batches(resolved.model, resolved.example_inputs)
     reference = copy.deepcopy(resolved.model)
-    ref_losses = _reference(reference, batches)
+    ref_losses = group_reference(reference, batches)
     report = run(plan, model=MODEL, steps=STEPS, seq=SEQ, data=batches, weights=out / "weights.pt",
                  save_weights=out / "saved", emulate=True, run_dir=out / "run", timeout_s=120)
     return plan, report, ref_losses, reference, out / "saved"

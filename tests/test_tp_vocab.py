@@ -29,7 +29,7 @@ from tests.instances import random_problem
 from tests.test_tp_solver import brute_force_groups
 
 from tests.test_tp_runtime import (  # the same model, shares and optimizer as the group runtime test
-    LR, MICRO_BATCH, MICROBATCHES, MODEL, MOMENTUM, SEQ, SHARES, STEPS, tp_graph)
+    MICRO_BATCH, MICROBATCHES, MODEL, SEQ, SHARES, STEPS, group_reference, tp_graph)
 
 
 # ----------------------------------------------------------------------------- 1. capture
@@ -155,23 +155,6 @@ def vocab_plan(cut: int = 3):
     return dataclasses.replace(plan, stages=(plan.stages[0], dataclasses.replace(plan.stages[1], group_shares=SHARES)))
 
 
-def _reference(model: torch.nn.Module, batches: list) -> list[float]:
-    from hetpipe.models import loss_fn
-
-    loss, losses = loss_fn(MODEL), []
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    for (x,), y in batches:
-        opt.zero_grad()
-        total = 0.0
-        for xs, ys in zip(x.chunk(MICROBATCHES), y.chunk(MICROBATCHES)):
-            value = loss(model(xs), ys)
-            (value / MICROBATCHES).backward()
-            total += float(value.detach())
-        opt.step()
-        losses.append(total / MICROBATCHES)
-    return losses
-
-
 def test_a_custom_loss_for_a_head_split_by_vocabulary_is_refused_before_the_launch():
     from hetpipe.errors import ConfigError
     from hetpipe.runtime.tp_run import check_shardable
@@ -198,7 +181,7 @@ def test_a_head_split_by_vocabulary_trains_like_one_device(tmp_path):
         x = torch.randint(0, 256, (MICRO_BATCH * MICROBATCHES, SEQ), generator=gen)
         batches.append(((x,), models.example_targets(MODEL, (x,))))
     reference = copy.deepcopy(resolved.model)
-    ref_losses = _reference(reference, batches)
+    ref_losses = group_reference(reference, batches)
     report = run(plan, model=MODEL, steps=STEPS, seq=SEQ, data=batches, weights=tmp_path / "weights.pt",
                  save_weights=tmp_path / "saved", emulate=True, run_dir=tmp_path / "run", timeout_s=120)
     assert report.world_size == 3
