@@ -39,3 +39,20 @@ def write_inputs(folder: Path, model: str, steps: int) -> tuple[dict, list]:
     batches = seeded_batches(steps, seed=9)
     torch.save(batches, folder / "data.pt")
     return state, batches
+
+
+def momentum_reference(state: dict, batches: list, *, model: str, lr: float, momentum: float) -> tuple[list, dict]:
+    """The plain single-device loop with SGD momentum: (losses, {steps done: (parameters, momentum buffers)})."""
+    import torch
+
+    from tests.reference_loop import reference_loop
+
+    snapshots = {}
+
+    def snapshot(step, net, opt):
+        snapshots[step] = ({n: p.detach().clone() for n, p in net.state_dict().items()},
+                           {n: opt.state[p]["momentum_buffer"].clone() for n, p in net.named_parameters()})
+
+    losses, *_ = reference_loop(state, batches, lambda p: torch.optim.SGD(p, lr=lr, momentum=momentum),
+                                model_name=model, on_step=snapshot)
+    return losses, snapshots

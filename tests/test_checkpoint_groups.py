@@ -26,8 +26,7 @@ import torch
 from hetpipe.partitioner.problem import Stage
 from hetpipe.runtime.rank import DEFAULT_LR, MOMENTUM
 from hetpipe.runtime.report import RunReport
-from tests.checkpoint_runs import run_with_checkpoints, write_inputs
-from tests.reference_loop import reference_loop
+from tests.checkpoint_runs import momentum_reference, run_with_checkpoints, write_inputs
 from tests.runtime_plans import plan_for
 from tests.synthetic import synthetic_cluster
 from tests.test_checkpoint import read_checkpoint
@@ -39,15 +38,7 @@ RTOL, ATOL = 1e-5, 1e-5  # fp32, the issue's acceptance tolerances
 
 def _reference(state, batches):
     """A plain single-device loop; (losses, {steps done: (parameters, momentum buffers)})."""
-    snapshots = {}
-
-    def snapshot(step, model, opt):
-        snapshots[step] = ({n: p.detach().clone() for n, p in model.state_dict().items()},
-                           {n: opt.state[p]["momentum_buffer"].clone() for n, p in model.named_parameters()})
-
-    losses, *_ = reference_loop(state, batches, lambda p: torch.optim.SGD(p, lr=DEFAULT_LR[OPTIMIZER], momentum=MOMENTUM),
-                                model_name=MODEL, on_step=snapshot)
-    return losses, snapshots
+    return momentum_reference(state, batches, model=MODEL, lr=DEFAULT_LR[OPTIMIZER], momentum=MOMENTUM)
 
 
 @pytest.fixture(scope="module")
