@@ -115,6 +115,16 @@ def group_reference(model: torch.nn.Module, batches: list) -> list[float]:
     return losses
 
 
+def assert_gathered_equal(state: dict, reference: torch.nn.Module) -> None:
+    """Every parameter gathered back from a group's members equals the single-device model's (rtol/atol 1e-5)."""
+    params = dict(reference.named_parameters(remove_duplicate=False))
+    assert {n for n, _ in reference.named_parameters()} <= set(state)
+    for name, value in state.items():
+        if name in params:
+            torch.testing.assert_close(value, params[name].detach(), rtol=1e-5, atol=1e-5,
+                                       msg=lambda m, n=name: f"{n}: {m}")
+
+
 @pytest.fixture(scope="module")
 def grouped_run(tmp_path_factory):
     from hetpipe import models
@@ -141,12 +151,7 @@ def test_a_group_stage_in_the_pipeline_trains_like_one_device(grouped_run):
     assert report.world_size == 3
     torch.testing.assert_close(list(report.losses), ref_losses, rtol=1e-5, atol=0)
     state = saved_state(saved)  # every member's shards gathered back, written by the leads
-    params = dict(reference.named_parameters(remove_duplicate=False))
-    assert {n for n, _ in reference.named_parameters()} <= set(state)
-    for name, value in state.items():
-        if name in params:
-            torch.testing.assert_close(value, params[name].detach(), rtol=1e-5, atol=1e-5,
-                                       msg=lambda m, n=name: f"{n}: {m}")
+    assert_gathered_equal(state, reference)
 
 
 @pytest.mark.slow

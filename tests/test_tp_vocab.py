@@ -29,7 +29,7 @@ from tests.instances import random_problem
 from tests.test_tp_solver import brute_force_groups
 
 from tests.test_tp_runtime import (  # the same model, shares and optimizer as the group runtime test
-    MICRO_BATCH, MICROBATCHES, MODEL, SEQ, SHARES, STEPS, group_reference, tp_graph)
+    MICRO_BATCH, MICROBATCHES, MODEL, SEQ, SHARES, STEPS, assert_gathered_equal, group_reference, tp_graph)
 
 
 # ----------------------------------------------------------------------------- 1. capture
@@ -190,9 +190,4 @@ def test_a_head_split_by_vocabulary_trains_like_one_device(tmp_path):
         assert 0 < row.peak_bytes <= row.predicted_memory_bytes, row
     torch.testing.assert_close(list(report.losses), ref_losses, rtol=1e-5, atol=0)
     state = saved_state(tmp_path / "saved")  # the head's rows gathered back, the tied weight whole
-    params = dict(reference.named_parameters(remove_duplicate=False))
-    assert {n for n, _ in reference.named_parameters()} <= set(state)
-    for name, value in state.items():
-        if name in params:
-            torch.testing.assert_close(value, params[name].detach(), rtol=1e-5, atol=1e-5,
-                                       msg=lambda m, n=name: f"{n}: {m}")
+    assert_gathered_equal(state, reference)
