@@ -31,10 +31,15 @@ def _group_size(group: Any) -> int:
     return dist.get_world_size(group) if group is not None and dist.is_initialized() else 1
 
 
+def all_reduce_in_place(t: torch.Tensor, group: Any, op: Any = None) -> None:
+    """All-reduce `t` in place over `group` (sum unless `op`); nothing without a group of two or more."""
+    if _group_size(group) > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM if op is None else op, group=group)
+
+
 def _all_reduce(t: torch.Tensor, group: Any) -> torch.Tensor:
     out = t.clone()  # never reduce in place into a tensor autograd saved
-    if _group_size(group) > 1:
-        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+    all_reduce_in_place(out, group)
     return out
 
 

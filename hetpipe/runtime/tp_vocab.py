@@ -41,18 +41,13 @@ from hetpipe.errors import ConfigError
 from hetpipe.models import hf as hf_models
 from hetpipe.models import losses
 from hetpipe.partitioner.capture.tensor_blocks import TensorParallelBlock
-from hetpipe.runtime.tp_comm import copy_to_group, reduce_from_group
+from hetpipe.runtime.tp_comm import all_reduce_in_place, copy_to_group, reduce_from_group
 
 #: ``F.cross_entropy``'s default: targets equal to it count for nothing.
 IGNORE_INDEX = -100
 #: The losses a vocabulary-split head runs as `vocab_parallel_cross_entropy` (cross-entropy of the
 #: flattened logits: the built-in language-model losses).
 LM_LOSSES = (losses.lm_loss, hf_models.lm_loss)
-
-
-def _all_reduce(t: torch.Tensor, op: Any, group: Any) -> None:
-    if group is not None and dist.is_initialized() and dist.get_world_size(group) > 1:
-        dist.all_reduce(t, op=op, group=group)
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
@@ -62,16 +57,16 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, first: int, group: Any) -> torch.Tensor:
         rows = logits.shape[-1]
         peak = logits.detach().amax(dim=-1)
-        _all_reduce(peak, dist.ReduceOp.MAX, group)
+        all_reduce_in_place(peak, group, dist.ReduceOp.MAX)
         shifted = logits.detach() - peak.unsqueeze(-1)  # (N, n_m), <= 0: exp cannot overflow
         valid = target != IGNORE_INDEX
         mine = valid & (target >= first) & (target < first + rows)
         local = (target - first).masked_fill(~mine, 0)
         picked = shifted.gather(1, local.unsqueeze(1)).squeeze(1).masked_fill(~mine, 0.0)
-        _all_reduce(picked, dist.ReduceOp.SUM, group)
+        all_reduce_in_place(picked, group, dist.ReduceOp.SUM)
         exp = shifted.exp_()
         total = exp.sum(dim=-1)
-        _all_reduce(total, dist.ReduceOp.SUM, group)
+        all_reduce_in_place(total, group, dist.ReduceOp.SUM)
         count = valid.sum()
         loss = (total.log() - picked).masked_fill(~valid, 0.0).sum() / count
         ctx.save_for_backward(exp.div_(total.unsqueeze(-1)), local, mine, valid, count)  # softmax slice
