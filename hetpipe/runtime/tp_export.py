@@ -101,15 +101,26 @@ def local_model(model: nn.Module, blocks: Sequence[TensorParallelBlock], share: 
 
 
 def member_stage_graph(model: nn.Module, example: Sequence[torch.Tensor], blocks: Sequence[TensorParallelBlock], *,
-                       share: MemberShare, stage: int, node_stage: Any) -> fx.GraphModule:
+                       share: MemberShare, stage: int, node_stage: Any, expect: Any = None) -> fx.GraphModule:
     """Stage ``stage`` of ``model`` exported at this member's widths (meta; module docstring).
 
     ``node_stage``: a callable from the exported graph module to its node -> stage mapping
-    (`hetpipe.runtime.rank.node_to_stage` with the plan).
+    (`member_node_stage`); ``expect``: the full stage's (``in_cut``, ``out_cut``), which the
+    member's cuts must equal in shape, dtype and order.
     """
     gm = export_for_training(local_model(model, blocks, share), example)
     program = split_stages(gm, node_stage(gm), example_inputs=example)
+    if expect is not None:  # the executor feeds and sends cut tensors by position: same layout, every member
+        for k, want in ((stage - 1, expect[0]), (stage, expect[1])):
+            got = program.cuts[k] if 0 <= k < len(program.cuts) else None
+            if _layout(got) != _layout(want):
+                raise ConfigError(f"stage {stage}: the member's re-exported cut {k} carries {_layout(got)}, the "
+                                  f"plan's graph {_layout(want)}; re-plan with --tensor-parallel off")
     return program.modules[stage]
+
+
+def _layout(cut: Any) -> list[tuple[tuple[int, ...], Any, bool]] | None:
+    return None if cut is None else [(t.shape, t.dtype, t.requires_grad) for t in cut.tensors]
 
 
 def _signature(node: fx.Node) -> tuple[str, str, str]:
@@ -161,13 +172,22 @@ def _add_op(gm: fx.GraphModule, fn: Any, group: Any) -> str:
     return name
 
 
+def _applied(graph: fx.Graph, name: str) -> list[fx.Node]:
+    """The linear / addmm nodes applying weight ``name``; refuses a weight applied otherwise (or not at all)."""
+    users = _weight_users(graph, name)
+    if not users or any(u.target not in (_ATEN.linear.default, _ATEN.addmm.default) for u in users):
+        raise ConfigError(f"tensor-parallel weight {name!r} is applied by {[str(u.target) for u in users]} in the "
+                          "member's exported stage, not by aten.linear / aten.addmm: re-plan with --tensor-parallel off")
+    return users
+
+
 def _wire_block(gm: fx.GraphModule, block: TensorParallelBlock, group: Any) -> None:
     """copy_to_group on the column layers' shared input, reduce_from_group before the row bias."""
     graph, copied = gm.graph, {}
     for spec in block.column:
         if not spec.name.endswith(".weight"):
             continue  # a bias is read by its weight's node, already wired
-        for node in _weight_users(graph, spec.name):
+        for node in _applied(graph, spec.name):
             # linear(x, w, b): x; Conv1D: addmm(b, view(x), w): the view's input x
             flat = node.args[1] if node.target == _ATEN.addmm.default else None
             x = flat.args[0] if flat is not None else node.args[0]
@@ -175,7 +195,7 @@ def _wire_block(gm: fx.GraphModule, block: TensorParallelBlock, group: Any) -> N
                 with graph.inserting_after(x):
                     copied[x] = graph.call_module(_add_op(gm, copy_to_group, group), (x,))
             (flat or node).replace_input_with(x, copied[x])
-    for node in _weight_users(graph, block.row.name):
+    for node in _applied(graph, block.row.name):
         with graph.inserting_after(node):
             if node.target == _ATEN.addmm.default:  # addmm(bias, x, w)
                 partial = graph.call_function(_ATEN.mm.default, (node.args[1], node.args[2]))

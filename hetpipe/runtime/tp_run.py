@@ -100,19 +100,26 @@ def setup_groups(plan: Plan, slot: RankSlot, stage: StageModule, units: Sequence
                           "the plan with `hetpipe plan --tensor-parallel auto` for this model")
     group, share = handles.my_group(), MemberShare(slot.member, tuple(st.group_shares))
     if is_export_stage(stage.module, blocks):
-        if model is None or full_graph is None:
-            raise ConfigError("a tensor-parallel stage of a torch.export graph is rebuilt from its model: pass "
-                              "model= (the run's MODEL) and full_graph= (its captured graph) to setup_groups")
-        resolved = resolve_for_plan(plan, model=model, seq=seq)
-        local = member_stage_graph(resolved.model, resolved.example_inputs, blocks, share=share, stage=slot.stage,
-                                   node_stage=lambda gm: member_node_stage(
-                                       full_graph, node_to_stage(plan, full_graph), gm))
-        shard_export_stage(stage.module, local, blocks, share=share, group=group, device=stage.device)
+        _shard_export(plan, slot, stage, blocks, share=share, group=group, model=model, seq=seq, full_graph=full_graph)
     else:
         shard_model(stage.module, blocks, share=share, group=group)
     wiring = group_wiring(stage, group=group, lead_rank=layout.stage_ranks[slot.stage], is_lead=layout.is_lead,
                           tied_group=handles.tied_group)
     return GroupSetup(layout, wiring, handles, stage.module)
+
+
+def _shard_export(plan: Plan, slot: RankSlot, stage: StageModule, blocks: Sequence[Any], *, share: MemberShare,
+                  group: Any, model: str | None, seq: int | None, full_graph: Any) -> None:
+    """A stage of a ``torch.export`` graph: re-export the member's model at its widths (`tp_export`)."""
+    if model is None or full_graph is None:
+        raise ConfigError("a tensor-parallel stage of a torch.export graph is rebuilt from its model: pass "
+                          "model= (the run's MODEL) and full_graph= (its captured graph) to setup_groups")
+    resolved = resolve_for_plan(plan, model=model, seq=seq)
+    full_stages = node_to_stage(plan, full_graph)
+    local = member_stage_graph(resolved.model, resolved.example_inputs, blocks, share=share, stage=slot.stage,
+                               node_stage=lambda gm: member_node_stage(full_graph, full_stages, gm),
+                               expect=(stage.in_cut, stage.out_cut))
+    shard_export_stage(stage.module, local, blocks, share=share, group=group, device=stage.device)
 
 
 def save_grouped(setup: GroupSetup, plan: Plan, stage: StageModule, units: Sequence[Any], *,
