@@ -6,13 +6,12 @@ name; or set ``HETPIPE_NODE``) and local rank k runs the k-th stage placed on th
 node, whatever global rank the c10d rendezvous gave it (`stage_for`).  A plan with
 tensor-parallel groups runs one rank per card instead (`hetpipe.plan.group_run.rank_slots`:
 each group's lead first); after the join its members cut their shards and every rank learns the
-layout (`hetpipe.runtime.tp_run.setup_groups`).  In order,
-with nothing distributed before step 5:
+layout (`hetpipe.runtime.tp_run.setup_groups`).  In order, with nothing distributed before step 5:
 
 1. re-capture ``--model`` on the meta device and verify the plan's fingerprint;
 2. map the plan units' fx node names to stage indices;
 3. build the schedule (``training.schedule`` unless ``--schedule``) and validate it;
-4. split the traced graph and build only this rank's stage (`hetpipe.runtime.stage.build`);
+4. split the traced graph and build only this rank's stage, or chunks (`hetpipe.runtime.stage.build`);
 5. join the process group, once, whatever the plan version (gloo on CPU, NCCL when CUDA
    is available), build the optimizer named by ``training.optimizer`` and the
    `PipelineExecutor`;
@@ -169,9 +168,10 @@ class _Run:
         from hetpipe.runtime.execute.executor import PipelineExecutor
         from hetpipe.runtime.execute.options import ExecutorOptions
 
-        return PipelineExecutor(self.stage, rank=self.rank, num_stages=self.num_stages, schedule_actions=actions,
+        v = len(getattr(self.stage, "modules", (self.stage,)))  # interleaved: chunk c p + r on stage r's rank
+        return PipelineExecutor(self.stage, rank=self.rank, num_stages=self.num_stages * v, schedule_actions=actions,
                                 loss_fn=loss_fn, optimizer=optimizer, microbatches=microbatches,
-                                stage_ranks=self.stage_ranks, options=ExecutorOptions(timeout_s=self.args.timeout),
+                                stage_ranks=list(self.stage_ranks) * v, options=ExecutorOptions(timeout_s=self.args.timeout),
                                 hooks=hooks, wiring=self.wiring)
 
     def data(self, start: int = 0) -> Any:
@@ -188,7 +188,8 @@ def prepare(args: argparse.Namespace, state: RankState, *, plan: Plan | None = N
     weights) come from `hetpipe.runtime.trainer.Trainer`.
     """
     from hetpipe.schedule.builders import make_schedule, validate_schedule
-    from hetpipe.runtime.stage.build import build_stage, split_stages
+    from hetpipe.runtime.execute.chunks import RankStages
+    from hetpipe.runtime.stage.build import build_chunks, split_stages
     from hetpipe.runtime.stage.weights import check_stage, open_weights, saved_names
 
     state.phase = "loading the plan"
@@ -211,15 +212,16 @@ def prepare(args: argparse.Namespace, state: RankState, *, plan: Plan | None = N
     schedule = make_schedule(args.schedule or plan.training.schedule, p, m)
     validate_schedule(schedule, num_stages=p, num_microbatches=m)
     state.phase = "building the stage"
-    program = split_stages(graph.module, mapping, example_inputs=example, num_stages=p)
+    program = split_stages(graph.module, mapping, example_inputs=example, num_stages=p * max(1, len(plan.stages[0].chunks)))
     if state_dict is None and getattr(args, "weights", None):
         state.phase = "checking --weights"
         state_dict = open_weights(args.weights)
         check_stage(program, state.stage, state_dict)  # names and shapes from the headers, before any read
         state.phase = "building the stage"
-    stage = build_stage(program, state.stage, state_dict=state_dict, device=device_backend(local_rank)[1], seed=args.seed,
-                        buffers=ModelBuffers(resolve_for_plan(plan, model=args.model, seq=args.seq).model),
-                        recompute=recompute_nodes(plan, state.stage))
+    built = build_chunks(program, state.stage, ranks=p, state_dict=state_dict, device=device_backend(local_rank)[1],
+                         seed=args.seed, buffers=ModelBuffers(resolve_for_plan(plan, model=args.model, seq=args.seq).model),
+                         recompute=recompute_nodes(plan, state.stage))
+    stage = built[0] if len(built) == 1 else RankStages.of(built)  # interleaved: the rank's chunks
     run = _Run(args, plan, stage, state.stage, schedule[state.stage], graph.module, example)
     run.saved_names = saved_names(program, state.stage)
     run.program, run.slot, run.units = program, slot, graph.units

@@ -35,6 +35,8 @@ class RankStages:
     @classmethod
     def of(cls, stage_modules: StageModule | Sequence[StageModule]) -> "RankStages":
         """From one `StageModule` or a sequence of them (any order; virtual stages distinct)."""
+        if isinstance(stage_modules, RankStages):
+            return stage_modules
         mods = (stage_modules,) if isinstance(stage_modules, StageModule) else tuple(stage_modules)
         if not mods:
             raise ValueError("a rank holds at least one stage module")
@@ -61,6 +63,12 @@ class RankStages:
     def holds_last(self) -> bool:
         """Does this rank run the last virtual stage (it applies the loss)?"""
         return any(s.is_last for s in self.modules)
+
+    @property
+    def module(self) -> torch.nn.ModuleList:
+        """Every chunk's module in chunk order (for code that walks parameters and buffers; names carry
+        the chunk index first, so they are not the model's: checkpoints refuse interleaved runs)."""
+        return torch.nn.ModuleList([s.module for s in self.modules])
 
     def __getitem__(self, stage: int) -> StageModule:
         for s in self.modules:
