@@ -12,31 +12,27 @@ layout (`hetpipe.runtime.tp_run.setup_groups`).  In order, with nothing distribu
 2. map the plan units' fx node names to stage indices;
 3. build the schedule (``training.schedule`` unless ``--schedule``) and validate it;
 4. split the traced graph and build only this rank's stage, or chunks (`hetpipe.runtime.stage.build`);
-5. join the process group, once, whatever the plan version (gloo on CPU, NCCL when CUDA
-   is available), build the optimizer named by ``training.optimizer`` and the
-   `PipelineExecutor`;
-6. with ``--emulate``: measure one serialised F+B of every stage, choose the time
-   scale (`hetpipe.runtime.emulate.pipeline.choose_time_scale`) and install the emulation hooks;
-7. run ``--steps`` steps (a monitored barrier, then the rank's action list) on seeded
-   synthetic data or ``--data``, touching ``progress-rank<r>`` after each step and, through
-   `hetpipe.runtime.execute.heartbeat`, at least every second while actions finish; with
-   ``--resume`` the stage, its optimizer state and the data position are restored first and the
-   steps continue after the checkpoint's; with ``--checkpoint-dir`` every ``--checkpoint-every``
-   steps and at the end every rank saves its stage (`hetpipe.runtime.checkpoint.state`);
+5. join the process group, once, whatever the plan version (gloo on CPU, NCCL when CUDA is available),
+   build the optimizer named by ``training.optimizer`` and the `PipelineExecutor`;
+6. with ``--emulate``: measure one serialised F+B of every stage (chunk: `hetpipe.runtime.interleaved_run`), choose
+   the time scale (`hetpipe.runtime.emulate.pipeline.choose_time_scale`) and install the emulation hooks;
+7. run ``--steps`` steps (a monitored barrier, then the rank's action list) on seeded synthetic data or
+   ``--data``, touching ``progress-rank<r>`` after each step and, through `hetpipe.runtime.execute.heartbeat`,
+   at least every second while actions finish; with ``--resume`` the stage, its optimizer state and the data
+   position are restored first and the steps continue after the checkpoint's; with ``--checkpoint-dir`` every
+   ``--checkpoint-every`` steps and at the end every rank saves its stage (`hetpipe.runtime.checkpoint.state`);
 8. write ``result-rank<r>.json``; on any failure write ``error-rank<r>.json`` naming
    the rank, stage and action, and exit 1 (torchrun then tears the job down).
 
-A replica plan (version 2) runs the same loop: it is checked against the world size
-before step 5 (`hetpipe.runtime.replicas.trainer.check_runnable`), steps 1-4 happen in a
-`ReplicaTrainer` after the join (it makes the replicas' process groups), and with
-``--emulate`` `hetpipe.runtime.emulate.replicas` calibrates every replica and delays the
-sync to the plan's time.  Each step is one global batch; the last stage of each replica
-reports the replicas' sample-weighted loss.  ``--checkpoint-dir`` / ``--resume`` work as for a
-pipeline, in the same files (`hetpipe.runtime.checkpoint.replicas`: replica 0 writes each tensor).
+A replica plan (version 2) runs the same loop: it is checked against the world size before step 5
+(`hetpipe.runtime.replicas.trainer.check_runnable`), steps 1-4 happen in a `ReplicaTrainer` after the join
+(it makes the replicas' process groups), and with ``--emulate`` `hetpipe.runtime.emulate.replicas` calibrates
+every replica and delays the sync to the plan's time.  Each step is one global batch; the last stage of each
+replica reports the replicas' sample-weighted loss.  ``--checkpoint-dir`` / ``--resume`` work as for a pipeline,
+in the same files (`hetpipe.runtime.checkpoint.replicas`: replica 0 writes each tensor).
 
 Example:
-    $ torchrun --standalone --nproc-per-node=3 -m hetpipe.runtime.worker plan.json \\
-        --model gpt-demo --steps 4 --run-dir run --emulate
+    $ torchrun --standalone --nproc-per-node=3 -m hetpipe.runtime.worker plan.json --model gpt-demo --steps 4 --emulate
 """
 
 from __future__ import annotations
@@ -259,6 +255,10 @@ def _emulation_hooks(run: _Run, loss_fn: Any, batch: tuple[Any, Any] | None) -> 
     from hetpipe.runtime.emulate.pipeline import DEFAULT_SAFETY_FACTOR, EmulationHooks, StageTiming, choose_time_scale
     from hetpipe.schedule.builders import is_split
 
+    if hasattr(run.stage, "modules"):  # an interleaved plan's chunks, each emulated on its own (interleaved_run.py)
+        from hetpipe.runtime.interleaved_run import emulation_hooks
+        return emulation_hooks(run, loss_fn=loss_fn, safety_factor=run.args.safety_factor,
+                               inputs=(mb := _microbatches(batch, run.plan, run.index))[0], targets=mb[1])
     plan, s = run.plan, run.index
     measured = calibrate(run, loss_fn=loss_fn, batch=batch)
     split = is_split(run.args.schedule or plan.training.schedule)  # B and W emulated apart
