@@ -13,6 +13,8 @@
     its chunks, `runtime/interleaved_run.py`): the measured emulated iteration (median of the steps after
     the first) against the plan's predicted T, the per-step losses of both (equal: the same seeded weights
     and data), and the fullest rank's measured peak over the plan's memory.
+(d) Equal stages, real compute: `benchmarks/schedules.py --equal-only` (hetpipe interleaved:2 beside hetpipe
+    1F1B / ZB-H1 and torch's ZBV, interleaved zero-bubble and interleaved 1F1B schedules; paired medians).
 
 Usage:
     OMP_NUM_THREADS=1 python benchmarks/interleaved.py [--runs-only]
@@ -145,6 +147,14 @@ def main() -> None:
     lines += ["", f"## (c) Emulated runs: gpt-demo (micro-batch 2 x 128), `hetpipe run --emulate`, {RUN_STEPS} steps "
               "(measured: median emulated step after the first)", ""]
     lines += emulated_rows()
+    lines += ["", "## (d) Equal stages, real compute, 2 ranks: `python benchmarks/schedules.py --equal-only --repeats 9` "
+              "(its part (a); every rank computes the same 4 of 8 Linear(512) + ReLU blocks; > 1: the column's "
+              "schedule is faster than the row's)", ""]
+    import subprocess
+
+    eq = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "schedules.py"), "--equal-only", "--repeats", "9"],
+                        capture_output=True, text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines += ["1-min " + eq.stdout.strip().splitlines()[0], "", *eq.stdout.strip().splitlines()[1:]]
     lines += ["", f"{time.perf_counter() - t0:.0f} s wall; 1-min load {os.getloadavg()[0]:.1f} after."]
     text = "\n".join(lines) + "\n"
     RESULTS.write_text(text)

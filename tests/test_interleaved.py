@@ -269,8 +269,8 @@ def test_a_plan_lists_each_cards_chunks_and_check_rederives_them(tmp_path) -> No
     with pytest.raises(ConfigError, match="runs 1 chunk per card, the plan was cut into 2"):
         preflight(again, model="gpt-tiny", seq=16, schedule="1f1b")  # its chunks are its cut
     from hetpipe.runtime.run import run
-    with pytest.raises(ConfigError, match="--emulate: an interleaved plan"):  # refused before any launch
-        run(again, model="gpt-tiny", seq=16, steps=1, emulate=True)
+    with pytest.raises(ConfigError, match="--resume: an interleaved plan"):  # refused before any launch
+        run(again, model="gpt-tiny", seq=16, steps=1, resume=str(tmp_path))
 
 
 def test_schedule_option_and_auto_with_interleaving(monkeypatch) -> None:

@@ -281,8 +281,8 @@ class StageComm:
     def hold(self, modules: Sequence[StageModule]) -> None:
         """This rank runs every module in ``modules`` (the chunks of an interleaved plan)."""
         self.chunks = {m.stage: m for m in modules}
-        self.where = f"rank {self.rank} (stage{'s' if len(modules) > 1 else ''} " \
-                     f"{', '.join(str(k) for k in sorted(self.chunks))})"
+        if len(modules) > 1:  # one module: `where` as built (a group member's names its lead)
+            self.where = f"rank {self.rank} (stages {', '.join(str(k) for k in sorted(self.chunks))})"
 
     def tag(self, kind: int, microbatch: int, cut: int) -> int:
         """The tag of a step message over cut ``cut`` (module docstring: one lane per chunk)."""
