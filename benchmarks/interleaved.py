@@ -137,7 +137,7 @@ def main() -> None:
         print("\n".join(emulated_rows()))
         return
     load = os.getloadavg()[0]
-    lines = ["# Interleaved virtual stages, priced (issue 17, item 2)", "",
+    lines = ["# Interleaved virtual stages: priced, planned and run (issue 17, item 2)", "",
              f"`python benchmarks/interleaved.py` -- {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
              f"{platform.platform()}, {os.cpu_count()} CPUs; 1-min load {load:.1f} before.", "",
              f"## (a) Stage tables: p = {P}, F = {F:g} s, B = {B:g} s per card's share, v chunks of 1/v each", ""]
