@@ -81,13 +81,12 @@ def check_shardable(plan: Plan, graph: Any, *, loss: str | None = None) -> None:
 
 
 def setup_groups(plan: Plan, slot: RankSlot, stage: StageModule, units: Sequence[Any], *,
-                 timeout_s: float, model: str | None = None, seq: int | None = None,
-                 full_graph: Any = None) -> GroupSetup:
+                 timeout_s: float, source: Any = None) -> GroupSetup:
     """Collective: layout, process groups, this member's shard, its wiring (module docstring).
 
-    ``model``, ``seq``, ``full_graph``: the run's MODEL, ``--seq`` and captured graph module; a stage of
-    a ``torch.export`` graph (Hugging Face models) is re-exported at the member's widths from them and
-    aligned with ``full_graph`` (`tp_export`)."""
+    ``source``: the rank's run (``worker._Run``): a stage of a ``torch.export`` graph (Hugging Face
+    models) is re-exported at the member's widths from its ``args.model`` and ``args.seq`` and aligned
+    with its captured graph module ``meta_model`` (`tp_export`)."""
     layout = gather_layout(plan, slot)
     handles = GroupHandles(layout, [g.stages for g in stage.tied_groups], timeout_s=timeout_s)
     st = plan.stages[slot.stage]
@@ -100,7 +99,11 @@ def setup_groups(plan: Plan, slot: RankSlot, stage: StageModule, units: Sequence
                           "the plan with `hetpipe plan --tensor-parallel auto` for this model")
     group, share = handles.my_group(), MemberShare(slot.member, tuple(st.group_shares))
     if is_export_stage(stage.module, blocks):
-        _shard_export(plan, slot, stage, blocks, share=share, group=group, model=model, seq=seq, full_graph=full_graph)
+        if source is None:
+            raise ConfigError("a tensor-parallel stage of a torch.export graph is rebuilt from its model: pass "
+                              "source= (the rank's run: its args.model, args.seq, meta_model) to setup_groups")
+        _shard_export(plan, slot, stage, blocks, share=share, group=group, model=source.args.model,
+                      seq=source.args.seq, full_graph=source.meta_model)
     else:
         shard_model(stage.module, blocks, share=share, group=group)
     wiring = group_wiring(stage, group=group, lead_rank=layout.stage_ranks[slot.stage], is_lead=layout.is_lead,
@@ -109,11 +112,8 @@ def setup_groups(plan: Plan, slot: RankSlot, stage: StageModule, units: Sequence
 
 
 def _shard_export(plan: Plan, slot: RankSlot, stage: StageModule, blocks: Sequence[Any], *, share: MemberShare,
-                  group: Any, model: str | None, seq: int | None, full_graph: Any) -> None:
+                  group: Any, model: str, seq: int | None, full_graph: Any) -> None:
     """A stage of a ``torch.export`` graph: re-export the member's model at its widths (`tp_export`)."""
-    if model is None or full_graph is None:
-        raise ConfigError("a tensor-parallel stage of a torch.export graph is rebuilt from its model: pass "
-                          "model= (the run's MODEL) and full_graph= (its captured graph) to setup_groups")
     resolved = resolve_for_plan(plan, model=model, seq=seq)
     full_stages = node_to_stage(plan, full_graph)
     local = member_stage_graph(resolved.model, resolved.example_inputs, blocks, share=share, stage=slot.stage,

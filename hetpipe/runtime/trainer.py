@@ -196,7 +196,7 @@ def _join(run: Any) -> str:
     run.rank = dist.get_rank()
     if run.slot is not None:  # tensor-parallel groups: layout, process groups, this member's shard (tp_run.py)
         run.groups = setup_groups(run.plan, run.slot, run.stage, run.units, timeout_s=run.args.timeout,
-                                  model=run.args.model, seq=run.args.seq, full_graph=run.meta_model)
+                                  source=run)
         run.stage_ranks, run.wiring = list(run.groups.layout.executor_ranks), run.groups.wiring
     else:
         run.stage_ranks = gather_stage_ranks(run.index, run.num_stages)

@@ -449,8 +449,7 @@ def train(args: argparse.Namespace, state: RankState) -> RankResult:
     backend = join_process_group(args.timeout)  # step 5, the one join
     if run is not None and run.slot is not None:  # tensor-parallel groups: layout, groups, shards (tp_run.py)
         state.phase = "setting up the tensor-parallel groups"
-        setup = setup_groups(plan, run.slot, run.stage, run.units, timeout_s=args.timeout, model=args.model,
-                             seq=args.seq, full_graph=run.meta_model)
+        setup = setup_groups(plan, run.slot, run.stage, run.units, timeout_s=args.timeout, source=run)
         ranks, run.wiring, run.groups = list(setup.layout.executor_ranks), setup.wiring, setup
     else:
         ranks = gather_stage_ranks(state.stage, len(plan.stages))
