@@ -17,7 +17,8 @@ the new plan at a step boundary instead of checkpointing, ending every process a
    tests already hold equal to a single-device run (tied parameters saved once, Adam's scalar
    ``step``, offloading stages, group slices), and on one host the files stay in the page cache;
    the switch's seconds are measured and reported (`SwitchRecord`), and they are what the
-   supervisor prices a switch at.
+   supervisor prices a switch at.  The folder is removed once every rank has read it (the run's
+   own ``--checkpoint-dir`` checkpoints are the recovery points).
 3. **Rebuild.** Each rank splits the graph it captured at start-up with the new plan's cuts and
    builds its new stage through the public builders (`split_stages`, `build_stage`: no re-capture),
    a new optimizer, schedule and executor; the emulation keeps the run's time scale (one clock per
@@ -42,6 +43,7 @@ import copy
 import json
 import logging
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -50,6 +52,7 @@ from typing import Any
 import torch.distributed as dist
 
 from hetpipe.errors import ConfigError
+from hetpipe.plan.group_run import has_groups
 from hetpipe.plan.schema import Plan
 
 log = logging.getLogger(__name__)
@@ -79,7 +82,7 @@ def switch_refusal(old: Plan, new: Plan) -> str | None:
     """Why ``new`` cannot replace ``old`` inside the running job (None: it can)."""
     if old.replicas or new.replicas:
         return "replica plans are relaunched"
-    if any(getattr(s, "tensor_parallel", None) for s in (*old.stages, *new.stages)):
+    if has_groups(old) or has_groups(new):
         return "plans with tensor-parallel groups are relaunched"
     if len(new.stages) != len(old.stages):
         return f"the new plan has {len(new.stages)} stages, the running job {len(old.stages)} processes"
@@ -304,6 +307,8 @@ def switch_in_place(plan: Plan, reason: str, *, steps_done: int, args: argparse.
     ended = time.monotonic()
     _record(args.run_dir, plan, reason, steps_done=steps_done, old=run.plan, rank=state.rank,
             times=(ended - began, saved_at - began, ended - built_at, built_at - saved_at))
+    if state.rank == 0:  # every rank read its keys (the gather above): the hand-over is not a recovery point
+        shutil.rmtree(folder, ignore_errors=True)
     return Switched(loop, watch, plan)
 
 
