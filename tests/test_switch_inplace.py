@@ -138,3 +138,25 @@ def test_the_supervisor_switches_in_place_only_on_the_same_world(plans, tmp_path
             assert "switching in place after step 7" in d.line() and "switch cost" in d.line()
         else:  # fewer cards: the relaunch at the next checkpoint, priced at this attempt's start-up
             assert (d.stop_step, d.cost_s) == (8, pytest.approx(0.1 + 10.0))
+
+
+def test_the_report_lists_a_switch_with_predicted_and_measured_steps(plans, tmp_path):
+    from types import SimpleNamespace
+
+    from hetpipe.plan.replan import Replan
+    from hetpipe.runtime import supervise
+    from hetpipe.runtime.report import StepRecord
+
+    _, before, after, _ = plans
+    decision = supervise.Decision(supervise.Straggler(2, 2, "n1:2", 3.0, 7), Replan(after, 0.7, 0.4, 0.2), 9,
+                                  gain_s=20.0, cost_s=5.0, in_place=True)
+    (tmp_path / "switches.json").write_text(json.dumps([dict(
+        after_steps=9, seconds=1.8, save_s=0.3, load_s=0.8, build_s=0.7, old_stages="a", new_stages="b",
+        old_predicted_s=0.27, new_predicted_s=0.4, plan_file="p.json")]))
+    steps = [StepRecord(i, 1.0, 1.0, 0.65 if i < 9 else 0.39 + 0.001 * i) for i in range(12)]
+    job = SimpleNamespace(switched=[(decision, 0.65)], run_dir=tmp_path, report=SimpleNamespace(step_records=steps))
+    (r,) = supervise._switch_restarts(job, 0)  # noqa: SLF001 - the records the supervisor attaches to the report
+    assert (r.kind, r.failed_step, r.resumed_step, r.steps_redone, r.restart_s) == ("in-place", 9, 9, 0, 1.8)
+    assert (r.old_predicted_s, r.new_predicted_s, r.old_measured_s) == (0.7, 0.4, 0.65)
+    assert r.new_measured_s == pytest.approx(0.40)  # the median of the steps after the switch
+    assert "switched in place (no relaunch): b, T 700 ms -> 400 ms; measured 650 ms -> 400 ms" in r.line()
