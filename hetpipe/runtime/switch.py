@@ -174,8 +174,8 @@ class SwitchPoint:
             return None
         return cls(run_dir=args.run_dir, rank=rank, forced=parse_switch_at(forced) if forced else None, listen=listen)
 
-    def _wanted(self, steps_done: int) -> tuple[str, str] | None:
-        """Rank 0: (plan text, reason) of a switch due now, or None."""
+    def _wanted(self, steps_done: int) -> tuple[dict, str] | None:
+        """Rank 0: (the plan's JSON document, reason) of a switch due now, or None."""
         if self.forced is not None and steps_done == self.forced.after_steps:
             return json.loads(self.forced.plan_path.read_text()), f"--switch-at {steps_done}"
         request = self.run_dir / SWITCH_REQUEST
@@ -207,12 +207,12 @@ def rebuild_run(run: Any, plan: Plan, *, args: argparse.Namespace, rank: int) ->
 
     verify_model(plan, run.graph)
     p, m = len(plan.stages), plan.training.microbatches
-    index = stage_for(plan, node=args.node, rank=rank, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    index = stage_for(plan, node=args.node, rank=rank, local_rank=local_rank)
     schedule = make_schedule(args.schedule or plan.training.schedule, p, m)
     validate_schedule(schedule, num_stages=p, num_microbatches=m)
     program = split_stages(run.meta_model, node_to_stage(plan, run.meta_model), example_inputs=run.example,
                            num_stages=p)
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     stage = build_stage(program, index, state_dict=None, device=device_backend(local_rank)[1], seed=args.seed,
                         buffers=ModelBuffers(resolve_for_plan(plan, model=args.model, seq=args.seq).model),
                         recompute=recompute_nodes(plan, index))
