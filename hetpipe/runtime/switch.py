@@ -70,6 +70,12 @@ class SwitchAt:
     plan_path: Path
 
 
+def add_switch_args(parser: argparse.ArgumentParser) -> None:
+    """The worker's flags: ``--switch-at STEPS=PLAN.json`` (forced) and ``--switch-listen`` (a supervisor's requests)."""
+    parser.add_argument("--switch-at", default=None, help="STEPS=PLAN.json: switch plans in place after STEPS steps")
+    parser.add_argument("--switch-listen", action="store_true", help="take the supervisor's in-place switch requests")
+
+
 def parse_switch_at(text: str) -> SwitchAt:
     """``K=PATH`` -> `SwitchAt` (one `ConfigError` naming the form otherwise)."""
     steps, sep, path = text.partition("=")
@@ -84,6 +90,8 @@ def switch_refusal(old: Plan, new: Plan) -> str | None:
         return "replica plans are relaunched"
     if has_groups(old) or has_groups(new):
         return "plans with tensor-parallel groups are relaunched"
+    if any(getattr(s, "chunks", ()) for s in (*old.stages, *new.stages)):
+        return "interleaved plans (several chunks per rank) are relaunched"
     if len(new.stages) != len(old.stages):
         return f"the new plan has {len(new.stages)} stages, the running job {len(old.stages)} processes"
     a, b = old.training, new.training

@@ -6,38 +6,33 @@ name; or set ``HETPIPE_NODE``) and local rank k runs the k-th stage placed on th
 node, whatever global rank the c10d rendezvous gave it (`stage_for`).  A plan with
 tensor-parallel groups runs one rank per card instead (`hetpipe.plan.group_run.rank_slots`:
 each group's lead first); after the join its members cut their shards and every rank learns the
-layout (`hetpipe.runtime.tp_run.setup_groups`).  In order,
-with nothing distributed before step 5:
+layout (`hetpipe.runtime.tp_run.setup_groups`).  In order, with nothing distributed before step 5:
 
 1. re-capture ``--model`` on the meta device and verify the plan's fingerprint;
 2. map the plan units' fx node names to stage indices;
 3. build the schedule (``training.schedule`` unless ``--schedule``) and validate it;
-4. split the traced graph and build only this rank's stage (`hetpipe.runtime.stage.build`);
-5. join the process group, once, whatever the plan version (gloo on CPU, NCCL when CUDA
-   is available), build the optimizer named by ``training.optimizer`` and the
-   `PipelineExecutor`;
-6. with ``--emulate``: measure one serialised F+B of every stage, choose the time
-   scale (`hetpipe.runtime.emulate.pipeline.choose_time_scale`) and install the emulation hooks;
-7. run ``--steps`` steps (a monitored barrier, then the rank's action list) on seeded
-   synthetic data or ``--data``, touching ``progress-rank<r>`` after each step and, through
-   `hetpipe.runtime.execute.heartbeat`, at least every second while actions finish; with
-   ``--resume`` the stage, its optimizer state and the data position are restored first and the
-   steps continue after the checkpoint's; with ``--checkpoint-dir`` every ``--checkpoint-every``
-   steps and at the end every rank saves its stage (`hetpipe.runtime.checkpoint.state`);
+4. split the traced graph and build only this rank's stage, or chunks (`hetpipe.runtime.stage.build`);
+5. join the process group, once, whatever the plan version (gloo on CPU, NCCL when CUDA is available),
+   build the optimizer named by ``training.optimizer`` and the `PipelineExecutor`;
+6. with ``--emulate``: measure one serialised F+B of every stage (chunk: `hetpipe.runtime.interleaved_run`), choose
+   the time scale (`hetpipe.runtime.emulate.pipeline.choose_time_scale`) and install the emulation hooks;
+7. run ``--steps`` steps (a monitored barrier, then the rank's action list) on seeded synthetic data or
+   ``--data``, touching ``progress-rank<r>`` after each step and, through `hetpipe.runtime.execute.heartbeat`,
+   at least every second while actions finish; with ``--resume`` the stage, its optimizer state and the data
+   position are restored first and the steps continue after the checkpoint's; with ``--checkpoint-dir`` every
+   ``--checkpoint-every`` steps and at the end every rank saves its stage (`hetpipe.runtime.checkpoint.state`);
 8. write ``result-rank<r>.json``; on any failure write ``error-rank<r>.json`` naming
    the rank, stage and action, and exit 1 (torchrun then tears the job down).
 
-A replica plan (version 2) runs the same loop: it is checked against the world size
-before step 5 (`hetpipe.runtime.replicas.trainer.check_runnable`), steps 1-4 happen in a
-`ReplicaTrainer` after the join (it makes the replicas' process groups), and with
-``--emulate`` `hetpipe.runtime.emulate.replicas` calibrates every replica and delays the
-sync to the plan's time.  Each step is one global batch; the last stage of each replica
-reports the replicas' sample-weighted loss.  ``--checkpoint-dir`` / ``--resume`` work as for a
-pipeline, in the same files (`hetpipe.runtime.checkpoint.replicas`: replica 0 writes each tensor).
+A replica plan (version 2) runs the same loop: it is checked against the world size before step 5
+(`hetpipe.runtime.replicas.trainer.check_runnable`), steps 1-4 happen in a `ReplicaTrainer` after the join
+(it makes the replicas' process groups), and with ``--emulate`` `hetpipe.runtime.emulate.replicas` calibrates
+every replica and delays the sync to the plan's time.  Each step is one global batch; the last stage of each
+replica reports the replicas' sample-weighted loss.  ``--checkpoint-dir`` / ``--resume`` work as for a pipeline,
+in the same files (`hetpipe.runtime.checkpoint.replicas`: replica 0 writes each tensor).
 
 Example:
-    $ torchrun --standalone --nproc-per-node=3 -m hetpipe.runtime.worker plan.json \\
-        --model gpt-demo --steps 4 --run-dir run --emulate
+    $ torchrun --standalone --nproc-per-node=3 -m hetpipe.runtime.worker plan.json --model gpt-demo --steps 4 --emulate
 """
 
 from __future__ import annotations
@@ -70,7 +65,7 @@ from hetpipe.runtime.pinning import pin_stage
 from hetpipe.runtime.update_timer import UpdateTimer
 from hetpipe.runtime.report import RankResult, median
 from hetpipe.runtime.steps_done import record_step
-from hetpipe.runtime.switch import SwitchPoint, at_boundaries
+from hetpipe.runtime.switch import SwitchPoint, add_switch_args, at_boundaries
 from hetpipe.runtime.stage.buffers import ModelBuffers, kept_buffers
 from hetpipe.runtime.data import data_stream, split_microbatches
 from hetpipe.runtime.emulate.pipeline import RecordingHooks
@@ -123,8 +118,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--inject", action="append", default=[], help="a fault (hetpipe.runtime.faults.inject)")
     p.add_argument("--straggler-margin", type=float, default=None)
     p.add_argument("--straggler-steps", type=int, default=None)
-    p.add_argument("--switch-at", default=None, help="STEPS=PLAN.json: switch plans in place (runtime/switch.py)")
-    p.add_argument("--switch-listen", action="store_true", help="take the supervisor's in-place switch requests")
+    add_switch_args(p)  # --switch-at, --switch-listen (runtime/switch.py)
     # Not "--node": torchrun's own parser would take it for an abbreviation of --node-rank.
     p.add_argument("--plan-node", dest="node", default=os.environ.get("HETPIPE_NODE"),
                    help="the plan node this torchrun agent runs (multi-node jobs; default: one node)")
@@ -157,16 +151,16 @@ class _Run:
         self.units: Any = ()  # the captured units (a group member shards its stage's blocks)
         self.wiring = ReplicaWiring()  # a tensor-parallel plan's (`hetpipe.runtime.tp_run.setup_groups`)
         self.groups: Any = None  # its `GroupSetup`
-        self.graph: Any = None  # the captured `UnitGraph` (an in-place switch re-cuts it: runtime/switch.py)
 
     def executor(self, *, actions: Sequence[Any], optimizer: Any, microbatches: int, hooks: Any,
                  loss_fn: Any) -> Any:
         from hetpipe.runtime.execute.executor import PipelineExecutor
         from hetpipe.runtime.execute.options import ExecutorOptions
 
-        return PipelineExecutor(self.stage, rank=self.rank, num_stages=self.num_stages, schedule_actions=actions,
+        v = len(getattr(self.stage, "modules", (self.stage,)))  # interleaved: chunk c p + r on stage r's rank
+        return PipelineExecutor(self.stage, rank=self.rank, num_stages=self.num_stages * v, schedule_actions=actions,
                                 loss_fn=loss_fn, optimizer=optimizer, microbatches=microbatches,
-                                stage_ranks=self.stage_ranks, options=ExecutorOptions(timeout_s=self.args.timeout),
+                                stage_ranks=list(self.stage_ranks) * v, options=ExecutorOptions(timeout_s=self.args.timeout),
                                 hooks=hooks, wiring=self.wiring)
 
     def data(self, start: int = 0) -> Any:
@@ -183,7 +177,8 @@ def prepare(args: argparse.Namespace, state: RankState, *, plan: Plan | None = N
     weights) come from `hetpipe.runtime.trainer.Trainer`.
     """
     from hetpipe.schedule.builders import make_schedule, validate_schedule
-    from hetpipe.runtime.stage.build import build_stage, split_stages
+    from hetpipe.runtime.execute.chunks import RankStages
+    from hetpipe.runtime.stage.build import build_chunks, split_stages
     from hetpipe.runtime.stage.weights import check_stage, open_weights, saved_names
 
     state.phase = "loading the plan"
@@ -206,18 +201,19 @@ def prepare(args: argparse.Namespace, state: RankState, *, plan: Plan | None = N
     schedule = make_schedule(args.schedule or plan.training.schedule, p, m)
     validate_schedule(schedule, num_stages=p, num_microbatches=m)
     state.phase, built_from = "building the stage", time.monotonic()
-    program = split_stages(graph.module, mapping, example_inputs=example, num_stages=p)
+    program = split_stages(graph.module, mapping, example_inputs=example, num_stages=p * max(1, len(plan.stages[0].chunks)))
     if state_dict is None and getattr(args, "weights", None):
         state.phase = "checking --weights"
         state_dict = open_weights(args.weights)
         check_stage(program, state.stage, state_dict)  # names and shapes from the headers, before any read
         state.phase = "building the stage"
-    stage = build_stage(program, state.stage, state_dict=state_dict, device=device_backend(local_rank)[1], seed=args.seed,
-                        buffers=ModelBuffers(resolve_for_plan(plan, model=args.model, seq=args.seq).model),
-                        recompute=recompute_nodes(plan, state.stage))
+    built = build_chunks(program, state.stage, ranks=p, state_dict=state_dict, device=device_backend(local_rank)[1],
+                         seed=args.seed, buffers=ModelBuffers(resolve_for_plan(plan, model=args.model, seq=args.seq).model),
+                         recompute=recompute_nodes(plan, state.stage))
+    stage = built[0] if len(built) == 1 else RankStages.of(built)  # interleaved: the rank's chunks
     run = _Run(args, plan, stage, state.stage, schedule[state.stage], graph.module, example)
     run.saved_names, state.build_s = saved_names(program, state.stage), time.monotonic() - built_from  # prices a switch
-    run.program, run.slot, run.units, run.graph = program, slot, graph.units, graph
+    run.program, run.slot, run.units, run.graph = program, slot, graph.units, graph  # graph: re-cut by a switch
     return run
 
 
@@ -252,6 +248,10 @@ def _emulation_hooks(run: _Run, loss_fn: Any, batch: tuple[Any, Any] | None) -> 
     from hetpipe.runtime.emulate.pipeline import DEFAULT_SAFETY_FACTOR, EmulationHooks, StageTiming, choose_time_scale
     from hetpipe.schedule.builders import is_split
 
+    if hasattr(run.stage, "modules"):  # an interleaved plan's chunks, each emulated on its own (interleaved_run.py)
+        from hetpipe.runtime.interleaved_run import emulation_hooks
+        return emulation_hooks(run, loss_fn=loss_fn, safety_factor=run.args.safety_factor,
+                               inputs=(mb := _microbatches(batch, run.plan, run.index))[0], targets=mb[1])
     plan, s = run.plan, run.index
     measured = calibrate(run, loss_fn=loss_fn, batch=batch)
     split = is_split(run.args.schedule or plan.training.schedule)  # B and W emulated apart
@@ -323,10 +323,10 @@ def _pipeline_rank(args: argparse.Namespace, state: RankState, run: _Run, ranks:
                 save_pipeline(run.stage.module, run.saved_names, args.save_weights, stage=run.index,
                               num_stages=run.num_stages)
 
-    switch = at_boundaries(state, args=args, run=run, saved=saved, hooks=hooks,  # runtime/switch.py
-                           make_loop=lambda a, r, h, rk: _pipeline_rank(a, state, r, rk, h))
     return _RankLoop(step, hooks, run.index, stream, first, finish=finish, start=start, after_step=after_step,
-                     update_s=lambda: timer.durations_s, slot=run.slot, switch=switch)
+                     update_s=lambda: timer.durations_s, slot=run.slot, switch=at_boundaries(  # runtime/switch.py
+                         state, args=args, run=run, saved=saved, hooks=hooks,
+                         make_loop=lambda a, r, h, rk: _pipeline_rank(a, state, r, rk, h)))
 
 
 def _resume_point(args: argparse.Namespace) -> Any:
