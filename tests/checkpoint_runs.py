@@ -7,6 +7,7 @@ The folder holds the plans (``<name>.json``), the initial weights (``init.pt``) 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from hetpipe.runtime.report import RunReport
@@ -56,3 +57,54 @@ def momentum_reference(state: dict, batches: list, *, model: str, lr: float, mom
     losses, *_ = reference_loop(state, batches, lambda p: torch.optim.SGD(p, lr=lr, momentum=momentum),
                                 model_name=model, on_step=snapshot)
     return losses, snapshots
+
+
+#: The momentum chains' model and data (tests/test_checkpoint_replicas.py, tests/test_checkpoint_groups.py):
+#: gpt-tiny, micro-batches of 2 sequences of 16 tokens, 6 global batches of 8 samples, SGD + momentum.
+MODEL, BATCH, SEQ, MICROBATCHES, STEPS, OPTIMIZER = "gpt-tiny", 2, 16, 4, 6, "momentum"
+
+
+@dataclass(frozen=True)
+class MomentumStart:
+    """The first link of both momentum chains: steps 0-1 on the 2-stage pipeline ``P2``, checkpoint at 2.
+
+    ``folder`` holds ``P2.json``, ``init.pt`` and ``data.pt`` (each chain saves its other plans beside
+    them); ``reference`` is `momentum_reference` over all 6 batches.
+    """
+
+    folder: Path
+    graph: object  # the UnitGraph the plans are made of (captured with SGD momentum's state tables)
+    p2: object  # the Plan
+    checkpoint: Path  # P2's checkpoint folder (step 2)
+    report: RunReport
+    reference: tuple[list, dict]
+
+
+def momentum_plan(plan):
+    """``plan`` training with SGD + momentum."""
+    import dataclasses
+
+    return dataclasses.replace(plan, training=dataclasses.replace(plan.training, optimizer=OPTIMIZER))
+
+
+def start_momentum_chain(folder: Path) -> MomentumStart:
+    """Write the inputs and P2 into ``folder``, run P2 for 2 steps; one launch shared by both chains (the
+    session fixture ``momentum_start`` in tests/conftest.py)."""
+    from hetpipe.models import build
+    from hetpipe.partitioner.capture.capture import capture
+    from hetpipe.partitioner.problem import Stage
+    from hetpipe.runtime.rank import DEFAULT_LR, MOMENTUM
+    from tests.runtime_plans import plan_for
+    from tests.synthetic import synthetic_cluster
+
+    meta, inputs = build(MODEL, device="meta", batch=BATCH, seq=SEQ)
+    graph = capture(meta, inputs, name=MODEL, optimizer=OPTIMIZER)  # the plans' state tables are SGD momentum's
+    n = graph.num_units
+    p2 = momentum_plan(plan_for(graph, synthetic_cluster(), (Stage(0, 0, n // 2), Stage(1, n // 2 + 1, n - 1)),
+                                microbatches=MICROBATCHES))
+    p2.save(folder / "P2.json")
+    state, batches = write_inputs(folder, MODEL, STEPS)
+    reference = momentum_reference(state, batches, model=MODEL, lr=DEFAULT_LR[OPTIMIZER], momentum=MOMENTUM)
+    report = run_with_checkpoints(folder, "P2", folder / "p2", model=MODEL, seq=SEQ, steps=2, resume=None,
+                                  timeout_s=120)
+    return MomentumStart(folder, graph, p2, folder / "p2" / "ck", report, reference)

@@ -104,3 +104,13 @@ def replica_numerics(tmp_path_factory: pytest.TempPathFactory) -> list:
     for o in outcomes:
         assert o.error is None and o.value is not None, f"rank {o.rank} (exit {o.exitcode}): {o.error}"
     return outcomes
+
+
+@pytest.fixture(scope="session")
+def momentum_start(tmp_path_factory: pytest.TempPathFactory):
+    """Steps 0-1 of gpt-tiny on a 2-stage pipeline with SGD momentum, checkpoint at 2: the first link of the
+    chains of tests/test_checkpoint_replicas.py and tests/test_checkpoint_groups.py (one 2-rank launch,
+    `tests.checkpoint_runs.MomentumStart`); each chain resumes its own plans from that checkpoint."""
+    from tests.checkpoint_runs import start_momentum_chain
+
+    return start_momentum_chain(tmp_path_factory.mktemp("momentum-chain"))
