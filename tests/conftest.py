@@ -59,8 +59,9 @@ def _trainer_plans_worker(rank: int, world: int, jobs: list[tuple[str, str, str]
 def trainer_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[object, list[dict]]]:
     """`hetpipe.Trainer` in a user loop on 3 gloo ranks, once per session for two plans of gpt-tiny with the
     stages of tests/test_trainer.py: ``"plain"`` (that file's test) and ``"recompute"`` (every stage
-    recomputing all but its last unit, tests/test_recompute_runtime.py's).  Label -> (plan, each rank's
-    result or {"error": ...})."""
+    recomputing all but its last unit, tests/test_recompute_runtime.py's); then ``"weights"``,
+    tests/test_weights_run.py's plan trained from its sharded weights and saved (last: `Trainer.close`
+    leaves the process group).  Label -> (plan, each rank's {"value": ...} or {"error": ...})."""
     from hetpipe.models import build
     from hetpipe.partitioner.capture.capture import capture
     from hetpipe.partitioner.problem import Stage
@@ -68,7 +69,9 @@ def trainer_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[o
     from tests.dist_helpers import run_world
     from tests.runtime_plans import plan_for
     from tests.synthetic import synthetic_cluster
+    from hetpipe.plan.schema import Plan
     from tests.test_recompute_runtime import all_but_last, with_recompute
+    from tests.test_weights_run import write_setup as write_weights_setup
 
     folder = tmp_path_factory.mktemp("trainer-world")
     meta, example = build(tt.MODEL, device="meta", batch=tt.BATCH, seq=tt.SEQ)
@@ -82,7 +85,11 @@ def trainer_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[o
     for label, plan in plans.items():
         plan.save(folder / f"{label}.json")
         jobs.append((label, workers[label], str(folder / f"{label}.json")))
-    outcomes = run_world(_trainer_plans_worker, world_size=3, args=(jobs,), timeout_s=2 * tt.WORLD_TIMEOUT_S,
+    (folder / "weights").mkdir()
+    write_weights_setup(folder / "weights")
+    plans["weights"] = Plan.load(folder / "weights" / "plan.json")
+    jobs.append(("weights", "tests.test_weights_run:trainer_job", str(folder / "weights" / "plan.json")))
+    outcomes = run_world(_trainer_plans_worker, world_size=3, args=(jobs,), timeout_s=3 * tt.WORLD_TIMEOUT_S,
                          out_dir=folder / "ranks")
     return {label: (plans[label], [o.value[label] if o.value is not None else
                                    {"error": f"rank {o.rank} (exit {o.exitcode}): {o.error}"} for o in outcomes])
