@@ -39,9 +39,9 @@ def plain_peak_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tu
     return get
 
 
-def _trainer_plans_worker(rank: int, world: int, jobs: list[tuple[str, str, str]]) -> dict:
-    """Each (label, "module:function", plan path) in turn on one world (an initialised process group is
-    reused by `Trainer`); an error is kept per label."""
+def _trainer_plans_worker(rank: int, world: int, jobs: list[tuple[str, str, object]]) -> dict:
+    """Each (label, "module:function", plan or plan path) in turn on one world (an initialised process group
+    is reused by `Trainer` and `ReplicaTrainer`); an error is kept per label."""
     import importlib
     import traceback
 
@@ -121,3 +121,21 @@ def momentum_start(tmp_path_factory: pytest.TempPathFactory):
     from tests.checkpoint_runs import start_momentum_chain
 
     return start_momentum_chain(tmp_path_factory.mktemp("momentum-chain"))
+
+
+@pytest.fixture(scope="session")
+def replica_pair_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
+    """Two one-card replicas on 2 gloo ranks, once per session: tests/test_replica_runtime.py's DiLoCo case
+    (``"diloco"``: its synchronous and DiLoCo trainers, then `finish`), then tests/test_shard_tied_runtime.py's
+    sharded tied embedding (``"shard_tied"``), one after another on one world (`ReplicaTrainer` reuses an
+    initialised process group).  Label -> each rank's {"value": ...} or {"error": ...}."""
+    from tests import test_replica_runtime as tr
+    from tests import test_shard_tied_runtime as ts
+    from tests.dist_helpers import run_world
+
+    jobs = [("diloco", "tests.test_replica_runtime:_diloco_worker", tr._diloco_plans()),
+            ("shard_tied", "tests.test_shard_tied_runtime:_worker", ts.sharded_plan())]
+    outcomes = run_world(_trainer_plans_worker, world_size=2, args=(jobs,), timeout_s=tr.WORLD_TIMEOUT_S + 300.0,
+                         out_dir=tmp_path_factory.mktemp("replica-pair"))
+    return {label: [o.value[label] if o.value is not None else {"error": f"rank {o.rank} (exit {o.exitcode}): {o.error}"}
+                    for o in outcomes] for label, *_ in jobs}
