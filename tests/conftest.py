@@ -2,9 +2,10 @@
 
 A launch costs every rank a torch import, a capture and a stage build (2-4 s of CPU each, many
 more seconds of wall time on a loaded 2-core machine), so a run whose results tests in two files
-read is launched once per session (`plain_peak_run`), and cases that need the same world size
-run one after another on one world (`trainer_world`, `replica_numerics`).  Each test still
-asserts everything it asserted on its own run.
+read is launched once per session (`plain_peak_run`; `momentum_start`, the first run of two files'
+checkpoint chains), and cases that need the same world size run one after another on one world
+(`trainer_world`, `replica_numerics`, `replica_pair_world`).  Each test still asserts everything it
+asserted on its own run.
 """
 
 from __future__ import annotations
