@@ -65,19 +65,23 @@ MODEL, BATCH, SEQ, MICROBATCHES, STEPS, OPTIMIZER = "gpt-tiny", 2, 16, 4, 6, "mo
 
 
 @dataclass(frozen=True)
-class MomentumStart:
-    """The first link of both momentum chains: steps 0-1 on the 2-stage pipeline ``P2``, checkpoint at 2.
-
-    ``folder`` holds ``P2.json``, ``init.pt`` and ``data.pt`` (each chain saves its other plans beside
-    them); ``reference`` is `momentum_reference` over all 6 batches.
-    """
+class MomentumInputs:
+    """What both momentum chains read: ``folder`` holds ``P2.json`` (the 2-stage pipeline), ``init.pt`` and
+    ``data.pt`` (each chain saves its other plans beside them); ``reference`` is `momentum_reference` over
+    all 6 batches.  No process is launched for it (the refusal tests need only the plans)."""
 
     folder: Path
     graph: object  # the UnitGraph the plans are made of (captured with SGD momentum's state tables)
     p2: object  # the Plan
+    reference: tuple[list, dict]
+
+
+@dataclass(frozen=True)
+class MomentumStart:
+    """The first link of both momentum chains: steps 0-1 on ``P2``, checkpoint at 2."""
+
     checkpoint: Path  # P2's checkpoint folder (step 2)
     report: RunReport
-    reference: tuple[list, dict]
 
 
 def momentum_plan(plan):
@@ -87,9 +91,8 @@ def momentum_plan(plan):
     return dataclasses.replace(plan, training=dataclasses.replace(plan.training, optimizer=OPTIMIZER))
 
 
-def start_momentum_chain(folder: Path) -> MomentumStart:
-    """Write the inputs and P2 into ``folder``, run P2 for 2 steps; one launch shared by both chains (the
-    session fixture ``momentum_start`` in tests/conftest.py)."""
+def write_momentum_inputs(folder: Path) -> MomentumInputs:
+    """Write P2 and the inputs into ``folder``; compute the reference loop (session fixture ``momentum_inputs``)."""
     from hetpipe.models import build
     from hetpipe.partitioner.capture.capture import capture
     from hetpipe.partitioner.problem import Stage
@@ -105,6 +108,11 @@ def start_momentum_chain(folder: Path) -> MomentumStart:
     p2.save(folder / "P2.json")
     state, batches = write_inputs(folder, MODEL, STEPS)
     reference = momentum_reference(state, batches, model=MODEL, lr=DEFAULT_LR[OPTIMIZER], momentum=MOMENTUM)
-    report = run_with_checkpoints(folder, "P2", folder / "p2", model=MODEL, seq=SEQ, steps=2, resume=None,
-                                  timeout_s=120)
-    return MomentumStart(folder, graph, p2, folder / "p2" / "ck", report, reference)
+    return MomentumInputs(folder, graph, p2, reference)
+
+
+def start_momentum_chain(inputs: MomentumInputs) -> MomentumStart:
+    """Run P2 for 2 steps, checkpoint at 2: one launch shared by both chains (session fixture ``momentum_start``)."""
+    out = inputs.folder / "p2"
+    report = run_with_checkpoints(inputs.folder, "P2", out, model=MODEL, seq=SEQ, steps=2, resume=None, timeout_s=120)
+    return MomentumStart(out / "ck", report)

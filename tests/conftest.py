@@ -115,13 +115,21 @@ def replica_numerics(tmp_path_factory: pytest.TempPathFactory) -> list:
 
 
 @pytest.fixture(scope="session")
-def momentum_start(tmp_path_factory: pytest.TempPathFactory):
-    """Steps 0-1 of gpt-tiny on a 2-stage pipeline with SGD momentum, checkpoint at 2: the first link of the
-    chains of tests/test_checkpoint_replicas.py and tests/test_checkpoint_groups.py (one 2-rank launch,
-    `tests.checkpoint_runs.MomentumStart`); each chain resumes its own plans from that checkpoint."""
+def momentum_inputs(tmp_path_factory: pytest.TempPathFactory):
+    """The plan P2, the weights, the batches and the reference loop of the momentum checkpoint chains of
+    tests/test_checkpoint_replicas.py and tests/test_checkpoint_groups.py (`tests.checkpoint_runs.MomentumInputs`)."""
+    from tests.checkpoint_runs import write_momentum_inputs
+
+    return write_momentum_inputs(tmp_path_factory.mktemp("momentum-chain"))
+
+
+@pytest.fixture(scope="session")
+def momentum_start(momentum_inputs):
+    """Steps 0-1 on P2, checkpoint at 2: the first link of both chains (one 2-rank launch); each chain
+    resumes its own plans from that checkpoint."""
     from tests.checkpoint_runs import start_momentum_chain
 
-    return start_momentum_chain(tmp_path_factory.mktemp("momentum-chain"))
+    return start_momentum_chain(momentum_inputs)
 
 
 @pytest.fixture(scope="session")

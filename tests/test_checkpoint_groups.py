@@ -32,15 +32,15 @@ RTOL, ATOL = 1e-5, 1e-5  # fp32, the issue's acceptance tolerances
 
 
 @pytest.fixture(scope="module")
-def setup(momentum_start):
+def setup(momentum_inputs):
     """The shared folder (P2, inputs) with G saved beside P2; the group plans' graph; the reference loop."""
-    folder, p2 = momentum_start.folder, momentum_start.p2
+    folder, p2 = momentum_inputs.folder, momentum_inputs.p2
     grouped = tp_plan()
     assert grouped.stages[0].group_shares == (0.7, 0.3) and grouped.training.optimizer == OPTIMIZER
     assert (p2.training.global_batch, p2.training.microbatches, p2.training.optimizer) == (8, 4, OPTIMIZER)
     assert (grouped.training.global_batch, grouped.training.microbatches) == (8, 4)
     grouped.save(folder / "G.json")
-    return folder, tp_graph(MODEL), momentum_start.reference
+    return folder, tp_graph(MODEL), momentum_inputs.reference
 
 
 def _run(folder: Path, plan: str, out: Path, *, steps: int, resume: Path | None, every: int | None = None) -> RunReport:

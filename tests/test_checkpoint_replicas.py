@@ -52,13 +52,13 @@ def _plans(graph) -> dict[str, object]:
 
 
 @pytest.fixture(scope="module")
-def setup(momentum_start):
+def setup(momentum_inputs):
     """The shared folder (P2, inputs) with R1 and R3s saved beside P2; the graph; the reference loop."""
-    folder, graph = momentum_start.folder, momentum_start.graph
-    assert momentum_start.p2.training.microbatches == MICROBATCHES
+    folder, graph = momentum_inputs.folder, momentum_inputs.graph
+    assert momentum_inputs.p2.training.microbatches == MICROBATCHES
     for name, plan in _plans(graph).items():
         plan.save(folder / f"{name}.json")
-    return folder, graph, momentum_start.reference
+    return folder, graph, momentum_inputs.reference
 
 
 def _run(folder: Path, plan: str, out: Path, *, steps: int, resume: Path | None, every: int | None = None) -> RunReport:
