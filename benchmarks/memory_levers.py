@@ -28,7 +28,9 @@ host's DDR4-3200 dual-channel memory (51.2 GB/s) for the host Adam step
 (`hetpipe.cost_models.offload`).  ZeRO sharding is not modelled yet (issue 14's third lever).
 
 Table 1, largest trainable model: over widths h and depths L (step 2), the largest parameter
-count each approach fits.  Table 2, cost of memory: for models that fit only with some
+count each approach fits ("L>=": the deepest searched, --max-layers), and two upper bounds no plan
+without offload exceeds: the model state alone (16 B per parameter) within every card's usable
+bytes together, and also in whole layers, contiguous on distinct cards (`state_fits`).  Table 2, cost of memory: for models that fit only with some
 recomputation, hetpipe's T against recompute-every-layer (hetpipe's own placement with
 ``--recompute all``, and the even split with it) and against the lower bound T without any
 recomputation and without the memory limit.  Table 3, what the lever costs the planner: median
@@ -186,7 +188,9 @@ def largest_table(widths: list[int], max_layers: int) -> tuple[str, dict[str, di
     for a in APPROACHES:
         params = {h: problem_for(depth[a][h], h, "none")[1] if depth[a][h] else 0 for h in widths}
         best[a] = max(params.values())
-        rows.append([a] + [f"L={depth[a][h]} ({params[h] / 1e9:.2f} B)" if depth[a][h] else "-" for h in widths]
+        cap = max_layers // 2 * 2  # the deepest depth searched: reaching it means "at least"
+        rows.append([a] + [f"L{'>=' if depth[a][h] >= cap else '='}{depth[a][h]} ({params[h] / 1e9:.2f} B)"
+                           if depth[a][h] else "-" for h in widths]
                     + [f"{best[a] / 1e9:.2f} B"])
     for label, packed in CEILINGS.items():
         ceil = {h: ceiling_depth(h, max_layers, packed=packed) for h in widths}
