@@ -75,11 +75,11 @@ import torch.distributed as dist
 
 from hetpipe.cost_models.stage_memory import RECV_PREFETCH
 from hetpipe.errors import RuntimeFailure
-from hetpipe.runtime.execute import comm, heartbeat, split_backward
+from hetpipe.runtime.execute import agreement, comm, heartbeat, split_backward
 from hetpipe.schedule.actions import Action, Op
 from hetpipe.runtime.execute.held import HeldBytes, grad_bytes, optimizer_bytes, storage_key
 from hetpipe.runtime.execute.options import ExecutorOptions, ReplicaWiring
-from hetpipe.schedule.builders import check_actions, make_schedule
+from hetpipe.schedule.builders import check_actions
 from hetpipe.runtime.stage.build import StageModule
 from hetpipe.runtime.execute.stats import ActionHooks, ActionTiming, MemoryStats, StepStats
 from hetpipe.runtime.execute.tied import reduce_tied
@@ -290,19 +290,12 @@ class PipelineExecutor:
         return PREFETCH_DEPTH if local_ranks > cores else 0
 
     def _agreed_builtin_schedule(self) -> bool:
-        """Does every stage run the same built-in list, GPipe's, 1F1B's or ZB-H1's (one all-reduce)?
-
-        Those are deadlock-free with ``wait_sends_at_recv`` (tests check `validate_schedule`
-        ``sends_wait_at_recv=True`` for them); a mix of them is not (GPipe stages before a
-        1F1B last stage deadlock), so one rank's list alone does not decide.
-        """
-        p, m, s = self.num_stages, self.microbatches, self.stage.stage
-        code = next((i + 1 for i, name in enumerate(("gpipe", "1f1b", "zb-h1", "zb-1f1b"))
-                     if list(self.actions) == make_schedule(name, p, m)[s]), 0)
-        extremes = torch.tensor([code, -code], dtype=torch.int64)  # max of both: (max code, -min code)
-        work = dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
-        self._collective(work, "the start-up schedule agreement", self.stage_ranks)
-        return code > 0 and int(extremes[0]) == code == -int(extremes[1])
+        """Are the ranks' lists together deadlock-free when each RECV first waits for the rank's earlier
+        sends (`agreement`: one all-gather of every list at start-up, the same answer on every rank)?"""
+        every = agreement.gathered_schedule(self.actions, num_stages=self.num_stages, group=self._group,
+                                            wait=lambda w: self._collective(w, "the start-up schedule agreement",
+                                                                            self.stage_ranks))
+        return agreement.sends_may_wait_at_recv(every, num_stages=self.num_stages, microbatches=self.microbatches)
 
     def _prefetch_plan(self) -> tuple[tuple[Action, ...], ...]:
         """Per action index: the next ``prefetch_depth`` receives, in order (none: each posts itself).
@@ -406,6 +399,7 @@ class PipelineExecutor:
         if self._split:  # B: the inputs' gradients now, the parameters' at this micro-batch's W
             got, st.pending_w[mb] = split_backward.backward_input(roots, grads if grads else None, inputs,
                                                                   self._params)
+            self._memory.add_retained(mb, st.pending_w[mb].held_tensors(), frames=grads or ())  # freed at W
             for x, g in zip(inputs, got):
                 x.grad = g
         elif roots:
