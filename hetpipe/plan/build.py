@@ -451,7 +451,9 @@ def _left_out_reasons(problem: Problem, sol: Any, *, solver: str, time_limit_s: 
         why = f"the model has only {problem.num_units} units for {n} devices"
     else:
         try:
-            plain = problem if chunks_of(problem.schedule) == 1 else dataclasses.replace(problem, schedule="1f1b")
+            # a warm-up schedule names one count per stage of its own depth: all n stages get its base
+            base = "1f1b" if chunks_of(problem.schedule) > 1 else problem.schedule.partition("@")[0]
+            plain = dataclasses.replace(problem, schedule=base)
             full = solve(plain, solver=solver, time_limit_s=time_limit_s, seed=seed, num_stages=n)
             why = (
                 f"the best plan using all {n} devices predicts {full.iteration_s:.4g} s per iteration vs "
