@@ -104,10 +104,13 @@ def with_warmup(problem: Problem, stages: Sequence[Stage]) -> tuple[float, Probl
                 if ev.iteration_s < plain * (1 - 1e-9) and (best is None or ev.iteration_s < best[0]):
                     best = (ev.iteration_s, cand, stages)
                 break
+            before = list(extra)
             for s, c in enumerate(ev.stages):
                 if not c.fits:
                     extra[s] = max(0, extra[s] - 1)
                     extra[s + 1:] = [min(k, extra[s]) for k in extra[s + 1:]]
+            if extra == before:  # the overflowing stage has no extra of its own (it holds others' send frames):
+                extra[max(k for k, v in enumerate(extra) if v)] -= 1  # the last one, keeping the counts non-increasing
     return best
 
 

@@ -44,7 +44,8 @@ from typing import Sequence
 
 from hetpipe.cost_models.stage_memory import RECV_PREFETCH, HeldCounts
 from hetpipe.schedule.actions import Action, Op
-from hetpipe.schedule.builders import rank_actions
+from hetpipe.schedule.builders import make_schedule, rank_actions
+from hetpipe.schedule.validate import sends_may_wait_at_recv
 
 _RECVS = (Op.RECV_F, Op.RECV_B)
 
@@ -53,8 +54,10 @@ _RECVS = (Op.RECV_F, Op.RECV_B)
 _FRAME = {Op.RECV_F: "in", Op.SEND_B: "in_grad", Op.SEND_F: "out", Op.RECV_B: "out_grad"}
 
 
-def replay_held(actions: Sequence[Action], *, prefetch: int) -> list[HeldCounts]:
-    """`HeldCounts` after each action of one rank's list (see the module docstring)."""
+def replay_held(actions: Sequence[Action], *, prefetch: int, waits_sends: bool = True) -> list[HeldCounts]:
+    """`HeldCounts` after each action of one rank's list (see the module docstring); ``waits_sends``:
+    a receive first waits for the rank's earlier sends (the runtime's rule where the whole schedule is
+    deadlock-free with it, `sends_may_wait_at_recv`; else sends are waited at the step only)."""
     posted: dict[Action, str] = {}
     sends: list[str] = []
     grads_in: set[int] = set()
@@ -75,7 +78,8 @@ def replay_held(actions: Sequence[Action], *, prefetch: int) -> list[HeldCounts]
         for j in recv_at[ahead:ahead + prefetch]:  # `PipelineExecutor._prefetch_plan` on gloo
             posted.setdefault(actions[j], _FRAME[actions[j].op])
         if a.op in _RECVS:
-            sends.clear()  # a receive first waits for the rank's earlier sends
+            if waits_sends:
+                sends.clear()  # a receive first waits for the rank's earlier sends
             posted.pop(a, None)
             if a.op is Op.RECV_B:
                 grads_in.add(a.microbatch)
@@ -135,10 +139,21 @@ def steady_microbatches(in_flight: int, microbatches: int, prefetch: int) -> int
     return min(microbatches, in_flight + prefetch + 2)
 
 
+@functools.lru_cache(maxsize=1024)
+def _waits_sends(schedule: str, num_stages: int, microbatches: int) -> bool:
+    """Does the runtime wait for a rank's sends at its receives under `schedule` (`sends_may_wait_at_recv`)?
+    The built-in 1F1B and GPipe lists always may (tests/test_schedule.py)."""
+    if str(schedule).strip().lower() in ("1f1b", "gpipe"):
+        return True
+    return sends_may_wait_at_recv(make_schedule(schedule, num_stages, microbatches), num_stages=num_stages,
+                                  microbatches=microbatches)
+
+
 @functools.lru_cache(maxsize=4096)
 def _held_terms(num_stages: int, stage: int, microbatches: int, schedule: str,
                 prefetch: int) -> tuple[HeldCounts, ...]:
-    counts = replay_held(rank_actions(schedule, num_stages, microbatches, stage), prefetch=prefetch)
+    counts = replay_held(rank_actions(schedule, num_stages, microbatches, stage), prefetch=prefetch,
+                         waits_sends=_waits_sends(schedule, num_stages, microbatches))
     if stage == 0:
         counts = [dataclasses.replace(c, in_frames=0, in_grad_frames=0) for c in counts]
     if stage == num_stages - 1:

@@ -5,7 +5,8 @@ frames (`hetpipe.runtime.execute.executor`), and the memory model prices exactly
 (`hetpipe.schedule.held.replay_held`).  It is safe when the ranks' lists *together* are
 deadlock-free under it, which `validate_schedule` ``sends_wait_at_recv=True`` decides; one rank's
 list alone does not (GPipe stages before a 1F1B last stage deadlock; ZB-H1's first stage is
-ZB-1F1B's; a list with extra warm-up forwards is no built-in list at all).  `gathered_schedule`
+ZB-1F1B's; a list with extra warm-up forwards is no built-in list at all, and some of them deadlock
+under it: `zb-1f1b@3,2,2,0` on 4 stages).  `gathered_schedule`
 all-gathers every rank's list once at start-up (each action as three integers) so that every
 rank decides the same from the same lists.
 
@@ -25,20 +26,12 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from hetpipe.errors import ScheduleError
 from hetpipe.schedule.actions import Action, Op, Schedule
-from hetpipe.schedule.validate import validate_schedule
+from hetpipe.schedule.validate import sends_may_wait_at_recv
+
+__all__ = ["gathered_schedule", "sends_may_wait_at_recv"]
 
 _OPS = tuple(Op)
-
-
-def sends_may_wait_at_recv(schedule: Schedule, *, num_stages: int, microbatches: int) -> bool:
-    """Whether `schedule` is deadlock-free when each RECV first waits for the rank's earlier sends."""
-    try:
-        validate_schedule(schedule, num_stages=num_stages, num_microbatches=microbatches, sends_wait_at_recv=True)
-    except ScheduleError:
-        return False
-    return True
 
 
 def gathered_schedule(actions: Sequence[Action], *, num_stages: int, group: Any,
