@@ -1,4 +1,4 @@
-"""Issue 17 item 2: interleaved virtual stages (Megatron-LM's interleaved 1F1B) priced -- simulated, not run.
+"""Issue 17 item 2: interleaved virtual stages (Megatron-LM's interleaved 1F1B): simulated, planned and run.
 
 (a) Stage tables (p = 4 cards, equal F = 1, B = 2 per card's quarter of the model, v chunks per card of
     1/v of it): T and bubble of 1F1B, ZB-H1 and interleaved:2 / :4 from the simulator, the peak of
@@ -8,10 +8,16 @@
 (b) The planner: `hetpipe plan --schedule 1f1b` and ``--schedule interleaved:2`` (the 1F1B answer's
     cards, re-cut into 2 chunks each, `partitioner/interleave.py`) of gpt-demo on the bundled mini
     clusters: predicted T and the fullest card's memory share (every card's usable memory is the
-    budget).  `hetpipe run` does not execute interleaved plans yet.
+    budget).
+(c) Emulated runs: `hetpipe run --emulate` of 1F1B and interleaved:2 plans of gpt-demo (each rank holds
+    its chunks, `runtime/interleaved_run.py`): the measured emulated iteration (median of the steps after
+    the first) against the plan's predicted T, the per-step losses of both (equal: the same seeded weights
+    and data), and the fullest rank's measured peak over the plan's memory.
+(d) Equal stages, real compute: `benchmarks/schedules.py --equal-only` (hetpipe interleaved:2 beside hetpipe
+    1F1B / ZB-H1 and torch's ZBV, interleaved zero-bubble and interleaved 1F1B schedules; paired medians).
 
 Usage:
-    OMP_NUM_THREADS=1 python benchmarks/interleaved.py
+    OMP_NUM_THREADS=1 python benchmarks/interleaved.py [--runs-only]
 """
 
 from __future__ import annotations
@@ -91,17 +97,64 @@ def planner_rows() -> list[str]:
     return out
 
 
+#: (cluster, global batch) of the emulated runs: m = 4 on the home lab's two chosen cards, m = 8 on 4 cards
+RUNS = (("homelab", 8), ("homogeneous-4x3090", 16))
+RUN_STEPS = 5
+
+
+def emulated_rows() -> list[str]:
+    import tempfile
+
+    from hetpipe.models import build
+    from hetpipe.plan.build import partition
+    from hetpipe.runtime.run import run
+
+    out = ["| cluster | schedule | cards | m | predicted T | measured emulated T | measured / predicted | losses | "
+           "fullest rank peak / plan | wall (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for cluster, gb in RUNS:
+        model, inputs = build("gpt-demo", device="meta", batch=2, seq=128)
+        path = ROOT / "examples" / "clusters" / f"{cluster}.yaml"
+        for schedule in ("1f1b", "interleaved:2"):
+            plan = partition(model, str(path), example_inputs=inputs, global_batch=gb, time_limit_s=10.0,
+                             schedule=schedule)
+            t0 = time.perf_counter()
+            with tempfile.TemporaryDirectory() as tmp:
+                rep = run(plan, model="gpt-demo", seq=128, steps=RUN_STEPS, emulate=True, run_dir=tmp)
+            wall = time.perf_counter() - t0
+            steps = sorted(r.emulated_step_s for r in rep.step_records[1:])
+            measured = steps[len(steps) // 2]
+            full = max(s.peak_bytes / s.predicted_memory_bytes for s in rep.stages)
+            losses = ", ".join(f"{r.loss:.4f}" for r in rep.step_records)
+            out.append(f"| {cluster} | {schedule} | {len(plan.stages)} | {plan.training.microbatches} | "
+                       f"{plan.predicted.iteration_s * 1e3:.3f} ms | {measured * 1e3:.3f} ms | "
+                       f"{measured / plan.predicted.iteration_s:.3f} | {losses} | {full:.3f} | {wall:.0f} |")
+    return out
+
+
 def main() -> None:
     t0 = time.perf_counter()
+    if "--runs-only" in sys.argv:
+        print("\n".join(emulated_rows()))
+        return
     load = os.getloadavg()[0]
-    lines = ["# Interleaved virtual stages, priced (issue 17, item 2)", "",
+    lines = ["# Interleaved virtual stages: priced, planned and run (issue 17, item 2)", "",
              f"`python benchmarks/interleaved.py` -- {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
-             f"{platform.platform()}, {os.cpu_count()} CPUs; 1-min load {load:.1f} before. Simulated and planned only: "
-             "`hetpipe run` refuses interleaved plans (the executor runs one stage per rank).", "",
+             f"{platform.platform()}, {os.cpu_count()} CPUs; 1-min load {load:.1f} before.", "",
              f"## (a) Stage tables: p = {P}, F = {F:g} s, B = {B:g} s per card's share, v chunks of 1/v each", ""]
     lines += stage_tables()
     lines += ["", "## (b) The planner: gpt-demo (micro-batch 2 x 128), `--schedule 1f1b` vs `interleaved:2`", ""]
     lines += planner_rows()
+    lines += ["", f"## (c) Emulated runs: gpt-demo (micro-batch 2 x 128), `hetpipe run --emulate`, {RUN_STEPS} steps "
+              "(measured: median emulated step after the first)", ""]
+    lines += emulated_rows()
+    lines += ["", "## (d) Equal stages, real compute, 2 ranks: `python benchmarks/schedules.py --equal-only --repeats 9` "
+              "(its part (a); every rank computes the same 4 of 8 Linear(512) + ReLU blocks; > 1: the column's "
+              "schedule is faster than the row's)", ""]
+    import subprocess
+
+    eq = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "schedules.py"), "--equal-only", "--repeats", "9"],
+                        capture_output=True, text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines += ["1-min " + eq.stdout.strip().splitlines()[0], "", *eq.stdout.strip().splitlines()[1:]]
     lines += ["", f"{time.perf_counter() - t0:.0f} s wall; 1-min load {os.getloadavg()[0]:.1f} after."]
     text = "\n".join(lines) + "\n"
     RESULTS.write_text(text)

@@ -2,10 +2,10 @@
 
 (a) Equal stages, real compute (no emulation), gloo on this CPU: one process per rank, an MLP of
     ``Linear(width, width) + ReLU`` blocks, the same weights and data everywhere.  hetpipe runs
-    its ZB-H1 and 1F1B lists with one stage per rank; torch.distributed.pipelining runs
-    ``ScheduleZBVZeroBubble`` (two stages per rank in a V: rank r holds stages r and 2p-1-r) and
-    ``ScheduleInterleavedZeroBubble`` (stages r and r+p), each over the same blocks, so every rank
-    computes the same layers in all four.  Alternating timed blocks of ``--steps`` steps; medians
+    its ZB-H1 and 1F1B lists with one stage per rank and interleaved:2 with two chunks per rank (stages
+    r and r+p); torch.distributed.pipelining runs ``ScheduleZBVZeroBubble`` (two stages per rank in a V:
+    rank r holds stages r and 2p-1-r), ``ScheduleInterleavedZeroBubble`` and ``ScheduleInterleaved1F1B``
+    (stages r and r+p), each over the same blocks, so every rank computes the same layers in all six.  Alternating timed blocks of ``--steps`` steps; medians
     over ``--repeats`` blocks; losses compared step by step.
 (b) Uneven stages over slow links: `hetpipe plan` with ``--schedule 1f1b`` and ``--schedule auto``
     on the same cluster files (every card's usable memory is the budget both must fit), predicted
@@ -15,7 +15,7 @@
     peak held bytes over the plan's M_s (an emulated OOM would stop the run).
 
 Usage:
-    OMP_NUM_THREADS=1 python benchmarks/schedules.py [--repeats 15] [--skip-emulated]
+    OMP_NUM_THREADS=1 python benchmarks/schedules.py [--repeats 15] [--skip-emulated] [--equal-only]
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "schedules.md"
 PG_TIMEOUT_S = 120.0
 LR = 1e-3
-RUNNERS = ("hetpipe zb-h1", "hetpipe 1f1b", "torch ZBVZeroBubble", "torch InterleavedZeroBubble")
+RUNNERS = ("hetpipe zb-h1", "hetpipe 1f1b", "hetpipe interleaved:2", "torch ZBVZeroBubble",
+           "torch InterleavedZeroBubble", "torch Interleaved1F1B")
 SCENARIOS = (("gpt-demo", "homelab-mini", 2, 128), ("gpt-demo", "community-16-mini", 2, 128),
              ("gpt-demo", "slow-ring-mini", 2, 128))
 EMULATED = ("homelab-mini", "community-16-mini", "slow-ring-mini")
@@ -113,15 +114,18 @@ class HetpipeRunner:
     def __init__(self, cfg: Config, rank: int, schedule: str) -> None:
         from hetpipe.runtime.execute.executor import PipelineExecutor
         from hetpipe.runtime.execute.options import ExecutorOptions
-        from hetpipe.runtime.stage.build import build_stage
+        from hetpipe.runtime.stage.build import build_chunks
         from hetpipe.schedule.builders import make_schedule
+        from hetpipe.schedule.interleaved import chunks_of
 
-        prog, model = program(cfg, cfg.ranks)
-        stage = build_stage(prog, rank, state_dict=model.state_dict(), device="cpu")
+        v = chunks_of(schedule)  # interleaved:V: V chunks per rank, stages r, r + p, ...
+        prog, model = program(cfg, cfg.ranks * v)
+        stages = build_chunks(prog, rank, ranks=cfg.ranks, state_dict=model.state_dict(), device="cpu")
         self.cfg, self.rank = cfg, rank
-        self.ex = PipelineExecutor(stage, rank=rank, num_stages=cfg.ranks,
+        self.ex = PipelineExecutor(stages, rank=rank, num_stages=cfg.ranks * v,
                                    schedule_actions=make_schedule(schedule, cfg.ranks, cfg.microbatches)[rank],
-                                   loss_fn=F.mse_loss, optimizer=torch.optim.SGD(stage.parameters(), lr=LR),
+                                   loss_fn=F.mse_loss,
+                                   optimizer=torch.optim.SGD([q for s in stages for q in s.parameters()], lr=LR),
                                    microbatches=cfg.microbatches, options=ExecutorOptions(timeout_s=PG_TIMEOUT_S))
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> float | None:
@@ -132,10 +136,11 @@ class HetpipeRunner:
 
 
 class TorchRunner:
-    """Two stages per rank: V placement (ZBV) or looped (interleaved)."""
+    """Two stages per rank: V placement (ZBV) or looped (interleaved zero-bubble, interleaved 1F1B)."""
 
     def __init__(self, cfg: Config, rank: int, kind: str) -> None:
-        from torch.distributed.pipelining import PipelineStage, ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble
+        from torch.distributed.pipelining import (PipelineStage, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
+                                                  ScheduleZBVZeroBubble)
 
         from hetpipe.runtime.stage.build import build_stage
 
@@ -146,7 +151,8 @@ class TorchRunner:
         self.opt = torch.optim.SGD([q for m in mods for q in m.parameters()], lr=LR)
         example = torch.zeros(cfg.microbatch, cfg.width)
         stages = [PipelineStage(m, i, 2 * p, torch.device("cpu"), input_args=(example,)) for m, i in zip(mods, self.ids)]
-        cls = ScheduleZBVZeroBubble if kind == "zbv" else ScheduleInterleavedZeroBubble
+        cls = {"zbv": ScheduleZBVZeroBubble, "interleaved": ScheduleInterleavedZeroBubble,
+               "interleaved1f1b": ScheduleInterleaved1F1B}[kind]
         self.schedule = cls(stages, cfg.microbatches, loss_fn=F.mse_loss)
         self.cfg = cfg
 
@@ -175,8 +181,10 @@ def _worker(rank: int, cfg: Config, port: int, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=cfg.ranks,
                             timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
     runners = {"hetpipe zb-h1": HetpipeRunner(cfg, rank, "zb-h1"), "hetpipe 1f1b": HetpipeRunner(cfg, rank, "1f1b"),
+               "hetpipe interleaved:2": HetpipeRunner(cfg, rank, "interleaved:2"),
                "torch ZBVZeroBubble": TorchRunner(cfg, rank, "zbv"),
-               "torch InterleavedZeroBubble": TorchRunner(cfg, rank, "interleaved")}
+               "torch InterleavedZeroBubble": TorchRunner(cfg, rank, "interleaved"),
+               "torch Interleaved1F1B": TorchRunner(cfg, rank, "interleaved1f1b")}
     times: dict[str, list[float]] = {n: [] for n in runners}
     losses: dict[str, list[float | None]] = {n: [] for n in runners}
     for name in runners:  # warm-up, same steps for all
@@ -213,13 +221,15 @@ def equal_table(cfg: Config, res: dict[str, Any]) -> tuple[list[str], dict[str, 
     med = {n: statistics.median(res["times"][n]) for n in RUNNERS}
     ref = res["losses"]["hetpipe 1f1b"]
     lines = ["| executor, schedule | step (ms), median | samples/s | hetpipe zb-h1 speed-up over it, paired median | "
-             "max loss diff vs hetpipe 1f1b |", "|---|---|---|---|---|"]
+             "hetpipe interleaved:2 speed-up over it, paired median | max loss diff vs hetpipe 1f1b |",
+             "|---|---|---|---|---|---|"]
     paired = {}
     for n in RUNNERS:
         paired[n] = statistics.median(b / a for a, b in zip(res["times"]["hetpipe zb-h1"], res["times"][n]))
+        inter = statistics.median(b / a for a, b in zip(res["times"]["hetpipe interleaved:2"], res["times"][n]))
         diff = max(abs(a - b) for a, b in zip(res["losses"][n], ref))
         lines.append(f"| {n} | {med[n] * 1e3:.1f} | {cfg.microbatch * cfg.microbatches / med[n]:.0f} | "
-                     f"{paired[n]:.3f} | {diff:.1e} |")
+                     f"{paired[n]:.3f} | {inter:.3f} | {diff:.1e} |")
     return lines, paired
 
 
@@ -318,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--emulated-steps", type=int, default=5)
     ap.add_argument("--pairs", type=int, default=3, help="back-to-back emulated pairs per scenario")
     ap.add_argument("--skip-emulated", action="store_true")
+    ap.add_argument("--equal-only", action="store_true", help="print part (a)'s table only; write nothing")
     ap.add_argument("--output", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     from benchmarks.common import emit
@@ -326,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     t0, load = time.monotonic(), os.getloadavg()[0]
     cfg = Config(args.ranks, args.width, args.blocks, args.microbatch, args.microbatches, args.steps, args.repeats)
     eq_lines, paired = equal_table(cfg, run_equal(cfg))
+    if args.equal_only:
+        print(f"load {load:.1f} before, {os.getloadavg()[0]:.1f} after; {time.monotonic() - t0:.0f} s wall")
+        print("\n".join(eq_lines))
+        return 0
     sim_lines = ["| model | cluster | stages, m | 1F1B T predicted / emulated | chosen schedule (status, bound) | "
                  "its T predicted / emulated | lower by, predicted / emulated (paired median) | fullest card 1F1B / "
                  "chosen | peak held / M_s | overruns |", "|---|---|---|---|---|---|---|---|---|---|"]

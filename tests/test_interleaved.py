@@ -265,8 +265,12 @@ def test_a_plan_lists_each_cards_chunks_and_check_rederives_them(tmp_path) -> No
     edited = dataclasses.replace(again, stages=(again.stages[0], dataclasses.replace(again.stages[1], chunks=(
         again.stages[1].chunks[0], chunk)), *again.stages[2:]))
     assert any("stage 1 chunk 1: recorded fwd_s" in v for v in check_plan(edited).violations)
-    with pytest.raises(ConfigError, match="interleaved virtual stages are planned and checked but not run yet"):
-        preflight(again, model="gpt-tiny", seq=16, schedule=again.training.schedule)
+    preflight(again, model="gpt-tiny", seq=16, schedule=again.training.schedule)  # runs (test_interleaved_runtime)
+    with pytest.raises(ConfigError, match="runs 1 chunk per card, the plan was cut into 2"):
+        preflight(again, model="gpt-tiny", seq=16, schedule="1f1b")  # its chunks are its cut
+    from hetpipe.runtime.run import run
+    with pytest.raises(ConfigError, match="--resume: an interleaved plan"):  # refused before any launch
+        run(again, model="gpt-tiny", seq=16, steps=1, resume=str(tmp_path))
 
 
 def test_schedule_option_and_auto_with_interleaving(monkeypatch) -> None:

@@ -123,3 +123,20 @@ def test_a_zb_1f1b_run_peaks_within_5_percent_below_the_plan(tmp_path):
     for st, planned in zip(report.stages, Plan.load(tmp_path / "plan.json").stages):
         ratio = st.peak_bytes / planned.memory_bytes
         assert 1 - TOLERANCE <= ratio <= 1.0, (st.stage, ratio, st.peak_action, dict(st.peak_breakdown))
+
+
+def test_a_warm_up_list_that_deadlocks_when_receives_wait_for_sends_holds_its_send_frames():
+    """The runtime waits for a rank's sends at its receives only where the whole schedule is deadlock-free
+    with that rule (`runtime/execute/agreement.py`); the memory model follows it."""
+    from hetpipe.schedule.builders import make_schedule, rank_actions
+    from hetpipe.schedule.held import replay_held
+    from hetpipe.schedule.validate import sends_may_wait_at_recv
+
+    safe, unsafe = "zb-1f1b@2,1,0,0", "zb-1f1b@3,2,2,0"
+    assert sends_may_wait_at_recv(make_schedule(safe, 4, 8), num_stages=4, microbatches=8)
+    assert not sends_may_wait_at_recv(make_schedule(unsafe, 4, 8), num_stages=4, microbatches=8)
+    for s in range(1, 4):
+        held = max(c.in_grad_frames for c in stage_held_terms(4, s, 8, schedule=unsafe))
+        waited = max(c.in_grad_frames for c in replay_held(rank_actions(unsafe, 4, 8, s), prefetch=3))
+        assert held >= waited and max(c.in_grad_frames for c in stage_held_terms(4, s, 8, schedule=safe)) <= held
+    assert max(c.in_grad_frames for c in stage_held_terms(4, 3, 8, schedule=unsafe)) > 1

@@ -56,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
                         "state in host memory where that lowers T, paying the PCIe copies and the host step) | all")
     p.add_argument("--schedule", dest="plan_schedule", default="1f1b",
                    help="pipeline schedule: 1f1b (default) | zb-1f1b | zb-h1 (zero-bubble: backward split) | "
-                        "interleaved:V (V chunks per card; planned, not run yet) | auto (the fastest for this plan)")
+                        "interleaved:V (V chunks per card) | auto (the fastest for this plan)")
     p.add_argument("--tensor-parallel", default="off",
                    help="off (default) | auto (a stage may run on a group of up to 4 cards of one node, each "
                         "layer split unevenly by speed and memory; `hetpipe run` does not run groups yet)")

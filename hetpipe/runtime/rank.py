@@ -123,13 +123,17 @@ def capture_for_plan(plan: Plan, *, model: str, seq: int | None) -> tuple[Any, t
 
 
 def node_to_stage(plan: Plan, graph_module: Any) -> dict[str, int]:
-    """fx node name -> stage index, from the plan's units and stage ranges.
+    """fx node name -> stage index, from the plan's units and stage ranges; for an interleaved plan,
+    its virtual stage (chunk c of plan stage r is ``c p + r``, `hetpipe.plan.chunk_schema`).
 
     Example:
         >>> # plan stage 0 holds units 0-1, stage 1 unit 2: every node of units 0-1 maps to 0
     """
     known = {n.name for n in graph_module.graph.nodes}
-    unit_stage = {u: st.index for st in plan.stages for u in range(st.first_unit, st.last_unit + 1)}
+    p = len(plan.stages)
+    ranges = [(c * p + st.index, ch.first_unit, ch.last_unit) for st in plan.stages for c, ch in enumerate(st.chunks)]
+    ranges = ranges or [(st.index, st.first_unit, st.last_unit) for st in plan.stages]
+    unit_stage = {u: k for k, first, last in ranges for u in range(first, last + 1)}
     out: dict[str, int] = {}
     for unit in plan.units:
         for name in unit.node_names:

@@ -43,6 +43,7 @@ from hetpipe.plan.schema import Plan
 from hetpipe.runtime.checkpoint.options import checkpoint_args
 from hetpipe.runtime.faults.carry import InjectionCarrier
 from hetpipe.runtime.faults.options import FaultArgs, check_wait_for_return, fault_args
+from hetpipe.runtime.interleaved_run import plan_chunks, refuse_unrunnable_interleaved
 from hetpipe.runtime.launch import LaunchSpec, launch
 from hetpipe.runtime.tp_run import check_shardable
 from hetpipe.runtime.report import RankResult, RunReport, build_report
@@ -63,13 +64,11 @@ def preflight(plan: Plan, *, model: str, seq: int | None, schedule: str, data: A
     ``weights`` that lack a tensor of the model or hold one of another shape (headers only); returns
     the UnitGraph."""
     from hetpipe.schedule.builders import make_schedule, validate_schedule
-    from hetpipe.schedule.interleaved import parse_interleaved
+    from hetpipe.runtime.interleaved_run import check_schedule
     from hetpipe.plan.tables import verify_tables
     from hetpipe.runtime.rank import capture_for_plan
     refuse_unrunnable_groups(plan, schedule)  # issue 15: what groups do not run yet, each with its fix
-    if parse_interleaved(schedule) or any(st.chunks for st in plan.stages):  # issue 17: priced, not executed yet
-        raise ConfigError(f"schedule {plan.training.schedule}: interleaved virtual stages are planned and checked but "
-                          "not run yet (one stage per rank); re-plan with --schedule 1f1b, zb-1f1b or auto")
+    check_schedule(plan, schedule)  # interleaved: the plan's chunk count, no replicas or groups (interleaved_run.py)
     if plan.replicas:  # each replica is its own pipeline
         from hetpipe.runtime.replicas.trainer import check_runnable
 
@@ -245,6 +244,7 @@ def run(
     launching; `RuntimeFailure` naming the rank, stage and action if a rank fails.
     """
     plan = plan if isinstance(plan, Plan) else Plan.load(plan)
+    refuse_unrunnable_interleaved(plan_chunks(plan), locals())  # what interleaved runs do not take yet
     if max_restarts is not None or adapt or wait_for_return is not None:
         return _supervised(plan, locals())
     if timeout_s is None:

@@ -6,38 +6,33 @@ name; or set ``HETPIPE_NODE``) and local rank k runs the k-th stage placed on th
 node, whatever global rank the c10d rendezvous gave it (`stage_for`).  A plan with
 tensor-parallel groups runs one rank per card instead (`hetpipe.plan.group_run.rank_slots`:
 each group's lead first); after the join its members cut their shards and every rank learns the
-layout (`hetpipe.runtime.tp_run.setup_groups`).  In order,
-with nothing distributed before step 5:
+layout (`hetpipe.runtime.tp_run.setup_groups`).  In order, with nothing distributed before step 5:
 
 1. re-capture ``--model`` on the meta device and verify the plan's fingerprint;
 2. map the plan units' fx node names to stage indices;
 3. build the schedule (``training.schedule`` unless ``--schedule``) and validate it;
-4. split the traced graph and build only this rank's stage (`hetpipe.runtime.stage.build`);
-5. join the process group, once, whatever the plan version (gloo on CPU, NCCL when CUDA
-   is available), build the optimizer named by ``training.optimizer`` and the
-   `PipelineExecutor`;
-6. with ``--emulate``: measure one serialised F+B of every stage, choose the time
-   scale (`hetpipe.runtime.emulate.pipeline.choose_time_scale`) and install the emulation hooks;
-7. run ``--steps`` steps (a monitored barrier, then the rank's action list) on seeded
-   synthetic data or ``--data``, touching ``progress-rank<r>`` after each step and, through
-   `hetpipe.runtime.execute.heartbeat`, at least every second while actions finish; with
-   ``--resume`` the stage, its optimizer state and the data position are restored first and the
-   steps continue after the checkpoint's; with ``--checkpoint-dir`` every ``--checkpoint-every``
-   steps and at the end every rank saves its stage (`hetpipe.runtime.checkpoint.state`);
+4. split the traced graph and build only this rank's stage, or chunks (`hetpipe.runtime.stage.build`);
+5. join the process group, once, whatever the plan version (gloo on CPU, NCCL when CUDA is available),
+   build the optimizer named by ``training.optimizer`` and the `PipelineExecutor`;
+6. with ``--emulate``: measure one serialised F+B of every stage (chunk: `hetpipe.runtime.interleaved_run`), choose
+   the time scale (`hetpipe.runtime.emulate.pipeline.choose_time_scale`) and install the emulation hooks;
+7. run ``--steps`` steps (a monitored barrier, then the rank's action list) on seeded synthetic data or
+   ``--data``, touching ``progress-rank<r>`` after each step and, through `hetpipe.runtime.execute.heartbeat`,
+   at least every second while actions finish; with ``--resume`` the stage, its optimizer state and the data
+   position are restored first and the steps continue after the checkpoint's; with ``--checkpoint-dir`` every
+   ``--checkpoint-every`` steps and at the end every rank saves its stage (`hetpipe.runtime.checkpoint.state`);
 8. write ``result-rank<r>.json``; on any failure write ``error-rank<r>.json`` naming
    the rank, stage and action, and exit 1 (torchrun then tears the job down).
 
-A replica plan (version 2) runs the same loop: it is checked against the world size
-before step 5 (`hetpipe.runtime.replicas.trainer.check_runnable`), steps 1-4 happen in a
-`ReplicaTrainer` after the join (it makes the replicas' process groups), and with
-``--emulate`` `hetpipe.runtime.emulate.replicas` calibrates every replica and delays the
-sync to the plan's time.  Each step is one global batch; the last stage of each replica
-reports the replicas' sample-weighted loss.  ``--checkpoint-dir`` / ``--resume`` work as for a
-pipeline, in the same files (`hetpipe.runtime.checkpoint.replicas`: replica 0 writes each tensor).
+A replica plan (version 2) runs the same loop: it is checked against the world size before step 5
+(`hetpipe.runtime.replicas.trainer.check_runnable`), steps 1-4 happen in a `ReplicaTrainer` after the join
+(it makes the replicas' process groups), and with ``--emulate`` `hetpipe.runtime.emulate.replicas` calibrates
+every replica and delays the sync to the plan's time.  Each step is one global batch; the last stage of each
+replica reports the replicas' sample-weighted loss.  ``--checkpoint-dir`` / ``--resume`` work as for a pipeline,
+in the same files (`hetpipe.runtime.checkpoint.replicas`: replica 0 writes each tensor).
 
 Example:
-    $ torchrun --standalone --nproc-per-node=3 -m hetpipe.runtime.worker plan.json \\
-        --model gpt-demo --steps 4 --run-dir run --emulate
+    $ torchrun --standalone --nproc-per-node=3 -m hetpipe.runtime.worker plan.json --model gpt-demo --steps 4 --emulate
 """
 
 from __future__ import annotations
@@ -169,9 +164,10 @@ class _Run:
         from hetpipe.runtime.execute.executor import PipelineExecutor
         from hetpipe.runtime.execute.options import ExecutorOptions
 
-        return PipelineExecutor(self.stage, rank=self.rank, num_stages=self.num_stages, schedule_actions=actions,
+        v = len(getattr(self.stage, "modules", (self.stage,)))  # interleaved: chunk c p + r on stage r's rank
+        return PipelineExecutor(self.stage, rank=self.rank, num_stages=self.num_stages * v, schedule_actions=actions,
                                 loss_fn=loss_fn, optimizer=optimizer, microbatches=microbatches,
-                                stage_ranks=self.stage_ranks, options=ExecutorOptions(timeout_s=self.args.timeout),
+                                stage_ranks=list(self.stage_ranks) * v, options=ExecutorOptions(timeout_s=self.args.timeout),
                                 hooks=hooks, wiring=self.wiring)
 
     def data(self, start: int = 0) -> Any:
@@ -188,7 +184,8 @@ def prepare(args: argparse.Namespace, state: RankState, *, plan: Plan | None = N
     weights) come from `hetpipe.runtime.trainer.Trainer`.
     """
     from hetpipe.schedule.builders import make_schedule, validate_schedule
-    from hetpipe.runtime.stage.build import build_stage, split_stages
+    from hetpipe.runtime.execute.chunks import RankStages
+    from hetpipe.runtime.stage.build import build_chunks, split_stages
     from hetpipe.runtime.stage.weights import check_stage, open_weights, saved_names
 
     state.phase = "loading the plan"
@@ -211,15 +208,16 @@ def prepare(args: argparse.Namespace, state: RankState, *, plan: Plan | None = N
     schedule = make_schedule(args.schedule or plan.training.schedule, p, m)
     validate_schedule(schedule, num_stages=p, num_microbatches=m)
     state.phase = "building the stage"
-    program = split_stages(graph.module, mapping, example_inputs=example, num_stages=p)
+    program = split_stages(graph.module, mapping, example_inputs=example, num_stages=p * max(1, len(plan.stages[0].chunks)))
     if state_dict is None and getattr(args, "weights", None):
         state.phase = "checking --weights"
         state_dict = open_weights(args.weights)
         check_stage(program, state.stage, state_dict)  # names and shapes from the headers, before any read
         state.phase = "building the stage"
-    stage = build_stage(program, state.stage, state_dict=state_dict, device=device_backend(local_rank)[1], seed=args.seed,
-                        buffers=ModelBuffers(resolve_for_plan(plan, model=args.model, seq=args.seq).model),
-                        recompute=recompute_nodes(plan, state.stage))
+    built = build_chunks(program, state.stage, ranks=p, state_dict=state_dict, device=device_backend(local_rank)[1],
+                         seed=args.seed, buffers=ModelBuffers(resolve_for_plan(plan, model=args.model, seq=args.seq).model),
+                         recompute=recompute_nodes(plan, state.stage))
+    stage = built[0] if len(built) == 1 else RankStages.of(built)  # interleaved: the rank's chunks
     run = _Run(args, plan, stage, state.stage, schedule[state.stage], graph.module, example)
     run.saved_names = saved_names(program, state.stage)
     run.program, run.slot, run.units = program, slot, graph.units
@@ -257,6 +255,10 @@ def _emulation_hooks(run: _Run, loss_fn: Any, batch: tuple[Any, Any] | None) -> 
     from hetpipe.runtime.emulate.pipeline import DEFAULT_SAFETY_FACTOR, EmulationHooks, StageTiming, choose_time_scale
     from hetpipe.schedule.builders import is_split
 
+    if hasattr(run.stage, "modules"):  # an interleaved plan's chunks, each emulated on its own (interleaved_run.py)
+        from hetpipe.runtime.interleaved_run import emulation_hooks
+        return emulation_hooks(run, loss_fn=loss_fn, safety_factor=run.args.safety_factor,
+                               inputs=(mb := _microbatches(batch, run.plan, run.index))[0], targets=mb[1])
     plan, s = run.plan, run.index
     measured = calibrate(run, loss_fn=loss_fn, batch=batch)
     split = is_split(run.args.schedule or plan.training.schedule)  # B and W emulated apart

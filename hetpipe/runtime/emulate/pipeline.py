@@ -375,15 +375,18 @@ class EmulationHooks(RecordingHooks):
             over on that cut (cut == stage: activations forward; cut == stage - 1: gradients back).
         time_scale: real seconds per emulated second.
         origin: how the time scale was chosen (kept for the run report).
+        chunk_predicted: virtual stage -> its F/B seconds, for a rank holding several chunks of an
+            interleaved plan (each action is stretched to its own chunk's; ``predicted`` is chunk 0's).
     """
 
     exact_memory = True  # the limit is enforced on what the stage really holds, every step
 
     def __init__(self, *, rank: int, stage: int, device_label: str, usable_bytes: int, predicted: StageTiming,
                  links: Mapping[int, tuple[float, float]], time_scale: float,
-                 origin: TimeScale | None = None) -> None:
+                 origin: TimeScale | None = None, chunk_predicted: Mapping[int, StageTiming] | None = None) -> None:
         super().__init__()
         self.predicted, self.time_scale, self.origin = predicted, time_scale, origin
+        self.chunk_predicted = dict(chunk_predicted or {})
         self.late_messages = 0
         self.worst_late_s = 0.0  # longest real wait past a message's emulated arrival
         self.compute = ComputeStretch()
@@ -402,7 +405,7 @@ class EmulationHooks(RecordingHooks):
             if remaining > 0:
                 time.sleep(remaining)
             return
-        pred = self.predicted
+        pred = self.chunk_predicted.get(action.stage, self.predicted)
         emulated = {"F": pred.fwd_s, "B": pred.bwd_s - pred.bwd_weight_s, "W": pred.bwd_weight_s}[op]
         target = self.time_scale * emulated
         elapsed = time.monotonic() - self._start_s

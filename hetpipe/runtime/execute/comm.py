@@ -18,7 +18,10 @@ wrong shape, dtype, micro-batch or peer is reported by name on *both* ends
 instead of a silent mis-read or a hang: a sender that produced a wrong tensor
 still sends the (truthful) header, skips the data and raises.  Tags make every
 message of a step unique (gloo matches on them; NCCL matches in issue order,
-which the executor keeps per peer).
+which the executor keeps per peer).  A rank of an interleaved plan holds several chunks
+(`StageComm.hold`), so one pair of ranks carries one cut per chunk: the tag then counts
+``microbatch * lanes + lane``, the lane being the cut's chunk (``cut index // ranks``; always 0,
+and the tags unchanged, for a plain pipeline).
 
 Waits never block forever: `wait_work` bounds each one by ``timeout_s`` (gloo's
 ``Work.wait(timeout)``; other backends poll ``is_completed``) and turns a
@@ -270,7 +273,20 @@ class StageComm:
         self.header_device = stage.device if distributed and not self.gloo else torch.device("cpu")
         self._send_delay_s, self._on_bytes, self._on_arrived = send_delay_s, on_comm_bytes, on_arrived
         self.wait_sends_at_recv = False  # set by the executor (see its ``wait_sends_at_recv``)
+        self.chunks: dict[int, StageModule] = {stage.stage: stage}
+        self.ranks = len(set(self.stage_ranks)) or 1  # a rank per chunk 0 stage
+        self.lanes = max(1, len(self.stage_ranks) // self.ranks)  # chunks per rank
         self.reset()
+
+    def hold(self, modules: Sequence[StageModule]) -> None:
+        """This rank runs every module in ``modules`` (the chunks of an interleaved plan)."""
+        self.chunks = {m.stage: m for m in modules}
+        if len(modules) > 1:  # one module: `where` as built (a group member's names its lead)
+            self.where = f"rank {self.rank} (stages {', '.join(str(k) for k in sorted(self.chunks))})"
+
+    def tag(self, kind: int, microbatch: int, cut: int) -> int:
+        """The tag of a step message over cut ``cut`` (module docstring: one lane per chunk)."""
+        return message_tag(kind, microbatch=microbatch * self.lanes + cut // self.ranks, index=0)
 
     def reset(self) -> None:
         """Forget the previous step's (completed) messages."""
@@ -289,11 +305,11 @@ class StageComm:
 
     def peer(self, action: Action) -> int:
         step = -1 if action.op in (Op.RECV_F, Op.SEND_B) else 1
-        return self.stage_ranks[self.stage.stage + step]
+        return self.stage_ranks[action.stage + step]
 
     def message_specs(self, action: Action) -> tuple[int, tuple[TensorSpec, ...], int]:
         """(kind, specs, cut index) of the message an action sends or receives."""
-        s = self.stage
+        s = self.chunks[action.stage]
         if action.op in (Op.RECV_F, Op.SEND_F):
             cut = s.in_cut if action.op is Op.RECV_F else s.out_cut
             return KIND_ACT, cut.tensors, cut.index
@@ -301,36 +317,42 @@ class StageComm:
         return KIND_GRAD, cut.grad_tensors, cut.index
 
     def handshake(self, microbatches: int) -> None:
-        """Neighbours compare cut fingerprints, micro-batch and stage counts before the first step."""
-        s = self.stage
-        n = s.num_stages
+        """Neighbours compare cut fingerprints, micro-batch and stage counts before the first step
+        (one message per cut, every chunk's; the sends are posted before any receive is awaited)."""
         works = []
-        if s.out_cut is not None:
-            mine = torch.tensor([s.out_cut.fingerprint(), microbatches, n], device=self.header_device)
-            works.append(dist.isend(mine, self.stage_ranks[s.stage + 1], tag=HANDSHAKE_TAG))
-        if s.in_cut is not None:
-            prev = self.stage_ranks[s.stage - 1]
-            theirs = torch.zeros(3, dtype=torch.int64, device=self.header_device)
-            self.wait(dist.irecv(theirs, prev, tag=HANDSHAKE_TAG), f"the start-up handshake from rank {prev}",
-                      f"is rank {prev} alive?")
-            got, expected = theirs.cpu().tolist(), [s.in_cut.fingerprint(), microbatches, n]
-            if got != expected:
-                raise RuntimeFailure(
-                    f"{self.where} and rank {prev} (stage {s.stage - 1}) disagree before the first step: peer has "
-                    f"(cut fingerprint, micro-batches, stages) = {tuple(got)}, this rank {tuple(expected)}; this "
-                    f"rank expects cut {s.in_cut.index} = [{', '.join(t.describe() for t in s.in_cut.tensors)}]. "
-                    "Build every stage from the same StagedProgram and schedule")
-        for work in works:
-            self.wait(work, "the start-up handshake", f"is rank {self.stage_ranks[s.stage + 1]} alive?")
+        for s in self.chunks.values():
+            if s.out_cut is not None:
+                mine = torch.tensor([s.out_cut.fingerprint(), microbatches, s.num_stages], device=self.header_device)
+                dst = self.stage_ranks[s.stage + 1]
+                works.append((dist.isend(mine, dst, tag=HANDSHAKE_TAG + s.out_cut.index // self.ranks), dst))
+        for s in self.chunks.values():
+            if s.in_cut is not None:
+                self._handshake_from(s, microbatches)
+        for work, dst in works:
+            self.wait(work, "the start-up handshake", f"is rank {dst} alive?")
+
+    def _handshake_from(self, s: StageModule, microbatches: int) -> None:
+        prev = self.stage_ranks[s.stage - 1]
+        theirs = torch.zeros(3, dtype=torch.int64, device=self.header_device)
+        tag = HANDSHAKE_TAG + s.in_cut.index // self.ranks
+        self.wait(dist.irecv(theirs, prev, tag=tag), f"the start-up handshake from rank {prev}",
+                  f"is rank {prev} alive?")
+        got, expected = theirs.cpu().tolist(), [s.in_cut.fingerprint(), microbatches, s.num_stages]
+        if got != expected:
+            raise RuntimeFailure(
+                f"{self.where} and rank {prev} (stage {s.stage - 1}) disagree before the first step: peer has "
+                f"(cut fingerprint, micro-batches, stages) = {tuple(got)}, this rank {tuple(expected)}; this "
+                f"rank expects cut {s.in_cut.index} = [{', '.join(t.describe() for t in s.in_cut.tensors)}]. "
+                "Build every stage from the same StagedProgram and schedule")
 
     def post_recv(self, action: Action) -> None:
         """Post the irecv of a RECV action's frame (idempotent)."""
         if action in self.posted:
             return
-        kind, specs, _ = self.message_specs(action)
+        kind, specs, cut = self.message_specs(action)
         src, mb = self.peer(action), action.microbatch
         frame = torch.empty(frame_layout(specs)[1], dtype=torch.uint8, device=self.stage.device)
-        works = [dist.irecv(frame, src, tag=message_tag(kind, microbatch=mb, index=0))]
+        works = [dist.irecv(frame, src, tag=self.tag(kind, mb, cut))]
         self.recvs[action] = Pending(action, src, specs, frame, works)
         self.posted.add(action)
         self._on_bytes(action, sum(t.num_bytes for t in specs))
@@ -352,7 +374,7 @@ class StageComm:
         return tensors
 
     def _check_header(self, h: WireHeader, p: Pending) -> None:
-        a, peer_stage = p.action, self.stage.stage + (-1 if p.action.op is Op.RECV_F else 1)
+        a, peer_stage = p.action, p.action.stage + (-1 if p.action.op is Op.RECV_F else 1)
         kind = KIND_ACT if a.op is Op.RECV_F else KIND_GRAD
         head = f"{self.where} received a wrong message on {a} from rank {p.peer} (stage {peer_stage})"
         if (h.stage, h.kind, h.microbatch) != (peer_stage, kind, a.microbatch):
@@ -377,10 +399,10 @@ class StageComm:
         num_bytes = sum(t.numel() * t.element_size() for t in tensors)
         delay_s = self._send_delay_s(cut, num_bytes)
         arrive_ns = time.monotonic_ns() + int(delay_s * 1e9) if delay_s > 0 else 0
-        header = encode_header(stage=self.stage.stage, kind=kind, microbatch=mb, arrive_ns=arrive_ns,
+        header = encode_header(stage=action.stage, kind=kind, microbatch=mb, arrive_ns=arrive_ns,
                                tensors=tensors)
         frame = pack_frame(header, tensors, specs, device=self.stage.device)
-        work = dist.isend(frame, dst, tag=message_tag(kind, microbatch=mb, index=0))
+        work = dist.isend(frame, dst, tag=self.tag(kind, mb, cut))
         if problem:  # tell the receiver the truth (the header), then stop: the data would be misread
             self.wait(work, f"{action} to rank {dst}", f"is rank {dst} alive?")
             raise RuntimeFailure(f"{self.where}: {action}: micro-batch {mb}, {problem}; the stage produced another "

@@ -66,7 +66,8 @@ class StepWatch:
         self.detector = StragglerDetector(margin=margin, steps=window_steps, first_step=first_step)
         self.records: list[StragglerRecord] = []
         self.step_ratios: list[StepRatios] = []
-        self.detect = detect and not plan.replicas and hasattr(hooks, "fwd_s")
+        # an interleaved plan's chunks are not judged yet: the ratios below are per stage (runtime/interleaved_run.py)
+        self.detect = detect and not plan.replicas and not plan.stages[0].chunks and hasattr(hooks, "fwd_s")
         self.step = first_step
         dev = plan.devices[plan.device_index()[plan.stages[stage].device]] if not plan.replicas else None
         self.device, self.kind = (dev.id, dev.kind) if dev is not None else ("", "")

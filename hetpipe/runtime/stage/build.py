@@ -402,6 +402,12 @@ def build_stage(program: StagedProgram, stage: int, *, state_dict: Mapping[str, 
         input_specs=program.stage_inputs(stage), tied_groups=program.tied, device=device, recomputed=recomputed)
 
 
+def build_chunks(program: StagedProgram, rank: int, *, ranks: int, **kwargs: Any) -> list[StageModule]:
+    """`build_stage` for each of rank ``rank``'s virtual stages: ``rank``, ``rank + ranks``, ... of
+    ``program`` (one for a plain pipeline, a rank's chunks under interleaved 1F1B)."""
+    return [build_stage(program, k, **kwargs) for k in range(rank, program.num_stages, ranks)]
+
+
 def _materialise(module: nn.Module, device: torch.device) -> None:
     """Replace every meta parameter/buffer by an empty one on ``device``, keeping ties.
 
