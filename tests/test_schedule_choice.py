@@ -7,6 +7,8 @@
 * extra warm-up forwards: on stage tables whose round trip outlasts 1F1B's in-flight micro-batches
   they lower T by a third, and a count that overflows a card is cut back until it fits;
 * slow links on uneven stages: ``auto`` picks a split schedule and it is faster;
+* ``auto`` searches placements for extra warm-ups (`warmup_search`): on slow links it moves to a
+  deeper pipeline with room for them, and the plan records it with its bound;
 * a plan records its schedule and W_s (version 5), `check` re-derives them, and a plan whose
   stage recomputes is refused for a split schedule before launch.
 """
@@ -43,6 +45,9 @@ def test_the_chosen_schedule_is_bounded_by_brute_force_over_placements_and_sched
         prob = random_problem(rng, units=rng.randint(2, 5), devices=rng.randint(1, 3),
                               microbatches=rng.randint(1, 8), objective="schedule", tight_memory=rng.random() < 0.5)
         prob = _slow(prob, rng.choice((1.0, 10.0, 50.0)))
+        # what a split backward keeps from B to W (0 under 1F1B); its own stream keeps the instances above
+        wg = random.Random(2300 + 31 * seed + i)
+        prob = dataclasses.replace(prob, weight_grad_bytes=tuple(wg.randint(0, a) for a in prob.activation_bytes))
         ref = min(brute_force(dataclasses.replace(prob, schedule=s)) for s in SCHEDULES)
         if math.isinf(ref):
             continue
@@ -133,3 +138,28 @@ def test_extra_warmups_cover_slow_round_trips_within_the_memory():
     assert evaluate(tight, stages).fits
     t2, cut, _ = with_warmup(tight, stages)
     assert evaluate(cut, stages).fits and plain > t2 > t and cut.schedule != warmed.schedule
+
+
+def test_auto_moves_to_a_deeper_pipeline_with_room_for_extra_warm_ups() -> None:
+    from hetpipe.partitioner.problem import DeviceSlot, Problem
+
+    # `warmup_search`'s example: six equal units, a slow link on every cut; two stages are the 1F1B
+    # optimum and no warm-up fits them, three cards have room for one more micro-batch on the first two
+    n = 6
+    prob = Problem(fwd_s={"a": (1.0,) * n}, bwd_s={"a": (2.0,) * n}, state_bytes=(10,) * n,
+                   activation_bytes=(4,) * n, boundary_bytes=(4.0,) * n, weight_grad_bytes=(2,) * n,
+                   devices=tuple(DeviceSlot(f"d{i}", "a", f"n{i}", 100) for i in range(3)),
+                   bandwidth_bytes_s=tuple(tuple(math.inf if i == j else 1.0 for j in range(3)) for i in range(3)),
+                   latency_s=((0.0,) * 3,) * 3, microbatches=8)
+    sol = solve(prob, time_limit_s=2.0)
+    chosen, got = choose_schedule(prob, sol, option="auto", limit_s=2.0)
+    ev = evaluate(chosen, got.stages)
+    assert "@" in chosen.schedule and len(got.stages) == 3 and ev.fits
+    assert ev.iteration_s == got.iteration_s < sol.iteration_s * (1 - 0.15), (chosen.schedule, got, sol)
+    assert got.bound_s <= got.iteration_s and got.status in ("OPTIMAL", "FEASIBLE")
+    assert got.status == "FEASIBLE" or got.bound_s >= got.iteration_s * (1 - 1e-9)
+    assert sorted(got.unused_devices) == [i for i in range(3) if i not in {st.device for st in got.stages}]
+    # the memory of its split schedule includes what W keeps: without it the same stages hold less
+    bare = evaluate(dataclasses.replace(chosen, weight_grad_bytes=()), got.stages)
+    if chosen.schedule.startswith("zb"):
+        assert any(a.memory_bytes > b.memory_bytes for a, b in zip(ev.stages, bare.stages))

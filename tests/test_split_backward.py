@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from hetpipe.runtime.execute.graph_shape import analyse, walk
+from hetpipe.partitioner.capture.graph_shape import analyse, walk
 from hetpipe.runtime.execute.split_backward import analysis_cache_info, backward_input, backward_weight
 
 RTOL, ATOL = 1e-6, 1e-7

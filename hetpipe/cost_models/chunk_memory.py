@@ -40,6 +40,7 @@ class ChunkTerms:
     out_grad_bytes: int | None = None  # None: the whole output cut
     recompute_saved_bytes: int = 0
     recompute_peak_bytes: int = 0
+    weight_grad_bytes: int = 0  # split schedules: what one micro-batch keeps from B to W
 
     def moment_bytes(self, c: HeldCounts) -> int:
         """What the chunk holds beyond state - G at a moment with counts `c` (recompute peak excluded)."""
@@ -47,7 +48,7 @@ class ChunkTerms:
         out_grad = self.out_bytes if self.out_grad_bytes is None else self.out_grad_bytes
         per_mb = self.activation_bytes - self.recompute_saved_bytes + self.in_bytes + self.out_bytes
         return c.bytes(grad_bytes=self.grad_bytes, per_microbatch=per_mb, in_bytes=self.in_bytes, in_grad=in_grad,
-                       out_bytes=self.out_bytes, out_grad=out_grad)
+                       out_bytes=self.out_bytes, out_grad=out_grad, weight_grad=self.weight_grad_bytes)
 
 
 def pipeline_rank_bytes(chunks: Sequence[ChunkTerms], held: Sequence[Sequence[HeldCounts]]) -> int:

@@ -17,7 +17,9 @@ from typing import Sequence
 #:    units of a stage, or a saved stage input or output, counted twice.
 #: 2: a storage a micro-batch keeps counts once, in the unit that produces it, and the held
 #:    share of the output cut (``boundary_held_bytes``) is counted in out_s only; messages and
-#:    gradients at the moments the runtime's action list holds them (`HeldCounts`).
+#:    gradients at the moments the runtime's action list holds them (`HeldCounts`); split
+#:    schedules also hold the gradients W reads (`HeldCounts.weight_grads`, plan version 5 tables:
+#:    a split plan without them prices them 0, as before).
 MEMORY_MODEL = 2
 
 #: Receives a pipeline rank posts ahead of the action that needs them (the runtime's
@@ -35,7 +37,8 @@ class HeldCounts:
     out``; messages of the input cut (``in_frames``: activation receives posted ahead;
     ``in_grad_frames``: gradient sends not yet waited for) and of the output cut
     (``out_frames``: activation sends not yet waited for; ``out_grad_frames``: gradient
-    receives posted ahead and received gradients kept until their backward).
+    receives posted ahead and received gradients kept until their backward); ``weight_grads``
+    micro-batches between a split backward's B and W, each keeping the gradients W reads.
     `hetpipe.schedule.held` replays the runtime's action lists to find them.
     """
 
@@ -46,24 +49,26 @@ class HeldCounts:
     out_frames: int = 0
     out_grad_frames: int = 0
     backward: int = 0  # 1: inside a backward, where a recomputed unit's activations live again
+    weight_grads: int = 0  # split backward: micro-batches past their B, before their W (what W reads)
 
     def dominated_by(self, other: HeldCounts) -> bool:
         return self.backward == other.backward and all(a <= b for a, b in zip(astuple(self), astuple(other)))
 
     def bytes(self, *, grad_bytes: int, per_microbatch: int, in_bytes: int, in_grad: int, out_bytes: int,
-              out_grad: int) -> int:
+              out_grad: int, weight_grad: int = 0) -> int:
         return (self.grads * grad_bytes + self.microbatches * per_microbatch + self.in_frames * in_bytes
-                + self.in_grad_frames * in_grad + self.out_frames * out_bytes + self.out_grad_frames * out_grad)
+                + self.in_grad_frames * in_grad + self.out_frames * out_bytes + self.out_grad_frames * out_grad
+                + self.weight_grads * weight_grad)
 
 
 def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_bytes: int, in_bytes: int,
                          out_bytes: int, held: Sequence[HeldCounts], in_grad_bytes: int | None = None,
                          out_grad_bytes: int | None = None, recompute_saved_bytes: int = 0,
-                         recompute_peak_bytes: int = 0) -> int:
+                         recompute_peak_bytes: int = 0, weight_grad_bytes: int = 0) -> int:
     """Bytes a pipeline stage holds at its peak: M_s of the optimisation contract.
 
     ``M_s = state - G + max_t (g_t·G + k_t·(A - saved_R + in + out) + i_t·in + i'_t·in' + o_t·out + o'_t·out'
-    [+ peak_R inside a backward])``
+    + w_t·Wg [+ peak_R inside a backward])``
 
     over the moments ``t`` of one training step (``held``: `hetpipe.schedule.held.stage_held_terms`):
 
@@ -81,7 +86,10 @@ def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_by
     * recomputed units R (`hetpipe.cost_models.recompute`): each in-flight micro-batch keeps
       only their inputs, ``saved_R = Σ_{u∈R} (A_u − in_u)`` less, and one recomputed unit's
       activations live again inside a backward, ``peak_R = max_{u∈R} A_u``: the moments ``t``
-      inside a backward (``HeldCounts.backward``) count, plus ``peak_R``, only when R is not empty.
+      inside a backward (``HeldCounts.backward``) count, plus ``peak_R``, only when R is not empty;
+    * split (zero-bubble) schedules: ``w_t`` micro-batches past their B and before their W, each
+      keeping ``Wg`` (``weight_grad_bytes``: the sum of its units' `Unit.weight_grad_bytes`, the
+      gradients W's matmuls read; 0 on the first stage, whose W is its whole backward).
 
     Example (a middle stage of 3 and the first, 4 micro-batches):
         >>> mid = (HeldCounts(1, 2, 1, 0, 1, 2), HeldCounts(1, 1, 2, 1, 0, 1))
@@ -96,7 +104,7 @@ def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_by
     in_grad = in_bytes if in_grad_bytes is None else in_grad_bytes
     out_grad = out_bytes if out_grad_bytes is None else out_grad_bytes
     sizes = dict(grad_bytes=grad_bytes, per_microbatch=activation_bytes - recompute_saved_bytes + in_bytes + out_bytes,
-                 in_bytes=in_bytes, in_grad=in_grad, out_bytes=out_bytes, out_grad=out_grad)
+                 in_bytes=in_bytes, in_grad=in_grad, out_bytes=out_bytes, out_grad=out_grad, weight_grad=weight_grad_bytes)
     peak = max(c.bytes(**sizes) for c in held if not c.backward)
     if recompute_peak_bytes > 0:  # inside a backward that recomputes
         peak = max([peak] + [c.bytes(**sizes) + recompute_peak_bytes for c in held if c.backward])

@@ -20,7 +20,7 @@ Objective (units u = 0..L-1; p stages; stage s on device d_s holds [l_s, r_s]):
                 (the H-1F1B estimate: `Evaluation.estimate_s`, the solvers' search surrogate,
                 and T itself for a problem whose `objective` is ``estimate``: plans before version 4)
     M_s       = sum state_bytes + tied_bytes(s) - G_s
-                + max_t ( g_t G_s + k_t (A_s + in_s + out_s) + i_t in_s + i'_t in'_s + o_t out_s + o'_t out'_s )
+                + max_t ( g_t G_s + k_t (A_s + in_s + out_s) + i_t in_s + i'_t in'_s + o_t out_s + o'_t out'_s + w_t Wg_s )
     A_s       = sum activation_bytes - boundary_held_bytes[r_s]: every storage a micro-batch keeps
                 for backward counted once, in the unit that produces it, less those the output
                 out_s already holds (`hetpipe.partitioner.capture.storages`)
@@ -39,8 +39,8 @@ Objective (units u = 0..L-1; p stages; stage s on device d_s holds [l_s, r_s]):
                       the runtime keeps a replica there (weights, gradient, optimizer state)
     constraint: M_s <= usable_bytes(d_s)
 
-With ``Problem.schedule`` one of `SPLIT_SCHEDULES` (ZB-H1, ZB-1F1B) T replays those lists instead
-(each backward split into B_s - W_s and W_s, W_s = `stage_weight_s`) and M_s takes their moments.
+With ``Problem.schedule`` one of `SPLIT_SCHEDULES` (ZB-H1, ZB-1F1B) T replays those lists (B_s - W_s, then W_s =
+`stage_weight_s`), M_s their moments: w_t micro-batches between B and W keep Wg_s = sum weight_grad_bytes (0 on s = 0).
 
 Activation recomputation (issue 14; `hetpipe.cost_models.recompute`): a stage may recompute a set R_s
 of its units (`Stage.recompute_units`); each u in R_s keeps only its input in_u = boundary_bytes[u - 1]
@@ -177,8 +177,10 @@ class Problem:
     grad_bytes: tuple[int, ...] = ()
     # Per unit: the part of boundary_bytes[u] that requires grad (the message back); () = the whole cut.
     boundary_grad_bytes: tuple[int, ...] = ()
-    # Per unit: what a recompute of it allocates again (`RecomputedUnit.saved_bytes`); () = activation_bytes.
+    # Per unit: what a recompute of it allocates again (`RecomputedUnit.saved_bytes`); () = activation_bytes;
+    # what a split backward keeps from B to W (`Unit.weight_grad_bytes`); () = none (plans before it).
     recompute_bytes: tuple[int, ...] = ()
+    weight_grad_bytes: tuple[int, ...] = ()
     # Optimizer-state offload (`hetpipe.cost_models.offload`): the lever's setting, the per-parameter
     # bytes (None = offload impossible: no optimizer/precision known), and -- for the solvers'
     # outer walk only (`solvers/offload_walk.py`) -- the most tail seconds a stage may pay for it.
@@ -204,12 +206,9 @@ class Problem:
         return self.recompute_bytes or self.activation_bytes
 
     def __post_init__(self) -> None:
-        if self.recompute not in RECOMPUTE_MODES:
-            raise ValueError(f"Problem.recompute is {self.recompute!r}; use one of {', '.join(RECOMPUTE_MODES)}")
-        if self.offload not in OFFLOAD_MODES:
-            raise ValueError(f"Problem.offload is {self.offload!r}; use one of {', '.join(OFFLOAD_MODES)}")
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"Problem.objective is {self.objective!r}; use one of {', '.join(OBJECTIVES)}")
+        for name, modes in (("recompute", RECOMPUTE_MODES), ("offload", OFFLOAD_MODES), ("objective", OBJECTIVES)):
+            if getattr(self, name) not in modes:
+                raise ValueError(f"Problem.{name} is {getattr(self, name)!r}; use one of {', '.join(modes)}")
         if self.schedule.partition("@")[0] not in SCHEDULES and parse_interleaved(self.schedule) is None:
             raise ValueError(f"Problem.schedule is {self.schedule!r}; use one of {', '.join(SCHEDULES)}")
 
@@ -220,8 +219,7 @@ class Problem:
     def comm_s(self, src: int, dst: int, cut_after: int) -> float:
         """C: one-way time of the cut after unit `cut_after` over link src -> dst.
 
-        A cut that carries 0 bytes still pays the latency: the stage still sends a message
-        (the contract is C = latency + bytes / bandwidth for every cut, with no exception).
+        A cut of 0 bytes still pays the latency (a message is sent): C = latency + bytes / bandwidth, every cut.
         """
         return self.latency_s[src][dst] + self.boundary_bytes[cut_after] / self.bandwidth_bytes_s[src][dst]
 
@@ -286,7 +284,9 @@ def stage_memory_terms(problem: Problem, stages: Sequence[Stage], s: int) -> Chu
         out_bytes=problem.boundary_bytes[st.last_unit] if s < p - 1 else 0,
         in_grad_bytes=grad_cut_bytes(problem, st.first_unit - 1) if s > 0 else 0,
         out_grad_bytes=grad_cut_bytes(problem, st.last_unit) if s < p - 1 else 0,
-        recompute_saved_bytes=rc.saved_bytes, recompute_peak_bytes=rc.peak_bytes)
+        recompute_saved_bytes=rc.saved_bytes, recompute_peak_bytes=rc.peak_bytes,
+        weight_grad_bytes=sum(problem.weight_grad_bytes[u] for u in units if s and is_split(problem.schedule)
+                              and problem.weight_grad_bytes))
 
 
 def grad_cut_bytes(problem: Problem, unit: int) -> int:

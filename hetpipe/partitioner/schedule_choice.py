@@ -7,10 +7,12 @@ each improved by `verify`'s local search with T and every M_s taken from that sc
 lists -- and keeps the fastest.  ZB-H1 holds up to min(p, m) micro-batches on every stage until
 their W (more than 1F1B's min(p - s, m) on later stages, so a placement that fits under 1F1B may
 not); ZB-1F1B holds 1F1B's.  Naming one schedule keeps that schedule's answer whatever it costs.
-With ``auto`` each answer is also tried with extra warm-up forwards (`with_warmup`).
-`warmup_search` (searching placements for them, deeper pipelines included) is not called here
-yet: its plans sit at the memory limit, where the split schedules' M_s is below what the runtime
-holds (docs/schedules.md, "Memory").
+With ``auto`` each answer is also tried with extra warm-up forwards (`with_warmup`), and
+`warmup_search` searches placements for them (deeper pipelines included) from every answer: its
+plans sit at the memory limit, safe since M_s prices what a split backward keeps from B to W
+(`HeldCounts.weight_grads`) and the runtime holds exactly M_s (tests/test_weight_grads.py).  The
+search is a descent, not exhaustive: the plan's status is OPTIMAL only when the recorded bound
+meets T, else FEASIBLE with the bound (the gap) beside it.
 
 A split schedule is searched without recomputation: the executor splits a backward with
 `torch.autograd.grad` and a checkpointed unit would recompute in both halves, so a problem that
@@ -35,7 +37,7 @@ from hetpipe.partitioner.interleave import (AUTO_INTERLEAVE_CHUNKS, choose_inter
 from hetpipe.partitioner.problem import Problem
 from hetpipe.partitioner.solvers.solve import Solution
 from hetpipe.partitioner.solvers.verify import Verified, schedule_bound, verify
-from hetpipe.partitioner.warmup_search import warmup_extras, with_warmup
+from hetpipe.partitioner.warmup_search import warmup_extras, warmup_search, with_warmup
 from hetpipe.schedule.builders import SPLIT_SCHEDULES
 from hetpipe.schedule.interleaved import parse_interleaved
 
@@ -110,6 +112,9 @@ def choose_schedule(problem: Problem, sol: Solution, *, option: str, limit_s: fl
     if option == "auto":
         found.append((sol.iteration_s, problem, sol.stages))
         found += [w for t, p, st in list(found) if (w := with_warmup(p, st)) is not None]
+        searched = warmup_search(problem, [st for _, _, st in found], limit_s=limit_s / 2)
+        if searched is not None:  # recorded with the original lever, like the split answers
+            found.append((searched[0], dataclasses.replace(searched[1], recompute=problem.recompute), searched[2]))
         found += interleave_candidates(problem, sol.stages, AUTO_INTERLEAVE_CHUNKS, limit_s=limit_s)
     best_s, chosen, stages = min(found, key=lambda f: f[0])
     zb_bound = schedule_bound(input_part_problem(problem))

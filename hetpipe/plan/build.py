@@ -106,6 +106,7 @@ def build_problem(graph: UnitGraph, cluster: Cluster, *, microbatches: int, reco
         grad_bytes=tuple(u.grad_bytes for u in graph.units),
         boundary_grad_bytes=tuple(u.boundary_grad_bytes for u in graph.units),
         recompute_bytes=tuple(u.recompute_bytes for u in graph.units),
+        weight_grad_bytes=tuple(u.weight_grad_bytes for u in graph.units),
         devices=tuple(DeviceSlot(d.id, d.kind, d.node, d.usable_bytes, d.host_link_bytes_s, d.host_memory_bytes_s)
                       for d in cluster.devices),
         bandwidth_bytes_s=bandwidth,
@@ -197,6 +198,8 @@ def _plan_units(graph: UnitGraph, problem: Problem) -> tuple[PlanUnit, ...]:
             grad_bytes=problem.grad_bytes[u.index] if problem.grad_bytes else 0,
             boundary_grad_bytes=problem.boundary_grad_bytes[u.index] if problem.boundary_grad_bytes else 0,
             recompute_bytes=problem.recompute_bytes[u.index] if problem.recompute_bytes else 0,
+            # only split plans (version 5) hold gradients from B to W
+            weight_grad_bytes=u.weight_grad_bytes if is_split(problem.schedule) else 0,
             time_s={k: UnitTimes(fwd=problem.fwd_s[k][u.index], bwd=problem.bwd_s[k][u.index],
                                  step=problem.step_s[k][u.index] if k in problem.step_s else 0.0)
                     for k in problem.fwd_s},
@@ -448,7 +451,9 @@ def _left_out_reasons(problem: Problem, sol: Any, *, solver: str, time_limit_s: 
         why = f"the model has only {problem.num_units} units for {n} devices"
     else:
         try:
-            plain = problem if chunks_of(problem.schedule) == 1 else dataclasses.replace(problem, schedule="1f1b")
+            # a warm-up schedule names one count per stage of its own depth: all n stages get its base
+            base = "1f1b" if chunks_of(problem.schedule) > 1 else problem.schedule.partition("@")[0]
+            plain = dataclasses.replace(problem, schedule=base)
             full = solve(plain, solver=solver, time_limit_s=time_limit_s, seed=seed, num_stages=n)
             why = (
                 f"the best plan using all {n} devices predicts {full.iteration_s:.4g} s per iteration vs "

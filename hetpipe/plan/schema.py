@@ -4,9 +4,8 @@ A plan records the tables the solver optimised (per-unit costs and times per
 device kind, devices, links, micro-batches), the chosen stages, the predicted
 iteration, the solver's status and bound, and the baselines.  Anyone can
 re-check it from the file alone: `check_plan` rebuilds the `Problem` from the
-recorded tables and recomputes T and every M_s with `problem.evaluate`.
-
-`check_plan` lives in `plan.check` (it never needs the planner).
+recorded tables and recomputes T and every M_s with `problem.evaluate`
+(`check_plan` lives in `plan.check`: it never needs the planner).
 
 Example (a plan saved, loaded back unchanged, and rebuilt into the solver's problem):
     >>> import tempfile
@@ -172,6 +171,7 @@ class PlanUnit:
     tp_flops_fraction: float = field(default=0.0, metadata={"since": 4})
     tp_param_fraction: float = field(default=0.0, metadata={"since": 4})
     tp_blocks: tuple[PlanBlock, ...] = field(default=(), metadata={"since": 4})
+    weight_grad_bytes: int = field(default=0, metadata={"since": 5})  # split plans: kept from B to W (`Unit`'s)
 
 
 @dataclass(frozen=True)
@@ -456,10 +456,10 @@ def problem_from_plan(plan: Plan) -> Problem:
         grad_bytes=tuple(u.grad_bytes for u in plan.units),
         boundary_grad_bytes=tuple(u.boundary_grad_bytes for u in plan.units) if plan.memory_model >= 2 else (),
         recompute_bytes=tuple(u.recompute_bytes for u in plan.units) if plan.memory_model >= 2 else (),
+        weight_grad_bytes=tuple(u.weight_grad_bytes for u in plan.units),
         devices=tuple(DeviceSlot(d.id, d.kind, d.node, d.usable_bytes, d.host_link_bytes_s, d.host_memory_bytes_s)
                       for d in plan.devices),
-        bandwidth_bytes_s=tuple(tuple(row) for row in bandwidth),
-        latency_s=tuple(tuple(row) for row in latency),
+        bandwidth_bytes_s=tuple(tuple(row) for row in bandwidth), latency_s=tuple(tuple(row) for row in latency),
         microbatches=plan.training.microbatches,
         tied=tuple(TiedCopy(t.units[0], tuple(t.units), t.state_bytes) for t in plan.model.tied
                    if t.units and t.state_bytes),

@@ -21,12 +21,19 @@ gradient messages of a cut carry only its tensors that require grad
 
 Example (1F1B, 3 stages, 4 micro-batches): the first stage holds 3 micro-batches either
 after its warm-up (3 sends not yet waited for and 3 gradient receives posted ahead, no
-parameter gradients yet) or after its 4th forward (gradients, 1 send, 3 receives):
+parameter gradients yet) or after its 4th forward (gradients, 1 send, 3 receives); the fields
+in order: grads, microbatches, in_frames, in_grad_frames, out_frames, out_grad_frames,
+backward, weight_grads (split schedules only):
     >>> for c in stage_held_terms(3, 0, 4):
-    ...     print(c)
-    HeldCounts(grads=1, microbatches=3, in_frames=0, in_grad_frames=0, out_frames=1, out_grad_frames=3, backward=0)
-    HeldCounts(grads=1, microbatches=3, in_frames=0, in_grad_frames=0, out_frames=0, out_grad_frames=3, backward=1)
-    HeldCounts(grads=0, microbatches=3, in_frames=0, in_grad_frames=0, out_frames=3, out_grad_frames=3, backward=0)
+    ...     print(dataclasses.astuple(c))
+    (1, 3, 0, 0, 1, 3, 0, 0)
+    (1, 3, 0, 0, 0, 3, 1, 0)
+    (0, 3, 0, 0, 3, 3, 0, 0)
+
+A middle stage of ZB-1F1B keeps a micro-batch's W gradients (and no longer its received
+gradient, which W reads through them) from its B to its W:
+    >>> max(c.weight_grads for c in stage_held_terms(3, 1, 4, schedule="zb-1f1b"))
+    1
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ from typing import Sequence
 
 from hetpipe.cost_models.stage_memory import RECV_PREFETCH, HeldCounts
 from hetpipe.schedule.actions import Action, Op
-from hetpipe.schedule.builders import rank_actions
+from hetpipe.schedule.builders import make_schedule, rank_actions
+from hetpipe.schedule.validate import sends_may_wait_at_recv
 
 _RECVS = (Op.RECV_F, Op.RECV_B)
 
@@ -46,16 +54,22 @@ _RECVS = (Op.RECV_F, Op.RECV_B)
 _FRAME = {Op.RECV_F: "in", Op.SEND_B: "in_grad", Op.SEND_F: "out", Op.RECV_B: "out_grad"}
 
 
-def replay_held(actions: Sequence[Action], *, prefetch: int) -> list[HeldCounts]:
-    """`HeldCounts` after each action of one rank's list (see the module docstring)."""
+def replay_held(actions: Sequence[Action], *, prefetch: int, waits_sends: bool = True) -> list[HeldCounts]:
+    """`HeldCounts` after each action of one rank's list (see the module docstring); ``waits_sends``:
+    a receive first waits for the rank's earlier sends (the runtime's rule where the whole schedule is
+    deadlock-free with it, `sends_may_wait_at_recv`; else sends are waited at the step only)."""
     posted: dict[Action, str] = {}
     sends: list[str] = []
     grads_in: set[int] = set()
     inflight, grads, out = 0, 0, []
     # A split backward (ZB-H1): B computes only the input gradient and keeps the micro-batch's
-    # graph (its A + in + out) and its received gradient for W, which adds the parameter
-    # gradients and frees them (`hetpipe.runtime.execute.split_backward`).
+    # graph (its A + in + out) and the gradients W reads (`weight_grads`, which include the
+    # received gradient where W reads a view of it) for W, which adds the parameter gradients and
+    # frees them (`hetpipe.runtime.execute.split_backward`).  The first stage's B computes
+    # nothing: it keeps the received gradient itself for W, its whole backward.
     last = Op.W if any(a.op is Op.W for a in actions) else Op.B
+    keeps_received = not actions or actions[0].stage == 0
+    weight = 0  # micro-batches past their B, before their W
     recv_at = [i for i, a in enumerate(actions) if a.op in _RECVS]
     ahead = 0  # recv_at[ahead] is the first receive at or after action i: one pass, not one scan per action
     for i, a in enumerate(actions):
@@ -64,7 +78,8 @@ def replay_held(actions: Sequence[Action], *, prefetch: int) -> list[HeldCounts]
         for j in recv_at[ahead:ahead + prefetch]:  # `PipelineExecutor._prefetch_plan` on gloo
             posted.setdefault(actions[j], _FRAME[actions[j].op])
         if a.op in _RECVS:
-            sends.clear()  # a receive first waits for the rank's earlier sends
+            if waits_sends:
+                sends.clear()  # a receive first waits for the rank's earlier sends
             posted.pop(a, None)
             if a.op is Op.RECV_B:
                 grads_in.add(a.microbatch)
@@ -73,21 +88,25 @@ def replay_held(actions: Sequence[Action], *, prefetch: int) -> list[HeldCounts]
         elif a.op is last:  # inside it (its received gradient already taken): what a recompute adds to
             grads_in.discard(a.microbatch)
             frames = [*posted.values(), *sends]
-            out.append(_counts(1, inflight, frames, len(grads_in), backward=1))
-            inflight, grads = inflight - 1, 1
-        elif a.op is Op.B:  # the input half of a split backward: the graph and the gradient stay for W
-            out.append(_counts(grads, inflight, [*posted.values(), *sends], len(grads_in), backward=1))
+            out.append(_counts(1, inflight, frames, len(grads_in), weight, backward=1))
+            inflight, grads, weight = inflight - 1, 1, weight - (last is Op.W)
+        elif a.op is Op.B:  # the input half of a split backward: the graph and W's gradients stay for W
+            out.append(_counts(grads, inflight, [*posted.values(), *sends], len(grads_in), weight, backward=1))
+            if not keeps_received:
+                grads_in.discard(a.microbatch)
+            weight += 1
         elif a.op in (Op.SEND_F, Op.SEND_B):
             sends.append(_FRAME[a.op])
         elif a.op is Op.STEP:
             sends.clear()
-        out.append(_counts(grads, inflight, [*posted.values(), *sends], len(grads_in)))
+        out.append(_counts(grads, inflight, [*posted.values(), *sends], len(grads_in), weight))
     return out
 
 
-def _counts(grads: int, inflight: int, frames: list[str], grads_held: int, backward: int = 0) -> HeldCounts:
+def _counts(grads: int, inflight: int, frames: list[str], grads_held: int, weight: int = 0,
+            backward: int = 0) -> HeldCounts:
     return HeldCounts(grads, inflight, frames.count("in"), frames.count("in_grad"), frames.count("out"),
-                      frames.count("out_grad") + grads_held, backward)
+                      frames.count("out_grad") + grads_held, backward, weight)
 
 
 def stage_held_terms(num_stages: int, stage: int, microbatches: int, *, schedule: str = "1f1b",
@@ -120,10 +139,21 @@ def steady_microbatches(in_flight: int, microbatches: int, prefetch: int) -> int
     return min(microbatches, in_flight + prefetch + 2)
 
 
+@functools.lru_cache(maxsize=1024)
+def _waits_sends(schedule: str, num_stages: int, microbatches: int) -> bool:
+    """Does the runtime wait for a rank's sends at its receives under `schedule` (`sends_may_wait_at_recv`)?
+    The built-in 1F1B and GPipe lists always may (tests/test_schedule.py)."""
+    if str(schedule).strip().lower() in ("1f1b", "gpipe"):
+        return True
+    return sends_may_wait_at_recv(make_schedule(schedule, num_stages, microbatches), num_stages=num_stages,
+                                  microbatches=microbatches)
+
+
 @functools.lru_cache(maxsize=4096)
 def _held_terms(num_stages: int, stage: int, microbatches: int, schedule: str,
                 prefetch: int) -> tuple[HeldCounts, ...]:
-    counts = replay_held(rank_actions(schedule, num_stages, microbatches, stage), prefetch=prefetch)
+    counts = replay_held(rank_actions(schedule, num_stages, microbatches, stage), prefetch=prefetch,
+                         waits_sends=_waits_sends(schedule, num_stages, microbatches))
     if stage == 0:
         counts = [dataclasses.replace(c, in_frames=0, in_grad_frames=0) for c in counts]
     if stage == num_stages - 1:
@@ -132,11 +162,11 @@ def _held_terms(num_stages: int, stage: int, microbatches: int, schedule: str,
     # `HeldCounts.dominated_by`, each tuple made once; a dominating term sorts before the one it
     # dominates, and domination is transitive, so checking the terms kept so far is enough
     kept: list[tuple[int, ...]] = []
-    names = [f.name for f in dataclasses.fields(HeldCounts)]  # `backward` last
+    names = [f.name for f in dataclasses.fields(HeldCounts) if f.name != "backward"] + ["backward"]  # `backward` last
     for a in (tuple(getattr(c, n) for n in names) for c in unique):
         if not any(a[-1] == b[-1] and all(x <= y for x, y in zip(a, b)) for b in kept):
             kept.append(a)
-    return tuple(HeldCounts(*a) for a in kept)
+    return tuple(HeldCounts(**dict(zip(names, a))) for a in kept)
 
 
 def position_held_terms(stages_after: int, *, first: bool, microbatches: int) -> tuple[HeldCounts, ...]:

@@ -36,6 +36,7 @@ class _Chunk:
     grads: int = 0  # 1 once the chunk's parameter gradients exist (its first backward)
     inflight: int = 0  # micro-batches forwarded, not yet through their (last) backward part
     grads_in: set[int] = dataclasses.field(default_factory=set)  # received gradients kept for a backward
+    weight: int = 0  # split backward: micro-batches past their B, before their W (`HeldCounts.weight_grads`)
 
 
 def replay_held_by_stage(actions: Sequence[Action], *, stages: Sequence[int],
@@ -65,9 +66,12 @@ def replay_held_by_stage(actions: Sequence[Action], *, stages: Sequence[int],
             c.grads_in.discard(a.microbatch)
             c.grads = 1
             out.append(_moment(stages, chunk, [*posted.values(), *sends], inside=a.stage))
-            c.inflight -= 1
-        elif a.op is Op.B:  # the input half of a split backward: the graph and the gradient stay for W
+            c.inflight, c.weight = c.inflight - 1, c.weight - (last is Op.W)
+        elif a.op is Op.B:  # the input half of a split backward: the graph and W's gradients stay for W
             out.append(_moment(stages, chunk, [*posted.values(), *sends], inside=a.stage))
+            if a.stage != 0:  # `replay_held`: W reads the received gradient through its own (stage 0: itself)
+                chunk[a.stage].grads_in.discard(a.microbatch)
+            chunk[a.stage].weight += 1
         elif a.op in (Op.SEND_F, Op.SEND_B):
             sends.append((_FRAME[a.op], a.stage))
         elif a.op is Op.STEP:
@@ -80,7 +84,7 @@ def _moment(stages: Sequence[int], chunk: dict[int, _Chunk], frames: list[tuple[
             inside: int | None = None) -> tuple[HeldCounts, ...]:
     return tuple(HeldCounts(chunk[s].grads, chunk[s].inflight, frames.count(("in", s)),
                             frames.count(("in_grad", s)), frames.count(("out", s)),
-                            frames.count(("out_grad", s)) + len(chunk[s].grads_in), int(s == inside))
+                            frames.count(("out_grad", s)) + len(chunk[s].grads_in), int(s == inside), chunk[s].weight)
                  for s in stages)
 
 

@@ -387,3 +387,22 @@ def compute_slots(schedule: Schedule) -> dict[int, list[tuple[int, Action]]]:
     done, slots = _abstract_run(schedule)
     _raise_if(_deadlock_problems(schedule, done))
     return slots
+
+
+def sends_may_wait_at_recv(schedule: Schedule, *, num_stages: int, microbatches: int) -> bool:
+    """Whether `schedule` is deadlock-free when each RECV first waits for the rank's earlier sends
+    (`validate_schedule` ``sends_wait_at_recv=True``): the runtime's gloo rule, and so the memory
+    model's (`hetpipe.schedule.held`), exactly when this holds.
+
+    Example:
+        >>> from hetpipe.schedule.builders import make_schedule
+        >>> sends_may_wait_at_recv(make_schedule("zb-1f1b@2,1,0", 3, 8), num_stages=3, microbatches=8)
+        True
+        >>> sends_may_wait_at_recv(make_schedule("zb-1f1b@3,2,2,0", 4, 8), num_stages=4, microbatches=8)
+        False
+    """
+    try:
+        validate_schedule(schedule, num_stages=num_stages, num_microbatches=microbatches, sends_wait_at_recv=True)
+    except ScheduleError:
+        return False
+    return True

@@ -416,7 +416,7 @@ def _build_units(gm: fx.GraphModule, groups: Sequence[Group], unit_of: dict[str,
             state_bytes=int(round(trainable[k] * per_param)) + frozen[k] * weight_b + buffers[k],
             activation_bytes=train.activation_bytes[k], boundary_bytes=boundary[k], boundary_held_bytes=held_cut[k],
             boundary_grad_bytes=grad_cut[k], recompute_bytes=train.recompute_bytes[k], memory_traffic_bytes=sum(costs[b].traffic_bytes for b in body),
-            op_count=sum(costs[b].kernels for b in body)))
+            op_count=sum(costs[b].kernels for b in body), weight_grad_bytes=train.weight_grad_bytes[k]))
     return tuple(units), _ties(gm, uses), sum(trainable) + sum(frozen)
 
 

@@ -59,6 +59,9 @@ class Unit:
         memory_traffic_bytes: forward bytes read+written by memory-bound ops
             (elementwise, norms, softmax); used by the time model.
         op_count: number of compute nodes (kernel launches) in the forward.
+        weight_grad_bytes: what a split (zero-bubble) backward keeps from the unit's B to its W
+            per micro-batch beyond its saved activations: the gradients W's matmuls read
+            (`hetpipe.partitioner.capture.weight_grads`); 0 on a stage whose inputs need none.
         tensor_parallel: the unit's blocks a tensor-parallel group can split (issue 15);
             empty: the unit runs width-1 (``tp_note`` says why).
         tp_flops_fraction: share of ``fwd_flops`` inside ``tensor_parallel`` blocks.
@@ -82,6 +85,7 @@ class Unit:
     grad_bytes: int = 0
     boundary_grad_bytes: int = 0
     recompute_bytes: int = 0
+    weight_grad_bytes: int = 0
     tensor_parallel: tuple[TensorParallelBlock, ...] = ()
     tp_flops_fraction: float = 0.0
     tp_param_fraction: float = 0.0

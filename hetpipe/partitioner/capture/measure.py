@@ -57,6 +57,7 @@ from hetpipe.cost_models.flops import CostCounter
 from hetpipe.cost_models.memory import tensor_bytes
 from hetpipe.errors import CaptureError
 from hetpipe.partitioner.capture.storages import StorageTracker
+from hetpipe.partitioner.capture.weight_grads import unit_weight_grad_bytes
 
 CALL_OPS = ("call_function", "call_method", "call_module")
 
@@ -193,6 +194,7 @@ class TrainingCosts:
     recompute_bytes: tuple[int, ...] = ()  # per unit: the storages it makes and saves itself
     # node -> (storage, bytes) of its held outputs; storage keys are unique within one capture
     held_output_storages: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    weight_grad_bytes: tuple[int, ...] = ()  # per unit: what a split backward keeps from B to W (`weight_grads`)
 
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
@@ -221,6 +223,7 @@ class _TrainingPass(_MetaInterpreter):
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _identity)
         self.leaves: dict[str, Any] = {}
         self.outputs: list[list[torch.Tensor]] = [[] for _ in range(num_units)]
+        self.inputs: list[list[torch.Tensor]] = [[] for _ in range(num_units)]  # the leaves each unit reads
 
     def _load(self, p: fx.Node, unit: int) -> Any:
         value = self.env[p]
@@ -229,6 +232,7 @@ class _TrainingPass(_MetaInterpreter):
         if p.name not in self.leaves:
             self.leaves[p.name] = _leaf(value)
             self.tracker.alias(self.leaves[p.name], value)
+        self.inputs[unit].extend(t for t in tree_leaves(self.leaves[p.name]) if isinstance(t, torch.Tensor))
         return self.leaves[p.name]
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
@@ -275,6 +279,8 @@ def measure_training(gm: fx.GraphModule, inputs: Sequence[Any], *, unit_of: Mapp
     run = _TrainingPass(gm, unit_of=unit_of, num_units=num_units, precision=precision, saved_outputs=saved_outputs)
     with torch.enable_grad():
         run.run(*inputs)
+        kept = tuple(unit_weight_grad_bytes(outs, ins, list(gm.parameters()), precision=precision)
+                     for outs, ins in zip(run.outputs, run.inputs))
         bwd = []
         counter = CostCounter(precision)
         with counter:
@@ -290,7 +296,8 @@ def measure_training(gm: fx.GraphModule, inputs: Sequence[Any], *, unit_of: Mapp
     return TrainingCosts(activation_bytes=run.tracker.held_bytes(num_units), bwd_flops=tuple(bwd),
                          held_output_bytes=held, grad_output_bytes=grad,
                          recompute_bytes=run.tracker.own_saved_bytes(num_units),
-                         held_output_storages={n.name: run.tracker.node_held_storages(n.name) for n in gm.graph.nodes})
+                         held_output_storages={n.name: run.tracker.node_held_storages(n.name) for n in gm.graph.nodes},
+                         weight_grad_bytes=kept)
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,7 @@ class StageCompute:
         if self.split:  # B: the inputs' gradients now, the parameters' at this micro-batch's W
             got, st.pending_w[k] = split_backward.backward_input(roots, grads if grads else None, inputs,
                                                                  list(stage.parameters()))
+            self.memory.add_retained(k, st.pending_w[k].held_tensors(), frames=grads or ())  # freed at W
             for x, g in zip(inputs, got):
                 x.grad = g
         elif roots:

@@ -64,7 +64,7 @@ import torch
 import torch.distributed as dist
 
 from hetpipe.errors import RuntimeFailure
-from hetpipe.runtime.execute import comm, heartbeat, prefetch
+from hetpipe.runtime.execute import agreement, comm, heartbeat, prefetch
 from hetpipe.runtime.execute.chunks import RankStages
 from hetpipe.runtime.execute.compute import StageCompute
 from hetpipe.runtime.execute.grad_clip import clip_grads
@@ -268,13 +268,14 @@ class PipelineExecutor:
             st.comm_wait_s += seconds
 
     def _agreed_builtin_schedule(self) -> bool:
-        """Does every rank run the same built-in list (`prefetch.agreed_builtin`; one all-reduce)?"""
-        code = 0
-        if len(self.stages) == 1:  # an interleaved list is none of them (`prefetch`: it would deadlock)
-            code = prefetch.builtin_code(self.actions, stage=self.stage.stage, num_stages=self.num_stages,
-                                         microbatches=self.microbatches)
-        return prefetch.agreed_builtin(code, group=self._group, wait=lambda work: self._collective(
-            work, "the start-up schedule agreement", self.stage_ranks))
+        """Are the ranks' lists together deadlock-free when each RECV first waits for the rank's earlier
+        sends (`agreement`: every rank's list all-gathered once at start-up, the same answer on every
+        rank)?  Interleaved lists are not (`prefetch`: they would deadlock)."""
+        every = agreement.gathered_schedule(self.actions, num_stages=self.num_stages, group=self._group,
+                                            wait=lambda work: self._collective(
+                                                work, "the start-up schedule agreement", self.stage_ranks))
+        return len(self.stages) == 1 and agreement.sends_may_wait_at_recv(
+            every, num_stages=self.num_stages, microbatches=self.microbatches)
 
     # ------------------------------------------------------------------ messages
 

@@ -74,6 +74,22 @@ class HeldBytes:
         self.totals["activations"] += added
         return added
 
+    def add_retained(self, mb: int, tensors: Sequence[torch.Tensor], *, frames: Sequence[torch.Tensor] = ()) -> int:
+        """Count what a split backward keeps from B to W as micro-batch ``mb``'s (each storage once).
+
+        ``frames``: the received gradient tensors; one that a kept tensor views (W reads the received
+        gradient itself) counts as its tensors' bytes, like `add`'s ``received``; the others were freed.
+
+        Example (W keeps a view of the received 16 bytes and an 8-byte gradient of its own):
+            >>> held = HeldBytes(set())
+            >>> got, other = torch.ones(4), torch.ones(2)
+            >>> held.add_retained(0, [got.view(2, 2), torch.zeros(2)], frames=[got, other])
+            24
+        """
+        ptrs = {k[0] for k in map(storage_key, tensors) if k}
+        kept = [t for t in frames if (k := storage_key(t)) and k[0] in ptrs]
+        return self.add(mb, tensors, received=kept)
+
     def add_known(self, mb: int, num_bytes: int) -> None:
         """Count ``num_bytes`` as micro-batch ``mb``'s activations without looking at storages.
 

@@ -8,9 +8,9 @@ outnumber cores (ranks then block often and data should flow meanwhile).  Off gl
 point-to-point operations in issue order per peer) a receive is never posted ahead of a send to
 the same peer.
 
-For the built-in GPipe/1F1B/ZB lists, a RECV first waits for this rank's earlier sends
-(``wait_sends_at_recv``; 3-8% faster, and deadlock-free for those lists: `validate_schedule`
-``sends_wait_at_recv=True``).  Interleaved 1F1B is not among them: with m > p it deadlocks in that
+Where every rank's list together is deadlock-free with it (`agreement`: `validate_schedule`
+``sends_wait_at_recv=True`` on the lists all-gathered at start-up), a RECV first waits for this
+rank's earlier sends (``wait_sends_at_recv``; 3-8% faster).  Interleaved 1F1B is not: with m > p it deadlocks in that
 mode (rank 0's RECV_B would wait for a send to rank 1 that rank 1 receives only after its own
 RECV_B, which waits for a send to rank 0), so its sends are waited at STEP.
 
@@ -26,19 +26,16 @@ from __future__ import annotations
 import os
 from typing import Callable, Sequence
 
-import torch
 import torch.distributed as dist
 
 from hetpipe.cost_models.stage_memory import RECV_PREFETCH
 from hetpipe.schedule.actions import Action, Op
-from hetpipe.schedule.builders import make_schedule
 
 RECVS = (Op.RECV_F, Op.RECV_B)
 SENDS = (Op.SEND_F, Op.SEND_B)
 # Receives posted ahead off gloo (the next one and two more: covers a 1F1B F-B-F window); the
 # memory model counts a buffer for each (`hetpipe.cost_models.stage_memory.RECV_PREFETCH`).
 PREFETCH_DEPTH = RECV_PREFETCH
-_BUILTIN = ("gpipe", "1f1b", "zb-h1", "zb-1f1b")  # lists deadlock-free with wait_sends_at_recv
 
 
 def default_prefetch(gloo: bool) -> int:
@@ -48,24 +45,6 @@ def default_prefetch(gloo: bool) -> int:
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return PREFETCH_DEPTH if local_ranks > cores else 0
-
-
-def builtin_code(actions: Sequence[Action], *, stage: int, num_stages: int, microbatches: int) -> int:
-    """1 + the index in the built-in names of the list ``actions`` equals on ``stage``, or 0."""
-    return next((i + 1 for i, name in enumerate(_BUILTIN)
-                 if list(actions) == make_schedule(name, num_stages, microbatches)[stage]), 0)
-
-
-def agreed_builtin(code: int, *, group: object, wait: Callable[[object], None]) -> bool:
-    """Does every rank run the same built-in list (one all-reduce of ``code``, `builtin_code`)?
-
-    Those are deadlock-free with ``wait_sends_at_recv``; a mix of them is not (GPipe stages before a
-    1F1B last stage deadlock), so one rank's list alone does not decide.
-    """
-    extremes = torch.tensor([code, -code], dtype=torch.int64)  # max of both: (max code, -min code)
-    work = dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group, async_op=True)
-    wait(work)
-    return code > 0 and int(extremes[0]) == code == -int(extremes[1])
 
 
 def prefetch_plan(actions: Sequence[Action], *, depth: int, gloo: bool,

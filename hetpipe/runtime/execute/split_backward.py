@@ -26,8 +26,9 @@ which positions are the parameters and the inputs), so a micro-batch whose graph
 (a data-dependent branch) gets its own analysis, never another's (`analysis_cache_info`).
 
 Kept from B to W: the graph's saved tensors (what the forward saved) and the frontier
-gradients (about one output-sized tensor per parameterised layer; the memory model prices the
-micro-batch's activations and received gradient until W, `hetpipe.schedule.held`).  A stage
+gradients (one output-sized tensor per parameterised layer: `PendingWeight.held_tensors`; the
+memory model prices the micro-batch's activations until W, `hetpipe.schedule.held`, and these as
+`hetpipe.partitioner.capture.weight_grads` measures them at capture).  A stage
 whose inputs need no gradient (the first) has nothing to send: its B does nothing and its W is
 the whole backward.
 
@@ -57,7 +58,7 @@ from typing import Any, Sequence
 import torch
 from torch.autograd.graph import GradientEdge, Node
 
-from hetpipe.runtime.execute.graph_shape import GraphShape, Topology, analyse, walk
+from hetpipe.partitioner.capture.graph_shape import GraphShape, Topology, analyse, walk
 
 #: Distinct graph topologies remembered (a stage has one; a data-dependent one a few).
 CACHE_SIZE = 64
@@ -74,6 +75,14 @@ class PendingWeight:
                        list[torch.Tensor]]] = field(default_factory=list)
     roots: list[torch.Tensor] = field(default_factory=list)
     grads: list[torch.Tensor] | None = None
+
+    def held_tensors(self) -> list[torch.Tensor]:
+        """The gradients kept for W (the memory ledger counts them until W; the graph's saved
+        tensors are the micro-batch's activations already): the recorded frontier gradients, the
+        roots' gradients W runs alone, and a first stage's received gradients."""
+        kept = [g for members, _, _ in self.groups for _, rec in members for g in rec.values()]
+        kept += [g for _, roots, _ in self.groups for _, g in roots if g is not None]
+        return kept + list(self.grads or ())
 
 
 @functools.lru_cache(maxsize=CACHE_SIZE)
