@@ -164,6 +164,7 @@ class PipelineExecutor:
         if wait is None:
             wait = self.comm.gloo and self.num_stages > 1 and self._agreed_builtin_schedule()
         self.comm.wait_sends_at_recv = bool(wait)
+        self.comm.send_wait_lag = prefetch.INTERLEAVED_SEND_LAG if len(self.stages) > 1 else 0
         self._prefetch_at = prefetch.prefetch_plan(self.actions, depth=self.prefetch_depth, gloo=self.comm.gloo,
                                                    peer=self.comm.peer)
 
@@ -269,10 +270,9 @@ class PipelineExecutor:
 
     def _agreed_builtin_schedule(self) -> bool:
         """Does every rank run the same built-in list (`prefetch.agreed_builtin`; one all-reduce)?"""
-        code = 0
-        if len(self.stages) == 1:  # an interleaved list is none of them (`prefetch`: it would deadlock)
-            code = prefetch.builtin_code(self.actions, stage=self.stage.stage, num_stages=self.num_stages,
-                                         microbatches=self.microbatches)
+        chunks = len(self.stages)  # an interleaved rank's stage is its rank (its chunk 0)
+        code = prefetch.builtin_code(self.actions, stage=self.stage.stage, num_stages=self.num_stages,
+                                     microbatches=self.microbatches, chunks=chunks)
         return prefetch.agreed_builtin(code, group=self._group, wait=lambda work: self._collective(
             work, "the start-up schedule agreement", self.stage_ranks))
 

@@ -10,9 +10,12 @@ the same peer.
 
 For the built-in GPipe/1F1B/ZB lists, a RECV first waits for this rank's earlier sends
 (``wait_sends_at_recv``; 3-8% faster, and deadlock-free for those lists: `validate_schedule`
-``sends_wait_at_recv=True``).  Interleaved 1F1B is not among them: with m > p it deadlocks in that
-mode (rank 0's RECV_B would wait for a send to rank 1 that rank 1 receives only after its own
-RECV_B, which waits for a send to rank 0), so its sends are waited at STEP.
+``sends_wait_at_recv=True``).  Interleaved 1F1B deadlocks in that mode with m > p (rank 0's RECV_B
+would wait for a send to rank 1 that rank 1 receives only after its own RECV_B, which waits for a
+send to rank 0); its RECVs wait one RECV behind instead (`INTERLEAVED_SEND_LAG`: the sends posted
+before the rank's previous RECV), deadlock-free for every p <= 4, v <= 4, m <= 4p (`validate_schedule`
+``send_wait_lag=1``, tests/test_interleaved_sends.py), so a send frame is held at most until the
+second RECV after it (the memory model's rule, `hetpipe.schedule.held_virtual`), not until STEP.
 
 Example:
     >>> from hetpipe.schedule.actions import Action, Op
@@ -31,7 +34,9 @@ import torch.distributed as dist
 
 from hetpipe.cost_models.stage_memory import RECV_PREFETCH
 from hetpipe.schedule.actions import Action, Op
-from hetpipe.schedule.builders import make_schedule
+from hetpipe.schedule.builders import make_schedule, rank_actions
+from hetpipe.schedule.held_virtual import INTERLEAVED_SEND_LAG
+from hetpipe.schedule.interleaved import interleaved_name
 
 RECVS = (Op.RECV_F, Op.RECV_B)
 SENDS = (Op.SEND_F, Op.SEND_B)
@@ -39,6 +44,8 @@ SENDS = (Op.SEND_F, Op.SEND_B)
 # memory model counts a buffer for each (`hetpipe.cost_models.stage_memory.RECV_PREFETCH`).
 PREFETCH_DEPTH = RECV_PREFETCH
 _BUILTIN = ("gpipe", "1f1b", "zb-h1", "zb-1f1b")  # lists deadlock-free with wait_sends_at_recv
+#: `builtin_code` of ``interleaved:V`` lists: this + V (above the plain names' codes).
+_INTERLEAVED_CODE = 100
 
 
 def default_prefetch(gloo: bool) -> int:
@@ -50,10 +57,20 @@ def default_prefetch(gloo: bool) -> int:
     return PREFETCH_DEPTH if local_ranks > cores else 0
 
 
-def builtin_code(actions: Sequence[Action], *, stage: int, num_stages: int, microbatches: int) -> int:
-    """1 + the index in the built-in names of the list ``actions`` equals on ``stage``, or 0."""
+def builtin_code(actions: Sequence[Action], *, stage: int, num_stages: int, microbatches: int,
+                 chunks: int = 1) -> int:
+    """1 + the index in the built-in names of the list ``actions`` equals on ``stage``, or 0; with
+    ``chunks`` V > 1 (``stage`` is the rank) `interleaved_code` V if it is ``interleaved:V``'s list."""
+    if chunks > 1:
+        same = list(actions) == rank_actions(interleaved_name(chunks), num_stages, microbatches, stage)
+        return interleaved_code(chunks) if same else 0
     return next((i + 1 for i, name in enumerate(_BUILTIN)
                  if list(actions) == make_schedule(name, num_stages, microbatches)[stage]), 0)
+
+
+def interleaved_code(chunks: int) -> int:
+    """The `builtin_code` of ``interleaved:chunks``'s lists."""
+    return _INTERLEAVED_CODE + chunks
 
 
 def agreed_builtin(code: int, *, group: object, wait: Callable[[object], None]) -> bool:
