@@ -49,3 +49,14 @@ def test_held_send_frames_are_bounded_by_the_lag_not_the_step(p: int, v: int) ->
     many, all_many, sends_many = peaks(8 * p)
     assert (all_few, all_many) == (sends_few, sends_many)  # every send held until STEP
     assert few == many < all_few
+
+
+def test_the_executor_recognises_interleaved_lists_only() -> None:
+    from hetpipe.runtime.execute.prefetch import builtin_code, interleaved_code
+    from hetpipe.runtime.interleaved_run import serial_actions
+
+    acts = rank_actions(interleaved_name(2), 2, 4, 1)
+    assert builtin_code(acts, stage=1, num_stages=2, microbatches=4, chunks=2) == interleaved_code(2)
+    assert builtin_code(acts[::-1], stage=1, num_stages=2, microbatches=4, chunks=2) == 0
+    # the calibration's one micro-batch through every chunk is no interleaved list (and 1 is no multiple of p)
+    assert builtin_code(serial_actions(1, ranks=2, chunks=2), stage=1, num_stages=2, microbatches=1, chunks=2) == 0

@@ -271,7 +271,7 @@ class PipelineExecutor:
     def _agreed_builtin_schedule(self) -> bool:
         """Does every rank run the same built-in list (`prefetch.agreed_builtin`; one all-reduce)?"""
         chunks = len(self.stages)  # an interleaved rank's stage is its rank (its chunk 0)
-        code = prefetch.builtin_code(self.actions, stage=self.stage.stage, num_stages=self.num_stages,
+        code = prefetch.builtin_code(self.actions, stage=self.stage.stage, num_stages=self.num_stages // chunks,
                                      microbatches=self.microbatches, chunks=chunks)
         return prefetch.agreed_builtin(code, group=self._group, wait=lambda work: self._collective(
             work, "the start-up schedule agreement", self.stage_ranks))

@@ -62,6 +62,8 @@ def builtin_code(actions: Sequence[Action], *, stage: int, num_stages: int, micr
     """1 + the index in the built-in names of the list ``actions`` equals on ``stage``, or 0; with
     ``chunks`` V > 1 (``stage`` is the rank) `interleaved_code` V if it is ``interleaved:V``'s list."""
     if chunks > 1:
+        if microbatches % num_stages:  # no interleaved list (a calibration's one micro-batch, say)
+            return 0
         same = list(actions) == rank_actions(interleaved_name(chunks), num_stages, microbatches, stage)
         return interleaved_code(chunks) if same else 0
     return next((i + 1 for i, name in enumerate(_BUILTIN)
