@@ -25,6 +25,8 @@ def _plan():
         PlanChunk(c * P + r, c * P + r, fwd_s=0.01 * (c * P + r + 1), bwd_s=0.02 * (c * P + r + 1),
                   send_s=0.001 if c * P + r < P * V - 1 else 0.0, step_s=0.003) for c in range(V)))
         for r, st in enumerate(base.stages))
+    stages = tuple(dataclasses.replace(st, fwd_s=st.chunks[0].fwd_s, bwd_s=st.chunks[0].bwd_s, send_s=st.chunks[0].send_s)
+                   for st in stages)  # a stage's own fields are its chunk 0's (plan version 6)
     training = dataclasses.replace(base.training, microbatches=M, schedule=f"interleaved:{V}")
     return dataclasses.replace(base, stages=stages, training=training)
 
@@ -68,3 +70,45 @@ def test_simulated_iteration_replays_the_interleaved_list() -> None:
                      send_s=tuple(c.send_s for c in virtual[:-1]), step_s=tuple(c.step_s for c in virtual))
     want = simulate_stages(costs, M, schedule=f"interleaved:{V}").iteration_s
     assert simulated_iteration_s(plan, plan.training.schedule) == pytest.approx(want, rel=1e-12)
+
+
+def test_emulated_chunk_durations_are_in_chunk_0_seconds(monkeypatch) -> None:
+    """Each chunk's F / B entry is its emulated target x chunk 0's target / its own: chunk 0's seconds."""
+    from hetpipe.runtime.emulate import pipeline
+    from hetpipe.runtime.emulate.pipeline import EmulationHooks, StageTiming
+    from hetpipe.schedule.actions import Action
+
+    monkeypatch.setattr(pipeline.time, "monotonic", lambda: 100.0)  # no real compute: elapsed 0, entry = target
+    monkeypatch.setattr(pipeline.time, "sleep", lambda s: None)
+    chunk0, chunk1 = StageTiming(0.01, 0.02), StageTiming(0.04, 0.06)
+    hooks = EmulationHooks(rank=1, stage=1, device_label="d", usable_bytes=10**9, predicted=chunk0, links={},
+                           time_scale=2.0, chunk_predicted={1: chunk0, 4: chunk1})
+    for action in (Action(1, Op.F, 0), Action(4, Op.F, 0), Action(4, Op.B, 0), Action(1, Op.B, 0)):
+        hooks.before(action)
+        hooks.after(action, 0.0)
+    assert hooks.fwd_device_s == pytest.approx([0.02, 0.02], rel=1e-12)  # 2 x 0.01 both: chunk 0's seconds
+    assert hooks.bwd_device_s == pytest.approx([0.04, 0.04], rel=1e-12)
+
+
+def test_the_straggler_watch_judges_interleaved_ranks_over_every_chunk(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from hetpipe.runtime.faults.inject import FaultSchedule
+    from hetpipe.runtime.faults.watch import StepWatch
+
+    plan = _plan()
+    chunk0 = plan.stages[2].chunks[0]
+    def watch(hooks) -> StepWatch:
+        return StepWatch(plan=plan, stage=2, rank=2, stage_ranks=list(range(P)), hooks=hooks,
+                         faults=FaultSchedule.from_specs(None), run_dir=tmp_path)
+    plain = SimpleNamespace(fwd_s=[], bwd_s=[], time_scale=1.0)  # durations mixed across chunks: not judged
+    assert not watch(plain).detect
+    hooks = SimpleNamespace(fwd_s=[], bwd_s=[], fwd_device_s=[], bwd_device_s=[], time_scale=1.0,
+                            chunk_predicted={})
+    w = watch(hooks)
+    # rank 2 runs virtual stages 2 and 5: cuts 2 -> rank 0 (the wrap-around), 1 and 4 -> rank 1; 5 is the last
+    assert w.detect and w._cut_peers() == {2: 0, 1: 1, 4: 1}
+    w.before_step(1)
+    hooks.fwd_device_s += [1.5 * chunk0.fwd_s] * (M * V)  # 1.5x slower than planned, in chunk 0's seconds
+    hooks.bwd_device_s += [1.5 * chunk0.bwd_s] * (M * V)
+    assert w.ratios() == pytest.approx({"fwd": 1.5, "bwd": 1.5}, rel=1e-12)
