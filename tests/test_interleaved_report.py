@@ -58,6 +58,7 @@ def test_report_rows_per_virtual_stage_and_card_sums(tmp_path) -> None:
         assert st.predicted_fwd_s == pytest.approx(sum(ch.fwd_s for ch in chunks), rel=1e-12)
         assert st.fwd_emulated_s == pytest.approx(st.predicted_fwd_s, rel=1e-12)
         assert st.bwd_emulated_s == pytest.approx(sum(ch.bwd_s for ch in chunks), rel=1e-12)
+        assert st.predicted_step_s == pytest.approx(sum(ch.step_s for ch in chunks), rel=1e-12)  # one STEP
     path = tmp_path / "run.json"
     rep.save(path)
     assert RunReport.load(path) == rep

@@ -4,8 +4,8 @@ A rank of ``interleaved:V`` runs V chunks; its recorded F / B durations (`RankRe
 are every F / B of every step in the order of its action list, so the i-th F of a step belongs
 to the virtual stage of the i-th F action of ``rank_actions(interleaved:V, p, m, rank)`` (the
 executor runs exactly that list: `hetpipe.runtime.execute.prefetch.builtin_code`).  Each chunk
-gets a row (`chunk_rows`): its units, its median F / B beside the plan's `PlanChunk` figures,
-its share of the step; the card's peak memory is the rank's (its chunks share one ledger).
+gets a row (`chunk_rows`): its units, its median F / B beside the plan's `PlanChunk` figures;
+the card's optimizer step and peak memory are the rank's (its chunks share one ledger and one STEP).
 The stage row then reports the card's work per micro-batch, the sum over its chunks
 (`card_totals`), not a median of F / B mixed across chunks.
 
@@ -53,6 +53,7 @@ def chunk_rows(plan: Any, results: Sequence[Any], stage_rows: Sequence[Any]) -> 
         split = {name: split_by_stage(getattr(r, name), [a.stage for a in acts if a.op is op])
                  for name, op in (("fwd_s", Op.F), ("bwd_s", Op.B), ("fwd_compute_s", Op.F),
                                   ("bwd_compute_s", Op.B))}
+        card_step_s = sum(ch.step_s for ch in plan.stages[r.stage].chunks)  # one STEP steps every chunk
         for c, ch in enumerate(plan.stages[r.stage].chunks):
             k = c * p + r.stage
             got = {name: after_warm_up(by[k], m) for name, by in split.items()}
@@ -60,19 +61,22 @@ def chunk_rows(plan: Any, results: Sequence[Any], stage_rows: Sequence[Any]) -> 
                 row, stage=k, first_unit=ch.first_unit, last_unit=ch.last_unit,
                 fwd_compute_s=got["fwd_compute_s"], bwd_compute_s=got["bwd_compute_s"],
                 fwd_emulated_s=got["fwd_s"] / r.time_scale, bwd_emulated_s=got["bwd_s"] / r.time_scale,
-                predicted_fwd_s=ch.fwd_s, predicted_bwd_s=ch.bwd_s, predicted_step_s=ch.step_s,
+                predicted_fwd_s=ch.fwd_s, predicted_bwd_s=ch.bwd_s, predicted_step_s=card_step_s,
                 predicted_transfer_s=ch.send_s, transfer_s=None, transfer_messages=0, step_ratios=()))
     return tuple(sorted(rows, key=lambda row: row.stage))
 
 
 def card_totals(stage_rows: Sequence[Any], chunks: Sequence[Any]) -> tuple[Any, ...]:
     """Each stage row with F / B (measured, compute, predicted) the sum over its chunks' rows: the
-    card's work per micro-batch; the rows unchanged without chunks."""
+    card's work per micro-batch, and the plan's S the card's whole step (the chunk rows carry it too:
+    one STEP steps every chunk); the rows unchanged without chunks."""
     if not chunks:
         return tuple(stage_rows)
     p = len(stage_rows)
     fields = ("fwd_compute_s", "bwd_compute_s", "fwd_emulated_s", "bwd_emulated_s", "predicted_fwd_s",
               "predicted_bwd_s")
-    return tuple(dataclasses.replace(row, **{f: sum(getattr(c, f) for c in chunks if c.stage % p == row.stage)
-                                             for f in fields})
+    return tuple(dataclasses.replace(row, predicted_step_s=next(c.predicted_step_s for c in chunks
+                                                                if c.stage == row.stage),
+                                     **{f: sum(getattr(c, f) for c in chunks if c.stage % p == row.stage)
+                                        for f in fields})
                  for row in stage_rows)
