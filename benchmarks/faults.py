@@ -101,20 +101,26 @@ def _straggler_lines(plan, slow, oracle, adapt, stay, orc, tmp: Path, wall: floa
     decisions = [n for n in adapt.notes if n.startswith("straggler:")]
     stay_emu, orc_emu = _median_emu(stay, A_SLOW_AT + 1), _median_emu(orc, 1)
     r = adapt.restarts[0] if adapt.restarts else None
-    adapt_emu = _median_emu(adapt, 1) if r else _median_emu(adapt, A_SLOW_AT + 1)
-    # The rest of the run in emulated (device) seconds; before its stop --adapt ran the same old plan under the same
-    # fault as the stay run, whose steps stand in for them.  The relaunch itself is real seconds on this box.
+    in_place = r is not None and r.kind == "in-place"  # one report of every step; a relaunch's has its own steps
+    adapt_emu = (_median_emu(adapt, r.resumed_step) if in_place else _median_emu(adapt, 1) if r
+                 else _median_emu(adapt, A_SLOW_AT + 1))
+    # The rest of the run in emulated (device) seconds; before its stop a relaunched --adapt ran the same old plan under
+    # the same fault as the stay run, whose steps stand in for them.  The switch or relaunch itself is real seconds here.
     rest_stay = sum(s.emulated_step_s for s in stay.step_records[A_SLOW_AT:])
     rest_adapt = (sum(s.emulated_step_s for s in stay.step_records[A_SLOW_AT:r.resumed_step])
-                  + sum(s.emulated_step_s for s in adapt.step_records) if r
+                  + sum(s.emulated_step_s for s in adapt.step_records) if r and not in_place
                   else sum(s.emulated_step_s for s in adapt.step_records[A_SLOW_AT:]))
+    act = "switch in place" if in_place else "relaunch"
+    with_act = rest_adapt + (r.restart_s / adapt.time_scale if r else 0.0)  # the act's real s on the run's clock
     rows = [["stay on the old plan", stage_text(plan), f"{oracle.old_iteration_s:.4g}", f"{stay_emu:.4g}", "1.00"],
-            ["--adapt" + (" (after the relaunch)" if r else " (stayed)"), r.new_stages if r else stage_text(plan),
+            ["--adapt" + (f" (after the {act})" if r else " (stayed)"), r.new_stages if r else stage_text(plan),
              f"{(r.new_predicted_s if r else oracle.old_iteration_s):.4g}", f"{adapt_emu:.4g}",
              f"{stay_emu / adapt_emu:.2f}"],
             ["oracle = the re-plan (knows the slowdown)", stage_text(oracle.plan), f"{oracle.new_iteration_s:.4g}",
              f"{orc_emu:.4g}", f"{stay_emu / orc_emu:.2f}"]]
-    what = (f"relaunched from the checkpoint of step {r.resumed_step} ({r.steps_redone} steps redone), next step done "
+    what = (f"switched in place after step {r.resumed_step} in {r.restart_s:.2f} s ({_switch_parts(tmp)}), nothing "
+            "redone, no relaunch" if in_place else
+            f"relaunched from the checkpoint of step {r.resumed_step} ({r.steps_redone} steps redone), next step done "
             f"{r.restart_s:.1f} s after the stop" if r else "stayed on the old plan")
     return [f"(a) `{A_MODEL}` on homelab-mini: {stage_text(plan)}, predicted T {plan.predicted.iteration_s:.4g} emu s; "
             f"stage {slow.index} ({slow.device}) {A_FACTOR:g}x slower from step {A_SLOW_AT} of {steps} "
@@ -129,10 +135,20 @@ def _straggler_lines(plan, slow, oracle, adapt, stay, orc, tmp: Path, wall: floa
             f"fault: {stay_emu / adapt_emu:.2f}x staying, {adapt_emu / orc_emu:.3f} of the oracle's step time (goal within "
             f"10%: {'met' if adapt_emu <= 1.1 * orc_emu else 'NOT met'}).",
             f"- steps {A_SLOW_AT}..{steps} end to end, emulated seconds: stay {rest_stay:.1f}, --adapt {rest_adapt:.1f} "
-            f"({rest_stay / rest_adapt:.2f}x)" + (f", plus the relaunch: {r.restart_s:.1f} real s on this box (start-up "
-            "of the new job's processes; not an emulated figure)" if r else "") + f". Time scales (real s per emu s, "
+            f"({rest_stay / rest_adapt:.2f}x)" + (f", plus the {act}: {r.restart_s:.2f} real s on this box, "
+            f"{r.restart_s / adapt.time_scale:.2f} emu s at --adapt's time scale: {with_act:.1f} ({rest_stay / with_act:.2f}x; "
+            f"goal >= 1.5x: {'met' if rest_stay / with_act >= 1.5 else 'NOT met'})" if r else "") + f". Time scales (real s per emu s, "
             f"each launch calibrates its own): stay {stay.time_scale:.3g}, --adapt's last job {adapt.time_scale:.3g}, "
             f"oracle {orc.time_scale:.3g}."]
+
+
+def _switch_parts(tmp: Path) -> str:
+    """The in-place switch's measured parts (`hetpipe.runtime.switch.SwitchRecord`), from the adapt run's folder."""
+    from hetpipe.runtime.switch import read_switches
+
+    done = [rec for d in sorted((tmp / "a-run").glob("attempt-*")) for rec in read_switches(d)]
+    return (f"save {done[0].save_s:.2f} s, rebuild {done[0].build_s:.2f} s, load and new executor {done[0].load_s:.2f} s"
+            if done else "no switch record")
 
 
 # ----------------------------------------------------------------------------- (b) kills

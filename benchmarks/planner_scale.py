@@ -153,6 +153,41 @@ SESSION_9 = (
     "walk's first pass (its tables included) takes most of `verify`'s 2-3 s under such load."
     "  The table above is the lead's rerun of this code at load 3.9 / 3.7 / 7.1 (main before this branch, same hour, load 3.1: 3.69 / 26.34 / 5.50 / 0.22% and 1.79 / 2.73 / 1.60 / 5.34%): gpt2-xl 1.00 / 25.21 / 7.48 / 0.40%, llama-7b 1.59 / 0.56 / 0.40 / 0.25% at 16 / 64 / 256 / 1,024 cards, so <= 2% in 6 of 8; the answers are as good or better everywhere but gpt2-xl on 256 cards, 8.296 s against 8.110 s (+2.3%: the local search there gets little time).")
 
+#: What session 10 changed (figures: the table above, main's same-hour run and one-off runs, as stated).
+SESSION_10 = (
+    "Session 10 (issue 12 item 3, branch `gap`).  (1) gpt2-xl on 64 cards, which side is weak: a local "
+    "search without move or time limits from the 10 s answer (3.5505 s) stops at a local optimum of "
+    "3.5482 s after 7.5 s (-0.06%), and a prototype of the Lagrangian on per-kind card counts inside the "
+    "node-run DP (a price per kind on every stage, Kelley's cutting planes as `lagrange.py`, the pace "
+    "filters on each state's least R so the bound stays valid) raised the node-run bound from 2.28 s to "
+    "2.85-2.94 s only, after 35-210 s (about 0.1-0.2 s per priced pass at load ~10, up to 12 price steps "
+    "per cap; its argmins keep a ninth stage on the 8 A100s: a duality gap), still 17-20% below the answer "
+    "and far past the limit: not merged.  No placement below 3.548 s was found; whether the optimum is "
+    "lower is open.  (2) gpt2-xl on 256 cards: the node-run walk's pair filter is a relaxation whose "
+    "argmins break it, so its placements realise at 9.28 s; the same walk without the pair filter gives "
+    "placements that replay in 8.19 s (session 8's) at a bound 0.15% lower (7.662 against 7.674 s).  "
+    "`verify` now runs both on the node runs (`verify._runs_walk`: the pair-aware one with half the time, "
+    "for the bound: llama-7b on 1,024 cards 118.08 s against 111.79 s without it), so the answer there "
+    "is 8.11-8.32 s again.  (3) Fewer passes per walk: below the hints' G the walk probed in 1% steps "
+    "(22 passes, 8.4 s at load 10, to reach the node-run optimum 20% below); now one probe, then "
+    "bisection (a cap nothing meets costs ~1 ms in the node-run DP; the count DP also stops at its first "
+    "empty level): the same 7.674 s in 15 passes, 1.9 s.  The band above the hints is closed by one cap at "
+    "enough - R_0(inf) instead of doublings (llama-7b on 64 cards: the 0.5% target in 4 passes, was 12), "
+    "and the relaxations' walks stop on a band narrower than 1e-4 of the bound.  (4) Fixed costs before "
+    "any pass at 1,024 cards (load ~14): the least-bottleneck copy of the problem (p^2 link tuples) and "
+    "`device_classes` took 1.3 s of verify's 2.5 s before the DP refused; a count over kinds now refuses "
+    "first (`dp.check_kinds_fit`, 0.02 s), and the node-run DP's tables use one card per kind (1.6 -> "
+    "0.9 s).  The table above ran at load 14-16, with main (before this branch) in the same hour at the "
+    "same load: gpt2-xl 1.00 / 61.90 / 59.73 / 0.56% and llama-7b 1.59 / 6.37 / 0.40 / 0.25% against this "
+    "branch's 1.00 / 31.51 / 7.97 / 0.50% and 1.59 / 6.37 / 0.46 / 0.25% at 16 / 64 / 256 / 1,024 cards "
+    "(gpt2-xl on 64 cards: bound 2.47 s against main's 1.37 s, both short of the 2.65 s of load 4; single runs: "
+    "an earlier run of this branch at load ~15 gave llama-7b on 1,024 cards 22.95%, no walk pass).  Left: gpt2-xl on "
+    "64 cards (the bound, see (1)); gpt2-xl on 256 cards 5-8% (the answer's own pace is 7.885 s against "
+    "its replay 8.19 s: windows of three or more ranks; the node-run bound 7.67 s); and the load: under "
+    "load ~15 the estimate's search overruns its 6 s (7.5 s at 1,024 cards), `verify` gets little more than its floor "
+    "(a quarter of its 4 s share), and the count relaxation's passes at 64 cards take 1-1.5 s each (llama-7b "
+    "6.4% at load 16; 0.56% at load 4 in session 9's table).")
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -191,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             "Since issue 17 the plan's T is the schedule's.  The search stays exact for the estimate (gaps "
             "above), but `verify`'s lower bound on the schedule optimum (the bottleneck stage's m micro-batches "
             "and a fill term) is far from the answer at these sizes: the schedule gap is what a plan made here "
-            "records.\n\n" + SESSION_7 + "\n\n" + SESSION_8 + "\n\n" + SESSION_9 + "\n")
+            "records.\n\n" + SESSION_7 + "\n\n" + SESSION_8 + "\n\n" + SESSION_9 + "\n\n" + SESSION_10 + "\n")
     path = write_result("planner_scale", "Planner at scale: gap up to 1,024 cards (issue 12)", body)
     print(table)
     print(f"wrote {path}")

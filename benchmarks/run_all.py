@@ -24,6 +24,9 @@ ORDER = ("planner_speed", "planner_scale", "plan_quality", "capture_7b", "simula
          "tp_emulated", "cpu_truth", "schedules", "interleaved")
 #: Sections kept as written (history, no script to rerun).
 STATIC = ("objective_history",)
+#: Further runs of one script with its arguments, each writing its own results/<file>.md after the script's own.
+VARIANTS = {"tp_emulated": (("tp_emulated_hf_llama_tiny", ("--model", "hf-llama-tiny")),
+                            ("tp_emulated_hf_gpt2_tiny", ("--model", "hf-gpt2-tiny")))}
 
 
 def assemble() -> Path:
@@ -31,8 +34,9 @@ def assemble() -> Path:
              "Written by `python benchmarks/run_all.py`; each section by its own script "
              "(`benchmarks/<name>.py`), with its date and machine.\n"]
     for name in ORDER:
-        path = HERE / "results" / f"{name}.md"
-        parts.append(path.read_text() if path.exists() else f"## {name}\n\n_not run yet_\n")
+        for file in (name, *(file for file, _ in VARIANTS.get(name, ()))):
+            path = HERE / "results" / f"{file}.md"
+            parts.append(path.read_text() if path.exists() else f"## {file}\n\n_not run yet_\n")
     out = HERE / "RESULTS.md"
     out.write_text("\n".join(parts))
     return out
@@ -50,8 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.assemble:
         for name in [n for n in args.names or ORDER if n not in STATIC]:
             print(f"== {name}", flush=True)
-            if subprocess.call([sys.executable, str(HERE / f"{name}.py")]) != 0:
-                failed.append(name)
+            for extra in ((), *(args for _, args in VARIANTS.get(name, ()))):
+                if subprocess.call([sys.executable, str(HERE / f"{name}.py"), *extra]) != 0:
+                    failed.append(" ".join((name, *extra)))
     print(f"wrote {assemble()}")
     if failed:
         print(f"failed: {', '.join(failed)}")

@@ -11,12 +11,17 @@ the steps after the first, median over repeats) beside that rank's own predictio
 iteration (median over steps after the first and repeats) beside the plan's T.  Writes
 benchmarks/results/tp_emulated.md.
 
+With ``--model hf-llama-tiny`` (or ``hf-gpt2-tiny``; ``--seq``, default 64) the same for a Hugging
+Face model, whose group members run re-exported graphs (`hetpipe.runtime.tp_export`); it writes
+benchmarks/results/tp_emulated_<model>.md.
+
 Usage:
-    python benchmarks/tp_emulated.py
+    python benchmarks/tp_emulated.py [--model hf-llama-tiny --seq 64]
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import statistics
 import sys
@@ -39,8 +44,8 @@ STEPS, REPEATS = 4, 3
 LR, MOMENTUM = 1e-2, 0.9  # the plan's optimizer "momentum" at the runtime's default rate (runtime/rank.py)
 
 
-def reference_losses(model: torch.nn.Module, batches: list, microbatches: int) -> list[float]:
-    loss = models.loss_fn(MODEL)
+def reference_losses(model: torch.nn.Module, batches: list, microbatches: int, name: str = MODEL) -> list[float]:
+    loss = models.loss_fn(name)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     out = []
     for (x,), y in batches:
@@ -56,21 +61,26 @@ def reference_losses(model: torch.nn.Module, batches: list, microbatches: int) -
 
 
 def main() -> None:
-    graph = capture_builtin(MODEL, batch=MICRO_BATCH, seq=SEQ, optimizer="momentum")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=MODEL)
+    parser.add_argument("--seq", type=int, default=None, help=f"default {SEQ} for {MODEL}, 64 otherwise")
+    args = parser.parse_args()
+    name, seq = args.model, args.seq or (SEQ if args.model == MODEL else 64)
+    graph = capture_builtin(name, batch=MICRO_BATCH, seq=seq, optimizer="momentum")
     plan = partition_graph(graph, load_cluster(ROOT / "examples/clusters/homelab-mini.yaml"),
                            global_batch=GLOBAL_BATCH, tensor_parallel="auto", time_limit_s=4.0)
     m = plan.training.microbatches
     torch.manual_seed(0)
-    resolved = models.resolve(MODEL, device="cpu", batch=MICRO_BATCH, seq=SEQ)
+    resolved = models.resolve(name, device="cpu", batch=MICRO_BATCH, seq=seq)
     gen = torch.Generator().manual_seed(1)
     batches = []
     for _ in range(STEPS):
-        x = torch.randint(0, models.input_vocab(MODEL) or 64, (GLOBAL_BATCH, SEQ), generator=gen)
-        batches.append(((x,), models.example_targets(MODEL, (x,))))
-    ref = reference_losses(copy.deepcopy(resolved.model), batches, m)
+        x = torch.randint(0, models.input_vocab(name) or 64, (GLOBAL_BATCH, seq), generator=gen)
+        batches.append(((x,), models.example_targets(name, (x,))))
+    ref = reference_losses(copy.deepcopy(resolved.model), batches, m, name)
     work = Path(tempfile.mkdtemp(prefix="tp-emulated-"))
     torch.save(resolved.model.state_dict(), work / "weights.pt")
-    reports = [run(plan, model=MODEL, steps=STEPS, seq=SEQ, data=batches, weights=work / "weights.pt",
+    reports = [run(plan, model=name, steps=STEPS, seq=seq, data=batches, weights=work / "weights.pt",
                    emulate=True, run_dir=work / f"run{i}") for i in range(REPEATS)]
     loss_diff = max(abs(a - b) / abs(b) for r in reports for a, b in zip(r.losses, ref))
     rows = []
@@ -90,14 +100,23 @@ def main() -> None:
     measured = statistics.median(r.measured_emulated_iteration_s for r in reports)
     header = ["stage", "member", "card", "share", "F pred (ms)", "F meas (ms)", "F ratio", "B pred (ms)",
               "B meas (ms)", "B ratio", "peak / M_s"]
-    body = (__doc__.split("\n\n")[1].replace("\n", " ") + "\n\n"
+    intro = __doc__.split("\n\n")[1].replace("\n", " ")
+    if name != MODEL:  # the same text, this model's plan (its group members run re-exported graphs)
+        intro = (f"The planner's own plan: {name} (micro-batch {MICRO_BATCH}, sequence {seq}) on the mini home lab "
+                 "with ``--tensor-parallel auto``; its group members run their re-exported graphs "
+                 "(`runtime/tp_export.py`).  " + intro[intro.index("``hetpipe run --emulate``"):])
+        intro = intro.replace("Writes benchmarks/results/tp_emulated.md.",
+                              f"Writes benchmarks/results/tp_emulated_{name.replace('-', '_')}.md.")
+    body = (intro + "\n\n"
             + f"Plan: {', '.join(describe(st) for st in plan.stages)}; {m} micro-batches.  "
             + f"Largest relative loss difference over {REPEATS} runs x {STEPS} steps: {loss_diff:.2e}.  "
             + f"Iteration: measured {1e3 * measured:.2f} ms (emulated) vs the plan's T "
             + f"{1e3 * plan.predicted.iteration_s:.2f} ms ({measured / plan.predicted.iteration_s:.3f}x).\n\n"
             + markdown_table(header, rows))
     print(body)
-    write_result("tp_emulated", "A tensor-parallel plan run emulated on CPU ranks (issue 15)", body)
+    write_result("tp_emulated" if name == MODEL else f"tp_emulated_{name.replace('-', '_')}",
+                 f"A tensor-parallel plan of {name} run emulated on CPU ranks (issue 15)" if name != MODEL
+                 else "A tensor-parallel plan run emulated on CPU ranks (issue 15)", body)
 
 
 def describe(st) -> str:  # noqa: ANN001

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.pace_runs import RunDP, run_terms
-from hetpipe.partitioner.solvers.schedule_bound import pace_terms, pair_chain, schedule_walk, stage_pace
+from hetpipe.partitioner.solvers.schedule_bound import BAND_TOLERANCE, pace_terms, pair_chain, schedule_walk, stage_pace
 from hetpipe.partitioner.solvers.verify import first_step_floor
 from hetpipe.schedule.builders import one_f_one_b
 from hetpipe.schedule.replay import compile_actions, compile_one_f_one_b
@@ -68,12 +68,15 @@ def test_pace_walk_argmin_is_the_pace_optimum(prob: Problem) -> None:
 def test_node_run_walk_bounds_the_schedule_optimum(prob: Problem) -> None:
     _, best = _pace_and_schedule_optima(prob)
     runs = RunDP(prob)
-    walk = schedule_walk(prob, dp=runs, max_passes=PASSES, terms=lambda picks: run_terms(prob.microbatches, picks))
-    assert walk.bound_s + first_step_floor(prob) <= best * (1 + REL), (walk, best)
-    for picks in walk.placements:
-        real = runs.realise(picks)
-        if real is not None:
-            evaluate(prob, real)  # a valid placement (raises otherwise); memory is the verify's to check
+    # as `verify._runs_walk` runs them: with the pair filter, then without it, stopping on narrow bands
+    for pairs, tolerance in ((True, 0.0), (False, BAND_TOLERANCE)):
+        walk = schedule_walk(prob, dp=runs, max_passes=PASSES, terms=lambda picks: run_terms(prob.microbatches, picks),
+                             pairs=pairs, band_tolerance=tolerance)
+        assert walk.bound_s + first_step_floor(prob) <= best * (1 + REL), (walk, best, pairs)
+        for picks in walk.placements:
+            real = runs.realise(picks)
+            if real is not None:
+                evaluate(prob, real)  # a valid placement (raises otherwise); memory is the verify's to check
 
 
 def test_fast_one_f_one_b_program_is_the_action_walk() -> None:

@@ -156,13 +156,29 @@ def test_capture_parts_and_split_dimensions_match_the_configs():
     assert sum(b.activation_bytes for b in gpt.tensor_parallel) < gpt.activation_bytes  # norms, residuals: whole
 
 
-def test_gpt2_conv1d_mlps_split_and_its_fixed_width_qkv_split_and_plain_mlps_stay_width_1_with_the_reason():
+class _FixedSplitGLU(torch.nn.Module):
+    """A gated MLP whose fused up|gate projection is split by a fixed width (nn.Linear under torch.fx)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(16, 64), torch.nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.up(x).split(32, dim=-1)
+        return self.down(a * torch.sigmoid(b))
+
+
+def test_gpt2_conv1d_blocks_split_its_fixed_width_qkv_on_export_but_not_under_fx_and_plain_mlps_stay_width_1():
     g = capture(*build("hf-gpt2-tiny", device="meta"))
     layer = g.units[1]
-    assert [b.kind for b in layer.tensor_parallel] == ["mlp"]  # Conv1D weights are (in, out): dims swapped
-    assert [(p.name.rsplit(".", 2)[1], p.dim) for p in layer.tensor_parallel[0].parameters] == [
-        ("c_fc", 1), ("c_fc", 0), ("c_proj", 0)]
-    assert "split by fixed widths 32" in layer.tp_note and "chunk()" in layer.tp_note  # the attention: width-1
+    assert [b.kind for b in layer.tensor_parallel] == ["attention", "mlp"] and not layer.tp_note
+    attn, mlp = layer.tensor_parallel  # Conv1D weights are (in, out): dims swapped
+    assert [(p.name.rsplit(".", 2)[1], p.dim, p.part_size, p.segments) for p in attn.parameters] == [
+        ("c_attn", 1, 8, 3), ("c_attn", 0, 8, 3), ("c_proj", 0, 8, 1)]  # q|k|v by split_size: re-exported per member
+    assert (attn.parts, attn.row_bias) == (4, "transformer.h.0.attn.c_proj.bias")
+    assert [(p.name.rsplit(".", 2)[1], p.dim) for p in mlp.parameters] == [("c_fc", 1), ("c_fc", 0), ("c_proj", 0)]
+    glu = capture(_FixedSplitGLU(), (torch.zeros(2, 4, 16, device="meta"),))  # an nn.Linear cut at the full width
+    assert not any(u.tensor_parallel for u in glu.units) and any("split by fixed widths 32" in u.tp_note and "chunk()" in u.tp_note for u in glu.units)
     m = capture(*build("mlp-tiny", device="meta"))  # each Linear + ReLU is its own unit: no pair inside one
     assert all(not u.tensor_parallel and "no column-parallel" in u.tp_note for u in m.units)
 

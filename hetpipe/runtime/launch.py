@@ -91,6 +91,8 @@ class LaunchSpec:
     inject: tuple[str, ...] = ()  # --inject fault specs (`hetpipe.runtime.faults.inject`)
     straggler_margin: float | None = None  # `hetpipe.runtime.faults.straggler`
     straggler_steps: int | None = None
+    switch_at: str | None = None  # "STEPS=PLAN.json": switch plans in place then (`hetpipe.runtime.switch`)
+    switch_listen: bool = False  # take a supervisor's in-place switch requests (``--adapt``)
 
 
 def worker_args(spec: LaunchSpec) -> list[str]:
@@ -101,7 +103,8 @@ def worker_args(spec: LaunchSpec) -> list[str]:
                 "--loss": spec.loss, "--safety-factor": spec.safety_factor, "--weights": spec.weights,
                 "--save-weights": spec.save_weights, "--checkpoint-dir": spec.checkpoint_dir,
                 "--checkpoint-every": spec.checkpoint_every, "--resume": spec.resume,
-                "--straggler-margin": spec.straggler_margin, "--straggler-steps": spec.straggler_steps}
+                "--straggler-margin": spec.straggler_margin, "--straggler-steps": spec.straggler_steps,
+                "--switch-at": spec.switch_at}
     for flag, value in optional.items():
         if value is not None:
             args += [flag, str(value)]
@@ -111,6 +114,8 @@ def worker_args(spec: LaunchSpec) -> list[str]:
         args.append("--emulate")
     if not spec.sync_overlap:
         args.append("--no-sync-overlap")
+    if spec.switch_listen:
+        args.append("--switch-listen")
     return args
 
 

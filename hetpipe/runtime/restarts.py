@@ -26,7 +26,8 @@ class Restart:
     died and its device came back within ``--wait-for-return``: same plan), ``relaunched`` (a rank of
     a replica plan died: the same plan is relaunched, its card taken to be working) or ``adapt`` (a
     straggler report: the device is kept, priced at its measured slowdown; ``device`` is then
-    ``"a:0 -> b:1"`` for a slow link, priced at its measured slowdown both ways).  ``failed_step``:
+    ``"a:0 -> b:1"`` for a slow link, priced at its measured slowdown both ways) or ``in-place`` (the
+    same, switched inside the running job: no relaunch, nothing redone, ``restart_s`` the switch's).  ``failed_step``:
     steps every rank had finished when the old job stopped; ``resumed_step``: the checkpoint's
     step the new job continued from; ``steps_redone`` = failed_step - resumed_step.
     ``replan_s``: wall seconds of the re-plan; ``restart_s``: wall seconds from the old job's end
@@ -64,6 +65,9 @@ class Restart:
             how = f"back after {self.waited_s:.3g} s: the same plan {self.new_stages}, T {_ms(self.new_predicted_s)}"
         elif self.kind == "relaunched":
             how = f"relaunched on the same plan {self.new_stages}, T {_ms(self.new_predicted_s)}"
+        elif self.kind == "in-place":
+            how = (f"re-planned in {self.replan_s:.3g} s and switched in place (no relaunch): {self.new_stages}, "
+                   f"T {_ms(self.old_predicted_s)} -> {_ms(self.new_predicted_s)}")
         else:
             waited = f"not back within {self.waited_s:.3g} s; " if self.waited_s else ""
             how = (f"{waited}re-planned in {self.replan_s:.3g} s: {self.new_stages}, T {_ms(self.old_predicted_s)} -> "

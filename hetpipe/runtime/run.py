@@ -47,6 +47,7 @@ from hetpipe.runtime.interleaved_run import plan_chunks, refuse_unrunnable_inter
 from hetpipe.runtime.launch import LaunchSpec, launch
 from hetpipe.runtime.tp_run import check_shardable
 from hetpipe.runtime.report import RankResult, RunReport, build_report
+from hetpipe.runtime.switch import final_plan, forced_switch, read_switches
 from hetpipe.runtime.user_checks import check_user_code
 
 log = logging.getLogger(__name__)
@@ -223,14 +224,12 @@ def run(
     seq: int | None = None,
     seed: int = 0,
     lr: float | None = None,
-    safety_factor: float | None = None,
-    run_dir: str | Path | None = None,
-    sync_overlap: bool = True,
-    weights: str | Path | None = None,
-    save_weights: str | Path | None = None,
+    safety_factor: float | None = None, run_dir: str | Path | None = None, sync_overlap: bool = True,
+    weights: str | Path | None = None, save_weights: str | Path | None = None,
     checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, resume: str | Path | None = None,
     inject: Sequence[str] | None = None, straggler_margin: float | None = None, straggler_steps: int | None = None,
     max_restarts: int | None = None, adapt: bool = False, wait_for_return: float | None = None,
+    switch_at: tuple[int, Plan] | None = None, switch_listen: bool = False,
 ) -> RunReport:
     """Train ``model`` for ``steps`` optimizer steps with ``plan`` (see the module docstring).
 
@@ -239,7 +238,8 @@ def run(
     ``weights``: a checkpoint to start from, each rank reading its stage only (default: `seeded_init`
     from ``seed``); ``save_weights``: a folder for the trained weights (`hetpipe.runtime.stage.weights`).
     ``checkpoint_dir`` / ``checkpoint_every`` / ``resume``: `hetpipe.runtime.checkpoint` (``steps``: the total to reach).
-    ``max_restarts`` / ``adapt`` / ``wait_for_return``: `hetpipe.runtime.supervise` (lost ranks, stragglers).
+    ``max_restarts`` / ``adapt`` / ``wait_for_return``: `hetpipe.runtime.supervise` (lost ranks, stragglers);
+    ``switch_at=(K, plan2)`` / ``switch_listen``: in-place plan switches (`hetpipe.runtime.switch`).
     Raises `PlanError` (plan for another model), `ScheduleError`, `ConfigError` before
     launching; `RuntimeFailure` naming the rank, stage and action if a rank fails.
     """
@@ -262,7 +262,8 @@ def run(
     spec = LaunchSpec(plan_path=plan_path, model=model, steps=steps, nproc=len(rank_slots(plan)), run_dir=workdir,
                       emulate=emulate, schedule=schedule, timeout_s=timeout_s, seed=seed, seq=seq, lr=lr,
                       data=data_spec, loss=loss_spec, safety_factor=safety_factor, sync_overlap=sync_overlap,
-                      weights=weights_arg, save_weights=save_arg, **ckpt.launch_fields(), **faults.launch_fields())
+                      weights=weights_arg, save_weights=save_arg, **ckpt.launch_fields(), **faults.launch_fields(),
+                      switch_at=forced_switch(workdir, plan, switch_at), switch_listen=switch_listen)
     out = faults.annotate(ckpt.annotate(_launch_and_report(spec, plan, sync_overlap=sync_overlap)))
     if report is not None:
         out.save(report)
@@ -302,7 +303,8 @@ def _supervised(plan: Plan, args: dict[str, Any]) -> RunReport:
                             steps=once["steps"], max_restarts=max_restarts, adapt=adapt,
                             resume=str(resume) if resume is not None else None,
                             checkpoint_every=once["checkpoint_every"], wait_for_return_s=wait_s,
-                            same_plan=bool(plan.replicas))
+                            same_plan=bool(plan.replicas), switch_in_place=adapt)
+    once["switch_listen"] = adapt  # a slow card's re-plan on the same world is switched into the running job
 
     carrier = InjectionCarrier(once.pop("inject", None))  # the faults belong to the run, not to one launch
     out = supervise(plan, carried_attempts(once, carrier), opts, run_dir=Path(run_dir) if run_dir is not None else None)
@@ -338,8 +340,11 @@ def _launch_and_report(spec: LaunchSpec, plan: Plan, *, sync_overlap: bool) -> R
 
         copy_side_files(spec.weights, spec.save_weights)
     results = [RankResult.load(spec.run_dir / f"result-rank{r}.json") for r in range(spec.nproc)]
-    return build_report(plan, results, schedule=spec.schedule or plan.training.schedule, emulate=spec.emulate,
-                        wall_s=outcome.wall_s, sync_overlap=sync_overlap)
+    plan = final_plan(spec.run_dir, plan)  # the plan an in-place switch moved the job onto, if any
+    out = build_report(plan, results, schedule=spec.schedule or plan.training.schedule, emulate=spec.emulate,
+                       wall_s=outcome.wall_s, sync_overlap=sync_overlap)
+    switched = tuple(r.line() for r in read_switches(spec.run_dir))
+    return dataclasses.replace(out, notes=(*out.notes, *switched)) if switched else out
 
 
 def collect_report(plan: Plan | str | Path, run_dirs: Sequence[str | Path], *, schedule: str | None = None,

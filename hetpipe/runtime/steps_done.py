@@ -42,6 +42,7 @@ class StepsDone:
     step_s: tuple[float, ...]
     time_scale: float
     time_s: float
+    build_s: float = 0.0  # seconds the rank took at start-up to split the graph and build its stage
 
     def recent_real_s(self) -> float:
         """Median real seconds of the last `RECENT_STEPS` steps (0 before the first)."""
@@ -64,12 +65,13 @@ def write_steps(run_dir: Path, record: StepsDone) -> None:
     os.replace(tmp, path)
 
 
-def record_step(run_dir: Path, *, rank: int, stage: int, steps_done: int, step_s: list[float], hooks: Any) -> None:
+def record_step(run_dir: Path, *, rank: int, stage: int, steps_done: int, step_s: list[float], hooks: Any,
+                build_s: float = 0.0) -> None:
     """The worker's call after each step (``hooks``: its emulation hooks, for the time scale)."""
     origin = getattr(hooks, "origin", None)
     scale = float(origin.real_s_per_emulated_s) if origin is not None else 1.0
     write_steps(run_dir, StepsDone(rank, stage, steps_done, os.getpid(), tuple(step_s[-_KEPT_STEPS:]), scale,
-                                   time.time()))
+                                   time.time(), build_s))
 
 
 def read_steps(run_dir: Path) -> dict[int, StepsDone]:

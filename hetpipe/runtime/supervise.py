@@ -28,7 +28,9 @@ supervision) at a time in ``RUN_DIR/attempt-<n>/`` and watches its run directory
   own start-up, from launch to its first finished step).  If it wins, the supervisor waits for
   the next complete checkpoint, stops the job (``stop-request``, `hetpipe.runtime.launch`) and
   relaunches on the new plan from that checkpoint: no step is redone unless the stop lands
-  after the next step finished.
+  after the next step finished.  On the same world (the card is slow, not dead) the job instead
+  **switches in place** at its next step boundary (`hetpipe.runtime.switch`), priced at the switch's
+  cost (`hetpipe.runtime.switch_price`); it is listed as a restart of kind ``in-place``.
 
 How far each rank got comes from ``steps-rank<r>.json`` (`hetpipe.runtime.steps_done`).  Every
 restart is logged in one line and listed in the final report (`Restart`); the final report is
@@ -64,6 +66,8 @@ from hetpipe.runtime.launch import STOP_REQUEST, describe_exit, exit_codes, read
 from hetpipe.runtime.report import RunReport
 from hetpipe.runtime.restarts import Restart
 from hetpipe.runtime.steps_done import StepsDone, read_steps
+from hetpipe.runtime.switch import read_switches, request_switch, switch_refusal
+from hetpipe.runtime.switch_price import in_place_restart, switch_cost_s
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +93,7 @@ class SuperviseOptions:
     checkpoint_every: int | None = None  # adapt stops the job only at checkpoints
     wait_for_return_s: float | None = None  # after a lost rank: wait this long for its device, then re-plan
     same_plan: bool = False  # after a lost rank: relaunch this plan (replica plans: `hetpipe.plan.replan` solves one pipeline)
+    switch_in_place: bool = False  # adapt: the attempts take switch requests (`hetpipe.runtime.switch`)
     poll_s: float = POLL_S
 
 
@@ -141,6 +146,7 @@ class Decision:
     stop_step: int  # the checkpoint step the job stops at
     gain_s: float
     cost_s: float
+    in_place: bool = False  # the job switches plans at its next step boundary instead of a relaunch
 
     @property
     def go(self) -> bool:
@@ -148,10 +154,12 @@ class Decision:
 
     def line(self) -> str:
         s = self.straggler
-        verdict = f"restarting at the checkpoint of step {self.stop_step}" if self.go else "staying on this plan"
+        verdict = (("switching in place after step" if self.in_place else "restarting at the checkpoint of step")
+                   + f" {self.stop_step}" if self.go else "staying on this plan")
+        act = "switch" if self.in_place else "restart"
         return (f"straggler: {s.what} {s.factor:.3g}x slower at step {s.step}; re-planned in "
                 f"{self.replan.replan_s:.3g} s: {stage_text(self.replan.plan)}, T {self.replan.old_iteration_s:.4g} "
-                f"-> {self.replan.new_iteration_s:.4g} s; predicted gain {self.gain_s:.3g} s vs restart cost "
+                f"-> {self.replan.new_iteration_s:.4g} s; predicted gain {self.gain_s:.3g} s vs {act} cost "
                 f"{self.cost_s:.3g} s: {verdict}")
 
 
@@ -241,6 +249,8 @@ class _Attempt:
         self.ended = math.nan
         self.first_step_at = math.nan
         self.notes: list[str] = []  # re-plans weighed while it ran (`Decision.line`)
+        self.switched: list[tuple[Decision, float]] = []  # in-place switches made: (decision, measured step before)
+        self.awaiting: tuple[Decision, float] | None = None  # a switch requested, not made yet
         self._thread = threading.Thread(target=self._run, args=(fn, resume), daemon=True, name=run_dir.name)
         self._thread.start()
 
@@ -298,17 +308,22 @@ def _resume_step(resume: str | None) -> int:
 
 
 def decide(job: _Attempt, straggler: Straggler, records: dict[int, StepsDone], *, steps: int,
-           every: int | None, start: int) -> Decision | None:
-    """Re-plan for ``straggler`` and weigh the gain against the restart (None: no checkpoint to stop at)."""
+           every: int | None, start: int, checkpoint_dir: Path | None = None) -> Decision | None:
+    """Re-plan for ``straggler`` and weigh the gain against the switch in place (same world, priced) or
+    the restart (None: neither -- no checkpoint to stop at)."""
     done = steps_finished(records, len(job.plan.stages), start)
+    rp = straggler.replan(job.plan)
+    recent_s = max((r.recent_real_s() for r in records.values()), default=0.0)
+    new_real_s = recent_s * rp.new_iteration_s / rp.old_iteration_s  # the measured step, scaled by the plans' ratio
+    switch_s = switch_cost_s(job.run_dir, checkpoint_dir) if checkpoint_dir is not None else None
+    if switch_s is not None and switch_refusal(job.plan, rp.plan) is None:  # the world is unchanged
+        return Decision(straggler, rp, done + 1, gain_s=max(0, steps - done - 1) * (recent_s - new_real_s),
+                        cost_s=rp.replan_s + switch_s, in_place=True)
     if not every:
         log.warning("straggler: %s %.3gx slower; --adapt stops only at checkpoints and this run has no "
                     "--checkpoint-every: staying on this plan", straggler.what, straggler.factor)
         return None
     stop = (done // every + 1) * every
-    rp = straggler.replan(job.plan)
-    recent_s = max((r.recent_real_s() for r in records.values()), default=0.0)
-    new_real_s = recent_s * rp.new_iteration_s / rp.old_iteration_s  # the measured step, scaled by the plans' ratio
     startup_s = (job.first_step_at - job.started) if not math.isnan(job.first_step_at) else math.inf
     return Decision(straggler, rp, stop, gain_s=max(0, steps - stop) * (recent_s - new_real_s),
                     cost_s=rp.replan_s + startup_s)
@@ -326,10 +341,15 @@ def _consider(job: _Attempt, records: dict[int, StepsDone], seen: set[tuple[Path
         if straggler is None:
             continue
         seen.add(key)
-        decision = decide(job, straggler, records, steps=opts.steps, every=every, start=start)
+        decision = decide(job, straggler, records, steps=opts.steps, every=every, start=start,
+                          checkpoint_dir=opts.checkpoint_dir if opts.switch_in_place else None)
         if decision is not None:
             log.warning("%s", decision.line())
             job.notes.append(decision.line())
+            if decision.go and decision.in_place:  # the job goes on; rank 0 takes the request at a step boundary
+                request_switch(job.run_dir, decision.replan.plan, decision.line())
+                job.awaiting = (decision, recent_iteration_s(records))
+                return None
             if decision.go:
                 return decision
     return None
@@ -346,7 +366,7 @@ def _watch(job: _Attempt, opts: SuperviseOptions, *, every: int | None, start: i
             records = read_steps(job.run_dir)
             if math.isnan(job.first_step_at) and any(r.steps_done > start for r in records.values()):
                 job.first_step_at = time.time()
-            if not adapt:
+            if not adapt or _switching(job):
                 continue
             if decision is None:
                 decision = _consider(job, records, seen, opts, every=every, start=start)
@@ -358,6 +378,28 @@ def _watch(job: _Attempt, opts: SuperviseOptions, *, every: int | None, start: i
         raise
     job.join()
     return decision if decision is not None and stop.exists() else None
+
+
+def _switching(job: _Attempt) -> bool:
+    """Note a requested switch once made (the job then runs its plan); True until it is (nothing else is weighed)."""
+    if job.awaiting is not None and len(read_switches(job.run_dir)) > len(job.switched):
+        job.switched.append(job.awaiting)
+        job.plan, job.awaiting = job.awaiting[0].replan.plan, None
+    return job.awaiting is not None
+
+
+def _switch_restarts(job: _Attempt, start: int) -> list[Restart]:
+    """The `Restart` records (kind ``in-place``) of the switches ``job`` made, measured before and after."""
+    out = []
+    for (decision, before_s), record in zip(job.switched, read_switches(job.run_dir)):
+        s = decision.straggler
+        after = sorted(r.emulated_step_s for r in (job.report.step_records if job.report is not None else ())
+                       if r.step + start >= record.after_steps)
+        out.append(in_place_restart(record, cause=f"straggler report of rank {s.rank}", rank=s.rank,
+                                    device=f"{s.link[0]} -> {s.link[1]}" if s.link else s.device, factor=s.factor,
+                                    replan_s=decision.replan.replan_s, old_predicted_s=decision.replan.old_iteration_s,
+                                    old_measured_s=before_s, new_measured_s=after[len(after) // 2] if after else 0.0))
+    return out
 
 
 def _lost(job: _Attempt, opts: SuperviseOptions, *, start: int,
@@ -438,6 +480,8 @@ def supervise(plan: Plan, attempt: AttemptFn, opts: SuperviseOptions, *, run_dir
             decision = _watch(job, opts, every=opts.checkpoint_every, start=start,
                               adapt=opts.adapt and adapt_used < MAX_ADAPT_RESTARTS)
             notes.extend(job.notes)
+            for r in _switch_restarts(job, start):
+                restarts, notes = [*restarts, r], [*notes, r.line(len(restarts) + 1)]
             if pending is not None:
                 restarts.append(pending.finish(job))
                 log.warning("%s", restarts[-1].line(len(restarts)))

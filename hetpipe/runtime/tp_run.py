@@ -32,6 +32,9 @@ from hetpipe.runtime.execute.group import group_wiring
 from hetpipe.runtime.execute.options import ReplicaWiring
 from hetpipe.runtime.stage.types import StageModule
 from hetpipe.runtime.stage.weights import save_pipeline
+from hetpipe.runtime.rank import node_to_stage, resolve_for_plan
+from hetpipe.runtime.tp_export import (
+    is_export_stage, member_node_stage, member_stage_graph, shard_export_stage)
 from hetpipe.runtime.tp_ranks import GroupHandles, Layout, gather_layout
 from hetpipe.runtime.tp_shard import MemberShare, gather_parameter, shard_model
 from hetpipe.runtime.tp_vocab import check_vocab_loss, vocab_loss
@@ -58,10 +61,10 @@ def stage_blocks(units: Sequence[Any], plan_stage: Any) -> list[Any]:
 
 
 def check_shardable(plan: Plan, graph: Any, *, loss: str | None = None) -> None:
-    """Refuse, before launching, a group stage whose blocks' layers are not ``nn.Linear`` / ``Conv1D``
-    (``nn.Embedding``) modules in the captured graph (a ``torch.export`` graph of a Hugging Face model
-    holds plain containers: `shard_model` would refuse it on every rank after the launch), and a
-    ``--loss`` other than the built-in LM loss when the last stage's head is split by vocabulary."""
+    """Refuse, before launching, a group stage whose blocks' layers are neither ``nn.Linear`` / ``Conv1D``
+    (``nn.Embedding``) modules (``torch.fx``) nor weights applied in a ``torch.export`` graph (plain
+    containers: Hugging Face models, re-exported per member by `tp_export`), and a ``--loss`` other than
+    the built-in LM loss when the last stage's head is split by vocabulary."""
     last = plan.stages[-1]
     if loss is not None and last.group_devices and any(b.kind == "head" for b in stage_blocks(graph.units, last)):
         check_vocab_loss(import_callable(loss, option="--loss"))
@@ -71,16 +74,19 @@ def check_shardable(plan: Plan, graph: Any, *, loss: str | None = None) -> None:
             for spec in block.parameters:
                 path = spec.name.rsplit(".", 1)[0]
                 kind = type(graph.module.get_submodule(path)).__name__
-                if kind not in ("Linear", "Conv1D", "Embedding"):
+                if kind not in ("Linear", "Conv1D", "Embedding", "Module"):
                     raise ConfigError(f"plan stage {st.index} runs on the group {list(st.group_devices)}, but its "
-                                      f"tensor-parallel layer {path!r} is a {kind} in the captured graph (a "
-                                      "torch.export graph: Hugging Face models), which groups cannot shard yet; "
-                                      "re-plan with --tensor-parallel off")
+                                      f"tensor-parallel layer {path!r} is a {kind} in the captured graph, which "
+                                      "groups cannot shard; re-plan with --tensor-parallel off")
 
 
 def setup_groups(plan: Plan, slot: RankSlot, stage: StageModule, units: Sequence[Any], *,
-                 timeout_s: float) -> GroupSetup:
-    """Collective: layout, process groups, this member's shard, its wiring (module docstring)."""
+                 timeout_s: float, source: Any = None) -> GroupSetup:
+    """Collective: layout, process groups, this member's shard, its wiring (module docstring).
+
+    ``source``: the rank's run (``worker._Run``): a stage of a ``torch.export`` graph (Hugging Face
+    models) is re-exported at the member's widths from its ``args.model`` and ``args.seq`` and aligned
+    with its captured graph module ``meta_model`` (`tp_export`)."""
     layout = gather_layout(plan, slot)
     handles = GroupHandles(layout, [g.stages for g in stage.tied_groups], timeout_s=timeout_s)
     st = plan.stages[slot.stage]
@@ -91,11 +97,29 @@ def setup_groups(plan: Plan, slot: RankSlot, stage: StageModule, units: Sequence
         raise ConfigError(f"plan stage {slot.stage} runs on the group {list(st.group_devices)}, but its units "
                           f"{st.first_unit}-{st.last_unit} have no tensor-parallel block in this model; re-create "
                           "the plan with `hetpipe plan --tensor-parallel auto` for this model")
-    group = handles.my_group()
-    shard_model(stage.module, blocks, share=MemberShare(slot.member, tuple(st.group_shares)), group=group)
+    group, share = handles.my_group(), MemberShare(slot.member, tuple(st.group_shares))
+    if is_export_stage(stage.module, blocks):
+        if source is None:
+            raise ConfigError("a tensor-parallel stage of a torch.export graph is rebuilt from its model: pass "
+                              "source= (the rank's run: its args.model, args.seq, meta_model) to setup_groups")
+        _shard_export(plan, slot, stage, blocks, share=share, group=group, model=source.args.model,
+                      seq=source.args.seq, full_graph=source.meta_model)
+    else:
+        shard_model(stage.module, blocks, share=share, group=group)
     wiring = group_wiring(stage, group=group, lead_rank=layout.stage_ranks[slot.stage], is_lead=layout.is_lead,
                           tied_group=handles.tied_group)
     return GroupSetup(layout, wiring, handles, stage.module)
+
+
+def _shard_export(plan: Plan, slot: RankSlot, stage: StageModule, blocks: Sequence[Any], *, share: MemberShare,
+                  group: Any, model: str, seq: int | None, full_graph: Any) -> None:
+    """A stage of a ``torch.export`` graph: re-export the member's model at its widths (`tp_export`)."""
+    resolved = resolve_for_plan(plan, model=model, seq=seq)
+    full_stages = node_to_stage(plan, full_graph)
+    local = member_stage_graph(resolved.model, resolved.example_inputs, blocks, share=share, stage=slot.stage,
+                               node_stage=lambda gm: member_node_stage(full_graph, full_stages, gm),
+                               expect=(stage.in_cut, stage.out_cut))
+    shard_export_stage(stage.module, local, blocks, share=share, group=group, device=stage.device)
 
 
 def save_grouped(setup: GroupSetup, plan: Plan, stage: StageModule, units: Sequence[Any], *,

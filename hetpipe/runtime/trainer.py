@@ -195,7 +195,8 @@ def _join(run: Any) -> str:
     backend = join_process_group(run.args.timeout)
     run.rank = dist.get_rank()
     if run.slot is not None:  # tensor-parallel groups: layout, process groups, this member's shard (tp_run.py)
-        run.groups = setup_groups(run.plan, run.slot, run.stage, run.units, timeout_s=run.args.timeout)
+        run.groups = setup_groups(run.plan, run.slot, run.stage, run.units, timeout_s=run.args.timeout,
+                                  source=run)
         run.stage_ranks, run.wiring = list(run.groups.layout.executor_ranks), run.groups.wiring
     else:
         run.stage_ranks = gather_stage_ranks(run.index, run.num_stages)

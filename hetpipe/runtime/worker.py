@@ -65,6 +65,7 @@ from hetpipe.runtime.pinning import pin_stage
 from hetpipe.runtime.update_timer import UpdateTimer
 from hetpipe.runtime.report import RankResult, median
 from hetpipe.runtime.steps_done import record_step
+from hetpipe.runtime.switch import SwitchPoint, add_switch_args, at_boundaries
 from hetpipe.runtime.stage.buffers import ModelBuffers, kept_buffers
 from hetpipe.runtime.data import data_stream, split_microbatches
 from hetpipe.runtime.emulate.pipeline import RecordingHooks
@@ -117,19 +118,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--inject", action="append", default=[], help="a fault (hetpipe.runtime.faults.inject)")
     p.add_argument("--straggler-margin", type=float, default=None)
     p.add_argument("--straggler-steps", type=int, default=None)
+    add_switch_args(p)  # --switch-at, --switch-listen (runtime/switch.py)
     # Not "--node": torchrun's own parser would take it for an abbreviation of --node-rank.
     p.add_argument("--plan-node", dest="node", default=os.environ.get("HETPIPE_NODE"),
                    help="the plan node this torchrun agent runs (multi-node jobs; default: one node)")
     return p.parse_args(argv)
-
-
-# ----------------------------------------------------------------------------- model and plan
-
-
-# ----------------------------------------------------------------------------- emulation inputs
-
-
-# ----------------------------------------------------------------------------- the run
 
 
 def _microbatches(batch: tuple[Any, Any] | None, plan: Plan, stage: int) -> tuple[list[Any] | None, list[Any] | None]:
@@ -207,7 +200,7 @@ def prepare(args: argparse.Namespace, state: RankState, *, plan: Plan | None = N
     state.phase = "schedule validation"
     schedule = make_schedule(args.schedule or plan.training.schedule, p, m)
     validate_schedule(schedule, num_stages=p, num_microbatches=m)
-    state.phase = "building the stage"
+    state.phase, built_from = "building the stage", time.monotonic()
     program = split_stages(graph.module, mapping, example_inputs=example, num_stages=p * max(1, len(plan.stages[0].chunks)))
     if state_dict is None and getattr(args, "weights", None):
         state.phase = "checking --weights"
@@ -219,8 +212,8 @@ def prepare(args: argparse.Namespace, state: RankState, *, plan: Plan | None = N
                          recompute=recompute_nodes(plan, state.stage))
     stage = built[0] if len(built) == 1 else RankStages.of(built)  # interleaved: the rank's chunks
     run = _Run(args, plan, stage, state.stage, schedule[state.stage], graph.module, example)
-    run.saved_names = saved_names(program, state.stage)
-    run.program, run.slot, run.units = program, slot, graph.units
+    run.saved_names, state.build_s = saved_names(program, state.stage), time.monotonic() - built_from  # prices a switch
+    run.program, run.slot, run.units, run.graph = program, slot, graph.units, graph  # graph: re-cut by a switch
     return run
 
 
@@ -292,10 +285,11 @@ class _RankLoop:
     after_step: Callable[[int, bool], None] = lambda steps_done, last: None  # checkpoints
     update_s: Callable[[], list[float]] = list  # seconds of each optimizer.step() (runtime/update_timer.py)
     slot: Any = None  # `RankSlot` of a plan with tensor-parallel groups (its member and card)
+    switch: Callable[[int], Any] = lambda steps_done: None  # steps done -> `Switched` or None (runtime/switch.py)
 
 
-def _pipeline_rank(args: argparse.Namespace, state: RankState, run: _Run, ranks: list[int]) -> _RankLoop:
-    """A single pipeline (plan version 1): (calibration,) the optimizer and this stage's executor."""
+def _pipeline_rank(args: argparse.Namespace, state: RankState, run: _Run, ranks: list[int], hooks: Any = None) -> Any:
+    """A single pipeline (plan version 1): (calibration,) the optimizer and executor (``hooks``: a switch's)."""
     run.stage_ranks = ranks
     last = run.index == run.num_stages - 1
     loss_fn = loss_for(args.model, args.loss) if last else None
@@ -305,13 +299,13 @@ def _pipeline_rank(args: argparse.Namespace, state: RankState, run: _Run, ranks:
     stream = run.data(resume[1].batches_consumed if resume else 0) if run.index == 0 or last else None
     first = next(stream, None) if stream is not None else None
     state.phase = "calibration"
-    hooks = _emulation_hooks(run, loss_fn, first) if args.emulate else RecordingHooks()
+    hooks = hooks if hooks is not None else _emulation_hooks(run, loss_fn, first) if args.emulate else RecordingHooks()
     state.hooks = hooks
     optimizer = stage_optimizer(run.plan, run.index, list(run.stage.parameters()), lr=args.lr)
     timer = UpdateTimer.attach(optimizer)
     executor = run.executor(actions=run.actions, optimizer=optimizer, microbatches=run.plan.training.microbatches,
                             hooks=hooks, loss_fn=loss_fn)
-    start, after_step = _checkpoints(args, state, run, optimizer, resume)
+    start, after_step, saved = _checkpoints(args, state, run, optimizer, resume)
 
     def step(batch: Any) -> tuple[Any, float | None]:
         stats = executor.step(*_microbatches(batch, run.plan, run.index))
@@ -330,7 +324,9 @@ def _pipeline_rank(args: argparse.Namespace, state: RankState, run: _Run, ranks:
                               num_stages=run.num_stages)
 
     return _RankLoop(step, hooks, run.index, stream, first, finish=finish, start=start, after_step=after_step,
-                     update_s=lambda: timer.durations_s, slot=run.slot)
+                     update_s=lambda: timer.durations_s, slot=run.slot, switch=at_boundaries(  # runtime/switch.py
+                         state, args=args, run=run, saved=saved, hooks=hooks,
+                         make_loop=lambda a, r, h, rk: _pipeline_rank(a, state, r, rk, h)))
 
 
 def _resume_point(args: argparse.Namespace) -> Any:
@@ -343,8 +339,8 @@ def _resume_point(args: argparse.Namespace) -> Any:
 
 
 def _checkpoints(args: argparse.Namespace, state: RankState, run: _Run, optimizer: Any,
-                 resume: Any) -> tuple[int, Callable[[int, bool], None]]:
-    """Restore ``--resume`` (collective) and return (steps already taken, the per-step saver)."""
+                 resume: Any) -> tuple[int, Callable[[int, bool], None], Any]:
+    """Restore ``--resume`` (collective) and return (steps already taken, the per-step saver, what it saves)."""
     from hetpipe.runtime.checkpoint.state import for_run, resume_stage, save_checkpoint
 
     st, ckpt = for_run(run, optimizer, root=getattr(args, "checkpoint_dir", None),
@@ -359,7 +355,7 @@ def _checkpoints(args: argparse.Namespace, state: RankState, run: _Run, optimize
             state.phase = f"saving the checkpoint of step {steps_done}"
             save_checkpoint(ckpt.root, step=steps_done, state=st, info=ckpt.info(steps_done))
 
-    return start, after_step
+    return start, after_step, (st, ckpt)
 
 
 def _replica_rank(args: argparse.Namespace, state: RankState, plan: Plan, ranks: list[int]) -> _RankLoop:
@@ -419,7 +415,10 @@ def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, p
         loop.after_step(step + 1, step + 1 == args.steps)
         touch(progress)
         record_step(args.run_dir, rank=state.rank, stage=loop.plan_stage, steps_done=step + 1, step_s=step_s,
-                    hooks=loop.hooks)  # how far this rank got, for a supervisor (runtime/steps_done.py)
+                    hooks=loop.hooks, build_s=getattr(state, "build_s", 0.0))  # for a supervisor (steps_done.py)
+        moved = loop.switch(step + 1) if step + 1 < args.steps else None
+        if moved:  # in place onto a new plan (runtime/switch.py): the loop goes on with the next step
+            loop, watch, plan, state.watch = moved.loop, moved.watch, moved.plan, moved.watch
     state.phase = "finishing"
     loop.finish()
     barrier(backend == "gloo", args.timeout)
@@ -449,11 +448,12 @@ def train(args: argparse.Namespace, state: RankState) -> RankResult:
     backend = join_process_group(args.timeout)  # step 5, the one join
     if run is not None and run.slot is not None:  # tensor-parallel groups: layout, groups, shards (tp_run.py)
         state.phase = "setting up the tensor-parallel groups"
-        setup = setup_groups(plan, run.slot, run.stage, run.units, timeout_s=args.timeout)
+        setup = setup_groups(plan, run.slot, run.stage, run.units, timeout_s=args.timeout, source=run)
         ranks, run.wiring, run.groups = list(setup.layout.executor_ranks), setup.wiring, setup
     else:
         ranks = gather_stage_ranks(state.stage, len(plan.stages))
     heartbeat.install(args.run_dir / f"progress-rank{state.rank}")  # the executor beats per action from here
+    state.switch = SwitchPoint.from_args(args, state.rank) if run is not None else None
     loop = _replica_rank(args, state, plan, ranks) if run is None else _pipeline_rank(args, state, run, ranks)
     state.watch = step_watch(args, plan=plan, stage=loop.plan_stage, rank=state.rank, stage_ranks=ranks,
                              hooks=loop.hooks, first_step=loop.start)

@@ -15,8 +15,10 @@ are the column-parallel layers.  The pair is a block when
   to it); without, every column layer's output width equals R's input width.
 
 A fused projection whose output is chunked into n equal pieces (the built-in GPT's q|k|v)
-has n segments; one split by fixed widths (Hugging Face GPT-2's ``split(self.split_size)``) is
-width-1 with that reason, since a member's narrower slice would be cut at the full width.
+has n segments.  One split by a fixed width (Hugging Face GPT-2's ``split(self.split_size)``) has n
+segments too when its weights are applied in a ``torch.export`` graph, whose runtime re-exports
+each member at its local widths (`hetpipe.runtime.tp_export`); under ``torch.fx`` (an ``nn.Linear``
+module) it is width-1 with that reason, since a member's narrower slice would be cut at the full width.
 ``Conv1D`` (Hugging Face GPT-2's transposed linear, ``addmm`` under ``torch.export``) splits
 like a linear with its weight's dimensions swapped.
 
@@ -162,11 +164,24 @@ def _closed(region: set[fx.Node], columns: list[_Linear], row: _Linear, costs: M
     return all(u in inside for n in made for u in n.users if _is_tensor(costs, u))
 
 
+def _resized_per_member(fixed: list[fx.Node], columns: list[_Linear]) -> bool:
+    """A fused projection split by a fixed width into equal pieces splits when its weights are applied
+    in the graph (``torch.export``): the runtime re-exports each member's model at its local widths,
+    the split width included (`hetpipe.runtime.tp_export`); an ``nn.Linear`` module's would not."""
+    outs = {c.out: c for c in columns}
+    for n in fixed:
+        col = outs.get(n.args[0])
+        if col is None or col.node.op == "call_module" or not isinstance(n.args[1], int) \
+                or n.args[1] * _segments(col) != col.out_features:
+            return False
+    return True
+
+
 def _parts(region: set[fx.Node], columns: list[_Linear], row: _Linear, costs: Mapping[str, NodeCost]
            ) -> tuple[str, int, list[int]] | str:
     """(kind, parts, each column's part size) or the reason the widths do not split."""
     fixed = [n for n in region if op_name(n) == "split"]
-    if fixed:
+    if fixed and not _resized_per_member(fixed, columns):
         return (f"its fused projection is split by fixed widths {fixed[0].args[1]} (the model's code, e.g. GPT-2's "
                 "split_size), which a member's narrower slice would break; split it with chunk() instead")
     attn = [n for n in region if op_name(n) in ATTENTION]

@@ -356,6 +356,7 @@ def least_bottleneck(problem: Problem, *, cap_s: float = math.inf, state_budget:
     `sum_lower_bound`, T >= S_lb + (m - 1) * b_min is a valid lower bound.  Raises `DeadlineReached`
     past `deadline` (`time.perf_counter()` seconds; checked between DP levels).
     """
+    check_kinds_fit(problem, state_budget)
     classes = device_classes(problem)
     size = count_vectors([c.count for c in classes], min(problem.num_units, len(problem.devices)))
     if size * len(classes) * (problem.num_units + 1) > state_budget:
@@ -363,6 +364,25 @@ def least_bottleneck(problem: Problem, *, cap_s: float = math.inf, state_budget:
     lattice = _Lattice.build(classes, min(problem.num_units, len(problem.devices)))
     out = _min_sum_counts(StageTables(problem, classes), cap_s, lattice, bottleneck=True, deadline=deadline)
     return None if out is None else (out[0], with_recompute(problem, assign_stages(classes, out[1])))
+
+
+def check_kinds_fit(problem: Problem, state_budget: int = DEFAULT_STATE_BUDGET) -> None:
+    """Raise `StateSpaceTooLarge` where the count DP cannot fit even with one class per kind: classes split
+    kinds (node, memory, links), which only adds count vectors, so this is a cheap early refusal
+    (`device_classes` compares every card pair: 0.5 s at 1,024 cards under load).
+
+    Example:
+        >>> from hetpipe.partitioner.problem import DeviceSlot
+        >>> p = Problem({"a": (1.0,)}, {"a": (1.0,)}, (1,), (1,), (0,), (DeviceSlot("d", "a", "n", 9),),
+        ...             ((1.0,),), ((0.0,),), 1)
+        >>> check_kinds_fit(p)   # one card: one state
+    """
+    kinds: dict[str, int] = {}
+    for d in problem.devices:
+        kinds[d.kind] = kinds.get(d.kind, 0) + 1
+    size = count_vectors(list(kinds.values()), min(problem.num_units, len(problem.devices)))
+    if size * len(kinds) * (problem.num_units + 1) > state_budget:
+        raise StateSpaceTooLarge(f"at least {size} device-count states")
 
 
 def _windows(h: np.ndarray, width: int, L: int) -> np.ndarray:
@@ -376,12 +396,9 @@ def _windows(h: np.ndarray, width: int, L: int) -> np.ndarray:
 def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callable = np.add, *,
                 deadline: float = math.inf, level_caps: LevelCaps | None = None,
                 ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
-    """Backward DP over count vectors, all vectors with the same total k in one numpy batch.
-
-    vals[k][i] has shape (C, L+1): the least cost of a suffix that uses the devices of
-    `lattice.groups[k][i]`, starts at unit u and has its front stage on class f;
-    backs[k][i] (C, L+1, 2) holds the next stage's start unit and front class.
-    """
+    """Backward DP over count vectors, all vectors with the same total k in one numpy batch: vals[k][i]
+    (C, L+1) is the least cost of a suffix that uses the devices of `lattice.groups[k][i]`, starts at unit u
+    and has its front stage on class f; backs[k][i] (C, L+1, 2) the next stage's start unit and front class."""
     C, L = len(tab.classes), tab.L
     width, rows = tab.width(cap), np.arange(L + 1)
     comm_ok = np.where(tab.comm2 <= cap, tab.comm2, np.inf)
@@ -432,6 +449,8 @@ def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callab
         vals[k], backs[k] = val, bp
         if pv is not None:
             paired[k] = pv
+        if not np.isfinite(val).any():
+            break  # every longer suffix extends one of these: none (a cap nothing meets costs one level)
     return vals, backs
 
 
@@ -440,6 +459,7 @@ class CountDP:
     own (`schedule_bound`); raises `StateSpaceTooLarge` beyond `state_budget` rows."""
 
     def __init__(self, problem: Problem, *, state_budget: int = DEFAULT_STATE_BUDGET) -> None:
+        check_kinds_fit(problem, state_budget)
         self.problem, self.classes = problem, device_classes(problem)
         limit = min(problem.num_units, len(problem.devices))
         size = count_vectors([c.count for c in self.classes], limit)

@@ -86,14 +86,11 @@ class RunDP:
     """The node-aware, count-free DP of the module docstring, with `dp.CountDP.min_sum`'s protocol."""
 
     def __init__(self, problem: Problem, *, max_units_x_stages: int = 20000) -> None:
-        relaxed = relaxed_problem(problem)
-        members: dict[str, list[int]] = {}
-        for i, d in enumerate(relaxed.devices):
-            members.setdefault(d.kind, []).append(i)
+        relaxed = relaxed_problem(problem, one_per_kind=True)  # the stage tables need one card per kind
         # one class per kind: relaxed, a kind's cards share memory, host figures and links (what
         # `dp.device_classes` finds, in seconds at 1,024 cards)
-        classes = tuple(DeviceClass(k, relaxed.devices[ids[0]].node, relaxed.devices[ids[0]].usable_bytes, tuple(ids))
-                        for k, ids in members.items())
+        classes = tuple(DeviceClass(d.kind, d.node, d.usable_bytes, (i,)) for i, d in enumerate(relaxed.devices))
+        members = {d.kind: [i] for i, d in enumerate(relaxed.devices)}
         self.kinds = list(members)
         self.problem, self.tab = problem, StageTables(relaxed, classes)
         self.intra2, self.inter2 = link_tables(problem, self.kinds)

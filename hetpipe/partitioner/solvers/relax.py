@@ -58,8 +58,10 @@ ANY_NODE = "*"
 RELAXED_STATE_BUDGET = 5_000_000
 
 
-def relaxed_problem(problem: Problem) -> Problem:
-    """The node-free relaxation of `problem` (see the module docstring)."""
+def relaxed_problem(problem: Problem, *, one_per_kind: bool = False) -> Problem:
+    """The node-free relaxation of `problem` (see the module docstring); with `one_per_kind`, only the first
+    card of each kind is kept (for DPs without card counts, `pace_runs.RunDP`: the n x n link tables of
+    1,024 cards took a second to rebuild under load)."""
     devs = problem.devices
     usable: dict[str, int] = {}
     host: dict[str, tuple[float, float]] = {}  # kind -> (host link, host memory) bytes/s, the best of its cards
@@ -78,6 +80,9 @@ def relaxed_problem(problem: Problem) -> Problem:
             pair = off & (of[:, None] == a) & (of[None, :] == b)
             if pair.any():
                 best_bw[a, b], best_lat[a, b] = bw_in[pair].max(), lat_in[pair].min()
+    if one_per_kind:
+        firsts = [int(np.flatnonzero(of == k)[0]) for k in range(len(kinds))]
+        devs, of = tuple(devs[i] for i in firsts), np.arange(len(kinds))
     bw, lat = best_bw[of[:, None], of[None, :]], best_lat[of[:, None], of[None, :]]
     np.fill_diagonal(bw, math.inf)
     np.fill_diagonal(lat, 0.0)

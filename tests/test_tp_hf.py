@@ -1,0 +1,154 @@
+"""Tensor-parallel groups on Hugging Face Llama and GPT-2 (``torch.export`` graphs), issue 15.
+
+1. Each member re-exports its model at its own widths (`hetpipe.runtime.tp_export`): the layers
+   shrink to its parts (GPT-2's ``split_size`` with them), and its graph is aligned with the full
+   one although export drops a no-op ``contiguous`` of a single head and renumbers the later ones.
+2. One emulated `hetpipe run` per model on 3 gloo ranks, a group of two at uneven shares 0.7 / 0.3:
+   ``hf-llama-tiny`` with the group on stage 0 (the token embedding split by vocabulary, key/value
+   groups 1:1, MLP columns 45:19), ``hf-gpt2-tiny`` with the group on the last stage (heads 3:1,
+   MLP columns 90:38, the LM head split by vocabulary 90:38 and tied to stage 0's whole embedding).
+   Per-step losses and every parameter gathered back equal a plain single-device loop over the
+   same weights and data (fp32, rtol 1e-5).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+
+import pytest
+import torch
+
+from tests.test_tp_runtime import MICRO_BATCH, MICROBATCHES, SEQ, SHARES, STEPS, assert_gathered_equal, tp_graph
+
+LR, MOMENTUM = 1e-2, 0.9  # the plan's optimizer "momentum" at the runtime's default rate (runtime/rank.py)
+
+
+@functools.lru_cache(maxsize=None)
+def hf_plan(model: str, *, cut: int, group_last: bool):
+    """Two stages split after unit ``cut``; the group (box:1 lead, box:0) first or last, box:2 the other."""
+    from hetpipe.cost_models.cluster import cluster_from_dict
+    from hetpipe.partitioner.problem import Stage, evaluate
+    from hetpipe.plan.build import assemble_plan, build_problem
+    from hetpipe.plan.schema import SolverReport
+
+    graph = tp_graph(model)
+    cluster = cluster_from_dict({"nodes": [{"name": "box", "intra": "pcie-host", "devices": [
+        {"gpu": "rtx3090"}, {"gpu": "rtx3060-12gb"}, {"gpu": "rtx4090"}]}]})
+    problem = build_problem(graph, cluster, microbatches=MICROBATCHES, tensor_parallel="auto")
+    last = len(graph.units) - 1
+    stages = ((Stage(2, 0, cut), Stage(1, cut + 1, last, members=(1, 0))) if group_last
+              else (Stage(1, 0, cut, members=(1, 0)), Stage(2, cut + 1, last)))
+    ev = evaluate(problem, stages)
+    plan = assemble_plan(graph, cluster, problem=problem, stages=stages, global_batch=MICRO_BATCH * MICROBATCHES,
+                         solver=SolverReport("hand", "FEASIBLE", ev.iteration_s, 0.0, 0.0))
+    g = 1 if group_last else 0  # the planner's shares for this tiny model are near even: run uneven ones
+    return dataclasses.replace(plan, stages=tuple(dataclasses.replace(s, group_shares=SHARES) if s.index == g else s
+                                                  for s in plan.stages))
+
+
+# ----------------------------------------------------------------------------- 1. the member's export
+
+
+def _blocks(model: str, units: slice) -> list:
+    return [b for u in tp_graph(model).units[units] for b in u.tensor_parallel]
+
+
+def test_a_member_is_the_same_model_at_its_widths_and_its_graph_aligns_with_the_full_one():
+    from hetpipe.models import build
+    from hetpipe.partitioner.capture.export import export_for_training
+    from hetpipe.runtime.rank import node_to_stage
+    from hetpipe.runtime.tp_export import local_model, member_node_stage
+    from hetpipe.runtime.tp_shard import MemberShare
+
+    llama, _ = build("hf-llama-tiny", device="meta", batch=MICRO_BATCH, seq=SEQ)
+    local_model(llama, _blocks("hf-llama-tiny", slice(1, 3)), MemberShare(0, SHARES))
+    attn, mlp = llama.model.layers[0].self_attn, llama.model.layers[0].mlp  # 1 of 2 key/value groups, 45 of 64
+    assert [tuple(m.weight.shape) for m in (attn.q_proj, attn.k_proj, attn.o_proj, mlp.up_proj, mlp.down_proj)] == [
+        (16, 32), (8, 32), (32, 16), (45, 32), (32, 45)]
+    assert tuple(llama.model.layers[2].mlp.up_proj.weight.shape) == (64, 32)  # not in the blocks: whole
+
+    model = "hf-gpt2-tiny"
+    plan = hf_plan(model, cut=1, group_last=True)
+    gpt2, batch = build(model, device="meta", batch=MICRO_BATCH, seq=SEQ)
+    local_model(gpt2, _blocks(model, slice(2, 3)), MemberShare(1, SHARES))  # h.1: 1 of 4 heads, 38 of 128 columns
+    assert (gpt2.transformer.h[1].attn.split_size, tuple(gpt2.transformer.h[1].attn.c_attn.weight.shape)) == (8, (32, 24))
+    full, local = tp_graph(model).module, export_for_training(gpt2, batch)
+    names = {n.name for n in local.graph.nodes}
+    assert "contiguous_2" not in names and "contiguous_1" in names  # one head: no-op dropped, h.2's renumbered
+    mapping, planned = member_node_stage(full, node_to_stage(plan, full), local), node_to_stage(plan, full)
+    computed = {n.name for n in local.graph.nodes if n.op == "call_function"}
+    assert computed <= set(mapping) and mapping["contiguous"] == planned["contiguous"] == 0  # h.0: stage 0
+    assert mapping["contiguous_1"] == planned["contiguous_2"] == 1  # h.2's, aligned by op and module, not name
+
+
+def test_hf_groups_pass_the_pre_launch_check():
+    from hetpipe.runtime.tp_run import check_shardable
+
+    check_shardable(hf_plan("hf-gpt2-tiny", cut=1, group_last=True), tp_graph("hf-gpt2-tiny"))
+    check_shardable(hf_plan("hf-llama-tiny", cut=2, group_last=False), tp_graph("hf-llama-tiny"))
+
+
+# ----------------------------------------------------------------------------- 2. runs
+
+
+def _batches(model: str) -> list:
+    from hetpipe import models
+
+    gen = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(STEPS):
+        x = torch.randint(0, models.input_vocab(model) or 64, (MICRO_BATCH * MICROBATCHES, SEQ), generator=gen)
+        out.append(((x,), models.example_targets(model, (x,))))
+    return out
+
+
+def _reference(model_name: str, model: torch.nn.Module, batches: list) -> list[float]:
+    """Plain single-device Hugging Face training: micro-batches accumulated, mean loss, SGD with momentum."""
+    from hetpipe.models import loss_fn
+
+    loss = loss_fn(model_name)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    losses = []
+    for (x,), y in batches:
+        opt.zero_grad()
+        total = 0.0
+        for xs, ys in zip(x.chunk(MICROBATCHES), y.chunk(MICROBATCHES)):
+            value = loss(model(xs), ys)
+            (value / MICROBATCHES).backward()
+            total += float(value.detach())
+        opt.step()
+        losses.append(total / MICROBATCHES)
+    return losses
+
+
+RUNS = {"hf-llama-tiny": dict(cut=2, group_last=False), "hf-gpt2-tiny": dict(cut=1, group_last=True)}
+
+
+@pytest.fixture(scope="module", params=sorted(RUNS))
+def hf_grouped_run(request, tmp_path_factory):
+    from hetpipe import models
+    from hetpipe.runtime.run import run
+    from tests.zoo_harness import saved_state
+
+    name = request.param
+    out = tmp_path_factory.mktemp(f"tp_{name}")
+    torch.manual_seed(0)
+    resolved = models.resolve(name, device="cpu", batch=MICRO_BATCH, seq=SEQ)
+    torch.save(resolved.model.state_dict(), out / "weights.pt")
+    batches = _batches(name)
+    reference = copy.deepcopy(resolved.model)
+    ref_losses = _reference(name, reference, batches)
+    report = run(hf_plan(name, **RUNS[name]), model=name, steps=STEPS, seq=SEQ, data=batches,
+                 weights=out / "weights.pt", save_weights=out / "saved", emulate=True, run_dir=out / "run",
+                 timeout_s=180)
+    return name, report, ref_losses, reference, saved_state(out / "saved")
+
+
+@pytest.mark.slow
+def test_a_hugging_face_group_trains_like_one_device(hf_grouped_run):
+    name, report, ref_losses, reference, state = hf_grouped_run
+    assert report.world_size == 3 and len(report.members) == 2
+    torch.testing.assert_close(list(report.losses), ref_losses, rtol=1e-5, atol=0)
+    assert_gathered_equal(state, reference)  # every member's slices gathered back, written by the leads
