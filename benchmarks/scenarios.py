@@ -8,7 +8,9 @@ micro-batch of b sequences of s tokens, hidden h, vocabulary V, bf16 mixed preci
   SC'21; cost_formulas.md §3.1); parameters 12·h² + 13·h;
 * model state 16 B/param (mixed-precision Adam, ZeRO paper; `cost_models.memory`);
 * saved activations 34·s·b·h bytes per layer with fused attention (Korthikanti et al.
-  2022, FlashAttention removes the 5·a·s/h term; cost_formulas.md §3.2);
+  2022, FlashAttention removes the 5·a·s/h term; cost_formulas.md §3.2), of which all but
+  its 2·s·b·h output (saved by the next layer's norm) are what recomputing the layer frees
+  (`Unit.recompute_bytes`; without it the planner's recompute lever would free nothing);
 * a cut carries the b·s·h hidden state in 16 bit: 2·b·s·h bytes (cost_formulas.md §3.4);
 * embedding: V·h + s·h parameters, no FLOPs; head: final norm + tied LM head, 2·b·s·h·V
   forward FLOPs and fp32 logits of 4·s·b·V bytes (cost_formulas.md §3.2).
@@ -61,23 +63,26 @@ HALF_BYTES = 2
 FP32_BYTES = 4
 
 
-def _unit(index: int, name: str, *, fwd: int, params: int, act: int, boundary: int) -> Unit:
+def _unit(index: int, name: str, *, fwd: int, params: int, act: int, boundary: int, own: int) -> Unit:
     per_param = state_bytes_per_param("adam", "bf16-mixed")
     return Unit(index=index, name=name, node_names=(name,), fwd_flops=fwd, bwd_flops=2 * fwd,
                 param_count=params, param_bytes=HALF_BYTES * params, state_bytes=int(per_param * params),
-                activation_bytes=act, boundary_bytes=boundary)
+                activation_bytes=act, boundary_bytes=boundary, recompute_bytes=own)
 
 
 def gpt_graph(*, layers: int, hidden: int = 1024, seq: int = 1024, batch: int = 4, vocab: int = 50257) -> UnitGraph:
     """An analytic GPT `UnitGraph` (see the module docstring)."""
     b, s, h, V = batch, seq, hidden, vocab
     cut = HALF_BYTES * b * s * h
-    units = [_unit(0, "embed", fwd=0, params=V * h + s * h, act=0, boundary=cut)]
+    # recompute_bytes (what a unit makes and saves itself, `Unit`): a layer's 34·s·b·h less its
+    # output, which the next unit's first norm saves; the embedding's output likewise; the head's logits
+    units = [_unit(0, "embed", fwd=0, params=V * h + s * h, act=0, boundary=cut, own=0)]
+    layer_act = ACTIVATION_BYTES_PER_SBH * s * b * h
     for i in range(layers):
         units.append(_unit(i + 1, f"layer.{i}", fwd=24 * b * s * h * h + 4 * b * s * s * h,
-                           params=12 * h * h + 13 * h, act=ACTIVATION_BYTES_PER_SBH * s * b * h, boundary=cut))
-    units.append(_unit(layers + 1, "head", fwd=2 * b * s * h * V, params=2 * h,
-                       act=FP32_BYTES * s * b * V, boundary=0))
+                           params=12 * h * h + 13 * h, act=layer_act, boundary=cut, own=layer_act - cut))
+    logits = FP32_BYTES * s * b * V
+    units.append(_unit(layers + 1, "head", fwd=2 * b * s * h * V, params=2 * h, act=logits, boundary=0, own=logits))
     return UnitGraph(model_name=f"gpt-{layers}L-h{h}", fingerprint=f"analytic-{layers}-{h}-{s}-{b}-{V}",
                      units=tuple(units), param_count=sum(u.param_count for u in units), micro_batch_size=b,
                      optimizer="adam", precision="bf16-mixed")

@@ -7,6 +7,7 @@ The folder holds the plans (``<name>.json``), the initial weights (``init.pt``) 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from hetpipe.runtime.report import RunReport
@@ -56,3 +57,62 @@ def momentum_reference(state: dict, batches: list, *, model: str, lr: float, mom
     losses, *_ = reference_loop(state, batches, lambda p: torch.optim.SGD(p, lr=lr, momentum=momentum),
                                 model_name=model, on_step=snapshot)
     return losses, snapshots
+
+
+#: The momentum chains' model and data (tests/test_checkpoint_replicas.py, tests/test_checkpoint_groups.py):
+#: gpt-tiny, micro-batches of 2 sequences of 16 tokens, 6 global batches of 8 samples, SGD + momentum.
+MODEL, BATCH, SEQ, MICROBATCHES, STEPS, OPTIMIZER = "gpt-tiny", 2, 16, 4, 6, "momentum"
+
+
+@dataclass(frozen=True)
+class MomentumInputs:
+    """What both momentum chains read: ``folder`` holds ``P2.json`` (the 2-stage pipeline), ``init.pt`` and
+    ``data.pt`` (each chain saves its other plans beside them); ``reference`` is `momentum_reference` over
+    all 6 batches.  No process is launched for it (the refusal tests need only the plans)."""
+
+    folder: Path
+    graph: object  # the UnitGraph the plans are made of (captured with SGD momentum's state tables)
+    p2: object  # the Plan
+    reference: tuple[list, dict]
+
+
+@dataclass(frozen=True)
+class MomentumStart:
+    """The first link of both momentum chains: steps 0-1 on ``P2``, checkpoint at 2."""
+
+    checkpoint: Path  # P2's checkpoint folder (step 2)
+    report: RunReport
+
+
+def momentum_plan(plan):
+    """``plan`` training with SGD + momentum."""
+    import dataclasses
+
+    return dataclasses.replace(plan, training=dataclasses.replace(plan.training, optimizer=OPTIMIZER))
+
+
+def write_momentum_inputs(folder: Path) -> MomentumInputs:
+    """Write P2 and the inputs into ``folder``; compute the reference loop (session fixture ``momentum_inputs``)."""
+    from hetpipe.models import build
+    from hetpipe.partitioner.capture.capture import capture
+    from hetpipe.partitioner.problem import Stage
+    from hetpipe.runtime.rank import DEFAULT_LR, MOMENTUM
+    from tests.runtime_plans import plan_for
+    from tests.synthetic import synthetic_cluster
+
+    meta, inputs = build(MODEL, device="meta", batch=BATCH, seq=SEQ)
+    graph = capture(meta, inputs, name=MODEL, optimizer=OPTIMIZER)  # the plans' state tables are SGD momentum's
+    n = graph.num_units
+    p2 = momentum_plan(plan_for(graph, synthetic_cluster(), (Stage(0, 0, n // 2), Stage(1, n // 2 + 1, n - 1)),
+                                microbatches=MICROBATCHES))
+    p2.save(folder / "P2.json")
+    state, batches = write_inputs(folder, MODEL, STEPS)
+    reference = momentum_reference(state, batches, model=MODEL, lr=DEFAULT_LR[OPTIMIZER], momentum=MOMENTUM)
+    return MomentumInputs(folder, graph, p2, reference)
+
+
+def start_momentum_chain(inputs: MomentumInputs) -> MomentumStart:
+    """Run P2 for 2 steps, checkpoint at 2: one launch shared by both chains (session fixture ``momentum_start``)."""
+    out = inputs.folder / "p2"
+    report = run_with_checkpoints(inputs.folder, "P2", out, model=MODEL, seq=SEQ, steps=2, resume=None, timeout_s=120)
+    return MomentumStart(out / "ck", report)

@@ -2,9 +2,10 @@
 
 A launch costs every rank a torch import, a capture and a stage build (2-4 s of CPU each, many
 more seconds of wall time on a loaded 2-core machine), so a run whose results tests in two files
-read is launched once per session (`plain_peak_run`), and cases that need the same world size
-run one after another on one world (`trainer_world`, `replica_numerics`).  Each test still
-asserts everything it asserted on its own run.
+read is launched once per session (`plain_peak_run`; `momentum_start`, the first run of two files'
+checkpoint chains), and cases that need the same world size run one after another on one world
+(`trainer_world`, `replica_numerics`, `replica_pair_world`).  Each test still asserts everything it
+asserted on its own run.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ def plain_peak_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tu
     return get
 
 
-def _trainer_plans_worker(rank: int, world: int, jobs: list[tuple[str, str, str]]) -> dict:
-    """Each (label, "module:function", plan path) in turn on one world (an initialised process group is
-    reused by `Trainer`); an error is kept per label."""
+def _trainer_plans_worker(rank: int, world: int, jobs: list[tuple[str, str, object]]) -> dict:
+    """Each (label, "module:function", plan or plan path) in turn on one world (an initialised process group
+    is reused by `Trainer` and `ReplicaTrainer`); an error is kept per label."""
     import importlib
     import traceback
 
@@ -59,8 +60,9 @@ def _trainer_plans_worker(rank: int, world: int, jobs: list[tuple[str, str, str]
 def trainer_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[object, list[dict]]]:
     """`hetpipe.Trainer` in a user loop on 3 gloo ranks, once per session for two plans of gpt-tiny with the
     stages of tests/test_trainer.py: ``"plain"`` (that file's test) and ``"recompute"`` (every stage
-    recomputing all but its last unit, tests/test_recompute_runtime.py's).  Label -> (plan, each rank's
-    result or {"error": ...})."""
+    recomputing all but its last unit, tests/test_recompute_runtime.py's); then ``"weights"``,
+    tests/test_weights_run.py's plan trained from its sharded weights and saved (last: `Trainer.close`
+    leaves the process group).  Label -> (plan, each rank's {"value": ...} or {"error": ...})."""
     from hetpipe.models import build
     from hetpipe.partitioner.capture.capture import capture
     from hetpipe.partitioner.problem import Stage
@@ -68,7 +70,9 @@ def trainer_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[o
     from tests.dist_helpers import run_world
     from tests.runtime_plans import plan_for
     from tests.synthetic import synthetic_cluster
+    from hetpipe.plan.schema import Plan
     from tests.test_recompute_runtime import all_but_last, with_recompute
+    from tests.test_weights_run import write_setup as write_weights_setup
 
     folder = tmp_path_factory.mktemp("trainer-world")
     meta, example = build(tt.MODEL, device="meta", batch=tt.BATCH, seq=tt.SEQ)
@@ -82,7 +86,11 @@ def trainer_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[o
     for label, plan in plans.items():
         plan.save(folder / f"{label}.json")
         jobs.append((label, workers[label], str(folder / f"{label}.json")))
-    outcomes = run_world(_trainer_plans_worker, world_size=3, args=(jobs,), timeout_s=2 * tt.WORLD_TIMEOUT_S,
+    (folder / "weights").mkdir()
+    write_weights_setup(folder / "weights")
+    plans["weights"] = Plan.load(folder / "weights" / "plan.json")
+    jobs.append(("weights", "tests.test_weights_run:trainer_job", str(folder / "weights" / "plan.json")))
+    outcomes = run_world(_trainer_plans_worker, world_size=3, args=(jobs,), timeout_s=3 * tt.WORLD_TIMEOUT_S,
                          out_dir=folder / "ranks")
     return {label: (plans[label], [o.value[label] if o.value is not None else
                                    {"error": f"rank {o.rank} (exit {o.exitcode}): {o.error}"} for o in outcomes])
@@ -104,3 +112,39 @@ def replica_numerics(tmp_path_factory: pytest.TempPathFactory) -> list:
     for o in outcomes:
         assert o.error is None and o.value is not None, f"rank {o.rank} (exit {o.exitcode}): {o.error}"
     return outcomes
+
+
+@pytest.fixture(scope="session")
+def momentum_inputs(tmp_path_factory: pytest.TempPathFactory):
+    """The plan P2, the weights, the batches and the reference loop of the momentum checkpoint chains of
+    tests/test_checkpoint_replicas.py and tests/test_checkpoint_groups.py (`tests.checkpoint_runs.MomentumInputs`)."""
+    from tests.checkpoint_runs import write_momentum_inputs
+
+    return write_momentum_inputs(tmp_path_factory.mktemp("momentum-chain"))
+
+
+@pytest.fixture(scope="session")
+def momentum_start(momentum_inputs):
+    """Steps 0-1 on P2, checkpoint at 2: the first link of both chains (one 2-rank launch); each chain
+    resumes its own plans from that checkpoint."""
+    from tests.checkpoint_runs import start_momentum_chain
+
+    return start_momentum_chain(momentum_inputs)
+
+
+@pytest.fixture(scope="session")
+def replica_pair_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
+    """Two one-card replicas on 2 gloo ranks, once per session: tests/test_replica_runtime.py's DiLoCo case
+    (``"diloco"``: its synchronous and DiLoCo trainers, then `finish`), then tests/test_shard_tied_runtime.py's
+    sharded tied embedding (``"shard_tied"``), one after another on one world (`ReplicaTrainer` reuses an
+    initialised process group).  Label -> each rank's {"value": ...} or {"error": ...}."""
+    from tests import test_replica_runtime as tr
+    from tests import test_shard_tied_runtime as ts
+    from tests.dist_helpers import run_world
+
+    jobs = [("diloco", "tests.test_replica_runtime:_diloco_worker", tr._diloco_plans()),
+            ("shard_tied", "tests.test_shard_tied_runtime:_worker", ts.sharded_plan())]
+    outcomes = run_world(_trainer_plans_worker, world_size=2, args=(jobs,), timeout_s=tr.WORLD_TIMEOUT_S + 300.0,
+                         out_dir=tmp_path_factory.mktemp("replica-pair"))
+    return {label: [o.value[label] if o.value is not None else {"error": f"rank {o.rank} (exit {o.exitcode}): {o.error}"}
+                    for o in outcomes] for label, *_ in jobs}

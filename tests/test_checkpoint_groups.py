@@ -3,7 +3,8 @@
 One chain of ``hetpipe run`` calls on gpt-tiny (tied head), 6 global batches of 8 samples, SGD +
 momentum (as tests/test_checkpoint_replicas.py: its update is linear in the gradient):
 
-* steps 0-1 on a 2-stage pipeline (P2), checkpoint at 2;
+* steps 0-1 on a 2-stage pipeline (P2), checkpoint at 2 (one launch shared with
+  tests/test_checkpoint_replicas.py: the session fixture ``momentum_start``);
 * steps 2-3 resumed on G: stage 0 on a group of two cards at shares 0.7 / 0.3 (heads 3:1, MLP
   columns 179:77; tests/test_tp_runtime.py's plan), stage 1 one card; checkpoints at 3 and 4;
 * steps 4-5 resumed on P2 from G's step-4 checkpoint, checkpoint at 6;
@@ -16,46 +17,30 @@ G resumed on itself from step 3 continues bitwise (losses and every saved tensor
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from hetpipe.partitioner.problem import Stage
-from hetpipe.runtime.rank import DEFAULT_LR, MOMENTUM
 from hetpipe.runtime.report import RunReport
-from tests.checkpoint_runs import momentum_reference, run_with_checkpoints, write_inputs
-from tests.runtime_plans import plan_for
-from tests.synthetic import synthetic_cluster
+from tests.checkpoint_runs import MODEL, OPTIMIZER, SEQ, run_with_checkpoints
 from tests.test_checkpoint import read_checkpoint
 from tests.test_tp_runtime import tp_graph, tp_plan
 
-MODEL, SEQ, STEPS, OPTIMIZER = "gpt-tiny", 16, 6, "momentum"
 RTOL, ATOL = 1e-5, 1e-5  # fp32, the issue's acceptance tolerances
 
 
-def _reference(state, batches):
-    """A plain single-device loop; (losses, {steps done: (parameters, momentum buffers)})."""
-    return momentum_reference(state, batches, model=MODEL, lr=DEFAULT_LR[OPTIMIZER], momentum=MOMENTUM)
-
-
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("ckgroup")
-    graph = tp_graph(MODEL)  # captured with SGD momentum's state tables
-    n = graph.num_units
-    p2 = plan_for(graph, synthetic_cluster(), (Stage(0, 0, n // 2), Stage(1, n // 2 + 1, n - 1)), microbatches=4)
-    p2 = dataclasses.replace(p2, training=dataclasses.replace(p2.training, optimizer=OPTIMIZER))
+def setup(momentum_inputs):
+    """The shared folder (P2, inputs) with G saved beside P2; the group plans' graph; the reference loop."""
+    folder, p2 = momentum_inputs.folder, momentum_inputs.p2
     grouped = tp_plan()
     assert grouped.stages[0].group_shares == (0.7, 0.3) and grouped.training.optimizer == OPTIMIZER
-    assert (p2.training.global_batch, p2.training.microbatches) == (8, 4) == (
-        grouped.training.global_batch, grouped.training.microbatches)
-    p2.save(folder / "P2.json")
+    assert (p2.training.global_batch, p2.training.microbatches, p2.training.optimizer) == (8, 4, OPTIMIZER)
+    assert (grouped.training.global_batch, grouped.training.microbatches) == (8, 4)
     grouped.save(folder / "G.json")
-    state, batches = write_inputs(folder, MODEL, STEPS)
-    return folder, graph, _reference(state, batches)
+    return folder, tp_graph(MODEL), momentum_inputs.reference
 
 
 def _run(folder: Path, plan: str, out: Path, *, steps: int, resume: Path | None, every: int | None = None) -> RunReport:
@@ -64,14 +49,13 @@ def _run(folder: Path, plan: str, out: Path, *, steps: int, resume: Path | None,
 
 
 @pytest.fixture(scope="module")
-def chain(setup, tmp_path_factory):
-    """P2 (steps 0-1) -> G (2-3) -> P2 (4-5), each resumed from the one before."""
+def chain(setup, momentum_start, tmp_path_factory):
+    """P2 (steps 0-1, the shared start) -> G (2-3) -> P2 (4-5), each resumed from the one before."""
     folder, *_ = setup
     tmp = tmp_path_factory.mktemp("chain")
-    first = _run(folder, "P2", tmp / "p2", steps=2, resume=None)
-    grouped = _run(folder, "G", tmp / "g", steps=4, resume=tmp / "p2" / "ck", every=1)
+    grouped = _run(folder, "G", tmp / "g", steps=4, resume=momentum_start.checkpoint, every=1)
     last = _run(folder, "P2", tmp / "p2b", steps=6, resume=tmp / "g" / "ck" / "step-000004")
-    return tmp, {"P2": first, "G": grouped, "P2b": last}
+    return tmp, {"P2": momentum_start.report, "G": grouped, "P2b": last}
 
 
 def _assert_is_reference(folder: Path, graph, snapshot) -> None:

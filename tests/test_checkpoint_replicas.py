@@ -3,7 +3,8 @@ pipeline, replicas with other counts and batch shares, and sharded and unsharded
 
 One chain of ``hetpipe run`` calls on gpt-tiny (tied head), 6 global batches of 8 samples:
 
-* steps 0-1 on a 2-stage pipeline (P2), checkpoint at 2;
+* steps 0-1 on a 2-stage pipeline (P2), checkpoint at 2 (one launch shared with
+  tests/test_checkpoint_groups.py: the session fixture ``momentum_start``);
 * steps 2-3 resumed on replicas R1 (a 2-stage pipeline with m = 3 beside a 1-stage one with m = 1),
   checkpoints at 3 and 4;
 * steps 4-5 resumed on R3s (3 one-stage replicas, m = 2 / 1 / 1, optimizer state sharded
@@ -27,51 +28,37 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetpipe.models import build
-from hetpipe.partitioner.capture.capture import capture
 from hetpipe.partitioner.problem import Stage
 from hetpipe.plan.shard_schema import PlanShard
-from hetpipe.runtime.rank import DEFAULT_LR, MOMENTUM
 from hetpipe.runtime.report import RunReport
-from tests.checkpoint_runs import momentum_reference, run_with_checkpoints, write_inputs
-from tests.runtime_plans import plan_for, replica_plan_for
+from tests.checkpoint_runs import MICROBATCHES, MODEL, SEQ, momentum_plan, run_with_checkpoints
+from tests.runtime_plans import replica_plan_for
 from tests.synthetic import synthetic_cluster
 from tests.test_checkpoint import read_checkpoint
 
-MODEL, BATCH, SEQ, MICROBATCHES, STEPS, OPTIMIZER = "gpt-tiny", 2, 16, 4, 6, "momentum"
 RTOL, ATOL = 1e-5, 1e-5  # fp32, the issue's acceptance tolerances
 FRACTIONS = (0.5, 0.25, 0.25)
 
 
-def _momentum(plan):
-    return dataclasses.replace(plan, training=dataclasses.replace(plan.training, optimizer=OPTIMIZER))
-
-
 def _plans(graph) -> dict[str, object]:
+    """The replica plans R1 and R3s (P2 is the shared start's, `tests.checkpoint_runs.start_momentum_chain`)."""
     n, cluster = graph.num_units, synthetic_cluster()
     two = (Stage(0, 0, n // 2), Stage(1, n // 2 + 1, n - 1))
     r1 = replica_plan_for(graph, cluster, [(two, 3), ((Stage(2, 0, n - 1),), 1)])
     r3 = replica_plan_for(graph, cluster, [((Stage(d, 0, n - 1),), m) for d, m in ((0, 2), (1, 1), (2, 1))])
     groups = tuple(dataclasses.replace(g, shard=PlanShard(FRACTIONS, 0, (0, 0, 0), g.time_s)) for g in r3.sync.groups)
     r3s = dataclasses.replace(r3, sync=dataclasses.replace(r3.sync, groups=groups))
-    plans = {"P2": plan_for(graph, cluster, two, microbatches=MICROBATCHES), "R1": r1, "R3s": r3s}
-    return {k: _momentum(p) for k, p in plans.items()}
-
-
-def _reference(state, batches):
-    """A plain single-device loop; (losses, {steps done: (parameters, momentum buffers)})."""
-    return momentum_reference(state, batches, model=MODEL, lr=DEFAULT_LR[OPTIMIZER], momentum=MOMENTUM)
+    return {"R1": momentum_plan(r1), "R3s": momentum_plan(r3s)}
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("ckrep")
-    meta, inputs = build(MODEL, device="meta", batch=BATCH, seq=SEQ)
-    graph = capture(meta, inputs, name=MODEL, optimizer=OPTIMIZER)  # the plan's state tables are SGD momentum's
+def setup(momentum_inputs):
+    """The shared folder (P2, inputs) with R1 and R3s saved beside P2; the graph; the reference loop."""
+    folder, graph = momentum_inputs.folder, momentum_inputs.graph
+    assert momentum_inputs.p2.training.microbatches == MICROBATCHES
     for name, plan in _plans(graph).items():
         plan.save(folder / f"{name}.json")
-    state, batches = write_inputs(folder, MODEL, STEPS)
-    return folder, graph, _reference(state, batches)
+    return folder, graph, momentum_inputs.reference
 
 
 def _run(folder: Path, plan: str, out: Path, *, steps: int, resume: Path | None, every: int | None = None) -> RunReport:
@@ -80,14 +67,13 @@ def _run(folder: Path, plan: str, out: Path, *, steps: int, resume: Path | None,
 
 
 @pytest.fixture(scope="module")
-def chain(setup, tmp_path_factory):
-    """P2 (steps 0-1) -> R1 (2-3) -> R3s (4-5), each resumed from the one before."""
+def chain(setup, momentum_start, tmp_path_factory):
+    """P2 (steps 0-1, the shared start) -> R1 (2-3) -> R3s (4-5), each resumed from the one before."""
     folder, *_ = setup
     tmp = tmp_path_factory.mktemp("chain")
-    p2 = _run(folder, "P2", tmp / "p2", steps=2, resume=None)
-    r1 = _run(folder, "R1", tmp / "r1", steps=4, resume=tmp / "p2" / "ck", every=1)
+    r1 = _run(folder, "R1", tmp / "r1", steps=4, resume=momentum_start.checkpoint, every=1)
     r3s = _run(folder, "R3s", tmp / "r3s", steps=6, resume=tmp / "r1" / "ck" / "step-000004", every=1)
-    return tmp, {"P2": p2, "R1": r1, "R3s": r3s}
+    return tmp, {"P2": momentum_start.report, "R1": r1, "R3s": r3s}
 
 
 def _assert_is_reference(folder: Path, graph, snapshot) -> None:

@@ -6,7 +6,8 @@
   clipping: the loss of every step and every parameter after 3 optimizer steps equal the
   unsplit model trained on the concatenated global batch (fp32, rtol 1e-5, atol 4e-5).
 * DiLoCo: two single-stage replicas learn a synthetic corpus of repeating patterns for
-  48 steps, synchronous vs DiLoCo with H = 8 (one spawned world runs both); the held-out
+  48 steps, synchronous vs DiLoCo with H = 8 (one spawned world runs both, shared with
+  tests/test_shard_tied_runtime.py: conftest ``replica_pair_world``); the held-out
   loss stays within the stated margin of synchronous training and the bytes all-reduced
   fall to 1/H.
 * A plan the runtime cannot run is refused before any collective (no process group exists).
@@ -18,6 +19,7 @@ import dataclasses
 import functools
 import math
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -28,7 +30,6 @@ from hetpipe.errors import ConfigError, PlanError
 from hetpipe.partitioner.problem import Stage
 from hetpipe.runtime.replicas.sync import param_units, sync_buckets
 from hetpipe.runtime.replicas.trainer import ReplicaTrainer, place_rank
-from tests.dist_helpers import run_world
 from tests.runtime_plans import replica_plan_for
 from tests.synthetic import synthetic_cluster
 
@@ -359,12 +360,13 @@ def _diloco_worker(rank: int, world: int, plans: tuple[Any, Any]) -> dict[str, A
 
 
 @pytest.mark.slow
-def test_diloco_stays_near_synchronous_training_with_one_eighth_of_the_traffic(tmp_path):
+def test_diloco_stays_near_synchronous_training_with_one_eighth_of_the_traffic(replica_pair_world):
     plans = _diloco_plans()
     assert plans[1].sync.policy == "diloco" and plans[1].sync.outer_steps == DL_H
-    outcomes = run_world(_diloco_worker, world_size=2, args=(plans,), timeout_s=WORLD_TIMEOUT_S, out_dir=tmp_path)
-    for o in outcomes:
-        assert o.error is None and o.value is not None, f"rank {o.rank} (exit {o.exitcode}): {o.error}"
+    results = replica_pair_world["diloco"]  # _diloco_worker on 2 ranks (tests/conftest.py)
+    for rank, result in enumerate(results):
+        assert "error" not in result, f"rank {rank}: {result['error']}"
+    outcomes = [SimpleNamespace(rank=rank, value=result["value"]) for rank, result in enumerate(results)]
     sync, dl = outcomes[0].value["sync"], outcomes[0].value["diloco"]
     for name in ("sync", "diloco"):  # after an outer step (48 = 6 x 8) both replicas hold the same model
         torch.testing.assert_close(outcomes[0].value[name]["wte"], outcomes[1].value[name]["wte"], rtol=0, atol=0)

@@ -10,6 +10,7 @@ rtol 1e-5), and each rank's optimizer holds f_r of Adam's two moments of *all* i
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,7 +19,6 @@ import torch
 from hetpipe.partitioner.problem import Stage
 from hetpipe.plan.shard_schema import PlanShard
 from hetpipe.runtime.replicas.trainer import ReplicaTrainer
-from tests.dist_helpers import run_world
 from tests.reference_loop import seeded_batches
 from tests.runtime_plans import replica_plan_for
 from tests.synthetic import synthetic_cluster
@@ -99,10 +99,11 @@ def _reference() -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.
 
 
 @pytest.mark.slow
-def test_a_sharded_tied_embedding_equals_single_device_adam(tmp_path):
-    out = run_world(_worker, world_size=2, args=(sharded_plan(),), timeout_s=300.0, out_dir=tmp_path)
-    for o in out:
-        assert o.error is None and o.value is not None, f"rank {o.rank} (exit {o.exitcode}): {o.error}"
+def test_a_sharded_tied_embedding_equals_single_device_adam(replica_pair_world):
+    results = replica_pair_world["shard_tied"]  # _worker on 2 ranks, after the DiLoCo case (tests/conftest.py)
+    for rank, result in enumerate(results):
+        assert "error" not in result, f"rank {rank}: {result['error']}"
+    out = [SimpleNamespace(rank=rank, value=result["value"]) for rank, result in enumerate(results)]
     ref_losses, ref_params, start = _reference()
     for o in out:
         got = o.value

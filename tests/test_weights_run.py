@@ -32,7 +32,12 @@ RTOL, ATOL = 1e-5, 1e-5  # fp32, the issue's acceptance tolerances
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """The plan (3 stages), a sharded checkpoint without the tied head's name, the data file."""
-    folder = tmp_path_factory.mktemp("weights-run")
+    return write_setup(tmp_path_factory.mktemp("weights-run"))
+
+
+def write_setup(folder: Path) -> tuple:
+    """Write `setup`'s files into ``folder`` (also the Trainer case's, on tests/conftest.py's ``trainer_world``):
+    (folder, initial state, batches, graph, example inputs); deterministic (seeds 11 and 5)."""
     meta, inputs = build(MODEL, device="meta", batch=BATCH, seq=SEQ)
     graph = capture(meta, inputs, name=MODEL)
     n = graph.num_units
@@ -105,6 +110,13 @@ def test_bad_weights_are_refused_before_launch(setup, tmp_path, capsys, case):
     assert not (run_dir / "torchrun.log").exists()  # nothing was launched
 
 
+def trainer_job(rank: int, world: int, plan_path: str) -> dict:
+    """The Trainer case as a job of tests/conftest.py's ``trainer_world`` (its last: `Trainer.close` leaves the
+    process group): trains from the weights beside ``plan_path``, saves them to ``saved/`` there."""
+    folder = Path(plan_path).parent
+    return {"losses": _trainer_worker(rank, world, str(folder), str(folder / "saved")), "saved": str(folder / "saved")}
+
+
 def _trainer_worker(rank: int, world: int, folder: str, out: str) -> list:
     from hetpipe.runtime.trainer import Trainer
 
@@ -118,17 +130,16 @@ def _trainer_worker(rank: int, world: int, folder: str, out: str) -> list:
 
 
 @pytest.mark.slow
-def test_trainer_loads_and_saves_weights_like_the_cli(setup, tmp_path):
-    from tests.dist_helpers import run_world
-
-    folder, state, batches, graph, _ = setup
-    outcomes = run_world(_trainer_worker, world_size=3, args=(str(folder), str(tmp_path / "saved")),
-                         timeout_s=240.0, out_dir=tmp_path / "world")
-    for o in outcomes:
-        assert o.error is None, f"rank {o.rank}: {o.error}"
+def test_trainer_loads_and_saves_weights_like_the_cli(setup, trainer_world):
+    _, state, batches, graph, _ = setup  # the same files as the ones trainer_world trained from (same seeds)
+    _, results = trainer_world["weights"]
+    for rank, result in enumerate(results):
+        assert "error" not in result, f"rank {rank}: {result['error']}"
+    last = results[2]["value"]
+    saved = Path(last["saved"])
     ref_losses, ref_model = _reference(state, batches)
-    assert outcomes[2].value == pytest.approx(ref_losses, rel=RTOL, abs=ATOL)
-    merged = {k: v for f in sorted((tmp_path / "saved").glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+    assert last["losses"] == pytest.approx(ref_losses, rel=RTOL, abs=ATOL)
+    merged = {k: v for f in sorted(saved.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
     head = graph.tied[0].qualified_names[-1]
     assert sorted(merged) == sorted(k for k in state if k != head)
     for name, p in ref_model.state_dict().items():

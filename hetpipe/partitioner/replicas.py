@@ -60,7 +60,8 @@ from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, solve_exact
 from hetpipe.partitioner.solvers.offload_walk import tail_walk
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate
 from hetpipe.partitioner.recompute import with_recompute
-from hetpipe.partitioner.replica_shard import choose_sharding, relaxed_problem
+from hetpipe.partitioner.replica_recompute import shard_then_recompute
+from hetpipe.partitioner.replica_shard import relaxed_problem
 from hetpipe.partitioner.replica_types import (  # the data types live apart; re-exported here
     GroupShard,
     Replica,
@@ -196,7 +197,7 @@ def _score_sharded(rp: ReplicaProblem, cache: PipelineCache, groups: Groups, spl
     best: _Candidate | None = None
     for pick in itertools.product(*options):
         pipes = [(stages, m) for (stages, _), m in zip(pick, split)]
-        ev = choose_sharding(rp, pipes)
+        pipes, ev = shard_then_recompute(rp, pipes)  # sharding, then the recompute it makes unnecessary
         if not ev.fits:
             continue
         reps = tuple(Replica(tuple(stages), m, e.iteration_s) for (stages, m), e in zip(pipes, ev.evaluations))
