@@ -11,7 +11,7 @@ from hetpipe.errors import ScheduleError
 from hetpipe.schedule.actions import Action, Op
 from hetpipe.schedule.builders import format_grid, make_schedule, one_f_one_b, rank_actions
 from hetpipe.schedule.held import replay_held
-from hetpipe.schedule.held_virtual import rank_held_terms, replay_held_by_stage
+from hetpipe.schedule.held_virtual import INTERLEAVED_SEND_LAG, rank_held_terms, replay_held_by_stage
 from hetpipe.schedule.interleaved import interleaved_1f1b
 from hetpipe.schedule.replay import replay_iteration_s
 from hetpipe.schedule.simulate import SimCosts, simulate, simulate_stages
@@ -191,7 +191,8 @@ def test_rank_memory_is_the_largest_sum_over_its_chunks() -> None:
     for rank in (0, 1):
         mine = (rank, rank + 2)
         terms = [stage_memory_terms(prob, VIRTUAL, k) for k in mine]
-        moments = replay_held_by_stage(rank_actions("interleaved:2", 2, 4, rank), stages=mine, prefetch=3)
+        moments = replay_held_by_stage(rank_actions("interleaved:2", 2, 4, rank), stages=mine, prefetch=3,
+                                       send_lag=INTERLEAVED_SEND_LAG)
         fixed = sum(t.state_bytes - t.grad_bytes for t in terms)
         # every moment of the full replay, none inside a backward (no recompute), first/last cuts dropped
         brute = max(sum(t.moment_bytes(HeldCounts(c.grads, c.microbatches,

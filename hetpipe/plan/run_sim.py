@@ -89,7 +89,12 @@ def stage_bwd_fraction(plan: Plan, stage: Any, first_unit: int) -> float:
 
 def simulate_stage_records(stages: Sequence[PlanStage], microbatches: int, schedule_name: str) -> SimResult:
     """Simulate a pipeline of the plan's stage records (their recorded F, B, one-way send and step times;
-    an offloading stage's step is its offload tail)."""
-    costs = SimCosts(fwd_s=tuple(s.fwd_s for s in stages), bwd_s=tuple(s.bwd_s for s in stages),
-                     send_s=tuple(s.send_s for s in stages[:-1]), step_s=tuple(s.step_s for s in stages))
+    an offloading stage's step is its offload tail).  Stages with chunks (``interleaved:V``) are
+    simulated as their v p virtual stages in model order (chunk c of stage r is ``c p + r``), each
+    with its chunk's F, B, C and step share: the action lists the run executes."""
+    virtual = [s.chunks[k // len(stages)] if s.chunks else s
+               for k in range(len(stages) * max(1, len(stages[0].chunks) if stages else 1))
+               for s in (stages[k % len(stages)],)]
+    costs = SimCosts(fwd_s=tuple(s.fwd_s for s in virtual), bwd_s=tuple(s.bwd_s for s in virtual),
+                     send_s=tuple(s.send_s for s in virtual[:-1]), step_s=tuple(s.step_s for s in virtual))
     return simulate_stages(costs, microbatches, schedule=schedule_name)

@@ -40,6 +40,7 @@ from hetpipe.errors import ConfigError, HetpipeError
 from hetpipe.plan.group_run import member_timings
 from hetpipe.plan.run_sim import simulated_iteration_s
 from hetpipe.plan.serde import from_json, to_json
+from hetpipe.runtime.chunk_report import card_totals, chunk_rows
 from hetpipe.runtime.faults.straggler import StepRatios, StragglerRecord
 from hetpipe.runtime.measured_links import cut_transfers_s
 from hetpipe.runtime.restarts import Restart
@@ -242,6 +243,9 @@ class RunReport:
     # every member of every tensor-parallel group (issue 15): its card, measured F / B and peak beside its own
     # predicted F / B (its share + the group's all-reduces + the lead's broadcast) and M_s
     members: tuple[StageRecord, ...] = ()
+    # an interleaved run (issue 17 item 2): one row per virtual stage (``stage`` = c p + r), its chunk's units and
+    # F / B beside the plan's; the stage rows then hold each card's sum over its chunks (`hetpipe.runtime.chunk_report`)
+    chunks: tuple[StageRecord, ...] = ()
     format: str = RUN_FORMAT
     version: int = RUN_VERSION
 
@@ -383,6 +387,8 @@ def build_report(plan: "Plan", results: Sequence[RankResult], *, schedule: str, 
     timelines = tuple(RankTimeline(r.rank, r.stage, r.last_step_actions, r.step_origin_s if one_clock else 0.0)
                       for r in results if r.last_step_actions)  # hosts' origins do not compare: left out
     transfers = {cut: [t / scale for t in ts] for cut, ts in cut_transfers_s(timelines).items()}
+    stages = tuple(_stage_record(plan, r, transfers.get(r.stage, ())) for r in results)
+    chunks = chunk_rows(plan, results, stages)
     return RunReport(
         model=plan.model.name, fingerprint=plan.model.fingerprint, schedule=schedule, steps=n_steps,
         microbatches=plan.training.microbatches, emulate=emulate, backend=results[0].backend,
@@ -392,7 +398,7 @@ def build_report(plan: "Plan", results: Sequence[RankResult], *, schedule: str, 
         predicted_real_iteration_s=plan.predicted.iteration_s * scale,
         simulated_iteration_s=simulated_iteration_s(plan, schedule, overlap_sync=sync_overlap),
         measured_iteration_s=measured, measured_emulated_iteration_s=measured / scale,
-        step_records=records, stages=tuple(_stage_record(plan, r, transfers.get(r.stage, ())) for r in results),
+        step_records=records, stages=card_totals(stages, chunks), chunks=chunks,
         overruns=overruns, late_messages=late,
         notes=_notes(emulate, overruns, late, actions, max(r.worst_overrun_ratio for r in results),
                      pinned=_ran_pinned(plan, results)),

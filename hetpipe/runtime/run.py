@@ -402,6 +402,8 @@ def summary_tables(report: RunReport) -> list[Any]:
     members = {}  # a group stage's row (its lead, the plan's F_s / B_s), then one row per member (its own)
     for m in report.members:
         members.setdefault(m.stage, []).append((f"{m.stage} member {m.member}", m))
+    for c in report.chunks:  # an interleaved stage's row sums its chunks; then one row per chunk (virtual stage)
+        members.setdefault(c.stage % len(report.stages), []).append((f"virtual {c.stage}", c))
     for label, s in [row for st in report.stages for row in [(str(st.stage), st), *members.get(st.stage, [])]]:
         units = f"{s.first_unit}-{s.last_unit}" + (f" (recompute {_ranges(s.recompute_units)})"
                                                     if s.recompute_units else "")

@@ -4,8 +4,12 @@
 virtual stages whose sizes differ (each chunk has its own A, in, out), so each moment is one
 `HeldCounts` per chunk and the rank's activation-and-message bytes at that moment are their sum.
 The executor's rules are the same, over the rank's whole list: receives posted ``prefetch`` ahead,
-a receive first waits for the rank's earlier sends (of every chunk), the parameter gradients of a
-chunk exist from its first backward.  With one chunk it equals `replay_held` (tests/test_interleaved.py).
+the parameter gradients of a chunk exist from its first backward, and a receive first waits for the
+rank's earlier sends (of every chunk) -- with ``send_lag`` 1 (`rank_held_terms`, the executor's mode
+for interleaved lists, `hetpipe.runtime.execute.prefetch`) only for those posted before the rank's
+previous receive, so the held send frames are every cut tensor sent and not yet waited on: those
+sent since the last-but-one receive.  With one chunk and lag 0 it equals `replay_held`
+(tests/test_interleaved.py).
 
 Example (2 ranks, 2 chunks, 2 micro-batches; rank 0 runs virtual stages 0 and 2): at its peak
 both micro-batches are in flight in both chunks, before any gradient exists (plain 1F1B's first
@@ -27,6 +31,9 @@ from hetpipe.schedule.builders import rank_actions
 from hetpipe.schedule.interleaved import interleaved_name
 
 _RECVS = (Op.RECV_F, Op.RECV_B)
+#: A RECV of an interleaved list waits for the sends posted before the rank's previous RECV (the
+#: executor's mode, `hetpipe.runtime.execute.prefetch`; lag 0 deadlocks when m > p).
+INTERLEAVED_SEND_LAG = 1
 #: The message of each communication action: which cut of its stage, activations or gradients.
 _FRAME = {Op.RECV_F: "in", Op.SEND_B: "in_grad", Op.SEND_F: "out", Op.RECV_B: "out_grad"}
 
@@ -40,11 +47,13 @@ class _Chunk:
 
 
 def replay_held_by_stage(actions: Sequence[Action], *, stages: Sequence[int],
-                         prefetch: int) -> list[tuple[HeldCounts, ...]]:
+                         prefetch: int, send_lag: int = 0) -> list[tuple[HeldCounts, ...]]:
     """Per action of one rank's list, one `HeldCounts` per stage of `stages` (its chunks, in order),
-    plus, before it, the moment inside each backward (`replay_held`'s moments, chunk by chunk)."""
+    plus, before it, the moment inside each backward (`replay_held`'s moments, chunk by chunk);
+    ``send_lag`` k: a receive waits only for the sends posted before the rank's k-th last receive."""
     posted: dict[Action, tuple[str, int]] = {}
-    sends: list[tuple[str, int]] = []
+    sends: list[tuple[tuple[str, int], int]] = []  # (frame, receives done when it was posted)
+    recvs = 0
     chunk = {s: _Chunk() for s in stages}
     last = Op.W if any(a.op is Op.W for a in actions) else Op.B
     recv_at = [i for i, a in enumerate(actions) if a.op in _RECVS]
@@ -55,7 +64,8 @@ def replay_held_by_stage(actions: Sequence[Action], *, stages: Sequence[int],
         for j in recv_at[ahead:ahead + prefetch]:  # `PipelineExecutor._prefetch_plan` on gloo
             posted.setdefault(actions[j], (_FRAME[actions[j].op], actions[j].stage))
         if a.op in _RECVS:
-            sends.clear()  # a receive first waits for the rank's earlier sends (of every chunk)
+            sends = [(f, n) for f, n in sends if n > recvs - send_lag]  # waits for the earlier sends
+            recvs += 1
             posted.pop(a, None)
             if a.op is Op.RECV_B:
                 chunk[a.stage].grads_in.add(a.microbatch)
@@ -65,18 +75,18 @@ def replay_held_by_stage(actions: Sequence[Action], *, stages: Sequence[int],
             c = chunk[a.stage]
             c.grads_in.discard(a.microbatch)
             c.grads = 1
-            out.append(_moment(stages, chunk, [*posted.values(), *sends], inside=a.stage))
+            out.append(_moment(stages, chunk, [*posted.values(), *(f for f, _ in sends)], inside=a.stage))
             c.inflight, c.weight = c.inflight - 1, c.weight - (last is Op.W)
         elif a.op is Op.B:  # the input half of a split backward: the graph and W's gradients stay for W
-            out.append(_moment(stages, chunk, [*posted.values(), *sends], inside=a.stage))
+            out.append(_moment(stages, chunk, [*posted.values(), *(f for f, _ in sends)], inside=a.stage))
             if a.stage != 0:  # `replay_held`: W reads the received gradient through its own (stage 0: itself)
                 chunk[a.stage].grads_in.discard(a.microbatch)
             chunk[a.stage].weight += 1
         elif a.op in (Op.SEND_F, Op.SEND_B):
-            sends.append((_FRAME[a.op], a.stage))
+            sends.append(((_FRAME[a.op], a.stage), recvs))
         elif a.op is Op.STEP:
             sends.clear()
-        out.append(_moment(stages, chunk, [*posted.values(), *sends]))
+        out.append(_moment(stages, chunk, [*posted.values(), *(f for f, _ in sends)]))
     return out
 
 
@@ -98,7 +108,7 @@ def rank_held_terms(num_ranks: int, rank: int, chunks: int, microbatches: int, *
     stages = tuple(range(rank, num_ranks * chunks, num_ranks))
     last = num_ranks * chunks - 1
     moments = replay_held_by_stage(rank_actions(interleaved_name(chunks), num_ranks, microbatches, rank),
-                                   stages=stages, prefetch=prefetch)
+                                   stages=stages, prefetch=prefetch, send_lag=INTERLEAVED_SEND_LAG if chunks > 1 else 0)
     trimmed = {tuple(_trim(c, s, last) for c, s in zip(moment, stages)) for moment in moments}
     ordered = sorted(trimmed, key=lambda m: [dataclasses.astuple(c) for c in m], reverse=True)
     kept: list[tuple[HeldCounts, ...]] = []

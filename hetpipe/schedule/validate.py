@@ -240,18 +240,21 @@ def _send_key(a: Action) -> tuple[Op, int, int | None]:
     return _RECV_OF_SEND[a.op], a.stage + 1 if a.op is Op.SEND_F else a.stage - 1, a.microbatch
 
 
-def _rendezvous_run(schedule: Schedule) -> dict[int, int]:
+def _rendezvous_run(schedule: Schedule, lag: int = 0) -> dict[int, int]:
     """Steps completed per rank when, at each RECV, a rank first waits for its own earlier sends.
 
     The executor's gloo mode (`PipelineExecutor` ``wait_sends_at_recv``): a rank posts
     the receive of a RECV action when it reaches it, then waits until every SEND it
     issued before was received -- a send completes once the peer has *reached* (posted)
-    the matching RECV -- and then for the message itself.  A rank that did not finish
-    is blocked.
+    the matching RECV -- and then for the message itself.  With ``lag`` k > 0 it waits only
+    for the sends issued before its k-th last completed RECV (interleaved lists: lag 1).
+    A rank that did not finish is blocked.
     """
     sent: set[tuple[Op, int, int | None]] = set()
     posted: set[tuple[Op, int, int | None]] = set()
-    pending: dict[int, list[tuple[Op, int, int | None]]] = {r: [] for r in schedule}  # sends not yet received
+    # sends not yet received, each with the number of RECVs its rank had completed when it was issued
+    pending: dict[int, list[tuple[tuple[Op, int, int | None], int]]] = {r: [] for r in schedule}
+    recvs_done = {r: 0 for r in schedule}
     done = {r: 0 for r in schedule}
     ready, parked = deque(sorted(schedule)), set()
     while ready:
@@ -265,14 +268,15 @@ def _rendezvous_run(schedule: Schedule) -> dict[int, int]:
                     posted.add(key)
                     ready.extend(sorted(parked))  # a blocked sender may now complete
                     parked.clear()
-                pending[rank] = [k for k in pending[rank] if k not in posted]
-                if pending[rank] or key not in sent:
+                pending[rank] = [(k, n) for k, n in pending[rank] if k not in posted]
+                if any(n <= recvs_done[rank] - lag for _, n in pending[rank]) or key not in sent:
                     parked.add(rank)
                     break
+                recvs_done[rank] += 1
             elif a.op is Op.SEND_F or a.op is Op.SEND_B:
                 key = _send_key(a)
                 sent.add(key)
-                pending[rank].append(key)
+                pending[rank].append((key, recvs_done[rank]))
                 ready.extend(sorted(parked))  # a blocked receiver may now run
                 parked.clear()
             i += 1
@@ -298,7 +302,7 @@ def _deadlock_problems(schedule: Schedule, done: dict[int, int]) -> list[str]:
 
 
 def validate_schedule(schedule: Schedule, *, num_stages: int, num_microbatches: int,
-                      sends_wait_at_recv: bool = False, chunks: int | None = None) -> None:
+                      sends_wait_at_recv: bool = False, send_wait_lag: int = 0, chunks: int | None = None) -> None:
     """Raise `ScheduleError` unless `schedule` is a complete, ordered, deadlock-free p-stage schedule.
 
     Checks, in order: ranks 0..p-1 present; each action on its rank's stage with
@@ -307,7 +311,8 @@ def validate_schedule(schedule: Schedule, *, num_stages: int, num_microbatches: 
     RECV_F < F < SEND_F, RECV_B < B < SEND_B, F < B and B < W per micro-batch;
     the same message order on both ends of every FIFO link; no deadlock.  With
     ``sends_wait_at_recv`` also no deadlock when each RECV first waits for the
-    rank's earlier sends to be received (`_rendezvous_run`).
+    rank's earlier sends to be received (`_rendezvous_run`); ``send_wait_lag`` k: only for those
+    issued before its k-th last completed RECV (the executor's mode for interleaved lists, k = 1).
 
     `num_stages` is the number of ranks p; with ``chunks`` v > 1 rank r runs the virtual stages
     r, r + p, ..., (v - 1) p + r (`hetpipe.schedule.interleaved`), every check above per virtual
@@ -332,7 +337,7 @@ def validate_schedule(schedule: Schedule, *, num_stages: int, num_microbatches: 
     done, _ = _abstract_run(schedule)
     _raise_if(_deadlock_problems(schedule, done))
     if sends_wait_at_recv:
-        done = _rendezvous_run(schedule)
+        done = _rendezvous_run(schedule, send_wait_lag)
         stuck = [f"{_at(r, done[r], schedule[r][done[r]])}" for r in sorted(schedule) if done[r] < len(schedule[r])]
         if stuck:
             raise ScheduleError("invalid schedule: deadlock when each RECV waits for the rank's earlier sends to be "
@@ -389,10 +394,12 @@ def compute_slots(schedule: Schedule) -> dict[int, list[tuple[int, Action]]]:
     return slots
 
 
-def sends_may_wait_at_recv(schedule: Schedule, *, num_stages: int, microbatches: int) -> bool:
+def sends_may_wait_at_recv(schedule: Schedule, *, num_stages: int, microbatches: int,
+                           send_wait_lag: int = 0, chunks: int | None = None) -> bool:
     """Whether `schedule` is deadlock-free when each RECV first waits for the rank's earlier sends
-    (`validate_schedule` ``sends_wait_at_recv=True``): the runtime's gloo rule, and so the memory
-    model's (`hetpipe.schedule.held`), exactly when this holds.
+    (`validate_schedule` ``sends_wait_at_recv=True``; with ``send_wait_lag`` k only for the sends issued
+    before its k-th last RECV, and ``chunks`` v for interleaved lists): the runtime's gloo rule, and so
+    the memory model's (`hetpipe.schedule.held`, `held_virtual`), exactly when this holds.
 
     Example:
         >>> from hetpipe.schedule.builders import make_schedule
@@ -402,7 +409,8 @@ def sends_may_wait_at_recv(schedule: Schedule, *, num_stages: int, microbatches:
         False
     """
     try:
-        validate_schedule(schedule, num_stages=num_stages, num_microbatches=microbatches, sends_wait_at_recv=True)
+        validate_schedule(schedule, num_stages=num_stages, num_microbatches=microbatches, sends_wait_at_recv=True,
+                          send_wait_lag=send_wait_lag, chunks=chunks)
     except ScheduleError:
         return False
     return True

@@ -99,6 +99,16 @@ class StageTiming:
     bwd_weight_s: float = 0.0  # W_s of a split schedule (ZB): its B lasts bwd_s - bwd_weight_s, its W bwd_weight_s
 
 
+def emulated_s(timing: StageTiming, op: str) -> float:
+    """Emulated seconds of one ``op`` ("F", "B" or "W") under ``timing``: a split B lasts bwd_s - W_s.
+
+    Example:
+        >>> emulated_s(StageTiming(1.0, 2.0, bwd_weight_s=0.5), "B")
+        1.5
+    """
+    return {"F": timing.fwd_s, "B": timing.bwd_s - timing.bwd_weight_s, "W": timing.bwd_weight_s}[op]
+
+
 @dataclass(frozen=True)
 class TimeScale:
     """The chosen time scale and what it was derived from.
@@ -393,7 +403,7 @@ class EmulationHooks(RecordingHooks):
         self.ledger = MemoryLedger(usable_bytes=usable_bytes, rank=rank, stage=stage, device=device_label)
         self.links = dict(links)
         self.clocks = {cut: LinkClock(time_scale) for cut in self.links}
-        self.fwd_device_s: list[float] = []  # per F / B: max(real compute, target), real seconds
+        self.fwd_device_s: list[float] = []  # per F / B: max(real compute, target), real s (chunk 0's: `stretch`)
         self.bwd_device_s: list[float] = []
         self.link_names: dict[int, str] = {}  # cut -> "src -> dst" device ids, for a cut link's message
         self.cut_timeout_s = 60.0  # how long a send over a cut link blocks (the run's --timeout)
@@ -406,16 +416,19 @@ class EmulationHooks(RecordingHooks):
                 time.sleep(remaining)
             return
         pred = self.chunk_predicted.get(action.stage, self.predicted)
-        emulated = {"F": pred.fwd_s, "B": pred.bwd_s - pred.bwd_weight_s, "W": pred.bwd_weight_s}[op]
+        emulated = emulated_s(pred, op)
         target = self.time_scale * emulated
         elapsed = time.monotonic() - self._start_s
         remaining = self.compute.remaining_s(op, elapsed_s=elapsed, target_s=target)
         # What the emulated device took (real s): the stretched target, or the compute if it overran.
         # The host's wake-up latency after the sleep is not the device's (`hetpipe.runtime.faults.watch`).
+        # A chunk's entry in chunk 0's seconds (x chunk 0's target / its own): a median over the rank's
+        # chunks is then its factor over the plan (`hetpipe.runtime.faults.watch`); x 1 on a plain stage.
+        own = emulated_s(self.predicted, op) / emulated if emulated > 0 and pred is not self.predicted else 1.0
         if op == "W":  # joins its B's entry (`RecordingHooks.after` has not popped it yet)
-            self.bwd_device_s[self._b_entry[action.microbatch]] += elapsed + remaining
+            self.bwd_device_s[self._b_entry[action.microbatch]] += (elapsed + remaining) * own
         else:
-            (self.fwd_device_s if op == "F" else self.bwd_device_s).append(elapsed + remaining)
+            (self.fwd_device_s if op == "F" else self.bwd_device_s).append((elapsed + remaining) * own)
         if remaining > 0:
             time.sleep(remaining)
 

@@ -36,7 +36,8 @@ _OPS = tuple(Op)
 
 def gathered_schedule(actions: Sequence[Action], *, num_stages: int, group: Any,
                       wait: Callable[[Any], None]) -> Schedule:
-    """Every rank's list of the pipeline `group` (a collective: every rank calls it at start-up).
+    """Every rank's list of the pipeline `group` of ``num_stages`` ranks (a collective: every rank calls
+    it at start-up), keyed by rank.
 
     ``wait`` waits for a collective's work (bounded: a dead peer becomes the executor's failure).
     """
@@ -51,5 +52,5 @@ def gathered_schedule(actions: Sequence[Action], *, num_stages: int, group: Any,
     for rows in every:
         acts = [Action(int(s), _OPS[int(o)], None if int(mb) < 0 else int(mb)) for s, o, mb in rows.tolist() if s >= 0]
         if acts:
-            out[acts[0].stage] = acts
+            out[acts[0].stage % num_stages] = acts  # an interleaved rank's first chunk is its rank
     return out

@@ -252,6 +252,7 @@ class Pending:
     specs: tuple[TensorSpec, ...]
     frame: torch.Tensor
     works: list[Any]
+    recvs_before: int = 0  # a send: the RECVs its rank had completed this step when it was posted
 
 
 class StageComm:
@@ -273,6 +274,7 @@ class StageComm:
         self.header_device = stage.device if distributed and not self.gloo else torch.device("cpu")
         self._send_delay_s, self._on_bytes, self._on_arrived = send_delay_s, on_comm_bytes, on_arrived
         self.wait_sends_at_recv = False  # set by the executor (see its ``wait_sends_at_recv``)
+        self.send_wait_lag = 0  # with it: wait for the sends posted before the lag-th last RECV (interleaved: 1)
         self.chunks: dict[int, StageModule] = {stage.stage: stage}
         self.ranks = len(set(self.stage_ranks)) or 1  # a rank per chunk 0 stage
         self.lanes = max(1, len(self.stage_ranks) // self.ranks)  # chunks per rank
@@ -293,6 +295,7 @@ class StageComm:
         self.recvs: dict[Action, Pending] = {}
         self.posted: set[Action] = set()
         self.sends: list[Pending] = []
+        self.recvs_done = 0
 
     def wait(self, work: Any, what: str, ask: str) -> None:
         """Bounded wait; ``what`` reads like "1RECV_B3 from rank 2", ``ask`` like "is rank 2 alive?"."""
@@ -361,7 +364,7 @@ class StageComm:
         """Wait for a RECV action's message, check its header, honour the emulated arrival time."""
         self.post_recv(action)
         if self.wait_sends_at_recv:
-            self.wait_sends(before=action)
+            self.wait_sends(before=action, posted_before=self.recvs_done - self.send_wait_lag)
         p = self.recvs.pop(action)
         self.wait(p.works[0], f"{action} from rank {p.peer}", f"is rank {p.peer} alive?")
         header, tensors = unpack_frame(p.frame, p.specs)
@@ -371,6 +374,7 @@ class StageComm:
                 self._on_arrived(action, (time.monotonic_ns() - header.arrive_ns) / 1e9)
             sleep_until_ns(header.arrive_ns)
         self._on_bytes(action, None)
+        self.recvs_done += 1
         return tensors
 
     def _check_header(self, h: WireHeader, p: Pending) -> None:
@@ -407,17 +411,19 @@ class StageComm:
             self.wait(work, f"{action} to rank {dst}", f"is rank {dst} alive?")
             raise RuntimeFailure(f"{self.where}: {action}: micro-batch {mb}, {problem}; the stage produced another "
                                  "shape than split_stages propagated: feed micro-batches shaped like its example inputs")
-        self.sends.append(Pending(action, dst, specs, frame, [work]))
+        self.sends.append(Pending(action, dst, specs, frame, [work], self.recvs_done))
         self._on_bytes(action, num_bytes)  # the frame is a copy, held until the send is waited
 
-    def wait_sends(self, before: Action | None = None) -> None:
-        """Wait until every posted send was received (bounded per message); ``before``: the RECV waiting."""
+    def wait_sends(self, before: Action | None = None, posted_before: int | None = None) -> None:
+        """Wait until every posted send was received (bounded per message); ``before``: the RECV waiting;
+        ``posted_before`` k: only the sends posted when at most k RECVs of this step had completed."""
         at = f" before {before}" if before is not None else ""
-        for p in self.sends:
+        due = [p for p in self.sends if posted_before is None or p.recvs_before <= posted_before]
+        for p in due:
             for work in p.works:
                 self.wait(work, f"{p.action} to be received by rank {p.peer}{at}", f"is rank {p.peer} alive?")
             self._on_bytes(p.action, None)
-        self.sends.clear()
+        self.sends = self.sends[len(due):]  # posted in order, so the due ones are a prefix
 
 
 def mismatch(tensors: Sequence[torch.Tensor], specs: Sequence[TensorSpec]) -> str | None:

@@ -164,6 +164,7 @@ class PipelineExecutor:
         if wait is None:
             wait = self.comm.gloo and self.num_stages > 1 and self._agreed_builtin_schedule()
         self.comm.wait_sends_at_recv = bool(wait)
+        self.comm.send_wait_lag = prefetch.INTERLEAVED_SEND_LAG if len(self.stages) > 1 else 0
         self._prefetch_at = prefetch.prefetch_plan(self.actions, depth=self.prefetch_depth, gloo=self.comm.gloo,
                                                    peer=self.comm.peer)
 
@@ -270,12 +271,16 @@ class PipelineExecutor:
     def _agreed_builtin_schedule(self) -> bool:
         """Are the ranks' lists together deadlock-free when each RECV first waits for the rank's earlier
         sends (`agreement`: every rank's list all-gathered once at start-up, the same answer on every
-        rank)?  Interleaved lists are not (`prefetch`: they would deadlock)."""
-        every = agreement.gathered_schedule(self.actions, num_stages=self.num_stages, group=self._group,
+        rank)?  Interleaved lists are checked with the lag they run with (`prefetch.INTERLEAVED_SEND_LAG`:
+        with m > p they deadlock without it)."""
+        chunks = len(self.stages)
+        ranks = max(1, self.num_stages // chunks)
+        every = agreement.gathered_schedule(self.actions, num_stages=ranks, group=self._group,
                                             wait=lambda work: self._collective(
                                                 work, "the start-up schedule agreement", self.stage_ranks))
-        return len(self.stages) == 1 and agreement.sends_may_wait_at_recv(
-            every, num_stages=self.num_stages, microbatches=self.microbatches)
+        return agreement.sends_may_wait_at_recv(
+            every, num_stages=ranks, microbatches=self.microbatches, chunks=chunks,
+            send_wait_lag=prefetch.INTERLEAVED_SEND_LAG if chunks > 1 else 0)
 
     # ------------------------------------------------------------------ messages
 

@@ -39,7 +39,8 @@ class ExecutorOptions:
     track_saved_every_step: account autograd's saved tensors every step (None: when the
         hooks emulate a memory limit), not on the first step only.
     wait_sends_at_recv: at each RECV, wait until this rank's earlier sends were received
-        (None: on gloo, for the built-in GPipe/1F1B action lists only).
+        (None: on gloo, for the built-in GPipe/1F1B action lists and, one RECV behind,
+        interleaved ones: `prefetch.INTERLEAVED_SEND_LAG`).
     cut_specs: the program's cuts, checked against the stage's (None: the stage's own).
     """
 

@@ -10,9 +10,13 @@ the same peer.
 
 Where every rank's list together is deadlock-free with it (`agreement`: `validate_schedule`
 ``sends_wait_at_recv=True`` on the lists all-gathered at start-up), a RECV first waits for this
-rank's earlier sends (``wait_sends_at_recv``; 3-8% faster).  Interleaved 1F1B is not: with m > p it deadlocks in that
-mode (rank 0's RECV_B would wait for a send to rank 1 that rank 1 receives only after its own
-RECV_B, which waits for a send to rank 0), so its sends are waited at STEP.
+rank's earlier sends (``wait_sends_at_recv``; 3-8% faster).  Interleaved 1F1B deadlocks in that
+mode with m > p (rank 0's RECV_B would wait for a send to rank 1 that rank 1 receives only after its
+own RECV_B, which waits for a send to rank 0); its RECVs wait one RECV behind instead
+(`INTERLEAVED_SEND_LAG`: the sends posted before the rank's previous RECV), deadlock-free for every
+p <= 4, v <= 4, m <= 4p (`validate_schedule` ``send_wait_lag=1``, tests/test_interleaved_sends.py,
+and checked on the gathered lists at start-up), so a send frame is held at most until the second
+RECV after it (the memory model's rule, `hetpipe.schedule.held_virtual`), not until STEP.
 
 Example:
     >>> from hetpipe.schedule.actions import Action, Op
@@ -30,6 +34,7 @@ import torch.distributed as dist
 
 from hetpipe.cost_models.stage_memory import RECV_PREFETCH
 from hetpipe.schedule.actions import Action, Op
+from hetpipe.schedule.held_virtual import INTERLEAVED_SEND_LAG
 
 RECVS = (Op.RECV_F, Op.RECV_B)
 SENDS = (Op.SEND_F, Op.SEND_B)

@@ -66,8 +66,9 @@ class StepWatch:
         self.detector = StragglerDetector(margin=margin, steps=window_steps, first_step=first_step)
         self.records: list[StragglerRecord] = []
         self.step_ratios: list[StepRatios] = []
-        # an interleaved plan's chunks are not judged yet: the ratios below are per stage (runtime/interleaved_run.py)
-        self.detect = detect and not plan.replicas and not plan.stages[0].chunks and hasattr(hooks, "fwd_s")
+        # an interleaved rank is judged where its durations are in chunk 0's seconds (`EmulationHooks.stretch`)
+        self.detect = (detect and not plan.replicas
+                       and hasattr(hooks, "chunk_predicted" if plan.stages[0].chunks else "fwd_s"))
         self.step = first_step
         dev = plan.devices[plan.device_index()[plan.stages[stage].device]] if not plan.replicas else None
         self.device, self.kind = (dev.id, dev.kind) if dev is not None else ("", "")
@@ -78,11 +79,14 @@ class StepWatch:
         self._marks: tuple[int, int, dict[int, int]] = (0, 0, {})
 
     def _cut_peers(self) -> dict[int, int]:
-        """Cut -> the stage this rank sends to over it (activations forward, gradients back)."""
+        """Cut -> the stage this rank sends to over it (activations forward, gradients back); an
+        interleaved rank's cuts are every chunk's (virtual stage s = c n + stage; its peer: s +- 1 mod n)."""
         if self.plan.replicas:
             return {}
-        n, s = len(self.plan.stages), self.stage
-        return {cut: peer for cut, peer in ((s, s + 1), (s - 1, s - 1)) if 0 <= peer < n}
+        n, virtual = len(self.plan.stages), range(self.stage, len(self.plan.stages) * max(
+            1, len(self.plan.stages[self.stage].chunks)), len(self.plan.stages))
+        return {cut: peer % n for s in virtual for cut, peer in ((s, s + 1), (s - 1, s - 1))
+                if 0 <= peer < n * len(virtual)}
 
     def _link_name(self, peer: int) -> str:
         return f"{self.plan.stages[self.stage].device} -> {self.plan.stages[peer].device}"
