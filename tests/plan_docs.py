@@ -7,8 +7,9 @@ from typing import Any
 
 def as_version_3(doc: dict[str, Any]) -> dict[str, Any]:
     """`doc` (a version-4 plan's dict) without the version-4 fields: no objective, no step tables, and
-    T = the H-1F1B estimate it records; version 3 (what hetpipe wrote before issue 17)."""
-    doc = dict(doc, version=3)
+    T = the H-1F1B estimate it records; version 3 (what hetpipe wrote before issue 17), memory model 2
+    (its 1F1B stages priced as memory model 3 prices them: `hetpipe.plan.check.same_memory_model`)."""
+    doc = dict(doc, version=3, memory_model=2)
     for key in ("objective", "step_launch_s"):
         doc.pop(key, None)
     for unit in doc["units"]:

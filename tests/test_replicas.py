@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hetpipe.cost_models.stage_memory import MEMORY_MODEL
 from hetpipe.cost_models.sync import (
     SYNC_BUDGET_FRACTION,
     Ring,
@@ -268,7 +269,7 @@ def test_v1_plans_still_load_and_check_names_their_memory_model(tmp_path):
     assert loaded.replicas == () and loaded.memory_model == 1 and loaded.version == 1
     report = check_plan(loaded)
     assert report.violations == (
-        "memory_model: this plan was made with memory model 1, this hetpipe uses memory model 2 (each stage's "
+        f"memory_model: this plan was made with memory model 1, this hetpipe uses memory model {MEMORY_MODEL} (each stage's "
         "memory_bytes is computed differently); re-plan with `hetpipe plan`",)
     assert report.iteration_s == pytest.approx(plan.predicted.t_1f1b_estimate_s, rel=1e-12)  # its own objective
 

@@ -140,3 +140,17 @@ def test_a_warm_up_list_that_deadlocks_when_receives_wait_for_sends_holds_its_se
         waited = max(c.in_grad_frames for c in replay_held(rank_actions(unsafe, 4, 8, s), prefetch=3))
         assert held >= waited and max(c.in_grad_frames for c in stage_held_terms(4, s, 8, schedule=safe)) <= held
     assert max(c.in_grad_frames for c in stage_held_terms(4, 3, 8, schedule=unsafe)) > 1
+
+
+
+@pytest.mark.parametrize("schedule, same", [("1f1b", True), ("gpipe", True), ("zb-1f1b", False),
+                                            ("zb-h1@1,0", False), ("interleaved:2", False)])
+def test_a_memory_model_2_plan_checks_unless_its_schedule_is_split_or_interleaved(schedule, same):
+    """Memory model 3 changed only split and interleaved stages: a 1F1B plan of model 2 still checks;
+    a split one is named as another model's (its memory_bytes omit W's gradients)."""
+    from types import SimpleNamespace
+
+    from hetpipe.plan.check import same_memory_model
+
+    assert same_memory_model(SimpleNamespace(memory_model=2, training=SimpleNamespace(schedule=schedule))) is same
+    assert not same_memory_model(SimpleNamespace(memory_model=1, training=SimpleNamespace(schedule="1f1b")))

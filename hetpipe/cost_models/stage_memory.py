@@ -20,7 +20,12 @@ from typing import Sequence
 #:    gradients at the moments the runtime's action list holds them (`HeldCounts`); split
 #:    schedules also hold the gradients W reads (`HeldCounts.weight_grads`, plan version 5 tables:
 #:    a split plan without them prices them 0, as before).
-MEMORY_MODEL = 2
+#: 3: a split (zero-bubble) backward's gradients kept from B to W (`Unit.weight_grad_bytes`) counted,
+#:    a middle stage's received gradient freed at B; interleaved send frames held until the second
+#:    RECV after them.  1F1B / GPipe stages are priced as in 2 (`SAME_AS_PREVIOUS`).
+MEMORY_MODEL = 3
+#: Plans of memory model 2 whose schedule is neither split nor interleaved price their stages as 3 does.
+SAME_AS_PREVIOUS = 2
 
 #: Receives a pipeline rank posts ahead of the action that needs them (the runtime's
 #: ``PipelineExecutor`` prefetch depth on NCCL, and on gloo when ranks outnumber cores).

@@ -24,9 +24,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from hetpipe.cost_models.stage_memory import MEMORY_MODEL
+from hetpipe.cost_models.stage_memory import MEMORY_MODEL, SAME_AS_PREVIOUS
 from hetpipe.errors import PlanError
 from hetpipe.partitioner.problem import Problem, Stage, evaluate, is_split
+from hetpipe.schedule.interleaved import parse_interleaved
 from hetpipe.partitioner.recompute import choose_recompute, is_prefix_choice
 from hetpipe.plan.baseline_check import baseline_violations
 from hetpipe.plan.chunk_schema import chunk_violations
@@ -56,10 +57,19 @@ def check_plan(plan: Plan) -> CheckReport:
     validate_plan(plan)  # NaN, a deleted link: one PlanError naming the field, not a symptom below
     report = check_replicas(plan) if plan.replicas else _check_pipeline(plan)
     report = dataclasses.replace(report, objective=plan.objective_name)
-    if plan.memory_model == MEMORY_MODEL:
+    if same_memory_model(plan):
         return report
     others = [v for v in report.violations if "memory_bytes" not in v]
     return CheckReport(report.iteration_s, (memory_model_mismatch(plan), *others), plan.objective_name)
+
+
+def same_memory_model(plan: Plan) -> bool:
+    """Are ``plan``'s memory_bytes priced as this hetpipe prices them (its model, or model 2 for a
+    schedule whose memory model 3 did not change: neither split nor interleaved)?"""
+    if plan.memory_model == MEMORY_MODEL:
+        return True
+    name = plan.training.schedule
+    return plan.memory_model == SAME_AS_PREVIOUS and not is_split(name) and parse_interleaved(name) is None
 
 
 def memory_model_mismatch(plan: Plan) -> str:
