@@ -263,7 +263,7 @@ GROUP_CASES = (
     ("gpt-tiny", (0.5, 0.3, 0.2), "eager"),     # heads 2:1:1, MLP columns 128:77:51
     ("hf-llama-tiny", (0.6, 0.4), "eager"),     # key/value groups 1:1, MLP columns 38:26
     ("gpt-tiny", (0.75, 0.25), "stage"),        # the same on the pipeline runtime's fx stage module
-    ("hf-gpt2-tiny", (0.6, 0.4), "eager"),      # Conv1D MLP columns 77:51; attention replicated
+    ("hf-gpt2-tiny", (0.6, 0.4), "eager"),      # Conv1D MLP columns 77:51; heads too (q|k|v, split_size narrowed)
 )
 GROUP_STEPS = 3
 

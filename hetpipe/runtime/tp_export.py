@@ -42,12 +42,9 @@ from hetpipe.partitioner.capture.export import export_for_training
 from hetpipe.partitioner.capture.tensor_blocks import ShardedParameter, TensorParallelBlock
 from hetpipe.runtime.stage.build import split_stages
 from hetpipe.runtime.tp_comm import copy_to_group, reduce_from_group
-from hetpipe.runtime.tp_shard import MemberShare, slice_parameter
+from hetpipe.runtime.tp_shard import MemberShare, narrow_fixed_splits, slice_parameter
 from hetpipe.runtime.tp_vocab import VocabParallelEmbedding, VocabParallelHead
 
-#: Attributes of a fused projection's parent module holding the width its output is split at
-#: (Hugging Face GPT-2's ``GPT2Attention.split_size``): set to the member's local width.
-FIXED_SPLIT_ATTRS = ("split_size",)
 _ATEN = torch.ops.aten
 
 
@@ -92,9 +89,7 @@ def local_model(model: nn.Module, blocks: Sequence[TensorParallelBlock], share: 
             width = _local_width(spec, count)
             _set(model, path, _resized(mod, out_features=width))
             parent = model.get_submodule(path.rpartition(".")[0])
-            for attr in FIXED_SPLIT_ATTRS if spec.segments > 1 else ():
-                if getattr(parent, attr, None) == full // spec.segments:
-                    setattr(parent, attr, width // spec.segments)
+            narrow_fixed_splits(parent, segments=spec.segments, full=full, local=width)
         row_path = block.row.name.rsplit(".", 1)[0]
         _set(model, row_path, _resized(model.get_submodule(row_path), in_features=_local_width(block.row, count)))
     return model

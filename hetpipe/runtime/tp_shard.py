@@ -194,12 +194,34 @@ def shard_block(model: nn.Module, block: TensorParallelBlock, *, share: MemberSh
             if "bias" in specs else None
         shard = ColumnParallelLinear(weight, bias, block_input, transposed=_transposed(mod))
         _set_module(model, path, shard.to(_target(mod, device)))
+        out_dim = 1 if _transposed(mod) else 0  # Conv1D stores (in, out), nn.Linear (out, in)
+        narrow_fixed_splits(model.get_submodule(path.rpartition(".")[0]), segments=specs["weight"].segments,
+                            full=mod.weight.shape[out_dim], local=weight.shape[out_dim])
     row_path = _module_path(block.row.name)
     mod = _linear(model, row_path)
     weight = slice_parameter(_source(model, state, block.row.name), block.row, parts)
     bias = _source(model, state, block.row_bias).detach().clone() if block.row_bias else None
     shard = RowParallelLinear(weight, bias, block_input, transposed=_transposed(mod))
     _set_module(model, row_path, shard.to(_target(mod, device)))
+
+
+#: Attributes of a fused projection's parent module holding the width its output is split at
+#: (Hugging Face GPT-2's ``GPT2Attention.split_size``): set to the member's local width.
+FIXED_SPLIT_ATTRS = ("split_size",)
+
+
+def narrow_fixed_splits(parent: nn.Module, *, segments: int, full: int, local: int) -> None:
+    """Set ``parent``'s `FIXED_SPLIT_ATTRS` that cut a fused projection's ``full`` output columns into
+    ``segments`` equal parts (GPT-2's q|k|v) to a part of the member's ``local`` columns.
+
+    Example:
+        >>> attn = nn.Module(); attn.split_size = 64
+        >>> narrow_fixed_splits(attn, segments=3, full=192, local=48); attn.split_size
+        16
+    """
+    for attr in FIXED_SPLIT_ATTRS if segments > 1 else ():
+        if getattr(parent, attr, None) == full // segments:
+            setattr(parent, attr, local // segments)
 
 
 def _target(mod: nn.Module, device: Any) -> Any:

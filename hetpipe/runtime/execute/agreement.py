@@ -46,7 +46,8 @@ def gathered_schedule(actions: Sequence[Action], *, num_stages: int, group: Any,
     wait(dist.all_reduce(length, op=dist.ReduceOp.MAX, group=group, async_op=True))
     mine = torch.full((int(length), 3), -2, dtype=torch.int64)  # -2 rows pad a shorter list
     mine[:len(codes)] = torch.tensor(codes, dtype=torch.int64)
-    every = [torch.empty_like(mine) for _ in range(num_stages)]
+    # one list per rank of the group: a tensor-parallel group's members share a stage and its list
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     wait(dist.all_gather(every, mine, group=group, async_op=True))
     out: Schedule = {}
     for rows in every:
