@@ -233,6 +233,18 @@ def test_price_interleaved_beats_1f1b_on_equal_layers_and_fits() -> None:
     assert found.evaluation.iteration_s == evaluate(found.problem, found.stages).iteration_s
     assert price_interleaved(prob, plain[:1] + (Stage(1, 6, 9),), chunks=2) is not None
     assert price_interleaved(_problem(m=3), plain, chunks=2) is None  # m % p != 0
+    assert price_interleaved(prob, (Stage(0, 0, 9),), chunks=2) is None  # one card: nothing to interleave
+
+
+def test_interleaving_a_one_card_answer_is_one_error_naming_the_fix() -> None:
+    from types import SimpleNamespace
+
+    from hetpipe.errors import ConfigError
+    from hetpipe.partitioner.interleave import choose_interleaved
+
+    one_card = SimpleNamespace(stages=(Stage(0, 0, 9),), iteration_s=1.0)
+    with pytest.raises(ConfigError, match="uses one card.*--schedule 1f1b"):
+        choose_interleaved(_problem(m=8), one_card, chunks=2, limit_s=1.0)
 
 
 # ----------------------------------------------------------------------------- plan format (version 6), check, run

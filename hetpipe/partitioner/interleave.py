@@ -129,7 +129,7 @@ def price_interleaved(problem: Problem, stages: Sequence[Stage], *, chunks: int,
     """Interleaved 1F1B with `chunks` chunks per rank on the devices of `stages`, in their order
     (module docstring); None where it cannot run or nothing tried fits."""
     p = len(stages)
-    if chunks < 2 or problem.microbatches % p or any(st.members for st in stages):
+    if chunks < 2 or p < 2 or problem.microbatches % p or any(st.members for st in stages):
         return None
     devices = [st.device for st in stages]
     inter = dataclasses.replace(problem, schedule=interleaved_name(chunks), recompute="none", offload="never")
@@ -170,6 +170,10 @@ def choose_interleaved(problem: Problem, sol: Solution, *, chunks: int, limit_s:
         raise ConfigError(f"--schedule interleaved:{chunks} runs no recomputation; use --recompute auto or none "
                           "with it, or --schedule 1f1b")
     p = len(sol.stages)
+    if p < 2:  # one rank has no pipeline to interleave (and its run would send to itself)
+        raise ConfigError(f"--schedule interleaved:{chunks}: the best placement uses one card, and interleaving "
+                          "needs a pipeline of at least 2; use --schedule 1f1b, or more micro-batches "
+                          "(--global-batch) so that more cards pay")
     if problem.microbatches % p:
         raise ConfigError(f"--schedule interleaved:{chunks}: the {problem.microbatches} micro-batches are not a "
                           f"multiple of the plan's {p} cards (Megatron-LM's rule); choose --global-batch so they are")
