@@ -119,10 +119,10 @@ def test_resume_on_another_plan_equals_a_single_device_run(setup, first_run, tmp
                  "--checkpoint-dir", str(tmp_path / "ck"))
     assert other.world_size == 2
     assert list(other.losses) == pytest.approx(ref_losses[EVERY:], rel=RTOL, abs=ATOL)
-    _assert_checkpoint_is_the_reference(tmp_path / "ck" / "step-000004", graph, ref_model, ref_opt)
+    assert_checkpoint_is_the_reference(tmp_path / "ck" / "step-000004", graph, ref_model, ref_opt)
 
 
-def _assert_checkpoint_is_the_reference(folder, graph, ref_model, ref_opt) -> None:
+def assert_checkpoint_is_the_reference(folder, graph, ref_model, ref_opt) -> None:
     """The checkpoint in ``folder`` holds the single-device loop's parameters, buffers and Adam state."""
     saved = read_checkpoint(folder)
     head = graph.tied[0].qualified_names[-1]
@@ -154,7 +154,7 @@ def test_resume_onto_a_plan_with_offload_and_recompute_equals_a_single_device_ru
                  "--checkpoint-dir", str(tmp_path / "ck"))
     assert other.world_size == 2
     assert list(other.losses) == pytest.approx(ref_losses[EVERY:], rel=RTOL, abs=ATOL)
-    _assert_checkpoint_is_the_reference(tmp_path / "ck" / "step-000004", graph, ref_model, ref_opt)
+    assert_checkpoint_is_the_reference(tmp_path / "ck" / "step-000004", graph, ref_model, ref_opt)
 
 
 # ----------------------------------------------------------------------------- no processes

@@ -20,9 +20,9 @@ import functools
 import pytest
 import torch
 
-from tests.test_tp_runtime import MICRO_BATCH, MICROBATCHES, SEQ, SHARES, STEPS, assert_gathered_equal, tp_graph
+from tests.test_tp_runtime import (MICRO_BATCH, MICROBATCHES, SEQ, SHARES, STEPS, assert_gathered_equal,
+                                   group_reference, tp_graph)
 
-LR, MOMENTUM = 1e-2, 0.9  # the plan's optimizer "momentum" at the runtime's default rate (runtime/rank.py)
 
 
 @functools.lru_cache(maxsize=None)
@@ -105,22 +105,8 @@ def _batches(model: str) -> list:
 
 
 def _reference(model_name: str, model: torch.nn.Module, batches: list) -> list[float]:
-    """Plain single-device Hugging Face training: micro-batches accumulated, mean loss, SGD with momentum."""
-    from hetpipe.models import loss_fn
-
-    loss = loss_fn(model_name)
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    losses = []
-    for (x,), y in batches:
-        opt.zero_grad()
-        total = 0.0
-        for xs, ys in zip(x.chunk(MICROBATCHES), y.chunk(MICROBATCHES)):
-            value = loss(model(xs), ys)
-            (value / MICROBATCHES).backward()
-            total += float(value.detach())
-        opt.step()
-        losses.append(total / MICROBATCHES)
-    return losses
+    """Plain single-device Hugging Face training (`test_tp_runtime.group_reference`)."""
+    return group_reference(model, batches, model_name)
 
 
 RUNS = {"hf-llama-tiny": dict(cut=2, group_last=False), "hf-gpt2-tiny": dict(cut=1, group_last=True)}

@@ -96,11 +96,11 @@ def _batches(model: torch.nn.Module, example: tuple[torch.Tensor, ...]) -> list:
     return out
 
 
-def group_reference(model: torch.nn.Module, batches: list) -> list[float]:
-    """Plain single-device training: micro-batches accumulated, mean loss, SGD with momentum."""
+def group_reference(model: torch.nn.Module, batches: list, model_name: str = MODEL) -> list[float]:
+    """Plain single-device training of ``model_name``: micro-batches accumulated, mean loss, SGD with momentum."""
     from hetpipe.models import loss_fn
 
-    loss = loss_fn(MODEL)
+    loss = loss_fn(model_name)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     losses = []
     for (x,), y in batches:
