@@ -157,3 +157,17 @@ def assert_solvers_match_brute_force(prob: Problem, exact, i: int) -> bool:
     for res in (exact, got):  # what a solver reports is what its stages cost
         assert close(evaluate(prob, res.stages).iteration_s, res.iteration_s, 1e-9)
     return True
+
+
+def best_shard_subset_s(rp, pipes, candidates) -> float:
+    """The least T over every subset of ``candidates`` sharded on ``pipes`` that fits (inf if none):
+    brute force over the sharding lever, the reference the replica tests compare solvers with."""
+    from hetpipe.partitioner.replica_shard import evaluate_sharding
+
+    best = math.inf
+    for n in range(len(candidates) + 1):
+        for subset in itertools.combinations(candidates, n):
+            ev = evaluate_sharding(rp, pipes, subset)
+            if ev.fits:
+                best = min(best, ev.iteration_s)
+    return best

@@ -20,7 +20,7 @@ from hetpipe.partitioner.replica_recompute import shard_then_recompute
 from hetpipe.partitioner.replica_shard import choose_sharding, evaluate_sharding, shardable
 from hetpipe.partitioner.replica_types import ReplicaProblem, replica_problem
 from hetpipe.partitioner.problem import Stage
-from tests.instances import random_problem
+from tests.instances import best_shard_subset_s, random_problem
 
 #: Per parameter: weight 1 + gradient 1 + 2 optimizer bytes (the fp32-Adam ratio 4:4:8, scaled down).
 RATES = OffloadRates(state_bytes_per_param=4, grad_bytes_per_param=1, host_bytes_per_param=2,
@@ -60,11 +60,7 @@ def _brute(rp: ReplicaProblem, pipes: list[tuple[tuple[Stage, ...], int]]) -> fl
         chosen = iter(dataclasses.replace(st, recompute_units=tuple(sorted(o[:r])))
                       for st, o, r in zip(stages, orders, prefixes))
         trial = [(tuple(next(chosen) for _ in s), m) for s, m in pipes]
-        for n in range(len(cands) + 1):
-            for subset in itertools.combinations(cands, n):
-                ev = evaluate_sharding(rp, trial, subset)
-                if ev.fits:
-                    best = min(best, ev.iteration_s)
+        best = min(best, best_shard_subset_s(rp, trial, cands))
     return best
 
 

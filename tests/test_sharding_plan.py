@@ -23,7 +23,7 @@ from hetpipe.partitioner.replicas import PipelineCache, ReplicaProblem, _exact_g
 from hetpipe.plan.check import check_plan
 from hetpipe.plan.replicas import partition_replicas
 from hetpipe.plan.schema import Plan
-from tests.instances import TEST_RATES, random_problem, with_offload
+from tests.instances import TEST_RATES, best_shard_subset_s, random_problem, with_offload
 from tests.synthetic import synthetic_cluster, synthetic_graph
 
 #: Per parameter: weight 1 + gradient 1 + 2 optimizer bytes (the fp32-Adam ratio 4:4:8, scaled down).
@@ -60,11 +60,7 @@ def _enumerate(rp: ReplicaProblem) -> float:
                 pipes = [(stages, m) for (stages, _), m in zip(pick, split)]
                 offloading = [st.device for stages, _ in pipes for st in stages if st.offload]
                 cands = shardable(rp, evaluate_sharding(rp, pipes, ()).sync, offloading)
-                for n in range(len(cands) + 1):
-                    for subset in itertools.combinations(cands, n):
-                        ev = evaluate_sharding(rp, pipes, subset)
-                        if ev.fits:
-                            best = min(best, ev.iteration_s)
+                best = min(best, best_shard_subset_s(rp, pipes, cands))
     return best
 
 
