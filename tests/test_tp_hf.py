@@ -1,4 +1,4 @@
-"""Tensor-parallel groups on Hugging Face Llama and GPT-2 (``torch.export`` graphs), issue 15.
+"""Tensor-parallel groups on Hugging Face Llama, GPT-2 and Qwen2 (``torch.export`` graphs), issue 15.
 
 1. Each member re-exports its model at its own widths (`hetpipe.runtime.tp_export`): the layers
    shrink to its parts (GPT-2's ``split_size`` with them), and its graph is aligned with the full
@@ -8,7 +8,12 @@
    groups 1:1, MLP columns 45:19), ``hf-gpt2-tiny`` with the group on the last stage (heads 3:1,
    MLP columns 90:38, the LM head split by vocabulary 90:38 and tied to stage 0's whole embedding).
    Per-step losses and every parameter gathered back equal a plain single-device loop over the
-   same weights and data (fp32, rtol 1e-5).
+   same weights and data (fp32, rtol 1e-5).  ``hf-qwen2-tiny`` (``Qwen2ForCausalLM`` from the built-in
+   config, tied embedding) as Llama: its q/k/v biases split with their key/value groups, its tied
+   embedding by vocabulary on the group and whole as the head on stage 1.
+3. Checkpoints of those runs (after step 2) hold every parameter and its momentum whole under the
+   model's names; resumed on another plan (Llama: the group at 0.4 / 0.6; GPT-2: no group), step 3's
+   loss and every parameter equal the single-device loop.
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ from tests.test_tp_runtime import (MICRO_BATCH, MICROBATCHES, SEQ, SHARES, STEPS
 
 
 @functools.lru_cache(maxsize=None)
-def hf_plan(model: str, *, cut: int, group_last: bool):
-    """Two stages split after unit ``cut``; the group (box:1 lead, box:0) first or last, box:2 the other."""
+def hf_plan(model: str, *, cut: int, group_last: bool, shares: tuple[float, ...] | None = SHARES):
+    """Two stages split after unit ``cut``; the group (box:1 lead, box:0) first or last at ``shares``, box:2
+    the other; ``shares=None``: no group (box:1 alone in its place)."""
     from hetpipe.cost_models.cluster import cluster_from_dict
     from hetpipe.partitioner.problem import Stage, evaluate
     from hetpipe.plan.build import assemble_plan, build_problem
@@ -38,13 +44,16 @@ def hf_plan(model: str, *, cut: int, group_last: bool):
         {"gpu": "rtx3090"}, {"gpu": "rtx3060-12gb"}, {"gpu": "rtx4090"}]}]})
     problem = build_problem(graph, cluster, microbatches=MICROBATCHES, tensor_parallel="auto")
     last = len(graph.units) - 1
-    stages = ((Stage(2, 0, cut), Stage(1, cut + 1, last, members=(1, 0))) if group_last
-              else (Stage(1, 0, cut, members=(1, 0)), Stage(2, cut + 1, last)))
+    members = (1, 0) if shares is not None else ()
+    stages = ((Stage(2, 0, cut), Stage(1, cut + 1, last, members=members)) if group_last
+              else (Stage(1, 0, cut, members=members), Stage(2, cut + 1, last)))
     ev = evaluate(problem, stages)
     plan = assemble_plan(graph, cluster, problem=problem, stages=stages, global_batch=MICRO_BATCH * MICROBATCHES,
                          solver=SolverReport("hand", "FEASIBLE", ev.iteration_s, 0.0, 0.0))
+    if shares is None:
+        return plan
     g = 1 if group_last else 0  # the planner's shares for this tiny model are near even: run uneven ones
-    return dataclasses.replace(plan, stages=tuple(dataclasses.replace(s, group_shares=SHARES) if s.index == g else s
+    return dataclasses.replace(plan, stages=tuple(dataclasses.replace(s, group_shares=shares) if s.index == g else s
                                                   for s in plan.stages))
 
 
@@ -83,11 +92,21 @@ def test_a_member_is_the_same_model_at_its_widths_and_its_graph_aligns_with_the_
     assert mapping["contiguous_1"] == planned["contiguous_2"] == 1  # h.2's, aligned by op and module, not name
 
 
+def test_qwen2_units_are_detected_with_their_biases():
+    blocks = {b.kind: b for b in tp_graph("hf-qwen2-tiny").units[1].tensor_parallel}
+    assert set(blocks) == {"attention", "mlp"} and blocks["attention"].parts == 2  # 2 key/value groups
+    split = {p.name.rsplit(".", 2)[-2] + "." + p.name.rsplit(".", 1)[-1]: p.dim for p in blocks["attention"].parameters}
+    assert {k: split[k] for k in ("q_proj.bias", "k_proj.bias", "v_proj.bias", "o_proj.weight")} == {
+        "q_proj.bias": 0, "k_proj.bias": 0, "v_proj.bias": 0, "o_proj.weight": 1}
+    assert [b.kind for b in tp_graph("hf-qwen2-tiny").units[0].tensor_parallel] == ["embedding"]
+
+
 def test_hf_groups_pass_the_pre_launch_check():
     from hetpipe.runtime.tp_run import check_shardable
 
     check_shardable(hf_plan("hf-gpt2-tiny", cut=1, group_last=True), tp_graph("hf-gpt2-tiny"))
     check_shardable(hf_plan("hf-llama-tiny", cut=2, group_last=False), tp_graph("hf-llama-tiny"))
+    check_shardable(hf_plan("hf-qwen2-tiny", cut=2, group_last=False), tp_graph("hf-qwen2-tiny"))
 
 
 # ----------------------------------------------------------------------------- 2. runs
@@ -109,11 +128,21 @@ def _reference(model_name: str, model: torch.nn.Module, batches: list) -> list[f
     return group_reference(model, batches, model_name)
 
 
-RUNS = {"hf-llama-tiny": dict(cut=2, group_last=False), "hf-gpt2-tiny": dict(cut=1, group_last=True)}
+RUNS = {"hf-llama-tiny": dict(cut=2, group_last=False), "hf-gpt2-tiny": dict(cut=1, group_last=True),
+        "hf-qwen2-tiny": dict(cut=2, group_last=False)}
+#: The plan a model's step-2 checkpoint is resumed on: Llama's group at other shares (its lead now
+#: the smaller share: vocabulary rows 51:77, MLP columns 26:38), GPT-2 with no group at all.  Qwen2's
+#: checkpoint is only read back here (its group's layers are Llama's plus q/k/v biases): one launch less.
+RESUME_SHARES = {"hf-llama-tiny": (0.4, 0.6), "hf-gpt2-tiny": None}
+CHECKPOINT_STEP = 2
 
 
 @pytest.fixture(scope="module", params=sorted(RUNS))
 def hf_grouped_run(request, tmp_path_factory):
+    """The grouped run (3 steps, a checkpoint after step 2), then step 3 resumed from that checkpoint on
+    the model's `RESUME_SHARES` plan: (name, grouped report, reference losses, reference after 3 steps,
+    its gathered weights, the checkpoint folder, the reference's parameters after 2 steps, resumed
+    report, its gathered weights)."""
     from hetpipe import models
     from hetpipe.runtime.run import run
     from tests.zoo_harness import saved_state
@@ -124,17 +153,53 @@ def hf_grouped_run(request, tmp_path_factory):
     resolved = models.resolve(name, device="cpu", batch=MICRO_BATCH, seq=SEQ)
     torch.save(resolved.model.state_dict(), out / "weights.pt")
     batches = _batches(name)
+    at_checkpoint = copy.deepcopy(resolved.model)
+    _reference(name, at_checkpoint, batches[:CHECKPOINT_STEP])
     reference = copy.deepcopy(resolved.model)
     ref_losses = _reference(name, reference, batches)
     report = run(hf_plan(name, **RUNS[name]), model=name, steps=STEPS, seq=SEQ, data=batches,
                  weights=out / "weights.pt", save_weights=out / "saved", emulate=True, run_dir=out / "run",
-                 timeout_s=180)
-    return name, report, ref_losses, reference, saved_state(out / "saved")
+                 checkpoint_dir=out / "ck", checkpoint_every=CHECKPOINT_STEP, timeout_s=180)
+    checkpoint = out / "ck" / f"step-{CHECKPOINT_STEP:06d}"
+    params_at_checkpoint = {n: p.detach() for n, p in at_checkpoint.named_parameters()}
+    if name not in RESUME_SHARES:
+        return (name, report, ref_losses, reference, saved_state(out / "saved"), checkpoint, params_at_checkpoint,
+                None, None)
+    resumed = run(hf_plan(name, **RUNS[name], shares=RESUME_SHARES[name]), model=name, steps=STEPS, seq=SEQ,
+                  data=batches, weights=out / "weights.pt", save_weights=out / "resumed", resume=checkpoint,
+                  run_dir=out / "run2", timeout_s=180)
+    return (name, report, ref_losses, reference, saved_state(out / "saved"), checkpoint, params_at_checkpoint,
+            resumed, saved_state(out / "resumed"))
 
 
 @pytest.mark.slow
 def test_a_hugging_face_group_trains_like_one_device(hf_grouped_run):
-    name, report, ref_losses, reference, state = hf_grouped_run
+    name, report, ref_losses, reference, state, *_ = hf_grouped_run
     assert report.world_size == 3 and len(report.members) == 2
     torch.testing.assert_close(list(report.losses), ref_losses, rtol=1e-5, atol=0)
     assert_gathered_equal(state, reference)  # every member's slices gathered back, written by the leads
+
+
+@pytest.mark.slow
+def test_a_hugging_face_group_checkpoint_is_whole_and_resumes_on_another_plan(hf_grouped_run):
+    """The group's step-2 checkpoint holds the reference's parameters whole under the model's names (each
+    member's slices gathered); resumed on other shares (Llama) or with no group (GPT-2), step 3's loss and
+    every parameter equal the single-device loop (the momentum read back as slices moves them)."""
+    from tests.test_checkpoint import read_checkpoint
+
+    name, report, ref_losses, reference, _, checkpoint, params_at_checkpoint, resumed, state = hf_grouped_run
+    saved = read_checkpoint(checkpoint)
+    written = [p for p in params_at_checkpoint if f"model/{p}" in saved]  # a tied head: under its embedding's name
+    assert len(written) >= len(params_at_checkpoint) - 1
+    for param in written:
+        torch.testing.assert_close(saved[f"model/{param}"], params_at_checkpoint[param], rtol=1e-5, atol=1e-5,
+                                   msg=param)
+        assert saved[f"optim/{param}/momentum_buffer"].shape == params_at_checkpoint[param].shape, param
+    if name not in RESUME_SHARES:
+        return  # Qwen2: the checkpoint only (see RESUME_SHARES)
+    assert resumed.world_size == (3 if RESUME_SHARES[name] else 2)
+    torch.testing.assert_close(list(resumed.losses), ref_losses[CHECKPOINT_STEP:], rtol=1e-5, atol=0)
+    assert_gathered_equal(state, reference)
+    after = dict(reference.named_parameters())
+    moved = max(float((after[n].detach() - v).abs().max()) for n, v in params_at_checkpoint.items())
+    assert moved > 30 * 1e-5, "step 3 must move the parameters well beyond the tolerance (6e-4 on Llama)"
