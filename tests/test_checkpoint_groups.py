@@ -150,3 +150,32 @@ def test_a_member_resumes_its_rows_and_their_momentum_from_whole_tensors(tmp_pat
         assert torch.equal(mp[name].detach(), want), name
         momentum = opt.state[wp[name]]["momentum_buffer"]
         assert torch.equal(mine.state[mp[name]]["momentum_buffer"], momentum[3:] if name in specs else momentum)
+
+
+# ----------------------------------------------------------------------------- supervised
+
+
+KILL_AT = 5  # the group's member (rank 1) exits at once at the start of step 5: no error file, whatever the load
+
+
+@pytest.mark.slow
+def test_a_killed_group_member_relaunches_the_grouped_plan_equal_to_a_single_device_run(setup, momentum_start,
+                                                                                         tmp_path):
+    """G resumed from the shared step-2 checkpoint under ``--max-restarts 1``, checkpoints every 2 steps; its
+    member is killed in step 5: the supervisor relaunches G from step 4, and steps 5-6, the parameters and
+    the momentum equal the single-device loop."""
+    from tests.test_run_cli import hetpipe_run
+
+    folder, graph, (ref_losses, snapshots) = setup
+    assert hetpipe_run([str(folder / "G.json"), "--model", MODEL, "--seq", str(SEQ), "--steps", "6",
+                        "--timeout", "120", "--data", str(folder / "data.pt"), "--loss", "hetpipe.models:lm_loss",
+                        "--weights", str(folder / "init.pt"), "--resume", str(momentum_start.checkpoint),
+                        "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "2",
+                        "--run-dir", str(tmp_path / "run"), "--report", str(tmp_path / "run.json"),
+                        "--max-restarts", "1", "--inject", f"kill:rank=1,step={KILL_AT}"]) == 0
+    report = RunReport.load(tmp_path / "run.json")
+    (r,) = report.restarts
+    assert r.kind == "relaunched" and r.rank == 1 and r.device == "box:0" and "rank 1 (stage 0" in r.cause
+    assert r.resumed_step == 4 and r.old_stages == r.new_stages and report.world_size == 3
+    assert list(report.losses) == pytest.approx(ref_losses[4:6], rel=RTOL, abs=ATOL)
+    _assert_is_reference(tmp_path / "ck" / "step-000006", graph, snapshots[6])

@@ -70,7 +70,7 @@ def test_one_rank_per_card_the_lead_first_and_what_does_not_run_yet_is_refused_n
                                                *plan.stages[1:]))
     with pytest.raises(PlanError, match=r"plan stages \[0\] are tensor-parallel groups that recompute or offload"):
         refuse_unrunnable_groups(levers, "1f1b")
-    with pytest.raises(ConfigError, match="--adapt: plan stages .0. are tensor-parallel groups.*--resume DIR"):
+    with pytest.raises(ConfigError, match="--adapt and --wait-for-return: plan stages .0. are tensor-parallel groups.*--max-restarts N alone"):
         refuse_group_supervision(plan)
     from hetpipe.plan.check import check_plan
 

@@ -1,6 +1,6 @@
 """What running a plan's tensor-parallel groups needs from the plan (issue 15): the rank layout,
 each member's own predicted times, and the refusals of what the runtime does not run (`refuse_unrunnable_groups`;
-supervised runs: `refuse_group_supervision`).
+re-planning supervised runs: `refuse_group_supervision`).
 
 `hetpipe run` starts one rank per card: the stages in order, each group stage's members in
 ``group_devices`` order (its lead, `PlanStage.device`, first).  `rank_slots` is that layout.
@@ -93,16 +93,18 @@ def refuse_unrunnable_groups(plan: Any, schedule: str) -> None:
 
 
 def refuse_group_supervision(plan: Any) -> None:
-    """Supervised runs (``--max-restarts``, ``--wait-for-return``, ``--adapt``) of a grouped plan are
-    refused: the supervisor maps dead ranks to stages one card per stage, and re-planning solves
-    width-1 stages.  Checkpoints and ``--resume`` of grouped plans work (`hetpipe.runtime.checkpoint.groups`).
+    """Re-planning runs (``--adapt``, ``--wait-for-return``) of a grouped plan are refused: re-planning
+    solves width-1 stages.  ``--max-restarts`` alone relaunches the same grouped plan from the newest
+    checkpoint (`hetpipe.runtime.supervise`, ``same_plan``), as ``--resume`` of grouped plans does
+    (`hetpipe.runtime.checkpoint.groups`).
 
     Example:
         >>> from types import SimpleNamespace as NS
         >>> refuse_group_supervision(NS(stages=[NS(index=0, group_devices=())]))
     """
     if has_groups(plan):
-        raise ConfigError(f"--max-restarts, --wait-for-return and --adapt: plan stages "
+        raise ConfigError(f"--adapt and --wait-for-return: plan stages "
                           f"{[st.index for st in plan.stages if st.group_devices]} are tensor-parallel groups, "
-                          "which supervised runs do not restart yet; run the grouped plan with --checkpoint-dir "
-                          "and, after a failure, continue with --resume DIR (on this plan or a re-made one)")
+                          "which supervised runs do not re-plan yet; use --max-restarts N alone (a dead rank "
+                          "relaunches this plan from the newest checkpoint), or continue with --resume DIR on a "
+                          "re-made plan")

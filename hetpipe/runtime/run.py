@@ -38,7 +38,7 @@ import torch
 from hetpipe.cost_models.outputs import writable_folder
 from hetpipe.errors import ConfigError, RuntimeFailure
 from hetpipe.plan.check import check_plan
-from hetpipe.plan.group_run import rank_slots, refuse_group_supervision, refuse_unrunnable_groups
+from hetpipe.plan.group_run import has_groups, rank_slots, refuse_group_supervision, refuse_unrunnable_groups
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.checkpoint.options import checkpoint_args
 from hetpipe.runtime.faults.carry import InjectionCarrier
@@ -291,7 +291,8 @@ def _supervised(plan: Plan, args: dict[str, Any]) -> RunReport:
         raise ConfigError("--adapt re-plans single-pipeline plans only; run the replica plan with --max-restarts "
                           "(a dead rank relaunches the same plan from the newest checkpoint) and, for a slow card, "
                           "re-plan it with `hetpipe plan --replicas` and continue with --resume DIR")
-    refuse_group_supervision(plan)
+    if adapt or wait_s is not None:  # re-planning solves width-1 stages; --max-restarts relaunches a grouped plan
+        refuse_group_supervision(plan)
     if once["checkpoint_dir"] is None:
         flag = "--adapt" if adapt else f"--max-restarts {max_restarts}"
         raise ConfigError(f"{flag} needs --checkpoint-dir DIR (and --checkpoint-every N): a relaunched job "
@@ -303,7 +304,7 @@ def _supervised(plan: Plan, args: dict[str, Any]) -> RunReport:
                             steps=once["steps"], max_restarts=max_restarts, adapt=adapt,
                             resume=str(resume) if resume is not None else None,
                             checkpoint_every=once["checkpoint_every"], wait_for_return_s=wait_s,
-                            same_plan=bool(plan.replicas), switch_in_place=adapt)
+                            same_plan=bool(plan.replicas) or has_groups(plan), switch_in_place=adapt)
     once["switch_listen"] = adapt  # a slow card's re-plan on the same world is switched into the running job
 
     carrier = InjectionCarrier(once.pop("inject", None))  # the faults belong to the run, not to one launch

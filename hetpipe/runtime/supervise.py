@@ -14,8 +14,8 @@ supervision) at a time in ``RUN_DIR/attempt-<n>/`` and watches its run directory
   since that checkpoint are redone (``steps_redone``), nothing else.  Any other failure (a rank
   that reported an error, a timeout without a dead rank) is raised as it is: re-planning
   would not fix it.  Without restarts left, one `RuntimeFailure` names the dead rank, its
-  device, the step and how to continue.  A replica plan (``SuperviseOptions.same_plan``:
-  `hetpipe.plan.replan` solves one pipeline) is relaunched on the same plan from the newest
+  device, the step and how to continue.  A replica or grouped plan (``SuperviseOptions.same_plan``:
+  `hetpipe.plan.replan` solves one pipeline of single cards) is relaunched on the same plan from the newest
   checkpoint (restart kind ``relaunched``: the rank is taken for a crashed process on a working
   card); if ``--wait-for-return`` runs out, one `RuntimeFailure` says to re-plan it by hand.
 * **A straggler report** (``straggler-rank<r>.json``: stage, device, factor; written by the
@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetpipe.errors import ConfigError, RuntimeFailure
+from hetpipe.plan.group_run import rank_slots
 from hetpipe.plan.replan import Replan, link_pair, replan
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.checkpoint.files import find_checkpoint, is_complete, parse_step
@@ -181,12 +182,11 @@ def diagnose(run_dir: Path, plan: Plan, *, start: int) -> Death | None:
     dead = sorted(r for r, c in codes.items() if c not in (0, TEARDOWN_CODE) and r not in reported)
     if not dead:
         return None
-    records = read_steps(run_dir)
-    stages = [records[r].stage if r in records else r for r in dead]
-    devices = tuple(plan.stages[s].device for s in stages)
+    records, slots = read_steps(run_dir), rank_slots(plan)  # a group's members: one rank each, stage after stage
+    stages, devices = [slots[r].stage for r in dead], tuple(slots[r].device for r in dead)
     cause = "; ".join(f"rank {r} (stage {s}, device {d}) {describe_exit(codes[r])}"
                       for r, s, d in zip(dead, stages, devices))
-    return Death(tuple(dead), devices, cause, steps_finished(records, len(plan.stages), start))
+    return Death(tuple(dead), devices, cause, steps_finished(records, len(slots), start))
 
 
 _CUT_BY_DEVICES = re.compile(r"the emulated link (\S+) -> (\S+) is cut")
