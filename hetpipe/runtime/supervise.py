@@ -11,9 +11,8 @@ supervision) at a time in ``RUN_DIR/attempt-<n>/`` and watches its run directory
   newest complete checkpoint of ``--checkpoint-dir``.  With ``--wait-for-return SECONDS`` the
   supervisor first waits that long for the device to be back (`hetpipe.runtime.faults.returns`)
   and, if it is, resumes on the same plan (restart kind ``returned``); else it re-plans.  The steps every rank had finished
-  since that checkpoint are redone (``steps_redone``), nothing else.  Any other failure (a rank
-  that reported an error, a timeout without a dead rank) is raised as it is: re-planning
-  would not fix it.  Without restarts left, one `RuntimeFailure` names the dead rank, its
+  since that checkpoint are redone (``steps_redone``), nothing else.  Any other failure (a rank that reported
+  an error, a timeout without a dead rank) is raised as it is: re-planning would not fix it.  Without restarts left, one `RuntimeFailure` names the dead rank, its
   device, the step and how to continue.  A replica or grouped plan (``SuperviseOptions.same_plan``:
   `hetpipe.plan.replan` solves one pipeline of single cards) is relaunched on the same plan from the newest
   checkpoint (restart kind ``relaunched``: the rank is taken for a crashed process on a working
@@ -183,9 +182,10 @@ def diagnose(run_dir: Path, plan: Plan, *, start: int) -> Death | None:
     if not dead:
         return None
     records, slots = read_steps(run_dir), rank_slots(plan)  # a group's members: one rank each, stage after stage
-    stages, devices = [slots[r].stage for r in dead], tuple(slots[r].device for r in dead)
-    cause = "; ".join(f"rank {r} (stage {s}, device {d}) {describe_exit(codes[r])}"
-                      for r, s, d in zip(dead, stages, devices))
+    stages = [records[r].stage if r in records else slots[r].stage for r in dead]  # records: after in-place switches
+    devices = tuple(slots[r].device if plan.stages[s].group_devices else plan.stages[s].device
+                    for r, s in zip(dead, stages))
+    cause = "; ".join(f"rank {r} (stage {s}, device {d}) {describe_exit(codes[r])}" for r, s, d in zip(dead, stages, devices))
     return Death(tuple(dead), devices, cause, steps_finished(records, len(slots), start))
 
 
