@@ -137,12 +137,25 @@ RESUME_SHARES = {"hf-llama-tiny": (0.4, 0.6), "hf-gpt2-tiny": None}
 CHECKPOINT_STEP = 2
 
 
+@dataclasses.dataclass(frozen=True)
+class HFRun:
+    """A model's grouped run (3 steps, a checkpoint after step 2) and its resume (step 3, on `RESUME_SHARES`)."""
+
+    name: str
+    report: object  # RunReport of the grouped run
+    ref_losses: list  # the single-device loop's 3 losses
+    reference: torch.nn.Module  # the single-device model after 3 steps
+    state: dict  # the grouped run's gathered weights
+    checkpoint: object  # Path of its step-2 checkpoint
+    params_at_checkpoint: dict  # the single-device parameters after 2 steps
+    resumed: object  # RunReport of the resumed run (None for Qwen2)
+    resumed_state: dict | None  # its gathered weights
+
+
 @pytest.fixture(scope="module", params=sorted(RUNS))
 def hf_grouped_run(request, tmp_path_factory):
     """The grouped run (3 steps, a checkpoint after step 2), then step 3 resumed from that checkpoint on
-    the model's `RESUME_SHARES` plan: (name, grouped report, reference losses, reference after 3 steps,
-    its gathered weights, the checkpoint folder, the reference's parameters after 2 steps, resumed
-    report, its gathered weights)."""
+    the model's `RESUME_SHARES` plan (`HFRun`)."""
     from hetpipe import models
     from hetpipe.runtime.run import run
     from tests.zoo_harness import saved_state
@@ -162,22 +175,22 @@ def hf_grouped_run(request, tmp_path_factory):
                  checkpoint_dir=out / "ck", checkpoint_every=CHECKPOINT_STEP, timeout_s=180)
     checkpoint = out / "ck" / f"step-{CHECKPOINT_STEP:06d}"
     params_at_checkpoint = {n: p.detach() for n, p in at_checkpoint.named_parameters()}
+    grouped = HFRun(name, report, ref_losses, reference, saved_state(out / "saved"), checkpoint, params_at_checkpoint,
+                    None, None)
     if name not in RESUME_SHARES:
-        return (name, report, ref_losses, reference, saved_state(out / "saved"), checkpoint, params_at_checkpoint,
-                None, None)
+        return grouped
     resumed = run(hf_plan(name, **RUNS[name], shares=RESUME_SHARES[name]), model=name, steps=STEPS, seq=SEQ,
                   data=batches, weights=out / "weights.pt", save_weights=out / "resumed", resume=checkpoint,
                   run_dir=out / "run2", timeout_s=180)
-    return (name, report, ref_losses, reference, saved_state(out / "saved"), checkpoint, params_at_checkpoint,
-            resumed, saved_state(out / "resumed"))
+    return dataclasses.replace(grouped, resumed=resumed, resumed_state=saved_state(out / "resumed"))
 
 
 @pytest.mark.slow
 def test_a_hugging_face_group_trains_like_one_device(hf_grouped_run):
-    name, report, ref_losses, reference, state, *_ = hf_grouped_run
-    assert report.world_size == 3 and len(report.members) == 2
-    torch.testing.assert_close(list(report.losses), ref_losses, rtol=1e-5, atol=0)
-    assert_gathered_equal(state, reference)  # every member's slices gathered back, written by the leads
+    run = hf_grouped_run
+    assert run.report.world_size == 3 and len(run.report.members) == 2
+    torch.testing.assert_close(list(run.report.losses), run.ref_losses, rtol=1e-5, atol=0)
+    assert_gathered_equal(run.state, run.reference)  # every member's slices gathered back, written by the leads
 
 
 @pytest.mark.slow
@@ -187,19 +200,19 @@ def test_a_hugging_face_group_checkpoint_is_whole_and_resumes_on_another_plan(hf
     every parameter equal the single-device loop (the momentum read back as slices moves them)."""
     from tests.test_checkpoint import read_checkpoint
 
-    name, report, ref_losses, reference, _, checkpoint, params_at_checkpoint, resumed, state = hf_grouped_run
-    saved = read_checkpoint(checkpoint)
+    run, params_at_checkpoint = hf_grouped_run, hf_grouped_run.params_at_checkpoint
+    saved = read_checkpoint(run.checkpoint)
     written = [p for p in params_at_checkpoint if f"model/{p}" in saved]  # a tied head: under its embedding's name
     assert len(written) >= len(params_at_checkpoint) - 1
     for param in written:
         torch.testing.assert_close(saved[f"model/{param}"], params_at_checkpoint[param], rtol=1e-5, atol=1e-5,
                                    msg=param)
         assert saved[f"optim/{param}/momentum_buffer"].shape == params_at_checkpoint[param].shape, param
-    if name not in RESUME_SHARES:
+    if run.name not in RESUME_SHARES:
         return  # Qwen2: the checkpoint only (see RESUME_SHARES)
-    assert resumed.world_size == (3 if RESUME_SHARES[name] else 2)
-    torch.testing.assert_close(list(resumed.losses), ref_losses[CHECKPOINT_STEP:], rtol=1e-5, atol=0)
-    assert_gathered_equal(state, reference)
-    after = dict(reference.named_parameters())
+    assert run.resumed.world_size == (3 if RESUME_SHARES[run.name] else 2)
+    torch.testing.assert_close(list(run.resumed.losses), run.ref_losses[CHECKPOINT_STEP:], rtol=1e-5, atol=0)
+    assert_gathered_equal(run.resumed_state, run.reference)
+    after = dict(run.reference.named_parameters())
     moved = max(float((after[n].detach() - v).abs().max()) for n, v in params_at_checkpoint.items())
     assert moved > 30 * 1e-5, "step 3 must move the parameters well beyond the tolerance (6e-4 on Llama)"
