@@ -18,8 +18,13 @@ spread), with the load average before each round: on a shared machine other proc
 the pinned cores too, so the goal (within 15% per stage, 10% per iteration) is a claim for a
 quiet machine -- rerun this there.
 
+A second, load-robust table (`benchmarks/cpu_truth_cputime.py`): one pinned process calibrates and
+runs each whole model timed with thread CPU time, predicted by the cost model with and without the
+per-op rates and the per-tensor optimizer loop (issue 17 item 4), so both models meet the same
+measurement even while other processes share the core.
+
 Usage:
-    python benchmarks/cpu_truth.py [--rounds 3] [--steps 5] [--models gpt-demo,hf-llama]
+    python benchmarks/cpu_truth.py [--rounds 3] [--steps 5] [--models gpt-demo,hf-llama] [--cpu-time-rounds 2]
 
 Example:
     $ python benchmarks/cpu_truth.py --rounds 1 --steps 3
@@ -204,24 +209,57 @@ Where the differences come from:
 """
 
 
+def cpu_time_table(models: list[str], *, rounds: int, tmp: Path) -> str:
+    """The load-robust check (module docstring) in a child process; its table of medians over rounds."""
+    pairs = ",".join(f"{m}={_model_name(m, tmp)}" for m in models)
+    out = tmp / "cpu-time.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cpu_truth_cputime.py"), "--models", pairs,
+                    "--rounds", str(rounds), "--batch", str(BATCH), "--seq", str(SEQ), "--out", str(out)],
+                   env=env, check=True, capture_output=True, text=True)
+    rows = json.loads(out.read_text())
+    table = []
+    for model in models:
+        mine = [r for r in rows if r["model"] == model]
+        for k in ("F", "B", "S"):
+            measured = statistics.median(r["measured"][k] for r in mine)
+            before = [r["measured"][k] / r["before"][k] for r in mine]
+            now = [r["measured"][k] / r["now"][k] for r in mine]
+            table.append([model, k, f"{measured * 1e3:.2f} ms", f"{mine[0]['before'][k] * 1e3:.2f} ms", _cell(before),
+                          f"{mine[0]['now'][k] * 1e3:.2f} ms", _cell(now),
+                          ", ".join(f"{r['load']:.1f}" for r in mine)])
+    return markdown_table(["model", "pass", "measured (CPU time)", "predicted before", "ratio before",
+                           "predicted now", "ratio now", "load average per round"], table)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--models", default="gpt-demo,hf-llama")
+    ap.add_argument("--cpu-time-rounds", type=int, default=2, help="rounds of the load-robust check (0: skip it)")
     args = ap.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     outcomes: list[RunOutcome] = []
+    cpu_time = ""
     with tempfile.TemporaryDirectory(prefix="hetpipe-cpu-truth-") as tmp:
         for i in range(args.rounds):
             print(f"round {i + 1}/{args.rounds}: load average {os.getloadavg()[0]:.2f}", flush=True)
             outcomes.extend(one_round(models, steps=args.steps, tmp=Path(tmp), index=i))
+        if args.cpu_time_rounds > 0:
+            print(f"CPU-time check: load average {os.getloadavg()[0]:.2f}", flush=True)
+            cpu_time = (f"\n\n**Load-robust check** (`benchmarks/cpu_truth_cputime.py`, {args.cpu_time_rounds} "
+                        "round(s)): one process pinned to one core calibrates and runs the whole model (forward with "
+                        "the loss, backward, Adam step), everything timed in thread CPU time; predicted on that "
+                        "calibration before (roofline, foreach step) and now (per-op rates, per-tensor optimizer "
+                        "loop). Medians of measured / predicted over rounds (spread).\n\n"
+                        + cpu_time_table(models, rounds=args.cpu_time_rounds, tmp=Path(tmp)))
     load = os.getloadavg()
     body = (f"{args.rounds} round(s) of calibrate + plan + run ({args.steps} steps, medians over steps 1..N-1); "
             f"{BATCH} x {SEQ} tokens per micro-batch, {GLOBAL_BATCH // BATCH} micro-batches, fp32, Adam; "
             f"two devices = two core groups of this host (`hetpipe profile --calibrate --cpu-devices 2`). "
             f"Load average at the end: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1/5/15 min) on "
-            f"{os.cpu_count()} cores.\n\n{tables(outcomes)}\n\n{EXPLANATION}")
+            f"{os.cpu_count()} cores.\n\n{tables(outcomes)}{cpu_time}\n\n{EXPLANATION}")
     path = write_result("cpu_truth", "CPU truth: the cost model against real compute (issue 17 item 4)", body)
     print(path.read_text())
     return 0
