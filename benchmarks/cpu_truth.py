@@ -181,29 +181,44 @@ micro-batch, compute only (median over the steps after the first); C: one messag
 the next stage, where the receiver was already waiting (`hetpipe.runtime.measured_links`); S:
 `optimizer.step()` alone; memory: the peak bytes the rank held / the plan's M_s.
 
-Where the differences come from:
+What the cost model prices on a calibrated CPU since issue 17 item 4 (`hetpipe.cost_models.timing.pass_time_s`,
+`op_calibration`), each from a per-op CPU-time profile of both models (one pinned process, thread CPU
+time, load average ~10 on 2 cores, 2026-12-03):
+- **Attention** ran at about half the matmul rate per counted FLOP (the CPU flash kernel's 32-wide
+  blocks and one exp per score): fused attention is priced at its own measured FLOP/s, forward and
+  backward (`op_rates: attention, attention_backward`); it was ~9% of F and B.
+- **Memory-bound ops with transcendental arithmetic** are compute-bound on a CPU: GELU's tanh form
+  ran at ~3.5 GB/s of traffic where the copy streams at ~19 GB/s; each measured op kind (GELU, SiLU,
+  tanh, norms, softmax, reductions and their backward kernels) is priced at the slower of its
+  in-cache rate and the copy bandwidth (a roofline); GELU and its backward alone were ~13% of gpt-demo's F.
+- **Backward** is priced from its own counts (the capture runs each unit's backward on meta: its
+  kernels, their bytes, attention's FLOPs), not as twice the forward's traffic and ops.
+- **Optimizer step**: on a CPU PyTorch runs the per-tensor loop, so every parameter tensor pays
+  `STEP_KERNELS` ops at the measured cost per op of that loop (`optimizer_op`); S was 2.2x predicted.
+
+Where the differences that remain come from:
 - **Load.** The core groups are measured and the runs pinned on a machine other processes share;
   a process sharing a pinned core slows that stage by up to 2x, in the calibration or in the run,
   whichever it overlaps. The load average before each round is in the table; only rounds on a
-  quiet machine (load well under the core count) test the cost model.
-- **Matmul shapes.** The calibration's FLOP/s is a 1024^3 matmul; the models' matmuls are
-  (8 x 128 tokens) x 128 x 384 and smaller, and attention's are 128 x 32 per head: small matmuls
-  reach a lower share of the peak, so F and B run slower than predicted where matmuls dominate.
-- **Cost per op.** Measured on a chain of tiny multiplies recorded by autograd; real ops
-  (softmax, layer norm, views) cost more or less than that, which dominates the small units
-  (embedding, norms).
-- **Backward.** The model charges backward FLOPs at the forward's matmul rate and twice the
-  forward's memory traffic and ops; autograd's real backward has its own kernels.
+  quiet machine (load well under the core count) test the cost model. The load-robust check above
+  times in CPU time, but load still evicts caches and so inflates its measured figures too.
+- **Matmuls in a model.** Shape is not the cause: alone, the models' GEMM shapes (1024 tokens x
+  128..512 x 128..512) ran at 0.84-1.04x the calibration's 1024^3 rate, and square matmuls of 128 to
+  1024 within 15% of each other; inside the model they reached ~0.85-0.9x, their operands coming
+  from the last-level cache or memory after the ops in between. Unpriced: F and B run up to ~10%
+  slower than predicted where matmuls dominate.
+- **Python between ops.** The Hugging Face Llama runs Python between its kernels (rotary tables,
+  masks, ~340 views per forward) that no op count prices; the built-in GPT runs little.
 - **Transfer.** The link is an alpha-beta fit of a ping-pong; in the run a message also packs a
   header and several tensors into one frame and is unpacked and checked by the receiver
   (`hetpipe.runtime.execute.comm`), and the waiting receiver must be woken: on a loaded machine
   the scheduler's wake-up alone is milliseconds, which a ping-pong between two spinning processes
   hides.
-- **Optimizer step (a cost-model gap).** S_s prices the update's bytes at the copy bandwidth plus
-  `STEP_KERNELS` launches once per stage (`hetpipe.cost_models.optimizer_step`: PyTorch's
-  multi-tensor `foreach` path, the default on CUDA). On a CPU, PyTorch's default is the per-tensor
-  loop: about `STEP_KERNELS` ops *per parameter tensor*, so a stage with many small tensors (the
-  Llama: 9 per layer) pays `tensors x STEP_KERNELS x` the cost per op, which S_s leaves out.
+- **Optimizer step's bytes.** PyTorch's unfused loop reads and writes each tensor about 8 times
+  (~72 B per parameter for Adam, against the 28 B of one fused pass that S prices); while the step's
+  working set (weights, gradients, Adam's m and v: 16 B per parameter, ~27 MB for gpt-demo) stays in
+  the 32 MiB last-level cache that costs little, but when other processes evict it S grows toward
+  twice the prediction (the load-robust check's S under load).
 - **Memory** is accounted exactly by the runtime (unique storages) and predicted by memory model 2;
   a ratio above 1 would be a cost-model error, not noise.
 """
