@@ -141,9 +141,10 @@ def price_interleaved(problem: Problem, stages: Sequence[Stage], *, chunks: int,
     return Interleaved(inter, found, ev) if ev.fits else None
 
 
-#: Chunks per card `--schedule auto` also prices.  Empty: `hetpipe run` does not execute interleaved
-#: plans yet (the executor runs one stage per rank), so `auto` must not choose one; (2,) once it does.
-AUTO_INTERLEAVE_CHUNKS: tuple[int, ...] = ()
+#: Chunks per card `--schedule auto` also prices (`hetpipe run` executes them, runtime/interleaved_run.py).
+#: Only 2: the runtime is tested at 2 chunks per rank (tests/test_interleaved_runtime.py), and every extra
+#: chunk adds p cut crossings per micro-batch (V p - 1 in all), which slow links pay for.
+AUTO_INTERLEAVE_CHUNKS: tuple[int, ...] = (2,)
 
 
 def work_bound_s(problem: Problem) -> float:
