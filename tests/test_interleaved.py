@@ -347,6 +347,8 @@ def test_auto_interleaves_where_it_prices_lower_and_check_accepts_it(tmp_path, l
     assert inter is not None and inter.evaluation.fits
     if wins:  # interleaving prices lower than every other schedule auto tried: chosen
         assert again.training.schedule == "interleaved:2" and again.version == 6
+        # recorded with the plan's recompute lever, so that check prices the baselines as they were planned
+        assert problem.recompute == problem_from_plan(plain).recompute == "auto"
         assert again.predicted.iteration_s <= inter.evaluation.iteration_s * (1 + 1e-9)
         assert again.predicted.iteration_s < plain.predicted.iteration_s
     else:  # three slow crossings per micro-batch each way: interleaving loses to 1F1B and is not chosen
