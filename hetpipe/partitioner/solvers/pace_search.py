@@ -42,7 +42,7 @@ from hetpipe.partitioner.solvers.schedule_bound import round_trip_factor
 
 #: Moves in a row without a new best after which the annealing stops (before its deadline): where the start is
 #: already good (gpt2-xl on 16 cards, gap 1%) the search would otherwise spend all its share (7 s more wall).
-STALL_MOVES = 4000
+STALL_MOVES = 2000
 #: Starting temperature as a share of the start's pace: a move 0.5% worse is taken with probability 1/e at the
 #: start (gpt2-xl on 64 cards, 150 s runs: 0.55% found 3.447 s; the walk must cross the plateaus of one-unit moves).
 START_TEMPERATURE = 0.005
@@ -149,9 +149,16 @@ def _spare(problem: Problem, stages: Sequence[Stage]) -> list[int]:
     return list(first.values())
 
 
-def anneal(problem: Problem, start: Sequence[Stage], *, deadline: float, seed: int = 0) -> tuple[Stage, ...]:
+def _cards_changed(before: Sequence[Stage], after: Sequence[Stage]) -> bool:
+    """Whether `after` uses another set of cards than `before` (same length: compared in order, sorted)."""
+    return sorted(st.device for st in before) != sorted(st.device for st in after)
+
+
+def anneal(problem: Problem, start: Sequence[Stage], *, deadline: float, seed: int = 0,
+           floor_s: float = 0.0) -> tuple[Stage, ...]:
     """The best placement that fits found by annealing from `start` (a plain placement that fits) until
-    `deadline` (`time.perf_counter()` seconds) or `STALL_MOVES` moves without a new best; `start` itself when nothing better fits or `applies` is false."""
+    `deadline` (`time.perf_counter()` seconds), `STALL_MOVES` moves without a new best, or a pace at `floor_s`
+    (where the answer would meet the bound: no search pays); `start` itself when nothing better fits or `applies` is false."""
     best = tuple(Stage(st.device, st.first_unit, st.last_unit) for st in start)
     if not applies(problem):
         return tuple(start)
@@ -161,7 +168,7 @@ def anneal(problem: Problem, start: Sequence[Stage], *, deadline: float, seed: i
     span = max(deadline - began, 1e-9)
     spare = _spare(problem, current)
     stall = 0
-    while (now := time.perf_counter()) < deadline and stall < STALL_MOVES:
+    while (now := time.perf_counter()) < deadline and stall < STALL_MOVES and best_v > floor_s:
         stall += 1
         moved = _neighbour(rng, problem, current, spare)
         if moved is None:
@@ -173,6 +180,7 @@ def anneal(problem: Problem, start: Sequence[Stage], *, deadline: float, seed: i
                 if not evaluate(problem, tuple(moved), objective="estimate").fits:
                     continue  # a new best must fit: the walk stays where it was
                 best, best_v, stall = tuple(moved), value, 0
+            if len(moved) != len(current) or _cards_changed(current, moved):
+                spare = _spare(problem, moved)  # O(cards): only when the cards in use change
             current, current_v = moved, value
-            spare = _spare(problem, current)
     return best

@@ -73,7 +73,7 @@ from hetpipe.partitioner.solvers.cap_walk import DeadlineReached
 from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, check_kinds_fit, least_bottleneck
 from hetpipe.partitioner.solvers.offload_walk import best_levers
 from hetpipe.partitioner.solvers.pace_runs import RunDP, run_terms
-from hetpipe.partitioner.solvers.pace_search import anneal, applies
+from hetpipe.partitioner.solvers.pace_search import FastPace, anneal, applies
 from hetpipe.partitioner.solvers.relax import realised, relaxation_levels
 from hetpipe.partitioner.solvers.schedule_bound import BAND_TOLERANCE, pace_terms, schedule_walk
 
@@ -315,6 +315,11 @@ def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stage
     bound = max(bound, paced)
     priced = {c: evaluate(problem, c, objective="schedule") for c in starts}  # a new pipeline length compiles its schedule once (seconds)
     given_s = min((ev.iteration_s for ev in priced.values() if ev.fits), default=math.inf)
+    now = time.perf_counter()
+    # where the bound is within `ENOUGH_GAP` of the given answer no search pays (1,024 cards: 0.5%, and the
+    # annealed placement's replay would compile a new pipeline length, seconds there)
+    annealed = (_annealed(problem, starts + placed, priced, num_stages, now + ANNEAL_SHARE * max(0.0, start_s + limit_s - now),
+                          floor_s=bound - first_step_floor(problem)) if bound < given_s * (1.0 - ENOUGH_GAP) else [])
     walked = 0
     for extra in ([least] if least is not None else []) + placed:
         if time.perf_counter() > start_s + limit_s or walked >= MAX_WALK_STARTS:
@@ -325,15 +330,13 @@ def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stage
                 starts.append(extra)
                 walked += extra is not least
     limit_s = max(0.0, limit_s - (time.perf_counter() - start_s))
-    annealed = _annealed(problem, starts, priced, num_stages, time.perf_counter() + ANNEAL_SHARE * limit_s)
-    limit_s = max(0.0, limit_s - (time.perf_counter() - start_s))
     best, best_s, first_s = None, math.inf, math.inf
     for start in starts + annealed:
         ev = priced[start]
         if not ev.fits:
             continue
         first_s = min(first_s, ev.iteration_s) if start not in annealed else first_s
-        found, found_s = _local_search(problem, start, ev.iteration_s, num_stages, limit_s / len(starts))
+        found, found_s = _local_search(problem, start, ev.iteration_s, num_stages, limit_s / len(starts + annealed))
         if found_s < best_s:
             best, best_s = found, found_s
     if best is None:
@@ -342,14 +345,18 @@ def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stage
 
 
 def _annealed(problem: Problem, starts: list[tuple[Stage, ...]], priced: dict[tuple[Stage, ...], Evaluation],
-              num_stages: int | None, deadline: float) -> list[tuple[Stage, ...]]:
-    """`pace_search.anneal` from the start the schedule prices fastest, until `deadline`: [its placement]
-    (priced into `priced`) when it is new and fits, else []; nothing where the pace search does not apply
-    (levers, groups, split schedules) or the stage count is fixed."""
-    fitting = [s for s in starts if priced[s].fits]
-    if not fitting or num_stages is not None or not applies(problem):
+              num_stages: int | None, deadline: float, floor_s: float) -> list[tuple[Stage, ...]]:
+    """`pace_search.anneal` until `deadline` from the start of least windowed pace that fits (the given
+    candidates and the walks' placements: no replay needed to choose): [its placement] (priced into `priced`)
+    when it is new and fits, else []; nothing where the pace search does not apply (levers, groups, split
+    schedules) or the stage count is fixed; `floor_s` (the bound less the least step) ends it early."""
+    if num_stages is not None or not applies(problem):
         return []
-    found = anneal(problem, min(fitting, key=lambda s: priced[s].iteration_s), deadline=deadline)
+    pace = FastPace(problem)
+    fitting = [s for s in starts if (priced[s] if s in priced else evaluate(problem, s, objective="estimate")).fits]
+    if not fitting:
+        return []
+    found = anneal(problem, min(fitting, key=pace.value), deadline=deadline, floor_s=floor_s)
     if found in priced:
         return []
     priced[found] = ev = evaluate(problem, found, objective="schedule")
