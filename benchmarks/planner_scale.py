@@ -208,15 +208,16 @@ SESSION_11 = (
     'the windowed pace (`solvers/pace_search.py`: cut, swap-anywhere, move, split and merge moves priced '
     'from prefix sums, a new best checked to fit; 75% of the time the walks leave, which now end by 60% '
     "of verify's time instead of 70%; skipped where the bound is within 0.5% of the answer) and ranks the"
-    " walks' placements by the windowed pace.  `verify` alone on the answers, 4 s: at load 8.5-10, 64 "
-    'cards 3.604 -> 3.511 s and 256 cards 8.192 -> 8.118 s; at load 17-22 (two runs each, main the same '
-    "hour) 64 cards 3.604 s both, 256 cards 8.118 / 8.192 s against main's 8.192 / 8.192 s.  The whole "
-    'table at load 15-22, this branch and main run side by side: the same T and bounds in all 8 rows '
-    '(gpt2-xl 1.00 / 71.5 / 74.9 / 53.2%, llama-7b 1.59 / 58.2 / 1.06 / 22.95% at 16 / 64 / 256 / 1,024 '
-    "cards: at that load the estimate's search takes the whole limit, walls 10-28 s in both, and `verify`"
-    ' runs on its floor), so the table above (load ~2) stands.  Not done: the counting bound of the brief'
-    ' (card counts exact, order dropped) is not built; the 2% at 64 cards needs window chains inside the '
-    "DPs' filters (the bound), not only a better search.")
+    " walks' placements by the windowed pace.  `verify` alone on the answers, 4 s: at load 8.5-10 (three "
+    'runs; main 3.604 s and 8.192 s), 64 cards 3.604 -> 3.511-3.590 s and 256 cards 8.192 -> 8.110-8.118 '
+    "s (the annealing's gain grows with the 0.5-1.1 s it gets); at load 17-22 (two runs each, main the "
+    "same hour) 64 cards 3.604 s both, 256 cards 8.118 / 8.192 s against main's 8.192 / 8.192 s.  The "
+    'whole table at load 15-22, this branch and main run side by side: the same T and bounds in all 8 '
+    'rows (gpt2-xl 1.00 / 71.5 / 74.9 / 53.2%, llama-7b 1.59 / 58.2 / 1.06 / 22.95% at 16 / 64 / 256 / '
+    "1,024 cards: at that load the estimate's search takes the whole limit, walls 10-28 s in both, and "
+    '`verify` runs on its floor), so the table above (load ~2) stands.  Not done: the counting bound of '
+    'the brief (card counts exact, order dropped) is not built; the 2% at 64 cards needs window chains '
+    "inside the DPs' filters (the bound), not only a better search.")
 
 
 def main(argv: list[str] | None = None) -> int:
