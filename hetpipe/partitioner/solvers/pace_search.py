@@ -52,7 +52,7 @@ def applies(problem: Problem) -> bool:
     """Whether `FastPace` prices `problem`'s placements exactly: 1F1B, plain stages only (no recompute,
     offload or tensor-parallel groups: those change F, B or the cards per stage)."""
     return (problem.schedule == "1f1b" and problem.recompute == "none" and problem.offload == "never"
-            and getattr(problem, "group_max", 1) <= 1)
+            and problem.group_max <= 1)
 
 
 @dataclass(frozen=True)
