@@ -158,7 +158,10 @@ def test_emulated_run_writes_a_report_that_matches_the_plan(plan_path, tmp_path,
         ends = [a.start_s + a.duration_s for a in t.actions]
         assert all(b.start_s >= e - 1e-6 for e, b in zip(ends, t.actions[1:]))
         fwd = [a.duration_s / rep.time_scale for a in t.actions if "F" in a.action and "_" not in a.action]
-        assert min(fwd) == pytest.approx(plan.stages[t.stage].fwd_s, rel=0.25)
+        want, overran = plan.stages[t.stage].fwd_s, rep.stages[t.stage].overruns_fwd > 0
+        # the least of the step's forwards: never short of the plan, late only by wake-ups (the stretch's bounds)
+        assert want * (1 - STRETCH_UNDER) <= min(fwd) and (overran or min(fwd) <= want * (1 + STRETCH_OVER)), \
+            (t.stage, fwd, want)
 
 
 def test_emulated_oom_names_rank_stage_action_and_exits_2(plan_path, tmp_path, capsys):
