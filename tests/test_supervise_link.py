@@ -33,7 +33,7 @@ def test_a_slow_link_is_read_and_priced_on_the_pair():
     path.write_text(json.dumps({"rank": 1, "stage": 1, "device": "n0:1", "what": "link", "factors": {"send->2": 4.0},
                                 "link": "n0:1 -> n1:2", "since_step": 1, "detected_step": 3}))
     s = read_straggler(path, plan)
-    assert s == Straggler(1, 1, "n0:1", 4.0, 3, LINK) and s.what == "rank 1's link n0:1 -> n1:2"
+    assert s == Straggler(1, 1, "n0:1", 4.0, 3, LINK, since=1) and s.what == "rank 1's link n0:1 -> n1:2"
     path.write_text(json.dumps({"rank": 1, "what": "link", "factors": {"send->2": 4.0}, "link": "n0:1 -> x:9"}))
     assert read_straggler(path, plan) is None  # a link to a device the plan does not have
     r = replan(plan, link_slowdown={LINK: 4.0})
