@@ -60,6 +60,9 @@ def test_an_in_place_switch_equals_a_single_device_run(plans, tmp_path):
     assert list(rep.losses) == pytest.approx(ref_losses, rel=RTOL, abs=ATOL)
     (switch,) = read_switches(tmp_path / "run")
     assert switch.after_steps == SWITCH_AFTER and switch.seconds > 0
+    # every rank released its old stage before building the new one: parameters and Adam's two moments at least
+    meta, _ = build(MODEL, device="meta", batch=BATCH, seq=SEQ)
+    assert switch.released_bytes >= 3 * sum(p.numel() * p.element_size() for p in meta.parameters())
     assert not (tmp_path / "run" / "switch" / f"step-{SWITCH_AFTER:06d}").exists()  # the hand-over is removed
     assert any(n.startswith("switched in place after step 2") for n in rep.notes)
     assert final_plan(tmp_path / "run", before).stages == after.stages

@@ -25,7 +25,9 @@ the new plan at a step boundary instead of checkpointing, ending every process a
    the switch's seconds are measured and reported (`SwitchRecord`), and they are what the
    supervisor prices a switch at.  The folder is removed once every rank has read it (the run's
    own ``--checkpoint-dir`` checkpoints are the recovery points).
-3. **Rebuild.** Each rank splits the graph it captured at start-up with the new plan's cuts and
+3. **Rebuild.** Once the hand-over is written, each rank releases its old stage's tensors
+   (parameters, buffers, gradients, optimizer state: `release_stage`), so a rank never holds the
+   old and the new stage at once (peak: one stage's state, as at start-up).  Each rank then splits the graph it captured at start-up with the new plan's cuts and
    builds its new stage through the public builders (`split_stages`, `build_stage`: no re-capture),
    a new optimizer, schedule and executor; the emulation keeps the run's time scale (one clock per
    run, so step times before and after stay comparable) with the new stage's targets and links.
@@ -160,9 +162,12 @@ class SwitchRecord:
     plan_file: str
     reason: str = ""
     held_s: float = 0.0  # before ``seconds``: the job held at the boundary for the supervisor's verdict
+    released_bytes: int = 0  # the old stages' tensors released before the rebuild (every rank's, summed)
 
     def line(self) -> str:
         held = f", after holding {self.held_s:.3g} s for the verdict" if self.held_s else ""
+        held += f"; old stages released ({self.released_bytes / 1e6:.3g} MB) before the rebuild" \
+            if self.released_bytes else ""
         return (f"switched in place after step {self.after_steps} ({self.reason or 'forced'}): {self.old_stages} -> "
                 f"{self.new_stages}, T {self.old_predicted_s:.4g} -> {self.new_predicted_s:.4g} s, in "
                 f"{self.seconds:.3g} s (save {self.save_s:.3g} s, load {self.load_s:.3g} s, rebuild "
@@ -309,6 +314,34 @@ def carried_specs(specs: Any, old: Plan, new: Plan, *, steps_done: int) -> tuple
     return carrier.specs_for(new, high_water=steps_done, start=steps_done)
 
 
+def release_stage(module: Any, optimizer: Any) -> int:
+    """Free a stage's parameters, buffers, gradients and optimizer state (each tensor's storage replaced by an
+    empty one; the hand-over checkpoint holds them); returns the bytes released.
+
+    Example:
+        >>> import torch
+        >>> m = torch.nn.Linear(4, 2)
+        >>> opt = torch.optim.Adam(m.parameters())
+        >>> m(torch.ones(1, 4)).sum().backward(); opt.step()
+        >>> release_stage(m, opt)  # (8 + 2 floats) x (weight, gradient, exp_avg, exp_avg_sq) + 2 scalar steps
+        168
+        >>> m.weight.numel(), len(opt.state)
+        (0, 0)
+    """
+    import torch
+
+    def size(t: Any) -> int:
+        return t.numel() * t.element_size() if torch.is_tensor(t) else 0
+
+    freed = sum(size(v) for st in optimizer.state.values() for v in st.values())
+    optimizer.state.clear()
+    for t in (*module.parameters(), *module.buffers()):
+        freed += size(t) + size(t.grad)
+        t.grad = None
+        t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+    return freed
+
+
 @dataclass(frozen=True)
 class Switched:
     """What the rank's step loop continues with: its new loop, fault watch and plan."""
@@ -340,6 +373,7 @@ def switch_in_place(plan: Plan, reason: str, held_s: float = 0.0, *, steps_done:
     folder = save_checkpoint(Path(args.run_dir) / SWITCH_FOLDER, step=steps_done, state=st,
                              info=ckpt.info(steps_done))
     saved_at = time.monotonic()
+    released = release_stage(st.module, st.optimizer)  # the hand-over holds it: never two stages at once
     state.phase = "rebuilding the stage on the new plan"
     new_run = rebuild_run(run, plan, args=args, rank=state.rank)
     built_at = time.monotonic()
@@ -355,26 +389,29 @@ def switch_in_place(plan: Plan, reason: str, held_s: float = 0.0, *, steps_done:
                        first_step=steps_done)
     ended = time.monotonic()
     _record(args.run_dir, plan, reason, steps_done=steps_done, old=run.plan, rank=state.rank,
-            times=(ended - began, saved_at - began, ended - built_at, built_at - saved_at), held_s=held_s)
+            times=(ended - began, saved_at - began, ended - built_at, built_at - saved_at, released), held_s=held_s)
     if state.rank == 0:  # every rank read its keys (the gather above): the hand-over is not a recovery point
         shutil.rmtree(folder, ignore_errors=True)
     return Switched(loop, watch, plan)
 
 
 def _record(run_dir: Path, plan: Plan, reason: str, *, steps_done: int, old: Plan, rank: int,
-            times: tuple[float, float, float, float], held_s: float = 0.0) -> None:
-    """Collective: rank 0 writes the new plan and appends the switch (the slowest rank's seconds) to `SWITCHES`."""
+            times: tuple[float, float, float, float, int], held_s: float = 0.0) -> None:
+    """Collective: rank 0 writes the new plan and appends the switch (the slowest rank's seconds, every rank's
+    released bytes) to `SWITCHES`."""
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, times)
     if rank != 0:
         return
     seconds, save_s, load_s, build_s = (max(t[i] for t in every) for i in range(4))
+    released = sum(t[4] for t in every)
     plan_file = Path(run_dir) / f"plan-after-step-{steps_done}.json"
     plan.save(plan_file)
     record = SwitchRecord(after_steps=steps_done, seconds=seconds, save_s=save_s, load_s=load_s, build_s=build_s,
                           old_stages=stage_text(old), new_stages=stage_text(plan),
                           old_predicted_s=old.predicted.iteration_s, new_predicted_s=plan.predicted.iteration_s,
-                          plan_file=str(plan_file.absolute()), reason=reason, held_s=held_s)
+                          plan_file=str(plan_file.absolute()), reason=reason, held_s=held_s,
+                          released_bytes=released)
     done = [asdict(r) for r in read_switches(run_dir)] + [asdict(record)]
     tmp = Path(run_dir) / (SWITCHES + ".tmp")
     tmp.write_text(json.dumps(done))
