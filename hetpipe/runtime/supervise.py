@@ -61,7 +61,7 @@ from pathlib import Path
 from hetpipe.errors import ConfigError, RuntimeFailure
 from hetpipe.plan.replan import Replan, replan
 from hetpipe.plan.schema import Plan
-from hetpipe.runtime.adapt_decision import (  # noqa: F401 - Straggler, read_straggler: the supervisor's API too
+from hetpipe.runtime.adapt_decision import (
     Decision, Straggler, decide, read_straggler, recent_iteration_s, slowed_emulated_s, stage_text, steps_finished,
 )
 from hetpipe.runtime.checkpoint.files import find_checkpoint, is_complete, parse_step
