@@ -3,8 +3,9 @@
 (a) Straggler: ``gpt-demo`` (micro-batch 1, 4 micro-batches) planned on the emulated mini home lab
 (``examples/clusters/homelab-mini.yaml``), 40 emulated steps (the issue's figure) and 80, checkpoints every 5; from step 5 the
 busiest stage's card computes 3x slower (``--inject slow:...``, hetpipe.runtime.faults).  Three runs:
-``--adapt`` (the ranks' straggler detection names the card, the supervisor re-plans and relaunches at
-the next checkpoint if the predicted gain beats the restart), *stay* (the same fault, no ``--adapt``)
+``--adapt`` (the ranks' straggler detection names the card -- a 3x card after its first slow step --,
+the job holds at the next step boundary for the supervisor's verdict, and the supervisor re-plans and
+switches the job in place there if the predicted gain beats the switch), *stay* (the same fault, no ``--adapt``)
 and the *oracle* (the plan made knowing the slowdown, run from step 0 with the card at its slowed
 speed: its tables).  Reported: steps to detection, re-plan time, the emulated step time of each,
 throughput after the re-plan vs staying (goal >= 1.5x) and vs the oracle (goal within 10%), and the

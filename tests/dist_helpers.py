@@ -1,12 +1,14 @@
 """Helpers for multi-process runtime tests: spawn a small gloo world with a hard timeout, tiny models.
 
-`run_world` starts ``world_size`` processes with torch.multiprocessing's spawn
-context, each joining a gloo group on 127.0.0.1 at a free port with one OpenMP
-thread, runs ``fn(rank, world_size, *args)`` and saves what it returns (or the
-error it raised: type, message, seconds since the call) to a file the parent
-reads.  Workers leave with ``os._exit`` so a broken process group can never hang
-the interpreter's shutdown; the parent kills whatever is still alive at the
-deadline (or as soon as the ranks it waits for have finished).
+`run_world` starts ``world_size`` processes from a fork server (torch.multiprocessing's
+``forkserver`` context: fresh processes like ``spawn``, forked from one server that imported
+`RANK_PRELOAD` once per session instead of every rank importing torch again), each
+joining a gloo group on 127.0.0.1 at a free port with one OpenMP thread, runs
+``fn(rank, world_size, *args)`` and saves what it returns (or the error it raised:
+type, message, seconds since the call) to a file the parent reads.  Workers leave
+with ``os._exit`` so a broken process group can never hang the interpreter's
+shutdown; the parent kills whatever is still alive at the deadline (or as soon as
+the ranks it waits for have finished).
 
 The models are small and deterministic (no dropout, no BatchNorm) so a pipelined
 run can be compared with a single-process reference to fp32 rounding:
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import resource
 import socket
 import time
 import traceback
@@ -35,6 +38,17 @@ import torch.nn.functional as F
 from torch import nn
 
 PG_TIMEOUT_S = 60.0
+#: What every rank imports before its first step, imported once by the fork server: torch (2.3-2.6 s of CPU
+#: per process on this machine) and what the first capture and stage build load lazily (torch._dynamo,
+#: torch.export, sympy: 1.7 s of the first capture's 2.0 s; the second takes 0.35 s).  Measured with
+#: ``time.process_time`` around the imports and two captures of gpt-tiny in one process.  On
+#: tests/test_executor.py's worlds: 14 ranks took 64.9 s of CPU spawned, 13.1 s forked from the server (load 15-20).
+RANK_PRELOAD = ("torch", "torch.distributed", "torch.fx", "torch._dynamo", "torch.export", "sympy",
+                "hetpipe.partitioner.capture.capture", "hetpipe.runtime.execute.executor", "hetpipe.runtime.trainer",
+                "hetpipe.runtime.replicas.trainer", "tests.dist_helpers")
+#: CPU seconds of every rank `run_world` collected in this process (the ranks are the fork server's children,
+#: not this process's, so ``RUSAGE_CHILDREN`` and ``time`` miss them): tests/cpu_profile.py reads it.
+RANKS_CPU_S = [0.0]
 
 
 def free_port() -> int:
@@ -53,6 +67,7 @@ class RankOutcome:
     error_type: str | None = None
     error: str | None = None
     error_at_s: float | None = None  # seconds after the worker function started
+    cpu_s: float | None = None  # the rank's CPU seconds (user + system), fork server's imports excluded
 
 
 def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, out_dir: str, args: tuple) -> None:
@@ -71,6 +86,8 @@ def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, out_di
                           traceback=traceback.format_exc())
     except BaseException as err:  # noqa: BLE001
         record.update(error_type=type(err).__name__, error=str(err), traceback=traceback.format_exc())
+    usage = resource.getrusage(resource.RUSAGE_SELF)  # a forked child starts at 0: the rank's own work
+    record["cpu_s"] = usage.ru_utime + usage.ru_stime
     torch.save(record, path)
     os._exit(0)  # never tear down a possibly broken group
 
@@ -82,7 +99,8 @@ def run_world(fn: Callable[..., Any], *, world_size: int, args: Sequence[Any] = 
     Raises ``TimeoutError`` if those ranks are not done within ``timeout_s`` (the
     processes are killed first, so nothing outlives the test).
     """
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")  # like spawn (no state of this process), torch already imported
+    ctx.set_forkserver_preload(list(RANK_PRELOAD))  # read when the server starts: the first run_world
     port = free_port()
     out_dir.mkdir(parents=True, exist_ok=True)
     procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, str(out_dir), tuple(args)), daemon=True)
@@ -111,8 +129,9 @@ def _outcome(rank: int, exitcode: int | None, path: Path) -> RankOutcome:
     rec = torch.load(path, weights_only=False)
     if "traceback" in rec and rec.get("error_type") not in ("RuntimeFailure", "ScheduleError"):
         rec["error"] = f"{rec['error']}\n{rec['traceback']}"
+    RANKS_CPU_S[0] += rec.get("cpu_s", 0.0)
     return RankOutcome(rank, exitcode, rec.get("value"), rec.get("error_type"), rec.get("error"),
-                       rec.get("error_at_s"))
+                       rec.get("error_at_s"), rec.get("cpu_s"))
 
 
 # ----------------------------------------------------------------------------- models

@@ -139,21 +139,35 @@ def _hooks(**kw):
     return EmulationHooks(**args)
 
 
-def test_hooks_stretch_compute_to_the_scaled_prediction():
+def test_hooks_stretch_compute_to_the_scaled_prediction(monkeypatch):
+    import types
+
+    from hetpipe.runtime.emulate import pipeline
+
+    # A clock that moves only by the hooks' sleeps and the compute below: the stretch is checked exactly,
+    # whatever the machine's load (a real sleep's single-sample upper bound can fail on a stalled box).
+    now = [100.0]
+
+    def sleep(seconds: float) -> None:
+        assert seconds > 0, seconds
+        now[0] += seconds
+
+    monkeypatch.setattr(pipeline, "time", types.SimpleNamespace(monotonic=lambda: now[0], sleep=sleep))
     hooks = _hooks(time_scale=2.0)  # F target 0.04 real s, B 0.08
     for op in (Op.F, Op.B):
         a = Action(0, op, 0)
         hooks.before(a)
-        hooks.after(a, 0.0)
-    assert hooks.fwd_s[0] >= 0.04 and hooks.bwd_s[0] >= 0.08
-    assert hooks.fwd_s[0] < 0.04 + 0.5 and hooks.bwd_s[0] < 0.08 + 0.5  # loose: a shared CI box may stall
+        now[0] += 0.01  # 10 ms of real compute: the hooks sleep the rest of the target
+        hooks.after(a, 0.01)
+    assert hooks.fwd_s == [pytest.approx(0.04, rel=1e-9)] and hooks.bwd_s == [pytest.approx(0.08, rel=1e-9)]
+    assert hooks.fwd_device_s == [pytest.approx(0.04, rel=1e-9)] and hooks.fwd_compute_s == [0.01]
     assert hooks.compute.overruns == {"F": 0, "B": 0}
     # Compute slower than its target is counted, not slept on.
     a = Action(0, Op.F, 1)
     hooks.before(a)
-    time.sleep(0.05)
+    now[0] += 0.05
     hooks.after(a, 0.05)
-    assert hooks.compute.overruns["F"] == 1
+    assert hooks.compute.overruns["F"] == 1 and hooks.fwd_s[1] == pytest.approx(0.05, rel=1e-9)
 
 
 def test_hooks_delay_sends_by_link_without_blocking(monkeypatch):

@@ -17,7 +17,7 @@ from hetpipe.runtime.faults.inject import (
 )
 from hetpipe.runtime.faults.options import fault_args
 from hetpipe.runtime.faults.straggler import (
-    StragglerDetector, StragglerRecord, read_stragglers, straggler_path, write_straggler,
+    StragglerDetector, StragglerRecord, read_stragglers, steps_to_name, straggler_path, write_straggler,
 )
 from hetpipe.runtime.faults.watch import StepWatch
 from hetpipe.runtime.launch import LaunchSpec, RankError, first_error, worker_args, write_error
@@ -117,24 +117,29 @@ def test_detector_names_an_injected_slowdown_within_k_steps_and_never_noise():
         d = StragglerDetector(margin=0.25, steps=3)
         assert all(not d.observe(s, {"fwd": 1 + 0.2 * rng.random(), "bwd": 1 + 0.2 * rng.random()})
                    for s in range(40))
-    d = StragglerDetector(margin=0.25, steps=3)
-    named = {}
-    for s in range(10):
-        ratio = 3.0 * (1 + 0.1 * rng.random()) if s >= 2 else 1.0
-        found = d.observe(s, {"fwd": ratio, "bwd": ratio, "send->2": 1.0})
-        if found:
-            named[s] = found
-    assert list(named) == [4] and list(named[4]) == ["compute"]  # steps 2, 3, 4 slow: named after step 4, once
-    factors, since = named[4]["compute"]
-    assert since == 2 and 3.0 <= factors["fwd"] <= 3.3 and set(factors) == {"fwd", "bwd"}
+    for factor, steps_needed in ((3.0, 1), (1.5, 2), (1.3, 3)):  # the larger the slowdown, the sooner
+        d = StragglerDetector(margin=0.25, steps=3)
+        named = {}
+        for s in range(10):
+            ratio = factor * (1 + 0.02 * rng.random()) if s >= 2 else 1.0
+            found = d.observe(s, {"fwd": ratio, "bwd": ratio, "send->2": 1.0})
+            if found:
+                named[s] = found
+        at = 2 + steps_needed - 1  # slow from step 2: named after that many slow steps, once
+        assert list(named) == [at] and list(named[at]) == ["compute"], (factor, named)
+        assert steps_to_name(factor, margin=0.25, steps=3) == steps_needed
+        factors, since = named[at]["compute"]
+        assert since == 2 and factor <= factors["fwd"] <= 1.02 * factor and set(factors) == {"fwd", "bwd"}
 
 
 def test_detector_skips_warm_up_and_needs_consecutive_steps():
-    d = StragglerDetector(margin=0.25, steps=2, first_step=5)
+    d = StragglerDetector(margin=0.25, steps=2, first_step=5)  # named once the run's excess reaches 2 x 0.25
     assert d.observe(5, {"fwd": 9.0}) == {}  # the first step the rank runs is warm-up
-    assert d.observe(6, {"fwd": 2.0}) == {} and d.observe(7, {"fwd": 1.0}) == {} and d.observe(8, {"fwd": 2.0}) == {}
-    assert d.observe(9, {"fwd": 2.0, "send->1": 5.0}) == {"compute": ({"fwd": 2.0}, 8)}
-    assert d.observe(10, {"send->1": 5.0}) == {"link->1": ({"send->1": 5.0}, 9)}
+    assert d.observe(6, {"fwd": 1.3}) == {} and d.observe(7, {"fwd": 1.0}) == {} and d.observe(8, {"fwd": 1.3}) == {}
+    assert d.observe(9, {"fwd": 1.3, "send->1": 5.0}) == {"compute": ({"fwd": 1.3}, 8),  # 0.3 + 0.3 >= 0.5
+                                                          "link->1": ({"send->1": 5.0}, 9)}  # 4.0 >= 0.5 at once
+    assert d.observe(10, {"fwd": 1.3, "send->1": 5.0}) == {}  # each named once
+    assert steps_to_name(1.2, margin=0.25, steps=2) == 0  # within the margin: never
 
 
 def test_straggler_files_round_trip_for_a_polling_supervisor(tmp_path):
@@ -153,12 +158,12 @@ def test_watch_measures_ratios_in_plan_seconds_and_writes_the_file(tmp_path):
     hooks = SimpleNamespace(fwd_s=[], bwd_s=[], time_scale=10.0)
     watch = StepWatch(plan=plan, stage=1, rank=1, stage_ranks=[0, 1, 2], hooks=hooks, faults=FaultSchedule(),
                       run_dir=tmp_path, window_steps=2)
-    for step, factor in enumerate([1.0, 1.0, 2.0, 2.0]):
+    for step, factor in enumerate([1.0, 1.0, 1.3, 1.3]):  # 1.3x with K = 2: two slow steps (0.6 >= 2 x 0.25)
         watch.before_step(step)
         hooks.fwd_s += [10.0 * st.fwd_s * factor] * 4
         hooks.bwd_s += [10.0 * st.bwd_s * factor] * 4
         watch.after_step(step)
-    assert [round(r.ratios["fwd"], 6) for r in watch.step_ratios] == [1.0, 2.0, 2.0]  # step 0 is warm-up
+    assert [round(r.ratios["fwd"], 6) for r in watch.step_ratios] == [1.0, 1.3, 1.3]  # step 0 is warm-up
     (rec,) = watch.records
     assert (rec.rank, rec.stage, rec.device, rec.since_step, rec.detected_step) == (1, 1, st.device, 2, 3)
     assert read_stragglers(tmp_path) == (rec,)

@@ -11,6 +11,7 @@ factors and on which rank is named, never on one wall-time sample.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,19 @@ nodes:
     devices:
       - {name: slow, memory: 12GB, reserve: 1GB, tensor_tflops: 20, fp32_tflops: 10, memory_bandwidth: 900GB/s}
 """
+
+
+def failing_run_timeout_s() -> float:
+    """``--timeout`` for the runs that must fail: 5 s per unit of load per core (1-minute load average), 10 to 60 s.
+
+    The ranks' wait bound also bounds the process-group join and the start-up barrier, where one rank on a
+    loaded 2-core machine arrives seconds after the others (importing torch alone took 11 s of wall time at
+    load 11, 2.6 s of CPU): a fixed 5 s failed the join there, naming the slow rank instead of the fault.  The
+    tests are not about detection time: a killed rank is reported by torchrun as it exits whatever this is;
+    a cut link blocks for this long, then fails naming the link.
+    """
+    per_core = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return min(60.0, max(10.0, 5.0 * per_core))
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +121,7 @@ def test_slowed_rank_and_slowed_link_are_named_alone_and_no_fault_names_nothing(
     assert rep.injected == ("slow:rank=1,factor=3,step=2",)
     (rec,) = rep.stragglers
     assert (rec.rank, rec.stage, rec.what, rec.since_step) == (1, 1, "compute", 2)
-    assert rec.detected_step == 2 + rec.window_steps - 1  # named after K = 3 slow steps
+    assert rec.detected_step == 2  # 3x: named after its first slow step (excess 2 >= K x margin = 0.75)
     for measure in ("fwd", "bwd"):
         assert 3 * (1 - UNDER) <= rec.factors[measure] <= 3 * (1 + OVER), rec
     assert read_stragglers(tmp_path / "slow") == (rec,)  # the file a supervisor polls
@@ -131,8 +145,8 @@ def test_slowed_rank_and_slowed_link_are_named_alone_and_no_fault_names_nothing(
 
 def test_a_killed_rank_fails_the_run_naming_it(lab, tmp_path, capsys):
     plan_path = lab[1]
-    rc = hetpipe_run([*_common(plan_path, tmp_path / "run"), "--steps", "4", "--timeout", "5",
-                      "--inject", "kill:rank=1,step=2"])
+    rc = hetpipe_run([*_common(plan_path, tmp_path / "run"), "--steps", "4", "--timeout",
+                      f"{failing_run_timeout_s():.0f}", "--inject", "kill:rank=1,step=2"])
     line = _error(capsys.readouterr().err)
     assert rc == 2
     assert line.startswith("error: rank 1 (stage 1) exited with code 137 without reporting an error"), line
@@ -144,7 +158,8 @@ def test_a_killed_rank_fails_the_run_naming_it(lab, tmp_path, capsys):
 
 def test_a_cut_link_fails_the_run_naming_the_link(lab, tmp_path, capsys):
     plan_path = lab[1]
-    rc = hetpipe_run([*_common(plan_path, tmp_path / "run"), "--steps", "4", "--timeout", "5", "--emulate",
+    rc = hetpipe_run([*_common(plan_path, tmp_path / "run"), "--steps", "4", "--timeout",
+                      f"{failing_run_timeout_s():.0f}", "--emulate",
                       "--safety-factor", str(SAFETY_FACTOR), "--inject", "link:src=1,dst=2,factor=cut,step=2"])
     line = _error(capsys.readouterr().err)
     assert rc == 2

@@ -303,11 +303,55 @@ def test_schedule_option_and_auto_with_interleaving(monkeypatch) -> None:
     ev = evaluate(chosen, got.stages)
     assert chosen.schedule == "interleaved:2" and ev.fits and ev.iteration_s == got.iteration_s
     assert work_bound_s(prob) <= got.bound_s <= got.iteration_s
-    _, plain = choose_schedule(prob, sol, option="auto", limit_s=1.0)  # auto does not pick it: run cannot execute it
-    monkeypatch.setattr(schedule_choice, "AUTO_INTERLEAVE_CHUNKS", (2,))
     picked, best = choose_schedule(prob, sol, option="auto", limit_s=1.0)
+    monkeypatch.setattr(schedule_choice, "AUTO_INTERLEAVE_CHUNKS", ())  # auto without the interleaving lever
+    _, plain = choose_schedule(prob, sol, option="auto", limit_s=1.0)
     assert best.iteration_s <= min(plain.iteration_s, got.iteration_s) * (1 + 1e-9)
     assert (picked.schedule == "interleaved:2") == (best.iteration_s < plain.iteration_s)
     with pytest.raises(ConfigError, match="not a multiple of the plan's"):
         choose_schedule(dataclasses.replace(prob, microbatches=3), dataclasses.replace(sol), option="interleaved:2",
                         limit_s=1.0)
+
+
+def _parameter_free_blocks(num_units: int = 10):
+    """`synthetic_graph` whose blocks own no parameters: their backward has no weight-gradient part
+    (W = 0), so splitting it gains nothing there and interleaving is the lever that shrinks the bubble."""
+    from tests.synthetic import synthetic_graph
+
+    g = synthetic_graph(num_units)
+    units = tuple(u if u.index in (0, num_units - 1) else
+                  dataclasses.replace(u, param_count=0, param_bytes=0, state_bytes=0, grad_bytes=0) for u in g.units)
+    return dataclasses.replace(g, units=units, param_count=sum(u.param_count for u in units))
+
+
+@pytest.mark.parametrize("link_bytes_s,wins", [(125e9, True), (5e6, False)])
+def test_auto_interleaves_where_it_prices_lower_and_check_accepts_it(tmp_path, link_bytes_s: float, wins: bool) -> None:
+    from hetpipe.partitioner.interleave import price_interleaved
+    from hetpipe.plan.build import partition_graph
+    from hetpipe.plan.check import check_plan
+    from hetpipe.plan.schema import Plan, problem_from_plan, stages_from_plan
+    from tests.synthetic import synthetic_cluster
+
+    # two equal cards on two nodes; 8 MiB cut tensors: free at 125 GB/s, 1.7 s per cut at 5 MB/s (each
+    # micro-batch crosses 3 cuts each way interleaved, 1 under 1F1B)
+    cluster = synthetic_cluster((("n0", "a", 20.0, 24.0), ("n1", "a", 20.0, 24.0)), inter_bytes_s=link_bytes_s)
+    plan = partition_graph(_parameter_free_blocks(), cluster, global_batch=8, time_limit_s=2.0, schedule="auto")
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    again = Plan.load(path)
+    assert check_plan(again).ok, check_plan(again).violations
+    problem, stages = problem_from_plan(again), stages_from_plan(again)
+    assert evaluate(problem, stages).iteration_s == pytest.approx(again.predicted.iteration_s, rel=1e-9)
+    plain = partition_graph(_parameter_free_blocks(), cluster, global_batch=8, time_limit_s=2.0, schedule="1f1b")
+    inter = price_interleaved(problem_from_plan(plain), stages_from_plan(plain), chunks=2)  # 1F1B's cards re-cut
+    assert inter is not None and inter.evaluation.fits
+    if wins:  # interleaving prices lower than every other schedule auto tried: chosen
+        assert again.training.schedule == "interleaved:2" and again.version == 6
+        # recorded with the plan's recompute lever, so that check prices the baselines as they were planned
+        assert problem.recompute == problem_from_plan(plain).recompute == "auto"
+        assert again.predicted.iteration_s <= inter.evaluation.iteration_s * (1 + 1e-9)
+        assert again.predicted.iteration_s < plain.predicted.iteration_s
+    else:  # three slow crossings per micro-batch each way: interleaving loses to 1F1B and is not chosen
+        assert inter.evaluation.iteration_s > plain.predicted.iteration_s
+        assert "interleaved" not in again.training.schedule
+        assert again.predicted.iteration_s <= plain.predicted.iteration_s

@@ -44,6 +44,9 @@ SAFETY_FACTOR = 6.0
 SYNTHETIC_SPEC = (("n0", "fast", 40.0, 24.0), ("n0", "mid", 30.0, 24.0), ("n1", "slow", 10.0, 12.0))
 SLOW_CARDS = 0.0005
 EMULATED_STEPS = 3
+#: DiLoCo's emulated outer exchange (median outer step - median inner step) vs the plan's sync_s: ~10 ms
+#: against a few ms of scheduler wake-ups on a busy 2-core machine.
+OUTER_TOLERANCE = 0.3
 WALL_LIMIT_S = 240.0  # generous: 3 ranks importing torch on 2 shared cores
 
 
@@ -155,7 +158,10 @@ def test_emulated_run_writes_a_report_that_matches_the_plan(plan_path, tmp_path,
         ends = [a.start_s + a.duration_s for a in t.actions]
         assert all(b.start_s >= e - 1e-6 for e, b in zip(ends, t.actions[1:]))
         fwd = [a.duration_s / rep.time_scale for a in t.actions if "F" in a.action and "_" not in a.action]
-        assert min(fwd) == pytest.approx(plan.stages[t.stage].fwd_s, rel=0.25)
+        want, overran = plan.stages[t.stage].fwd_s, rep.stages[t.stage].overruns_fwd > 0
+        # the least of the step's forwards: never short of the plan, late only by wake-ups (the stretch's bounds)
+        assert want * (1 - STRETCH_UNDER) <= min(fwd) and (overran or min(fwd) <= want * (1 + STRETCH_OVER)), \
+            (t.stage, fwd, want)
 
 
 def test_emulated_oom_names_rank_stage_action_and_exits_2(plan_path, tmp_path, capsys):
@@ -399,9 +405,12 @@ def test_emulated_diloco_charges_the_outer_step_every_h_steps(tmp_path, capsys):
     compute = plan.sync.compute_s
     if rep.overruns == 0 and rep.late_messages == 0:  # the emulation kept up: steps last what the plan says
         assert inner == pytest.approx(compute, rel=TOLERANCE_VS_SIMULATED), (steps, compute)
-    else:  # an overloaded machine (the report counts it) only ever makes steps longer, never shorter
-        assert inner >= compute * (1 - TOLERANCE_VS_SIMULATED), (steps, compute, rep.overruns, rep.late_messages)
-    assert outer - inner == pytest.approx(plan.sync.sync_s, rel=0.3), (steps, plan.sync.sync_s)
+        assert outer - inner == pytest.approx(plan.sync.sync_s, rel=OUTER_TOLERANCE), (steps, plan.sync.sync_s)
+    else:  # an overloaded machine (the report counts it) only ever makes steps longer, never shorter: a late
+        # inner step shrinks outer - inner, so the exchange is checked on the outer steps themselves
+        why = (steps, compute, plan.sync.sync_s, rep.overruns, rep.late_messages)
+        assert inner >= compute * (1 - TOLERANCE_VS_SIMULATED), why
+        assert outer >= compute * (1 - TOLERANCE_VS_SIMULATED) + plan.sync.sync_s * (1 - OUTER_TOLERANCE), why
     print(f"diloco H=2: emulated steps {[round(x * 1e3, 3) for x in steps]} ms; compute {compute * 1e3:.3f} ms, "
           f"outer exchange {plan.sync.sync_s * 1e3:.3f} ms")
 

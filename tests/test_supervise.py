@@ -241,7 +241,7 @@ def test_straggler_reports_of_both_shapes_are_read(tmp_path):
     path = tmp_path / "straggler-rank1.json"
     path.write_text(json.dumps({"rank": 1, "stage": 1, "device": "n0:1", "what": "compute",
                                 "factors": {"fwd": 2.5, "bwd": 3.0}, "since_step": 2, "detected_step": 4}))
-    assert read_straggler(path, plan) == Straggler(1, 1, "n0:1", 3.0, 4)
+    assert read_straggler(path, plan) == Straggler(1, 1, "n0:1", 3.0, 4, since=2)  # since: prices the slowed steps
     path.write_text(json.dumps({"rank": 1, "factor": 2.0, "step": 6}))
     assert read_straggler(path, plan) == Straggler(1, 1, "n0:1", 2.0, 6)
     path.write_text(json.dumps({"rank": 1, "what": "link", "factors": {"send": 4.0}, "link": "n0:1 -> n1:2"}))

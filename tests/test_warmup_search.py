@@ -46,3 +46,24 @@ def test_a_deeper_pipeline_makes_room_for_the_warm_ups_and_matches_the_enumerati
     ev = evaluate(chosen, stages)
     assert ev.fits and ev.iteration_s == t and len(stages) == 3
     assert t == _enumerated(prob) < evaluate(prob, two).iteration_s
+
+
+def test_recomputation_pays_for_the_warm_ups_that_hide_a_slow_link() -> None:
+    from hetpipe.partitioner.recompute import with_recompute
+
+    prob = _ring(6, 2, 90, 4.0)  # two cards: 82 of 90 bytes on stage 0 under 1F1B, C = 4 s per cut
+    two = (Stage(0, 0, 2), Stage(1, 3, 5))
+    assert evaluate(prob, two).fits and with_warmup(prob, two) is None  # no extra micro-batch fits as is
+    rec = dataclasses.replace(prob, recompute="auto")
+    t, chosen, stages = with_warmup(rec, two)
+    ev = evaluate(chosen, stages)
+    assert ev.fits and ev.iteration_s == t and chosen.schedule == "1f1b@1,0"
+    assert stages[0].recompute_units and not stages[1].recompute_units
+    assert tuple(stages) == with_recompute(chosen, two)  # the least that fits: what `hetpipe check` re-derives
+    # faster than every placement, schedule and warm-up count at the same memory without recomputation
+    assert t < _enumerated(prob) < evaluate(prob, two).iteration_s
+    found = warmup_search(rec, [two], limit_s=5.0)
+    assert found is not None and found[0] <= t and evaluate(found[1], found[2]).fits
+    # a split backward cannot recompute: its warm-ups stay without it
+    split = dataclasses.replace(rec, schedule="zb-1f1b")
+    assert with_warmup(split, two) is None or not any(st.recompute_units for st in with_warmup(split, two)[2])

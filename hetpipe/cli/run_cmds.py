@@ -63,7 +63,8 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--straggler-margin", type=float, default=None, metavar="FRACTION",
                    help="name a stage slower than the plan by more than this fraction (default 0.25)")
     p.add_argument("--straggler-steps", type=int, default=None, metavar="K",
-                   help="... for K consecutive steps (default 3)")
+                   help="... for up to K consecutive steps (default 3): named once the slow steps' summed excess "
+                        "over the plan reaches K x the margin, so a 3x card after 1 step, one just over the margin after K")
     p.add_argument("--netns", action="store_true",
                    help="a two-node plan: each node in its own network namespace, the link between them shaped by "
                         "tc (needs root); elsewhere falls back to --emulate and says so")

@@ -24,7 +24,6 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import math
 import os
 import socket
 import statistics
@@ -32,12 +31,14 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 from torch.multiprocessing.spawn import ProcessContext, ProcessException
 
 from hetpipe.cost_models.cpu_cores import format_cores
+from hetpipe.cost_models.op_calibration import measure_op_rates, measure_step_op_s
+from hetpipe.cost_models.rates import MAX_INNER_ITERATIONS, MIN_TIMED_S, median_rate  # noqa: F401 (re-exported)
 from hetpipe.cost_models.devices import DeviceProfile
 from hetpipe.errors import ConfigError, RuntimeFailure
 
@@ -49,11 +50,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_MATMUL_SIZE = 1024
 #: Timed repeats per measurement; the median is reported (robust to one slow run).
 DEFAULT_REPEATS = 5
-#: Each timed repeat runs enough back-to-back kernels to last at least this long, so
-#: sub-millisecond GPU kernels are not dominated by timer/launch resolution.
-MIN_TIMED_S = 0.02
-#: Cap on back-to-back kernels per repeat (keeps a slow first call from exploding).
-MAX_INNER_ITERATIONS = 1000
 #: FLOPs of an n x n by n x n matmul: n^3 multiply-adds, 2 FLOPs each.
 FLOPS_PER_MULTIPLY_ADD = 2
 #: Copy size for memory bandwidth: 64 MiB, far above the last-level cache of the
@@ -116,6 +112,8 @@ class Calibration:
         link: a loopback link fit, when one was measured.
         kernel_overhead_s: fixed seconds per recorded op (`measure_op_overhead_s`), when measured.
         cores: the CPU core group it ran pinned to (`hetpipe.cost_models.core_groups`); () = unpinned.
+        op_rates: per-op-kind rates (`hetpipe.cost_models.op_calibration.measure_op_rates`), on a CPU.
+        step_op_s: seconds per op of the per-tensor optimizer loop (`measure_step_op_s`), on a CPU.
     """
 
     device: str
@@ -129,33 +127,8 @@ class Calibration:
     link: LinkMeasurement | None = None
     kernel_overhead_s: float | None = None
     cores: tuple[int, ...] = ()
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
-
-
-def _median_rate(op: Callable[[], object], *, device: str, work: float, repeats: int) -> float:
-    """Median of ``work / seconds`` over `repeats` timings of `op` (after a warm-up)."""
-    if repeats < 1:
-        raise ConfigError(f"repeats must be at least 1, got {repeats}; pass repeats=5")
-    op()  # warm-up: allocations, page faults, kernel selection, lazy CUDA init
-    _sync(device)
-    start = time.perf_counter()
-    op()  # a warm call sizes the inner loop
-    _sync(device)
-    warm_s = max(time.perf_counter() - start, 1e-9)
-    inner = max(1, min(MAX_INNER_ITERATIONS, math.ceil(MIN_TIMED_S / warm_s)))
-    rates = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        for _ in range(inner):
-            op()
-        _sync(device)
-        rates.append(work * inner / max(time.perf_counter() - start, 1e-12))
-    return statistics.median(rates)
+    op_rates: tuple[tuple[str, float], ...] = ()
+    step_op_s: float | None = None
 
 
 def measure_matmul_flops_s(
@@ -173,7 +146,7 @@ def measure_matmul_flops_s(
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     work = float(FLOPS_PER_MULTIPLY_ADD * size**3)
-    return _median_rate(lambda: torch.mm(a, b), device=device, work=work, repeats=repeats)
+    return median_rate(lambda: torch.mm(a, b), device=device, work=work, repeats=repeats)
 
 
 def measure_memory_bandwidth_bytes_s(
@@ -189,7 +162,7 @@ def measure_memory_bandwidth_bytes_s(
     src = torch.ones(numel, device=device, dtype=torch.float32)
     dst = torch.empty_like(src)
     work = float(COPY_TRAFFIC_FACTOR * numel * 4)
-    return _median_rate(lambda: dst.copy_(src), device=device, work=work, repeats=repeats)
+    return median_rate(lambda: dst.copy_(src), device=device, work=work, repeats=repeats)
 
 
 def measure_op_overhead_s(device: str = "cpu", *, repeats: int = DEFAULT_REPEATS) -> float:
@@ -207,7 +180,7 @@ def measure_op_overhead_s(device: str = "cpu", *, repeats: int = DEFAULT_REPEATS
             y = y * 1.0
         return y
 
-    ops_s = _median_rate(chain, device=device, work=float(OVERHEAD_CHAIN_OPS), repeats=repeats)
+    ops_s = median_rate(chain, device=device, work=float(OVERHEAD_CHAIN_OPS), repeats=repeats)
     return 1.0 / ops_s
 
 
@@ -371,11 +344,15 @@ def calibrate_device(
     # A CPU runs each op synchronously, so its fixed cost per op adds up; a GPU's launches overlap
     # the previous kernel on the stream, so the catalog's launch figure stays (timing.py).
     overhead = measure_op_overhead_s(device, repeats=repeats) if device == "cpu" else None
+    # A CPU's attention, transcendental ops and per-tensor optimizer loop have their own rates (issue 17
+    # item 4, `op_calibration`); a GPU's are left to the roofline and its foreach step.
+    op_rates = measure_op_rates(device, repeats=repeats) if device == "cpu" else ()
+    step_op_s = measure_step_op_s(repeats=repeats) if device == "cpu" else None
     return Calibration(
         device=device, tensor_matmul_flops_s=tensor, fp32_matmul_flops_s=fp32,
         memory_bandwidth_bytes_s=bandwidth, matmul_size=size, host=socket.gethostname(),
         torch_version=torch.__version__, measured_at=datetime.date.today().isoformat(), link=link,
-        kernel_overhead_s=overhead, cores=cores,
+        kernel_overhead_s=overhead, cores=cores, op_rates=op_rates, step_op_s=step_op_s,
     )
 
 
@@ -414,5 +391,11 @@ def apply_calibration(profile: DeviceProfile, calibration: Calibration) -> Devic
         source += f"; {calibration.kernel_overhead_s * 1e6:.3g} us per op"
     if calibration.cores:
         source += f"; pinned to cores {format_cores(calibration.cores)}, {len(calibration.cores)} thread(s)"
+    if calibration.op_rates:
+        source += f"; rates of {len(calibration.op_rates)} op kinds"
+    if calibration.step_op_s is not None:
+        source += f"; per-tensor optimizer loop {calibration.step_op_s * 1e6:.3g} us per op"
     return replace(profile, tensor_flops_s=tensor, fp32_flops_s=fp32, memory_bandwidth_bytes_s=bandwidth,
-                   matmul_efficiency=eff, bandwidth_efficiency=bw_eff, kernel_overhead_s=overhead, source=source)
+                   matmul_efficiency=eff, bandwidth_efficiency=bw_eff, kernel_overhead_s=overhead, source=source,
+                   op_rates=calibration.op_rates or profile.op_rates,
+                   step_op_s=profile.step_op_s if calibration.step_op_s is None else calibration.step_op_s)

@@ -34,7 +34,7 @@ FLOPS_PER_TFLOP = 1e12
 REQUIRED_FIGURES = ("memory", "tensor_tflops", "fp32_tflops", "memory_bandwidth")
 DEVICE_KEYS = ("gpu", "name", "count", "reserve", *REQUIRED_FIGURES, "nvlink", "p2p", "pcie_bandwidth",
                "nvlink_bandwidth", "matmul_efficiency", "bandwidth_efficiency", "kernel_overhead", "source",
-               "cores")
+               "cores", "op_rates", "optimizer_op")
 NETWORK_KEYS = ("bandwidth", "latency")
 
 
@@ -129,6 +129,26 @@ def network_spec(entry: object, where: Where, *, allowed: tuple[str, ...] = NETW
                                 maximum=MAX_LATENCY_S))
 
 
+def op_rates(value: object, where: Where) -> tuple[tuple[str, float], ...]:
+    """``op_rates: {attention: 3.9e10, gelu: 3.6e9}`` -> sorted pairs: measured work per second of each op
+    kind (FLOP/s for attention, bytes/s for a memory-bound aten op; `hetpipe.cost_models.work`).
+
+    Example:
+        >>> op_rates({"gelu": 3.6e9, "attention": 4e10}, Where("f", None, "d.op_rates"))
+        (('attention', 40000000000.0), ('gelu', 3600000000.0))
+    """
+    if not isinstance(value, Mapping) or not value:
+        raise where.error(f"must map op kinds to rates, e.g. {{gelu: 3.6e9}}, got {show(value)}; "
+                          "`hetpipe profile --calibrate` writes it")
+    out = []
+    for key, rate in value.items():
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < math.inf:
+            raise where.field(str(key)[:MAX_SHOWN_CHARS]).error(
+                f"must be a positive number (work per second), got {show(rate)}; re-run `hetpipe profile --calibrate`")
+        out.append((str(key), float(rate)))
+    return tuple(sorted(out))
+
+
 def _figures(entry: Mapping[str, Any], where: Where) -> dict[str, Any]:
     """DeviceProfile fields the entry sets explicitly."""
     parsers: dict[str, tuple[str, Callable[[object, Where], Any]]] = {
@@ -143,6 +163,8 @@ def _figures(entry: Mapping[str, Any], where: Where) -> dict[str, Any]:
         "bandwidth_efficiency": ("bandwidth_efficiency", _fraction),
         "kernel_overhead": ("kernel_overhead_s",
                             lambda v, w: quantity(v, parse_latency_s, w, allow_zero=True, maximum=MAX_LATENCY_S)),
+        "op_rates": ("op_rates", op_rates),
+        "optimizer_op": ("step_op_s", lambda v, w: quantity(v, parse_latency_s, w, maximum=MAX_LATENCY_S)),
     }
     return {attr: parse(entry[key], where.field(key)) for key, (attr, parse) in parsers.items() if key in entry}
 

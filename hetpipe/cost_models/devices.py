@@ -39,6 +39,12 @@ class DeviceProfile:
         nvlink: whether the card has NVLink.
         p2p: whether PCIe peer-to-peer works between two such cards.
         source: where the figures come from (catalog citation, ``calibrated``...).
+        op_rates: measured rate per op kind, ``(kind, work per second)`` sorted by kind: FLOP/s of
+            fused attention (``attention``, ``attention_backward``), bytes/s of a memory-bound aten op
+            (``gelu``, ...), `hetpipe.cost_models.work`; () = not measured (catalog cards): the
+            roofline prices every op at the matmul rate and copy bandwidth (`cost_models.timing`).
+        step_op_s: seconds per op of the optimizer's per-tensor loop, measured (a CPU); None = the
+            multi-tensor ``foreach`` path (CUDA's default), `hetpipe.cost_models.optimizer_step`.
     """
 
     kind: str
@@ -52,6 +58,8 @@ class DeviceProfile:
     nvlink: bool = False
     p2p: bool = False
     source: str = ""
+    op_rates: tuple[tuple[str, float], ...] = ()
+    step_op_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -59,9 +59,11 @@ from torch.utils.flop_counter import (
     flop_registry,
     sdpa_backward_flop_count,
     sdpa_flop_count,
+    shape_wrapper,
 )
 
 from hetpipe.cost_models.memory import element_bytes
+from hetpipe.cost_models.work import ATTENTION_BWD_KEY, ATTENTION_KEY, PassWork
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +150,24 @@ EXTRA_FLOP_FORMULAS: dict[Any, Any] = {
 }
 #: Compute-bound ops: counted by FlopCounterMode, excluded from memory traffic.
 COMPUTE_BOUND_OPS = frozenset(flop_registry) | frozenset(EXTRA_FLOP_FORMULAS)
+#: Fused attention kernels (forward, backward): their FLOPs also go to the work table
+#: (`hetpipe.cost_models.work`), which a calibrated CPU prices at its measured attention rate.
+ATTENTION_FWD_OPS = _packets(
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+    "_flash_attention_forward", "_efficient_attention_forward")
+ATTENTION_BWD_OPS = _packets(
+    "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention_backward", "_scaled_dot_product_flash_attention_for_cpu_backward",
+    "_flash_attention_backward", "_efficient_attention_backward")
+
+
+def _attention_flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
+    """FLOPs of one fused attention kernel by the formula FlopCounterMode uses for it."""
+    packet = func.overloadpacket
+    formula = EXTRA_FLOP_FORMULAS.get(packet)
+    formula = shape_wrapper(formula) if formula is not None else flop_registry[packet]
+    return int(formula(*args, **kwargs, out_val=out))
 
 
 @dataclass(frozen=True)
@@ -251,7 +271,11 @@ class _FormulaMode(TorchDispatchMode):
         self.flops = 0
         self.traffic = 0
         self.kernels = 0
+        self.by_op: dict[str, int] = {}  # the work table (`hetpipe.cost_models.work`)
         self.uncounted: set[str] = set()
+
+    def _record(self, key: str, amount: int) -> None:
+        self.by_op[key] = self.by_op.get(key, 0) + amount
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -261,6 +285,9 @@ class _FormulaMode(TorchDispatchMode):
         if packet in NO_KERNEL_OPS or func.is_view:
             return out
         self.kernels += 1
+        if packet in ATTENTION_FWD_OPS or packet in ATTENTION_BWD_OPS:
+            key = ATTENTION_KEY if packet in ATTENTION_FWD_OPS else ATTENTION_BWD_KEY
+            self._record(key, _attention_flops(func, args, kwargs, out))
         if packet in COMPUTE_BOUND_OPS:
             return out  # compute-bound: FLOPs from FlopCounterMode, no traffic counted
         flops = formula_flops(func, args, out)
@@ -268,7 +295,9 @@ class _FormulaMode(TorchDispatchMode):
             self.uncounted.add(str(func))
             flops = 0
         self.flops += flops
-        self.traffic += traffic_bytes(func, args, kwargs, out, self.precision)
+        moved = traffic_bytes(func, args, kwargs, out, self.precision)
+        self.traffic += moved
+        self._record(packet.__name__, moved)
         return out
 
 
@@ -301,6 +330,19 @@ class CostCounter:
     def uncounted(self) -> frozenset[str]:
         """Ops that ran without a FLOP formula (counted as 0)."""
         return frozenset(self._formulas.uncounted)
+
+    def work(self) -> PassWork:
+        """Counts accumulated so far with the per-op work table (`hetpipe.cost_models.work`).
+
+        Example:
+            >>> with CostCounter() as cc:
+            ...     _ = torch.nn.functional.gelu(torch.empty(4, device="meta"))
+            >>> cc.work()
+            PassWork(flops=4, traffic_bytes=32, kernels=1, by_op=(('gelu', 32),))
+        """
+        tally = self.snapshot()
+        return PassWork.of(flops=tally.flops, traffic_bytes=tally.traffic_bytes, kernels=tally.kernels,
+                           by_op=self._formulas.by_op)
 
     def snapshot(self) -> OpTally:
         """Counts accumulated so far."""

@@ -48,6 +48,7 @@ def _group_worker(index: int, groups: list[list[int]], size: int, repeats: int, 
 def _load(path: Path) -> Calibration:
     doc = json.loads(path.read_text())
     doc["cores"] = tuple(doc["cores"])
+    doc["op_rates"] = tuple((str(k), float(v)) for k, v in doc.get("op_rates", ()))
     return Calibration(**doc)
 
 

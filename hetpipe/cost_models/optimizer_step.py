@@ -28,6 +28,13 @@ step (torch/optim/sgd.py, adam.py, adamw.py ``_multi_tensor_*``) at the profile'
 overhead.  The emulated runtime does not stretch the step; the run report shows the
 measured step next to this figure.
 
+Where the optimizer runs PyTorch's per-tensor loop instead (``_single_tensor_*``, the default
+for CPU tensors: ``torch.optim.optimizer._default_to_fused_or_foreach`` picks ``foreach`` only
+for CUDA-like devices), every parameter tensor pays the step's ops itself, so the launch term
+becomes ``tensors * STEP_KERNELS[optimizer] * step_op_s``, with ``step_op_s`` the seconds per
+op of that loop measured by ``hetpipe profile --calibrate`` (`DeviceProfile.step_op_s`;
+`hetpipe.cost_models.calibrate.measure_step_op_s`), paid per unit (`tensor_step_s`).
+
 Example:
     >>> step_traffic_bytes_per_param("adam", "fp32"), step_traffic_bytes_per_param("adam", "bf16-mixed")
     (28, 28)
@@ -100,3 +107,15 @@ def step_launch_s(optimizer: str, kernel_overhead_s: float) -> float:
     if optimizer not in STEP_KERNELS:
         raise ConfigError(f"unknown optimizer {optimizer!r}; use one of: {', '.join(sorted(STEP_KERNELS))}")
     return STEP_KERNELS[optimizer] * kernel_overhead_s
+
+
+def tensor_step_s(*, tensors: int, optimizer: str, step_op_s: float) -> float:
+    """The per-tensor loop's ops for `tensors` parameter tensors: additive over units (module docstring).
+
+    Example:
+        >>> round(tensor_step_s(tensors=12, optimizer="adam", step_op_s=5e-6), 9)  # 12 x 8 ops x 5 us
+        0.00048
+    """
+    if optimizer not in STEP_KERNELS:
+        raise ConfigError(f"unknown optimizer {optimizer!r}; use one of: {', '.join(sorted(STEP_KERNELS))}")
+    return tensors * STEP_KERNELS[optimizer] * step_op_s

@@ -174,6 +174,8 @@ def _calibrated_fields(profile: DeviceProfile, cal: Calibration) -> dict[str, An
             "matmul_efficiency": round(min(1.0, tuned.matmul_efficiency or 1.0), 6),
             "bandwidth_efficiency": round(min(1.0, tuned.bandwidth_efficiency or 1.0), 6),
             **({"kernel_overhead": f"{tuned.kernel_overhead_s:.6g}s"} if cal.kernel_overhead_s is not None else {}),
+            **({"op_rates": {k: float(f"{v:.6g}") for k, v in tuned.op_rates}} if cal.op_rates else {}),
+            **({"optimizer_op": f"{tuned.step_op_s:.6g}s"} if cal.step_op_s is not None else {}),
             "source": tuned.source}
 
 

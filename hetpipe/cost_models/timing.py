@@ -9,6 +9,20 @@ For one unit and one micro-batch on a device profile P (issue #2, "Costs"):
           + BACKWARD_TRAFFIC_FACTOR * memory_traffic_bytes / (bandwidth * bandwidth_efficiency)
           + BACKWARD_TRAFFIC_FACTOR * op_count * kernel_overhead_s
 
+A profile with measured per-op rates (``DeviceProfile.op_rates``: a calibrated CPU, issue 17
+item 4) prices each pass from its own counts (`hetpipe.cost_models.work.PassWork`; the backward's
+are measured on meta too, not twice the forward's) and every op kind it has a rate for at that rate:
+
+    pass_s = (flops - attention_flops) / (peak * matmul_efficiency)
+           + sum_attention attention_flops / rate[attention or attention_backward]
+           + sum_op bytes_op / min(rate[op], bandwidth * bandwidth_efficiency)
+           + (traffic - sum_op bytes_op) / (bandwidth * bandwidth_efficiency)
+           + kernels * kernel_overhead_s
+
+The ``min`` is the roofline (Williams, Waterman, Patterson, CACM 2009): a memory-bound op runs
+no faster than its in-cache arithmetic (measured, e.g. GELU's tanh) nor than memory streams
+(the copy bandwidth) -- a step's activations outgrow the caches.
+
 The compute term is the standard "FLOPs over achieved FLOP/s" stage-time model
 (cost_formulas.md §3.1, t_k = sum F / (TFLOPs_k * eta_k)); the memory term
 charges memory-bound ops (elementwise, norms, softmax) at achieved DRAM
@@ -24,6 +38,11 @@ Example:
     >>> unit_time_s(fwd_flops=5e12, bwd_flops=10e12, memory_traffic_bytes=0, op_count=0,
     ...             profile=p, precision="bf16-mixed")
     UnitTime(fwd_s=0.1, bwd_s=0.2)
+    >>> from dataclasses import replace
+    >>> cpu = replace(p, op_rates=(("attention", 25e12), ("gelu", 1e11)))
+    >>> work = PassWork(flops=10e12, traffic_bytes=3e11, kernels=0, by_op=(("attention", 5e12), ("gelu", 2e11)))
+    >>> round(pass_time_s(work, profile=cpu, precision="bf16-mixed"), 6)  # 5e12/5e13 + 5e12/25e12 + 2 + 0.1
+    2.4
 """
 
 from __future__ import annotations
@@ -32,6 +51,7 @@ from dataclasses import dataclass
 
 from hetpipe.cost_models.devices import DeviceProfile
 from hetpipe.cost_models.memory import check_precision
+from hetpipe.cost_models.work import FLOP_KEYS, PassWork
 
 # Achieved / peak dense matmul FLOP/s when no calibration is available.
 # cost_formulas.md §3.1: "eta_k is the achieved fraction (30-60% typical)";
@@ -102,8 +122,14 @@ def unit_time_s(
     op_count: int,
     profile: DeviceProfile,
     precision: str,
+    fwd_work: PassWork | None = None,
+    bwd_work: PassWork | None = None,
 ) -> UnitTime:
-    """Time of one unit on one device kind under the model in the module docstring."""
+    """Time of one unit on one device kind under the model in the module docstring (the per-op
+    form where `profile` has measured ``op_rates`` and both passes' work was counted)."""
+    if profile.op_rates and fwd_work is not None and bwd_work is not None:
+        return UnitTime(fwd_s=pass_time_s(fwd_work, profile=profile, precision=precision),
+                        bwd_s=pass_time_s(bwd_work, profile=profile, precision=precision))
     eff = efficiencies(profile)
     overhead = eff.kernel_overhead_s
     flops_s = peak_flops_s(profile, precision) * eff.matmul
@@ -115,3 +141,25 @@ def unit_time_s(
         + BACKWARD_TRAFFIC_FACTOR * op_count * overhead
     )
     return UnitTime(fwd_s=fwd, bwd_s=bwd)
+
+
+def pass_time_s(work: PassWork, *, profile: DeviceProfile, precision: str) -> float:
+    """One pass priced per op kind (module docstring, ``pass_s``); without ``op_rates`` it is the
+    roofline's forward formula over `work`'s totals."""
+    eff = efficiencies(profile)
+    flops_s = peak_flops_s(profile, precision) * eff.matmul
+    bytes_s = profile.memory_bandwidth_bytes_s * eff.bandwidth
+    rates = dict(profile.op_rates)
+    seconds = work.kernels * eff.kernel_overhead_s
+    flops, traffic = float(work.flops), float(work.traffic_bytes)
+    for key, amount in work.by_op:
+        rate = rates.get(key)
+        if rate is None:
+            continue
+        if key in FLOP_KEYS:
+            seconds += amount / rate
+            flops -= amount
+        else:
+            seconds += amount / min(rate, bytes_s)
+            traffic -= amount
+    return seconds + flops / flops_s + traffic / bytes_s

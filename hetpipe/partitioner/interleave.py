@@ -141,9 +141,10 @@ def price_interleaved(problem: Problem, stages: Sequence[Stage], *, chunks: int,
     return Interleaved(inter, found, ev) if ev.fits else None
 
 
-#: Chunks per card `--schedule auto` also prices.  Empty: `hetpipe run` does not execute interleaved
-#: plans yet (the executor runs one stage per rank), so `auto` must not choose one; (2,) once it does.
-AUTO_INTERLEAVE_CHUNKS: tuple[int, ...] = ()
+#: Chunks per card `--schedule auto` also prices (`hetpipe run` executes them, runtime/interleaved_run.py).
+#: Only 2: the runtime is tested at 2 chunks per rank (tests/test_interleaved_runtime.py), and every extra
+#: chunk adds p cut crossings per micro-batch (V p - 1 in all), which slow links pay for.
+AUTO_INTERLEAVE_CHUNKS: tuple[int, ...] = (2,)
 
 
 def work_bound_s(problem: Problem) -> float:
@@ -160,7 +161,14 @@ def interleave_candidates(problem: Problem, stages: Sequence[Stage], chunk_optio
     """(T, problem, virtual stages) of each chunk count in `chunk_options` that runs and fits on `stages`' cards."""
     found = [price_interleaved(problem, stages, chunks=v, limit_s=limit_s / max(len(chunk_options), 1))
              for v in chunk_options]
-    return [(f.evaluation.iteration_s, f.problem, f.stages) for f in found if f is not None]
+    return [(f.evaluation.iteration_s, recorded(problem, f), f.stages) for f in found if f is not None]
+
+
+def recorded(problem: Problem, found: Interleaved) -> Problem:
+    """The problem a plan records for `found`: its schedule, with `problem`'s recompute lever (the virtual
+    stages are searched without recomputing, and every one of them fits so: the lever chooses none for
+    them), so that `hetpipe check` prices the baselines with the lever they were planned with."""
+    return dataclasses.replace(found.problem, recompute=problem.recompute)
 
 
 def choose_interleaved(problem: Problem, sol: Solution, *, chunks: int, limit_s: float) -> tuple[Problem, Solution]:
@@ -184,5 +192,5 @@ def choose_interleaved(problem: Problem, sol: Solution, *, chunks: int, limit_s:
     t = found.evaluation.iteration_s
     bound = min(work_bound_s(problem), t)
     log.info("interleaved:%d: T = %.6g s (1F1B %.6g s)", chunks, t, sol.iteration_s)
-    return found.problem, dataclasses.replace(sol, stages=found.stages, iteration_s=t, bound_s=bound,
+    return recorded(problem, found), dataclasses.replace(sol, stages=found.stages, iteration_s=t, bound_s=bound,
                                               status="OPTIMAL" if bound >= t * (1 - 1e-9) else "FEASIBLE")

@@ -1,4 +1,4 @@
-"""The schedule as a lever: 1F1B, ZB-1F1B or ZB-H1, whichever runs the plan fastest (issue 17, item 2).
+"""The schedule as a lever: 1F1B, ZB-1F1B, ZB-H1 or interleaved, whichever runs the plan fastest (issue 17, item 2).
 
 The solvers find and verify a placement under 1F1B (`Problem.schedule` "1f1b").  With the
 ``auto`` option `choose_schedule` also verifies under each split schedule (`SPLIT_SCHEDULES`:
@@ -7,7 +7,10 @@ each improved by `verify`'s local search with T and every M_s taken from that sc
 lists -- and keeps the fastest.  ZB-H1 holds up to min(p, m) micro-batches on every stage until
 their W (more than 1F1B's min(p - s, m) on later stages, so a placement that fits under 1F1B may
 not); ZB-1F1B holds 1F1B's.  Naming one schedule keeps that schedule's answer whatever it costs.
-With ``auto`` each answer is also tried with extra warm-up forwards (`with_warmup`), and
+With ``auto`` each answer is also tried with extra warm-up forwards (`with_warmup`), the 1F1B
+answer's cards and the fastest answer's cards are re-cut into interleaved virtual stages
+(`AUTO_INTERLEAVE_CHUNKS` chunks per card, `interleave.price_interleaved`: T and every card's memory
+from the interleaved lists the executor runs), and
 `warmup_search` searches placements for them (deeper pipelines included) from every answer: its
 plans sit at the memory limit, safe since M_s prices what a split backward keeps from B to W
 (`HeldCounts.weight_grads`) and the runtime holds exactly M_s (tests/test_weight_grads.py).  The
@@ -115,7 +118,12 @@ def choose_schedule(problem: Problem, sol: Solution, *, option: str, limit_s: fl
         searched = warmup_search(problem, [st for _, _, st in found], limit_s=limit_s / 2)
         if searched is not None:  # recorded with the original lever, like the split answers
             found.append((searched[0], dataclasses.replace(searched[1], recompute=problem.recompute), searched[2]))
-        found += interleave_candidates(problem, sol.stages, AUTO_INTERLEAVE_CHUNKS, limit_s=limit_s)
+        # interleaving re-cuts a placement's cards in their order: the 1F1B answer's and the fastest so far's
+        fastest = min(found, key=lambda f: f[0])[2]
+        orders = {tuple(st.device for st in s): s for s in (sol.stages, fastest)}
+        for stages_in_order in orders.values():
+            found += interleave_candidates(problem, stages_in_order, AUTO_INTERLEAVE_CHUNKS,
+                                           limit_s=limit_s / len(orders))
     best_s, chosen, stages = min(found, key=lambda f: f[0])
     zb_bound = schedule_bound(input_part_problem(problem))
     if chosen is problem:

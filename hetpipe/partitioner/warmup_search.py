@@ -45,8 +45,9 @@ from typing import Iterator, Sequence
 
 from hetpipe.errors import HetpipeError
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.solvers.solve import solve_estimate
-from hetpipe.schedule.builders import SPLIT_SCHEDULES, warmup_name
+from hetpipe.schedule.builders import SPLIT_SCHEDULES, is_split, warmup_name
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,20 @@ def warmup_extras(problem: Problem, stages: Sequence[Stage]) -> tuple[int, ...]:
     return tuple(extra)
 
 
+def recomputes(problem: Problem) -> bool:
+    """Whether extra warm-ups may pay for their memory by recomputation: the plan's lever is ``auto`` and
+    the schedule runs a recomputing stage (1F1B; a split backward cannot, `schedule_choice`)."""
+    return problem.recompute == "auto" and not is_split(problem.schedule)
+
+
+def with_levers(problem: Problem, stages: Sequence[Stage], *, recompute: bool) -> tuple[Stage, ...]:
+    """`stages` with each stage's recompute prefix chosen under `problem`'s schedule (the smallest that fits,
+    `with_recompute`: the one `hetpipe check` re-derives) when `recompute`, else without recomputation."""
+    if recompute:
+        return with_recompute(problem, stages)
+    return tuple(dataclasses.replace(st, recompute_units=()) for st in stages)
+
+
 def with_warmup(problem: Problem, stages: Sequence[Stage]) -> tuple[float, Problem, Sequence[Stage]] | None:
     """`problem` under its schedule with extra warm-up forwards, if that is faster; None otherwise (issue 17:
     "extra warm-up micro-batches in flight on chosen stages, memory priced").
@@ -86,23 +101,37 @@ def with_warmup(problem: Problem, stages: Sequence[Stage]) -> tuple[float, Probl
     Tries `warmup_extras` and 3/4, 1/2, 1/4 of it; each is cut back on the stages that overflow their card
     (a stage's moments depend on its own count only; later stages are capped to keep the counts
     non-increasing) until every stage fits; the fastest that beats the plain schedule wins.  None when
-    `stages` do not fit without them (more micro-batches in flight only hold more).
+    `stages` do not fit without them (more micro-batches in flight only hold more).  Where the plan
+    recomputes (`recomputes`), each count is also tried with every stage recomputing the least that fits
+    it: on a link-bound pipeline the compute it adds is idle time anyway, and the memory it frees holds
+    the micro-batches that cover the round trip.
     """
-    base = problem.schedule.partition("@")[0]
     first = evaluate(problem, stages)
     if not first.fits:
         return None
-    plain = first.iteration_s
+    best: tuple[float, Problem, Sequence[Stage]] | None = None
+    for lever in (False, True) if recomputes(problem) else (False,):
+        found = _warmup_counts(problem, stages, plain_s=first.iteration_s, recompute=lever)
+        if found is not None and (best is None or found[0] < best[0]):
+            best = found
+    return best
+
+
+def _warmup_counts(problem: Problem, stages: Sequence[Stage], *, plain_s: float,
+                   recompute: bool) -> tuple[float, Problem, Sequence[Stage]] | None:
+    """`with_warmup`'s walk over the extra counts, the stages' recomputation chosen per count or none."""
+    base = problem.schedule.partition("@")[0]
     full = warmup_extras(problem, stages)
     best: tuple[float, Problem, Sequence[Stage]] | None = None
     for share in (1.0, 0.75, 0.5, 0.25):
         extra = [int(k * share) for k in full]
         while any(extra):
             cand = dataclasses.replace(problem, schedule=warmup_name(base, extra))
-            ev = evaluate(cand, stages)
+            placed = with_levers(cand, stages, recompute=recompute)
+            ev = evaluate(cand, placed)
             if ev.fits:
-                if ev.iteration_s < plain * (1 - 1e-9) and (best is None or ev.iteration_s < best[0]):
-                    best = (ev.iteration_s, cand, stages)
+                if ev.iteration_s < plain_s * (1 - 1e-9) and (best is None or ev.iteration_s < best[0]):
+                    best = (ev.iteration_s, cand, placed)
                 break
             before = list(extra)
             for s, c in enumerate(ev.stages):
@@ -116,13 +145,14 @@ def with_warmup(problem: Problem, stages: Sequence[Stage]) -> tuple[float, Probl
 
 def priced(problem: Problem, stages: tuple[Stage, ...]) -> Found | None:
     """The fastest of ``problem.schedule`` and it with extra warm-ups on `stages` that fits, or None."""
+    stages = with_levers(problem, stages, recompute=recomputes(problem))
     ev = evaluate(problem, stages)
     if not ev.fits:  # extra warm-ups only add micro-batches in flight
         return None
     best = (ev.iteration_s, problem, stages)
     warm = with_warmup(problem, stages)
     if warm is not None and warm[0] < best[0]:
-        best = (warm[0], warm[1], tuple(stages))
+        best = (warm[0], warm[1], tuple(warm[2]))
     return best
 
 
@@ -191,8 +221,9 @@ def warmup_search(problem: Problem, starts: Sequence[Sequence[Stage]], *, limit_
     share = max(0.0, limit_s - (time.perf_counter() - start_s)) / max(1, len(unique) * len(bases))
     best: Found | None = None
     for start in unique:
-        for base in bases:
-            prob = dataclasses.replace(problem, schedule=base, recompute="none")
+        for base in bases:  # split schedules run no recomputation; 1F1B keeps the plan's lever
+            prob = dataclasses.replace(problem, schedule=base,
+                                       recompute="none" if is_split(base) else problem.recompute)
             found = _descend(prob, start, time.perf_counter() + share)
             if found is not None and (best is None or found[0] < best[0]):
                 best = found

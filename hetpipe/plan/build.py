@@ -27,7 +27,7 @@ from hetpipe.cost_models.offload import check_offload_option, offload_rates
 from hetpipe.cost_models.recompute import check_recompute_option
 from hetpipe.cost_models.validate import check_solver_options
 from hetpipe.cost_models.memory import state_bytes_per_param
-from hetpipe.cost_models.optimizer_step import step_launch_s, unit_step_s
+from hetpipe.cost_models.optimizer_step import step_launch_s, tensor_step_s, unit_step_s
 from hetpipe.cost_models.stage_memory import MEMORY_MODEL
 from hetpipe.cost_models.timing import efficiencies, peak_flops_s, unit_time_s
 from hetpipe.errors import ConfigError, InfeasibleError
@@ -74,6 +74,8 @@ def unit_times(graph: UnitGraph, cluster: Cluster) -> dict[str, tuple[UnitTimes,
                 op_count=u.op_count,
                 profile=prof,
                 precision=graph.precision,
+                fwd_work=u.fwd_work,
+                bwd_work=u.bwd_work,
             )
             times.append(UnitTimes(fwd=t.fwd_s, bwd=t.bwd_s))
         out[kind] = tuple(times)
@@ -122,7 +124,8 @@ def build_problem(graph: UnitGraph, cluster: Cluster, *, microbatches: int, reco
 
 def step_tables(graph: UnitGraph, cluster: Cluster) -> dict[str, tuple[tuple[float, ...], float]]:
     """Per device kind: each unit's bandwidth share of the optimizer step and the kind's launch share
-    (`hetpipe.cost_models.optimizer_step`, at the bandwidth and kernel overhead `timing.py` uses)."""
+    (`hetpipe.cost_models.optimizer_step`, at the bandwidth and kernel overhead `timing.py` uses); where
+    the kind runs the per-tensor loop (a measured ``step_op_s``), each unit's tensors pay its ops instead."""
     out = {}
     for kind in cluster.kinds:
         prof = cluster.profile(kind)
@@ -130,7 +133,11 @@ def step_tables(graph: UnitGraph, cluster: Cluster) -> dict[str, tuple[tuple[flo
         shares = tuple(unit_step_s(params=u.param_count, optimizer=graph.optimizer, precision=graph.precision,
                                    memory_bandwidth_bytes_s=prof.memory_bandwidth_bytes_s,
                                    bandwidth_efficiency=eff.bandwidth) for u in graph.units)
-        out[kind] = (shares, step_launch_s(graph.optimizer, eff.kernel_overhead_s))
+        if prof.step_op_s is None:
+            out[kind] = (shares, step_launch_s(graph.optimizer, eff.kernel_overhead_s))
+        else:
+            out[kind] = (tuple(s + tensor_step_s(tensors=u.param_tensors, optimizer=graph.optimizer,
+                                                 step_op_s=prof.step_op_s) for s, u in zip(shares, graph.units)), 0.0)
     return out
 
 

@@ -17,7 +17,7 @@ Example:
     >>> refuse_unrunnable_interleaved(2, {"resume": "ckpt"})
     Traceback (most recent call last):
     ...
-    hetpipe.errors.ConfigError: --resume: an interleaved plan (2 chunks per card) runs without it so far; drop --resume, or re-plan with --schedule 1f1b
+    hetpipe.errors.ConfigError: --resume: an interleaved plan (2 chunks per card) runs without it so far; drop --resume, or re-plan with --schedule 1f1b, zb-1f1b or zb-h1 (auto may choose interleaving)
     >>> [str(a) for a in serial_actions(1, ranks=2, chunks=2)]
     ['1RECV_F0', '1F0', '1SEND_F0', '3RECV_F0', '3F0', '3B0', '3SEND_B0', '1RECV_B0', '1B0', '1SEND_B0', '1STEP']
 """
@@ -61,7 +61,8 @@ def refuse_unrunnable_interleaved(chunks: int, options: Mapping[str, Any]) -> No
     for name, flag in UNSUPPORTED.items():
         if options.get(name):
             raise ConfigError(f"{flag}: an interleaved plan ({chunks} chunks per card) runs without it so far; "
-                              f"drop {flag}, or re-plan with --schedule 1f1b")
+                              f"drop {flag}, or re-plan with --schedule 1f1b, zb-1f1b or zb-h1 (auto may "
+                              "choose interleaving)")
 
 
 def check_schedule(plan: Plan, schedule: str) -> None:

@@ -48,6 +48,17 @@ class StepsDone:
         """Median real seconds of the last `RECENT_STEPS` steps (0 before the first)."""
         return statistics.median(self.step_s[-RECENT_STEPS:]) if self.step_s else 0.0
 
+    def since_real_s(self, step: int) -> float:
+        """Median real seconds of this rank's recorded steps from global step ``step`` (0-based) on -- a
+        slowdown's steps, however few -- or `recent_real_s` when none of them is recorded.
+
+        Example:
+            >>> StepsDone(0, 0, 6, 1, (1.0, 1.0, 1.0, 1.0, 3.0, 3.2), 1.0, 0.0).since_real_s(4)
+            3.1
+        """
+        n = self.steps_done - step
+        return statistics.median(self.step_s[-n:]) if 0 < n <= len(self.step_s) else self.recent_real_s()
+
     def recent_emulated_s(self) -> float:
         """`recent_real_s` in emulated (device) seconds."""
         return self.recent_real_s() / self.time_scale

@@ -11,8 +11,9 @@ supervision) at a time in ``RUN_DIR/attempt-<n>/`` and watches its run directory
   newest complete checkpoint of ``--checkpoint-dir``.  With ``--wait-for-return SECONDS`` the
   supervisor first waits that long for the device to be back (`hetpipe.runtime.faults.returns`)
   and, if it is, resumes on the same plan (restart kind ``returned``); else it re-plans.  The steps every rank had finished
-  since that checkpoint are redone (``steps_redone``), nothing else.  Any other failure (a rank that reported
-  an error, a timeout without a dead rank) is raised as it is: re-planning would not fix it.  Without restarts left, one `RuntimeFailure` names the dead rank, its
+  since that checkpoint are redone (``steps_redone``), nothing else.  Any other failure (a rank
+  that reported an error, a timeout without a dead rank) is raised as it is: re-planning
+  would not fix it.  Without restarts left, one `RuntimeFailure` names the dead rank, its
   device, the step and how to continue.  A replica or grouped plan (``SuperviseOptions.same_plan``:
   `hetpipe.plan.replan` solves one pipeline of single cards) is relaunched on the same plan from the newest
   checkpoint (restart kind ``relaunched``: the rank is taken for a crashed process on a working
@@ -22,14 +23,16 @@ supervision) at a time in ``RUN_DIR/attempt-<n>/`` and watches its run directory
   times x factor (`hetpipe.plan.replan.scale_device`), or for a slow link (``what: link``, the
   record's ``link`` and its ``send->S`` factor) with that link's bandwidth / factor and latency
   x factor (`hetpipe.plan.replan.scale_link`).  The gain over the remaining steps --
-  measured recent step time x (1 - new T / old T with the slowdown), from the next checkpoint to
-  the end -- is weighed against the measured cost of a restart (the re-plan plus this attempt's
-  own start-up, from launch to its first finished step).  If it wins, the supervisor waits for
+  the measured step since the slowdown x (1 - new T / old T with the slowdown) -- is weighed
+  against the cost of acting (`hetpipe.runtime.adapt_decision`: a restart is the re-plan plus
+  this attempt's own start-up, from launch to its first finished step).  If it wins, the supervisor waits for
   the next complete checkpoint, stops the job (``stop-request``, `hetpipe.runtime.launch`) and
   relaunches on the new plan from that checkpoint: no step is redone unless the stop lands
   after the next step finished.  On the same world (the card is slow, not dead) the job instead
-  **switches in place** at its next step boundary (`hetpipe.runtime.switch`), priced at the switch's
-  cost (`hetpipe.runtime.switch_price`); it is listed as a restart of kind ``in-place``.
+  **switches in place** at the step boundary after the report (the job holds there for the
+  verdict; `hetpipe.runtime.switch`), priced at the switch's cost (`hetpipe.runtime.switch_price`);
+  it is listed as a restart of kind ``in-place``.  Every report read gets a verdict at once -- the
+  new plan, or ``stay`` -- so a holding job waits for the supervisor only as long as it weighs.
 
 How far each rank got comes from ``steps-rank<r>.json`` (`hetpipe.runtime.steps_done`).  Every
 restart is logged in one line and listed in the final report (`Restart`); the final report is
@@ -43,7 +46,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import re
@@ -58,16 +60,19 @@ from pathlib import Path
 
 from hetpipe.errors import ConfigError, RuntimeFailure
 from hetpipe.plan.group_run import rank_slots
-from hetpipe.plan.replan import Replan, link_pair, replan
+from hetpipe.plan.replan import Replan, replan
 from hetpipe.plan.schema import Plan
+from hetpipe.runtime.adapt_decision import (
+    Decision, Straggler, decide, read_straggler, recent_iteration_s, slowed_emulated_s, stage_text, steps_finished,
+)
 from hetpipe.runtime.checkpoint.files import find_checkpoint, is_complete, parse_step
 from hetpipe.runtime.faults.returns import wait_for_return
 from hetpipe.runtime.launch import STOP_REQUEST, describe_exit, exit_codes, read_errors
 from hetpipe.runtime.report import RunReport
 from hetpipe.runtime.restarts import Restart
 from hetpipe.runtime.steps_done import StepsDone, read_steps
-from hetpipe.runtime.switch import read_switches, request_switch, switch_refusal
-from hetpipe.runtime.switch_price import in_place_restart, switch_cost_s
+from hetpipe.runtime.switch import read_switches, request_pending, request_switch
+from hetpipe.runtime.switch_price import in_place_restart
 
 log = logging.getLogger(__name__)
 
@@ -113,66 +118,6 @@ class Death:
         return (f"{self.link[0]} -> {self.link[1]}",) if self.link else self.devices
 
 
-@dataclass(frozen=True)
-class Straggler:
-    """A straggler report of the ranks' detection (``straggler-rank<r>.json``)."""
-
-    rank: int
-    stage: int
-    device: str
-    factor: float
-    step: int  # the step it was reported at (0 if the report does not say)
-    link: tuple[str, str] | None = None  # a link straggler: its (sending, receiving) device ids
-
-    @property
-    def what(self) -> str:
-        """``rank 2 (n1:2)`` or, for a link, ``rank 1's link n0:1 -> n1:2``."""
-        return (f"rank {self.rank}'s link {self.link[0]} -> {self.link[1]}" if self.link
-                else f"rank {self.rank} ({self.device})")
-
-    def replan(self, plan: Plan) -> Replan:
-        """``plan`` re-solved with this slowdown priced in."""
-        if self.link is not None:
-            return replan(plan, link_slowdown={self.link: self.factor})
-        return replan(plan, slowdown={self.device: self.factor})
-
-
-@dataclass(frozen=True)
-class Decision:
-    """Whether re-planning away from a straggler pays: gain and cost in real seconds."""
-
-    straggler: Straggler
-    replan: Replan
-    stop_step: int  # the checkpoint step the job stops at
-    gain_s: float
-    cost_s: float
-    in_place: bool = False  # the job switches plans at its next step boundary instead of a relaunch
-
-    @property
-    def go(self) -> bool:
-        return self.gain_s > self.cost_s
-
-    def line(self) -> str:
-        s = self.straggler
-        verdict = (("switching in place after step" if self.in_place else "restarting at the checkpoint of step")
-                   + f" {self.stop_step}" if self.go else "staying on this plan")
-        act = "switch" if self.in_place else "restart"
-        return (f"straggler: {s.what} {s.factor:.3g}x slower at step {s.step}; re-planned in "
-                f"{self.replan.replan_s:.3g} s: {stage_text(self.replan.plan)}, T {self.replan.old_iteration_s:.4g} "
-                f"-> {self.replan.new_iteration_s:.4g} s; predicted gain {self.gain_s:.3g} s vs {act} cost "
-                f"{self.cost_s:.3g} s: {verdict}")
-
-
-def stage_text(plan: Plan) -> str:
-    """``dev[first-last] ...``: the plan's stages in one short string."""
-    return " ".join(f"{s.device}[{s.first_unit}-{s.last_unit}]" for s in plan.stages)
-
-
-def steps_finished(records: dict[int, StepsDone], num_ranks: int, start: int) -> int:
-    """Steps every rank finished (a rank without a record finished none beyond ``start``)."""
-    return min((records[r].steps_done if r in records else start) for r in range(num_ranks))
-
-
 def diagnose(run_dir: Path, plan: Plan, *, start: int) -> Death | None:
     """The dead ranks of a failed launch in ``run_dir``, or None when no rank died silently."""
     log_path = run_dir / "torchrun.log"
@@ -185,7 +130,8 @@ def diagnose(run_dir: Path, plan: Plan, *, start: int) -> Death | None:
     stages = [records[r].stage if r in records else slots[r].stage for r in dead]  # records: after in-place switches
     devices = tuple(slots[r].device if plan.stages[s].group_devices else plan.stages[s].device
                     for r, s in zip(dead, stages))
-    cause = "; ".join(f"rank {r} (stage {s}, device {d}) {describe_exit(codes[r])}" for r, s, d in zip(dead, stages, devices))
+    cause = "; ".join(f"rank {r} (stage {s}, device {d}) {describe_exit(codes[r])}"
+                      for r, s, d in zip(dead, stages, devices))
     return Death(tuple(dead), devices, cause, steps_finished(records, len(slots), start))
 
 
@@ -208,29 +154,6 @@ def diagnose_cut(run_dir: Path, plan: Plan, *, start: int) -> Death | None:
         done = steps_finished(read_steps(run_dir), len(plan.stages), start)
         return Death((stage,), (link[1],), f"the emulated link {link[0]} -> {link[1]} was cut", done, link)
     return None
-
-
-def read_straggler(path: Path, plan: Plan) -> Straggler | None:
-    """A straggler report (None while it is being written, or when it names no device or link of the plan).
-    Reads the faults package's `StragglerRecord` file (``what``: compute or link; ``factors``: measure ->
-    measured / predicted; ``link``: ``"a:0 -> b:0"``; ``detected_step``) and a plain ``{"factor": F, "step": K}``."""
-    try:
-        doc = json.loads(path.read_text())
-        rank = int(doc.get("rank", path.stem.removeprefix("straggler-rank")))
-        stage = int(doc.get("stage", rank))
-        device = str(doc.get("device") or plan.stages[stage].device)
-        what = doc.get("what", "compute")
-        factors = doc.get("factors") or {}
-        wanted = [float(v) for k, v in factors.items() if (k in ("fwd", "bwd")) == (what == "compute")]
-        factor = float(doc["factor"]) if "factor" in doc else max(wanted)
-        step = int(doc.get("detected_step", doc.get("step", 0)))
-        link = link_pair(doc["link"]) if what == "link" else None
-    except (OSError, ValueError, KeyError, TypeError, IndexError, ConfigError):
-        return None
-    known = {d.id for d in plan.devices}
-    if not {device, *(link or ())} <= known or factor <= 1.0:
-        return None
-    return Straggler(rank, stage, device, factor, step, link)
 
 
 def newest_checkpoint(root: Path) -> int:
@@ -298,60 +221,52 @@ class _Pending:
                        new_measured_s=new_s, factor=self.factor, waited_s=self.waited_s)
 
 
-def recent_iteration_s(records: dict[int, StepsDone]) -> float:
-    """The slowest rank's recent median step time (emulated seconds under ``--emulate``), 0 without records."""
-    return max((r.recent_emulated_s() for r in records.values()), default=0.0)
-
-
 def _resume_step(resume: str | None) -> int:
     return find_checkpoint(resume)[1].step if resume is not None else 0
 
 
-def decide(job: _Attempt, straggler: Straggler, records: dict[int, StepsDone], *, steps: int,
-           every: int | None, start: int, checkpoint_dir: Path | None = None) -> Decision | None:
-    """Re-plan for ``straggler`` and weigh the gain against the switch in place (same world, priced) or
-    the restart (None: neither -- no checkpoint to stop at)."""
-    done = steps_finished(records, len(job.plan.stages), start)
-    rp = straggler.replan(job.plan)
-    recent_s = max((r.recent_real_s() for r in records.values()), default=0.0)
-    new_real_s = recent_s * rp.new_iteration_s / rp.old_iteration_s  # the measured step, scaled by the plans' ratio
-    switch_s = switch_cost_s(job.run_dir, checkpoint_dir) if checkpoint_dir is not None else None
-    if switch_s is not None and switch_refusal(job.plan, rp.plan) is None:  # the world is unchanged
-        return Decision(straggler, rp, done + 1, gain_s=max(0, steps - done - 1) * (recent_s - new_real_s),
-                        cost_s=rp.replan_s + switch_s, in_place=True)
-    if not every:
-        log.warning("straggler: %s %.3gx slower; --adapt stops only at checkpoints and this run has no "
-                    "--checkpoint-every: staying on this plan", straggler.what, straggler.factor)
-        return None
-    stop = (done // every + 1) * every
-    startup_s = (job.first_step_at - job.started) if not math.isnan(job.first_step_at) else math.inf
-    return Decision(straggler, rp, stop, gain_s=max(0, steps - stop) * (recent_s - new_real_s),
-                    cost_s=rp.replan_s + startup_s)
+def _new_reports(job: _Attempt, seen: set[tuple[Path, float]]) -> list[Straggler]:
+    """The straggler reports of ``job`` not read before (each once; a later record of a rank replaces its file)."""
+    out = []
+    for path in sorted(job.run_dir.glob("straggler-rank*.json")):
+        try:
+            key = (path, path.stat().st_mtime)
+        except OSError:
+            continue
+        straggler = read_straggler(path, job.plan) if key not in seen else None
+        if straggler is not None:
+            seen.add(key)
+            out.append(straggler)
+    return out
+
+
+def _stay(job: _Attempt, opts: SuperviseOptions, reason: str) -> None:
+    """Answer ``stay`` to a job that may hold at a boundary for a verdict (`hetpipe.runtime.switch`), unless a
+    request is already waiting there."""
+    if opts.switch_in_place and not request_pending(job.run_dir):
+        request_switch(job.run_dir, None, reason)
 
 
 def _consider(job: _Attempt, records: dict[int, StepsDone], seen: set[tuple[Path, float]], opts: SuperviseOptions, *,
               every: int | None, start: int) -> Decision | None:
-    """The first new straggler report whose re-plan pays (each report is weighed once)."""
-    for path in sorted(job.run_dir.glob("straggler-rank*.json")):
-        try:
-            key = (path, path.stat().st_mtime)  # a later record of a rank replaces its file
-        except OSError:
-            continue
-        straggler = read_straggler(path, job.plan) if key not in seen else None
-        if straggler is None:
-            continue
-        seen.add(key)
+    """The first new straggler report whose re-plan pays (each report is weighed once); the job gets its
+    verdict at once: the new plan (in place), else ``stay`` (staying, or relaunching at a checkpoint)."""
+    reports = _new_reports(job, seen)
+    for straggler in reports:
         decision = decide(job, straggler, records, steps=opts.steps, every=every, start=start,
                           checkpoint_dir=opts.checkpoint_dir if opts.switch_in_place else None)
         if decision is not None:
             log.warning("%s", decision.line())
             job.notes.append(decision.line())
-            if decision.go and decision.in_place:  # the job goes on; rank 0 takes the request at a step boundary
+            if decision.go and decision.in_place:  # the job holds (or goes on); rank 0 takes it at a boundary
                 request_switch(job.run_dir, decision.replan.plan, decision.line())
-                job.awaiting = (decision, recent_iteration_s(records))
+                job.awaiting = (decision, slowed_emulated_s(records, straggler))
                 return None
             if decision.go:
+                _stay(job, opts, "relaunching at a checkpoint")
                 return decision
+    if reports:
+        _stay(job, opts, "staying on this plan")
     return None
 
 
@@ -366,11 +281,14 @@ def _watch(job: _Attempt, opts: SuperviseOptions, *, every: int | None, start: i
             records = read_steps(job.run_dir)
             if math.isnan(job.first_step_at) and any(r.steps_done > start for r in records.values()):
                 job.first_step_at = time.time()
-            if not adapt or _switching(job):
+            if adapt and _switching(job):
                 continue
-            if decision is None:
+            if adapt and decision is None:
                 decision = _consider(job, records, seen, opts, every=every, start=start)
-            elif not stop.exists() and newest_checkpoint(opts.checkpoint_dir) >= decision.stop_step:
+                continue
+            if _new_reports(job, seen):  # not weighed (no --adapt left, or a relaunch decided): do not hold
+                _stay(job, opts, "not weighed")
+            if decision is not None and not stop.exists() and newest_checkpoint(opts.checkpoint_dir) >= decision.stop_step:
                 stop.write_text(decision.line() + "\n")
     except BaseException:  # Ctrl-C: the launcher's watchdog ends the job on the stop request
         stop.write_text("interrupted\n")

@@ -8,7 +8,13 @@ the new plan at a step boundary instead of checkpointing, ending every process a
    forced switch (``--switch-at K=PLAN``: after K steps, for tests and demos) or a request the
    supervisor wrote (``RUN_DIR/switch-request.json``, `request_switch`).  It broadcasts the new
    plan's text to every rank (one ``broadcast_object_list`` per step boundary, only in runs that
-   can switch), so no two ranks can act on different plans or at different steps.
+   can switch), so no two ranks can act on different plans or at different steps.  In a run that
+   takes requests, the ranks first tell rank 0 whether one of them named a straggler in the step
+   just finished (one ``all_gather_object`` of a flag); if so, rank 0 *holds* the job at this
+   boundary until the supervisor's verdict is there (a plan, or ``stay``: a request without one),
+   at most `VERDICT_WAIT_S`, so a switch lands at the first boundary after the straggler is
+   named instead of one step later (the supervisor's re-plan takes 0.1-0.45 s, a slowed step
+   longer).  The hold's seconds are part of the switch's cost (`SwitchRecord.held_s`).
 2. **Hand-over by parameter name, through a DCP checkpoint on local disk.**  Every rank saves its
    stage (parameters, buffers, optimizer state keyed by the model's own names) into
    ``RUN_DIR/switch/step-NNNNNN`` (`hetpipe.runtime.checkpoint.state.save_checkpoint`, collective)
@@ -19,7 +25,9 @@ the new plan at a step boundary instead of checkpointing, ending every process a
    the switch's seconds are measured and reported (`SwitchRecord`), and they are what the
    supervisor prices a switch at.  The folder is removed once every rank has read it (the run's
    own ``--checkpoint-dir`` checkpoints are the recovery points).
-3. **Rebuild.** Each rank splits the graph it captured at start-up with the new plan's cuts and
+3. **Rebuild.** Once the hand-over is written, each rank releases its old stage's tensors
+   (parameters, buffers, gradients, optimizer state: `release_stage`), so a rank never holds the
+   old and the new stage at once (peak: one stage's state, as at start-up).  Each rank then splits the graph it captured at start-up with the new plan's cuts and
    builds its new stage through the public builders (`split_stages`, `build_stage`: no re-capture),
    a new optimizer, schedule and executor; the emulation keeps the run's time scale (one clock per
    run, so step times before and after stay comparable) with the new stage's targets and links.
@@ -60,6 +68,12 @@ log = logging.getLogger(__name__)
 SWITCH_REQUEST = "switch-request.json"  # written by the supervisor, taken by rank 0
 SWITCHES = "switches.json"  # rank 0's record of the switches made (`SwitchRecord`)
 SWITCH_FOLDER = "switch"  # the hand-over checkpoints, under the run directory
+#: The longest rank 0 holds the job at a boundary for the supervisor's verdict on a straggler named in the
+#: step just finished: > 10x its measured reaction (poll 0.2 s + re-plan 0.1-0.45 s on 2 loaded cores,
+#: benchmarks/results/faults.md).  A verdict later than this is taken at a later boundary.
+VERDICT_WAIT_S = 5.0
+#: How often rank 0 looks for the verdict while holding: small against the supervisor's reaction.
+VERDICT_POLL_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -116,12 +130,18 @@ def forced_switch(workdir: Path, plan: Plan, switch_at: tuple[int, Plan] | None)
     return f"{steps}={path.absolute()}"
 
 
-def request_switch(run_dir: Path, plan: Plan, reason: str) -> None:
-    """The supervisor's request: ``plan`` and why, written atomically for rank 0 to take."""
+def request_switch(run_dir: Path, plan: Plan | None, reason: str) -> None:
+    """The supervisor's request: ``plan`` and why, written atomically for rank 0 to take; ``plan=None`` is
+    the verdict ``stay`` (a job holding for it goes on, `SwitchPoint.agree`)."""
     path = Path(run_dir) / SWITCH_REQUEST
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"reason": reason, "plan": plan.to_dict()}))
+    tmp.write_text(json.dumps({"reason": reason, "plan": plan.to_dict() if plan is not None else None}))
     os.replace(tmp, path)
+
+
+def request_pending(run_dir: Path) -> bool:
+    """Whether a request or verdict is written and not taken yet."""
+    return (Path(run_dir) / SWITCH_REQUEST).exists()
 
 
 @dataclass(frozen=True)
@@ -141,12 +161,17 @@ class SwitchRecord:
     new_predicted_s: float
     plan_file: str
     reason: str = ""
+    held_s: float = 0.0  # before ``seconds``: the job held at the boundary for the supervisor's verdict
+    released_bytes: int = 0  # the old stages' tensors released before the rebuild (every rank's, summed)
 
     def line(self) -> str:
+        held = f", after holding {self.held_s:.3g} s for the verdict" if self.held_s else ""
+        held += f"; old stages released ({self.released_bytes / 1e6:.3g} MB) before the rebuild" \
+            if self.released_bytes else ""
         return (f"switched in place after step {self.after_steps} ({self.reason or 'forced'}): {self.old_stages} -> "
                 f"{self.new_stages}, T {self.old_predicted_s:.4g} -> {self.new_predicted_s:.4g} s, in "
                 f"{self.seconds:.3g} s (save {self.save_s:.3g} s, load {self.load_s:.3g} s, rebuild "
-                f"{self.build_s:.3g} s), no relaunch")
+                f"{self.build_s:.3g} s){held}, no relaunch")
 
 
 def read_switches(run_dir: Path) -> list[SwitchRecord]:
@@ -183,24 +208,45 @@ class SwitchPoint:
         return cls(run_dir=args.run_dir, rank=rank, forced=parse_switch_at(forced) if forced else None, listen=listen)
 
     def _wanted(self, steps_done: int) -> tuple[dict, str] | None:
-        """Rank 0: (the plan's JSON document, reason) of a switch due now, or None."""
+        """Rank 0: (the plan's JSON document, reason) of a switch due now, or None (a ``stay`` verdict is
+        taken and answers None)."""
         if self.forced is not None and steps_done == self.forced.after_steps:
             return json.loads(self.forced.plan_path.read_text()), f"--switch-at {steps_done}"
         request = self.run_dir / SWITCH_REQUEST
         if self.listen and request.exists():
             doc = json.loads(request.read_text())
             os.replace(request, self.run_dir / f"switch-taken-{steps_done}.json")  # taken once
-            return doc["plan"], doc.get("reason", "")
+            return (doc["plan"], doc.get("reason", "")) if doc.get("plan") is not None else None
         return None
 
-    def agree(self, steps_done: int) -> tuple[Plan, str] | None:
-        """Collective: the plan every rank switches to after ``steps_done`` steps (and why), or None."""
-        box: list[Any] = [self._wanted(steps_done) if self.rank == 0 else None]
+    def _hold(self, steps_done: int) -> float:
+        """Rank 0: wait (at most `VERDICT_WAIT_S`) for the supervisor's verdict; the seconds held."""
+        began = time.monotonic()
+        request = self.run_dir / SWITCH_REQUEST
+        while not request.exists() and time.monotonic() - began < VERDICT_WAIT_S:
+            time.sleep(VERDICT_POLL_S)
+        held_s = time.monotonic() - began
+        log.info("rank 0: held %.3f s after step %d for the supervisor's verdict on a straggler (%s)", held_s,
+                 steps_done, "answered" if request.exists() else "none yet: going on")
+        return held_s
+
+    def agree(self, steps_done: int, *, named: bool = False) -> tuple[Plan, str, float] | None:
+        """Collective: the plan every rank switches to after ``steps_done`` steps, why, and the seconds rank 0
+        held for the supervisor's verdict (``named``: this rank named a straggler in the step just finished);
+        or None."""
+        held_s = 0.0
+        if self.listen:
+            flags: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(flags, bool(named))
+            if self.rank == 0 and any(flags):
+                held_s = self._hold(steps_done)
+        box: list[Any] = [(self._wanted(steps_done), held_s) if self.rank == 0 else None]
         dist.broadcast_object_list(box, src=0)
-        if box[0] is None:
+        wanted, held_s = box[0]
+        if wanted is None:
             return None
-        doc, reason = box[0]
-        return Plan.from_dict(doc, source="the switched plan"), reason
+        doc, reason = wanted
+        return Plan.from_dict(doc, source="the switched plan"), reason, held_s
 
 
 def rebuild_run(run: Any, plan: Plan, *, args: argparse.Namespace, rank: int) -> Any:
@@ -268,6 +314,34 @@ def carried_specs(specs: Any, old: Plan, new: Plan, *, steps_done: int) -> tuple
     return carrier.specs_for(new, high_water=steps_done, start=steps_done)
 
 
+def release_stage(module: Any, optimizer: Any) -> int:
+    """Free a stage's parameters, buffers, gradients and optimizer state (each tensor's storage replaced by an
+    empty one; the hand-over checkpoint holds them); returns the bytes released.
+
+    Example:
+        >>> import torch
+        >>> m = torch.nn.Linear(4, 2)
+        >>> opt = torch.optim.Adam(m.parameters())
+        >>> m(torch.ones(1, 4)).sum().backward(); opt.step()
+        >>> release_stage(m, opt)  # (8 + 2 floats) x (weight, gradient, exp_avg, exp_avg_sq) + 2 scalar steps
+        168
+        >>> m.weight.numel(), len(opt.state)
+        (0, 0)
+    """
+    import torch
+
+    def size(t: Any) -> int:
+        return t.numel() * t.element_size() if torch.is_tensor(t) else 0
+
+    freed = sum(size(v) for st in optimizer.state.values() for v in st.values())
+    optimizer.state.clear()
+    for t in (*module.parameters(), *module.buffers()):
+        freed += size(t) + size(t.grad)
+        t.grad = None
+        t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+    return freed
+
+
 @dataclass(frozen=True)
 class Switched:
     """What the rank's step loop continues with: its new loop, fault watch and plan."""
@@ -277,8 +351,8 @@ class Switched:
     plan: Plan
 
 
-def switch_in_place(plan: Plan, reason: str, *, steps_done: int, args: argparse.Namespace, state: Any, run: Any,
-                    saved: Any, hooks: Any, make_loop: Any) -> Switched:
+def switch_in_place(plan: Plan, reason: str, held_s: float = 0.0, *, steps_done: int, args: argparse.Namespace,
+                    state: Any, run: Any, saved: Any, hooks: Any, make_loop: Any) -> Switched:
     """Collective: move this rank onto ``plan`` after ``steps_done`` steps (module docstring, steps 2-4).
 
     ``run``: the worker's prepared run; ``saved``: its (`StageState`, `Checkpointing`); ``hooks``: its
@@ -299,6 +373,7 @@ def switch_in_place(plan: Plan, reason: str, *, steps_done: int, args: argparse.
     folder = save_checkpoint(Path(args.run_dir) / SWITCH_FOLDER, step=steps_done, state=st,
                              info=ckpt.info(steps_done))
     saved_at = time.monotonic()
+    released = release_stage(st.module, st.optimizer)  # the hand-over holds it: never two stages at once
     state.phase = "rebuilding the stage on the new plan"
     new_run = rebuild_run(run, plan, args=args, rank=state.rank)
     built_at = time.monotonic()
@@ -314,26 +389,29 @@ def switch_in_place(plan: Plan, reason: str, *, steps_done: int, args: argparse.
                        first_step=steps_done)
     ended = time.monotonic()
     _record(args.run_dir, plan, reason, steps_done=steps_done, old=run.plan, rank=state.rank,
-            times=(ended - began, saved_at - began, ended - built_at, built_at - saved_at))
+            times=(ended - began, saved_at - began, ended - built_at, built_at - saved_at, released), held_s=held_s)
     if state.rank == 0:  # every rank read its keys (the gather above): the hand-over is not a recovery point
         shutil.rmtree(folder, ignore_errors=True)
     return Switched(loop, watch, plan)
 
 
 def _record(run_dir: Path, plan: Plan, reason: str, *, steps_done: int, old: Plan, rank: int,
-            times: tuple[float, float, float, float]) -> None:
-    """Collective: rank 0 writes the new plan and appends the switch (the slowest rank's seconds) to `SWITCHES`."""
+            times: tuple[float, float, float, float, int], held_s: float = 0.0) -> None:
+    """Collective: rank 0 writes the new plan and appends the switch (the slowest rank's seconds, every rank's
+    released bytes) to `SWITCHES`."""
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, times)
     if rank != 0:
         return
     seconds, save_s, load_s, build_s = (max(t[i] for t in every) for i in range(4))
+    released = sum(t[4] for t in every)
     plan_file = Path(run_dir) / f"plan-after-step-{steps_done}.json"
     plan.save(plan_file)
     record = SwitchRecord(after_steps=steps_done, seconds=seconds, save_s=save_s, load_s=load_s, build_s=build_s,
                           old_stages=stage_text(old), new_stages=stage_text(plan),
                           old_predicted_s=old.predicted.iteration_s, new_predicted_s=plan.predicted.iteration_s,
-                          plan_file=str(plan_file.absolute()), reason=reason)
+                          plan_file=str(plan_file.absolute()), reason=reason, held_s=held_s,
+                          released_bytes=released)
     done = [asdict(r) for r in read_switches(run_dir)] + [asdict(record)]
     tmp = Path(run_dir) / (SWITCHES + ".tmp")
     tmp.write_text(json.dumps(done))
@@ -348,7 +426,8 @@ def at_boundaries(state: Any, **switch: Any) -> Any:
 
     def at(steps_done: int) -> Switched | None:
         point = getattr(state, "switch", None)
-        agreed = point.agree(steps_done) if point is not None else None
+        named = any(r.detected_step == steps_done - 1 for r in getattr(getattr(state, "watch", None), "records", ()))
+        agreed = point.agree(steps_done, named=named) if point is not None else None
         return switch_in_place(*agreed, steps_done=steps_done, state=state, **switch) if agreed else None
 
     return at

@@ -70,6 +70,7 @@ from torch import nn
 
 from hetpipe.cost_models.memory import (
     check_optimizer, check_precision, grad_bytes_per_param, state_bytes_per_param, weight_bytes_per_param)
+from hetpipe.cost_models.work import total_work
 from hetpipe.errors import CaptureError, ConfigError
 from hetpipe.partitioner.capture.export import export_for_training
 from hetpipe.partitioner.capture.graph import TiedParameter, Unit, UnitGraph
@@ -394,9 +395,11 @@ def _build_units(gm: fx.GraphModule, groups: Sequence[Group], unit_of: dict[str,
     """(units, tied parameters, total parameters counted once); ``dead`` parameters cost like frozen ones."""
     n = len(groups)
     uses = _param_units(gm, unit_of)
-    trainable, frozen = [0] * n, [0] * n
+    trainable, frozen, tensors = [0] * n, [0] * n, [0] * n
     for p, units in uses.values():
-        (trainable if p.requires_grad and id(p) not in dead else frozen)[min(units)] += p.numel()
+        learns = p.requires_grad and id(p) not in dead
+        (trainable if learns else frozen)[min(units)] += p.numel()
+        tensors[min(units)] += learns
     members: list[list[str]] = [[] for _ in range(n)]
     for node in gm.graph.nodes:
         members[unit_of[node.name]].append(node.name)
@@ -416,7 +419,8 @@ def _build_units(gm: fx.GraphModule, groups: Sequence[Group], unit_of: dict[str,
             state_bytes=int(round(trainable[k] * per_param)) + frozen[k] * weight_b + buffers[k],
             activation_bytes=train.activation_bytes[k], boundary_bytes=boundary[k], boundary_held_bytes=held_cut[k],
             boundary_grad_bytes=grad_cut[k], recompute_bytes=train.recompute_bytes[k], memory_traffic_bytes=sum(costs[b].traffic_bytes for b in body),
-            op_count=sum(costs[b].kernels for b in body), weight_grad_bytes=train.weight_grad_bytes[k]))
+            op_count=sum(costs[b].kernels for b in body), weight_grad_bytes=train.weight_grad_bytes[k],
+            fwd_work=total_work(costs[b].work for b in body), bwd_work=train.bwd_work[k], param_tensors=tensors[k]))
     return tuple(units), _ties(gm, uses), sum(trainable) + sum(frozen)
 
 

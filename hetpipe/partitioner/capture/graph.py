@@ -21,6 +21,7 @@ from typing import Any
 
 import networkx as nx
 
+from hetpipe.cost_models.work import PassWork
 from hetpipe.partitioner.capture.tensor_blocks import TensorParallelBlock
 
 
@@ -67,6 +68,11 @@ class Unit:
         tp_flops_fraction: share of ``fwd_flops`` inside ``tensor_parallel`` blocks.
         tp_param_fraction: share of ``param_count`` that splits (the rest is replicated).
         tp_note: why the unit, or a part of it, cannot split ("" when nothing to say).
+        fwd_work, bwd_work: the forward's and the backward's counts with the per-op table a
+            calibrated CPU prices (`hetpipe.cost_models.work`); None: not measured (the
+            roofline then charges the backward twice the forward's traffic and kernels).
+        param_tensors: trainable parameter tensors the unit owns: a per-tensor optimizer loop
+            (PyTorch's default on a CPU) pays its ops once per tensor (`cost_models.optimizer_step`).
     """
 
     index: int
@@ -90,6 +96,9 @@ class Unit:
     tp_flops_fraction: float = 0.0
     tp_param_fraction: float = 0.0
     tp_note: str = ""
+    fwd_work: PassWork | None = None
+    bwd_work: PassWork | None = None
+    param_tensors: int = 0
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 from hetpipe.cost_models.activations import SDPA_TARGETS, fused_sdpa, storage_bytes, storage_key
 from hetpipe.cost_models.flops import CostCounter
 from hetpipe.cost_models.memory import tensor_bytes
+from hetpipe.cost_models.work import PassWork
 from hetpipe.errors import CaptureError
 from hetpipe.partitioner.capture.storages import StorageTracker
 from hetpipe.partitioner.capture.weight_grads import unit_weight_grad_bytes
@@ -81,6 +82,7 @@ class NodeCost:
     out_bytes: int
     shapes: tuple[tuple[tuple[int, ...], str], ...]
     is_tensor: bool
+    work: PassWork = PassWork()  # the same counts with the per-op table (`hetpipe.cost_models.work`)
 
 
 def module_path_of(node: fx.Node) -> str:
@@ -159,14 +161,13 @@ class _ForwardPass(_MetaInterpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         args, kwargs = self.fetch_args_kwargs_from_env(n)
-        before = self.counter.snapshot()
+        before = self.counter.work()
         out = self._run_checked(n, args, kwargs)
-        after = self.counter.snapshot()
+        work = self.counter.work().minus(before)
         out_bytes, shapes = _describe(out, self.precision)
         self.costs[n.name] = NodeCost(
-            flops=after.flops - before.flops, traffic_bytes=after.traffic_bytes - before.traffic_bytes,
-            kernels=after.kernels - before.kernels, out_bytes=out_bytes, shapes=shapes,
-            is_tensor=isinstance(out, torch.Tensor))
+            flops=work.flops, traffic_bytes=work.traffic_bytes, kernels=work.kernels, out_bytes=out_bytes,
+            shapes=shapes, is_tensor=isinstance(out, torch.Tensor), work=work)
         return out
 
 
@@ -195,6 +196,7 @@ class TrainingCosts:
     # node -> (storage, bytes) of its held outputs; storage keys are unique within one capture
     held_output_storages: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
     weight_grad_bytes: tuple[int, ...] = ()  # per unit: what a split backward keeps from B to W (`weight_grads`)
+    bwd_work: tuple[PassWork, ...] = ()  # per unit: the backward's counts with the per-op table (`cost_models.work`)
 
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
@@ -281,19 +283,20 @@ def measure_training(gm: fx.GraphModule, inputs: Sequence[Any], *, unit_of: Mapp
         run.run(*inputs)
         kept = tuple(unit_weight_grad_bytes(outs, ins, list(gm.parameters()), precision=precision)
                      for outs, ins in zip(run.outputs, run.inputs))
-        bwd = []
+        bwd: list[PassWork] = []
         counter = CostCounter(precision)
         with counter:
             for outs in run.outputs:
-                before = counter.snapshot().flops
+                before = counter.work()
                 if outs:
                     torch.autograd.backward(outs, [torch.empty_like(t) for t in outs])
-                bwd.append(counter.snapshot().flops - before)
+                bwd.append(counter.work().minus(before))
     for p in gm.parameters():
         p.grad = None
     held = {n.name: run.tracker.node_held_bytes(n.name) for n in gm.graph.nodes}
     grad = {n.name: run.tracker.node_grad_bytes(n.name) for n in gm.graph.nodes}
-    return TrainingCosts(activation_bytes=run.tracker.held_bytes(num_units), bwd_flops=tuple(bwd),
+    return TrainingCosts(activation_bytes=run.tracker.held_bytes(num_units), bwd_flops=tuple(w.flops for w in bwd),
+                         bwd_work=tuple(bwd),
                          held_output_bytes=held, grad_output_bytes=grad,
                          recompute_bytes=run.tracker.own_saved_bytes(num_units),
                          held_output_storages={n.name: run.tracker.node_held_storages(n.name) for n in gm.graph.nodes},
@@ -310,6 +313,8 @@ class LossCosts:
     bwd_flops: int
     live: tuple[bool, ...] = ()
     saved_outputs: tuple[bool, ...] = ()  # per output tensor: the loss saves it (counted by measure_training)
+    fwd_work: PassWork = PassWork()  # forward and backward counts with the per-op table (`cost_models.work`)
+    bwd_work: PassWork = PassWork()
 
 
 def measure_loss(output: Any, targets: Any, loss_fn: Any, *, precision: str) -> LossCosts:
@@ -346,10 +351,10 @@ def measure_loss(output: Any, targets: Any, loss_fn: Any, *, precision: str) -> 
     with torch.enable_grad(), counter:
         with torch.autograd.graph.saved_tensors_hooks(pack, _identity):
             loss = loss_fn(stand_in, meta_targets)
-        fwd = counter.snapshot().flops
+        fwd = counter.work()
         if isinstance(loss, torch.Tensor) and loss.requires_grad:
             loss.backward()
-        bwd = counter.snapshot().flops - fwd
-    return LossCosts(activation_bytes=sum(b for k, (_, b) in saved.items() if k not in out_keys), fwd_flops=fwd,
-                     bwd_flops=bwd, live=tuple(t.grad is not None for t in outs),
-                     saved_outputs=tuple(k in saved for k in out_keys))
+        bwd = counter.work().minus(fwd)
+    return LossCosts(activation_bytes=sum(b for k, (_, b) in saved.items() if k not in out_keys), fwd_flops=fwd.flops,
+                     bwd_flops=bwd.flops, live=tuple(t.grad is not None for t in outs),
+                     saved_outputs=tuple(k in saved for k in out_keys), fwd_work=fwd, bwd_work=bwd)

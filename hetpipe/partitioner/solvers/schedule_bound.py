@@ -41,11 +41,16 @@ least of those (a staircase) is the bound, and each pass splits its weakest band
 W_{s+1}: the DP keeps beside each state's least R the least x W_front + R of its suffixes (`dp.PaceRule`),
 which bounds the chain exactly per next state, but the value keeps the least-R suffix, so the filter is a
 relaxation (valid) and the argmin may break it; on the brute-force instances the walk still ends on the
-pace optimum (tests/test_pace_walk.py checks it against enumeration).  What the pace leaves out: the
-longer zigzags through windows of three or more neighbouring ranks t..s (B(i) on s, back up to t,
-F(i + k_s + s - t) down to s, B(i + s - t + 1) on s: s - t + 1 micro-batches per sum_{t..s} W + 2 sum C).
-On gpt2-xl at 256 cards a window of four ranks takes 15.3 ms per micro-batch against the largest W of
-14.2 ms (stages of 6.6-13.3 ms, cuts of 1.3 ms).
+pace optimum (tests/test_pace_walk.py checks it against enumeration).
+* **Windows** (session 11).  The pair generalised: B(i) on s, F(i + k_s) down ranks s..s + w - 1 (rank
+  s + w - 1 keeps k_s - w micro-batches back, so its next backward is B(i + w)), B(i + w) back up to s: w
+  micro-batches per P_w = sum_{s..s+w-1} W + 2 sum of the w - 1 cuts inside; with m - 1 - k_s = x w + y,
+  x P_w + y W_s + R_s (`window_pace`; w = 2 is the pair chain, w = k_s the round trips).  It binds where a
+  run of stages with cuts between them is followed by faster ones (gpt2-xl on 64 cards: three-block A100
+  stages of 19.9 ms over 1.33 ms cuts).  The DPs leave it out (their filters keep the pair chain only, a
+  relaxation: the walk's bound stays valid); `pace_terms(..., windows=True)` adds it per placement, for
+  ranking and searching placements (gpt2-xl on 64 cards: paces of 3.34-3.36 s without windows, 3.44-3.46 s
+  with, against replays of 3.46-3.47 s).
 
 Every relaxation of the contract (faster links, more memory, merged kinds: `relax`) only lowers
 R_s and W_s and admits more placements, so the walk on one still bounds the real optimum, and its
@@ -70,6 +75,8 @@ import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.cap_walk import CAP_TOLERANCE, DeadlineReached
@@ -185,8 +192,9 @@ def pair_chain(m: int, k: int, work_s: float, pair_s: float, round_trip_s: float
     return x * pair_s + y * work_s + round_trip_s
 
 
-def pace_terms(problem: Problem, stages: Sequence[Stage]) -> tuple[float, float]:
-    """(R_0, G) of a placement from its stage costs (`evaluate`), G = max_s `stage_pace`."""
+def pace_terms(problem: Problem, stages: Sequence[Stage], *, windows: bool = False) -> tuple[float, float]:
+    """(R_0, G) of a placement from its stage costs (`evaluate`), G = max_s `stage_pace`; with `windows`, G also
+    takes every rank's window chains (`window_pace`: what the DPs leave out, for ranking and searching placements)."""
     costs = evaluate(problem, stages, objective="estimate").stages
     m, p = problem.microbatches, len(costs)
     suffix, g, after = 0.0, 0.0, 0.0  # after: W_{s+1}
@@ -196,7 +204,39 @@ def pace_terms(problem: Problem, stages: Sequence[Stage]) -> tuple[float, float]
         pair = work + after + cut2 if s < p - 1 else 0.0
         g = max(g, stage_pace(m, p - s, costs[s].fwd_s, costs[s].bwd_s, suffix, pair))
         after = work
+    if windows:
+        g = max(g, window_pace(m, [c.fwd_s + c.bwd_s for c in costs], [c.send_s for c in costs[:-1]]))
     return suffix, g
+
+
+def window_pace(m: int, work_s: Sequence[float], send_s: Sequence[float]) -> float:
+    """The longest window chain of any rank (module docstring, *Windows*): rank s with k = p - s stages from it
+    to the end and a window of w = 2..k ranks s..s + w - 1, P_w = sum of their W + 2 sum of the w - 1 cuts
+    between them; with m - 1 - k = x w + y, the chain B(0) -> B(m - 1) is x P_w + y W_s + R_s.  `work_s`: W per
+    stage, `send_s`: C per cut (p - 1).  w = 2 is `pair_chain`, w = k the round trips; 0 for one stage.
+
+    Example (stages of W = 3, 3, 3, 1 s, cuts of 1, 1, 0 s, m = 16: rank 0's window of three ranks takes
+    9 + 2 x (1 + 1) = 13 s per three micro-batches, more per micro-batch than its pairs (8 s per two) and its
+    round trips (R_0 = 14 s per four: the fast last stage); m - 1 - k = 11 = 3 x 3 + 2: 3 x 13 + 2 x 3 + 14 s,
+    against 57 s for its pair chain):
+        >>> window_pace(16, [3.0, 3.0, 3.0, 1.0], [1.0, 1.0, 0.0])
+        59.0
+    """
+    p = len(work_s)
+    if p < 2:
+        return 0.0
+    work = np.asarray(work_s, dtype=float)
+    cut2 = np.concatenate((2.0 * np.asarray(send_s, dtype=float), [0.0]))
+    ends = np.concatenate(([0.0], np.cumsum(work + cut2)))  # ends[j] = sum_{t<j} (W_t + 2 C_t)
+    best = 0.0
+    for s in range(max(0, p - m + 1), p - 1):  # k = p - s in 2..m - 1: at least one micro-batch left over
+        k = p - s
+        left = m - 1 - k
+        w = np.arange(2, k + 1)
+        windows = ends[s + w] - ends[s] - cut2[s + w - 1]  # P_w: the window's own cuts, not the one after it
+        chains = (left // w) * windows + (left % w) * work[s] + (ends[p] - ends[s])
+        best = max(best, float(chains.max()))
+    return best
 
 
 def _staircase(points: dict[float, float], g_floor: float) -> tuple[float, float, float]:

@@ -162,6 +162,8 @@ def _entry(entry: dict[str, Any], profile: Any, factor: float, *, name: str | No
     out["fp32_tflops"] = profile.fp32_flops_s / factor / FLOPS_PER_TFLOP
     out["memory_bandwidth"] = profile.memory_bandwidth_bytes_s / factor  # bytes/s (a bare number)
     out["kernel_overhead"] = efficiencies(profile).kernel_overhead_s * factor  # seconds
+    if profile.op_rates:  # a calibrated CPU's per-op rates are time-model terms too (`cost_models.timing`)
+        out["op_rates"] = {kind: rate / factor for kind, rate in profile.op_rates}
     if name is not None:
         out["name"] = name
     out["source"] = note

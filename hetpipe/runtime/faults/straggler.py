@@ -1,4 +1,4 @@
-"""Straggler detection: a stage that stays slower than its plan by a margin for K steps (issue 16, item 3).
+"""Straggler detection: a stage that stays slower than its plan by a margin (issue 16, item 3).
 
 Every rank measures, per step, the median of its forward and of its backward action times
 per micro-batch and, under ``--emulate``, of its sends' time on the emulated wire, each in
@@ -6,10 +6,18 @@ the plan's (emulated) seconds, and divides by what the plan predicted for them: 
 per measure (1.0 = as planned).  A step is slow for a group of measures -- ``compute``
 (``fwd``, ``bwd``) or one outgoing link (``send->S``: the sends to stage S, group ``link->S``)
 -- when a ratio of the group exceeds ``1 + margin``.
-When ``steps`` consecutive steps are slow for a group, the stage is named a straggler once
-for that group: the `StragglerRecord` holds each measure's median ratio over those steps
-(the factor), the first slow step and the detection step.  The first step a rank runs is
-warm-up (lazy optimizer state, allocator) and never counts.
+
+**How many slow steps name a stage** depends on how slow they are (`steps_to_name`): the
+stage is named once the *excess* of its current run of consecutive slow steps, the sum over
+those steps of (ratio - 1) (the group's largest ratio per step), reaches ``steps x margin``:
+the excess that ``steps`` (K, ``--straggler-steps``) steps just over the margin add up to.  So
+K is the most steps a slowdown ever needs (one just over the margin), and a large one is named
+sooner: with the defaults (margin 0.25, K 3: threshold 0.75) a 3x card after 1 step (excess
+2), 1.5x after 2 (0.5 + 0.5), 1.3x after 3.  One step suffices only at ratio >= 1 + K x margin
+= 1.75x, 75% above the plan, far above the fault-free noise below.  The stage is named once per
+group: the `StragglerRecord` holds each measure's median ratio over those steps (the factor),
+the first slow step and the detection step.  The first step a rank runs is warm-up (lazy
+optimizer state, allocator) and never counts.
 
 Margin: `DEFAULT_MARGIN` 0.25.  Under ``--emulate`` an action's measured time is the emulated
 device's (`hetpipe.runtime.faults.watch`): without a fault it equals the plan's up to the
@@ -22,10 +30,15 @@ smallest slowdown worth re-planning for (1.5x).
 
 Example:
     >>> d = StragglerDetector(margin=0.25, steps=3, first_step=0)
-    >>> [d.observe(s, {"fwd": r, "bwd": r}) for s, r in enumerate([9.0, 1.0, 3.0, 3.1, 2.9])][-1]
+    >>> [d.observe(s, {"fwd": r, "bwd": r}) for s, r in enumerate([9.0, 1.0, 3.0])][-1]  # 3x: one step
     {'compute': ({'fwd': 3.0, 'bwd': 3.0}, 2)}
-    >>> d.observe(5, {"fwd": 3.0, "bwd": 3.0})  # named once
+    >>> d.observe(3, {"fwd": 3.0, "bwd": 3.0})  # named once
     {}
+    >>> d = StragglerDetector(margin=0.25, steps=3, first_step=0)
+    >>> [d.observe(s, {"fwd": 1.3}) for s in range(4)]  # 1.3x: K = 3 steps (step 0 is warm-up)
+    [{}, {}, {}, {'compute': ({'fwd': 1.3}, 1)}]
+    >>> steps_to_name(3.0, margin=0.25, steps=3), steps_to_name(1.5, margin=0.25, steps=3)
+    (1, 2)
     >>> group_of("send->2"), group_of("bwd")
     ('link->2', 'compute')
 """
@@ -46,7 +59,8 @@ log = logging.getLogger(__name__)
 
 #: Slower than predicted by more than this fraction counts as slow (see the module docstring).
 DEFAULT_MARGIN = 0.25
-#: Consecutive slow steps before a stage is named (medians over this window).
+#: K: the most consecutive slow steps before a stage is named (one just over the margin needs them all;
+#: larger slowdowns fewer, `steps_to_name`).  3 is the issue's example ("slower for K steps").
 DEFAULT_STEPS = 3
 COMPUTE_MEASURES = ("fwd", "bwd")
 STRAGGLER_FORMAT = "hetpipe.straggler"
@@ -105,9 +119,17 @@ def group_of(measure: str) -> str:
     return "compute" if measure in COMPUTE_MEASURES else "link" + measure.removeprefix("send")
 
 
+def steps_to_name(ratio: float, *, margin: float, steps: int) -> int:
+    """Consecutive steps at ``ratio`` that name a stage: the fewest whose excess ``n x (ratio - 1)`` reaches
+    ``steps x margin`` (0 when ``ratio`` is not slow)."""
+    if not ratio > 1.0 + margin:
+        return 0
+    return next(n for n in range(1, steps + 1) if n * (ratio - 1.0) >= steps * margin)
+
+
 @dataclass
 class StragglerDetector:
-    """Consecutive-slow-step counting per group (pure; one per rank)."""
+    """Per group, the run of consecutive slow steps and its excess (pure; one per rank; module docstring)."""
 
     margin: float = DEFAULT_MARGIN
     steps: int = DEFAULT_STEPS
@@ -132,7 +154,8 @@ class StragglerDetector:
                 streak.append((step, got))
             else:
                 streak.clear()
-            if len(streak) >= self.steps and group not in self.named:
+            excess = sum(max(r.values()) - 1.0 for _, r in streak)
+            if streak and excess >= self.steps * self.margin and group not in self.named:
                 window = streak[-self.steps:]
                 factors = {m: median([r[m] for _, r in window if m in r]) for m in measures
                            if any(m in r for _, r in window)}

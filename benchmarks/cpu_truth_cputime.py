@@ -1,0 +1,132 @@
+"""The load-robust half of the CPU truth benchmark: one pinned process, thread CPU time throughout.
+
+On a shared machine a pinned stage is slowed by whoever else runs on its core, in the calibration or
+in the run (``benchmarks/cpu_truth.py``).  Here one process, pinned to one core with one thread,
+calibrates (`hetpipe.cost_models.calibrate.calibrate_device`) and then runs each whole model's
+forward, backward and Adam step, every figure timed with ``time.thread_time`` (the CPU time of
+the thread: time other processes hold the core does not count).  Predicted figures come from the
+captured units on that calibration, twice: with the per-op rates and the per-tensor optimizer loop
+(issue 17 item 4) and without them (the roofline and foreach step the plans used before), so the
+ratios compare the two cost models on the same measurement.  What load still changes (caches and
+branch predictors shared with other processes) shows as the spread over rounds.
+
+Example:
+    $ python benchmarks/cpu_truth_cputime.py --models gpt-demo --rounds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+#: Timed iterations per round (after two warm-up iterations); the median is kept.
+ITERATIONS = 5
+
+
+def _measure(name: str, *, batch: int, seq: int) -> dict[str, float]:
+    """Median thread CPU seconds of the whole model's forward (with the loss), backward and Adam step."""
+    import torch
+
+    from hetpipe.models import build
+
+    model, inputs = build(name, device="cpu", batch=batch, seq=seq)
+    x = inputs[0]
+    opt = torch.optim.Adam(model.parameters())  # foreach off on CPU tensors: the per-tensor loop
+
+    def once() -> tuple[float, float, float]:
+        t0 = time.thread_time()
+        out = model(x)
+        logits = getattr(out, "logits", out)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x.flatten())
+        t1 = time.thread_time()
+        loss.backward()
+        t2 = time.thread_time()
+        opt.step()
+        t3 = time.thread_time()
+        opt.zero_grad(set_to_none=True)
+        return t1 - t0, t2 - t1, t3 - t2
+
+    for _ in range(2):
+        once()
+    f, b, s = zip(*[once() for _ in range(ITERATIONS)])
+    return {"F": statistics.median(f), "B": statistics.median(b), "S": statistics.median(s)}
+
+
+def _predict(name: str, profile: object, *, batch: int, seq: int) -> dict[str, dict[str, float]]:
+    """Whole-model F, B, S on `profile`: with its per-op terms ("now") and without them ("before")."""
+    from hetpipe.cost_models.optimizer_step import step_launch_s, tensor_step_s, unit_step_s
+    from hetpipe.cost_models.timing import efficiencies, unit_time_s
+    from hetpipe.plan.build import capture_builtin
+
+    graph = capture_builtin(name, batch=batch, seq=seq, optimizer="adam", precision="fp32", granularity="block")
+    out = {}
+    for label, prof in (("before", dataclasses.replace(profile, op_rates=(), step_op_s=None)), ("now", profile)):
+        eff = efficiencies(prof)
+        f = b = 0.0
+        for u in graph.units:
+            t = unit_time_s(fwd_flops=u.fwd_flops, bwd_flops=u.bwd_flops, memory_traffic_bytes=u.memory_traffic_bytes,
+                            op_count=u.op_count, profile=prof, precision="fp32", fwd_work=u.fwd_work,
+                            bwd_work=u.bwd_work)
+            f, b = f + t.fwd_s, b + t.bwd_s
+        s = sum(unit_step_s(params=u.param_count, optimizer="adam", precision="fp32",
+                            memory_bandwidth_bytes_s=prof.memory_bandwidth_bytes_s, bandwidth_efficiency=eff.bandwidth)
+                for u in graph.units)
+        if prof.step_op_s is None:
+            s += step_launch_s("adam", eff.kernel_overhead_s)
+        else:
+            s += sum(tensor_step_s(tensors=u.param_tensors, optimizer="adam", step_op_s=prof.step_op_s)
+                     for u in graph.units)
+        out[label] = {"F": f, "B": b, "S": s}
+    return out
+
+
+def run(models: list[tuple[str, str]], *, batch: int, seq: int, rounds: int) -> list[dict]:
+    """Per round and model: measured and predicted figures (this process pinned to the last core)."""
+    import torch
+
+    import hetpipe.cost_models.rates as rates
+    from hetpipe.cost_models.calibrate import apply_calibration, calibrate_device
+    from hetpipe.cost_models.catalog import load_catalog
+    from hetpipe.cost_models.cpu_cores import available_cores, pin_cores
+
+    pin_cores(available_cores()[-1:])
+    torch.set_num_threads(1)
+    rates.CLOCK = time.thread_time  # the calibration on the same clock as the model (module docstring)
+    rows = []
+    for r in range(rounds):
+        profile = apply_calibration(load_catalog().entries["cpu"].profile, calibrate_device("cpu", repeats=3))
+        for label, name in models:
+            rows.append({"round": r, "model": label, "measured": _measure(name, batch=batch, seq=seq),
+                         **_predict(name, profile, batch=batch, seq=seq), "load": os.getloadavg()[0]})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="gpt-demo", help="label=name pairs or names, comma-separated")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--out", type=Path, help="write the rows as JSON here")
+    args = ap.parse_args(argv)
+    models = [tuple(m.split("=", 1)) if "=" in m else (m, m) for m in args.models.split(",") if m]
+    rows = run(models, batch=args.batch, seq=args.seq, rounds=args.rounds)
+    text = json.dumps(rows, indent=1)
+    if args.out:
+        args.out.write_text(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Per-op rates and the optimizer's cost per op, measured on a CPU (issue 17 item 4).
+
+A 1024^3 matmul, a 64 MiB copy and a chain of tiny ops price a CPU's matmuls, its streaming
+ops and its fixed cost per op well; they miss three things the CPU truth benchmark found
+(``benchmarks/cpu_truth.py``, per-op CPU times of gpt-demo and a Llama under a dispatch timer):
+
+* fused attention (``_scaled_dot_product_flash_attention_for_cpu`` and its backward) reaches
+  about half the matmul rate per counted FLOP: its blocks are 32-wide and it evaluates an
+  exp per score;
+* memory-bound ops with transcendental arithmetic are compute-bound on a CPU: GELU's tanh
+  form runs at ~4 GB/s of traffic where a copy streams at ~17 GB/s; layer norm, softmax and
+  the bias-gradient sums lie between;
+* PyTorch's optimizers run a per-tensor loop on CPU tensors (`cost_models.optimizer_step`).
+
+`measure_op_rates` times each op kind of `OP_KINDS` on tensors of `OP_ROWS` x `OP_COLS` fp32
+(2 MiB: one micro-batch of 1024 tokens x 512 features, as in the demo models, large enough
+that the per-call cost is amortised) and divides the work the capture counts for that very
+call (`hetpipe.cost_models.flops.CostCounter` on meta tensors: bytes of traffic, or attention
+FLOPs by torch's SDPA formulas) by the median time.  `hetpipe.cost_models.timing.pass_time_s`
+prices a unit's ops with these rates.
+
+Example:
+    >>> rates = dict(measure_op_rates("cpu", repeats=1, kinds=("gelu",)))
+    >>> rates["gelu"] > 0
+    True
+    >>> 0 < measure_step_op_s(repeats=1) < 0.01
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+from hetpipe.cost_models.flops import CostCounter
+from hetpipe.cost_models.optimizer_step import STEP_KERNELS
+from hetpipe.cost_models.rates import median_rate
+from hetpipe.cost_models.work import ATTENTION_BWD_KEY, ATTENTION_KEY
+from hetpipe.errors import ConfigError
+
+aten = torch.ops.aten
+
+#: Shape of the memory-bound ops' tensors: 1024 tokens (8 x 128) x 512 features, fp32 = 2 MiB.
+OP_ROWS, OP_COLS = 1024, 512
+#: Attention's shape (batch, heads, sequence, head dim): the demo models' 8 x 128 tokens, 4 heads of 32,
+#: causal (the language models this benchmark runs; torch's formula counts the masked half too).
+ATTENTION_SHAPE = (8, 4, 128, 32)
+#: Parameter tensors and their elements for `measure_step_op_s`: tiny, so the time is the loop's ops.
+STEP_TENSORS, STEP_TENSOR_NUMEL = 64, 8
+#: The optimizer `measure_step_op_s` times (the benchmarks' and the CLI's default).
+STEP_OPTIMIZER = "adam"
+
+
+def _memory_bound_calls(device: str) -> dict[str, Callable[[], object]]:
+    """One call per op kind on `device` (the same call runs on meta to count its bytes)."""
+    x = torch.randn(OP_ROWS, OP_COLS, device=device) if device != "meta" else torch.empty(OP_ROWS, OP_COLS,
+                                                                                            device=device)
+    g = torch.ones_like(x)
+    w, b = torch.ones(OP_COLS, device=device), torch.zeros(OP_COLS, device=device)
+    y = torch.softmax(x, -1)
+    mean, rstd = aten.native_layer_norm(x, [OP_COLS], w, b, 1e-5)[1:]
+    return {
+        "gelu": lambda: aten.gelu(x, approximate="tanh"),
+        "gelu_backward": lambda: aten.gelu_backward(g, x, approximate="tanh"),
+        "silu": lambda: aten.silu(x),
+        "silu_backward": lambda: aten.silu_backward(g, x),
+        "tanh": lambda: aten.tanh(x),
+        "native_layer_norm": lambda: aten.native_layer_norm(x, [OP_COLS], w, b, 1e-5),
+        "native_layer_norm_backward": lambda: aten.native_layer_norm_backward(
+            g, x, [OP_COLS], mean, rstd, w, b, [True, True, True]),
+        "_softmax": lambda: aten._softmax(x, -1, False),
+        "_softmax_backward_data": lambda: aten._softmax_backward_data(g, y, -1, torch.float32),
+        "_log_softmax": lambda: aten._log_softmax(x, -1, False),
+        "_log_softmax_backward_data": lambda: aten._log_softmax_backward_data(g, y, -1, torch.float32),
+        "sum": lambda: aten.sum.dim_IntList(x, [0]),  # a bias gradient: the sum over tokens
+        "mean": lambda: aten.mean.dim(x, [-1], True),  # RMS norm's mean of squares
+    }
+
+
+#: The memory-bound op kinds measured (aten op names, as `CostCounter` records them).
+OP_KINDS: tuple[str, ...] = tuple(_memory_bound_calls("meta"))
+
+
+def _counted_bytes(kind: str) -> int:
+    """Traffic the capture counts for the calibration call of `kind` (run on meta)."""
+    with CostCounter() as counter:
+        _memory_bound_calls("meta")[kind]()
+    return counter.work().amount(kind)
+
+
+def _attention_rates(device: str, repeats: int) -> list[tuple[str, float]]:
+    """FLOP/s of the CPU's fused causal attention, forward and backward (torch's SDPA FLOP formulas)."""
+    q, k, v = (torch.randn(*ATTENTION_SHAPE, device=device) for _ in range(3))
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)
+    grad = torch.ones_like(out)
+    fwd_flops = sdpa_flop_count(q.shape, k.shape, v.shape)
+    bwd_flops = sdpa_backward_flop_count(grad.shape, q.shape, k.shape, v.shape)
+    fwd = median_rate(lambda: aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True),
+                      device=device, work=float(fwd_flops), repeats=repeats)
+    bwd = median_rate(lambda: aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad, q, k, v, out, lse, 0.0, True), device=device, work=float(bwd_flops), repeats=repeats)
+    return [(ATTENTION_KEY, fwd), (ATTENTION_BWD_KEY, bwd)]
+
+
+def measure_op_rates(device: str = "cpu", *, repeats: int = 3,
+                     kinds: Sequence[str] = OP_KINDS) -> tuple[tuple[str, float], ...]:
+    """``(op kind, work per second)`` sorted by kind: attention FLOP/s and bytes/s of each of `kinds`.
+
+    Only a CPU is measured (its fused attention kernel is the CPU one; a GPU keeps the roofline).
+    """
+    if device != "cpu":
+        raise ConfigError(f"per-op rates are measured on a CPU only, not {device!r}; calibrate a GPU without them")
+    unknown = sorted(set(kinds) - set(OP_KINDS))
+    if unknown:
+        raise ConfigError(f"no calibration call for op kind(s) {', '.join(unknown)}; choose from {', '.join(OP_KINDS)}")
+    calls = _memory_bound_calls(device)
+    rates = _attention_rates(device, repeats)
+    for kind in kinds:
+        rates.append((kind, median_rate(calls[kind], device=device, work=float(_counted_bytes(kind)),
+                                        repeats=repeats)))
+    return tuple(sorted(rates))
+
+
+def measure_step_op_s(*, repeats: int = 3) -> float:
+    """Seconds per op of PyTorch's per-tensor optimizer loop on this CPU.
+
+    Times ``torch.optim.Adam(foreach=False)`` stepping `STEP_TENSORS` tiny tensors and divides by
+    tensors x ``STEP_KERNELS["adam"]``: what `optimizer_step.tensor_step_s` multiplies back.
+    """
+    params = [torch.nn.Parameter(torch.ones(STEP_TENSOR_NUMEL)) for _ in range(STEP_TENSORS)]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    optimizer = torch.optim.Adam(params, foreach=False)
+    optimizer.step()  # the state (m, v, step) is created on the first step
+    ops = STEP_TENSORS * STEP_KERNELS[STEP_OPTIMIZER]
+    return 1.0 / median_rate(optimizer.step, device="cpu", work=float(ops), repeats=repeats)

@@ -1,0 +1,88 @@
+"""What one pass (forward or backward) of a unit does, split the way a calibrated CPU prices it (torch-free).
+
+`hetpipe.cost_models.flops.CostCounter` fills a `PassWork` per pass: the totals the roofline
+model of `hetpipe.cost_models.timing` always used (FLOPs, bytes of memory-bound ops, kernels)
+and, per op kind, the share of them a calibrated profile prices at that kind's own measured
+rate (``DeviceProfile.op_rates``, issue 17 item 4):
+
+* ``attention`` / ``attention_backward``: FLOPs of fused scaled-dot-product attention
+  (forward / backward kernels), counted with torch's SDPA formulas;
+* an aten op name (``gelu``, ``native_layer_norm_backward``, ...): bytes read + written by
+  that memory-bound op (`hetpipe.cost_models.flops.traffic_bytes`).
+
+Example:
+    >>> a = PassWork(flops=10, traffic_bytes=8, kernels=1, by_op=(("gelu", 8),))
+    >>> b = PassWork(flops=5, traffic_bytes=4, kernels=2, by_op=(("add", 4), ("gelu", 2)))
+    >>> a.plus(b)
+    PassWork(flops=15, traffic_bytes=12, kernels=3, by_op=(('add', 4), ('gelu', 10)))
+    >>> a.plus(b).amount("gelu"), a.amount("silu")
+    (10, 0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+#: Work-table key of fused attention forward kernels (amount: FLOPs, torch's ``sdpa_flop_count``).
+ATTENTION_KEY = "attention"
+#: Work-table key of fused attention backward kernels (amount: FLOPs, ``sdpa_backward_flop_count``).
+ATTENTION_BWD_KEY = "attention_backward"
+#: Keys whose amount is FLOPs (priced instead of the matmul rate); every other key is bytes.
+FLOP_KEYS = frozenset({ATTENTION_KEY, ATTENTION_BWD_KEY})
+
+
+@dataclass(frozen=True)
+class PassWork:
+    """One pass of one unit for one micro-batch.
+
+    Attributes:
+        flops: all FLOPs (matmuls, attention and the formula FLOPs of memory-bound ops).
+        traffic_bytes: bytes read + written by memory-bound ops.
+        kernels: kernels launched (views excluded).
+        by_op: ``(op kind, amount)`` sorted by kind: FLOPs for `FLOP_KEYS`, else bytes of that
+            memory-bound aten op; a part of `flops` / `traffic_bytes`, not in addition.
+    """
+
+    flops: int = 0
+    traffic_bytes: int = 0
+    kernels: int = 0
+    by_op: tuple[tuple[str, int], ...] = ()
+
+    @staticmethod
+    def of(*, flops: int, traffic_bytes: int, kernels: int, by_op: Mapping[str, int]) -> PassWork:
+        """A `PassWork` whose table is `by_op` sorted, zero amounts dropped."""
+        return PassWork(flops, traffic_bytes, kernels, tuple(sorted((k, v) for k, v in by_op.items() if v)))
+
+    def amount(self, key: str) -> int:
+        """The amount recorded under `key` (0 when absent)."""
+        return dict(self.by_op).get(key, 0)
+
+    def plus(self, other: PassWork) -> PassWork:
+        """Both passes' work (a unit's nodes, or a unit and the loss)."""
+        table = dict(self.by_op)
+        for key, value in other.by_op:
+            table[key] = table.get(key, 0) + value
+        return PassWork.of(flops=self.flops + other.flops, traffic_bytes=self.traffic_bytes + other.traffic_bytes,
+                           kernels=self.kernels + other.kernels, by_op=table)
+
+    def minus(self, earlier: PassWork) -> PassWork:
+        """The work done since `earlier` (a snapshot of the same counter)."""
+        table = dict(self.by_op)
+        for key, value in earlier.by_op:
+            table[key] = table.get(key, 0) - value
+        return PassWork.of(flops=self.flops - earlier.flops, traffic_bytes=self.traffic_bytes - earlier.traffic_bytes,
+                           kernels=self.kernels - earlier.kernels, by_op=table)
+
+
+def total_work(works: Iterable[PassWork]) -> PassWork:
+    """The sum of `works` (a unit's nodes).
+
+    Example:
+        >>> total_work([PassWork(1, 2, 1), PassWork(3, 0, 1)])
+        PassWork(flops=4, traffic_bytes=2, kernels=2, by_op=())
+    """
+    total = PassWork()
+    for work in works:
+        total = total.plus(work)
+    return total

@@ -1,0 +1,186 @@
+"""Annealing on the windowed pace: placements whose replay the local search cannot reach (issue 12 item 3).
+
+Why.  `verify`'s local search prices every move by replaying the 1F1B schedule (O(p m) actions: 5-20 ms a
+move at 64-256 cards) and takes only moves that improve it, one neighbour at a time; on gpt2-xl at 64 and
+256 cards it stops at local optima 2.8% above placements an annealing finds (3.548 s against 3.447 s, 8.19 s
+against 7.96 s, load ~10, 150 s each).  Those placements differ from the answer in where the light stages sit
+between heavy ones: the window chains of `schedule_bound.window_pace` set their pace, and the windowed pace
+R_0 + G is within 0.1% of their replay there (3.443 against 3.447 s, 8.189 against 8.192 s), at a fraction of
+a replay's cost.
+
+The search.  Simulated annealing (Kirkpatrick et al., Science 1983: accept a worse neighbour with probability
+exp(-delta / temperature), the temperature falling linearly to 0 by the deadline) over plain placements
+(no recompute, offload or groups: `applies`), priced by `FastPace`, the windowed pace from per-kind prefix
+sums (exactly `pace_terms(..., windows=True)` for such placements; tests/test_pace_search.py).  Moves: a cut
+moved by one unit, two stages' cards swapped (anywhere in the pipeline), a stage moved to an unused card or
+split onto one (one card per kind and node: the rest are the same), two neighbours merged.  A new best must
+fit (`evaluate`); memory is checked only then, so the walk itself may cross placements that do not fit.
+
+Example (two equal units, two cards: one stage of both units on one card or two stages; with a free link two
+stages pace 2 x 3 + 7 x 3 = 27 s against one stage's 8 x 6 = 48 s):
+    >>> from hetpipe.partitioner.problem import DeviceSlot, Problem
+    >>> inf = float("inf")
+    >>> prob = Problem(fwd_s={"a": (1.0, 1.0)}, bwd_s={"a": (2.0, 2.0)}, state_bytes=(1, 1),
+    ...                activation_bytes=(1, 1), boundary_bytes=(0, 0),
+    ...                devices=(DeviceSlot("d0", "a", "n", 99), DeviceSlot("d1", "a", "n", 99)),
+    ...                bandwidth_bytes_s=((inf, inf), (inf, inf)), latency_s=((0.0, 0.0), (0.0, 0.0)), microbatches=8)
+    >>> found = anneal(prob, (Stage(0, 0, 1),), deadline=time.perf_counter() + 0.2)
+    >>> [(st.first_unit, st.last_unit) for st in found], FastPace(prob).value(found)
+    ([(0, 0), (1, 1)], 27.0)
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.solvers.schedule_bound import round_trip_factor
+
+#: Moves in a row without a new best after which the annealing stops (before its deadline): where the start is
+#: already good (gpt2-xl on 16 cards, gap 1%) the search would otherwise spend all its share (7 s more wall).
+STALL_MOVES = 2000
+#: Starting temperature as a share of the start's pace: a move 0.5% worse is taken with probability 1/e at the
+#: start (gpt2-xl on 64 cards, 150 s runs: 0.55% found 3.447 s; the walk must cross the plateaus of one-unit moves).
+START_TEMPERATURE = 0.005
+
+
+def applies(problem: Problem) -> bool:
+    """Whether `FastPace` prices `problem`'s placements exactly: 1F1B, plain stages only (no recompute,
+    offload or tensor-parallel groups: those change F, B or the cards per stage)."""
+    return (problem.schedule == "1f1b" and problem.recompute == "none" and problem.offload == "never"
+            and problem.group_max <= 1)
+
+
+@dataclass(frozen=True)
+class FastPace:
+    """R_0 + G with window chains (`schedule_bound.pace_terms(..., windows=True)`) of plain placements, from
+    per-kind prefix sums of W and F (seconds) and the link tables: no `evaluate`, no memory."""
+
+    problem: Problem
+
+    def __post_init__(self) -> None:
+        work, fwd = {}, {}
+        for k in self.problem.fwd_s:
+            w, f = [0.0], [0.0]
+            for a, b in zip(self.problem.fwd_s[k], self.problem.bwd_s[k]):
+                w.append(w[-1] + a + b)
+                f.append(f[-1] + a)
+            work[k], fwd[k] = w, f
+        object.__setattr__(self, "_work", work)
+        object.__setattr__(self, "_fwd", fwd)
+
+    def value(self, stages: Sequence[Stage]) -> float:
+        """R_0 + G of `stages` (module docstring)."""
+        prob, m, p = self.problem, self.problem.microbatches, len(stages)
+        kinds = [prob.devices[st.device].kind for st in stages]
+        work = [self._work[k][st.last_unit + 1] - self._work[k][st.first_unit] for k, st in zip(kinds, stages)]
+        fwd = [self._fwd[k][st.last_unit + 1] - self._fwd[k][st.first_unit] for k, st in zip(kinds, stages)]
+        cut2 = [2.0 * (prob.latency_s[a.device][b.device] + prob.boundary_bytes[a.last_unit]
+                       / prob.bandwidth_bytes_s[a.device][b.device]) for a, b in zip(stages, stages[1:])] + [0.0]
+        ends = [0.0]
+        for w, c in zip(work, cut2):
+            ends.append(ends[-1] + w + c)
+        r0, g = ends[p], 0.0
+        for s in range(p):
+            g = max(g, _rank_pace(m, p - s, work[s], fwd[s], ends, cut2, s))
+        return r0 + g
+
+
+def _rank_pace(m: int, k: int, work: float, fwd: float, ends: list[float], cut2: list[float], s: int) -> float:
+    """Rank s's longest chain: `schedule_bound.stage_pace`'s round trips, single steps and work, and every
+    window chain (`schedule_bound.window_pace`; the pair is its w = 2)."""
+    p = len(ends) - 1
+    trip = ends[p] - ends[s]
+    kk, q = min(k, m), round_trip_factor(m, k)
+    best = max((m - kk) * work + (kk - 1) * (work - fwd), m * work - trip)
+    if q > 0:
+        best = max(best, q * trip + (m - 1 - q * kk) * work)
+    left = m - 1 - k
+    if k >= 2 and left >= 0:
+        for w in range(2, k + 1):
+            window = ends[s + w] - ends[s] - cut2[s + w - 1]
+            best = max(best, (left // w) * window + (left % w) * work + trip)
+    return best
+
+
+def _neighbour(rng: random.Random, problem: Problem, stages: list[Stage], spare: list[int]) -> list[Stage] | None:
+    """One random move of the module docstring, or None where the drawn move does not apply."""
+    p, draw = len(stages), rng.random()
+    out = list(stages)
+    if draw < 0.35 and p > 1:  # a cut moved by one unit
+        s = rng.randrange(p - 1)
+        a, b = out[s], out[s + 1]
+        cut = a.last_unit + rng.choice((-1, 1))
+        if not a.first_unit <= cut < b.last_unit:
+            return None
+        out[s], out[s + 1] = Stage(a.device, a.first_unit, cut), Stage(b.device, cut + 1, b.last_unit)
+    elif draw < 0.55 and p > 1:  # two stages' cards swapped
+        i, j = rng.sample(range(p), 2)
+        out[i], out[j] = Stage(out[j].device, out[i].first_unit, out[i].last_unit), \
+            Stage(out[i].device, out[j].first_unit, out[j].last_unit)
+    elif draw < 0.85 and spare:  # a stage moved to an unused card, or split onto one
+        s, dev = rng.randrange(p), rng.choice(spare)
+        st = out[s]
+        if draw < 0.7 or st.first_unit == st.last_unit:
+            out[s] = Stage(dev, st.first_unit, st.last_unit)
+        else:
+            cut = rng.randrange(st.first_unit, st.last_unit)
+            head, tail = (st.device, dev) if rng.random() < 0.5 else (dev, st.device)
+            out[s:s + 1] = [Stage(head, st.first_unit, cut), Stage(tail, cut + 1, st.last_unit)]
+    elif p > 1:  # two neighbours merged onto one of their cards
+        s = rng.randrange(p - 1)
+        out[s:s + 2] = [Stage(rng.choice((out[s].device, out[s + 1].device)), out[s].first_unit, out[s + 1].last_unit)]
+    else:
+        return None
+    return out
+
+
+def _spare(problem: Problem, stages: Sequence[Stage]) -> list[int]:
+    """One unused card per (kind, node): the others are the same to the pace."""
+    used = {st.device for st in stages}
+    first: dict[tuple[str, str], int] = {}
+    for i, d in enumerate(problem.devices):
+        if i not in used:
+            first.setdefault((d.kind, d.node), i)
+    return list(first.values())
+
+
+def _cards_changed(before: Sequence[Stage], after: Sequence[Stage]) -> bool:
+    """Whether `after` uses another set of cards than `before` (same length: compared in order, sorted)."""
+    return sorted(st.device for st in before) != sorted(st.device for st in after)
+
+
+def anneal(problem: Problem, start: Sequence[Stage], *, deadline: float, seed: int = 0,
+           floor_s: float = 0.0) -> tuple[Stage, ...]:
+    """The best placement that fits found by annealing from `start` (a plain placement that fits) until
+    `deadline` (`time.perf_counter()` seconds), `STALL_MOVES` moves without a new best, or a pace at `floor_s`
+    (where the answer would meet the bound: no search pays); `start` itself when nothing better fits or `applies` is false."""
+    best = tuple(Stage(st.device, st.first_unit, st.last_unit) for st in start)
+    if not applies(problem):
+        return tuple(start)
+    pace, rng = FastPace(problem), random.Random(seed)
+    current, current_v = list(best), pace.value(best)
+    best_v, began = current_v, time.perf_counter()
+    span = max(deadline - began, 1e-9)
+    spare = _spare(problem, current)
+    stall = 0
+    while (now := time.perf_counter()) < deadline and stall < STALL_MOVES and best_v > floor_s:
+        stall += 1
+        moved = _neighbour(rng, problem, current, spare)
+        if moved is None:
+            continue
+        value = pace.value(moved)
+        temperature = START_TEMPERATURE * best_v * (1.0 - (now - began) / span)
+        if value < current_v or (temperature > 0 and rng.random() < math.exp((current_v - value) / temperature)):
+            if value < best_v * (1 - 1e-12):
+                if not evaluate(problem, tuple(moved), objective="estimate").fits:
+                    continue  # a new best must fit: the walk stays where it was
+                best, best_v, stall = tuple(moved), value, 0
+            if len(moved) != len(current) or _cards_changed(current, moved):
+                spare = _spare(problem, moved)  # O(cards): only when the cards in use change
+            current, current_v = moved, value
+    return best

@@ -1,0 +1,62 @@
+"""Issue 12 item 3: the annealing on the windowed pace (`solvers/pace_search.py`).
+
+* `FastPace` prices plain placements exactly as `pace_terms(..., windows=True)` (which tests/test_pace_walk.py
+  checks against the replay), on random pipelines of up to 9 stages.
+* `anneal` returns a placement that fits, of the same units, whose pace is at most its start's; on the
+  brute-force instances it is never below the enumerated pace optimum (a sanity check of the pricing).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hetpipe.partitioner.problem import Stage, evaluate
+from hetpipe.partitioner.solvers.pace_search import FastPace, anneal, applies
+from hetpipe.partitioner.solvers.schedule_bound import pace_terms
+from tests.instances import all_placements, random_problem
+
+REL = 1e-9
+
+
+def _random_pipeline(rng: random.Random, units: int) -> tuple[Stage, ...]:
+    cuts = sorted(rng.sample(range(units - 1), rng.randint(0, units - 1)))
+    bounds = list(zip([0] + [c + 1 for c in cuts], cuts + [units - 1]))
+    return tuple(Stage(d, a, b) for d, (a, b) in zip(rng.sample(range(units), len(bounds)), bounds))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31), units=st.integers(1, 9), m=st.integers(1, 24))
+def test_fast_pace_is_the_windowed_pace(seed: int, units: int, m: int) -> None:
+    rng = random.Random(seed)
+    prob = random_problem(rng, units=units, devices=units, microbatches=m, objective="schedule")
+    stages = _random_pipeline(rng, units)
+    assert applies(prob)
+    want = sum(pace_terms(prob, stages, windows=True))
+    assert math.isclose(FastPace(prob).value(stages), want, rel_tol=REL), (stages, want)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31), units=st.integers(2, 5), devices=st.integers(2, 4), m=st.integers(1, 12))
+def test_anneal_keeps_a_fitting_placement_no_slower_than_its_start(seed: int, units: int, devices: int,
+                                                                    m: int) -> None:
+    rng = random.Random(seed)
+    prob = random_problem(rng, units=units, devices=devices, microbatches=m, objective="schedule")
+    fitting = [p for p in all_placements(prob) if evaluate(prob, p).fits]
+    if not fitting:
+        return
+    start = rng.choice(fitting)
+    found = anneal(prob, start, deadline=time.perf_counter() + 0.05, seed=seed)
+    pace = FastPace(prob)
+    assert evaluate(prob, found).fits
+    assert found[0].first_unit == 0 and found[-1].last_unit == units - 1
+    assert all(a.last_unit + 1 == b.first_unit for a, b in zip(found, found[1:]))
+    assert len({st_.device for st_ in found}) == len(found)
+    assert pace.value(found) <= pace.value(start) * (1 + REL)
+    assert pace.value(found) >= min(pace.value(p) for p in fitting) * (1 - REL)
