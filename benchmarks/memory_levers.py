@@ -35,7 +35,8 @@ recomputation, hetpipe's T against recompute-every-layer (hetpipe's own placemen
 ``--recompute all``, and the even split with it) and against the lower bound T without any
 recomputation and without the memory limit.  Table 3, what the lever costs the planner: median
 wall of `solve` on `planner_speed.py`'s analytic GPTs (h=1024, micro-batch 4) and mixed clusters,
-``--recompute none`` vs ``auto``, side by side.  Writes benchmarks/results/memory_levers.md.
+``--recompute none`` vs ``auto``, side by side (``auto`` also runs the ``none`` search within half
+its time limit and keeps that answer where faster, `solve._without_recompute`: auto's T <= none's).  Writes benchmarks/results/memory_levers.md.
 
 Usage:
     python benchmarks/memory_levers.py [--widths 1600 2048 2560 3072 4096] [--max-layers 200]
