@@ -334,8 +334,11 @@ def _with_cpsat(problem: Problem, hint: DPResult | None, *, lower_bound_s: float
     stages, value = res.stages, res.iteration_s
     if hint is not None and hint.iteration_s < value:
         stages, value = hint.stages, hint.iteration_s  # float re-evaluation can favour the hint by a tick
-    bound = min(max(res.bound_s, lower_bound_s), value)
-    status = "OPTIMAL" if res.status == "OPTIMAL" or bound >= value * (1 - 1e-6) else "FEASIBLE"
+    # CP-SAT does not model the selective recompute level (`Problem.selective`): its optimum and bound are then
+    # not the problem's (its placements stay valid: re-levered on extraction); only `lower_bound_s` proves
+    cp_proves = problem.selective is None
+    bound = min(max(res.bound_s if cp_proves else 0.0, lower_bound_s), value)
+    status = "OPTIMAL" if (res.status == "OPTIMAL" and cp_proves) or bound >= value * (1 - 1e-6) else "FEASIBLE"
     return Solution(stages, "cpsat", status, value, bound, wall, _unused(problem, stages))
 
 
