@@ -76,3 +76,15 @@ def test_the_level_only_adds_plans() -> None:
         a = with_level.iteration_s if with_level else math.inf
         b = without.iteration_s if without else math.inf
         assert a <= b * (1 + 1e-12)
+
+
+def test_plans_refuse_the_level_until_the_runtime_runs_it() -> None:
+    import pytest
+
+    from hetpipe.errors import ConfigError
+    from hetpipe.plan.build import plan_stages
+
+    prob = _two_units(75)
+    stages = with_recompute(prob, (Stage(0, 0, 1),))
+    with pytest.raises(ConfigError, match="selective recompute level is not recorded in plans"):
+        plan_stages(prob, stages, evaluate(prob, stages))
