@@ -143,9 +143,9 @@ class Stage:
     last_unit: int
     recompute_units: tuple[int, ...] = ()
     offload: bool = False
-    selective: bool = False  # runs the selective recompute level on its units (`cost_models.selective`)
     # A tensor-parallel group (issue 15): every member's device index, `device` first; () = `device` alone (`tp_tables`)
     members: tuple[int, ...] = ()
+    selective: bool = False  # runs the selective recompute level on its units (`cost_models.selective`)
 
 
 @dataclass(frozen=True)
