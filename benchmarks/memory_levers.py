@@ -33,9 +33,13 @@ without offload exceeds: the model state alone (16 B per parameter) within every
 bytes together, and also in whole layers, contiguous on distinct cards (`state_fits`).  Table 2, cost of memory: for models that fit only with some
 recomputation, hetpipe's T against recompute-every-layer (hetpipe's own placement with
 ``--recompute all``, and the even split with it) and against the lower bound T without any
-recomputation and without the memory limit.  Table 3, what the lever costs the planner: median
+recomputation and without the memory limit; on the captured GPT-2 XL hetpipe also chooses, per
+stage, the selective recompute level (`partitioner/selective.py`: ln_1, ln_2 and the GELU of each
+block; planner only, the runtime does not run it yet), its row without the level given beside it
+and left out of the summary.  Table 3, what the lever costs the planner: median
 wall of `solve` on `planner_speed.py`'s analytic GPTs (h=1024, micro-batch 4) and mixed clusters,
-``--recompute none`` vs ``auto``, side by side.  Writes benchmarks/results/memory_levers.md.
+``--recompute none`` vs ``auto``, side by side (``auto`` also runs the ``none`` search within half
+its time limit and keeps that answer where faster, `solve._without_recompute`: auto's T <= none's).  Writes benchmarks/results/memory_levers.md.
 
 Usage:
     python benchmarks/memory_levers.py [--widths 1600 2048 2560 3072 4096] [--max-layers 200]
@@ -62,6 +66,7 @@ from hetpipe.cost_models.devices import Cluster  # noqa: E402
 from hetpipe.partitioner.baselines import rule_bounds  # noqa: E402
 from hetpipe.partitioner.problem import Problem, Stage, evaluate  # noqa: E402
 from hetpipe.partitioner.recompute import with_recompute  # noqa: E402
+from hetpipe.partitioner.selective import selective_tables  # noqa: E402
 from hetpipe.partitioner.solvers.dp import solve_exact  # noqa: E402
 from hetpipe.partitioner.solvers.offload_walk import tail_walk  # noqa: E402
 from hetpipe.plan.build import build_problem  # noqa: E402
@@ -224,10 +229,13 @@ def cost_row(label: str, prob: Problem) -> tuple[list[object], tuple[float, floa
     assert res is not None
     auto = evaluate(prob, tuple(res.stages)).iteration_s  # the schedule T a plan of these stages records
     # the same placement without its recomputation, memory ignored: what recomputing costs by itself
-    plain = evaluate(prob, tuple(dataclasses.replace(st, recompute_units=()) for st in res.stages)).iteration_s
+    plain = evaluate(prob, tuple(dataclasses.replace(st, recompute_units=(), selective=False)
+                                 for st in res.stages)).iteration_s
     every, even_all, bound = t_of("hetpipe all", prob), t_of("even + recompute all", prob), lower_bound_s(prob)
     rc = sum(len(st.recompute_units) for st in res.stages)
-    return [label, f"{rc} of {prob.num_units}", f"{auto:.3f} s", f"{every:.3f} s ({every / auto:.2f}x)",
+    level = sum(st.selective for st in res.stages)
+    return [label, f"{rc} of {prob.num_units}" + (f", selective level on {level} of {len(res.stages)} stages"
+                                                  if level else ""), f"{auto:.3f} s", f"{every:.3f} s ({every / auto:.2f}x)",
             f"{even_all:.3f} s ({even_all / auto:.2f}x)" if math.isfinite(even_all) else "OOM",
             f"{plain:.3f} s (+{auto / plain - 1:.1%})", f"{bound:.3f} s (+{auto / bound - 1:.1%})", f"{wall:.2f} s"
             ], (every / auto, auto / bound - 1, auto / plain - 1)
@@ -247,9 +255,16 @@ def cost_rows(depth: dict[str, dict[int, int]], widths: list[int]
 
     graph = capture_builtin("gpt2-xl", batch=4, seq=1024, precision="fp32")
     prob = build_problem(graph, _cluster(), microbatches=6, recompute="auto")
+    whole = None
     if math.isinf(t_of("hetpipe none", prob)):
-        rows.append(cost_row("gpt2-xl captured, fp32, micro-batch 4", prob))
-    return [r for r, _ in rows], [x for _, x in rows]
+        # the selective recompute level (`partitioner/selective.py`, from the node capture), chosen per stage by
+        # the DP; the row without it beside it, left out of the summary (the same model)
+        nodes = capture_builtin("gpt2-xl", batch=4, seq=1024, precision="fp32", granularity="node")
+        node_prob = build_problem(nodes, _cluster(), microbatches=6, recompute="none")
+        tables = selective_tables(graph.units, nodes, node_prob.fwd_s)
+        rows.append(cost_row("gpt2-xl captured, fp32, micro-batch 4", dataclasses.replace(prob, selective=tables)))
+        whole = cost_row("gpt2-xl captured, whole units only (no selective level)", prob)[0]
+    return [r for r, _ in rows] + ([whole] if whole else []), [x for _, x in rows]
 
 
 def _met(ok: bool) -> str:

@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from hetpipe.cost_models.recompute import recompute_order
 from hetpipe.cost_models.offload import OffloadRates
+from hetpipe.cost_models.selective import SelectiveTables, selective_variant
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy, can_offload, evaluate
 
 KINDS = ("fast", "mid", "slow")
@@ -84,15 +85,30 @@ def recompute_choices(problem: Problem, placement: tuple[Stage, ...]):
     """Every recompute choice of `placement` the lever allows, as stage tuples."""
     per_stage = []
     for st in placement:
-        order = recompute_order(activation_bytes=problem.activation_bytes, boundary_bytes=problem.boundary_bytes,
-                                fwd_s=problem.fwd_s[problem.devices[st.device].kind],
-                                first_unit=st.first_unit, last_unit=st.last_unit)
-        rs = {"none": [0], "all": [len(order)], "auto": range(len(order) + 1)}[problem.recompute]
         able = problem.offload != "never" and can_offload(problem, st)
         offs = {"never": [False], "all": [able], "auto": [False, True] if able else [False]}[problem.offload]
-        per_stage.append([replace(st, recompute_units=tuple(sorted(order[:r])), offload=off)
-                          for r in rs for off in offs])
+        # the selective level (`Problem.selective`, under auto): on or off, with the variant's order when on
+        sels = [False, True] if problem.selective is not None and problem.recompute == "auto" else [False]
+        choices = []
+        for sel in sels:
+            prob = selective_variant(problem) if sel else problem
+            order = recompute_order(activation_bytes=prob.unit_recompute_bytes, boundary_bytes=prob.boundary_bytes,
+                                    fwd_s=prob.fwd_s[prob.devices[st.device].kind],
+                                    first_unit=st.first_unit, last_unit=st.last_unit)
+            rs = {"none": [0], "all": [len(order)], "auto": range(len(order) + 1)}[problem.recompute]
+            choices += [replace(st, recompute_units=tuple(sorted(order[:r])), offload=off, selective=sel)
+                        for r in rs for off in offs]
+        per_stage.append(choices)
     yield from itertools.product(*per_stage)
+
+
+def with_selective(rng: random.Random, problem: Problem) -> Problem:
+    """`problem` offering the selective level: per unit up to half its activation bytes freed, a peak at least
+    the largest freed, and per kind up to a fifth of the unit's forward seconds re-run."""
+    freed = tuple(rng.randint(0, a // 2) if rng.random() < 0.8 else 0 for a in problem.activation_bytes)
+    extra = {k: tuple(rng.uniform(0.0, 0.2) * f for f in problem.fwd_s[k]) for k in problem.fwd_s}
+    tab = SelectiveTables(freed_bytes=freed, peak_bytes=max(freed) + rng.randint(0, 2), extra_s=extra)
+    return replace(problem, selective=tab)
 
 
 #: Small per-parameter figures for offload instances (1 gradient byte per parameter; 2 of 4 state

@@ -1,9 +1,8 @@
 """The pure solver input and the objective every solver optimises.
 
-`Problem` is a table-only description of a pipeline-partitioning instance: per unit times on each
-device kind, memory, cut bytes, the devices and the link matrix -- exactly what a plan file records,
-so a plan can be re-checked from the file alone.  `evaluate` is the single implementation of the
-optimisation contract (issue #3); solvers, baselines, `hetpipe check` and the tests all call it.
+`Problem` is a table-only description of a pipeline-partitioning instance: per unit times on each device kind,
+memory, cut bytes, the devices and the link matrix -- exactly what a plan file records, so a plan can be re-checked
+from the file alone.  `evaluate` is the single implementation of the optimisation contract (issue #3).
 
 Objective (units u = 0..L-1; p stages; stage s on device d_s holds [l_s, r_s]):
 
@@ -17,41 +16,39 @@ Objective (units u = 0..L-1; p stages; stage s on device d_s holds [l_s, r_s]):
                 (`hetpipe.schedule.replay`, equal to `hetpipe.schedule.simulate`)
     T_est     = sum_s (F_s + B_s) + sum_{s<p-1} 2 C_s
                 + (m - 1) * max( max_s (F_s + B_s), max_{s<p-1} 2 C_s )
-                (the H-1F1B estimate: `Evaluation.estimate_s`, the solvers' search surrogate,
-                and T itself for a problem whose `objective` is ``estimate``: plans before version 4)
+                (the H-1F1B estimate: `Evaluation.estimate_s`, the solvers' search surrogate, and T itself
+                for a problem whose `objective` is ``estimate``: plans before version 4)
     M_s       = sum state_bytes + tied_bytes(s) - G_s
                 + max_t ( g_t G_s + k_t (A_s + in_s + out_s) + i_t in_s + i'_t in'_s + o_t out_s + o'_t out'_s + w_t Wg_s )
-    A_s       = sum activation_bytes - boundary_held_bytes[r_s]: every storage a micro-batch keeps
-                for backward counted once, in the unit that produces it, less those the output
-                out_s already holds (`hetpipe.partitioner.capture.storages`)
+    A_s       = sum activation_bytes - boundary_held_bytes[r_s]: every storage a micro-batch keeps for backward
+                counted once, in the unit that produces it, less those out_s holds (`capture.storages`)
     G_s       = sum grad_bytes: parameter gradients, freed at each step's start
     in_s = boundary_bytes[l_s - 1] (0 for s = 0);  out_s = boundary_bytes[r_s] (0 for s = p - 1)
     in'_s, out'_s     = the same cuts' boundary_grad_bytes: what gradient messages carry
     (g_t, k_t, i_t, i'_t, o_t, o'_t) over the moments t of a step of the stage's 1F1B action list
-                      (`hetpipe.schedule.held.stage_held_terms`; they depend on p - s, m and
-                      s = 0 only): gradients allocated or not, micro-batches in flight (at most
-                      min(p - s, m)), each keeping its received input and its output until its
-                      backward, and activation / gradient messages of the input / output cut --
-                      receive buffers posted ahead, received gradients, sends not yet waited for
-                      (`hetpipe.cost_models.stage_memory.pipeline_stage_bytes`, which this calls)
-    tied_bytes(s)   = state bytes of every tied parameter (GPT-2's wte = lm_head) that a unit of
-                      stage s uses but whose owner unit (counted in state_bytes) is elsewhere:
-                      the runtime keeps a replica there (weights, gradient, optimizer state)
+                      (`hetpipe.schedule.held.stage_held_terms`; they depend on p - s, m and s = 0 only):
+                      gradients allocated or not, micro-batches in flight (at most min(p - s, m)), each
+                      keeping its received input and its output until its backward, and activation /
+                      gradient messages of the input / output cut -- receive buffers posted ahead, received
+                      gradients, sends not yet waited for (`cost_models.stage_memory.pipeline_stage_bytes`)
+    tied_bytes(s)   = state bytes of every tied parameter (GPT-2's wte = lm_head) that a unit of stage s uses
+                      but whose owner unit (counted in state_bytes) is elsewhere: the runtime keeps a replica
     constraint: M_s <= usable_bytes(d_s)
 
 With ``Problem.schedule`` one of `SPLIT_SCHEDULES` (ZB-H1, ZB-1F1B) T replays those lists (B_s - W_s, then W_s =
 `stage_weight_s`), M_s their moments: w_t micro-batches between B and W keep Wg_s = sum weight_grad_bytes (0 on s = 0).
 
-Activation recomputation (issue 14; `hetpipe.cost_models.recompute`): a stage may recompute a set R_s
-of its units (`Stage.recompute_units`); each u in R_s keeps only its input in_u = boundary_bytes[u - 1]
-(0 for the stage's first unit) per in-flight micro-batch instead of activation_bytes[u], its
-activations live again once during its backward, and its forward runs again in the backward:
+Activation recomputation (issue 14; `hetpipe.cost_models.recompute`): a stage may recompute a set R_s of its
+units (`Stage.recompute_units`); each u in R_s keeps only its input in_u = boundary_bytes[u - 1] (0 for the stage's
+first unit) per in-flight micro-batch instead of activation_bytes[u], its activations live again once during its
+backward, and its forward runs again in the backward:
 
     B_s += sum_{u in R_s} F_u
     M_s  = ... + k_t * (A_s - sum_{u in R_s} (A_u - in_u) + in_s + out_s) + ... + max_{u in R_s} A_u
     (`pipeline_stage_bytes` with recompute_saved_bytes = sum (A_u - in_u), recompute_peak_bytes)
 
-`evaluate` prices whatever set a stage carries; `Problem.recompute` says which a solver may pick.
+`evaluate` prices whatever set a stage carries; `Problem.recompute` says which a solver may pick.  A stage with
+`Stage.selective` is priced on `cost_models.selective.selective_variant` (its units drop their cheap outputs).
 
 Optimizer-state offload (issue 14; `hetpipe.cost_models.offload`): a stage with `Stage.offload` keeps its
 optimizer state (Adam's m, v; mixed precisions: the fp32 master weights too) on its host; P_s its
@@ -65,14 +62,13 @@ trainable parameters (tied replicas included):
 
 (priced, or the search would see offloading as free memory); `Problem.offload`: never | auto | all.
 
-Tensor-parallel groups (issue 15): a stage with `Stage.members` runs on 2..`group_max` cards of
-one node, lead `device` first; F_s, B_s, M_s (on every member) and S_s as `tp_tables.group_stage`
-states them, C_s lead to lead; a group has no recompute or offload lever.
+Tensor-parallel groups (issue 15): a stage with `Stage.members` runs on 2..`group_max` cards of one node, lead
+`device` first; F_s, B_s, M_s (on every member) and S_s as `tp_tables.group_stage` states them, C_s lead to lead.
 
-Interleaved 1F1B (``schedule="interleaved:V"``, `hetpipe.schedule.interleaved`): `stages` are the V p virtual
-stages in model order, stage k on rank k % p (so on stage k % p's device); F, B, C (the wrap-around link
-p-1 -> 0 included) and S per virtual stage as above, T replays the interleaved lists, and every virtual
-stage's M is its rank's: `hetpipe.cost_models.chunk_memory` over the rank's per-chunk moments.
+Interleaved 1F1B (``schedule="interleaved:V"``, `hetpipe.schedule.interleaved`): `stages` are the V p virtual stages
+in model order, stage k on rank k % p (so on stage k % p's device); F, B, C (the wrap-around link p-1 -> 0 included)
+and S per virtual stage as above, T replays the interleaved lists, and every virtual stage's M is its rank's
+(`hetpipe.cost_models.chunk_memory` over the rank's per-chunk moments).
 
 T_est is the heterogeneous 1F1B estimate of HARP / AMP / Metis (cost_formulas.md §3.3); min(p - s, m)
 in-flight micro-batches is 1F1B's footprint (Narayanan et al. SC'21; Megatron theoretical_memory_usage.py).
@@ -98,6 +94,7 @@ from hetpipe.cost_models.backward_split import stage_bwd_weight_s
 from hetpipe.cost_models.chunk_memory import ChunkTerms, pipeline_rank_bytes
 from hetpipe.cost_models.offload import NO_OFFLOAD, OFFLOAD_MODES, OffloadCost, OffloadRates, offload_cost
 from hetpipe.cost_models.recompute import RECOMPUTE_MODES, RecomputeCost, recompute_cost
+from hetpipe.cost_models.selective import SelectiveTables, selective_variant
 from hetpipe.cost_models.stage_memory import pipeline_stage_bytes
 from hetpipe.errors import InfeasibleError
 from hetpipe.partitioner.tp_tables import GroupStage, StagePosition, UnitSplit, group_stage
@@ -146,18 +143,17 @@ class Stage:
     last_unit: int
     recompute_units: tuple[int, ...] = ()
     offload: bool = False
-    # A tensor-parallel group (issue 15): every member's device index, `device` first; () = the
-    # stage is `device` alone.  Its time, memory and shares: `hetpipe.partitioner.tp_tables`.
+    # A tensor-parallel group (issue 15): every member's device index, `device` first; () = `device` alone (`tp_tables`)
     members: tuple[int, ...] = ()
+    selective: bool = False  # runs the selective recompute level on its units (`cost_models.selective`)
 
 
 @dataclass(frozen=True)
 class Problem:
     """A partitioning instance.  Sequences are indexed by unit; matrices by device index.
 
-    `bandwidth_bytes_s[i][j]` and `latency_s[i][j]` describe the link i -> j.  `recompute` is
-    the activation-recomputation lever the solvers may use (`RECOMPUTE_MODES`): ``none`` (the
-    default here), ``auto`` (per stage the shortest prefix of its order that fits) or ``all``.
+    `bandwidth_bytes_s[i][j]` and `latency_s[i][j]` describe the link i -> j.  `recompute` is the recomputation
+    lever the solvers may use (`RECOMPUTE_MODES`): ``none`` (default), ``auto`` (see `partitioner.recompute`), ``all``.
     """
 
     fwd_s: Mapping[str, tuple[float, ...]]
@@ -199,6 +195,7 @@ class Problem:
     # groups) and the most cards of one node a group may hold (1 = pipeline only; `solvers/group_dp.py`).
     tensor_parallel: tuple[UnitSplit, ...] = ()
     group_max: int = 1
+    selective: SelectiveTables | None = None  # the selective recompute level (issue 14); None = not offered
 
     @property
     def unit_recompute_bytes(self) -> tuple[int, ...]:
@@ -262,6 +259,8 @@ class Evaluation:
 
 def stage_memory_bytes(problem: Problem, stages: Sequence[Stage], s: int) -> int:
     """M_s of the contract for stage index `s` of `stages` (interleaved: its rank's, every chunk's sum)."""
+    if stages[s].selective and problem.selective is not None:  # its variant's M_s and the level's peak once
+        return problem.selective.peak_bytes + stage_memory_bytes(selective_variant(problem), stages, s)
     p, chunks = len(stages), chunks_of(problem.schedule)
     if chunks > 1:
         ranks = p // chunks
@@ -330,6 +329,8 @@ def validate_stages(problem: Problem, stages: Sequence[Stage]) -> None:
         if any(not st.first_unit <= u <= st.last_unit for u in rc) or len(set(rc)) != len(rc):
             raise ValueError(f"stage {s} recomputes units {list(rc)}, not distinct units of its own "
                              f"[{st.first_unit}, {st.last_unit}]")
+        if st.selective and (problem.selective is None or st.members or chunks_of(problem.schedule) > 1):
+            raise ValueError(f"stage {s} runs the selective level: not priced here (no tables, a group, or chunks)")
         if st.offload and not can_offload(problem, st):
             raise ValueError(f"stage {s} offloads, but its device {problem.devices[st.device].id} has no host link "
                              "or host memory figure, the problem no offload rates, or the stage no trainable state")
@@ -369,10 +370,10 @@ def evaluate(problem: Problem, stages: Sequence[Stage], *, objective: str | None
         if st.members:
             costs.append(group_stage_cost(problem, stages, s))
             continue
-        kind = problem.devices[st.device].kind
+        kind, pst = problem.devices[st.device].kind, selective_variant(problem) if st.selective else problem
         units = range(st.first_unit, st.last_unit + 1)
         fwd = sum(problem.fwd_s[kind][u] for u in units)
-        bwd = sum(problem.bwd_s[kind][u] for u in units) + stage_recompute_cost(problem, st).extra_s
+        bwd = sum(pst.bwd_s[kind][u] for u in units) + stage_recompute_cost(pst, st).extra_s
         send = problem.comm_s(st.device, stages[s + 1].device, st.last_unit) if s + 1 < len(stages) else 0.0
         off = stage_offload(problem, st)
         costs.append(StageCost(fwd_s=fwd, bwd_s=bwd, bwd_weight_s=stage_weight_s(problem, st), send_s=send,
@@ -412,8 +413,8 @@ def stage_step_or_tail_s(problem: Problem, stage: Stage) -> float:
 
 
 def stage_params(problem: Problem, stage: Stage) -> int:
-    """Trainable parameters `stage` steps: its units' (grad_bytes / gradient bytes per parameter)
-    and its tied replicas' (state bytes / state bytes per parameter).  0 without offload rates."""
+    """Trainable parameters `stage` steps: its units' (grad_bytes / gradient bytes per parameter) and its tied
+    replicas' (state bytes / state bytes per parameter).  0 without offload rates."""
     rates = problem.offload_rates
     if rates is None or not problem.grad_bytes:
         return 0
@@ -423,8 +424,8 @@ def stage_params(problem: Problem, stage: Stage) -> int:
 
 
 def can_offload(problem: Problem, stage: Stage) -> bool:
-    """Whether `stage` could keep optimizer state on its host: rates and host figures known, and
-    offloading moves some bytes (SGD in fp32 has no optimizer state to move)."""
+    """Whether `stage` could keep optimizer state on its host: rates and host figures known, and offloading moves
+    some bytes (SGD in fp32 has no optimizer state to move)."""
     dev, rates = problem.devices[stage.device], problem.offload_rates
     return (rates is not None and rates.host_bytes_per_param > 0 and dev.host_link_bytes_s > 0
             and dev.host_memory_bytes_s > 0 and stage_params(problem, stage) > 0)
@@ -446,11 +447,10 @@ def stage_offload(problem: Problem, stage: Stage) -> OffloadCost:
 
 
 def step_tail_s(problem: Problem, stages: Sequence[Stage]) -> float:
-    """The seconds the offload's tail adds to T_est: max_s O_s over the offloading stages (0 if none;
-    the schedule T replays each O_s as that stage's step).  The max and no more: each tail starts
-    after its stage's last backward, by the H-1F1B span, and the cards' tails run in parallel (exact
-    when stage 0 has the largest; no overlap with the drain credited).  T_est counts no on-card
-    S_s; it counts O_s so that the search does not see offloading as free memory."""
+    """The seconds the offload's tail adds to T_est: max_s O_s over the offloading stages (0 if none; the schedule
+    T replays each O_s as that stage's step).  The max and no more: each tail starts after its stage's last backward,
+    by the H-1F1B span, and the cards' tails run in parallel (exact when stage 0 has the largest; no overlap with
+    the drain credited).  T_est counts no on-card S_s; it counts O_s so that the search does not see offloading as free."""
     return max((stage_offload(problem, st).tail_s for st in stages), default=0.0)
 
 

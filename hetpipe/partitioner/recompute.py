@@ -38,12 +38,14 @@ from dataclasses import replace
 from typing import Sequence
 
 from hetpipe.cost_models.recompute import recompute_order
+from hetpipe.cost_models.selective import selective_variant
 from hetpipe.partitioner.problem import (Problem, Stage, can_offload, offload_if, stage_memory_bytes,
                                          stage_recompute_cost)
 
 
 def stage_order(problem: Problem, stage: Stage) -> tuple[int, ...]:
-    """The recompute order of `stage`'s units on its device's kind."""
+    """The recompute order of `stage`'s units on its device's kind (on the selective variant for a selective stage)."""
+    problem = selective_variant(problem) if stage.selective else problem
     return recompute_order(activation_bytes=problem.unit_recompute_bytes, boundary_bytes=problem.boundary_bytes,
                            fwd_s=problem.fwd_s[problem.devices[stage.device].kind],
                            first_unit=stage.first_unit, last_unit=stage.last_unit)
@@ -74,7 +76,7 @@ def choose_recompute(problem: Problem, stages: Sequence[Stage], s: int, mode: st
 
 def with_recompute(problem: Problem, stages: Sequence[Stage], mode: str | None = None) -> tuple[Stage, ...]:
     """`stages` with every stage's levers chosen by `choose_levers` (replacing any it had)."""
-    plain = tuple(replace(st, recompute_units=(), offload=False) for st in stages)
+    plain = tuple(replace(st, recompute_units=(), offload=False, selective=False) for st in stages)
     # a tensor-parallel group (`Stage.members`) has no levers (not priced for groups)
     return tuple(st if st.members else choose_levers(problem, plain, s, mode) for s, st in enumerate(plain))
 
@@ -105,14 +107,33 @@ def choose_levers(problem: Problem, stages: Sequence[Stage], s: int, mode: str |
     trial = list(stages)
     ranked: list[tuple[tuple[int, float], Stage]] = []  # (0, seconds) when it fits, else (1, M_s)
     for off in offload_choices(problem, stages[s]):
-        trial[s] = replace(stages[s], offload=off, recompute_units=())
-        trial[s] = replace(trial[s], recompute_units=choose_recompute(problem, trial, s, mode))
-        mem = stage_memory_bytes(problem, trial, s)
-        if mem <= problem.devices[stages[s].device].usable_bytes:
-            ranked.append(((0, stage_recompute_cost(problem, trial[s]).extra_s), trial[s]))
-        else:
-            ranked.append(((1, float(mem)), trial[s]))
-    return min(ranked, key=lambda r: r[0])[1]  # min keeps the first of equals: no offload on a tie
+        for sel in selective_choices(problem, stages[s], mode):
+            trial[s] = replace(stages[s], offload=off, recompute_units=(), selective=sel)
+            trial[s] = replace(trial[s], recompute_units=choose_recompute(problem, trial, s, mode))
+            mem = stage_memory_bytes(problem, trial, s)
+            if mem <= problem.devices[stages[s].device].usable_bytes:
+                ranked.append(((0, added_backward_s(problem, trial[s])), trial[s]))
+            else:
+                ranked.append(((1, float(mem)), trial[s]))
+    return min(ranked, key=lambda r: r[0])[1]  # min keeps the first of equals: no offload, no selective on a tie
+
+
+def selective_choices(problem: Problem, stage: Stage, mode: str | None = None) -> tuple[bool, ...]:
+    """Whether `stage` may run the selective level: under ``auto`` where the problem offers it
+    (`Problem.selective`) and it frees something on the stage's units; never in a group."""
+    tab, mode = problem.selective, problem.recompute if mode is None else mode
+    able = tab is not None and mode == "auto" and not stage.members and tab.any_freed(stage.first_unit, stage.last_unit)
+    return (False, True) if able else (False,)
+
+
+def added_backward_s(problem: Problem, stage: Stage) -> float:
+    """Seconds `stage`'s recompute choice adds to B_s: its recomputed units' forwards, plus the selective
+    level's dropped nodes when it runs it (both on its device's kind; `evaluate` prices the same)."""
+    if not stage.selective or problem.selective is None:
+        return stage_recompute_cost(problem, stage).extra_s
+    kind = problem.devices[stage.device].kind
+    return (stage_recompute_cost(selective_variant(problem), stage).extra_s
+            + problem.selective.stage_extra_s(kind, stage.first_unit, stage.last_unit))
 
 
 def is_prefix_choice(problem: Problem, stage: Stage) -> bool:

@@ -220,6 +220,9 @@ def plan_stages(problem: Problem, stages: tuple[Stage, ...], ev: Evaluation) -> 
     """The plan's stage records of an evaluated placement (indices 0..p-1, device ids, costs as evaluated;
     interleaved: one per rank, its chunks listed, `plan.chunk_schema`)."""
     ranks = len(stages) // chunks_of(problem.schedule)
+    if any(st.selective for st in stages):  # planner only (`cost_models/selective.py`): no plan field, no runtime yet
+        raise ConfigError("recompute: the selective recompute level is not recorded in plans nor run by the runtime "
+                          "yet; plan without Problem.selective")
     return tuple(
         PlanStage(
             index=i,

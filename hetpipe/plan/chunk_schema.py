@@ -12,7 +12,7 @@ Example:
     >>> a = (PlanChunk(0, 1, 1.0, 2.0, 0.1), PlanChunk(4, 5, 1.0, 2.0, 0.1))
     >>> b = (PlanChunk(2, 3, 1.0, 2.0, 0.1), PlanChunk(6, 7, 1.0, 2.0, 0.0))
     >>> virtual_stages([(0, a), (1, b)])
-    (Stage(device=0, first_unit=0, last_unit=1, recompute_units=(), offload=False, members=()), Stage(device=1, first_unit=2, last_unit=3, recompute_units=(), offload=False, members=()), Stage(device=0, first_unit=4, last_unit=5, recompute_units=(), offload=False, members=()), Stage(device=1, first_unit=6, last_unit=7, recompute_units=(), offload=False, members=()))
+    (Stage(device=0, first_unit=0, last_unit=1, recompute_units=(), offload=False, members=(), selective=False), Stage(device=1, first_unit=2, last_unit=3, recompute_units=(), offload=False, members=(), selective=False), Stage(device=0, first_unit=4, last_unit=5, recompute_units=(), offload=False, members=(), selective=False), Stage(device=1, first_unit=6, last_unit=7, recompute_units=(), offload=False, members=(), selective=False))
 """
 
 from __future__ import annotations

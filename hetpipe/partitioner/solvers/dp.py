@@ -44,11 +44,12 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
 
+from hetpipe.cost_models.selective import selective_variant
 from hetpipe.partitioner.problem import Problem, Stage
 from hetpipe.partitioner.solvers.cap_walk import DPResult, check_deadline, parametric_search
 from hetpipe.partitioner.solvers.counts import count_vectors, vectors
@@ -151,6 +152,16 @@ def _tied_band(problem: Problem, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return extra
 
 
+def _selective_tables(problem: Problem, classes: Sequence[DeviceClass]) -> StageTables | None:
+    """The tables of a stage that runs the selective level: its variant problem's, each class's usable bytes
+    less the level's peak (`Problem.selective`, priced as `evaluate` does; offered under ``auto`` only)."""
+    tab = problem.selective
+    if tab is None or problem.recompute != "auto":
+        return None
+    return StageTables(selective_variant(problem),
+                       [replace(c, usable_bytes=c.usable_bytes - tab.peak_bytes) for c in classes])
+
+
 class StageTables:
     """Per-class stage costs in *band* form, shared by every cap (seconds, bytes).
 
@@ -188,6 +199,7 @@ class StageTables:
             self.forward.append(np.where(self.valid, fwd[hi_c] - fwd[lo], np.inf))
         self.levers = None if problem.recompute == "none" else shared_band(problem, hi_c, self.valid)
         self.offload = offload_band(problem, self)
+        self.selective = _selective_tables(problem, classes)
         self._memory: dict[int, np.ndarray] = {}  # stages after -> M_s over the full band (`memory`)
         # round trip 2*C over the cut after unit u-1 (index u = start of the next stage), per class pair
         self.comm2 = np.zeros((len(classes), len(classes), L + 1))
@@ -235,6 +247,8 @@ class StageTables:
             cost = self.offload.cost(self, c, after_stages, cap, width, base, cost)
         ok = cost <= cap
         ok &= self.is_last[sl] if not after_stages else ~self.is_last[sl]  # only the last stage ends at unit L
+        if self.selective is not None:  # the cheaper of running the selective level or not (`cost_models.selective`)
+            return np.minimum(np.where(ok, cost, np.inf), self.selective.band(c, after_stages, cap, width))
         return np.where(ok, cost, np.inf)
 
     def gather(self, h: np.ndarray, width: int) -> np.ndarray:

@@ -145,15 +145,18 @@ class RecomputeBand:
         return res
 
 
-#: The last problem's band, by identity: `dp.StageTables` of one `Problem` object (the heuristic's
-#: device orders, the exact DP, the infeasibility search's passes) share its walked entries.
+#: The last problems' bands, by identity: `dp.StageTables` of one `Problem` object (the heuristic's
+#: device orders, the exact DP, the infeasibility search's passes) share its walked entries.  Two: a
+#: problem and its selective variant (`cost_models.selective`) alternate.
 _SHARED: list[tuple[Problem, RecomputeBand]] = []
+SHARED_BANDS = 2
 
 
 def shared_band(problem: Problem, hi: np.ndarray, valid: np.ndarray) -> RecomputeBand:
     """The `RecomputeBand` of `problem` (the same object for the same `problem` object)."""
-    if _SHARED and _SHARED[0][0] is problem:
-        return _SHARED[0][1]
+    for held, band in _SHARED:
+        if held is problem:
+            return band
     band = RecomputeBand(problem, hi, valid)
-    _SHARED[:] = [(problem, band)]
+    _SHARED[:] = [(problem, band), *_SHARED[:SHARED_BANDS - 1]]
     return band

@@ -86,6 +86,9 @@ SCHEDULE_SHARE = 0.4
 LAGRANGE_SHARE = 0.6
 #: Gap the Lagrangian bound aims for: below `GOOD_ENOUGH_GAP`, so reaching it settles the solve.
 LAGRANGE_GAP = GOOD_ENOUGH_GAP / 2
+#: Share of `solve`'s time limit the same search without recomputation may take under ``recompute="auto"``
+#: (`_without_recompute`): half, so that auto's own search keeps at least the other half.
+NO_RECOMPUTE_SHARE = 0.5
 #: Least search time worth starting CP-SAT for, after its model is built.
 MIN_CPSAT_S = 2.0
 #: Seconds to build the CP-SAT model per (position x unit x class pair) term, measured on the
@@ -197,28 +200,59 @@ def _better(a: DPResult | None, b: DPResult | None) -> DPResult | None:
 
 
 def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0,
-          num_stages: int | None = None) -> Solution:
+          num_stages: int | None = None, explain: bool = True) -> Solution:
     """Best placement of `problem` (see the module docstring).
 
-    Raises `InfeasibleError` (with the missing memory and what would help) when no
-    placement fits, and `ConfigError` for an unknown solver name.
+    Raises `InfeasibleError` (with the missing memory and what would help, unless `explain` is
+    false: that search costs ~30 feasibility solves) when no placement fits, and `ConfigError` for
+    an unknown solver name.  Under ``recompute="auto"`` the answer is never slower than the same
+    search's with ``recompute="none"`` (`_without_recompute`).
     """
+    begin = time.perf_counter()
+    plain = _without_recompute(problem, solver=solver, time_limit_s=NO_RECOMPUTE_SHARE * time_limit_s, seed=seed,
+                               num_stages=num_stages)
+    time_limit_s -= time.perf_counter() - begin
     begin = time.perf_counter()
     verify_s = 0.0 if problem.objective == "estimate" else SCHEDULE_SHARE * time_limit_s
     found = solve_estimate(problem, solver=solver, time_limit_s=time_limit_s - verify_s, seed=seed,
-                           num_stages=num_stages)
+                           num_stages=num_stages, explain=explain)
     if problem.objective == "estimate":
         return found
     start = time.perf_counter()
     left_s = max(time_limit_s - (start - begin), verify_s / 4)  # the estimate's unused time too
     checked = verify(problem, [found.stages, *found.alternatives], num_stages=num_stages, limit_s=left_s)
+    for stages in plain:  # auto's choices contain none's: never slower than none's answer
+        ev = evaluate(problem, stages)
+        if ev.fits and ev.iteration_s < checked.iteration_s:
+            checked = replace(checked, stages=stages, iteration_s=ev.iteration_s, bound_s=min(checked.bound_s, ev.iteration_s))
     status = "OPTIMAL" if checked.bound_s >= checked.iteration_s * (1 - 1e-9) else "FEASIBLE"
     return Solution(checked.stages, found.solver, status, checked.iteration_s, checked.bound_s,
                     found.wall_s + time.perf_counter() - start, _unused(problem, checked.stages))
 
 
+def _without_recompute(problem: Problem, *, solver: str, time_limit_s: float, seed: int,
+                       num_stages: int | None) -> list[tuple[Stage, ...]]:
+    """Under ``recompute="auto"`` and the schedule objective: the answer of the same search with
+    ``recompute="none"`` (empty when nothing fits without recomputation, or for other settings).
+
+    Why: ``auto``'s choices contain ``none``'s, so its T must never exceed ``none``'s, but the
+    schedule objective is searched locally (`verify`) from starts the estimate's solvers and pace
+    walks find, and those differ once recomputation lowers the estimate: 96 layers on 8 mixed cards
+    (`benchmarks/memory_levers.py`, table 3) gave auto 2.4554 s against none 2.4507 s, the walk's
+    no-recompute placement never reached from auto's starts.  `solve` keeps this answer where it is
+    faster than auto's own (not as a start of `verify`: a start is also a hint of its pace walks, and
+    changes their bound), so auto <= none whenever this search ends within `NO_RECOMPUTE_SHARE`."""
+    if problem.recompute != "auto" or problem.objective == "estimate":
+        return []
+    try:
+        return [solve(replace(problem, recompute="none"), solver=solver, time_limit_s=time_limit_s, seed=seed,
+                      num_stages=num_stages, explain=False).stages]
+    except InfeasibleError:
+        return []
+
+
 def solve_estimate(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0,
-                   num_stages: int | None = None) -> Solution:
+                   num_stages: int | None = None, explain: bool = True) -> Solution:
     """The placement the solvers prove best under the H-1F1B estimate (T and bound are the estimate's)."""
     if solver not in SOLVERS:
         raise ConfigError(f"unknown solver {solver!r}; use one of: {', '.join(SOLVERS)}")
@@ -235,18 +269,24 @@ def solve_estimate(problem: Problem, *, solver: str = "auto", time_limit_s: floa
     except StateSpaceTooLarge as err:
         if solver == "dp":
             raise ConfigError(f"the exact DP is too large for this cluster ({err}); use --solver cpsat or auto") from None
-        return _large(problem, warm, start=start, time_limit_s=time_limit_s, seed=seed, num_stages=num_stages)
+        return _large(problem, warm, start=start, time_limit_s=time_limit_s, seed=seed, num_stages=num_stages,
+                      explain=explain)
     if exact is None:
-        raise explain_infeasible(problem)
+        raise _infeasible(problem, explain)
     if solver != "cpsat" or not exact.exact:
         return _from_dp(problem, exact, name="dp", wall_s=time.perf_counter() - start, proved=exact.exact,
                         bound_s=exact.bound_s)
     return _with_cpsat(problem, exact, lower_bound_s=exact.iteration_s, start=start, time_limit_s=time_limit_s,
-                       seed=seed, num_stages=num_stages)
+                       seed=seed, num_stages=num_stages, explain=explain)
+
+
+def _infeasible(problem: Problem, explain: bool) -> InfeasibleError:
+    """The error for no placement that fits: explained (`explain_infeasible`) or plain."""
+    return explain_infeasible(problem) if explain else InfeasibleError("no placement fits in memory")
 
 
 def _large(problem: Problem, warm: DPResult | None, *, start: float, time_limit_s: float, seed: int,
-           num_stages: int | None) -> Solution:
+           num_stages: int | None, explain: bool = True) -> Solution:
     """Too large for the exact DP: relaxation bound + its realised placement, then CP-SAT."""
     if warm is None:
         warm = heuristic(problem, time_limit_s=time_limit_s / 8, num_stages=num_stages)
@@ -254,7 +294,7 @@ def _large(problem: Problem, warm: DPResult | None, *, start: float, time_limit_
     bound, real = relaxed_bound(problem, seed=warm.stages if warm else None,
                                 time_limit_s=RELAXATION_SHARE * left, num_stages=num_stages)
     if math.isinf(bound):
-        raise explain_infeasible(problem)
+        raise _infeasible(problem, explain)
     hint = _better(warm, real)
     bound = max(bound, simple_lower_bound(problem))
     left = time_limit_s - (time.perf_counter() - start)
@@ -268,13 +308,15 @@ def _large(problem: Problem, warm: DPResult | None, *, start: float, time_limit_
                        bound_s=bound)
     else:
         sol = _with_cpsat(problem, hint, lower_bound_s=bound, start=start, time_limit_s=time_limit_s, seed=seed,
-                          num_stages=num_stages, hint_name="relaxation" if hint is real else "heuristic")
+                          num_stages=num_stages, hint_name="relaxation" if hint is real else "heuristic",
+                          explain=explain)
     others = tuple(dict.fromkeys(r.stages for r in (warm, real) if r is not None and r.stages != sol.stages))
     return replace(sol, alternatives=others)
 
 
 def _with_cpsat(problem: Problem, hint: DPResult | None, *, lower_bound_s: float, start: float,
-                time_limit_s: float, seed: int, num_stages: int | None, hint_name: str = "dp") -> Solution:
+                time_limit_s: float, seed: int, num_stages: int | None, hint_name: str = "dp",
+                explain: bool = True) -> Solution:
     """Run CP-SAT from `hint` for the time left; the better of the two, with the best bound known."""
     left = max(MIN_CPSAT_S, time_limit_s - (time.perf_counter() - start) - cpsat_build_s(problem))
     res = solve_cpsat(problem, time_limit_s=left, seed=seed, hint=hint.stages if hint else None,
@@ -282,7 +324,7 @@ def _with_cpsat(problem: Problem, hint: DPResult | None, *, lower_bound_s: float
     wall = time.perf_counter() - start
     if res.stages is None:
         if res.status == "INFEASIBLE" and hint is None:
-            raise explain_infeasible(problem)
+            raise _infeasible(problem, explain)
         if hint is None:
             raise InfeasibleError(f"no plan found within the {time_limit_s:g} s limit (CP-SAT: {res.status}); "
                                   "raise --time-limit")
@@ -292,8 +334,11 @@ def _with_cpsat(problem: Problem, hint: DPResult | None, *, lower_bound_s: float
     stages, value = res.stages, res.iteration_s
     if hint is not None and hint.iteration_s < value:
         stages, value = hint.stages, hint.iteration_s  # float re-evaluation can favour the hint by a tick
-    bound = min(max(res.bound_s, lower_bound_s), value)
-    status = "OPTIMAL" if res.status == "OPTIMAL" or bound >= value * (1 - 1e-6) else "FEASIBLE"
+    # CP-SAT does not model the selective recompute level (`Problem.selective`): its optimum and bound are then
+    # not the problem's (its placements stay valid: re-levered on extraction); only `lower_bound_s` proves
+    cp_proves = problem.selective is None
+    bound = min(max(res.bound_s if cp_proves else 0.0, lower_bound_s), value)
+    status = "OPTIMAL" if (res.status == "OPTIMAL" and cp_proves) or bound >= value * (1 - 1e-6) else "FEASIBLE"
     return Solution(stages, "cpsat", status, value, bound, wall, _unused(problem, stages))
 
 
