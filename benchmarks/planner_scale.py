@@ -217,7 +217,9 @@ SESSION_11 = (
     "1,024 cards: at that load the estimate's search takes the whole limit, walls 10-28 s in both, and "
     '`verify` runs on its floor), so the table above (load ~2) stands.  Not done: the counting bound of '
     'the brief (card counts exact, order dropped) is not built; the 2% at 64 cards needs window chains '
-    "inside the DPs' filters (the bound), not only a better search.")
+    "inside the DPs' filters (the bound), not only a better search.  The table above is the lead's rerun of "
+    "the merged head at load 1.2 (23:03 UTC): gpt2-xl 3.550 s (25.21%) at 64 cards and 8.110 s (5.37%) at 256, "
+    "the figures before this branch: inside the full 10 s solve the annealing found nothing better there.")
 
 
 def main(argv: list[str] | None = None) -> int:
