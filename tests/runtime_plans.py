@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hetpipe.plan.build import assemble_plan, build_problem
+from hetpipe.partitioner.capture.graph import UnitGraph
 from hetpipe.plan.schema import Plan, SolverReport
 from hetpipe.partitioner.problem import Stage, evaluate
 from tests.synthetic import synthetic_cluster, synthetic_graph
@@ -15,6 +16,19 @@ def plan_for(graph, cluster, stages: tuple[Stage, ...], *, microbatches: int) ->
     solver = SolverReport("hand", "FEASIBLE", ev.iteration_s, 0.0, 0.0)
     return assemble_plan(graph, cluster, problem=problem, stages=stages, solver=solver,
                          global_batch=graph.micro_batch_size * microbatches)
+
+
+def thirds_plan(model: str, cluster_file, *, batch: int, seq: int, microbatches: int) -> tuple[UnitGraph, Plan]:
+    """Built-in ``model`` captured on meta and cut in three even stages on the first three cards of ``cluster_file``."""
+    from hetpipe.cost_models.cluster import load_cluster
+    from hetpipe.models import build
+    from hetpipe.partitioner.capture.capture import capture
+
+    meta, inputs = build(model, device="meta", batch=batch, seq=seq)
+    graph = capture(meta, inputs, name=model)
+    n = graph.num_units
+    stages = (Stage(0, 0, n // 3 - 1), Stage(1, n // 3, 2 * n // 3 - 1), Stage(2, 2 * n // 3, n - 1))
+    return graph, plan_for(graph, load_cluster(cluster_file), stages, microbatches=microbatches)
 
 
 def synthetic_plan() -> Plan:

@@ -26,15 +26,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetpipe.cost_models.cluster import load_cluster
-from hetpipe.models import build
-from hetpipe.partitioner.capture.capture import capture
-from hetpipe.partitioner.problem import Stage
 from hetpipe.runtime.rank import DEFAULT_LR
 from hetpipe.runtime.run import run
 from hetpipe.runtime.switch import read_switches
 from tests.reference_loop import MICROBATCHES, initial_state, reference_loop, seeded_batches
-from tests.runtime_plans import plan_for
+from tests.runtime_plans import thirds_plan
 from tests.test_checkpoint import assert_checkpoint_is_the_reference
 from tests.test_run_cli import BATCH, MODEL, SAFETY_FACTOR, SEQ
 
@@ -60,12 +56,7 @@ def supervised(tmp_path_factory):
     """(graph, plan, report, run dir, checkpoint dir) of the one supervised run."""
     folder = tmp_path_factory.mktemp("adapt")
     (folder / "cards.yaml").write_text(SMALL_CARDS)
-    meta, inputs = build(MODEL, device="meta", batch=BATCH, seq=SEQ)
-    graph = capture(meta, inputs, name=MODEL)
-    n = graph.num_units
-    plan = plan_for(graph, load_cluster(folder / "cards.yaml"),
-                    (Stage(0, 0, n // 3 - 1), Stage(1, n // 3, 2 * n // 3 - 1), Stage(2, 2 * n // 3, n - 1)),
-                    microbatches=MICROBATCHES)
+    graph, plan = thirds_plan(MODEL, folder / "cards.yaml", batch=BATCH, seq=SEQ, microbatches=MICROBATCHES)
     torch.save(initial_state(MODEL, seed=3), folder / "init.pt")
     report = run(plan, model=MODEL, seq=SEQ, steps=STEPS, data=seeded_batches(STEPS, seed=9),
                  loss="hetpipe.models:lm_loss", weights=folder / "init.pt", timeout_s=60, run_dir=folder / "run",

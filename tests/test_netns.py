@@ -36,19 +36,10 @@ nodes:
 
 
 def test_two_nodes_in_namespaces_train_over_a_rate_limited_link(tmp_path):
-    from hetpipe.cost_models.cluster import load_cluster
-    from hetpipe.models import build
-    from hetpipe.partitioner.capture.capture import capture
-    from hetpipe.partitioner.problem import Stage
-    from tests.runtime_plans import plan_for
+    from tests.runtime_plans import thirds_plan
 
     (tmp_path / "lab.yaml").write_text(LAB)
-    model, inputs = build(MODEL, device="meta", batch=BATCH, seq=SEQ)
-    graph = capture(model, inputs, name=MODEL)
-    n = graph.num_units
-    plan = plan_for(graph, load_cluster(tmp_path / "lab.yaml"),
-                    (Stage(0, 0, n // 3 - 1), Stage(1, n // 3, 2 * n // 3 - 1), Stage(2, 2 * n // 3, n - 1)),
-                    microbatches=MICROBATCHES)
+    _, plan = thirds_plan(MODEL, tmp_path / "lab.yaml", batch=BATCH, seq=SEQ, microbatches=MICROBATCHES)
     reason = netns_support()
     if reason:
         with pytest.raises(ConfigError, match=f"cannot run on network namespaces here: {reason}"):
