@@ -63,28 +63,15 @@ def _measure(name: str, *, batch: int, seq: int) -> dict[str, float]:
 
 def _predict(name: str, profile: object, *, batch: int, seq: int) -> dict[str, dict[str, float]]:
     """Whole-model F, B, S on `profile`: with its per-op terms ("now") and without them ("before")."""
-    from hetpipe.cost_models.optimizer_step import step_launch_s, tensor_step_s, unit_step_s
-    from hetpipe.cost_models.timing import efficiencies, unit_time_s
-    from hetpipe.plan.build import capture_builtin
+    from hetpipe.plan.build import capture_builtin, profile_step_table, profile_unit_times
 
     graph = capture_builtin(name, batch=batch, seq=seq, optimizer="adam", precision="fp32", granularity="block")
     out = {}
     for label, prof in (("before", dataclasses.replace(profile, op_rates=(), step_op_s=None)), ("now", profile)):
-        eff = efficiencies(prof)
-        f = b = 0.0
-        for u in graph.units:
-            t = unit_time_s(fwd_flops=u.fwd_flops, bwd_flops=u.bwd_flops, memory_traffic_bytes=u.memory_traffic_bytes,
-                            op_count=u.op_count, profile=prof, precision="fp32", fwd_work=u.fwd_work,
-                            bwd_work=u.bwd_work)
-            f, b = f + t.fwd_s, b + t.bwd_s
-        s = sum(unit_step_s(params=u.param_count, optimizer="adam", precision="fp32",
-                            memory_bandwidth_bytes_s=prof.memory_bandwidth_bytes_s, bandwidth_efficiency=eff.bandwidth)
-                for u in graph.units)
-        if prof.step_op_s is None:
-            s += step_launch_s("adam", eff.kernel_overhead_s)
-        else:
-            s += sum(tensor_step_s(tensors=u.param_tensors, optimizer="adam", step_op_s=prof.step_op_s)
-                     for u in graph.units)
+        times = profile_unit_times(graph, prof)  # the planner's own per-unit F, B and S tables
+        f, b = sum(t.fwd for t in times), sum(t.bwd for t in times)
+        shares, fixed_s = profile_step_table(graph, prof)
+        s = sum(shares) + fixed_s
         out[label] = {"F": f, "B": b, "S": s}
     return out
 

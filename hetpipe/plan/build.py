@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hetpipe.cost_models.cluster_checks import as_cluster
-from hetpipe.cost_models.devices import Cluster
+from hetpipe.cost_models.devices import Cluster, DeviceProfile
 from hetpipe.cost_models.offload import check_offload_option, offload_rates
 from hetpipe.cost_models.recompute import check_recompute_option
 from hetpipe.cost_models.validate import check_solver_options
@@ -62,24 +62,18 @@ log = logging.getLogger(__name__)
 
 def unit_times(graph: UnitGraph, cluster: Cluster) -> dict[str, tuple[UnitTimes, ...]]:
     """Per device kind, per unit forward/backward seconds for one micro-batch."""
-    out: dict[str, tuple[UnitTimes, ...]] = {}
-    for kind in cluster.kinds:
-        prof = cluster.profile(kind)
-        times = []
-        for u in graph.units:
-            t = unit_time_s(
-                fwd_flops=u.fwd_flops,
-                bwd_flops=u.bwd_flops,
-                memory_traffic_bytes=u.memory_traffic_bytes,
-                op_count=u.op_count,
-                profile=prof,
-                precision=graph.precision,
-                fwd_work=u.fwd_work,
-                bwd_work=u.bwd_work,
-            )
-            times.append(UnitTimes(fwd=t.fwd_s, bwd=t.bwd_s))
-        out[kind] = tuple(times)
-    return out
+    return {kind: profile_unit_times(graph, cluster.profile(kind)) for kind in cluster.kinds}
+
+
+def profile_unit_times(graph: UnitGraph, prof: DeviceProfile) -> tuple[UnitTimes, ...]:
+    """Per unit forward/backward seconds for one micro-batch on a device of profile `prof`."""
+    times = []
+    for u in graph.units:
+        t = unit_time_s(fwd_flops=u.fwd_flops, bwd_flops=u.bwd_flops, memory_traffic_bytes=u.memory_traffic_bytes,
+                        op_count=u.op_count, profile=prof, precision=graph.precision, fwd_work=u.fwd_work,
+                        bwd_work=u.bwd_work)
+        times.append(UnitTimes(fwd=t.fwd_s, bwd=t.bwd_s))
+    return tuple(times)
 
 
 def build_problem(graph: UnitGraph, cluster: Cluster, *, microbatches: int, recompute: str = "none",
@@ -123,22 +117,22 @@ def build_problem(graph: UnitGraph, cluster: Cluster, *, microbatches: int, reco
 
 
 def step_tables(graph: UnitGraph, cluster: Cluster) -> dict[str, tuple[tuple[float, ...], float]]:
-    """Per device kind: each unit's bandwidth share of the optimizer step and the kind's launch share
+    """Per device kind: `profile_step_table` of its profile."""
+    return {kind: profile_step_table(graph, cluster.profile(kind)) for kind in cluster.kinds}
+
+
+def profile_step_table(graph: UnitGraph, prof: DeviceProfile) -> tuple[tuple[float, ...], float]:
+    """Each unit's bandwidth share of the optimizer step on profile `prof` and its launch share
     (`hetpipe.cost_models.optimizer_step`, at the bandwidth and kernel overhead `timing.py` uses); where
-    the kind runs the per-tensor loop (a measured ``step_op_s``), each unit's tensors pay its ops instead."""
-    out = {}
-    for kind in cluster.kinds:
-        prof = cluster.profile(kind)
-        eff = efficiencies(prof)
-        shares = tuple(unit_step_s(params=u.param_count, optimizer=graph.optimizer, precision=graph.precision,
-                                   memory_bandwidth_bytes_s=prof.memory_bandwidth_bytes_s,
-                                   bandwidth_efficiency=eff.bandwidth) for u in graph.units)
-        if prof.step_op_s is None:
-            out[kind] = (shares, step_launch_s(graph.optimizer, eff.kernel_overhead_s))
-        else:
-            out[kind] = (tuple(s + tensor_step_s(tensors=u.param_tensors, optimizer=graph.optimizer,
-                                                 step_op_s=prof.step_op_s) for s, u in zip(shares, graph.units)), 0.0)
-    return out
+    the device runs the per-tensor loop (a measured ``step_op_s``), each unit's tensors pay its ops instead."""
+    eff = efficiencies(prof)
+    shares = tuple(unit_step_s(params=u.param_count, optimizer=graph.optimizer, precision=graph.precision,
+                               memory_bandwidth_bytes_s=prof.memory_bandwidth_bytes_s,
+                               bandwidth_efficiency=eff.bandwidth) for u in graph.units)
+    if prof.step_op_s is None:
+        return shares, step_launch_s(graph.optimizer, eff.kernel_overhead_s)
+    return tuple(s + tensor_step_s(tensors=u.param_tensors, optimizer=graph.optimizer, step_op_s=prof.step_op_s)
+                 for s, u in zip(shares, graph.units)), 0.0
 
 
 def tied_copies(graph: UnitGraph) -> tuple[TiedCopy, ...]:
