@@ -138,3 +138,23 @@ def test_nine_cards_beyond_the_group_dp_get_groups_from_cpsat():
     got = solve_tp(prob, time_limit_s=10.0)
     assert got.solver == "cpsat" and got.iteration_s < pipe.iteration_s and any(st.members for st in got.stages)
     assert evaluate(prob, got.stages).fits and 0.0 < got.bound_s <= got.iteration_s * (1 + 1e-9)
+
+
+def test_a_plan_solved_with_cpsat_records_it_and_passes_check(tmp_path):
+    """gpt-tiny on three cards of one node, ``--solver cpsat --tensor-parallel auto``: the plan's solver is
+    cpsat, its groups are re-derived by `check`, and it is no slower than the group DP's plan."""
+    from hetpipe.cost_models.cluster import cluster_from_dict
+    from hetpipe.plan.build import capture_builtin, partition_graph
+    from hetpipe.plan.check import check_plan
+    from hetpipe.plan.schema import Plan
+
+    graph = capture_builtin("gpt-tiny", batch=4, seq=64)
+    cluster = cluster_from_dict({"nodes": [{"name": "box", "intra": "pcie-host", "devices": [
+        {"gpu": "rtx3090"}, {"gpu": "rtx3060-12gb"}, {"gpu": "rtx4090"}]}]})
+    plan = partition_graph(graph, cluster, solver="cpsat", tensor_parallel="auto", time_limit_s=4.0)
+    dp = partition_graph(graph, cluster, tensor_parallel="auto", time_limit_s=4.0)
+    assert plan.solver.name == "cpsat" and dp.solver.name == "group-dp"
+    assert plan.predicted.iteration_s <= dp.predicted.iteration_s * (1 + REL)
+    plan.save(tmp_path / "plan.json")
+    loaded = Plan.load(tmp_path / "plan.json")
+    assert loaded == plan and check_plan(loaded).ok, check_plan(loaded).violations
