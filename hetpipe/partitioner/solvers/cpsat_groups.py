@@ -284,7 +284,8 @@ def solve_cpsat_groups(problem: Problem, *, time_limit_s: float, seed: int, hint
     """The best placement over cuts, groups, leads and orders by CP-SAT (module docstring).
 
     `hint` seeds the search and caps the tables (it must fit `problem` as given, offload cap
-    included); `deadline` (a `time.perf_counter()` value) bounds the pricing.  Raises
+    included); `deadline` (a `time.perf_counter()` value) bounds the pricing; `time_limit_s` the
+    pricing and the search together (the search gets at least 0.01 s).  Raises
     `GroupSpaceTooLarge` when the tables or the model are too large.
     """
     start = time.perf_counter()
@@ -295,7 +296,7 @@ def solve_cpsat_groups(problem: Problem, *, time_limit_s: float, seed: int, hint
     built = _GroupModel(problem, tables, cap=cap)
     if hint is not None and math.isfinite(cap):
         built.hint(hint)
-    solver = _solver(time_limit_s, seed, workers)
+    solver = _solver(time_limit_s - (time.perf_counter() - start), seed, workers)  # the pricing took its share
     code = solver.solve(built.model)
     status, wall = solver.status_name(code), time.perf_counter() - start
     log.info("CP-SAT groups: %s after %.2f s (%d terms, %d member sets)", status, wall, tables.terms(),

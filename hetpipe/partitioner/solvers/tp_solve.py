@@ -86,9 +86,9 @@ def group_bound(problem: Problem, cost_cache: dict | None = None, *, seed: int =
 def cpsat_pass(problem: Problem, *, hint: Sequence[Stage] | None, seed: int, cost_cache: dict,
                deadline: float) -> DPResult | None:
     """One run of `solve_cpsat_groups` as an inner solver of `tail_walk` (None: nothing found)."""
-    res = solve_cpsat_groups(problem, time_limit_s=max(MIN_CPSAT_S, deadline - time.perf_counter()), seed=seed,
-                             hint=hint, cost_cache=cost_cache, deadline=max(deadline, time.perf_counter()
-                                                                            + MIN_CPSAT_S))
+    deadline = max(deadline, time.perf_counter() + MIN_CPSAT_S)  # pricing and search share it
+    res = solve_cpsat_groups(problem, time_limit_s=deadline - time.perf_counter(), seed=seed, hint=hint,
+                             cost_cache=cost_cache, deadline=deadline)
     if res.stages is None:
         log.info("CP-SAT with group variables: %s", res.status)
         return None
