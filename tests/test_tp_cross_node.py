@@ -184,3 +184,102 @@ def test_a_group_of_two_nodes_loads_and_of_three_is_refused_naming_the_field():
     with pytest.raises(PlanError, match=r"stages\[0\].group_devices: .* span nodes \['n0', 'n1', 'n2'\]; "
                                         "a tensor-parallel group is on at most 2 nodes"):
         Plan.from_dict(doc)
+
+
+# ----------------------------------------------------------------------------- 4. the runtime
+
+MODEL, MICRO_BATCH, SEQ, MICROBATCHES, STEPS = "gpt-tiny", 2, 16, 4, 3
+SHARES = (0.7, 0.3)
+
+
+@functools.lru_cache(maxsize=None)
+def cross_plan():
+    """Stage 0 (units 0-3) on the group a:0 (a 3060, lead) + b:0 (a 3090, the other node), stage 1 on a:1
+    (a 4090); 1 Gbit/s between the nodes; shares 0.7 / 0.3 (the planner's are near even on this tiny model)."""
+    from hetpipe.cost_models.cluster import cluster_from_dict
+    from hetpipe.partitioner.problem import Stage
+    from hetpipe.plan.build import assemble_plan, build_problem
+    from hetpipe.plan.schema import SolverReport
+    from tests.test_tp_runtime import tp_graph
+
+    graph = tp_graph(MODEL)
+    net = {"bandwidth": "1Gbit/s", "latency": "0.2ms"}
+    cluster = cluster_from_dict({"nodes": [
+        {"name": "a", "intra": "pcie-host", "network": net, "devices": [{"gpu": "rtx3060-12gb"}, {"gpu": "rtx4090"}]},
+        {"name": "b", "network": net, "devices": [{"gpu": "rtx3090"}]}]})
+    problem = build_problem(graph, cluster, microbatches=MICROBATCHES, tensor_parallel="auto")
+    stages = (Stage(0, 0, 3, members=(0, 2)), Stage(1, 4, len(graph.units) - 1))
+    ev = evaluate(problem, stages)
+    plan = assemble_plan(graph, cluster, problem=problem, stages=stages, global_batch=MICRO_BATCH * MICROBATCHES,
+                         solver=SolverReport("hand", "FEASIBLE", ev.iteration_s, 0.0, 0.0))
+    return dataclasses.replace(plan, stages=(dataclasses.replace(plan.stages[0], group_shares=SHARES),
+                                             *plan.stages[1:]))
+
+
+def test_each_node_runs_its_own_members_and_the_emulation_prices_the_group_on_the_nodes_link():
+    from hetpipe.plan.group_run import member_timings, rank_slots
+    from hetpipe.plan.schema import problem_from_plan
+    from hetpipe.runtime.tp_ranks import slot_for
+
+    plan = cross_plan()
+    assert [(s.stage, s.member, s.device) for s in rank_slots(plan)] == [(0, 0, "a:0"), (0, 1, "b:0"), (1, 0, "a:1")]
+    per_node = {n: [slot_for(plan, node=n, rank=-1, local_rank=k) for k in range(cards)]
+                for n, cards in (("a", 2), ("b", 1))}  # torchrun per node: --plan-node, --nproc-per-node
+    assert [(s.stage, s.member) for s in per_node["a"]] == [(0, 0), (1, 0)]
+    assert [(s.stage, s.member) for s in per_node["b"]] == [(0, 1)]
+    with pytest.raises(ConfigError, match="use --nproc-per-node=1 on that node"):
+        slot_for(plan, node="b", rank=-1, local_rank=1)
+    problem = problem_from_plan(plan)
+    assert ring_of(problem, (0, 2)) == (125e6, 2e-4)  # 1 Gbit/s, 0.2 ms: the nodes' link, not the PCIe one
+    slow = member_timings(plan)
+    fast_net = {"bandwidth_bytes_s": tuple(tuple(16e9 for _ in row) for row in problem.bandwidth_bytes_s)}
+    assert slow[(0, 0)].fwd_s > _member_fwd_s(problem, plan, fast_net)  # the all-reduces are on the 1 Gbit/s link
+
+
+def _member_fwd_s(problem: Problem, plan, links: dict) -> float:
+    from hetpipe.partitioner.problem import stage_position
+    from hetpipe.partitioner.tp_tables import group_stage
+    from hetpipe.plan.schema import stages_from_plan
+
+    stages, fast = stages_from_plan(plan), replace(problem, **links)
+    return group_stage(fast, first=0, last=3, members=(0, 2), position=stage_position(fast, stages, 0),
+                       shares=plan.stages[0].group_shares).member_fwd_s[0]
+
+
+@pytest.fixture(scope="module")
+def cross_run(tmp_path_factory):
+    from hetpipe import models
+    from hetpipe.runtime.run import run
+    from tests.test_tp_runtime import group_reference
+
+    out = tmp_path_factory.mktemp("tp_cross_run")
+    torch.manual_seed(0)
+    resolved = models.resolve(MODEL, device="cpu", batch=MICRO_BATCH, seq=SEQ)
+    torch.save(resolved.model.state_dict(), out / "weights.pt")
+    gen = torch.Generator().manual_seed(1)
+    batches = []
+    for _ in range(STEPS):
+        x = torch.randint(0, models.input_vocab(MODEL) or 64, (MICRO_BATCH * MICROBATCHES, SEQ), generator=gen)
+        batches.append(((x,), models.example_targets(MODEL, (x,))))
+    reference = copy.deepcopy(resolved.model)
+    ref_losses = group_reference(reference, batches)
+    report = run(cross_plan(), model=MODEL, steps=STEPS, seq=SEQ, data=batches, weights=out / "weights.pt",
+                 save_weights=out / "saved", emulate=True, run_dir=out / "run", timeout_s=120)
+    return report, ref_losses, reference, out / "saved"
+
+
+@pytest.mark.slow
+def test_a_group_across_two_nodes_trains_like_one_device_each_member_at_its_own_prediction(cross_run):
+    from hetpipe.plan.group_run import member_timings
+    from tests.test_tp_runtime import assert_gathered_equal
+    from tests.zoo_harness import saved_state
+
+    report, ref_losses, reference, saved = cross_run
+    assert report.world_size == 3
+    torch.testing.assert_close(list(report.losses), ref_losses, rtol=1e-5, atol=0)
+    assert_gathered_equal(saved_state(saved), reference)  # the shards of both nodes' members gathered back
+    mine, rows = member_timings(cross_plan()), {(r.stage, r.member): r for r in report.members}
+    assert set(rows) == set(mine) and [rows[k].device for k in sorted(rows)] == ["a:0", "b:0"]
+    for key, row in rows.items():  # stretched to at least its own F / B, the 1 Gbit/s all-reduces included
+        assert (row.predicted_fwd_s, row.predicted_bwd_s) == (mine[key].fwd_s, mine[key].bwd_s)
+        assert row.fwd_emulated_s >= 0.99 * row.predicted_fwd_s and row.bwd_emulated_s >= 0.99 * row.predicted_bwd_s
