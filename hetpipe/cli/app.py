@@ -59,8 +59,7 @@ def _parser() -> argparse.ArgumentParser:
                         "interleaved:V (V chunks per card) | auto (the fastest for this plan)")
     p.add_argument("--tensor-parallel", default="off",
                    help="off (default) | auto (a stage may run on a group of up to 4 cards of one node, or of two "
-                        "nodes where their link is fast enough to lower T, each layer split unevenly by speed and "
-                        "memory)")
+                        "nodes where their link lowers T, each layer split unevenly by speed and memory)")
     p.add_argument("--replicas", default="1",
                    help="1 (one pipeline, default) | auto (the planner picks one pipeline or several data-parallel "
                         "replicas, each with its own batch share) | N (exactly N pipeline replicas)")
