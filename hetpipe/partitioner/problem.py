@@ -462,7 +462,7 @@ def _validate_group(problem: Problem, st: Stage, s: int) -> None:
               or not all(0 <= d < len(problem.devices) for d in m)
               or len({problem.devices[d].node for d in m}) > problem.group_nodes or not problem.tensor_parallel):
         raise ValueError(f"stage {s}: group {list(m)} must be 2..{problem.group_max} distinct cards of <= "
-                         f"{problem.group_nodes} node(s), device {st.device} first, on a problem with TP tables")
+                         f"{problem.group_nodes} node(s), device {st.device} first, with tensor-parallel tables")
     if m and (st.recompute_units or st.offload):
         raise ValueError(f"stage {s}: a tensor-parallel group neither recomputes nor offloads (not priced)")
 
