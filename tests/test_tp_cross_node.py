@@ -283,3 +283,33 @@ def test_a_group_across_two_nodes_trains_like_one_device_each_member_at_its_own_
     for key, row in rows.items():  # stretched to at least its own F / B, the 1 Gbit/s all-reduces included
         assert (row.predicted_fwd_s, row.predicted_bwd_s) == (mine[key].fwd_s, mine[key].bwd_s)
         assert row.fwd_emulated_s >= 0.99 * row.predicted_fwd_s and row.bwd_emulated_s >= 0.99 * row.predicted_bwd_s
+
+
+@pytest.mark.slow
+def test_a_group_across_two_network_namespaces_trains_like_one_device(tmp_path):
+    """The plan's two nodes as network namespaces joined by a tc-shaped veth (`runtime/faults/netns.py`): one
+    torchrun per node (``--plan-node``), the group's process group spanning them, so its all-reduces and the
+    lead's broadcast cross the shaped link.  Default data and seeded weights, as a plain loop draws them."""
+    from safetensors.torch import load_file
+
+    from hetpipe import models
+    from hetpipe.runtime.data import synthetic_batch
+    from hetpipe.runtime.faults.netns import netns_support, run_on_netns
+    from hetpipe.runtime.stage.initial import write_initial_weights
+    from tests.test_tp_runtime import group_reference
+
+    reason = netns_support()
+    if reason:  # the refusal is what is tested where namespaces cannot be made
+        with pytest.raises(ConfigError, match=f"cannot run on network namespaces here: {reason}"):
+            run_on_netns(cross_plan(), model=MODEL, seq=SEQ, steps=STEPS, run_dir=tmp_path / "run")
+        return
+    rep = run_on_netns(cross_plan(), model=MODEL, seq=SEQ, steps=STEPS, run_dir=tmp_path / "run", timeout_s=60)
+    assert rep.world_size == 3 and any("links a <-> b ran over a veth pair" in n for n in rep.notes), rep.notes
+    model = models.resolve(MODEL, device="cpu", batch=MICRO_BATCH, seq=SEQ).model
+    model.load_state_dict(load_file(str(write_initial_weights(MODEL, tmp_path / "init", seed=0, batch=MICRO_BATCH,
+                                                              seq=SEQ))), strict=False)
+    example = models.resolve(MODEL, device="meta", batch=MICRO_BATCH, seq=SEQ).example_inputs
+    vocab = next(m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding))  # the worker's
+    batches = [synthetic_batch(MODEL, example, global_batch=MICRO_BATCH * MICROBATCHES, vocab=vocab, seed=0, step=k)
+               for k in range(STEPS)]
+    torch.testing.assert_close(list(rep.losses), group_reference(model, batches), rtol=1e-5, atol=0)
