@@ -5,7 +5,7 @@ For each scenario the planner solves the same problem twice (`plan/build.build_p
 
 * **pipeline-only**: `solve` (``--tensor-parallel off``: every stage one card);
 * **uneven TP**: `solve_tp` (``--tensor-parallel auto``): stages may be groups of up to 4 cards
-  of one node, shares by equal finish capped by memory (`partitioner/tp_tables.py`);
+  of one node or two, shares by equal finish capped by memory (`partitioner/tp_tables.py`);
 * **even TP**: the uneven answer's placement, every group re-priced with Megatron's 1/k shares
   (same degree, same members, same cuts): its T, or "does not fit" when a member overflows.
 
@@ -25,9 +25,9 @@ problem with the embedding and head blocks removed (replicated on every member, 
 (d) groups across two nodes: Llama-1B-like (sequence 2048) on two nodes of two NVLink A100 80GB each,
 the nodes linked at 400, 100, 25 or 10 Gbit/s (5 us); `solve_tp` with groups of one node's cards only
 (`Problem.group_nodes` = 1, as before) and with two nodes' cards too (2, what ``auto`` offers): T of
-each, the plan of the second, and whether a group crosses the nodes.  Writes benchmarks/results/tensor_parallel.md.
+each, the plan of the second, and whether a group crosses the nodes.
 
-Usage:
+Writes benchmarks/results/tensor_parallel.md.  Usage:
     python benchmarks/tensor_parallel.py
 """
 
