@@ -63,7 +63,7 @@ trainable parameters (tied replicas included):
 (priced, or the search would see offloading as free memory); `Problem.offload`: never | auto | all.
 
 Tensor-parallel groups (issue 15): a stage with `Stage.members` runs on 2..`group_max` cards of <= `group_nodes`
-nodes, lead `device` first; F_s, B_s, M_s (on every member) and S_s as `tp_tables.group_stage` states them, C_s lead to lead.
+nodes, lead `device` first; F_s, B_s, M_s (every member's) and S_s per `tp_tables.group_stage`, C_s lead to lead.
 
 Interleaved 1F1B (``schedule="interleaved:V"``, `hetpipe.schedule.interleaved`): `stages` are the V p virtual stages
 in model order, stage k on rank k % p (so on stage k % p's device); F, B, C (the wrap-around link p-1 -> 0 included)

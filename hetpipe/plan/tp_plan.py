@@ -3,8 +3,8 @@
 ``--tensor-parallel auto`` (`partition_graph(tensor_parallel=...)`) gives the solver every
 unit's split (`tp_tables.unit_splits`) and groups of up to `DEFAULT_GROUP_MAX` cards of one
 node or of two (`MAX_GROUP_NODES`: a group across two nodes has its ring priced on their link, and
-the solver takes it only where that lowers T).  The plan then records the setting (`Plan.cost_model["tensor_parallel"]`), each unit's
-``tp_flops_fraction``, ``tp_param_fraction`` and ``tp_blocks`` (version 4), and each group
+the solver takes it only where that lowers T).  The plan then records the setting
+(`Plan.cost_model["tensor_parallel"]`), each unit's ``tp_flops_fraction``, ``tp_param_fraction`` and ``tp_blocks`` (version 4), and each group
 stage's ``group_devices`` and ``group_shares``; `with_plan_groups` rebuilds the solver's view
 from those alone, so `hetpipe check` re-prices every group (its shares, F_s, B_s, S_s and
 every member's M_s) like any stage, and `share_violations` compares the recorded shares.

@@ -2,8 +2,8 @@
 
 Each stage runs on a *group*: one card (today's stage, with its recompute / offload levers
 priced exactly as `dp.StageTables` prices them) or 2..`Problem.group_max` cards of one node, or of
-two when `Problem.group_nodes` is 2 (`candidate_groups`; `tp_tables.group_stage`: shares by the ``uneven`` rule, the slowest member's integer parts,
-the all-reduces and broadcasts on the group's ring, every member under M_s; no levers).
+two when `Problem.group_nodes` is 2 (`candidate_groups`; `tp_tables.group_stage`: shares by the
+``uneven`` rule, the slowest member's integer parts, the all-reduces and broadcasts on the group's ring, every member under M_s; no levers).
 The shares are not decisions: they follow from the run, the members and the in-flight count.
 A group's *lead* (`Stage.device`, the member that exchanges the cuts with the neighbouring
 stages' leads) is a decision: every member may lead; the others follow in index order.
