@@ -3,10 +3,12 @@
 1. The pipeline-only answer: `solve.solve` on the same problem with ``group_max = 1`` (the DP,
    relaxation or CP-SAT, verified under the schedule): the plan is never slower than it.
 2. The group DP (`group_dp.solve_groups`, exact under the estimate T_est over cuts, groups,
-   leads and orders; inside the offload lever's outer walk), when the cluster is small enough
+   leads and orders; inside the offload lever's outer walk; with groups across two nodes
+   (`Problem.group_nodes`) also over one node's groups only), when the cluster is small enough
    (`group_dp.MAX_GROUP_CARDS`) and its groups are priced within the time limit; else step 1's
    answer stands and the log says why.
-3. `verify`'s local search under the schedule from both answers; the faster one is the plan.
+3. `verify`'s local search under the schedule from every answer; the fastest one is the plan
+   (so groups across nodes never make it slower than one node's groups' answer under the schedule).
 
 CP-SAT has no group variables: ``solver="cpsat"`` runs it for step 1 only, and the group
 answer is the DP's (the plan's solver is then ``group-dp``).  The bound recorded is valid over
@@ -74,12 +76,16 @@ def solve_tp(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10
         cache: dict = {}  # group costs, shared by every pass and the bound
         deadline = time.perf_counter() + left  # the group tables are priced within the plan's time limit
         grp = tail_walk(problem, lambda p, _: solve_groups(p, time_limit_s=left, cost_cache=cache, deadline=deadline))
+        # the one-node groups' answer too: T_est's optimum over more groups may replay slower under the schedule
+        near = (tail_walk(replace(problem, group_nodes=1), lambda p, _: solve_groups(
+            p, time_limit_s=left, cost_cache=cache, deadline=deadline)) if problem.group_nodes > 1 else None)
     except GroupSpaceTooLarge as err:
         log.warning("tensor-parallel groups not searched: %s; the plan is pipeline-only", err)
         return pipe
     if grp is None:
         return pipe
-    checked = verify(problem, [grp.stages, pipe.stages], limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))
+    seeds = [grp.stages, *([near.stages] if near is not None else []), pipe.stages]
+    checked = verify(problem, seeds, limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))
     stages, value = checked.stages, checked.iteration_s
     if pipe.iteration_s <= value:
         stages, value = pipe.stages, pipe.iteration_s
