@@ -5,7 +5,7 @@ For each scenario the planner solves the same problem twice (`plan/build.build_p
 
 * **pipeline-only**: `solve` (``--tensor-parallel off``: every stage one card);
 * **uneven TP**: `solve_tp` (``--tensor-parallel auto``): stages may be groups of up to 4 cards
-  of one node, shares by equal finish capped by memory (`partitioner/tp_tables.py`);
+  of one node or two, shares by equal finish capped by memory (`partitioner/tp_tables.py`);
 * **even TP**: the uneven answer's placement, every group re-priced with Megatron's 1/k shares
   (same degree, same members, same cuts): its T, or "does not fit" when a member overflows.
 
@@ -20,15 +20,21 @@ recomputation; (c) 2x 3090 + a 3060 12GB in one node, PCIe through the host (no 
 GPT-2 medium and the eight Llama-7B blocks; (b + ends) scenario (b) with Llama-7B's token embedding
 and its final norm + LM head with the cross-entropy loss (vocabulary 32,000), which split by
 vocabulary rows (`capture/vocab_parallel.py`).  The column "no vocabulary split" solves the same
-problem with the embedding and head blocks removed (replicated on every member, as before them).  bf16-mixed, Adam, micro-batch 1 (2 in (b)); G = micro-batches per iteration.  Writes benchmarks/results/tensor_parallel.md.
+problem with the embedding and head blocks removed (replicated on every member, as before them).  bf16-mixed, Adam, micro-batch 1 (2 in (b)); G = micro-batches per iteration.
 
-Usage:
+(d) groups across two nodes: Llama-1B-like (sequence 2048) on two nodes of two NVLink A100 80GB each,
+the nodes linked at 400, 100, 25 or 10 Gbit/s (5 us); `solve_tp` with groups of one node's cards only
+(`Problem.group_nodes` = 1, as before) and with two nodes' cards too (2, what ``auto`` offers): T of
+each, the plan of the second, and whether a group crosses the nodes.
+
+Writes benchmarks/results/tensor_parallel.md.  Usage:
     python benchmarks/tensor_parallel.py
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
@@ -129,6 +135,29 @@ def row(label: str, graph: UnitGraph, cluster, global_batch: int, recompute: str
             f"{even / sol.iteration_s:.2f}x", vs_pipe, describe(tp, sol.stages), f"{wall:.1f}"]
 
 
+def cross_node_rows() -> list[list[object]]:
+    """Scenario (d): the solver's choice of a group across two nodes by the nodes' link (module docstring)."""
+    graph = capture(*build("llama-1b", device="meta", batch=1, seq=2048), name="llama-1b", precision=PRECISION,
+                    optimizer="adam")
+    rows = []
+    for gbit_s in (400, 100, 25, 10):
+        net = {"bandwidth": f"{gbit_s}Gbit/s", "latency": "5us"}  # InfiniBand / RoCE class small-message latency
+        lab = cluster_from_dict({"name": f"2x2 A100, {gbit_s} Gbit/s", "nodes": [
+            {"name": n, "intra": "nvlink", "network": net, "devices": [{"gpu": "a100-80gb", "count": 2}]}
+            for n in ("a", "b")]})
+        for m in (1, 4):
+            tp = build_problem(graph, lab, microbatches=m, recompute="auto", tensor_parallel="auto")
+            one = solve_tp(dataclasses.replace(tp, group_nodes=1), time_limit_s=20.0)
+            start = time.perf_counter()
+            two = solve_tp(tp, time_limit_s=20.0)
+            wall = time.perf_counter() - start
+            nodes = [len({tp.devices[d].node for d in st.members}) for st in two.stages if st.members]
+            rows.append([f"{gbit_s} Gbit/s", m, f"{one.iteration_s:.4f}", f"{two.iteration_s:.4f}",
+                         f"{one.iteration_s / two.iteration_s:.2f}x", "yes" if 2 in nodes else "no",
+                         describe(tp, two.stages), f"{wall:.1f}"])
+    return rows
+
+
 def main() -> None:
     homelab = load_cluster(ROOT / "examples/clusters/homelab.yaml")
     wide = one_node("3090+2x3060, 8 GiB of each 3060 held back", ["rtx3090", "rtx3060-12gb", "rtx3060-12gb"],
@@ -148,10 +177,18 @@ def main() -> None:
     header = ["scenario", "model", "G", "pipeline-only T (s)", "even TP T (s)", "uneven TP, no vocabulary split T (s)",
               "uneven TP T (s)", "even / uneven",
               "pipeline / uneven", "uneven plan (cards (shares): units)", "solve_tp wall (s)"]
+    cross = ["link between the nodes", "G", "one-node groups T (s)", "two-node groups T (s)", "one / two",
+             "a group crosses the nodes", "plan (cards (shares): units)", "solve_tp wall (s)"]
     body = (__doc__.split("\n\n")[1].replace("\n", " ") + "\n\n" + __doc__.split("\n\n")[2].replace("\n", " ")
-            + "\n\n" + markdown_table(header, rows))
+            + "\n\n" + markdown_table(header, rows) + "\n\n" + __doc__.split("\n\n")[4].replace("\n", " ")
+            + "\n\n" + markdown_table(cross, cross_node_rows()) + f"\n\nLoad average at the end: {_load()}")
     print(body)
     write_result("tensor_parallel", "Tensor-parallel groups chosen by the solver (issue 15, cost model)", body)
+
+
+def _load() -> str:
+    """The 1, 5 and 15 minute load averages (the wall column depends on them)."""
+    return " / ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":

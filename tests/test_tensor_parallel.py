@@ -369,7 +369,7 @@ def test_a_grouped_stage_round_trips_as_version_4_and_check_refuses_to_price_it_
     (("n0:0", "n0:1"), (1.2, -0.2), "one positive share per member"),
     (("n0:0", "n0:1"), (1.0,), "one positive share per member"),
     (("n0:1", "n0:0"), (0.5, 0.5), "device 'n0:0' first"),
-    (("n0:0", "n1:2"), (0.5, 0.5), "span nodes"),
+    # a group across two nodes loads; across three it does not: tests/test_tp_cross_node.py
     (("n0:0", "n9:9"), (0.5, 0.5), "not in plan.devices"),
 ])
 def test_malformed_groups_are_refused_on_load_naming_the_field(members, shares, match):

@@ -58,8 +58,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="pipeline schedule: 1f1b (default) | zb-1f1b | zb-h1 (zero-bubble: backward split) | "
                         "interleaved:V (V chunks per card) | auto (the fastest for this plan)")
     p.add_argument("--tensor-parallel", default="off",
-                   help="off (default) | auto (a stage may run on a group of up to 4 cards of one node, each "
-                        "layer split unevenly by speed and memory; `hetpipe run` does not run groups yet)")
+                   help="off (default) | auto (a stage may run on a group of up to 4 cards of one node, or of two "
+                        "nodes where their link lowers T, each layer split unevenly by speed and memory)")
     p.add_argument("--replicas", default="1",
                    help="1 (one pipeline, default) | auto (the planner picks one pipeline or several data-parallel "
                         "replicas, each with its own batch share) | N (exactly N pipeline replicas)")

@@ -1,7 +1,7 @@
 """Cost of a stage that spans a *group* of cards splitting each layer unevenly (issue 15).
 
-Within a tensor-parallel group of k cards of one node, every tensor-parallel block (a
-Megatron column-parallel -> row-parallel pair: attention q/k/v -> heads -> output
+Within a tensor-parallel group of k cards (of one node, or of two: `partitioner.tp_tables.MAX_GROUP_NODES`),
+every tensor-parallel block (a Megatron column-parallel -> row-parallel pair: attention q/k/v -> heads -> output
 projection, or MLP up[/gate] -> act -> down) is split so that member i holds a share
 ``w_i`` of its heads / hidden columns (Shoeybi et al. 2019, "Megatron-LM", §3: the first
 weight is split by output columns, the second by input rows, so each member computes its

@@ -62,8 +62,8 @@ trainable parameters (tied replicas included):
 
 (priced, or the search would see offloading as free memory); `Problem.offload`: never | auto | all.
 
-Tensor-parallel groups (issue 15): a stage with `Stage.members` runs on 2..`group_max` cards of one node, lead
-`device` first; F_s, B_s, M_s (on every member) and S_s as `tp_tables.group_stage` states them, C_s lead to lead.
+Tensor-parallel groups (issue 15): a stage with `Stage.members` runs on 2..`group_max` cards of <= `group_nodes`
+nodes, lead `device` first; F_s, B_s, M_s (every member's) and S_s per `tp_tables.group_stage`, C_s lead to lead.
 
 Interleaved 1F1B (``schedule="interleaved:V"``, `hetpipe.schedule.interleaved`): `stages` are the V p virtual stages
 in model order, stage k on rank k % p (so on stage k % p's device); F, B, C (the wrap-around link p-1 -> 0 included)
@@ -191,10 +191,11 @@ class Problem:
     objective: str = "schedule"
     # The action lists T replays and M_s holds (`schedule.builders.SCHEDULES`; split: B and W apart).
     schedule: str = "1f1b"
-    # Tensor-parallel groups (issue 15): per unit what a group splits (`tp_tables.UnitSplit`; () = no
-    # groups) and the most cards of one node a group may hold (1 = pipeline only; `solvers/group_dp.py`).
+    # Tensor-parallel groups (issue 15): per unit what a group splits (`tp_tables.UnitSplit`; () = no groups), the
+    # most cards a group may hold (1 = pipeline only) and the most nodes they may come from (`solvers/group_dp.py`).
     tensor_parallel: tuple[UnitSplit, ...] = ()
     group_max: int = 1
+    group_nodes: int = 1
     selective: SelectiveTables | None = None  # the selective recompute level (issue 14); None = not offered
 
     @property
@@ -455,16 +456,14 @@ def step_tail_s(problem: Problem, stages: Sequence[Stage]) -> float:
 
 
 def _validate_group(problem: Problem, st: Stage, s: int) -> None:
-    """A group: 2..group_max distinct cards of one node, `device` first, no recompute or offload."""
-    if not st.members:
-        return
+    """A group: 2..group_max distinct cards of <= group_nodes nodes, `device` first, no recompute or offload."""
     m = st.members
-    if (m[0] != st.device or len(set(m)) != len(m) or not 2 <= len(m) <= problem.group_max
-            or not all(0 <= d < len(problem.devices) for d in m)
-            or len({problem.devices[d].node for d in m}) != 1 or not problem.tensor_parallel):
-        raise ValueError(f"stage {s}: group {list(m)} must be 2..{problem.group_max} distinct cards of one node, "
-                         f"device {st.device} first, on a problem with tensor-parallel tables")
-    if st.recompute_units or st.offload:
+    if m and (m[0] != st.device or len(set(m)) != len(m) or not 2 <= len(m) <= problem.group_max
+              or not all(0 <= d < len(problem.devices) for d in m)
+              or len({problem.devices[d].node for d in m}) > problem.group_nodes or not problem.tensor_parallel):
+        raise ValueError(f"stage {s}: group {list(m)} must be 2..{problem.group_max} distinct cards of <= "
+                         f"{problem.group_nodes} node(s), device {st.device} first, with tensor-parallel tables")
+    if m and (st.recompute_units or st.offload):
         raise ValueError(f"stage {s}: a tensor-parallel group neither recomputes nor offloads (not priced)")
 
 

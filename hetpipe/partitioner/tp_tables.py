@@ -4,7 +4,7 @@
 its FLOPs and parameters inside tensor-parallel blocks, and each block's parts, forward FLOPs,
 all-reduced bytes and per-part activations), the same figures `tp_groups.price_group` reads
 from the captured `Unit`s.  `group_stage` prices a stage on units [first, last] run by the
-group ``members`` (device indices of one node, the lead first) at a pipeline position:
+group ``members`` (device indices of at most `MAX_GROUP_NODES` nodes, the lead first) at a pipeline position:
 
 * **shares** -- `tp_groups.price_group`'s ``uneven`` rule (or ``even``): each member's speed on
   the run is the run's FLOPs over its own F + B on its kind; equal finish with the replicated
@@ -56,8 +56,13 @@ from hetpipe.schedule.held import position_held_terms
 
 #: `--tensor-parallel`: ``off`` (pipeline only) or ``auto`` (the solver may run a stage on a group).
 TENSOR_PARALLEL_MODES = ("off", "auto")
-#: The most cards of one node a group holds under ``auto`` (issue 15: k <= 4).
+#: The most cards a group holds under ``auto`` (issue 15: k <= 4).
 DEFAULT_GROUP_MAX = 4
+#: The most nodes one group's cards may come from under ``auto`` (`Problem.group_nodes`): a ring ordered by node
+#: then crosses one node pair's link, once in each direction (full duplex: the two hops do not share a direction),
+#: so pricing every ring step on that link is the alpha-beta ring exactly; with more nodes the ring would cross
+#: several pairs' links.  It also bounds the candidate groups the exact group DP enumerates (`candidate_groups`).
+MAX_GROUP_NODES = 2
 #: Block kinds split by vocabulary (their all-reduces differ from a Megatron pair's).
 VOCAB_KINDS = ("embedding", "head")
 #: Share rules: ``uneven`` (equal finish, capped by memory: what the solver uses), ``even`` (1/k).
@@ -178,7 +183,21 @@ def tied_vocab_bytes(tables: Any, first: int, last: int) -> int:
 
 
 def ring_of(tables: GroupTables, members: Sequence[int]) -> tuple[float, float]:
-    """(bandwidth, latency) of the group's ring: its slowest link, its largest latency."""
+    """(bandwidth, latency) of the group's ring: its slowest link, its largest latency.
+
+    A ring all-reduce of S bytes over k ranks runs 2(k-1) steps, each moving S/k bytes over every hop at once, so
+    a step lasts as long as its slowest hop: 2(k-1)·α + 2(k-1)/k · S/β with β the slowest hop's bandwidth and α the
+    largest latency (`sync.ring_allreduce_s`; cost_formulas.md §3.4; Patarasuk & Yuan 2009).  A group across two
+    nodes is a ring ordered by node: two hops cross the nodes' link (one each way), the rest stay inside a node,
+    so β is the slower of that link and the slowest intra-node pair.  Taking every pair (not only the ring's hops)
+    prices a node whose pairs differ by its slowest, the ring order the runtime's library picks being unknown.
+
+    Example (cards 0, 1 on one node at 100 B/s, card 2 on another at 10 B/s: the ring runs at 10 B/s):
+        >>> from types import SimpleNamespace as NS
+        >>> bw = ((0, 100.0, 10.0), (100.0, 0, 10.0), (10.0, 10.0, 0))
+        >>> ring_of(NS(bandwidth_bytes_s=bw, latency_s=((0, 1e-6, 5e-6),) * 3), (0, 1, 2))
+        (10.0, 5e-06)
+    """
     pairs = [(a, b) for a in members for b in members if a != b]
     if not pairs:
         return math.inf, 0.0

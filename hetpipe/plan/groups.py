@@ -1,8 +1,9 @@
 """Tensor-parallel groups in a plan (issue 15): validation, and the refusals until they are wired.
 
-A `PlanStage` with ``group_devices`` runs on a group of cards of one node, member i holding
+A `PlanStage` with ``group_devices`` runs on a group of cards of one node or of two
+(`tp_tables.MAX_GROUP_NODES`; its ring then priced on the nodes' link), member i holding
 ``group_shares[i]`` of every tensor-parallel block (version 4).  `validate_groups` runs when
-a plan is loaded (`plan.validate`): the members are plan devices of one node, ``device``
+a plan is loaded (`plan.validate`): the members are plan devices of at most two nodes, ``device``
 first, each once and in no other stage; the shares are one per member, positive, and sum to 1
 (integer heads / columns follow by largest remainder, so their sum is every block's total).
 
@@ -16,6 +17,9 @@ Example:
     >>> plan = NS(devices=[dev("a", "n"), dev("b", "n")],
     ...           stages=[NS(device="a", group_devices=("a", "b"), group_shares=(0.75, 0.25))])
     >>> validate_groups(plan)
+    >>> plan.devices.append(dev("c", "m"))
+    >>> plan.stages[0] = NS(device="a", group_devices=("a", "c"), group_shares=(0.5, 0.5))   # across two nodes
+    >>> validate_groups(plan)
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import math
 from typing import Any
 
 from hetpipe.errors import PlanError
+from hetpipe.partitioner.tp_tables import MAX_GROUP_NODES
 
 _FIX = "the plan was edited or corrupted; re-create it with `hetpipe plan`"
 #: Slack on the shares' sum: JSON round-trips floats exactly, so only their own rounding.
@@ -38,9 +43,9 @@ def _group(st: Any, at: str, nodes: dict[str, str]) -> None:
     unknown = [m for m in members if m not in nodes]
     if unknown:
         raise PlanError(f"{at}.group_devices: {unknown} not in plan.devices; {_FIX}")
-    if len({nodes[m] for m in members}) != 1:
+    if len({nodes[m] for m in members}) > MAX_GROUP_NODES:
         raise PlanError(f"{at}.group_devices: {list(members)} span nodes {sorted({nodes[m] for m in members})}; "
-                        f"a tensor-parallel group is on one node; {_FIX}")
+                        f"a tensor-parallel group is on at most {MAX_GROUP_NODES} nodes; {_FIX}")
     if len(shares) != len(members) or not all(isinstance(w, (int, float)) and math.isfinite(w) and w > 0
                                               for w in shares):
         raise PlanError(f"{at}.group_shares: {list(shares)} must be one positive share per member of "

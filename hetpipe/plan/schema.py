@@ -195,8 +195,8 @@ class PlanStage:
     offload_s: float = field(default=0.0, metadata={"since": 4})
     # Version 4: S_s, the stage's optimizer step (units' shares + its kind's launch share).
     step_s: float = field(default=0.0, metadata={"since": 4})
-    # Version 4 (issue 15): a tensor-parallel group of one node's cards: member ids (`device` first) and
-    # shares (> 0, sum 1; `partitioner/tp_tables.py`); empty: `device` alone.  `run` refuses groups.
+    # Version 4 (issue 15): a tensor-parallel group of one node's cards (or two nodes'): member ids (`device` first)
+    # and shares (> 0, sum 1; `partitioner/tp_tables.py`); empty: `device` alone.
     group_devices: tuple[str, ...] = field(default=(), metadata={"since": 4})
     group_shares: tuple[float, ...] = field(default=(), metadata={"since": 4})
     bwd_weight_s: float = field(default=0.0, metadata={"since": 5})  # W_s: bwd_s's weight-gradient part (ZB W)

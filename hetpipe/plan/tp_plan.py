@@ -2,8 +2,9 @@
 
 ``--tensor-parallel auto`` (`partition_graph(tensor_parallel=...)`) gives the solver every
 unit's split (`tp_tables.unit_splits`) and groups of up to `DEFAULT_GROUP_MAX` cards of one
-node.  The plan then records the setting (`Plan.cost_model["tensor_parallel"]`), each unit's
-``tp_flops_fraction``, ``tp_param_fraction`` and ``tp_blocks`` (version 4), and each group
+node or of two (`MAX_GROUP_NODES`: a group across two nodes has its ring priced on their link, and
+the solver takes it only where that lowers T).  The plan then records the setting
+(`Plan.cost_model["tensor_parallel"]`), each unit's ``tp_flops_fraction``, ``tp_param_fraction`` and ``tp_blocks`` (version 4), and each group
 stage's ``group_devices`` and ``group_shares``; `with_plan_groups` rebuilds the solver's view
 from those alone, so `hetpipe check` re-prices every group (its shares, F_s, B_s, S_s and
 every member's M_s) like any stage, and `share_violations` compares the recorded shares.
@@ -21,7 +22,7 @@ from typing import Any, Mapping
 from hetpipe.errors import ConfigError, PlanError
 from hetpipe.partitioner.problem import Evaluation, Problem, Stage, stage_position
 from hetpipe.partitioner.tp_tables import (
-    DEFAULT_GROUP_MAX, TENSOR_PARALLEL_MODES, UnitSplit, block_split, group_stage, unit_splits)
+    DEFAULT_GROUP_MAX, MAX_GROUP_NODES, TENSOR_PARALLEL_MODES, UnitSplit, block_split, group_stage, unit_splits)
 from hetpipe.plan.tp_schema import PlanBlock
 
 #: `Plan.cost_model` key of the setting.
@@ -29,10 +30,11 @@ TP_NOTE = "tensor_parallel"
 #: Relative tolerance on a recorded share against the re-derived one (the same formula twice).
 SHARE_RTOL = 1e-9
 
-_WHY = (f"a stage may run on a group of up to {DEFAULT_GROUP_MAX} cards of one node splitting each "
-        "tensor-parallel block unevenly (equal finish, capped by memory); time = the slowest member's integer "
-        "parts + one ring all-reduce per block forward and backward + the group's broadcast of each received "
-        "message; groups neither recompute nor offload")
+_WHY = (f"a stage may run on a group of up to {DEFAULT_GROUP_MAX} cards of one node or of {MAX_GROUP_NODES} "
+        "splitting each tensor-parallel block unevenly (equal finish, capped by memory); time = the slowest member's "
+        "integer parts + one ring all-reduce per block forward and backward + the group's broadcast of each "
+        "received message, over the group's slowest link (across nodes: theirs); groups neither recompute nor "
+        "offload")
 
 
 def check_tensor_parallel_option(mode: str) -> None:
@@ -45,7 +47,8 @@ def check_tensor_parallel_option(mode: str) -> None:
 def tensor_parallel_fields(graph: Any, mode: str) -> dict[str, Any]:
     """`Problem` keyword arguments for the setting: none for ``off``."""
     check_tensor_parallel_option(mode)
-    return {} if mode == "off" else {"tensor_parallel": unit_splits(graph.units), "group_max": DEFAULT_GROUP_MAX}
+    return {} if mode == "off" else {"tensor_parallel": unit_splits(graph.units), "group_max": DEFAULT_GROUP_MAX,
+                                     "group_nodes": MAX_GROUP_NODES}
 
 
 def tensor_parallel_note(problem: Problem) -> dict[str, str]:
@@ -80,8 +83,8 @@ def plan_group_fields(problem: Problem, stage: Stage, shares: tuple[float, ...])
 
 
 def with_plan_splits(plan: Any, problem: Problem) -> Problem:
-    """`problem_from_plan`'s problem with the plan's unit splits and group size (`stages_from_plan`
-    gives each stage its `group_devices` as `Stage.members`)."""
+    """`problem_from_plan`'s problem with the plan's unit splits, group size and nodes (`stages_from_plan`
+    gives each stage its `group_devices` as `Stage.members`; plans before cross-node groups have one-node ones)."""
     grouped = any(st.group_devices for st in plan.stages)
     if tensor_parallel_note_mode(plan.cost_model) == "off" and not grouped:
         return problem
@@ -90,7 +93,7 @@ def with_plan_splits(plan: Any, problem: Problem) -> Problem:
                              blocks=tuple(block_split(b) for b in u.tp_blocks)) for u in plan.units)
     widest = max((len(st.group_devices) for st in plan.stages), default=1)
     return replace(problem, tensor_parallel=splits if any(s.blocks for s in splits) else (),
-                   group_max=max(DEFAULT_GROUP_MAX, widest))
+                   group_max=max(DEFAULT_GROUP_MAX, widest), group_nodes=MAX_GROUP_NODES)
 
 
 def share_violations(plan: Any, ev: Evaluation) -> list[str]:

@@ -343,6 +343,22 @@ def release_stage(module: Any, optimizer: Any) -> int:
 
 
 @dataclass(frozen=True)
+class RankSwitchTimes:
+    """One rank's share of a switch: seconds from the barrier to the new loop, of which saving the hand-over,
+    loading it into the new stage and building that stage, and the bytes `release_stage` freed.
+
+    >>> RankSwitchTimes(total_s=2.0, save_s=0.3, load_s=0.5, build_s=1.0, released_bytes=4096).released_bytes
+    4096
+    """
+
+    total_s: float
+    save_s: float
+    load_s: float
+    build_s: float
+    released_bytes: int
+
+
+@dataclass(frozen=True)
 class Switched:
     """What the rank's step loop continues with: its new loop, fault watch and plan."""
 
@@ -389,22 +405,24 @@ def switch_in_place(plan: Plan, reason: str, held_s: float = 0.0, *, steps_done:
                        first_step=steps_done)
     ended = time.monotonic()
     _record(args.run_dir, plan, reason, steps_done=steps_done, old=run.plan, rank=state.rank,
-            times=(ended - began, saved_at - began, ended - built_at, built_at - saved_at, released), held_s=held_s)
+            times=RankSwitchTimes(total_s=ended - began, save_s=saved_at - began, load_s=ended - built_at,
+                                  build_s=built_at - saved_at, released_bytes=released), held_s=held_s)
     if state.rank == 0:  # every rank read its keys (the gather above): the hand-over is not a recovery point
         shutil.rmtree(folder, ignore_errors=True)
     return Switched(loop, watch, plan)
 
 
 def _record(run_dir: Path, plan: Plan, reason: str, *, steps_done: int, old: Plan, rank: int,
-            times: tuple[float, float, float, float, int], held_s: float = 0.0) -> None:
+            times: RankSwitchTimes, held_s: float = 0.0) -> None:
     """Collective: rank 0 writes the new plan and appends the switch (the slowest rank's seconds, every rank's
     released bytes) to `SWITCHES`."""
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, times)
     if rank != 0:
         return
-    seconds, save_s, load_s, build_s = (max(t[i] for t in every) for i in range(4))
-    released = sum(t[4] for t in every)
+    seconds, save_s, load_s, build_s = (max(getattr(t, f) for t in every) for f in ("total_s", "save_s", "load_s",
+                                                                                    "build_s"))
+    released = sum(t.released_bytes for t in every)
     plan_file = Path(run_dir) / f"plan-after-step-{steps_done}.json"
     plan.save(plan_file)
     record = SwitchRecord(after_steps=steps_done, seconds=seconds, save_s=save_s, load_s=load_s, build_s=build_s,

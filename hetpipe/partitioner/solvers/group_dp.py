@@ -1,9 +1,9 @@
 """Exact DP over pipelines whose stages may be tensor-parallel groups (issue 15).
 
 Each stage runs on a *group*: one card (today's stage, with its recompute / offload levers
-priced exactly as `dp.StageTables` prices them) or 2..`Problem.group_max` cards of one node
-(`tp_tables.group_stage`: shares by the ``uneven`` rule, the slowest member's integer parts,
-the all-reduces and broadcasts on the group's ring, every member under M_s; no levers).
+priced exactly as `dp.StageTables` prices them) or 2..`Problem.group_max` cards of one node, or of
+two when `Problem.group_nodes` is 2 (`candidate_groups`; `tp_tables.group_stage`: shares by the
+``uneven`` rule, the slowest member's integer parts, the all-reduces and broadcasts on the group's ring, every member under M_s; no levers).
 The shares are not decisions: they follow from the run, the members and the in-flight count.
 A group's *lead* (`Stage.device`, the member that exchanges the cuts with the neighbouring
 stages' leads) is a decision: every member may lead; the others follow in index order.
@@ -40,12 +40,12 @@ from typing import Sequence
 
 import numpy as np
 
-from hetpipe.errors import InfeasibleError
+from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.problem import Problem, Stage, StagePosition, grad_cut_bytes, stage_activation_bytes, tied_bytes
 from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.solvers.cap_walk import DPResult, check_deadline, parametric_search
 from hetpipe.partitioner.solvers.dp import DeviceClass, StageTables
-from hetpipe.partitioner.tp_tables import group_stage
+from hetpipe.partitioner.tp_tables import MAX_GROUP_NODES, group_stage, ring_of
 from hetpipe.schedule.held import position_held_terms
 
 #: Cards above which the set DP (2^cards states x stages x leads) is declined.
@@ -57,19 +57,39 @@ class GroupSpaceTooLarge(Exception):
 
 
 def candidate_groups(problem: Problem) -> tuple[tuple[int, ...], ...]:
-    """Every group a stage may run on: each card alone, and every set of 2..group_max cards of
-    one node with each member as lead (lead first, the rest by index)."""
+    """Every group a stage may run on: each card alone, and every set of 2..group_max cards of at
+    most ``problem.group_nodes`` nodes (1: one node; `tp_tables.MAX_GROUP_NODES`) with each member as
+    lead (lead first, the rest by index).  Sets in card-index order, one node's before two nodes'.
+
+    Whether a set across nodes is worth it is left to the DP: it prices the set's ring on the nodes'
+    link (`tp_tables.ring_of`), so on a slow link it loses to a pipeline and is not chosen.
+
+    Example (cards 0, 1 on node a, card 2 on node b; groups of 2):
+        >>> from types import SimpleNamespace as NS
+        >>> p = NS(devices=[NS(node="a"), NS(node="a"), NS(node="b")], group_max=2, group_nodes=2,
+        ...        tensor_parallel=(1,))
+        >>> candidate_groups(p)
+        ((0,), (1,), (2,), (0, 1), (1, 0), (0, 2), (2, 0), (1, 2), (2, 1))
+        >>> len(candidate_groups(NS(**{**vars(p), "group_nodes": 1})))
+        5
+    """
     out: list[tuple[int, ...]] = [(d,) for d in range(len(problem.devices))]
     if problem.group_max < 2 or not problem.tensor_parallel:
         return tuple(out)
+    spans = getattr(problem, "group_nodes", 1)
+    if not 1 <= spans <= MAX_GROUP_NODES:
+        raise ConfigError(f"Problem.group_nodes is {spans}; a tensor-parallel group may span 1..{MAX_GROUP_NODES} "
+                          "nodes (its ring is priced on one node pair's link); use 1 or 2")
     nodes: dict[str, list[int]] = {}
     for i, d in enumerate(problem.devices):
         nodes.setdefault(d.node, []).append(i)
-    for cards in nodes.values():
-        for k in range(2, min(problem.group_max, len(cards)) + 1):
-            for subset in itertools.combinations(cards, k):
-                out.extend((lead, *(d for d in subset if d != lead)) for lead in subset)
-    return tuple(out)
+    subsets = [s for cards in nodes.values() for k in range(2, min(problem.group_max, len(cards)) + 1)
+               for s in itertools.combinations(cards, k)]
+    if spans > 1:  # after the one-node sets (their order, hence the DP's ties, as before cross-node groups)
+        node_of = [d.node for d in problem.devices]
+        subsets += [s for k in range(2, problem.group_max + 1) for s in itertools.combinations(range(len(node_of)), k)
+                    if len({node_of[d] for d in s}) == 2]
+    return tuple(out) + tuple((lead, *(d for d in s if d != lead)) for s in subsets for lead in s)
 
 
 class GroupTablesDP:
@@ -85,6 +105,7 @@ class GroupTablesDP:
         # a group's F + B per (member set, units, what its position changes): the lead does not change it;
         # shared between the passes of one solve (the offload walk changes only width-1 stages)
         self._cost: dict[tuple, float] = {} if cost_cache is None else cost_cache
+        self._signatures: dict[tuple[int, ...], tuple] = {}
         n, L = len(problem.devices), self.L
         self.comm2 = np.zeros((n, n, L + 1))  # round trip over the cut after unit u-1, lead a -> lead b
         for a in range(n):
@@ -95,7 +116,7 @@ class GroupTablesDP:
 
     def _group_band(self, g: int, after: int) -> np.ndarray:
         """F + B of group g on [lo, lo + w + 1) with `after` stages after it; inf where it does not fit."""
-        key = (g, after)
+        key = (self.signature(self.groups[g]), after)
         if key not in self._group:
             p, L, members = self.problem, self.L, self.groups[g]
             band = np.full((L + 1, L), np.inf)
@@ -109,11 +130,23 @@ class GroupTablesDP:
             self._group[key] = band
         return self._group[key]
 
+    def signature(self, members: tuple[int, ...]) -> tuple:
+        """All a group's price reads of its members: each one's kind and usable bytes in card-index order
+        (`tp_tables.group_stage` prices them in that order, whoever leads) and the ring's link
+        (`tp_tables.ring_of`).  Sets with one signature cost the same: on a cluster of like nodes the
+        two-node sets collapse to a few (4 + 4 like cards: 6 signatures for 120 sets)."""
+        if members not in self._signatures:
+            order = tuple(sorted(members))
+            self._signatures[members] = (tuple((self.problem.devices[d].kind, self.problem.devices[d].usable_bytes)
+                                               for d in order), ring_of(self.problem, order))
+        return self._signatures[members]
+
     def _group_cost(self, members: tuple[int, ...], lo: int, last: int, after: int) -> float:
-        """`group_cost`, shared between leads and between positions whose moments are the same."""
+        """`group_cost`, shared between leads, between sets of one `signature`, and between positions whose
+        moments are the same."""
         m = self.problem.microbatches
         held = position_held_terms(after, first=lo == 0, microbatches=m)
-        key = (tuple(sorted(members)), lo, last, after == 0, min(after + 1, m), held)
+        key = (self.signature(members), lo, last, after == 0, min(after + 1, m), held)
         if key not in self._cost:
             self._cost[key] = group_cost(self.problem, members, lo, last, after)
         return self._cost[key]
@@ -143,56 +176,37 @@ def group_cost(problem: Problem, members: tuple[int, ...], lo: int, last: int, a
     return g.fwd_s + g.bwd_s if g.fits else math.inf
 
 
-State = tuple[int, int, int]  # (mask of the suffix's cards, its stages, its front stage's group index)
+State = tuple[int, int, int]  # (mask of the suffix's cards, its stages, its front stage's lead card)
 
 
 def run_pass(tab: GroupTablesDP, cap: float, bottleneck: bool, exact_stages: int | None,
              deadline: float = math.inf) -> tuple[float, list[tuple[int, int, int]]] | None:
-    """One pass: the least sum (or bottleneck) over suffixes; (value, [(group, lo, hi)] front to back)."""
+    """One pass: the least sum (or bottleneck) over suffixes; (value, [(group, lo, hi)] front to back).
+
+    A suffix is known by its cards, its stage count and its front stage's *lead* (the only member the
+    stage before it sends to): suffixes that differ only in the front group's other members merge, the
+    front group of each start unit kept in `backs` (with 2 nodes' sets, 8 cards: ~64x fewer states).
+    """
     combine = np.maximum if bottleneck else np.add
     L, groups = tab.L, tab.groups
     masks = [sum(1 << d for d in g) for g in groups]
     comm = np.where(tab.comm2 <= cap, tab.comm2, np.inf)
     vals: dict[State, np.ndarray] = {}
-    backs: dict[State, tuple[np.ndarray, np.ndarray]] = {}  # next start unit; index into `prev`
+    backs: dict[State, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # next start unit; index into prev; group
     prev_keys: dict[State, list[State]] = {}
     layer: list[State] = []
-    for g in range(len(groups)):  # the last stage: it ends at unit L
+    for g in range(len(groups)):  # the last stage: it ends at unit L (a (cards, lead) pair is one group)
         v = tab.band(g, 0, cap)[np.arange(L + 1), np.maximum(L - np.arange(L + 1) - 1, 0)]
         v = np.where(np.arange(L + 1) < L, v, np.inf)
         if np.isfinite(v).any():
-            key = (masks[g], 1, g)
-            vals[key], backs[key], prev_keys[key] = v, (np.full(L + 1, L), np.full(L + 1, -1)), []
+            key = (masks[g], 1, groups[g][0])
+            vals[key], prev_keys[key] = v, []
+            backs[key] = (np.full(L + 1, L), np.full(L + 1, -1), np.full(L + 1, g))
             layer.append(key)
     limit = min(len(tab.problem.devices), L, exact_stages or L)
     for j in range(1, limit):
         check_deadline(deadline)  # between levels (`cap_walk.DeadlineReached`: the walk keeps its best so far)
-        nxt: list[State] = []
-        for g, members in enumerate(groups):
-            band = tab.band(g, j, cap)
-            for key in layer:
-                mask, _, f = key
-                if mask & masks[g]:
-                    continue
-                h = combine(comm[members[0], groups[f][0]], vals[key])  # indexed by the next stage's first unit
-                padded = np.concatenate((h[1:], np.full(L, np.inf)))
-                windows = np.lib.stride_tricks.sliding_window_view(padded, L)[:L + 1]
-                cand = combine(band, windows)
-                w = np.argmin(cand, axis=1)
-                v = cand[np.arange(L + 1), w]
-                if not np.isfinite(v).any():
-                    continue
-                new = (mask | masks[g], j + 1, g)
-                if new not in vals:
-                    vals[new], prev_keys[new] = np.full(L + 1, np.inf), []
-                    backs[new] = (np.full(L + 1, -1), np.full(L + 1, -1))
-                    nxt.append(new)
-                better = v < vals[new]
-                prev_keys[new].append(key)
-                vals[new] = np.where(better, v, vals[new])
-                backs[new][0][better] = np.minimum(np.arange(L + 1) + w + 1, L)[better]
-                backs[new][1][better] = len(prev_keys[new]) - 1
-        layer = nxt
+        layer = _extend(tab, j, cap, combine, comm, masks, layer, vals, backs, prev_keys)
     finals = [k for k in vals if exact_stages is None or k[1] == exact_stages]
     if not finals:
         return None
@@ -201,11 +215,48 @@ def run_pass(tab: GroupTablesDP, cap: float, bottleneck: bool, exact_stages: int
         return None
     out, key, lo = [], best, 0
     while True:
-        hi, back = (int(x) for x in (backs[key][0][lo], backs[key][1][lo]))
-        out.append((key[2], lo, hi))
+        hi, back, g = (int(x) for x in (backs[key][0][lo], backs[key][1][lo], backs[key][2][lo]))
+        out.append((g, lo, hi))
         if key[1] == 1:
             return float(vals[best][0]), out
         key, lo = prev_keys[key][back], hi
+
+
+def _extend(tab: GroupTablesDP, j: int, cap: float, combine, comm: np.ndarray, masks: list[int], layer: list[State],
+            vals: dict, backs: dict, prev_keys: dict) -> list[State]:
+    """The suffixes of j + 1 stages: each group in front of each suffix of j it is disjoint from."""
+    L, groups = tab.L, tab.groups
+    nxt: list[State] = []
+    windows_of: dict[tuple[State, int], np.ndarray] = {}  # (suffix, next lead) -> its windows, shared by groups
+    starts = np.arange(L + 1)[:, None] + np.arange(L)[None, :]  # window [lo, lo + w]: the next stage starts after
+    for g, members in enumerate(groups):
+        band = tab.band(g, j, cap)
+        for key in layer:
+            mask, _, lead = key
+            if mask & masks[g]:
+                continue
+            if (key, members[0]) not in windows_of:
+                h = combine(comm[members[0], lead], vals[key])  # indexed by the next stage's first unit
+                windows_of[(key, members[0])] = np.concatenate((h[1:], np.full(L, np.inf)))[starts]
+            cand = combine(band, windows_of[(key, members[0])])
+            w = np.argmin(cand, axis=1)
+            v = cand[np.arange(L + 1), w]
+            if not np.isfinite(v).any():
+                continue
+            new = (mask | masks[g], j + 1, members[0])
+            if new not in vals:
+                vals[new], prev_keys[new] = np.full(L + 1, np.inf), []
+                backs[new] = (np.full(L + 1, -1), np.full(L + 1, -1), np.full(L + 1, -1))
+                nxt.append(new)
+            better = v < vals[new]
+            if not better.any():
+                continue
+            prev_keys[new].append(key)
+            vals[new] = np.where(better, v, vals[new])
+            backs[new][0][better] = np.minimum(np.arange(L + 1) + w + 1, L)[better]
+            backs[new][1][better] = len(prev_keys[new]) - 1
+            backs[new][2][better] = g
+    return nxt
 
 
 def _stages(problem: Problem, groups: Sequence[tuple[int, ...]], picks: Sequence[tuple[int, int, int]],

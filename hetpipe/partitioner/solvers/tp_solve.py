@@ -3,7 +3,8 @@
 1. The pipeline-only answer: `solve.solve` on the same problem with ``group_max = 1`` (the DP,
    relaxation or CP-SAT, verified under the schedule): the plan is never slower than it.
 2. The group DP (`group_dp.solve_groups`, exact under the estimate T_est over cuts, groups,
-   leads and orders; inside the offload lever's outer walk), when the cluster is small enough
+   leads and orders; inside the offload lever's outer walk; with groups across two nodes
+   (`Problem.group_nodes`) also over one node's groups only), when the cluster is small enough
    (`group_dp.MAX_GROUP_CARDS`) and its groups are priced within the time limit.
 3. CP-SAT with group variables (`cpsat_groups.solve_cpsat_groups`, the same tables and walk), hinted
    by step 2's answer, or by step 1's where the DP declined (`GroupSpaceTooLarge`): always under
@@ -11,7 +12,9 @@
    is better (a CP-SAT run cut short by its time limit); the plan's solver then says ``cpsat``.
    Neither ran (the model too large too, or the pricing past the limit): step 1's answer stands and
    the log says why.
-4. `verify`'s local search under the schedule from both answers; the faster one is the plan.
+4. `verify`'s local search under the schedule from every answer (the one-node groups' DP answer
+   too); the fastest one is the plan (so groups across nodes never make it slower than one node's
+   groups' answer under the schedule, where the DP reaches).
 
 The bound recorded is valid over every placement, groups included: every rank runs its m forwards
 and backwards in series, so T >= m · b_min with b_min the least possible max_s (F_s + B_s) over
@@ -122,6 +125,18 @@ def group_search(problem: Problem, *, solver: str, pipe: Sequence[Stage], seed: 
     return None if dp is None else (dp, "group-dp")
 
 
+def one_node_answer(problem: Problem, *, cost_cache: dict, deadline: float) -> DPResult | None:
+    """With groups across two nodes, the group DP's answer over one node's groups only (T_est's optimum
+    over more groups may replay slower under the schedule); None without them or beyond the DP."""
+    if problem.group_nodes <= 1:
+        return None
+    try:
+        return tail_walk(replace(problem, group_nodes=1), lambda p, _: solve_groups(
+            p, time_limit_s=max(0.0, deadline - time.perf_counter()), cost_cache=cost_cache, deadline=deadline))
+    except GroupSpaceTooLarge:
+        return None
+
+
 def solve_tp(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0) -> Solution:
     """Best placement of `problem` with its stages free to be groups (module docstring)."""
     start = time.perf_counter()
@@ -130,13 +145,14 @@ def solve_tp(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10
         return pipe
     left = max(0.0, time_limit_s - (time.perf_counter() - start))
     cache: dict = {}  # group costs, shared by every pass, both solvers and the bound
-    # the group tables are priced within the plan's time limit
-    found = group_search(problem, solver=solver, pipe=pipe.stages, seed=seed, cost_cache=cache,
-                         deadline=time.perf_counter() + left)
+    deadline = time.perf_counter() + left  # the group tables are priced within the plan's time limit
+    found = group_search(problem, solver=solver, pipe=pipe.stages, seed=seed, cost_cache=cache, deadline=deadline)
     if found is None:
         return pipe
     grp, name = found
-    checked = verify(problem, [grp.stages, pipe.stages], limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))
+    near = one_node_answer(problem, cost_cache=cache, deadline=deadline)
+    seeds = [grp.stages, *([near.stages] if near is not None else []), pipe.stages]
+    checked = verify(problem, seeds, limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))
     stages, value = checked.stages, checked.iteration_s
     if pipe.iteration_s <= value:
         stages, value = pipe.stages, pipe.iteration_s

@@ -108,12 +108,14 @@ class ShapedLink:
 
 
 def shaped_link(plan: Any) -> ShapedLink:
-    """The two nodes of ``plan`` (in stage order) and the slowest plan link between them."""
+    """The two nodes of ``plan`` (in rank order: stages, groups' members) and the slowest plan link between them."""
+    from hetpipe.plan.group_run import rank_slots
+
     dev = {d.id: d for d in plan.devices}
     nodes: list[str] = []
-    for st in plan.stages:
-        if dev[st.device].node not in nodes:
-            nodes.append(dev[st.device].node)
+    for slot in rank_slots(plan):  # a tensor-parallel group's members too: a group may span the two nodes
+        if dev[slot.device].node not in nodes:
+            nodes.append(dev[slot.device].node)
     if len(nodes) != 2:
         raise ConfigError(f"the network-namespace path joins exactly two nodes; this plan's stages are on "
                           f"{len(nodes)} ({', '.join(nodes)}); run it with --emulate (in-process link delays)")
@@ -225,6 +227,7 @@ def run_on_netns(plan: Any, *, model: str, steps: int, run_dir: str | Path, time
     Example:
         >>> run_on_netns("plan.json", model="gpt-tiny", seq=16, steps=3, run_dir="run")  # doctest: +SKIP
     """
+    from hetpipe.plan.group_run import rank_slots
     from hetpipe.plan.schema import Plan
     from hetpipe.runtime.launch import LaunchSpec, first_error, startup_timeout_s
     from hetpipe.runtime.run import collect_report, preflight
@@ -239,13 +242,14 @@ def run_on_netns(plan: Any, *, model: str, steps: int, run_dir: str | Path, time
     folder = Path(run_dir).absolute()
     folder.mkdir(parents=True, exist_ok=True)
     plan.save(folder / "plan.json")
-    spec = LaunchSpec(plan_path=folder / "plan.json", model=model, steps=steps, nproc=len(plan.stages),
+    slots = rank_slots(plan)  # one rank per card: every member of a group
+    spec = LaunchSpec(plan_path=folder / "plan.json", model=model, steps=steps, nproc=len(slots),
                       run_dir=folder, timeout_s=timeout_s, seed=seed, seq=seq)
     node_of = {d.id: d.node for d in plan.devices}
-    per_node = [sum(node_of[st.device] == n for st in plan.stages) for n in link.nodes]
+    per_node = [sum(node_of[s.device] == n for s in slots) for n in link.nodes]
     with NetnsPair(link) as pair:
         procs = _launchers(pair, spec, per_node, folder)
-        _wait(procs, startup_timeout_s(len(plan.stages)) + (steps + 2) * timeout_s)
+        _wait(procs, startup_timeout_s(len(slots)) + (steps + 2) * timeout_s)
         link = pair.link
     if any(p.returncode != 0 for p in procs):
         logs = "\n".join((folder / f"torchrun-{n}.log").read_text(errors="replace") for n in link.nodes)
