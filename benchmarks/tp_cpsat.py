@@ -1,7 +1,8 @@
 """Issue 15: CP-SAT with tensor-parallel group variables against the group DP, by cluster size.
 
 For each scenario (GPT-2 medium, whole model, sequence 1024, bf16-mixed, Adam, micro-batch 1,
-recompute auto, `plan/build.build_problem` with ``--tensor-parallel auto``) the script measures,
+recompute auto, `plan/build.build_problem` with ``--tensor-parallel auto``: groups of up to 4 cards of
+at most two nodes) the script measures,
 under the estimate T_est both solvers search:
 
 * the model's size: member sets (`group_dp.candidate_groups`, leads merged) and terms
@@ -105,7 +106,7 @@ def main() -> None:
     load = open("/proc/loadavg").read().split()[:3]
     body = "\n".join([
         f"GPT-2 medium (sequence 1024, bf16-mixed, Adam), {MICROBATCHES} micro-batches, recompute auto, groups of "
-        f"up to 4 cards of one node; T_est in seconds; CPU seconds of one run each; load average {' '.join(load)} "
+        f"up to 4 cards of at most two nodes; T_est in seconds; CPU seconds of one run each; load average {' '.join(load)} "
         f"on {os.cpu_count()} cores.  CP-SAT is hinted by the DP's answer (by the pipeline-only one where the DP "
         f"declines), {TIME_LIMIT_S:.0f} s limit; gap = (T - CP-SAT's proved bound) / T.",
         "",
