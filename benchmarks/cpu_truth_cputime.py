@@ -67,7 +67,7 @@ def _predict(name: str, profile: object, *, batch: int, seq: int) -> dict[str, d
 
     graph = capture_builtin(name, batch=batch, seq=seq, optimizer="adam", precision="fp32", granularity="block")
     out = {}
-    for label, prof in (("before", dataclasses.replace(profile, op_rates=(), step_op_s=None)), ("now", profile)):
+    for label, prof in (("before", dataclasses.replace(profile, op_rates=(), step_op_s=None, step_bytes_s=None)), ("now", profile)):
         times = profile_unit_times(graph, prof)  # the planner's own per-unit F, B and S tables
         f, b = sum(t.fwd for t in times), sum(t.bwd for t in times)
         shares, fixed_s = profile_step_table(graph, prof)

@@ -16,8 +16,11 @@ from hetpipe.cost_models.catalog import load_catalog
 from hetpipe.cost_models.cluster import cluster_from_dict
 from hetpipe.cost_models.devices import DeviceProfile
 from hetpipe.cost_models.flops import CostCounter
-from hetpipe.cost_models.op_calibration import OP_KINDS, measure_op_rates, measure_step_op_s
-from hetpipe.cost_models.optimizer_step import STEP_KERNELS, step_launch_s, tensor_step_s
+from hetpipe.cost_models.op_calibration import OP_KINDS, measure_op_rates, measure_step_bytes_s, measure_step_op_s
+from hetpipe.cost_models.optimizer_step import (
+    STEP_KERNELS, loop_traffic_bytes_per_param, loop_unit_step_s, step_launch_s, step_traffic_bytes_per_param,
+    tensor_step_s,
+)
 from hetpipe.cost_models.timing import pass_time_s, unit_time_s
 from hetpipe.cost_models.work import ATTENTION_BWD_KEY, ATTENTION_KEY, PassWork
 from hetpipe.errors import ConfigError
@@ -97,6 +100,21 @@ def test_per_tensor_optimizer_loop_prices_each_tensor() -> None:
         tensor_step_s(tensors=1, optimizer="lion", step_op_s=1e-6)
 
 
+def test_per_tensor_loop_bytes_follow_torchs_single_tensor_code() -> None:
+    """Values read + written per parameter, op by op (optimizer_step's docstring), at 4 B each."""
+    adam = (3 + 2 + 3 + 2 + 2 + 2 + 4) * 4   # lerp, mul, addcmul, sqrt, div, add, addcdiv
+    assert loop_traffic_bytes_per_param("adam", "fp32") == adam == 72
+    assert loop_traffic_bytes_per_param("adamw", "fp32") == adam + 2 * 4  # + the decoupled p.mul_
+    assert loop_traffic_bytes_per_param("momentum", "fp32") == (2 + 3 + 3) * 4
+    assert loop_traffic_bytes_per_param("sgd", "fp32") == step_traffic_bytes_per_param("sgd", "fp32")
+    for opt in ("sgd", "momentum", "adam", "adamw"):  # mixed precision: the fused pass's bytes plus the same extras
+        extra = loop_traffic_bytes_per_param(opt, "fp32") - step_traffic_bytes_per_param(opt, "fp32")
+        assert loop_traffic_bytes_per_param(opt, "bf16-mixed") == step_traffic_bytes_per_param(opt, "bf16-mixed") + extra
+    got = loop_unit_step_s(params=10**6, tensors=4, optimizer="adam", precision="fp32", step_bytes_s=36e9, step_op_s=3e-6)
+    assert got == pytest.approx(72e6 / 36e9 + 4 * 8 * 3e-6, rel=1e-12)
+    assert loop_unit_step_s(params=0, tensors=0, optimizer="adam", precision="fp32", step_bytes_s=1.0, step_op_s=1.0) == 0
+
+
 def test_step_tables_per_tensor_where_measured_foreach_elsewhere() -> None:
     from hetpipe.plan.build import capture_builtin, step_tables
 
@@ -113,6 +131,12 @@ def test_step_tables_per_tensor_where_measured_foreach_elsewhere() -> None:
     assert loop_launch == 0.0 and foreach_launch == pytest.approx(step_launch_s("adam", 5e-6))
     for u, a, b in zip(graph.units, loop, foreach):
         assert a == pytest.approx(b + u.param_tensors * STEP_KERNELS["adam"] * 4e-6, rel=1e-12)
+    # with the loop's measured rate, its 72 B per parameter are priced at that rate instead
+    doc["nodes"][0]["devices"][0]["optimizer_bandwidth"] = "36GB/s"
+    rated, rated_launch = step_tables(graph, cluster_from_dict(doc))["cpu-loop"]
+    assert rated_launch == 0.0
+    for u, a in zip(graph.units, rated):
+        assert a == pytest.approx(u.param_count * 72 / 36e9 + u.param_tensors * STEP_KERNELS["adam"] * 4e-6, rel=1e-12)
 
 
 def test_cluster_file_reads_rates_and_refuses_bad_ones() -> None:
@@ -131,7 +155,7 @@ def test_calibration_carries_rates_into_the_profile_and_the_cluster_file() -> No
     from hetpipe.cost_models import profile as profile_mod
 
     cal = Calibration("cpu", 7e10, 7e10, 2e10, 1024, "h", "2.13", "2026-12-03", kernel_overhead_s=6e-6,
-                      op_rates=(("attention", 4e10), ("gelu", 3.5e9)), step_op_s=3.7e-6)
+                      op_rates=(("attention", 4e10), ("gelu", 3.5e9)), step_op_s=3.7e-6, step_bytes_s=3.6e10)
     cpu = load_catalog().entries["cpu"].profile
     tuned = apply_calibration(cpu, cal)
     assert tuned.op_rates == cal.op_rates and tuned.step_op_s == 3.7e-6
@@ -140,13 +164,16 @@ def test_calibration_carries_rates_into_the_profile_and_the_cluster_file() -> No
     doc = {"name": "c", "nodes": [{"name": "vm", "devices": [{"gpu": "cpu", "memory": "2GB", "reserve": 0, **fields}]}]}
     back = cluster_from_dict(doc).devices[0].profile
     assert back.op_rates == tuned.op_rates and back.step_op_s == pytest.approx(3.7e-6)
+    assert tuned.step_bytes_s == 3.6e10 and back.step_bytes_s == pytest.approx(3.6e10)
 
 
 def test_op_rates_and_the_optimizer_op_are_measured_on_this_cpu() -> None:
     rates = dict(measure_op_rates("cpu", repeats=1, kinds=("gelu", "sum")))
     assert set(rates) == {ATTENTION_KEY, ATTENTION_BWD_KEY, "gelu", "sum"} and all(r > 0 for r in rates.values())
     assert {"gelu", "gelu_backward", "native_layer_norm_backward", "silu"} <= set(OP_KINDS)
-    assert 0 < measure_step_op_s(repeats=1) < 1e-2
+    op_s = measure_step_op_s(repeats=1)
+    assert 0 < op_s < 1e-2
+    assert measure_step_bytes_s(step_op_s=op_s, repeats=1, tensors=2) > 1e8  # any CPU streams over 0.1 GB/s
     with pytest.raises(ConfigError, match="measured on a CPU only"):
         measure_op_rates("cuda:0")
     with pytest.raises(ConfigError, match="no calibration call for op kind"):

@@ -10,7 +10,9 @@ ops and its fixed cost per op well; they miss three things the CPU truth benchma
 * memory-bound ops with transcendental arithmetic are compute-bound on a CPU: GELU's tanh
   form runs at ~4 GB/s of traffic where a copy streams at ~17 GB/s; layer norm, softmax and
   the bias-gradient sums lie between;
-* PyTorch's optimizers run a per-tensor loop on CPU tensors (`cost_models.optimizer_step`).
+* PyTorch's optimizers run a per-tensor loop on CPU tensors (`cost_models.optimizer_step`):
+  a fixed cost per op (`measure_step_op_s`) and more bytes than one fused pass, streamed at
+  the loop's own rate (`measure_step_bytes_s`).
 
 `measure_op_rates` times each op kind of `OP_KINDS` on tensors of `OP_ROWS` x `OP_COLS` fp32
 (2 MiB: one micro-batch of 1024 tokens x 512 features, as in the demo models, large enough
@@ -25,6 +27,8 @@ Example:
     True
     >>> 0 < measure_step_op_s(repeats=1) < 0.01
     True
+    >>> measure_step_bytes_s(step_op_s=0.0, repeats=1, tensors=2) > 0
+    True
 """
 
 from __future__ import annotations
@@ -35,10 +39,10 @@ import torch
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
 from hetpipe.cost_models.flops import CostCounter
-from hetpipe.cost_models.optimizer_step import STEP_KERNELS
+from hetpipe.cost_models.optimizer_step import STEP_KERNELS, loop_traffic_bytes_per_param
 from hetpipe.cost_models.rates import median_rate
 from hetpipe.cost_models.work import ATTENTION_BWD_KEY, ATTENTION_KEY
-from hetpipe.errors import ConfigError
+from hetpipe.errors import ConfigError, RuntimeFailure
 
 aten = torch.ops.aten
 
@@ -49,6 +53,10 @@ OP_ROWS, OP_COLS = 1024, 512
 ATTENTION_SHAPE = (8, 4, 128, 32)
 #: Parameter tensors and their elements for `measure_step_op_s`: tiny, so the time is the loop's ops.
 STEP_TENSORS, STEP_TENSOR_NUMEL = 64, 8
+#: Parameter tensors of `measure_step_bytes_s`, each `STEP_RATE_SHAPE` fp32 (1 MiB: the demo models' largest
+#: matrices): 16 MiB of weights, 64 MiB with gradients, m and v -- beyond the 32 MiB last-level cache of the
+#: reference VM, as a step finds its state after a backward pass has streamed the activations through.
+STEP_RATE_TENSORS, STEP_RATE_SHAPE = 16, (512, 512)
 #: The optimizer `measure_step_op_s` times (the benchmarks' and the CLI's default).
 STEP_OPTIMIZER = "adam"
 
@@ -136,3 +144,26 @@ def measure_step_op_s(*, repeats: int = 3) -> float:
     optimizer.step()  # the state (m, v, step) is created on the first step
     ops = STEP_TENSORS * STEP_KERNELS[STEP_OPTIMIZER]
     return 1.0 / median_rate(optimizer.step, device="cpu", work=float(ops), repeats=repeats)
+
+
+def measure_step_bytes_s(*, step_op_s: float, repeats: int = 3, tensors: int = STEP_RATE_TENSORS) -> float:
+    """Bytes per second PyTorch's per-tensor Adam loop streams on this CPU.
+
+    Times ``torch.optim.Adam(foreach=False)`` stepping `tensors` tensors of `STEP_RATE_SHAPE`, takes
+    away their ops' fixed cost (tensors x ``STEP_KERNELS["adam"]`` x `step_op_s`, priced separately by
+    `optimizer_step.tensor_step_s`) and divides the loop's traffic
+    (`optimizer_step.loop_traffic_bytes_per_param`) by the rest: what `optimizer_step.loop_unit_step_s`
+    divides by.
+    """
+    params = [torch.nn.Parameter(torch.randn(*STEP_RATE_SHAPE)) for _ in range(tensors)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    optimizer = torch.optim.Adam(params, foreach=False)
+    optimizer.step()  # the state (m, v, step) is created on the first step
+    traffic = float(sum(p.numel() for p in params) * loop_traffic_bytes_per_param(STEP_OPTIMIZER, "fp32"))
+    step_s = traffic / median_rate(optimizer.step, device="cpu", work=traffic, repeats=repeats)
+    stream_s = step_s - tensors * STEP_KERNELS[STEP_OPTIMIZER] * step_op_s
+    if stream_s <= 0:
+        raise RuntimeFailure(f"the optimizer loop took {step_s:.3g} s, less than its ops' fixed cost; "
+                             "rerun the calibration on a quieter machine")
+    return traffic / stream_s
