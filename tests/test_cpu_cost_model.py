@@ -16,13 +16,13 @@ from hetpipe.cost_models.catalog import load_catalog
 from hetpipe.cost_models.cluster import cluster_from_dict
 from hetpipe.cost_models.devices import DeviceProfile
 from hetpipe.cost_models.flops import CostCounter
-from hetpipe.cost_models.op_calibration import OP_KINDS, measure_op_rates, measure_step_bytes_s, measure_step_op_s
+from hetpipe.cost_models.op_calibration import MATMUL_WIDTHS, OP_KINDS, measure_op_rates, measure_step_bytes_s, measure_step_op_s
 from hetpipe.cost_models.optimizer_step import (
     STEP_KERNELS, loop_traffic_bytes_per_param, loop_unit_step_s, step_launch_s, step_traffic_bytes_per_param,
     tensor_step_s,
 )
-from hetpipe.cost_models.timing import pass_time_s, unit_time_s
-from hetpipe.cost_models.work import ATTENTION_BWD_KEY, ATTENTION_KEY, PassWork
+from hetpipe.cost_models.timing import matmul_rate, pass_time_s, unit_time_s
+from hetpipe.cost_models.work import ATTENTION_BWD_KEY, ATTENTION_KEY, PassWork, matmul_key
 from hetpipe.errors import ConfigError
 
 CPU = DeviceProfile("cpu-x", 2**30, 1e11, 1e11, 2e10, matmul_efficiency=1.0, bandwidth_efficiency=1.0,
@@ -60,6 +60,26 @@ def test_pass_time_prices_each_op_kind_at_its_rate_under_the_roofline() -> None:
     times = unit_time_s(fwd_flops=0, bwd_flops=0, memory_traffic_bytes=0, op_count=0, profile=cpu, precision="fp32",
                         fwd_work=work, bwd_work=PassWork())
     assert times.fwd_s == pytest.approx(expected, rel=1e-12) and times.bwd_s == 0.0
+
+
+def test_matmuls_are_recorded_by_narrow_side_and_priced_at_its_interpolated_rate() -> None:
+    x = torch.empty(1024, 128, device="meta", requires_grad=True)
+    w = torch.empty(512, 128, device="meta", requires_grad=True)
+    with CostCounter() as cc:
+        y = torch.nn.functional.linear(x, w)  # (1024 x 128) @ (128 x 512): narrow side 128 x 512
+        fwd = cc.work()
+        y.backward(torch.empty_like(y))
+    bwd = cc.work().minus(fwd)
+    flops = 2 * 1024 * 128 * 512
+    assert fwd.amount("matmul:65536") == flops == fwd.flops
+    # grad input (1024 x 512) @ (512 x 128) and grad weight (512 x 1024) @ (1024 x 128): the same narrow side
+    assert bwd.amount("matmul:65536") == 2 * flops
+    rates = (("matmul:16384", 6e10), ("matmul:262144", 9e10))
+    cpu = replace(CPU, op_rates=rates)
+    assert matmul_rate(dict(rates), 65536) == pytest.approx(6e10 + 0.5 * 3e10)  # log2 65536 is halfway
+    assert pass_time_s(fwd, profile=cpu, precision="fp32") == pytest.approx(flops / 7.5e10 + 5e-6, rel=1e-12)
+    assert pass_time_s(fwd, profile=replace(CPU, op_rates=(("gelu", 1e9),)), precision="fp32") == pytest.approx(
+        flops / 1e11 + 5e-6, rel=1e-12)  # no matmul rates: the peak x efficiency rate, as before
 
 
 def test_profiles_without_rates_price_as_before() -> None:
@@ -143,8 +163,10 @@ def test_cluster_file_reads_rates_and_refuses_bad_ones() -> None:
     def doc(**extra: object) -> dict:
         return {"name": "c", "nodes": [{"name": "vm", "devices": [{"gpu": "cpu", "memory": "2GB", "reserve": 0, **extra}]}]}
 
-    prof = cluster_from_dict(doc(op_rates={"gelu": 3.5e9, "attention": 4e10}, optimizer_op="3.7us")).devices[0].profile
-    assert prof.op_rates == (("attention", 4e10), ("gelu", 3.5e9)) and prof.step_op_s == pytest.approx(3.7e-6)
+    prof = cluster_from_dict(doc(op_rates={"gelu": 3.5e9, "attention": 4e10, "matmul:16384": 6e10},
+                                 optimizer_op="3.7us")).devices[0].profile
+    assert prof.op_rates == (("attention", 4e10), ("gelu", 3.5e9), ("matmul:16384", 6e10))
+    assert prof.step_op_s == pytest.approx(3.7e-6)
     with pytest.raises(ConfigError, match=r"op_rates\.gelu: must be a positive number"):
         cluster_from_dict(doc(op_rates={"gelu": -1}))
     with pytest.raises(ConfigError, match="op_rates: must map op kinds to rates"):
@@ -169,7 +191,8 @@ def test_calibration_carries_rates_into_the_profile_and_the_cluster_file() -> No
 
 def test_op_rates_and_the_optimizer_op_are_measured_on_this_cpu() -> None:
     rates = dict(measure_op_rates("cpu", repeats=1, kinds=("gelu", "sum")))
-    assert set(rates) == {ATTENTION_KEY, ATTENTION_BWD_KEY, "gelu", "sum"} and all(r > 0 for r in rates.values())
+    matmuls = {matmul_key(1024, w, w) for w in MATMUL_WIDTHS}
+    assert set(rates) == {ATTENTION_KEY, ATTENTION_BWD_KEY, "gelu", "sum", *matmuls} and all(r > 0 for r in rates.values())
     assert {"gelu", "gelu_backward", "native_layer_norm_backward", "silu"} <= set(OP_KINDS)
     op_s = measure_step_op_s(repeats=1)
     assert 0 < op_s < 1e-2

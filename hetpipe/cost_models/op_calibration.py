@@ -10,6 +10,9 @@ ops and its fixed cost per op well; they miss three things the CPU truth benchma
 * memory-bound ops with transcendental arithmetic are compute-bound on a CPU: GELU's tanh
   form runs at ~4 GB/s of traffic where a copy streams at ~17 GB/s; layer norm, softmax and
   the bias-gradient sums lie between;
+* matmuls with a narrow side (the demo models' 128-wide projections) run below the 1024^3
+  rate: a chain of `MATMUL_LAYERS` linear layers, forward and backward, is timed at each width of
+  `MATMUL_WIDTHS` on `OP_ROWS` tokens (`_matmul_rates`, work keys `hetpipe.cost_models.work.matmul_key`);
 * PyTorch's optimizers run a per-tensor loop on CPU tensors (`cost_models.optimizer_step`):
   a fixed cost per op (`measure_step_op_s`) and more bytes than one fused pass, streamed at
   the loop's own rate (`measure_step_bytes_s`).
@@ -41,7 +44,7 @@ from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 from hetpipe.cost_models.flops import CostCounter
 from hetpipe.cost_models.optimizer_step import STEP_KERNELS, loop_traffic_bytes_per_param
 from hetpipe.cost_models.rates import median_rate
-from hetpipe.cost_models.work import ATTENTION_BWD_KEY, ATTENTION_KEY
+from hetpipe.cost_models.work import ATTENTION_BWD_KEY, ATTENTION_KEY, matmul_key
 from hetpipe.errors import ConfigError, RuntimeFailure
 
 aten = torch.ops.aten
@@ -51,6 +54,14 @@ OP_ROWS, OP_COLS = 1024, 512
 #: Attention's shape (batch, heads, sequence, head dim): the demo models' 8 x 128 tokens, 4 heads of 32,
 #: causal (the language models this benchmark runs; torch's formula counts the masked half too).
 ATTENTION_SHAPE = (8, 4, 128, 32)
+#: Widths of the square linear layers `_matmul_rates` chains (narrow sides 64^2 .. 512^2; wider matmuls
+#: get the 512 rate, which was within ~5% of the 1024^3 one).
+MATMUL_WIDTHS = (64, 128, 256, 512)
+#: Layers per chain: at width 128 their inputs and outputs (4 x 2 x 512 KiB) outgrow the 2 MiB L2 of the
+#: reference VM, as a model's activations do between its matmuls.
+MATMUL_LAYERS = 4
+#: FLOPs of a linear layer's forward and backward (grad input, grad weight) over its forward's.
+LINEAR_FWD_BWD_FACTOR = 3
 #: Parameter tensors and their elements for `measure_step_op_s`: tiny, so the time is the loop's ops.
 STEP_TENSORS, STEP_TENSOR_NUMEL = 64, 8
 #: Parameter tensors of `measure_step_bytes_s`, each `STEP_RATE_SHAPE` fp32 (1 MiB: the demo models' largest
@@ -112,9 +123,29 @@ def _attention_rates(device: str, repeats: int) -> list[tuple[str, float]]:
     return [(ATTENTION_KEY, fwd), (ATTENTION_BWD_KEY, bwd)]
 
 
+def _matmul_rates(device: str, repeats: int) -> list[tuple[str, float]]:
+    """FLOP/s of a chain of `MATMUL_LAYERS` bias-free linear layers, forward and backward, per width."""
+    out = []
+    for width in MATMUL_WIDTHS:
+        layers = [torch.nn.Linear(width, width, bias=False, device=device) for _ in range(MATMUL_LAYERS)]
+        x = torch.randn(OP_ROWS, width, device=device, requires_grad=True)
+
+        def chain() -> None:
+            y = x
+            for layer in layers:
+                y = layer(y)
+            y.backward(torch.ones_like(y))
+            for layer in layers:
+                layer.weight.grad = None  # each call writes fresh gradients, as one backward pass does
+
+        work = float(LINEAR_FWD_BWD_FACTOR * MATMUL_LAYERS * 2 * OP_ROWS * width * width)
+        out.append((matmul_key(OP_ROWS, width, width), median_rate(chain, device=device, work=work, repeats=repeats)))
+    return out
+
+
 def measure_op_rates(device: str = "cpu", *, repeats: int = 3,
                      kinds: Sequence[str] = OP_KINDS) -> tuple[tuple[str, float], ...]:
-    """``(op kind, work per second)`` sorted by kind: attention FLOP/s and bytes/s of each of `kinds`.
+    """``(op kind, work per second)`` sorted by kind: attention and matmul FLOP/s, bytes/s of each of `kinds`.
 
     Only a CPU is measured (its fused attention kernel is the CPU one; a GPU keeps the roofline).
     """
@@ -124,7 +155,7 @@ def measure_op_rates(device: str = "cpu", *, repeats: int = 3,
     if unknown:
         raise ConfigError(f"no calibration call for op kind(s) {', '.join(unknown)}; choose from {', '.join(OP_KINDS)}")
     calls = _memory_bound_calls(device)
-    rates = _attention_rates(device, repeats)
+    rates = _attention_rates(device, repeats) + _matmul_rates(device, repeats)
     for kind in kinds:
         rates.append((kind, median_rate(calls[kind], device=device, work=float(_counted_bytes(kind)),
                                         repeats=repeats)))

@@ -7,6 +7,9 @@ rate (``DeviceProfile.op_rates``, issue 17 item 4):
 
 * ``attention`` / ``attention_backward``: FLOPs of fused scaled-dot-product attention
   (forward / backward kernels), counted with torch's SDPA formulas;
+* ``matmul:<s>``: FLOPs of the matmuls (``mm``, ``addmm``, ``bmm``, ``baddbmm``) whose two smaller
+  dimensions of M, K, N multiply to ``s`` (`matmul_key`): a CPU's matmul rate falls with the operands'
+  narrow side (1024 tokens x 128 x 128 ran at ~0.8x the 1024^3 rate, x 512 x 512 at ~1.0x);
 * an aten op name (``gelu``, ``native_layer_norm_backward``, ...): bytes read + written by
   that memory-bound op (`hetpipe.cost_models.flops.traffic_bytes`).
 
@@ -28,8 +31,32 @@ from typing import Iterable, Mapping
 ATTENTION_KEY = "attention"
 #: Work-table key of fused attention backward kernels (amount: FLOPs, ``sdpa_backward_flop_count``).
 ATTENTION_BWD_KEY = "attention_backward"
-#: Keys whose amount is FLOPs (priced instead of the matmul rate); every other key is bytes.
+#: Keys whose amount is FLOPs (priced instead of the matmul rate); every other key is bytes, except
+#: the matmul keys (`is_matmul_key`), FLOPs too.
 FLOP_KEYS = frozenset({ATTENTION_KEY, ATTENTION_BWD_KEY})
+#: Prefix of the matmul work keys: ``matmul:<product of the two smaller of M, K, N>``.
+MATMUL_PREFIX = "matmul:"
+
+
+def matmul_key(m: int, k: int, n: int) -> str:
+    """The work key of an (m x k) @ (k x n) matmul (batch folded into m): its narrow side's size.
+
+    Example:
+        >>> matmul_key(1024, 128, 512), matmul_key(128, 1024, 128)  # a forward and a weight gradient
+        ('matmul:65536', 'matmul:16384')
+    """
+    a, b, _ = sorted((int(m), int(k), int(n)))
+    return f"{MATMUL_PREFIX}{a * b}"
+
+
+def is_matmul_key(key: str) -> bool:
+    """Whether `key` is a `matmul_key` (its amount is FLOPs)."""
+    return key.startswith(MATMUL_PREFIX)
+
+
+def matmul_size(key: str) -> int:
+    """The size ``s`` of a `matmul_key`."""
+    return int(key[len(MATMUL_PREFIX):])
 
 
 @dataclass(frozen=True)
