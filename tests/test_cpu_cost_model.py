@@ -16,7 +16,10 @@ from hetpipe.cost_models.catalog import load_catalog
 from hetpipe.cost_models.cluster import cluster_from_dict
 from hetpipe.cost_models.devices import DeviceProfile
 from hetpipe.cost_models.flops import CostCounter
-from hetpipe.cost_models.op_calibration import MATMUL_WIDTHS, OP_KINDS, measure_op_rates, measure_step_bytes_s, measure_step_op_s
+from hetpipe.cost_models.op_calibration import (
+    MATMUL_WIDTHS, OP_KINDS, measure_backward_op_s, measure_op_rates, measure_step_bytes_s, measure_step_op_s,
+    measure_view_op_s,
+)
 from hetpipe.cost_models.optimizer_step import (
     STEP_KERNELS, loop_traffic_bytes_per_param, loop_unit_step_s, step_launch_s, step_traffic_bytes_per_param,
     tensor_step_s,
@@ -80,6 +83,21 @@ def test_matmuls_are_recorded_by_narrow_side_and_priced_at_its_interpolated_rate
     assert pass_time_s(fwd, profile=cpu, precision="fp32") == pytest.approx(flops / 7.5e10 + 5e-6, rel=1e-12)
     assert pass_time_s(fwd, profile=replace(CPU, op_rates=(("gelu", 1e9),)), precision="fp32") == pytest.approx(
         flops / 1e11 + 5e-6, rel=1e-12)  # no matmul rates: the peak x efficiency rate, as before
+
+
+def test_backward_ops_and_views_pay_their_own_fixed_costs() -> None:
+    x = torch.empty(64, 32, device="meta", requires_grad=True)
+    with CostCounter() as cc:
+        y = x.t().reshape(32, 64).exp()  # a view, a view-or-copy, a kernel
+        fwd = cc.work()
+    assert fwd.kernels == 1 and fwd.view_ops >= 1
+    rated = replace(CPU, op_rates=(("gelu", 1e9),))
+    base = pass_time_s(fwd, profile=rated, precision="fp32")
+    costed = replace(rated, backward_op_s=9e-6, view_op_s=2e-6)
+    assert pass_time_s(fwd, profile=costed, precision="fp32") == pytest.approx(base + fwd.view_ops * 2e-6, rel=1e-12)
+    assert pass_time_s(fwd, profile=costed, precision="fp32", backward=True) == pytest.approx(
+        base + fwd.view_ops * 2e-6 + fwd.kernels * (9e-6 - 5e-6), rel=1e-12)  # backward kernels at their own cost
+    assert pass_time_s(fwd, profile=rated, precision="fp32", backward=True) == base  # unmeasured: as before
 
 
 def test_profiles_without_rates_price_as_before() -> None:
@@ -177,7 +195,8 @@ def test_calibration_carries_rates_into_the_profile_and_the_cluster_file() -> No
     from hetpipe.cost_models import profile as profile_mod
 
     cal = Calibration("cpu", 7e10, 7e10, 2e10, 1024, "h", "2.13", "2026-12-03", kernel_overhead_s=6e-6,
-                      op_rates=(("attention", 4e10), ("gelu", 3.5e9)), step_op_s=3.7e-6, step_bytes_s=3.6e10)
+                      op_rates=(("attention", 4e10), ("gelu", 3.5e9)), step_op_s=3.7e-6, step_bytes_s=3.6e10,
+                      backward_op_s=5.5e-6, view_op_s=1.5e-6)
     cpu = load_catalog().entries["cpu"].profile
     tuned = apply_calibration(cpu, cal)
     assert tuned.op_rates == cal.op_rates and tuned.step_op_s == 3.7e-6
@@ -187,6 +206,8 @@ def test_calibration_carries_rates_into_the_profile_and_the_cluster_file() -> No
     back = cluster_from_dict(doc).devices[0].profile
     assert back.op_rates == tuned.op_rates and back.step_op_s == pytest.approx(3.7e-6)
     assert tuned.step_bytes_s == 3.6e10 and back.step_bytes_s == pytest.approx(3.6e10)
+    assert (back.backward_op_s, back.view_op_s) == pytest.approx((5.5e-6, 1.5e-6))
+    assert "5.5 us per backward op, 1.5 us per view" in tuned.source
 
 
 def test_op_rates_and_the_optimizer_op_are_measured_on_this_cpu() -> None:
@@ -197,6 +218,7 @@ def test_op_rates_and_the_optimizer_op_are_measured_on_this_cpu() -> None:
     op_s = measure_step_op_s(repeats=1)
     assert 0 < op_s < 1e-2
     assert measure_step_bytes_s(step_op_s=op_s, repeats=1, tensors=2) > 1e8  # any CPU streams over 0.1 GB/s
+    assert 0 < measure_backward_op_s(repeats=1) < 1e-2 and 0 < measure_view_op_s(repeats=1) < 1e-2
     with pytest.raises(ConfigError, match="measured on a CPU only"):
         measure_op_rates("cuda:0")
     with pytest.raises(ConfigError, match="no calibration call for op kind"):

@@ -286,6 +286,7 @@ class _FormulaMode(TorchDispatchMode):
         self.flops = 0
         self.traffic = 0
         self.kernels = 0
+        self.view_ops = 0  # ops without a kernel (`work.PassWork.view_ops`)
         self.by_op: dict[str, int] = {}  # the work table (`hetpipe.cost_models.work`)
         self.uncounted: set[str] = set()
 
@@ -298,6 +299,7 @@ class _FormulaMode(TorchDispatchMode):
         out = func(*args, **kwargs)
         packet = func.overloadpacket
         if packet in NO_KERNEL_OPS or func.is_view:
+            self.view_ops += 1
             return out
         self.kernels += 1
         if packet in ATTENTION_FWD_OPS or packet in ATTENTION_BWD_OPS:
@@ -355,11 +357,11 @@ class CostCounter:
             >>> with CostCounter() as cc:
             ...     _ = torch.nn.functional.gelu(torch.empty(4, device="meta"))
             >>> cc.work()
-            PassWork(flops=4, traffic_bytes=32, kernels=1, by_op=(('gelu', 32),))
+            PassWork(flops=4, traffic_bytes=32, kernels=1, by_op=(('gelu', 32),), view_ops=1)
         """
         tally = self.snapshot()
         return PassWork.of(flops=tally.flops, traffic_bytes=tally.traffic_bytes, kernels=tally.kernels,
-                           by_op=self._formulas.by_op)
+                           by_op=self._formulas.by_op, view_ops=self._formulas.view_ops)
 
     def snapshot(self) -> OpTally:
         """Counts accumulated so far."""

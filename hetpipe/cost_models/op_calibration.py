@@ -13,6 +13,9 @@ ops and its fixed cost per op well; they miss three things the CPU truth benchma
 * matmuls with a narrow side (the demo models' 128-wide projections) run below the 1024^3
   rate: a chain of `MATMUL_LAYERS` linear layers, forward and backward, is timed at each width of
   `MATMUL_WIDTHS` on `OP_ROWS` tokens (`_matmul_rates`, work keys `hetpipe.cost_models.work.matmul_key`);
+* fixed costs per op besides a forward kernel's (`calibrate.measure_op_overhead_s`): a backward op
+  runs through the autograd engine (`measure_backward_op_s`), and views, detaches and allocations
+  pass the dispatcher without a kernel (`measure_view_op_s`);
 * PyTorch's optimizers run a per-tensor loop on CPU tensors (`cost_models.optimizer_step`):
   a fixed cost per op (`measure_step_op_s`) and more bytes than one fused pass, streamed at
   the loop's own rate (`measure_step_bytes_s`).
@@ -32,10 +35,13 @@ Example:
     True
     >>> measure_step_bytes_s(step_op_s=0.0, repeats=1, tensors=2) > 0
     True
+    >>> 0 < measure_view_op_s(repeats=1) < 0.01 and 0 < measure_backward_op_s(repeats=1) < 0.01
+    True
 """
 
 from __future__ import annotations
 
+import statistics
 from typing import Callable, Sequence
 
 import torch
@@ -62,6 +68,8 @@ MATMUL_WIDTHS = (64, 128, 256, 512)
 MATMUL_LAYERS = 4
 #: FLOPs of a linear layer's forward and backward (grad input, grad weight) over its forward's.
 LINEAR_FWD_BWD_FACTOR = 3
+#: Ops per chain of `measure_backward_op_s` / `measure_view_op_s`, on tiny tensors (the arithmetic is nothing).
+FIXED_COST_CHAIN_OPS, FIXED_COST_SHAPE = 200, (2, 4)
 #: Parameter tensors and their elements for `measure_step_op_s`: tiny, so the time is the loop's ops.
 STEP_TENSORS, STEP_TENSOR_NUMEL = 64, 8
 #: Parameter tensors of `measure_step_bytes_s`, each `STEP_RATE_SHAPE` fp32 (1 MiB: the demo models' largest
@@ -198,3 +206,49 @@ def measure_step_bytes_s(*, step_op_s: float, repeats: int = 3, tensors: int = S
         raise RuntimeFailure(f"the optimizer loop took {step_s:.3g} s, less than its ops' fixed cost; "
                              "rerun the calibration on a quieter machine")
     return traffic / stream_s
+
+
+def measure_backward_op_s(*, repeats: int = 3) -> float:
+    """Seconds per op of the backward of a chain of tiny elementwise ops (one autograd node and one kernel each).
+
+    The forward is built outside the timing: each repeat times only ``backward()`` over
+    `FIXED_COST_CHAIN_OPS` nodes (`median_rate` times a fresh graph's backward per call).
+    """
+    x = torch.ones(*FIXED_COST_SHAPE, requires_grad=True)
+    graphs: list[torch.Tensor] = []
+
+    def build() -> None:
+        y = x
+        for _ in range(FIXED_COST_CHAIN_OPS):
+            y = y * 1.0
+        graphs.append(y)
+
+    def backward() -> None:
+        graphs.pop().backward(torch.ones_like(x))
+
+    return _timed_per_op(build, backward, repeats=repeats)
+
+
+def measure_view_op_s(*, repeats: int = 3) -> float:
+    """Seconds per view op (a transpose of a tensor autograd records) on this CPU: no kernel, only dispatch."""
+    x = torch.ones(*FIXED_COST_SHAPE, requires_grad=True)
+
+    def chain() -> None:
+        y = x
+        for _ in range(FIXED_COST_CHAIN_OPS):
+            y = y.transpose(0, 1)
+
+    return 1.0 / median_rate(chain, device="cpu", work=float(FIXED_COST_CHAIN_OPS), repeats=repeats)
+
+
+def _timed_per_op(build: Callable[[], None], run: Callable[[], None], *, repeats: int) -> float:
+    """Median seconds per op of `run` over `repeats` calls, each after an untimed `build` (rates.CLOCK)."""
+    from hetpipe.cost_models import rates as rates_mod  # the clock a benchmark may have swapped
+
+    times = []
+    for _ in range(repeats + 1):  # the first is a warm-up
+        build()
+        start = rates_mod.CLOCK()
+        run()
+        times.append(rates_mod.CLOCK() - start)
+    return statistics.median(times[1:]) / FIXED_COST_CHAIN_OPS

@@ -18,7 +18,13 @@ are measured on meta too, not twice the forward's) and every op kind it has a ra
            + sum_shape matmul_flops[s] / matmul_rate(s)
            + sum_op bytes_op / min(rate[op], bandwidth * bandwidth_efficiency)
            + (traffic - sum_op bytes_op) / (bandwidth * bandwidth_efficiency)
-           + kernels * kernel_overhead_s
+           + kernels * (backward_op_s in a backward pass, else kernel_overhead_s)
+           + view_ops * view_op_s
+
+The fixed costs per op are measured by calibration (`hetpipe.cost_models.op_calibration`): a forward op
+(dispatch, autograd node, allocation), a backward op (the autograd engine's node plus its kernel) and an
+op without a kernel (a view, detach or allocation: the HF models run hundreds per forward); a profile
+without the last two prices backward kernels at ``kernel_overhead_s`` and views as free, as before.
 
 ``matmul_rate(s)`` interpolates the calibrated ``matmul:<s>`` rates (`hetpipe.cost_models.work.matmul_key`:
 s is the product of a matmul's two smaller dimensions) linearly in log2(s), clamped at the ends
@@ -134,7 +140,7 @@ def unit_time_s(
     form where `profile` has measured ``op_rates`` and both passes' work was counted)."""
     if profile.op_rates and fwd_work is not None and bwd_work is not None:
         return UnitTime(fwd_s=pass_time_s(fwd_work, profile=profile, precision=precision),
-                        bwd_s=pass_time_s(bwd_work, profile=profile, precision=precision))
+                        bwd_s=pass_time_s(bwd_work, profile=profile, precision=precision, backward=True))
     eff = efficiencies(profile)
     overhead = eff.kernel_overhead_s
     flops_s = peak_flops_s(profile, precision) * eff.matmul
@@ -148,14 +154,15 @@ def unit_time_s(
     return UnitTime(fwd_s=fwd, bwd_s=bwd)
 
 
-def pass_time_s(work: PassWork, *, profile: DeviceProfile, precision: str) -> float:
+def pass_time_s(work: PassWork, *, profile: DeviceProfile, precision: str, backward: bool = False) -> float:
     """One pass priced per op kind (module docstring, ``pass_s``); without ``op_rates`` it is the
-    roofline's forward formula over `work`'s totals."""
+    roofline's forward formula over `work`'s totals.  `backward`: the pass is a backward one."""
     eff = efficiencies(profile)
     flops_s = peak_flops_s(profile, precision) * eff.matmul
     bytes_s = profile.memory_bandwidth_bytes_s * eff.bandwidth
     rates = dict(profile.op_rates)
-    seconds = work.kernels * eff.kernel_overhead_s
+    per_kernel_s = profile.backward_op_s if backward and profile.backward_op_s is not None else eff.kernel_overhead_s
+    seconds = work.kernels * per_kernel_s + work.view_ops * (profile.view_op_s or 0.0)
     flops, traffic = float(work.flops), float(work.traffic_bytes)
     for key, amount in work.by_op:
         rate = matmul_rate(rates, matmul_size(key)) if is_matmul_key(key) else rates.get(key)

@@ -17,7 +17,7 @@ Example:
     >>> a = PassWork(flops=10, traffic_bytes=8, kernels=1, by_op=(("gelu", 8),))
     >>> b = PassWork(flops=5, traffic_bytes=4, kernels=2, by_op=(("add", 4), ("gelu", 2)))
     >>> a.plus(b)
-    PassWork(flops=15, traffic_bytes=12, kernels=3, by_op=(('add', 4), ('gelu', 10)))
+    PassWork(flops=15, traffic_bytes=12, kernels=3, by_op=(('add', 4), ('gelu', 10)), view_ops=0)
     >>> a.plus(b).amount("gelu"), a.amount("silu")
     (10, 0)
 """
@@ -69,17 +69,20 @@ class PassWork:
         kernels: kernels launched (views excluded).
         by_op: ``(op kind, amount)`` sorted by kind: FLOPs for `FLOP_KEYS`, else bytes of that
             memory-bound aten op; a part of `flops` / `traffic_bytes`, not in addition.
+        view_ops: ops that launch no kernel but still pass the dispatcher (views, aliases, detach,
+            allocations): each pays a fixed cost on a CPU (`DeviceProfile.view_op_s`).
     """
 
     flops: int = 0
     traffic_bytes: int = 0
     kernels: int = 0
     by_op: tuple[tuple[str, int], ...] = ()
+    view_ops: int = 0
 
     @staticmethod
-    def of(*, flops: int, traffic_bytes: int, kernels: int, by_op: Mapping[str, int]) -> PassWork:
+    def of(*, flops: int, traffic_bytes: int, kernels: int, by_op: Mapping[str, int], view_ops: int = 0) -> PassWork:
         """A `PassWork` whose table is `by_op` sorted, zero amounts dropped."""
-        return PassWork(flops, traffic_bytes, kernels, tuple(sorted((k, v) for k, v in by_op.items() if v)))
+        return PassWork(flops, traffic_bytes, kernels, tuple(sorted((k, v) for k, v in by_op.items() if v)), view_ops)
 
     def amount(self, key: str) -> int:
         """The amount recorded under `key` (0 when absent)."""
@@ -91,7 +94,7 @@ class PassWork:
         for key, value in other.by_op:
             table[key] = table.get(key, 0) + value
         return PassWork.of(flops=self.flops + other.flops, traffic_bytes=self.traffic_bytes + other.traffic_bytes,
-                           kernels=self.kernels + other.kernels, by_op=table)
+                           kernels=self.kernels + other.kernels, by_op=table, view_ops=self.view_ops + other.view_ops)
 
     def minus(self, earlier: PassWork) -> PassWork:
         """The work done since `earlier` (a snapshot of the same counter)."""
@@ -99,7 +102,7 @@ class PassWork:
         for key, value in earlier.by_op:
             table[key] = table.get(key, 0) - value
         return PassWork.of(flops=self.flops - earlier.flops, traffic_bytes=self.traffic_bytes - earlier.traffic_bytes,
-                           kernels=self.kernels - earlier.kernels, by_op=table)
+                           kernels=self.kernels - earlier.kernels, by_op=table, view_ops=self.view_ops - earlier.view_ops)
 
 
 def total_work(works: Iterable[PassWork]) -> PassWork:
@@ -107,7 +110,7 @@ def total_work(works: Iterable[PassWork]) -> PassWork:
 
     Example:
         >>> total_work([PassWork(1, 2, 1), PassWork(3, 0, 1)])
-        PassWork(flops=4, traffic_bytes=2, kernels=2, by_op=())
+        PassWork(flops=4, traffic_bytes=2, kernels=2, by_op=(), view_ops=0)
     """
     total = PassWork()
     for work in works:
