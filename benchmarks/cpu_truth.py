@@ -219,9 +219,9 @@ Where the differences that remain come from:
 - **Elementwise ops in a model.** Ops without a measured rate (mul, add, cat, pow, the rotary
   tables' broadcasts) are priced at the copy bandwidth; in the HF Llama they took ~1.5x that
   (broadcast operands, fresh outputs), ~6 ms of ~75 ms per forward.
-- **Attention in the HF Llama** (grouped-query: 4 heads over 2 key/value heads) is captured on meta
-  through SDPA's math path (batched matmuls and a softmax), so it is priced as matmuls, while on a CPU
-  it runs the fused flash kernel: the two figures happened to agree within ~15%.
+- **Narrow matmuls.** The HF Llama's key/value projections are 64 wide (2 key/value heads of 32):
+  priced between the 64 and 128 chain rates, the lowest measured; its B ran ~10% under its price at
+  load 14-16 (spread 0.82-1.07), not explained yet.
 - **Python between ops.** The Hugging Face Llama runs Python between its kernels (rotary tables,
   masks, output records) that no op count prices; the built-in GPT runs little.
 - **Transfer.** The link is an alpha-beta fit of a ping-pong; in the run a message also packs a
