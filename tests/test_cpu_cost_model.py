@@ -223,3 +223,15 @@ def test_op_rates_and_the_optimizer_op_are_measured_on_this_cpu() -> None:
         measure_op_rates("cuda:0")
     with pytest.raises(ConfigError, match="no calibration call for op kind"):
         measure_op_rates("cpu", kinds=("bogus",))
+
+
+def test_feedback_slows_every_forward_and_backward_term_of_a_calibrated_cpu() -> None:
+    from hetpipe.runtime.faults import feedback
+
+    prof = replace(CPU, op_rates=(("gelu", 4e9),), backward_op_s=6e-6, view_op_s=2e-6)
+    out = feedback._entry({"gpu": "cpu"}, prof, 2.0, name=None, note="slowed")  # noqa: SLF001 -- its own terms
+    assert out["op_rates"] == {"gelu": 2e9} and out["kernel_overhead"] == pytest.approx(1e-5)
+    assert out["backward_op_overhead"] == pytest.approx(1.2e-5) and out["view_overhead"] == pytest.approx(4e-6)
+    doc = {"name": "c", "nodes": [{"name": "vm", "devices": [{**out, "memory": "2GB", "reserve": 0}]}]}
+    back = cluster_from_dict(doc).devices[0].profile  # the written entry loads
+    assert (back.backward_op_s, back.view_op_s) == pytest.approx((1.2e-5, 4e-6))
