@@ -221,9 +221,10 @@ Where the differences that remain come from:
   (load ~9) they took ~1.5x that, ~6 ms of ~75 ms per forward, while alone on 2 MiB operands the same
   ops stream at 100-300 GB/s from the caches. Not page faults of fresh outputs: with glibc's mmap and
   trim thresholds raised the faults fell from ~1300 to ~30 per iteration and F did not change.
-- **Narrow matmuls.** The HF Llama's key/value projections are 64 wide (2 key/value heads of 32):
-  priced between the 64 and 128 chain rates, the lowest measured; its B ran ~10% under its price at
-  load 14-16 (spread 0.82-1.07), not explained yet.
+- **Backward below its price.** At load 14-16 B ran 5-10% under its price in the load-robust check;
+  op by op (a CPU-time profile of the HF Llama's backward) its matmuls, attention and elementwise
+  kernels each came within ~10% of their prices, so the excess is in the fixed costs per op
+  (backward ops, views) or the load; not resolved yet.
 - **Python between ops.** The Hugging Face Llama runs Python between its kernels (rotary tables,
   masks, output records) that no op count prices; the built-in GPT runs little.
 - **Transfer.** The link is an alpha-beta fit of a ping-pong; in the run a message also packs a
