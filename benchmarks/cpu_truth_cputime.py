@@ -8,8 +8,8 @@ the thread: time other processes hold the core does not count).  Predicted figur
 captured units on that calibration, three times: with the per-op rates, the matmul rates per shape and the
 per-tensor optimizer loop's bytes and ops (issue 17 item 4, "now"), with item 4's first cut ("first": no
 matmul shapes, the loop's ops on the fused pass's bytes), and without any (the roofline and foreach step
-the plans used before), so the ratios compare the cost models on the same measurement.  What load still changes (caches and
-branch predictors shared with other processes) shows as the spread over rounds.
+the plans used before), so the ratios compare the cost models on the same measurement.  What load still
+changes (caches and branch predictors shared with other processes) shows as the spread over rounds.
 
 Example:
     $ python benchmarks/cpu_truth_cputime.py --models gpt-demo --rounds 1

@@ -417,5 +417,6 @@ def apply_calibration(profile: DeviceProfile, calibration: Calibration) -> Devic
                    op_rates=calibration.op_rates or profile.op_rates,
                    step_op_s=profile.step_op_s if calibration.step_op_s is None else calibration.step_op_s,
                    step_bytes_s=profile.step_bytes_s if calibration.step_bytes_s is None else calibration.step_bytes_s,
-                   backward_op_s=profile.backward_op_s if calibration.backward_op_s is None else calibration.backward_op_s,
+                   backward_op_s=(profile.backward_op_s if calibration.backward_op_s is None
+                                  else calibration.backward_op_s),
                    view_op_s=profile.view_op_s if calibration.view_op_s is None else calibration.view_op_s)

@@ -102,7 +102,8 @@ class PassWork:
         for key, value in earlier.by_op:
             table[key] = table.get(key, 0) - value
         return PassWork.of(flops=self.flops - earlier.flops, traffic_bytes=self.traffic_bytes - earlier.traffic_bytes,
-                           kernels=self.kernels - earlier.kernels, by_op=table, view_ops=self.view_ops - earlier.view_ops)
+                           kernels=self.kernels - earlier.kernels, by_op=table,
+                           view_ops=self.view_ops - earlier.view_ops)
 
 
 def total_work(works: Iterable[PassWork]) -> PassWork:

@@ -125,7 +125,8 @@ def profile_step_table(graph: UnitGraph, prof: DeviceProfile) -> tuple[tuple[flo
     """Each unit's bandwidth share of the optimizer step on profile `prof` and its launch share
     (`hetpipe.cost_models.optimizer_step`, at the bandwidth and kernel overhead `timing.py` uses); where
     the device runs the per-tensor loop (a measured ``step_op_s``), each unit's tensors pay its ops instead, and
-    with a measured ``step_bytes_s`` its bytes are the loop's, at the loop's rate (`optimizer_step.loop_unit_step_s`)."""
+    with a measured ``step_bytes_s`` its bytes are the loop's, at the loop's rate
+    (`optimizer_step.loop_unit_step_s`)."""
     eff = efficiencies(prof)
     if prof.step_op_s is not None and prof.step_bytes_s is not None:
         return tuple(loop_unit_step_s(params=u.param_count, tensors=u.param_tensors, optimizer=graph.optimizer,
