@@ -27,7 +27,7 @@ from hetpipe.cost_models.offload import check_offload_option, offload_rates
 from hetpipe.cost_models.recompute import check_recompute_option
 from hetpipe.cost_models.validate import check_solver_options
 from hetpipe.cost_models.memory import state_bytes_per_param
-from hetpipe.cost_models.optimizer_step import step_launch_s, tensor_step_s, unit_step_s
+from hetpipe.cost_models.optimizer_step import loop_unit_step_s, step_launch_s, tensor_step_s, unit_step_s
 from hetpipe.cost_models.stage_memory import MEMORY_MODEL
 from hetpipe.cost_models.timing import efficiencies, peak_flops_s, unit_time_s
 from hetpipe.errors import ConfigError, InfeasibleError
@@ -124,8 +124,14 @@ def step_tables(graph: UnitGraph, cluster: Cluster) -> dict[str, tuple[tuple[flo
 def profile_step_table(graph: UnitGraph, prof: DeviceProfile) -> tuple[tuple[float, ...], float]:
     """Each unit's bandwidth share of the optimizer step on profile `prof` and its launch share
     (`hetpipe.cost_models.optimizer_step`, at the bandwidth and kernel overhead `timing.py` uses); where
-    the device runs the per-tensor loop (a measured ``step_op_s``), each unit's tensors pay its ops instead."""
+    the device runs the per-tensor loop (a measured ``step_op_s``), each unit's tensors pay its ops instead, and
+    with a measured ``step_bytes_s`` its bytes are the loop's, at the loop's rate
+    (`optimizer_step.loop_unit_step_s`)."""
     eff = efficiencies(prof)
+    if prof.step_op_s is not None and prof.step_bytes_s is not None:
+        return tuple(loop_unit_step_s(params=u.param_count, tensors=u.param_tensors, optimizer=graph.optimizer,
+                                      precision=graph.precision, step_bytes_s=prof.step_bytes_s,
+                                      step_op_s=prof.step_op_s) for u in graph.units), 0.0
     shares = tuple(unit_step_s(params=u.param_count, optimizer=graph.optimizer, precision=graph.precision,
                                memory_bandwidth_bytes_s=prof.memory_bandwidth_bytes_s,
                                bandwidth_efficiency=eff.bandwidth) for u in graph.units)
