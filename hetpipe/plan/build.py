@@ -453,8 +453,10 @@ def partition_graph(
 
 def offers_selective(recompute: str, schedule: str, tensor_parallel: str) -> bool:
     """Whether a plan with these options is offered the selective level: under ``--recompute auto``, one
-    card per stage and a schedule without chunks (`evaluate` prices the level for neither groups nor chunks)."""
-    return recompute == "auto" and tensor_parallel == "off" and schedule != "auto" and chunks_of(schedule) == 1
+    card per stage and 1F1B (`evaluate` prices the level for neither groups nor chunks; the runtime runs
+    whole-unit recomputation under no split schedule either, `runtime.run.refuse_split_recompute`)."""
+    return (recompute == "auto" and tensor_parallel == "off" and schedule not in ("auto", "gpipe")
+            and chunks_of(schedule) == 1 and not is_split(schedule))
 
 
 def _left_out_reasons(problem: Problem, sol: Any, *, solver: str, time_limit_s: float, seed: int) -> tuple[LeftOut, ...]:

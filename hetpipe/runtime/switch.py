@@ -253,8 +253,8 @@ def rebuild_run(run: Any, plan: Plan, *, args: argparse.Namespace, rank: int) ->
     """A copy of the rank's prepared run (the worker's ``_Run``) holding ``plan``'s stage for this rank,
     split from the graph captured at start-up and built by the public builders (no re-capture)."""
     from hetpipe.plan.schema import verify_model
-    from hetpipe.runtime.rank import device_backend, node_to_stage, recompute_nodes, resolve_for_plan, selective_nodes,
-                                  stage_for
+    from hetpipe.runtime.rank import (device_backend, node_to_stage, recompute_nodes, resolve_for_plan,
+                                      selective_nodes, stage_for)
     from hetpipe.runtime.stage.buffers import ModelBuffers
     from hetpipe.runtime.stage.build import build_stage, split_stages
     from hetpipe.runtime.stage.weights import saved_names
