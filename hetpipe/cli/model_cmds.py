@@ -200,6 +200,10 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
         # the loss is re-costed when it is known (a built-in's own, or the plan's recorded --loss);
         # an older plan of a factory may have costed one this capture does not know: a lower bound then
         verify_tables(plan, graph, cluster=cluster, loss_costed=":" not in args.model or bool(plan.model.loss))
+        if plan.selective is not None:  # the level's nodes, bytes (and seconds) re-derived from a node capture
+            from hetpipe.plan.selective_plan import verify_selective
+
+            verify_selective(plan.selective, graph, _recapture(args, plan, "node"), cluster)
     report = check_plan(plan)
     if report.ok:
         sched = "1F1B" if plan.training.schedule in ("1f1b", "gpipe") else plan.training.schedule

@@ -24,7 +24,7 @@ import math
 from typing import Any
 
 from hetpipe.cost_models.selective import SelectiveTables
-from hetpipe.errors import HetpipeError
+from hetpipe.errors import HetpipeError, PlanError
 from hetpipe.partitioner.selective import selective_tables, unit_level
 from hetpipe.plan.selective_schema import PlanSelective, PlanSelectiveUnit
 
@@ -89,3 +89,11 @@ def selective_mismatch(record: PlanSelective, graph: Any, node_graph: Any, clust
             return (f"selective unit {i}: time_s[{bad[0]!r}] is {rec.time_s.get(bad[0])!r}, the cluster's is "
                     f"{new.time_s[bad[0]]!r}")
     return None
+
+
+def verify_selective(record: PlanSelective, graph: Any, node_graph: Any, cluster: Any = None) -> None:
+    """Raise `PlanError` when `selective_mismatch` finds something (`check --model`)."""
+    problem = selective_mismatch(record, graph, node_graph, cluster)
+    if problem:
+        raise PlanError(f"{problem}; the plan's selective level is not this model's (edited, or planned with other "
+                        "options); re-create it with `hetpipe plan`")
