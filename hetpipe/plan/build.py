@@ -288,7 +288,9 @@ def assemble_plan(
                     **tensor_parallel_note(problem)},
         memory_model=MEMORY_MODEL,
         **objective_fields(problem),
-        selective=selective if problem.selective is not None else None,
+        # recorded where a stage runs it: a plan without it is the plan of a problem without the level (its
+        # version stays the least its content needs, and check re-derives every stage's choice from the tables)
+        selective=selective if problem.selective is not None and any(st.selective for st in stages) else None,
     )  # version: the least its content needs (3: `memory_model` is a version-3 field, `PLAN_VERSION_MEMORY`)
 
 
