@@ -7,7 +7,7 @@ checks that some stage runs the level, and runs the plan with ``hetpipe run --em
 times: measured iteration time (emulated seconds, median of the steps after the first) vs the plan's T
 (target: within 10%) and each stage's held bytes at its peak (the emulation ledger, which adds the
 level's largest unit of re-made outputs at each backward, `runtime/execute/compute.py`) vs the plan's
-M_s (target: within 5%, never above).  Writes ``benchmarks/results/selective_emulated.md``.
+M_s (target for the stages running the level: within 5%; every stage: never above).  Writes ``benchmarks/results/selective_emulated.md``.
 
 Usage:
     python benchmarks/selective_emulated.py [--steps 4] [--repeats 2] [--batch 8] [--seq 128]
@@ -73,8 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         mem_rows.append([str(k), st.device, "yes" if st.selective else "no", ",".join(map(str, st.recompute_units)) or "-",
                          f"{held / MIB:.2f}", f"{st.memory_bytes / MIB:.2f}", f"{held / st.memory_bytes:.4f}",
                          f"{st.usable_bytes / MIB:.2f}"])
-        if ok and not (1 - MEMORY_TOLERANCE) * st.memory_bytes <= held <= st.memory_bytes:
+        if ok and st.selective and not (1 - MEMORY_TOLERANCE) * st.memory_bytes <= held <= st.memory_bytes:
             misses.append(f"stage {k}: held {held:.0f} B vs M_s {st.memory_bytes} B")
+        elif ok and held > st.memory_bytes:  # every stage: never above its M_s
+            misses.append(f"stage {k}: held {held:.0f} B above M_s {st.memory_bytes} B")
     lines = [markdown_table(["plan", "stages (device units)", "predicted T (emu s)", "measured (emu s)",
                              "measured / predicted", "overruns"],
                             [["planner, --recompute auto + selective level", _stages(plan), f"{pred:.4g}",
@@ -84,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
              f"`{MODEL}`, micro-batch {args.batch} x {args.seq} tokens, {plan.training.microbatches} micro-batches, "
              f"fp32, Adam, 1F1B, `{CLUSTER.relative_to(ROOT)}`; {args.steps} steps per run (the first excluded), "
              f"{len(runs)} runs.", "",
-             "Targets met (time within 10%, held memory within 5% and never above)." if not misses
+             "The 5% memory target is checked on the stages that run the selective level; every stage must stay at "
+             "or below its M_s (a stage recomputing whole units is `recompute_emulated.py`'s lever and figures).", "",
+             "Targets met (time within 10%, held memory of the selective stages within 5%, no stage above its M_s)."
+             if not misses
              else "Targets missed: " + "; ".join(misses)]
     body = "\n".join(lines)
     print(body)
