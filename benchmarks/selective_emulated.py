@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
              f"`{MODEL}`, micro-batch {args.batch} x {args.seq} tokens, {plan.training.microbatches} micro-batches, "
              f"fp32, Adam, 1F1B, `{CLUSTER.relative_to(ROOT)}`; {args.steps} steps per run (the first excluded), "
              f"{len(runs)} runs; load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1/5/15 min, "
-             "at the end; emulated seconds do not depend on it).", "",
+             "at the end).", "",
              "The 5% memory target is checked on the stages that run the selective level; every stage must stay at "
              "or below its M_s (a stage recomputing whole units is `recompute_emulated.py`'s lever and figures).", "",
              "Targets met (time within 10%, held memory of the selective stages within 5%, no stage above its M_s)."
