@@ -194,31 +194,44 @@ time, load average ~10 on 2 cores, 2026-12-03):
 - **Backward** is priced from its own counts (the capture runs each unit's backward on meta: its
   kernels, their bytes, attention's FLOPs), not as twice the forward's traffic and ops.
 - **Optimizer step**: on a CPU PyTorch runs the per-tensor loop, so every parameter tensor pays
-  `STEP_KERNELS` ops at the measured cost per op of that loop (`optimizer_op`); S was 2.2x predicted.
+  `STEP_KERNELS` ops at the measured cost per op of that loop (`optimizer_op`), and every parameter
+  the loop's own bytes (72 B for fp32 Adam, counted op by op in torch's `_single_tensor_adam`, not the
+  28 B of one fused pass) at the rate that loop streams on this CPU (`optimizer_bandwidth`: Adam over
+  16 MiB of 1 MiB tensors, their state beyond the last-level cache).
+- **Matmuls by shape** (issue 17 item 4, second cut): a chain of linear layers on 1024 tokens ran at
+  ~0.7x (width 64), ~0.8x (128), ~0.85-0.95x (256) and ~0.9-1.0x (512) of the 1024^3 rate, forward and
+  backward; each matmul is recorded under the product of its two smaller dimensions (`matmul:<s>`) and
+  priced at those rates, interpolated in log2(s) (`timing.matmul_rate`).
+- **Fixed costs per op**: a backward op (the autograd engine's node and its kernel, ~5 us) and an op
+  without a kernel (a view, detach or allocation, ~1.5 us; the capture counts them per pass) are
+  measured and priced besides a forward op's (`backward_op_overhead`, `view_overhead`).
 
 Where the differences that remain come from:
 - **Load.** The core groups are measured and the runs pinned on a machine other processes share;
   a process sharing a pinned core slows that stage by up to 2x, in the calibration or in the run,
   whichever it overlaps. The load average before each round is in the table; only rounds on a
   quiet machine (load well under the core count) test the cost model. The load-robust check above
-  times in CPU time, but load still evicts caches and so inflates its measured figures too.
-- **Matmuls in a model.** Shape is not the cause: alone, the models' GEMM shapes (1024 tokens x
-  128..512 x 128..512) ran at 0.84-1.04x the calibration's 1024^3 rate, and square matmuls of 128 to
-  1024 within 15% of each other; inside the model they reached ~0.85-0.9x, their operands coming
-  from the last-level cache or memory after the ops in between. Unpriced: F and B run up to ~10%
-  slower than predicted where matmuls dominate.
+  times in CPU time, but load still evicts caches and so inflates its measured figures too; the
+  optimizer step, a stream over all the state, moves most with it (its calibration as well).
+- **Matmuls in a model.** The shape rates above come from square layers; a model's 128 x 344 and
+  128 x 384 projections fall between them, and in a per-op CPU-time profile of the HF Llama
+  (load ~9) its linear layers still took ~15% more than priced.
+- **Elementwise ops in a model.** Ops without a measured rate (mul, add, cat, pow, the rotary
+  tables' broadcasts) are priced at the copy bandwidth; in a per-op CPU-time profile of the HF Llama
+  (load ~9) they took ~1.5x that, ~6 ms of ~75 ms per forward, while alone on 2 MiB operands the same
+  ops stream at 100-300 GB/s from the caches. Not page faults of fresh outputs: with glibc's mmap and
+  trim thresholds raised the faults fell from ~1300 to ~30 per iteration and F did not change.
+- **Backward below its price.** At load 14-16 B ran 5-10% under its price in the load-robust check;
+  op by op (a CPU-time profile of the HF Llama's backward) its matmuls, attention and elementwise
+  kernels each came within ~10% of their prices, so the excess is in the fixed costs per op
+  (backward ops, views) or the load; not resolved yet.
 - **Python between ops.** The Hugging Face Llama runs Python between its kernels (rotary tables,
-  masks, ~340 views per forward) that no op count prices; the built-in GPT runs little.
+  masks, output records) that no op count prices; the built-in GPT runs little.
 - **Transfer.** The link is an alpha-beta fit of a ping-pong; in the run a message also packs a
   header and several tensors into one frame and is unpacked and checked by the receiver
   (`hetpipe.runtime.execute.comm`), and the waiting receiver must be woken: on a loaded machine
   the scheduler's wake-up alone is milliseconds, which a ping-pong between two spinning processes
   hides.
-- **Optimizer step's bytes.** PyTorch's unfused loop reads and writes each tensor about 8 times
-  (~72 B per parameter for Adam, against the 28 B of one fused pass that S prices); while the step's
-  working set (weights, gradients, Adam's m and v: 16 B per parameter, ~27 MB for gpt-demo) stays in
-  the 32 MiB last-level cache that costs little, but when other processes evict it S grows toward
-  twice the prediction (the load-robust check's S under load).
 - **Memory** is accounted exactly by the runtime (unique storages) and predicted by memory model 2;
   a ratio above 1 would be a cost-model error, not noise.
 """
@@ -238,13 +251,13 @@ def cpu_time_table(models: list[str], *, rounds: int, tmp: Path) -> str:
         mine = [r for r in rows if r["model"] == model]
         for k in ("F", "B", "S"):
             measured = statistics.median(r["measured"][k] for r in mine)
-            before = [r["measured"][k] / r["before"][k] for r in mine]
-            now = [r["measured"][k] / r["now"][k] for r in mine]
-            table.append([model, k, f"{measured * 1e3:.2f} ms", f"{mine[0]['before'][k] * 1e3:.2f} ms", _cell(before),
-                          f"{mine[0]['now'][k] * 1e3:.2f} ms", _cell(now),
-                          ", ".join(f"{r['load']:.1f}" for r in mine)])
+            cells = []
+            for label in ("before", "first", "now"):
+                cells += [f"{mine[0][label][k] * 1e3:.2f} ms", _cell([r["measured"][k] / r[label][k] for r in mine])]
+            table.append([model, k, f"{measured * 1e3:.2f} ms", *cells, ", ".join(f"{r['load']:.1f}" for r in mine)])
     return markdown_table(["model", "pass", "measured (CPU time)", "predicted before", "ratio before",
-                           "predicted now", "ratio now", "load average per round"], table)
+                           "predicted, first cut", "ratio, first cut", "predicted now", "ratio now",
+                           "load average per round"], table)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,8 +279,10 @@ def main(argv: list[str] | None = None) -> int:
             cpu_time = (f"\n\n**Load-robust check** (`benchmarks/cpu_truth_cputime.py`, {args.cpu_time_rounds} "
                         "round(s)): one process pinned to one core calibrates and runs the whole model (forward with "
                         "the loss, backward, Adam step), everything timed in thread CPU time; predicted on that "
-                        "calibration before (roofline, foreach step) and now (per-op rates, per-tensor optimizer "
-                        "loop). Medians of measured / predicted over rounds (spread).\n\n"
+                        "calibration before (roofline, foreach step), with item 4's first cut (per-op rates, the "
+                        "per-tensor loop's ops on the fused step's bytes) and now (also matmul rates by shape, the "
+                        "loop's own bytes at its measured rate, backward and view costs per op). Medians of measured / "
+                        "predicted over rounds (spread).\n\n"
                         + cpu_time_table(models, rounds=args.cpu_time_rounds, tmp=Path(tmp)))
     load = os.getloadavg()
     body = (f"{args.rounds} round(s) of calibrate + plan + run ({args.steps} steps, medians over steps 1..N-1); "

@@ -5,10 +5,11 @@ in the run (``benchmarks/cpu_truth.py``).  Here one process, pinned to one core 
 calibrates (`hetpipe.cost_models.calibrate.calibrate_device`) and then runs each whole model's
 forward, backward and Adam step, every figure timed with ``time.thread_time`` (the CPU time of
 the thread: time other processes hold the core does not count).  Predicted figures come from the
-captured units on that calibration, twice: with the per-op rates and the per-tensor optimizer loop
-(issue 17 item 4) and without them (the roofline and foreach step the plans used before), so the
-ratios compare the two cost models on the same measurement.  What load still changes (caches and
-branch predictors shared with other processes) shows as the spread over rounds.
+captured units on that calibration, three times: with the per-op rates, the matmul rates per shape and the
+per-tensor optimizer loop's bytes and ops (issue 17 item 4, "now"), with item 4's first cut ("first": no
+matmul shapes, the loop's ops on the fused pass's bytes), and without any (the roofline and foreach step
+the plans used before), so the ratios compare the cost models on the same measurement.  What load still
+changes (caches and branch predictors shared with other processes) shows as the spread over rounds.
 
 Example:
     $ python benchmarks/cpu_truth_cputime.py --models gpt-demo --rounds 1
@@ -62,12 +63,19 @@ def _measure(name: str, *, batch: int, seq: int) -> dict[str, float]:
 
 
 def _predict(name: str, profile: object, *, batch: int, seq: int) -> dict[str, dict[str, float]]:
-    """Whole-model F, B, S on `profile`: with its per-op terms ("now") and without them ("before")."""
+    """Whole-model F, B, S on `profile`: with all its per-op terms ("now"), with those of item 4's first cut
+    ("first": per-op rates without the matmul shapes, the per-tensor loop's ops on the fused pass's bytes) and
+    with none ("before": the roofline and the foreach step)."""
     from hetpipe.plan.build import capture_builtin, profile_step_table, profile_unit_times
 
     graph = capture_builtin(name, batch=batch, seq=seq, optimizer="adam", precision="fp32", granularity="block")
+    from hetpipe.cost_models.work import is_matmul_key
+
     out = {}
-    for label, prof in (("before", dataclasses.replace(profile, op_rates=(), step_op_s=None)), ("now", profile)):
+    first = dataclasses.replace(profile, op_rates=tuple((k, r) for k, r in profile.op_rates if not is_matmul_key(k)),
+                                step_bytes_s=None)  # item 4's first cut: no matmul shapes, the fused step's bytes
+    for label, prof in (("before", dataclasses.replace(profile, op_rates=(), step_op_s=None, step_bytes_s=None)),
+                        ("first", first), ("now", profile)):
         times = profile_unit_times(graph, prof)  # the planner's own per-unit F, B and S tables
         f, b = sum(t.fwd for t in times), sum(t.bwd for t in times)
         shares, fixed_s = profile_step_table(graph, prof)

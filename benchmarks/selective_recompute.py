@@ -4,17 +4,19 @@ The level (Korthikanti et al. 2022, selective recomputation: recompute what is c
 heavy to keep; derived from the node-granularity capture by `hetpipe.partitioner.selective`): inside
 a block, a memory-bound node (norms, activations) whose output is held for backward is dropped and
 re-run in the backward when every tensor it reads is held anyway and every node reading it is a
-matmul or attention kernel, which keeps its own output instead (PyTorch's selective checkpoint policy:
-compute-bound ops ``MUST_SAVE``, the rest ``PREFER_RECOMPUTE``).  On GPT-2 that selects ln_1, ln_2
-and the GELU of every block.  Per block: freed = the dropped outputs - the kept outputs not held
-otherwise; seconds = the dropped nodes' forward times on the stage's kind; peak = the dropped outputs.
+matmul or attention kernel, which is never re-run (PyTorch's selective checkpoint policy: those ops
+``MUST_SAVE``, the dropped ones ``PREFER_RECOMPUTE``).  On GPT-2 that selects ln_1, ln_2 and the GELU
+of every block.  Per block: freed = the dropped outputs' bytes (the readers' saved copies, which the
+runtime re-makes in the backward: `hetpipe/runtime/stage/selective.py`); seconds = the dropped nodes'
+forward times on the stage's kind; peak = the dropped nodes' held bytes.
 
 The lever (`Problem.selective`, `Stage.selective`; `cost_models/selective.py`): each stage runs the
 level on its blocks or not, and recomputes a whole-block prefix on top; priced on the selective
 variant (activations less freed, backward plus seconds) with the model's largest peak added to M_s
 once (conservative: at every moment).  The exact DP chooses cuts, cards, order and each stage's level
-and prefix (brute-force tested: tests/test_selective_recompute.py).  Planner figures only: the runtime
-does not run the level yet, and `hetpipe plan` does not offer it.
+and prefix (brute-force tested: tests/test_selective_recompute.py).  `hetpipe plan --recompute auto`
+offers it (plan version 7) and `hetpipe run` runs it (tests/test_selective_runtime.py); the figures
+here are the planner's.
 
 Model and cluster as `memory_tightness.py` (GPT-2 XL captured, fp32, Adam, micro-batch 4,
 sequence 1024, m = 6, examples/clusters/homelab.yaml).  T of each plan is `evaluate`'s (the replayed

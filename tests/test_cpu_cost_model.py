@@ -16,10 +16,16 @@ from hetpipe.cost_models.catalog import load_catalog
 from hetpipe.cost_models.cluster import cluster_from_dict
 from hetpipe.cost_models.devices import DeviceProfile
 from hetpipe.cost_models.flops import CostCounter
-from hetpipe.cost_models.op_calibration import OP_KINDS, measure_op_rates, measure_step_op_s
-from hetpipe.cost_models.optimizer_step import STEP_KERNELS, step_launch_s, tensor_step_s
-from hetpipe.cost_models.timing import pass_time_s, unit_time_s
-from hetpipe.cost_models.work import ATTENTION_BWD_KEY, ATTENTION_KEY, PassWork
+from hetpipe.cost_models.op_calibration import (
+    MATMUL_WIDTHS, OP_KINDS, measure_backward_op_s, measure_op_rates, measure_step_bytes_s, measure_step_op_s,
+    measure_view_op_s,
+)
+from hetpipe.cost_models.optimizer_step import (
+    STEP_KERNELS, loop_traffic_bytes_per_param, loop_unit_step_s, step_launch_s, step_traffic_bytes_per_param,
+    tensor_step_s,
+)
+from hetpipe.cost_models.timing import matmul_rate, pass_time_s, unit_time_s
+from hetpipe.cost_models.work import ATTENTION_BWD_KEY, ATTENTION_KEY, PassWork, matmul_key
 from hetpipe.errors import ConfigError
 
 CPU = DeviceProfile("cpu-x", 2**30, 1e11, 1e11, 2e10, matmul_efficiency=1.0, bandwidth_efficiency=1.0,
@@ -57,6 +63,41 @@ def test_pass_time_prices_each_op_kind_at_its_rate_under_the_roofline() -> None:
     times = unit_time_s(fwd_flops=0, bwd_flops=0, memory_traffic_bytes=0, op_count=0, profile=cpu, precision="fp32",
                         fwd_work=work, bwd_work=PassWork())
     assert times.fwd_s == pytest.approx(expected, rel=1e-12) and times.bwd_s == 0.0
+
+
+def test_matmuls_are_recorded_by_narrow_side_and_priced_at_its_interpolated_rate() -> None:
+    x = torch.empty(1024, 128, device="meta", requires_grad=True)
+    w = torch.empty(512, 128, device="meta", requires_grad=True)
+    with CostCounter() as cc:
+        y = torch.nn.functional.linear(x, w)  # (1024 x 128) @ (128 x 512): narrow side 128 x 512
+        fwd = cc.work()
+        y.backward(torch.empty_like(y))
+    bwd = cc.work().minus(fwd)
+    flops = 2 * 1024 * 128 * 512
+    assert fwd.amount("matmul:65536") == flops == fwd.flops
+    # grad input (1024 x 512) @ (512 x 128) and grad weight (512 x 1024) @ (1024 x 128): the same narrow side
+    assert bwd.amount("matmul:65536") == 2 * flops
+    rates = (("matmul:16384", 6e10), ("matmul:262144", 9e10))
+    cpu = replace(CPU, op_rates=rates)
+    assert matmul_rate(dict(rates), 65536) == pytest.approx(6e10 + 0.5 * 3e10)  # log2 65536 is halfway
+    assert pass_time_s(fwd, profile=cpu, precision="fp32") == pytest.approx(flops / 7.5e10 + 5e-6, rel=1e-12)
+    assert pass_time_s(fwd, profile=replace(CPU, op_rates=(("gelu", 1e9),)), precision="fp32") == pytest.approx(
+        flops / 1e11 + 5e-6, rel=1e-12)  # no matmul rates: the peak x efficiency rate, as before
+
+
+def test_backward_ops_and_views_pay_their_own_fixed_costs() -> None:
+    x = torch.empty(64, 32, device="meta", requires_grad=True)
+    with CostCounter() as cc:
+        y = x.t().reshape(32, 64).exp()  # a view, a view-or-copy, a kernel
+        fwd = cc.work()
+    assert fwd.kernels == 1 and fwd.view_ops >= 1
+    rated = replace(CPU, op_rates=(("gelu", 1e9),))
+    base = pass_time_s(fwd, profile=rated, precision="fp32")
+    costed = replace(rated, backward_op_s=9e-6, view_op_s=2e-6)
+    assert pass_time_s(fwd, profile=costed, precision="fp32") == pytest.approx(base + fwd.view_ops * 2e-6, rel=1e-12)
+    assert pass_time_s(fwd, profile=costed, precision="fp32", backward=True) == pytest.approx(
+        base + fwd.view_ops * 2e-6 + fwd.kernels * (9e-6 - 5e-6), rel=1e-12)  # backward kernels at their own cost
+    assert pass_time_s(fwd, profile=rated, precision="fp32", backward=True) == base  # unmeasured: as before
 
 
 def test_profiles_without_rates_price_as_before() -> None:
@@ -97,6 +138,24 @@ def test_per_tensor_optimizer_loop_prices_each_tensor() -> None:
         tensor_step_s(tensors=1, optimizer="lion", step_op_s=1e-6)
 
 
+def test_per_tensor_loop_bytes_follow_torchs_single_tensor_code() -> None:
+    """Values read + written per parameter, op by op (optimizer_step's docstring), at 4 B each."""
+    adam = (3 + 2 + 3 + 2 + 2 + 2 + 4) * 4   # lerp, mul, addcmul, sqrt, div, add, addcdiv
+    assert loop_traffic_bytes_per_param("adam", "fp32") == adam == 72
+    assert loop_traffic_bytes_per_param("adamw", "fp32") == adam + 2 * 4  # + the decoupled p.mul_
+    assert loop_traffic_bytes_per_param("momentum", "fp32") == (2 + 3 + 3) * 4
+    assert loop_traffic_bytes_per_param("sgd", "fp32") == step_traffic_bytes_per_param("sgd", "fp32")
+    for opt in ("sgd", "momentum", "adam", "adamw"):  # mixed precision: the fused pass's bytes plus the same extras
+        extra = loop_traffic_bytes_per_param(opt, "fp32") - step_traffic_bytes_per_param(opt, "fp32")
+        mixed = step_traffic_bytes_per_param(opt, "bf16-mixed")
+        assert loop_traffic_bytes_per_param(opt, "bf16-mixed") == mixed + extra
+    got = loop_unit_step_s(params=10**6, tensors=4, optimizer="adam", precision="fp32", step_bytes_s=36e9,
+                           step_op_s=3e-6)
+    assert got == pytest.approx(72e6 / 36e9 + 4 * 8 * 3e-6, rel=1e-12)
+    assert loop_unit_step_s(params=0, tensors=0, optimizer="adam", precision="fp32", step_bytes_s=1.0,
+                            step_op_s=1.0) == 0
+
+
 def test_step_tables_per_tensor_where_measured_foreach_elsewhere() -> None:
     from hetpipe.plan.build import capture_builtin, step_tables
 
@@ -113,14 +172,22 @@ def test_step_tables_per_tensor_where_measured_foreach_elsewhere() -> None:
     assert loop_launch == 0.0 and foreach_launch == pytest.approx(step_launch_s("adam", 5e-6))
     for u, a, b in zip(graph.units, loop, foreach):
         assert a == pytest.approx(b + u.param_tensors * STEP_KERNELS["adam"] * 4e-6, rel=1e-12)
+    # with the loop's measured rate, its 72 B per parameter are priced at that rate instead
+    doc["nodes"][0]["devices"][0]["optimizer_bandwidth"] = "36GB/s"
+    rated, rated_launch = step_tables(graph, cluster_from_dict(doc))["cpu-loop"]
+    assert rated_launch == 0.0
+    for u, a in zip(graph.units, rated):
+        assert a == pytest.approx(u.param_count * 72 / 36e9 + u.param_tensors * STEP_KERNELS["adam"] * 4e-6, rel=1e-12)
 
 
 def test_cluster_file_reads_rates_and_refuses_bad_ones() -> None:
     def doc(**extra: object) -> dict:
         return {"name": "c", "nodes": [{"name": "vm", "devices": [{"gpu": "cpu", "memory": "2GB", "reserve": 0, **extra}]}]}
 
-    prof = cluster_from_dict(doc(op_rates={"gelu": 3.5e9, "attention": 4e10}, optimizer_op="3.7us")).devices[0].profile
-    assert prof.op_rates == (("attention", 4e10), ("gelu", 3.5e9)) and prof.step_op_s == pytest.approx(3.7e-6)
+    prof = cluster_from_dict(doc(op_rates={"gelu": 3.5e9, "attention": 4e10, "matmul:16384": 6e10},
+                                 optimizer_op="3.7us")).devices[0].profile
+    assert prof.op_rates == (("attention", 4e10), ("gelu", 3.5e9), ("matmul:16384", 6e10))
+    assert prof.step_op_s == pytest.approx(3.7e-6)
     with pytest.raises(ConfigError, match=r"op_rates\.gelu: must be a positive number"):
         cluster_from_dict(doc(op_rates={"gelu": -1}))
     with pytest.raises(ConfigError, match="op_rates: must map op kinds to rates"):
@@ -131,7 +198,8 @@ def test_calibration_carries_rates_into_the_profile_and_the_cluster_file() -> No
     from hetpipe.cost_models import profile as profile_mod
 
     cal = Calibration("cpu", 7e10, 7e10, 2e10, 1024, "h", "2.13", "2026-12-03", kernel_overhead_s=6e-6,
-                      op_rates=(("attention", 4e10), ("gelu", 3.5e9)), step_op_s=3.7e-6)
+                      op_rates=(("attention", 4e10), ("gelu", 3.5e9)), step_op_s=3.7e-6, step_bytes_s=3.6e10,
+                      backward_op_s=5.5e-6, view_op_s=1.5e-6)
     cpu = load_catalog().entries["cpu"].profile
     tuned = apply_calibration(cpu, cal)
     assert tuned.op_rates == cal.op_rates and tuned.step_op_s == 3.7e-6
@@ -140,14 +208,34 @@ def test_calibration_carries_rates_into_the_profile_and_the_cluster_file() -> No
     doc = {"name": "c", "nodes": [{"name": "vm", "devices": [{"gpu": "cpu", "memory": "2GB", "reserve": 0, **fields}]}]}
     back = cluster_from_dict(doc).devices[0].profile
     assert back.op_rates == tuned.op_rates and back.step_op_s == pytest.approx(3.7e-6)
+    assert tuned.step_bytes_s == 3.6e10 and back.step_bytes_s == pytest.approx(3.6e10)
+    assert (back.backward_op_s, back.view_op_s) == pytest.approx((5.5e-6, 1.5e-6))
+    assert "5.5 us per backward op, 1.5 us per view" in tuned.source
 
 
 def test_op_rates_and_the_optimizer_op_are_measured_on_this_cpu() -> None:
     rates = dict(measure_op_rates("cpu", repeats=1, kinds=("gelu", "sum")))
-    assert set(rates) == {ATTENTION_KEY, ATTENTION_BWD_KEY, "gelu", "sum"} and all(r > 0 for r in rates.values())
+    matmuls = {matmul_key(1024, w, w) for w in MATMUL_WIDTHS}
+    assert set(rates) == {ATTENTION_KEY, ATTENTION_BWD_KEY, "gelu", "sum", *matmuls}
+    assert all(r > 0 for r in rates.values())
     assert {"gelu", "gelu_backward", "native_layer_norm_backward", "silu"} <= set(OP_KINDS)
-    assert 0 < measure_step_op_s(repeats=1) < 1e-2
+    op_s = measure_step_op_s(repeats=1)
+    assert 0 < op_s < 1e-2
+    assert measure_step_bytes_s(step_op_s=op_s, repeats=1, tensors=2) > 1e8  # any CPU streams over 0.1 GB/s
+    assert 0 < measure_backward_op_s(repeats=1) < 1e-2 and 0 < measure_view_op_s(repeats=1) < 1e-2
     with pytest.raises(ConfigError, match="measured on a CPU only"):
         measure_op_rates("cuda:0")
     with pytest.raises(ConfigError, match="no calibration call for op kind"):
         measure_op_rates("cpu", kinds=("bogus",))
+
+
+def test_feedback_slows_every_forward_and_backward_term_of_a_calibrated_cpu() -> None:
+    from hetpipe.runtime.faults import feedback
+
+    prof = replace(CPU, op_rates=(("gelu", 4e9),), backward_op_s=6e-6, view_op_s=2e-6)
+    out = feedback._entry({"gpu": "cpu"}, prof, 2.0, name=None, note="slowed")  # noqa: SLF001 -- its own terms
+    assert out["op_rates"] == {"gelu": 2e9} and out["kernel_overhead"] == pytest.approx(1e-5)
+    assert out["backward_op_overhead"] == pytest.approx(1.2e-5) and out["view_overhead"] == pytest.approx(4e-6)
+    doc = {"name": "c", "nodes": [{"name": "vm", "devices": [{**out, "memory": "2GB", "reserve": 0}]}]}
+    back = cluster_from_dict(doc).devices[0].profile  # the written entry loads
+    assert (back.backward_op_s, back.view_op_s) == pytest.approx((1.2e-5, 4e-6))

@@ -84,10 +84,13 @@ def test_default_recompute_auto_fits_what_none_cannot_and_show_says_what_it_cost
     out = tmp_path / "auto.json"
     assert app.main(["plan", "gpt-demo", "--cluster", CLUSTER, "-o", str(out)]) == 0  # micro-batch 8, as above
     plan = Plan.load(out)
-    assert plan.version == 4 and any(s.recompute_units for s in plan.stages) and check_plan(plan).ok
+    # version 7: the last stage runs the selective level (norm/GELU outputs) instead of whole units
+    assert plan.version == 7 and any(s.recompute_units for s in plan.stages) and check_plan(plan).ok
+    assert [s.selective for s in plan.stages] == [False, False, True]
     assert plan.cost_model["recompute"].startswith("auto:")
     levers = [lv for lv in stage_levers(plan) if lv is not None]
-    assert levers and all(lv.saved_bytes > 0 and lv.extra_s > 0 for lv in levers)
+    assert levers and all(lv.saved_bytes + lv.selective_saved_bytes > 0 and lv.extra_s + lv.selective_s > 0
+                          for lv in levers)
     capsys.readouterr()
     assert app.main(["show", str(out)]) == 0
     shown = capsys.readouterr().out

@@ -78,13 +78,10 @@ def test_the_level_only_adds_plans() -> None:
         assert a <= b * (1 + 1e-12)
 
 
-def test_plans_refuse_the_level_until_the_runtime_runs_it() -> None:
-    import pytest
-
-    from hetpipe.errors import ConfigError
+def test_plans_record_the_level_per_stage() -> None:
+    """Plan version 7 records each stage's level (`PlanStage.selective`; tests/test_selective_runtime.py runs it)."""
     from hetpipe.plan.build import plan_stages
 
     prob = _two_units(75)
     stages = with_recompute(prob, (Stage(0, 0, 1),))
-    with pytest.raises(ConfigError, match="selective recompute level is not recorded in plans"):
-        plan_stages(prob, stages, evaluate(prob, stages))
+    assert [st.selective for st in plan_stages(prob, stages, evaluate(prob, stages))] == [True]

@@ -110,6 +110,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     cluster = load_cluster(args.cluster)
     with console.status(f"capturing {args.model} on the meta device"):
         graph = capture_args(args)
+        selective = selective_level(args, graph, cluster)
     try:
         with console.status(f"solving: {graph.num_units} units on {len(cluster.devices)} devices "
                             f"(limit {args.time_limit:g} s)"):
@@ -119,7 +120,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
                                  offload=getattr(args, "offload", "never"),
                                  schedule=getattr(args, "plan_schedule", "1f1b"),
                                  tensor_parallel=getattr(args, "tensor_parallel", "off"),
-                                 sharding=getattr(args, "sharding", "never"))
+                                 sharding=getattr(args, "sharding", "never"), selective=selective)
     except InfeasibleError as err:
         from hetpipe.cli.fit_help import with_fit_hints
 
@@ -137,6 +138,19 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         console.print(f"left out {lo.device}: {lo.reason}")
     console.print(f"wrote {args.output}")
     return 0
+
+
+def selective_level(args: argparse.Namespace, graph: Any, cluster: Any) -> Any:
+    """The selective recompute level offered to the planner under ``--recompute auto`` (its tables and
+    record, `plan.selective_plan.offer_for_capture`, from a node-granularity capture); None otherwise."""
+    from hetpipe.plan.build import offers_selective
+    from hetpipe.plan.selective_plan import offer_for_capture
+
+    if not offers_selective(getattr(args, "recompute", "auto"), getattr(args, "plan_schedule", "1f1b"),
+                            getattr(args, "tensor_parallel", "off")):
+        return None
+    node_args = argparse.Namespace(**{**vars(args), "granularity": "node"})
+    return offer_for_capture(graph, lambda: graph if args.granularity == "node" else capture_args(node_args), cluster)
 
 
 def _with_user_code(plan: Any, args: argparse.Namespace) -> Any:
@@ -186,6 +200,10 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
         # the loss is re-costed when it is known (a built-in's own, or the plan's recorded --loss);
         # an older plan of a factory may have costed one this capture does not know: a lower bound then
         verify_tables(plan, graph, cluster=cluster, loss_costed=":" not in args.model or bool(plan.model.loss))
+        if plan.selective is not None:  # the level's nodes, bytes (and seconds) re-derived from a node capture
+            from hetpipe.plan.selective_plan import verify_selective
+
+            verify_selective(plan.selective, graph, _recapture(args, plan, "node"), cluster)
     report = check_plan(plan)
     if report.ok:
         sched = "1F1B" if plan.training.schedule in ("1f1b", "gpipe") else plan.training.schedule

@@ -37,7 +37,9 @@ import torch
 from torch.multiprocessing.spawn import ProcessContext, ProcessException
 
 from hetpipe.cost_models.cpu_cores import format_cores
-from hetpipe.cost_models.op_calibration import measure_op_rates, measure_step_op_s
+from hetpipe.cost_models.op_calibration import (
+    measure_backward_op_s, measure_op_rates, measure_step_bytes_s, measure_step_op_s, measure_view_op_s,
+)
 from hetpipe.cost_models.rates import MAX_INNER_ITERATIONS, MIN_TIMED_S, median_rate  # noqa: F401 (re-exported)
 from hetpipe.cost_models.devices import DeviceProfile
 from hetpipe.errors import ConfigError, RuntimeFailure
@@ -114,6 +116,9 @@ class Calibration:
         cores: the CPU core group it ran pinned to (`hetpipe.cost_models.core_groups`); () = unpinned.
         op_rates: per-op-kind rates (`hetpipe.cost_models.op_calibration.measure_op_rates`), on a CPU.
         step_op_s: seconds per op of the per-tensor optimizer loop (`measure_step_op_s`), on a CPU.
+        step_bytes_s: bytes per second that loop streams (`measure_step_bytes_s`), on a CPU.
+        backward_op_s: fixed seconds per backward op (`measure_backward_op_s`), on a CPU.
+        view_op_s: fixed seconds per op without a kernel (`measure_view_op_s`), on a CPU.
     """
 
     device: str
@@ -129,6 +134,9 @@ class Calibration:
     cores: tuple[int, ...] = ()
     op_rates: tuple[tuple[str, float], ...] = ()
     step_op_s: float | None = None
+    step_bytes_s: float | None = None
+    backward_op_s: float | None = None
+    view_op_s: float | None = None
 
 
 def measure_matmul_flops_s(
@@ -348,11 +356,15 @@ def calibrate_device(
     # item 4, `op_calibration`); a GPU's are left to the roofline and its foreach step.
     op_rates = measure_op_rates(device, repeats=repeats) if device == "cpu" else ()
     step_op_s = measure_step_op_s(repeats=repeats) if device == "cpu" else None
+    step_bytes_s = measure_step_bytes_s(step_op_s=step_op_s, repeats=repeats) if step_op_s is not None else None
     return Calibration(
         device=device, tensor_matmul_flops_s=tensor, fp32_matmul_flops_s=fp32,
         memory_bandwidth_bytes_s=bandwidth, matmul_size=size, host=socket.gethostname(),
         torch_version=torch.__version__, measured_at=datetime.date.today().isoformat(), link=link,
         kernel_overhead_s=overhead, cores=cores, op_rates=op_rates, step_op_s=step_op_s,
+        step_bytes_s=step_bytes_s,
+        backward_op_s=measure_backward_op_s(repeats=repeats) if device == "cpu" else None,
+        view_op_s=measure_view_op_s(repeats=repeats) if device == "cpu" else None,
     )
 
 
@@ -395,7 +407,16 @@ def apply_calibration(profile: DeviceProfile, calibration: Calibration) -> Devic
         source += f"; rates of {len(calibration.op_rates)} op kinds"
     if calibration.step_op_s is not None:
         source += f"; per-tensor optimizer loop {calibration.step_op_s * 1e6:.3g} us per op"
+    if calibration.step_bytes_s is not None:
+        source += f", streams {calibration.step_bytes_s:.4g} B/s"
+    if calibration.backward_op_s is not None and calibration.view_op_s is not None:
+        source += (f"; {calibration.backward_op_s * 1e6:.3g} us per backward op, "
+                   f"{calibration.view_op_s * 1e6:.3g} us per view")
     return replace(profile, tensor_flops_s=tensor, fp32_flops_s=fp32, memory_bandwidth_bytes_s=bandwidth,
                    matmul_efficiency=eff, bandwidth_efficiency=bw_eff, kernel_overhead_s=overhead, source=source,
                    op_rates=calibration.op_rates or profile.op_rates,
-                   step_op_s=profile.step_op_s if calibration.step_op_s is None else calibration.step_op_s)
+                   step_op_s=profile.step_op_s if calibration.step_op_s is None else calibration.step_op_s,
+                   step_bytes_s=profile.step_bytes_s if calibration.step_bytes_s is None else calibration.step_bytes_s,
+                   backward_op_s=(profile.backward_op_s if calibration.backward_op_s is None
+                                  else calibration.backward_op_s),
+                   view_op_s=profile.view_op_s if calibration.view_op_s is None else calibration.view_op_s)

@@ -34,7 +34,8 @@ FLOPS_PER_TFLOP = 1e12
 REQUIRED_FIGURES = ("memory", "tensor_tflops", "fp32_tflops", "memory_bandwidth")
 DEVICE_KEYS = ("gpu", "name", "count", "reserve", *REQUIRED_FIGURES, "nvlink", "p2p", "pcie_bandwidth",
                "nvlink_bandwidth", "matmul_efficiency", "bandwidth_efficiency", "kernel_overhead", "source",
-               "cores", "op_rates", "optimizer_op")
+               "cores", "op_rates", "optimizer_op", "optimizer_bandwidth",
+               "backward_op_overhead", "view_overhead")
 NETWORK_KEYS = ("bandwidth", "latency")
 
 
@@ -165,6 +166,10 @@ def _figures(entry: Mapping[str, Any], where: Where) -> dict[str, Any]:
                             lambda v, w: quantity(v, parse_latency_s, w, allow_zero=True, maximum=MAX_LATENCY_S)),
         "op_rates": ("op_rates", op_rates),
         "optimizer_op": ("step_op_s", lambda v, w: quantity(v, parse_latency_s, w, maximum=MAX_LATENCY_S)),
+        "backward_op_overhead": ("backward_op_s", lambda v, w: quantity(v, parse_latency_s, w, maximum=MAX_LATENCY_S)),
+        "view_overhead": ("view_op_s", lambda v, w: quantity(v, parse_latency_s, w, maximum=MAX_LATENCY_S)),
+        "optimizer_bandwidth": ("step_bytes_s",
+                                lambda v, w: quantity(v, parse_bandwidth_bytes_s, w, maximum=MAX_BANDWIDTH_BYTES_S)),
     }
     return {attr: parse(entry[key], where.field(key)) for key, (attr, parse) in parsers.items() if key in entry}
 

@@ -45,6 +45,12 @@ class DeviceProfile:
             roofline prices every op at the matmul rate and copy bandwidth (`cost_models.timing`).
         step_op_s: seconds per op of the optimizer's per-tensor loop, measured (a CPU); None = the
             multi-tensor ``foreach`` path (CUDA's default), `hetpipe.cost_models.optimizer_step`.
+        step_bytes_s: bytes per second that per-tensor loop streams, measured; None = its bytes are
+            priced as one fused pass at the copy bandwidth (profiles calibrated before it was measured).
+        backward_op_s: fixed seconds per backward kernel (autograd node and kernel), measured (a CPU);
+            None = ``kernel_overhead_s``.
+        view_op_s: fixed seconds per op without a kernel (view, detach, allocation), measured (a CPU);
+            None = free (`hetpipe.cost_models.timing.pass_time_s`).
     """
 
     kind: str
@@ -60,6 +66,9 @@ class DeviceProfile:
     source: str = ""
     op_rates: tuple[tuple[str, float], ...] = ()
     step_op_s: float | None = None
+    step_bytes_s: float | None = None
+    backward_op_s: float | None = None
+    view_op_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +64,7 @@ from torch.utils.flop_counter import (
 )
 
 from hetpipe.cost_models.memory import element_bytes
-from hetpipe.cost_models.work import ATTENTION_BWD_KEY, ATTENTION_KEY, PassWork
+from hetpipe.cost_models.work import ATTENTION_BWD_KEY, ATTENTION_KEY, PassWork, matmul_key
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +161,20 @@ ATTENTION_BWD_OPS = _packets(
     "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward",
     "_scaled_dot_product_cudnn_attention_backward", "_scaled_dot_product_flash_attention_for_cpu_backward",
     "_flash_attention_backward", "_efficient_attention_backward")
+
+
+#: Dense matmuls: their FLOPs also go to the work table under `work.matmul_key` (priced per shape
+#: class on a calibrated CPU).  Operand positions: (a, b) for mm/bmm, (bias, a, b) for addmm/baddbmm.
+MATMUL_OPS = {aten.mm: 0, aten.bmm: 0, aten.addmm: 1, aten.baddbmm: 1}
+
+
+def _matmul_work(packet: Any, args: tuple[Any, ...]) -> tuple[str, int]:
+    """(work key, FLOPs) of one matmul: 2 M K N, torch's ``mm_flop`` / ``bmm_flop`` formula."""
+    first = MATMUL_OPS[packet]
+    a, b = args[first], args[first + 1]
+    m = math.prod(a.shape[:-1])  # bmm: batch x rows
+    k, n = a.shape[-1], b.shape[-1]
+    return matmul_key(m, k, n), 2 * m * k * n
 
 
 def _attention_flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
@@ -271,6 +286,7 @@ class _FormulaMode(TorchDispatchMode):
         self.flops = 0
         self.traffic = 0
         self.kernels = 0
+        self.view_ops = 0  # ops without a kernel (`work.PassWork.view_ops`)
         self.by_op: dict[str, int] = {}  # the work table (`hetpipe.cost_models.work`)
         self.uncounted: set[str] = set()
 
@@ -283,11 +299,14 @@ class _FormulaMode(TorchDispatchMode):
         out = func(*args, **kwargs)
         packet = func.overloadpacket
         if packet in NO_KERNEL_OPS or func.is_view:
+            self.view_ops += 1
             return out
         self.kernels += 1
         if packet in ATTENTION_FWD_OPS or packet in ATTENTION_BWD_OPS:
             key = ATTENTION_KEY if packet in ATTENTION_FWD_OPS else ATTENTION_BWD_KEY
             self._record(key, _attention_flops(func, args, kwargs, out))
+        if packet in MATMUL_OPS:
+            self._record(*_matmul_work(packet, args))
         if packet in COMPUTE_BOUND_OPS:
             return out  # compute-bound: FLOPs from FlopCounterMode, no traffic counted
         flops = formula_flops(func, args, out)
@@ -338,11 +357,11 @@ class CostCounter:
             >>> with CostCounter() as cc:
             ...     _ = torch.nn.functional.gelu(torch.empty(4, device="meta"))
             >>> cc.work()
-            PassWork(flops=4, traffic_bytes=32, kernels=1, by_op=(('gelu', 32),))
+            PassWork(flops=4, traffic_bytes=32, kernels=1, by_op=(('gelu', 32),), view_ops=1)
         """
         tally = self.snapshot()
         return PassWork.of(flops=tally.flops, traffic_bytes=tally.traffic_bytes, kernels=tally.kernels,
-                           by_op=self._formulas.by_op)
+                           by_op=self._formulas.by_op, view_ops=self._formulas.view_ops)
 
     def snapshot(self) -> OpTally:
         """Counts accumulated so far."""

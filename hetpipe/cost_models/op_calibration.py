@@ -10,7 +10,15 @@ ops and its fixed cost per op well; they miss three things the CPU truth benchma
 * memory-bound ops with transcendental arithmetic are compute-bound on a CPU: GELU's tanh
   form runs at ~4 GB/s of traffic where a copy streams at ~17 GB/s; layer norm, softmax and
   the bias-gradient sums lie between;
-* PyTorch's optimizers run a per-tensor loop on CPU tensors (`cost_models.optimizer_step`).
+* matmuls with a narrow side (the demo models' 128-wide projections) run below the 1024^3
+  rate: a chain of `MATMUL_LAYERS` linear layers, forward and backward, is timed at each width of
+  `MATMUL_WIDTHS` on `OP_ROWS` tokens (`_matmul_rates`, work keys `hetpipe.cost_models.work.matmul_key`);
+* fixed costs per op besides a forward kernel's (`calibrate.measure_op_overhead_s`): a backward op
+  runs through the autograd engine (`measure_backward_op_s`), and views, detaches and allocations
+  pass the dispatcher without a kernel (`measure_view_op_s`);
+* PyTorch's optimizers run a per-tensor loop on CPU tensors (`cost_models.optimizer_step`):
+  a fixed cost per op (`measure_step_op_s`) and more bytes than one fused pass, streamed at
+  the loop's own rate (`measure_step_bytes_s`).
 
 `measure_op_rates` times each op kind of `OP_KINDS` on tensors of `OP_ROWS` x `OP_COLS` fp32
 (2 MiB: one micro-batch of 1024 tokens x 512 features, as in the demo models, large enough
@@ -25,20 +33,25 @@ Example:
     True
     >>> 0 < measure_step_op_s(repeats=1) < 0.01
     True
+    >>> measure_step_bytes_s(step_op_s=0.0, repeats=1, tensors=2) > 0
+    True
+    >>> 0 < measure_view_op_s(repeats=1) < 0.01 and 0 < measure_backward_op_s(repeats=1) < 0.01
+    True
 """
 
 from __future__ import annotations
 
+import statistics
 from typing import Callable, Sequence
 
 import torch
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
 from hetpipe.cost_models.flops import CostCounter
-from hetpipe.cost_models.optimizer_step import STEP_KERNELS
+from hetpipe.cost_models.optimizer_step import STEP_KERNELS, loop_traffic_bytes_per_param
 from hetpipe.cost_models.rates import median_rate
-from hetpipe.cost_models.work import ATTENTION_BWD_KEY, ATTENTION_KEY
-from hetpipe.errors import ConfigError
+from hetpipe.cost_models.work import ATTENTION_BWD_KEY, ATTENTION_KEY, matmul_key
+from hetpipe.errors import ConfigError, RuntimeFailure
 
 aten = torch.ops.aten
 
@@ -47,8 +60,22 @@ OP_ROWS, OP_COLS = 1024, 512
 #: Attention's shape (batch, heads, sequence, head dim): the demo models' 8 x 128 tokens, 4 heads of 32,
 #: causal (the language models this benchmark runs; torch's formula counts the masked half too).
 ATTENTION_SHAPE = (8, 4, 128, 32)
+#: Widths of the square linear layers `_matmul_rates` chains (narrow sides 64^2 .. 512^2; wider matmuls
+#: get the 512 rate, which was within ~5% of the 1024^3 one).
+MATMUL_WIDTHS = (64, 128, 256, 512)
+#: Layers per chain: at width 128 their inputs and outputs (4 x 2 x 512 KiB) outgrow the 2 MiB L2 of the
+#: reference VM, as a model's activations do between its matmuls.
+MATMUL_LAYERS = 4
+#: FLOPs of a linear layer's forward and backward (grad input, grad weight) over its forward's.
+LINEAR_FWD_BWD_FACTOR = 3
+#: Ops per chain of `measure_backward_op_s` / `measure_view_op_s`, on tiny tensors (the arithmetic is nothing).
+FIXED_COST_CHAIN_OPS, FIXED_COST_SHAPE = 200, (2, 4)
 #: Parameter tensors and their elements for `measure_step_op_s`: tiny, so the time is the loop's ops.
 STEP_TENSORS, STEP_TENSOR_NUMEL = 64, 8
+#: Parameter tensors of `measure_step_bytes_s`, each `STEP_RATE_SHAPE` fp32 (1 MiB: the demo models' largest
+#: matrices): 16 MiB of weights, 64 MiB with gradients, m and v -- beyond the 32 MiB last-level cache of the
+#: reference VM, as a step finds its state after a backward pass has streamed the activations through.
+STEP_RATE_TENSORS, STEP_RATE_SHAPE = 16, (512, 512)
 #: The optimizer `measure_step_op_s` times (the benchmarks' and the CLI's default).
 STEP_OPTIMIZER = "adam"
 
@@ -104,9 +131,29 @@ def _attention_rates(device: str, repeats: int) -> list[tuple[str, float]]:
     return [(ATTENTION_KEY, fwd), (ATTENTION_BWD_KEY, bwd)]
 
 
+def _matmul_rates(device: str, repeats: int) -> list[tuple[str, float]]:
+    """FLOP/s of a chain of `MATMUL_LAYERS` bias-free linear layers, forward and backward, per width."""
+    out = []
+    for width in MATMUL_WIDTHS:
+        layers = [torch.nn.Linear(width, width, bias=False, device=device) for _ in range(MATMUL_LAYERS)]
+        x = torch.randn(OP_ROWS, width, device=device, requires_grad=True)
+
+        def chain() -> None:
+            y = x
+            for layer in layers:
+                y = layer(y)
+            y.backward(torch.ones_like(y))
+            for layer in layers:
+                layer.weight.grad = None  # each call writes fresh gradients, as one backward pass does
+
+        work = float(LINEAR_FWD_BWD_FACTOR * MATMUL_LAYERS * 2 * OP_ROWS * width * width)
+        out.append((matmul_key(OP_ROWS, width, width), median_rate(chain, device=device, work=work, repeats=repeats)))
+    return out
+
+
 def measure_op_rates(device: str = "cpu", *, repeats: int = 3,
                      kinds: Sequence[str] = OP_KINDS) -> tuple[tuple[str, float], ...]:
-    """``(op kind, work per second)`` sorted by kind: attention FLOP/s and bytes/s of each of `kinds`.
+    """``(op kind, work per second)`` sorted by kind: attention and matmul FLOP/s, bytes/s of each of `kinds`.
 
     Only a CPU is measured (its fused attention kernel is the CPU one; a GPU keeps the roofline).
     """
@@ -116,7 +163,7 @@ def measure_op_rates(device: str = "cpu", *, repeats: int = 3,
     if unknown:
         raise ConfigError(f"no calibration call for op kind(s) {', '.join(unknown)}; choose from {', '.join(OP_KINDS)}")
     calls = _memory_bound_calls(device)
-    rates = _attention_rates(device, repeats)
+    rates = _attention_rates(device, repeats) + _matmul_rates(device, repeats)
     for kind in kinds:
         rates.append((kind, median_rate(calls[kind], device=device, work=float(_counted_bytes(kind)),
                                         repeats=repeats)))
@@ -136,3 +183,72 @@ def measure_step_op_s(*, repeats: int = 3) -> float:
     optimizer.step()  # the state (m, v, step) is created on the first step
     ops = STEP_TENSORS * STEP_KERNELS[STEP_OPTIMIZER]
     return 1.0 / median_rate(optimizer.step, device="cpu", work=float(ops), repeats=repeats)
+
+
+def measure_step_bytes_s(*, step_op_s: float, repeats: int = 3, tensors: int = STEP_RATE_TENSORS) -> float:
+    """Bytes per second PyTorch's per-tensor Adam loop streams on this CPU.
+
+    Times ``torch.optim.Adam(foreach=False)`` stepping `tensors` tensors of `STEP_RATE_SHAPE`, takes
+    away their ops' fixed cost (tensors x ``STEP_KERNELS["adam"]`` x `step_op_s`, priced separately by
+    `optimizer_step.tensor_step_s`) and divides the loop's traffic
+    (`optimizer_step.loop_traffic_bytes_per_param`) by the rest: what `optimizer_step.loop_unit_step_s`
+    divides by.
+    """
+    params = [torch.nn.Parameter(torch.randn(*STEP_RATE_SHAPE)) for _ in range(tensors)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    optimizer = torch.optim.Adam(params, foreach=False)
+    optimizer.step()  # the state (m, v, step) is created on the first step
+    traffic = float(sum(p.numel() for p in params) * loop_traffic_bytes_per_param(STEP_OPTIMIZER, "fp32"))
+    step_s = traffic / median_rate(optimizer.step, device="cpu", work=traffic, repeats=repeats)
+    stream_s = step_s - tensors * STEP_KERNELS[STEP_OPTIMIZER] * step_op_s
+    if stream_s <= 0:
+        raise RuntimeFailure(f"the optimizer loop took {step_s:.3g} s, less than its ops' fixed cost; "
+                             "rerun the calibration on a quieter machine")
+    return traffic / stream_s
+
+
+def measure_backward_op_s(*, repeats: int = 3) -> float:
+    """Seconds per op of the backward of a chain of tiny elementwise ops (one autograd node and one kernel each).
+
+    The forward is built outside the timing: each repeat times only ``backward()`` over
+    `FIXED_COST_CHAIN_OPS` nodes (`median_rate` times a fresh graph's backward per call).
+    """
+    x = torch.ones(*FIXED_COST_SHAPE, requires_grad=True)
+    graphs: list[torch.Tensor] = []
+
+    def build() -> None:
+        y = x
+        for _ in range(FIXED_COST_CHAIN_OPS):
+            y = y * 1.0
+        graphs.append(y)
+
+    def backward() -> None:
+        graphs.pop().backward(torch.ones_like(x))
+
+    return _timed_per_op(build, backward, repeats=repeats)
+
+
+def measure_view_op_s(*, repeats: int = 3) -> float:
+    """Seconds per view op (a transpose of a tensor autograd records) on this CPU: no kernel, only dispatch."""
+    x = torch.ones(*FIXED_COST_SHAPE, requires_grad=True)
+
+    def chain() -> None:
+        y = x
+        for _ in range(FIXED_COST_CHAIN_OPS):
+            y = y.transpose(0, 1)
+
+    return 1.0 / median_rate(chain, device="cpu", work=float(FIXED_COST_CHAIN_OPS), repeats=repeats)
+
+
+def _timed_per_op(build: Callable[[], None], run: Callable[[], None], *, repeats: int) -> float:
+    """Median seconds per op of `run` over `repeats` calls, each after an untimed `build` (rates.CLOCK)."""
+    from hetpipe.cost_models import rates as rates_mod  # the clock a benchmark may have swapped
+
+    times = []
+    for _ in range(repeats + 1):  # the first is a warm-up
+        build()
+        start = rates_mod.CLOCK()
+        run()
+        times.append(rates_mod.CLOCK() - start)
+    return statistics.median(times[1:]) / FIXED_COST_CHAIN_OPS

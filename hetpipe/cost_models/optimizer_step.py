@@ -35,11 +35,26 @@ becomes ``tensors * STEP_KERNELS[optimizer] * step_op_s``, with ``step_op_s`` th
 op of that loop measured by ``hetpipe profile --calibrate`` (`DeviceProfile.step_op_s`;
 `hetpipe.cost_models.calibrate.measure_step_op_s`), paid per unit (`tensor_step_s`).
 
+That loop also moves more bytes than one fused pass: each op reads and writes whole tensors
+and ``denom`` is a temporary.  Counted in torch/optim/adam.py ``_single_tensor_adam`` (fp32,
+no weight decay, not capturable; values read + written per parameter): ``m.lerp_(g)`` 3,
+``v.mul_`` 2, ``.addcmul_(g, g)`` 3, ``v.sqrt()`` 2, ``/ bias_correction2_sqrt`` 2,
+``.add_(eps)`` 2, ``p.addcdiv_(m, denom)`` 4: 18 values, 72 B, against the fused pass's 7
+(28 B).  AdamW adds ``p.mul_`` (2 values: 80 B); momentum SGD (sgd.py ``_single_tensor_sgd``)
+runs ``buf.mul_`` 2, ``.add_(g)`` 3, ``p.add_(buf)`` 3 (8 values, 32 B); plain SGD's
+``p.add_(g)`` is the fused pass.  `loop_traffic_bytes_per_param` adds those extra values (at
+fp32: they are state and temporaries; a mixed-precision gradient re-read is counted at 4 B,
+2 B high).  Much of that traffic hits the caches (one tensor's ops run back to back), so it is
+priced at the loop's own measured rate, ``step_bytes_s`` (`DeviceProfile.step_bytes_s`,
+`hetpipe.cost_models.op_calibration.measure_step_bytes_s`): `loop_unit_step_s`.
+
 Example:
     >>> step_traffic_bytes_per_param("adam", "fp32"), step_traffic_bytes_per_param("adam", "bf16-mixed")
     (28, 28)
     >>> step_traffic_bytes_per_param("sgd", "fp32"), step_traffic_bytes_per_param("momentum", "fp16-mixed")
     (12, 20)
+    >>> loop_traffic_bytes_per_param("adam", "fp32"), loop_traffic_bytes_per_param("sgd", "fp32")
+    (72, 12)
     >>> round(step_time_s(params=1_000_000, optimizer="adam", precision="fp32",
     ...                   memory_bandwidth_bytes_s=1e12, bandwidth_efficiency=1.0, kernel_overhead_s=0.0), 9)
     2.8e-05
@@ -59,6 +74,10 @@ _STATE_VALUES = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
 #: torch/optim: SGD one ``_foreach_add_``; momentum SGD mul, add, add; Adam step count, lerp,
 #: mul, addcmul, sqrt, div, add, addcdiv; AdamW Adam's plus the decoupled weight-decay mul).
 STEP_KERNELS: dict[str, int] = {"sgd": 1, "momentum": 3, "adam": 8, "adamw": 9}
+
+#: fp32 values per parameter the per-tensor loop reads + writes beyond the fused pass (module docstring:
+#: Adam 18 - 7, AdamW 20 - 7, momentum SGD 8 - 5, SGD 3 - 3; torch/optim ``_single_tensor_*``).
+LOOP_EXTRA_VALUES: dict[str, int] = {"sgd": 0, "momentum": 3, "adam": 11, "adamw": 13}
 
 #: The precisions this formula knows: (weight bytes read/written, grad bytes, extra half copy written).
 _PRECISION_BYTES = {"fp32": (_FP32_B, _FP32_B, 0), "bf16-mixed": (_FP32_B, _HALF_B, _HALF_B),
@@ -119,3 +138,23 @@ def tensor_step_s(*, tensors: int, optimizer: str, step_op_s: float) -> float:
     if optimizer not in STEP_KERNELS:
         raise ConfigError(f"unknown optimizer {optimizer!r}; use one of: {', '.join(sorted(STEP_KERNELS))}")
     return tensors * STEP_KERNELS[optimizer] * step_op_s
+
+
+def loop_traffic_bytes_per_param(optimizer: str, precision: str) -> int:
+    """Bytes read plus written per parameter by PyTorch's per-tensor loop (module docstring)."""
+    return step_traffic_bytes_per_param(optimizer, precision) + LOOP_EXTRA_VALUES[optimizer] * _FP32_B
+
+
+def loop_unit_step_s(*, params: int, tensors: int, optimizer: str, precision: str, step_bytes_s: float,
+                     step_op_s: float) -> float:
+    """One unit's share of S under the per-tensor loop: its bytes at the loop's measured rate plus its ops.
+
+    Example:
+        >>> round(loop_unit_step_s(params=1000, tensors=2, optimizer="adam", precision="fp32",
+        ...                        step_bytes_s=72e9, step_op_s=1e-6), 9)  # 1e-6 s of bytes + 16 ops
+        1.7e-05
+    """
+    if params <= 0:
+        return 0.0
+    traffic = params * loop_traffic_bytes_per_param(optimizer, precision)
+    return traffic / step_bytes_s + tensor_step_s(tensors=tensors, optimizer=optimizer, step_op_s=step_op_s)

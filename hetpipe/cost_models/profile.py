@@ -176,6 +176,9 @@ def _calibrated_fields(profile: DeviceProfile, cal: Calibration) -> dict[str, An
             **({"kernel_overhead": f"{tuned.kernel_overhead_s:.6g}s"} if cal.kernel_overhead_s is not None else {}),
             **({"op_rates": {k: float(f"{v:.6g}") for k, v in tuned.op_rates}} if cal.op_rates else {}),
             **({"optimizer_op": f"{tuned.step_op_s:.6g}s"} if cal.step_op_s is not None else {}),
+            **({"optimizer_bandwidth": f"{tuned.step_bytes_s:.6g}B/s"} if cal.step_bytes_s is not None else {}),
+            **({"backward_op_overhead": f"{tuned.backward_op_s:.6g}s"} if cal.backward_op_s is not None else {}),
+            **({"view_overhead": f"{tuned.view_op_s:.6g}s"} if cal.view_op_s is not None else {}),
             "source": tuned.source}
 
 

@@ -3,12 +3,12 @@
 Korthikanti et al., MLSys'23 ("Reducing Activation Recomputation in Large Transformer Models"),
 selective recomputation: recompute what is cheap to redo and heavy to keep.  Per unit u the capture
 derives (`partitioner.capture.selective`) which memory-bound nodes (norms, activations) the unit may
-drop and re-run in its backward while the compute-bound nodes reading them (matmuls, attention) keep
-their outputs (PyTorch's selective checkpoint policy: those ops ``MUST_SAVE``, the rest
-``PREFER_RECOMPUTE``), and from that:
+drop and re-run in its backward while the compute-bound nodes reading them (matmuls, attention) are
+never re-run (the policy of PyTorch's selective checkpoint: those ops ``MUST_SAVE``, the dropped ones
+``PREFER_RECOMPUTE``; run by `runtime/stage/selective.py`), and from that:
 
-* ``freed_bytes[u]``: bytes per in-flight micro-batch the level frees (the dropped outputs less the
-  consumer outputs it keeps that nothing held before);
+* ``freed_bytes[u]``: bytes per in-flight micro-batch the level frees (the dropped nodes' outputs,
+  which the readers held for their backward);
 * ``extra_s[kind][u]``: the dropped nodes' forward seconds, re-run in u's backward;
 * ``peak_bytes``: the largest unit's dropped outputs, which live again during that unit's backward.
 

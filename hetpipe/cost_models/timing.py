@@ -13,12 +13,22 @@ A profile with measured per-op rates (``DeviceProfile.op_rates``: a calibrated C
 item 4) prices each pass from its own counts (`hetpipe.cost_models.work.PassWork`; the backward's
 are measured on meta too, not twice the forward's) and every op kind it has a rate for at that rate:
 
-    pass_s = (flops - attention_flops) / (peak * matmul_efficiency)
+    pass_s = (flops - attention_flops - matmul_flops) / (peak * matmul_efficiency)
            + sum_attention attention_flops / rate[attention or attention_backward]
+           + sum_shape matmul_flops[s] / matmul_rate(s)
            + sum_op bytes_op / min(rate[op], bandwidth * bandwidth_efficiency)
            + (traffic - sum_op bytes_op) / (bandwidth * bandwidth_efficiency)
-           + kernels * kernel_overhead_s
+           + kernels * (backward_op_s in a backward pass, else kernel_overhead_s)
+           + view_ops * view_op_s
 
+The fixed costs per op are measured by calibration (`hetpipe.cost_models.op_calibration`): a forward op
+(dispatch, autograd node, allocation), a backward op (the autograd engine's node plus its kernel) and an
+op without a kernel (a view, detach or allocation: the HF models run hundreds per forward); a profile
+without the last two prices backward kernels at ``kernel_overhead_s`` and views as free, as before.
+
+``matmul_rate(s)`` interpolates the calibrated ``matmul:<s>`` rates (`hetpipe.cost_models.work.matmul_key`:
+s is the product of a matmul's two smaller dimensions) linearly in log2(s), clamped at the ends
+(`matmul_rate`); without them a matmul runs at the peak x efficiency rate, as before.
 The ``min`` is the roofline (Williams, Waterman, Patterson, CACM 2009): a memory-bound op runs
 no faster than its in-cache arithmetic (measured, e.g. GELU's tanh) nor than memory streams
 (the copy bandwidth) -- a step's activations outgrow the caches.
@@ -47,11 +57,12 @@ Example:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from hetpipe.cost_models.devices import DeviceProfile
 from hetpipe.cost_models.memory import check_precision
-from hetpipe.cost_models.work import FLOP_KEYS, PassWork
+from hetpipe.cost_models.work import FLOP_KEYS, PassWork, is_matmul_key, matmul_size
 
 # Achieved / peak dense matmul FLOP/s when no calibration is available.
 # cost_formulas.md §3.1: "eta_k is the achieved fraction (30-60% typical)";
@@ -129,7 +140,7 @@ def unit_time_s(
     form where `profile` has measured ``op_rates`` and both passes' work was counted)."""
     if profile.op_rates and fwd_work is not None and bwd_work is not None:
         return UnitTime(fwd_s=pass_time_s(fwd_work, profile=profile, precision=precision),
-                        bwd_s=pass_time_s(bwd_work, profile=profile, precision=precision))
+                        bwd_s=pass_time_s(bwd_work, profile=profile, precision=precision, backward=True))
     eff = efficiencies(profile)
     overhead = eff.kernel_overhead_s
     flops_s = peak_flops_s(profile, precision) * eff.matmul
@@ -143,23 +154,46 @@ def unit_time_s(
     return UnitTime(fwd_s=fwd, bwd_s=bwd)
 
 
-def pass_time_s(work: PassWork, *, profile: DeviceProfile, precision: str) -> float:
+def pass_time_s(work: PassWork, *, profile: DeviceProfile, precision: str, backward: bool = False) -> float:
     """One pass priced per op kind (module docstring, ``pass_s``); without ``op_rates`` it is the
-    roofline's forward formula over `work`'s totals."""
+    roofline's forward formula over `work`'s totals.  `backward`: the pass is a backward one."""
     eff = efficiencies(profile)
     flops_s = peak_flops_s(profile, precision) * eff.matmul
     bytes_s = profile.memory_bandwidth_bytes_s * eff.bandwidth
     rates = dict(profile.op_rates)
-    seconds = work.kernels * eff.kernel_overhead_s
+    per_kernel_s = profile.backward_op_s if backward and profile.backward_op_s is not None else eff.kernel_overhead_s
+    seconds = work.kernels * per_kernel_s + work.view_ops * (profile.view_op_s or 0.0)
     flops, traffic = float(work.flops), float(work.traffic_bytes)
     for key, amount in work.by_op:
-        rate = rates.get(key)
+        rate = matmul_rate(rates, matmul_size(key)) if is_matmul_key(key) else rates.get(key)
         if rate is None:
             continue
-        if key in FLOP_KEYS:
+        if key in FLOP_KEYS or is_matmul_key(key):
             seconds += amount / rate
             flops -= amount
         else:
             seconds += amount / min(rate, bytes_s)
             traffic -= amount
     return seconds + flops / flops_s + traffic / bytes_s
+
+
+def matmul_rate(rates: dict[str, float], size: int) -> float | None:
+    """FLOP/s of a matmul of narrow-side size `size` from the measured ``matmul:<s>`` rates in `rates`:
+    linear in log2(size) between the two nearest, the end rate outside them; None when none was measured.
+
+    Example:
+        >>> matmul_rate({"matmul:4096": 4e10, "matmul:65536": 8e10, "gelu": 1e9}, 16384)  # halfway in log2
+        60000000000.0
+        >>> matmul_rate({"matmul:4096": 4e10}, 10**6), matmul_rate({"gelu": 1e9}, 4096)
+        (40000000000.0, None)
+    """
+    points = sorted((matmul_size(k), r) for k, r in rates.items() if is_matmul_key(k))
+    if not points:
+        return None
+    if size <= points[0][0]:
+        return points[0][1]
+    for (s0, r0), (s1, r1) in zip(points, points[1:]):
+        if size <= s1:
+            t = (math.log2(size) - math.log2(s0)) / (math.log2(s1) - math.log2(s0))
+            return r0 + t * (r1 - r0)
+    return points[-1][1]

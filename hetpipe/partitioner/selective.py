@@ -6,13 +6,16 @@ node granularity) whose output is held for the backward is dropped and re-run in
 
 (a) every tensor n reads is held anyway or is a parameter / graph input: re-running it keeps nothing new;
 (b) every node reading n's output is compute-bound (a matmul or attention kernel: no memory traffic,
-    some flops), and keeps its own output instead of recomputing it (PyTorch's selective checkpoint
-    policy: compute-bound ops ``MUST_SAVE``, the rest ``PREFER_RECOMPUTE``); that output costs its
-    bytes unless something held it already.
+    some flops): it saves n's output for its weight gradient, and that saved copy is what the level
+    drops; nothing else in the unit re-runs (the readers are never recomputed).
 
-Per unit: freed = the dropped outputs' held bytes - the kept outputs' bytes not held otherwise (>= 0),
-peak = the dropped outputs' bytes (alive again during the unit's backward), seconds = the dropped
-nodes' forward times on each kind.  On GPT-2 this drops ln_1, ln_2 and the GELU of every block (not
+Per unit: freed = the dropped nodes' output bytes (what the runtime, `runtime/stage/selective.py`,
+stops holding: the readers' saved copies, re-made from n's held inputs when the backward unpacks
+them; what n saves for its own backward, e.g. a norm's mean and rstd, stays), peak = the dropped
+nodes' held bytes (alive again during the unit's backward, their re-run's transients included),
+seconds = the dropped nodes' forward times on each kind.  (A unit-wide SAC region,
+``torch.utils.checkpoint.create_selective_checkpoint_contexts``, would re-run every op it does not
+cache: caching the readers' outputs as well would cost their bytes too; see the runtime module.)  On GPT-2 this drops ln_1, ln_2 and the GELU of every block (not
 the residual adds: they read a projection's output, which nothing holds).  `selective_tables` turns
 the levels into `cost_models.selective.SelectiveTables` for `Problem.selective`.
 
@@ -29,8 +32,8 @@ Example (a block: ln -> fc -> gelu -> proj; fc and proj are matmuls, ln and gelu
     >>> nodes = UnitGraph("m", "", (unit(0, "ln", 8, 16, 0), unit(1, "fc", 8, 0, 100), unit(2, "gelu", 8, 16, 0),
     ...                   unit(3, "proj", 0, 0, 100)), 0, 1, "sgd", "fp32", graph=g)
     >>> lv = unit_level(unit(0, "h.0", 24, 32, 200, ("ln", "fc", "gelu", "proj")), nodes)
-    >>> lv.nodes, lv.freed_bytes, lv.peak_bytes   # fc's output is held; proj keeps 8 new bytes for gelu's 8
-    (('ln', 'gelu'), 8, 16)
+    >>> lv.nodes, lv.freed_bytes, lv.peak_bytes   # ln's and gelu's outputs, 8 bytes each
+    (('ln', 'gelu'), 16, 16)
 """
 
 from __future__ import annotations
@@ -66,15 +69,13 @@ def unit_level(unit: Unit, node_graph: UnitGraph) -> SelectiveLevel:
         return c in by_node and by_node[c].memory_traffic_bytes == 0 and by_node[c].fwd_flops > 0
 
     dropped: list[str] = []
-    kept: set[str] = set()
     for n, u in by_node.items():
         readers = [c for c in g.successors(n) if g.nodes[c]["bytes"] > 0]  # not shape reads (x.size())
         if (u.memory_traffic_bytes > 0 and held[n] and all(available(p) for p in g.predecessors(n))
                 and readers and all(compute_bound(c) for c in readers)):
             dropped.append(n)
-            kept.update(c for c in readers if not held[c])
     peak = sum(by_node[n].activation_bytes for n in dropped)
-    freed = max(0, peak - sum(int(g.nodes[c]["bytes"]) for c in kept))
+    freed = min(peak, sum(int(g.nodes[n]["bytes"]) for n in dropped))  # the outputs (the runtime's saved copies)
     return SelectiveLevel(tuple(dropped), tuple(by_node[n].index for n in dropped), freed, peak)
 
 

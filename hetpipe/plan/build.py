@@ -27,12 +27,13 @@ from hetpipe.cost_models.offload import check_offload_option, offload_rates
 from hetpipe.cost_models.recompute import check_recompute_option
 from hetpipe.cost_models.validate import check_solver_options
 from hetpipe.cost_models.memory import state_bytes_per_param
-from hetpipe.cost_models.optimizer_step import step_launch_s, tensor_step_s, unit_step_s
+from hetpipe.cost_models.optimizer_step import loop_unit_step_s, step_launch_s, tensor_step_s, unit_step_s
 from hetpipe.cost_models.stage_memory import MEMORY_MODEL
 from hetpipe.cost_models.timing import efficiencies, peak_flops_s, unit_time_s
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.capture.graph import UnitGraph
 from hetpipe.plan.offload_note import offload_note
+from hetpipe.plan.selective_schema import PlanSelective
 from hetpipe.plan.tp_plan import (
     check_tensor_parallel_option, plan_group_fields, plan_unit_fields, tensor_parallel_fields, tensor_parallel_note)
 from hetpipe.plan.schema import (
@@ -124,8 +125,14 @@ def step_tables(graph: UnitGraph, cluster: Cluster) -> dict[str, tuple[tuple[flo
 def profile_step_table(graph: UnitGraph, prof: DeviceProfile) -> tuple[tuple[float, ...], float]:
     """Each unit's bandwidth share of the optimizer step on profile `prof` and its launch share
     (`hetpipe.cost_models.optimizer_step`, at the bandwidth and kernel overhead `timing.py` uses); where
-    the device runs the per-tensor loop (a measured ``step_op_s``), each unit's tensors pay its ops instead."""
+    the device runs the per-tensor loop (a measured ``step_op_s``), each unit's tensors pay its ops instead, and
+    with a measured ``step_bytes_s`` its bytes are the loop's, at the loop's rate
+    (`optimizer_step.loop_unit_step_s`)."""
     eff = efficiencies(prof)
+    if prof.step_op_s is not None and prof.step_bytes_s is not None:
+        return tuple(loop_unit_step_s(params=u.param_count, tensors=u.param_tensors, optimizer=graph.optimizer,
+                                      precision=graph.precision, step_bytes_s=prof.step_bytes_s,
+                                      step_op_s=prof.step_op_s) for u in graph.units), 0.0
     shares = tuple(unit_step_s(params=u.param_count, optimizer=graph.optimizer, precision=graph.precision,
                                memory_bandwidth_bytes_s=prof.memory_bandwidth_bytes_s,
                                bandwidth_efficiency=eff.bandwidth) for u in graph.units)
@@ -214,9 +221,6 @@ def plan_stages(problem: Problem, stages: tuple[Stage, ...], ev: Evaluation) -> 
     """The plan's stage records of an evaluated placement (indices 0..p-1, device ids, costs as evaluated;
     interleaved: one per rank, its chunks listed, `plan.chunk_schema`)."""
     ranks = len(stages) // chunks_of(problem.schedule)
-    if any(st.selective for st in stages):  # planner only (`cost_models/selective.py`): no plan field, no runtime yet
-        raise ConfigError("recompute: the selective recompute level is not recorded in plans nor run by the runtime "
-                          "yet; plan without Problem.selective")
     return tuple(
         PlanStage(
             index=i,
@@ -236,6 +240,7 @@ def plan_stages(problem: Problem, stages: tuple[Stage, ...], ev: Evaluation) -> 
             bwd_weight_s=c.bwd_weight_s if is_split(problem.schedule) else 0.0,
             **plan_group_fields(problem, st, c.shares),
             chunks=plan_chunks(stages, ev.stages, i, ranks),
+            selective=st.selective,  # version 7: runs `Plan.selective` (`plan.selective_schema`)
         )
         for i, (st, c) in enumerate(zip(stages[:ranks], ev.stages))
     )
@@ -251,8 +256,10 @@ def assemble_plan(
     global_batch: int,
     baselines: dict[str, BaselineReport] | None = None,
     left_out: tuple[LeftOut, ...] = (),
+    selective: PlanSelective | None = None,
 ) -> Plan:
-    """Build the Plan document from a solved placement (tables recorded as optimised)."""
+    """Build the Plan document from a solved placement (tables recorded as optimised; `selective`: the
+    record of `problem.selective`, `plan.selective_plan.selective_offer`)."""
     ev = evaluate(problem, stages)
     return Plan(
         model=PlanModel(
@@ -287,6 +294,9 @@ def assemble_plan(
                     **tensor_parallel_note(problem)},
         memory_model=MEMORY_MODEL,
         **objective_fields(problem),
+        # recorded where a stage runs it: a plan without it is the plan of a problem without the level (its
+        # version stays the least its content needs, and check re-derives every stage's choice from the tables)
+        selective=selective if problem.selective is not None and any(st.selective for st in stages) else None,
     )  # version: the least its content needs (3: `memory_model` is a version-3 field, `PLAN_VERSION_MEMORY`)
 
 
@@ -410,9 +420,11 @@ def partition_graph(
     offload: str = "never",
     schedule: str = "1f1b",
     tensor_parallel: str = "off",
+    selective: tuple[Any, PlanSelective] | None = None,
 ) -> Plan:
     """`partition` for an already captured `UnitGraph`; ``tensor_parallel="auto"`` lets stages be
-    tensor-parallel groups (`partitioner/solvers/tp_solve.py`)."""
+    tensor-parallel groups (`partitioner/solvers/tp_solve.py`); `selective` (the level's tables and record,
+    `plan.selective_plan.selective_offer`) offers the selective recompute level per stage under ``auto``."""
     from hetpipe.partitioner.solvers.solve import VERIFY_SHARE, solve
     from hetpipe.partitioner.solvers.tp_solve import solve_tp
     from hetpipe.partitioner.solvers.verify import LOCAL_SEARCH_S
@@ -432,6 +444,8 @@ def partition_graph(
     global_batch, m = microbatches_for(graph, global_batch, len(cluster.devices))
     problem = build_problem(graph, cluster, microbatches=m, recompute=recompute, offload=offload,
                             tensor_parallel=tensor_parallel)
+    if selective is not None and offers_selective(recompute, schedule, tensor_parallel):
+        problem = dataclasses.replace(problem, selective=selective[0])
     log.info("solving %d units on %d devices, %d micro-batches", graph.num_units, len(cluster.devices), m)
     sol = (solve_tp if tensor_parallel == "auto" else solve)(problem, solver=solver, time_limit_s=time_limit_s,
                                                             seed=seed)
@@ -441,7 +455,16 @@ def partition_graph(
     report = SolverReport(sol.solver, sol.status, sol.iteration_s, sol.bound_s, sol.wall_s, time_limit_s, seed)
     left = _left_out_reasons(problem, sol, solver=solver, time_limit_s=time_limit_s, seed=seed)
     return assemble_plan(graph, cluster, problem=problem, stages=sol.stages, solver=report,
-                         global_batch=global_batch, baselines=base, left_out=left)
+                         global_batch=global_batch, baselines=base, left_out=left,
+                         selective=selective[1] if selective is not None else None)
+
+
+def offers_selective(recompute: str, schedule: str, tensor_parallel: str) -> bool:
+    """Whether a plan with these options is offered the selective level: under ``--recompute auto``, one
+    card per stage and 1F1B (`evaluate` prices the level for neither groups nor chunks; the runtime runs
+    whole-unit recomputation under no split schedule either, `runtime.run.refuse_split_recompute`)."""
+    return (recompute == "auto" and tensor_parallel == "off" and schedule not in ("auto", "gpipe")
+            and chunks_of(schedule) == 1 and not is_split(schedule))
 
 
 def _left_out_reasons(problem: Problem, sol: Any, *, solver: str, time_limit_s: float, seed: int) -> tuple[LeftOut, ...]:

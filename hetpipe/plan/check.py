@@ -34,6 +34,7 @@ from hetpipe.plan.chunk_schema import chunk_violations
 from hetpipe.plan.tp_plan import share_violations
 from hetpipe.plan.offload_check import offload_violations
 from hetpipe.plan.replica_check import check_replicas
+from hetpipe.plan.selective_check import record_violations, selective_violations
 from hetpipe.plan.schema import (
     CheckReport,
     Plan,
@@ -93,6 +94,7 @@ def _check_pipeline(plan: Plan) -> CheckReport:
     except ValueError as err:
         return CheckReport(math.nan, tuple(violations + [f"stages: {err}"]))
     violations += (recompute_violations(problem, stages) + offload_violations(problem, stages)
+                   + selective_violations(problem, stages) + record_violations(plan)
                    + share_violations(plan, ev) + chunk_violations(plan.stages, ev.stages))
     for st, cost in zip(plan.stages, ev.stages):
         for name, recorded, actual in (

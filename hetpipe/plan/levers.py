@@ -3,7 +3,9 @@
 `stage_levers` answers, per stage that recomputes (issue 14), how many units, how many bytes
 its M_s is below the same stage without recomputation, and how many seconds the recomputed
 forwards add to its backward; per stage that offloads its optimizer state, the bytes that
-leave its card and the tail O_s it pays: `hetpipe show`'s "levers" column.
+leave its card and the tail O_s it pays; per stage that runs the selective recompute level
+(plan version 7), the bytes that level takes off its M_s (net of its peak) and the seconds its
+re-run nodes add: `hetpipe show`'s "levers" column.
 
 Example:
     >>> from hetpipe.models import build
@@ -19,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hetpipe.cost_models.quantities import human_bytes
-from hetpipe.partitioner.problem import evaluate, stage_offload, stage_recompute_cost
+from hetpipe.partitioner.problem import evaluate, stage_offload
+from hetpipe.partitioner.recompute import added_backward_s
 from hetpipe.plan.schema import Plan, problem_from_plan, stages_from_plan
 
 
@@ -32,6 +35,9 @@ class StageLevers:
     extra_s: float
     offload_bytes: int = 0  # optimizer state kept on the host (0: the stage does not offload)
     offload_s: float = 0.0  # O_s: its copies and host step after the stage's last backward
+    selective: bool = False  # runs the selective level (`Plan.selective`)
+    selective_saved_bytes: int = 0  # M_s without the level - with it (no whole-unit prefix either way)
+    selective_s: float = 0.0  # the level's re-run nodes, added to the stage's backward per micro-batch
 
     def describe(self) -> str:
         """E.g. ``3 units, -12.00 MiB, +4.10 ms`` (memory saved at the stage's peak, backward time added),
@@ -42,8 +48,12 @@ class StageLevers:
             '3 units, -12.00 MiB, +4.10 ms'
             >>> StageLevers((), 0, 0.0, 2**30, 0.21).describe()
             'offload -1.00 GiB, +210.00 ms tail'
+            >>> StageLevers((), 0, 0.0, selective=True, selective_saved_bytes=2**20, selective_s=0.0005).describe()
+            'selective -1.00 MiB, +0.50 ms'
         """
-        parts = [f"{len(self.recompute_units)} units, -{human_bytes(self.saved_bytes)}, +{self.extra_s * 1e3:.2f} ms"
+        parts = [f"selective -{human_bytes(self.selective_saved_bytes)}, +{self.selective_s * 1e3:.2f} ms"
+                 ] if self.selective else []
+        parts += [f"{len(self.recompute_units)} units, -{human_bytes(self.saved_bytes)}, +{self.extra_s * 1e3:.2f} ms"
                  ] if self.recompute_units else []
         if self.offload_bytes:
             parts.append(f"offload -{human_bytes(self.offload_bytes)}, +{self.offload_s * 1e3:.2f} ms tail")
@@ -52,16 +62,21 @@ class StageLevers:
 
 def stage_levers(plan: Plan) -> tuple[StageLevers | None, ...]:
     """Per stage of a single-pipeline `plan`: its `StageLevers`, or None when it uses none."""
-    if not any(st.recompute_units or st.offload for st in plan.stages) or plan.replicas:
+    if not any(st.recompute_units or st.offload or st.selective for st in plan.stages) or plan.replicas:
         return tuple(None for _ in plan.stages)
     problem, stages = problem_from_plan(plan), stages_from_plan(plan)
     rc_only = tuple(replace(st, offload=False) for st in stages)  # recompute's saving, offload apart
-    plain = tuple(replace(st, recompute_units=()) for st in rc_only)
-    with_, without = evaluate(problem, rc_only), evaluate(problem, plain)
+    level = tuple(replace(st, recompute_units=()) for st in rc_only)  # the selective level alone
+    plain = tuple(replace(st, selective=False) for st in level)
+    with_, alone, without = (evaluate(problem, x).stages for x in (rc_only, level, plain))
     out: list[StageLevers | None] = []
-    for st, a, b in zip(stages, with_.stages, without.stages):
-        off = stage_offload(problem, st)
-        out.append(StageLevers(st.recompute_units, b.memory_bytes - a.memory_bytes,
-                               stage_recompute_cost(problem, st).extra_s, off.saved_bytes, off.tail_s)
-                   if st.recompute_units or st.offload else None)
+    for s, st in enumerate(stages):
+        if not (st.recompute_units or st.offload or st.selective):
+            out.append(None)
+            continue
+        off, kind = stage_offload(problem, st), problem.devices[st.device].kind
+        sel_s = problem.selective.stage_extra_s(kind, st.first_unit, st.last_unit) if st.selective else 0.0
+        out.append(StageLevers(st.recompute_units, alone[s].memory_bytes - with_[s].memory_bytes,
+                               added_backward_s(problem, st) - sel_s, off.saved_bytes, off.tail_s, st.selective,
+                               without[s].memory_bytes - alone[s].memory_bytes, sel_s))
     return tuple(out)

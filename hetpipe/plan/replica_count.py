@@ -121,8 +121,9 @@ def solve_n_replicas(rp: ReplicaProblem, count: int, *, policy: str = "auto", ou
 def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, global_batch: int | None,
                   solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0, recompute: str = "auto",
                   offload: str = "never", schedule: str = "1f1b", tensor_parallel: str = "off",
-                  sharding: str = "never") -> Plan:
-    """The plan ``hetpipe plan --replicas`` writes (see the module docstring); `recompute` is the
+                  sharding: str = "never", selective: Any = None) -> Plan:
+    """The plan ``hetpipe plan --replicas`` writes (see the module docstring); `selective` (the selective
+    recompute level, `plan.selective_plan.selective_offer`) is offered to one pipeline only; `recompute` is the
     activation-recomputation lever of every pipeline, single or replica; `tensor_parallel` (groups,
     issue 15) is priced for one pipeline only; `sharding` the replicas' optimizer-state sharding
     (`partitioner.replica_shard`; ignored by a single pipeline)."""
@@ -141,7 +142,7 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
     if replicas == 1:
         return partition_graph(graph, cluster, global_batch=global_batch, solver=solver, time_limit_s=time_limit_s,
                                seed=seed, recompute=recompute, offload=offload, schedule=schedule,
-                               tensor_parallel=tensor_parallel)
+                               tensor_parallel=tensor_parallel, selective=selective)
     if schedule != "1f1b":  # replica pipelines run 1F1B (issue 17: ZB-H1 for one pipeline first)
         raise ConfigError(f"--schedule {schedule} plans one pipeline only; use --replicas 1 or --schedule 1f1b")
     if tensor_parallel != "off":  # the replica planner prices no groups (issue 15: single pipelines first)
@@ -150,7 +151,7 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
         try:
             single: Plan | None = partition_graph(graph, cluster, global_batch=global_batch, solver=solver,
                                                   time_limit_s=time_limit_s, seed=seed, recompute=recompute,
-                                                  offload=offload)
+                                                  offload=offload, selective=selective)
         except InfeasibleError:
             single = None
         several = partition_replicas(graph, cluster, global_batch=global_batch, time_limit_s=time_limit_s, seed=seed,

@@ -46,13 +46,16 @@ from hetpipe.plan.serde import from_json, least_version, to_json
 from hetpipe.plan.shard_schema import PlanShard
 from hetpipe.plan.chunk_schema import PlanChunk, virtual_stages
 from hetpipe.plan.validate import validate_plan
+from hetpipe.plan.model_match import verify_model  # noqa: F401  (re-exported: run and check import it here)
+from hetpipe.plan.selective_schema import PlanSelective, tables_from_plan_selective
 
 PLAN_FORMAT = "hetpipe.plan"
 #: Newest plan version this hetpipe reads and writes; a plan is written with the lowest version its
 #: content needs (fields declare ``metadata={"since": N}``, `least_version`).  2: replicas, sync (#6);
 #: 3: recompute_units, loss, baseline best, memory model 2; 4: T = the simulated schedule with optimizer steps,
-#: offload, tensor-parallel groups; 5: split schedules (bwd_weight_s), sharded sync groups; 6: chunks (interleaved).
-PLAN_VERSION = 6
+#: offload, tensor-parallel groups; 5: split schedules (bwd_weight_s), sharded sync groups; 6: chunks (interleaved);
+#: 7: the selective recompute level (`Plan.selective`, `PlanStage.selective`; `plan.selective_schema`).
+PLAN_VERSION = 7
 #: The version of a plan without replicas.
 PLAN_VERSION_SINGLE = 1
 #: The first version that may carry replicas.
@@ -201,6 +204,7 @@ class PlanStage:
     group_shares: tuple[float, ...] = field(default=(), metadata={"since": 4})
     bwd_weight_s: float = field(default=0.0, metadata={"since": 5})  # W_s: bwd_s's weight-gradient part (ZB W)
     chunks: tuple[PlanChunk, ...] = field(default=(), metadata={"since": 6})  # interleaved: chunk_schema.py
+    selective: bool = field(default=False, metadata={"since": 7})  # runs `Plan.selective` on its units
 
 
 @dataclass(frozen=True)
@@ -338,6 +342,8 @@ class Plan:
     objective: str = field(default="", metadata={"since": 4})
     # Version 4: per device kind, the launch share of the optimizer step (once per stage).
     step_launch_s: tuple[KindSeconds, ...] = field(default=(), metadata={"since": 4})
+    # Version 7: the selective recompute level offered to the planner (None: not offered; `selective_schema`).
+    selective: PlanSelective | None = field(default=None, metadata={"since": 7})
 
     @property
     def objective_name(self) -> str:
@@ -466,6 +472,7 @@ def problem_from_plan(plan: Plan) -> Problem:
         recompute=recompute_mode(plan),
         offload=offload_mode(plan),
         offload_rates=offload_rates(plan.training.optimizer, plan.training.precision) if plan.memory_model >= 2 else None,
+        selective=tables_from_plan_selective(plan.selective, num_units=len(plan.units), kinds=kinds),
     ))
 
 
@@ -485,16 +492,7 @@ def stages_from_plan(plan: Plan) -> tuple[Stage, ...]:
         if st.device not in index:
             raise PlanError(f"stage {st.index} runs on device {st.device!r}, which the plan does not list")
         out.append(Stage(index[st.device], st.first_unit, st.last_unit, tuple(sorted(st.recompute_units)), st.offload,
-                         tuple(index[d] for d in st.group_devices)))
+                         tuple(index[d] for d in st.group_devices), st.selective))
     chunked = [(index[st.device], st.chunks) for st in plan.stages]  # interleaved: the v p virtual stages
     return virtual_stages(chunked) if any(c for _, c in chunked) else tuple(out)
 
-
-def verify_model(plan: Plan, graph: "UnitGraph") -> None:  # noqa: F821 - avoid importing torch-heavy modules
-    """Refuse to use `plan` for a model whose captured graph differs from the one planned."""
-    if graph.fingerprint != plan.model.fingerprint:
-        raise PlanError(
-            f"this plan was made for model {plan.model.name!r} (fingerprint {plan.model.fingerprint[:12]}), but the "
-            f"given model {graph.model_name!r} captures to fingerprint {graph.fingerprint[:12]} "
-            f"({graph.num_units} units, {graph.param_count:,} parameters); re-plan it with `hetpipe plan`"
-        )

@@ -29,6 +29,7 @@ from hetpipe.errors import ConfigError, PlanError
 from hetpipe.models import loss_fn, resolve, takes_size
 from hetpipe.partitioner.capture.capture import capture
 from hetpipe.plan.schema import Plan, verify_model
+from hetpipe.plan.selective_schema import dropped_nodes
 from hetpipe.runtime.data import import_object
 from hetpipe.runtime.report import ActionRecord
 
@@ -156,6 +157,17 @@ def recompute_nodes(plan: Plan, stage: int) -> dict[int, tuple[str, ...]]:
         raise PlanError(f"plan stage {stage}: recompute_units lists unit {outside[0]}, outside the stage's units "
                         f"{st.first_unit}-{st.last_unit}; list only its own units or re-plan with `hetpipe plan`")
     return {u: tuple(plan.units[u].node_names) for u in st.recompute_units}
+
+
+def selective_nodes(plan: Plan, stage: int) -> dict[int, tuple[str, ...]]:
+    """Unit index -> the fx nodes whose outputs plan stage ``stage`` drops (the selective level, version 7);
+    {} when the stage does not run it.
+
+    Example:
+        >>> # a stage with selective=True on units 1-2: {1: ('ln_1', 'ln_2', 'gelu'), 2: (...)}
+    """
+    st = plan.stages[stage]
+    return dropped_nodes(plan.selective, st.first_unit, st.last_unit) if st.selective else {}
 
 
 def make_optimizer(name: str, params: Sequence[nn.Parameter], *, lr: float | None) -> torch.optim.Optimizer:

@@ -100,7 +100,7 @@ def refuse_split_recompute(plan: Plan, schedule: str) -> None:
     recompute (`hetpipe.partitioner.schedule_choice`)."""
     from hetpipe.schedule.builders import is_split
 
-    recomputing = [st.index for st in plan.stages if st.recompute_units]
+    recomputing = [st.index for st in plan.stages if st.recompute_units or st.selective]  # the level: priced for 1F1B
     if is_split(schedule) and recomputing:
         raise ConfigError(f"--schedule {schedule}: stages {recomputing} recompute activations, which a split "
                           "backward does not run; use --schedule 1f1b, or re-plan with --schedule auto")

@@ -253,7 +253,8 @@ def rebuild_run(run: Any, plan: Plan, *, args: argparse.Namespace, rank: int) ->
     """A copy of the rank's prepared run (the worker's ``_Run``) holding ``plan``'s stage for this rank,
     split from the graph captured at start-up and built by the public builders (no re-capture)."""
     from hetpipe.plan.schema import verify_model
-    from hetpipe.runtime.rank import device_backend, node_to_stage, recompute_nodes, resolve_for_plan, stage_for
+    from hetpipe.runtime.rank import (device_backend, node_to_stage, recompute_nodes, resolve_for_plan,
+                                      selective_nodes, stage_for)
     from hetpipe.runtime.stage.buffers import ModelBuffers
     from hetpipe.runtime.stage.build import build_stage, split_stages
     from hetpipe.runtime.stage.weights import saved_names
@@ -269,7 +270,7 @@ def rebuild_run(run: Any, plan: Plan, *, args: argparse.Namespace, rank: int) ->
                            num_stages=p)
     stage = build_stage(program, index, state_dict=None, device=device_backend(local_rank)[1], seed=args.seed,
                         buffers=ModelBuffers(resolve_for_plan(plan, model=args.model, seq=args.seq).model),
-                        recompute=recompute_nodes(plan, index))
+                        recompute=recompute_nodes(plan, index), selective=selective_nodes(plan, index))
     new = copy.copy(run)
     new.plan, new.stage, new.index, new.actions, new.num_stages = plan, stage, index, schedule[index], p
     new.program, new.saved_names = program, saved_names(program, index)

@@ -84,7 +84,7 @@ from hetpipe.runtime.rank import (
     make_optimizer,
     stage_optimizer,
     node_to_stage,
-    recompute_nodes,
+    recompute_nodes, selective_nodes,
     stage_for,
     stage_links,
     touch,
@@ -209,7 +209,7 @@ def prepare(args: argparse.Namespace, state: RankState, *, plan: Plan | None = N
         state.phase = "building the stage"
     built = build_chunks(program, state.stage, ranks=p, state_dict=state_dict, device=device_backend(local_rank)[1],
                          seed=args.seed, buffers=ModelBuffers(resolve_for_plan(plan, model=args.model, seq=args.seq).model),
-                         recompute=recompute_nodes(plan, state.stage))
+                         recompute=recompute_nodes(plan, state.stage), selective=selective_nodes(plan, state.stage))
     stage = built[0] if len(built) == 1 else RankStages.of(built)  # interleaved: the rank's chunks
     run = _Run(args, plan, stage, state.stage, schedule[state.stage], graph.module, example)
     run.saved_names, state.build_s = saved_names(program, state.stage), time.monotonic() - built_from  # prices a switch

@@ -125,7 +125,7 @@ class StageCompute:
         if not stage.is_first:
             st.grads_out[k] = [x.grad if x.grad is not None else torch.zeros_like(x)
                                for x, s in zip(inputs, stage.in_cut.tensors) if s.requires_grad]
-        if stage.recomputed:
+        if stage.recomputed or stage.selective:
             self.observe_recompute(action)
         if not self.split:
             self.memory.release(k)
@@ -142,9 +142,11 @@ class StageCompute:
         """Account the backward's recompute: one unit's saved tensors again, on top of what is held.
 
         The recompute ran while this micro-batch's activations were still held, with the
-        gradients allocated; the largest recomputed unit is the cost model's transient term.
+        gradients allocated; the largest recomputed unit is the cost model's transient term, and the
+        selective level's largest unit of re-made outputs its peak (`cost_models.selective`), added once.
         """
-        memory, extra = self.memory, self.stages[action.stage].recompute_bytes
+        stage = self.stages[action.stage]
+        memory, extra = self.memory, stage.recompute_bytes + stage.selective_bytes
         memory.totals["grads"] = grad_bytes(self.params)
         memory.totals["activations"] += extra
         self.hooks.memory(action, memory.observe())

@@ -164,6 +164,10 @@ def _entry(entry: dict[str, Any], profile: Any, factor: float, *, name: str | No
     out["kernel_overhead"] = efficiencies(profile).kernel_overhead_s * factor  # seconds
     if profile.op_rates:  # a calibrated CPU's per-op rates are time-model terms too (`cost_models.timing`)
         out["op_rates"] = {kind: rate / factor for kind, rate in profile.op_rates}
+    if profile.backward_op_s is not None:  # and so are its fixed costs per backward op and per view
+        out["backward_op_overhead"] = profile.backward_op_s * factor
+    if profile.view_op_s is not None:
+        out["view_overhead"] = profile.view_op_s * factor
     if name is not None:
         out["name"] = name
     out["source"] = note

@@ -62,6 +62,7 @@ from hetpipe.errors import CaptureError, RuntimeFailure, ScheduleError
 from hetpipe.partitioner.capture.devices import retarget_devices
 from hetpipe.runtime.stage.outputs import keep_output_structure
 from hetpipe.runtime.stage.recompute import apply_recompute
+from hetpipe.runtime.stage.selective import apply_selective
 from hetpipe.runtime.stage.types import (  # noqa: F401 - re-exported: the runtime imports them from here
     CutSpec,
     StagedProgram,
@@ -363,7 +364,8 @@ def _tied_groups(modules: Sequence[fx.GraphModule]) -> tuple[TiedGroup, ...]:
 def build_stage(program: StagedProgram, stage: int, *, state_dict: Mapping[str, torch.Tensor] | None,
                 device: torch.device | str, seed: int = 0,
                 buffers: Mapping[str, torch.Tensor] | None = None,
-                recompute: Mapping[int, Sequence[str]] | None = None) -> StageModule:
+                recompute: Mapping[int, Sequence[str]] | None = None,
+                selective: Mapping[int, Sequence[str]] | None = None) -> StageModule:
     """Materialise stage ``stage`` on ``device``: only its own parameters and buffers are allocated.
 
     Tensors come from ``state_dict`` by their original qualified names (any alias of a
@@ -373,7 +375,8 @@ def build_stage(program: StagedProgram, stage: int, *, state_dict: Mapping[str, 
     (`hetpipe.runtime.stage.buffers.ModelBuffers`: the model's own initialisation), else from
     the traced module.  Device constants in the graph are rewritten to ``device``.
     ``recompute`` (plan unit index -> its fx node names) lists the units whose forward the
-    backward recomputes (`hetpipe.runtime.stage.recompute.apply_recompute`).
+    backward recomputes (`hetpipe.runtime.stage.recompute.apply_recompute`); ``selective`` (unit -> the
+    fx nodes it drops) the selective level (`hetpipe.runtime.stage.selective.apply_selective`).
 
     Example:
         >>> import torch
@@ -395,11 +398,14 @@ def build_stage(program: StagedProgram, stage: int, *, state_dict: Mapping[str, 
     _load(module, stage=stage, program=program, state_dict=state_dict, seed=seed, device=device,
           buffers=buffers or {})
     last = stage == program.num_stages - 1
+    levels = apply_selective(module, {u: n for u, n in (selective or {}).items() if u not in (recompute or {})},
+                             stage=stage) if selective else ()
     recomputed = apply_recompute(module, recompute, stage=stage) if recompute else ()
     return StageModule(
         module=module, stage=stage, num_stages=program.num_stages,
         in_cut=program.cuts[stage - 1] if stage > 0 else None, out_cut=None if last else program.cuts[stage],
-        input_specs=program.stage_inputs(stage), tied_groups=program.tied, device=device, recomputed=recomputed)
+        input_specs=program.stage_inputs(stage), tied_groups=program.tied, device=device, recomputed=recomputed,
+        selective=levels)
 
 
 def build_chunks(program: StagedProgram, rank: int, *, ranks: int, **kwargs: Any) -> list[StageModule]:

@@ -142,6 +142,8 @@ class StageModule:
     device: torch.device
     # the units its forward runs under torch.utils.checkpoint (`hetpipe.runtime.stage.recompute`)
     recomputed: tuple[Any, ...] = ()
+    # the units it runs the selective level on (`hetpipe.runtime.stage.selective.UnitLevel`)
+    selective: tuple[Any, ...] = ()
 
     def __call__(self, *args: Any) -> Any:
         return self.module(*args)
@@ -165,6 +167,12 @@ class StageModule:
         """Bytes one recompute allocates at most (the largest recomputed unit's saved bytes; 0 before
         its first forward)."""
         return max((r.saved_bytes or 0 for r in self.recomputed), default=0)
+
+    @property
+    def selective_bytes(self) -> int:
+        """Bytes the selective level re-makes in a backward at most (the largest unit's dropped outputs; 0
+        before its first forward): the planner's peak, added once."""
+        return max((lv.dropped_bytes or 0 for lv in self.selective), default=0)
 
     def tied_parameters(self) -> dict[str, tuple[int, ...]]:
         """Local parameter name -> every stage holding a replica (this one included)."""

@@ -1,0 +1,99 @@
+"""Offer the selective recompute level to the planner, record it in the plan, re-derive it (issue 14).
+
+`selective_offer` derives the level of every unit of a capture from a node-granularity capture of the
+same model (`partitioner.selective`): the `SelectiveTables` the planner prices (`Problem.selective`) and
+the `PlanSelective` record of the same numbers plus each unit's dropped fx nodes (`Plan.selective`,
+version 7).  `selective_mismatch` is `check --model`'s re-derivation: the recorded nodes, freed bytes and
+peak must be a fresh capture's (and, given the cluster, the seconds within `TIME_RTOL`).
+
+Example:
+    >>> from hetpipe.cost_models.cluster import load_cluster
+    >>> from hetpipe.plan.build import capture_builtin
+    >>> graph, nodes = capture_builtin("gpt-tiny"), capture_builtin("gpt-tiny", granularity="node")
+    >>> tables, record = selective_offer(graph, nodes, load_cluster("examples/clusters/homelab.yaml"))
+    >>> record.units[0].nodes, tables.freed_bytes[1] == record.units[0].freed_bytes
+    (('transformer_h_0_ln_1', 'transformer_h_0_ln_2', 'gelu'), True)
+    >>> selective_mismatch(record, graph, nodes) is None
+    True
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from hetpipe.cost_models.selective import SelectiveTables
+from hetpipe.errors import HetpipeError, PlanError
+from hetpipe.partitioner.selective import selective_tables, unit_level
+from hetpipe.plan.selective_schema import PlanSelective, PlanSelectiveUnit
+
+log = logging.getLogger(__name__)
+
+#: Relative tolerance on re-derived seconds (the same float formula evaluated twice; `plan.tables.TIME_RTOL`).
+TIME_RTOL = 1e-9
+
+
+def selective_offer(graph: Any, node_graph: Any, cluster: Any) -> tuple[SelectiveTables, PlanSelective]:
+    """The level of `graph`'s units (a `UnitGraph`) from `node_graph` (the same model captured at node
+    granularity), its seconds the dropped nodes' forward times on each of `cluster`'s kinds."""
+    from hetpipe.plan.build import unit_times
+
+    node_fwd_s = {k: tuple(t.fwd for t in v) for k, v in unit_times(node_graph, cluster).items()}
+    tables = selective_tables(graph.units, node_graph, node_fwd_s)
+    units = tuple(
+        PlanSelectiveUnit(index=u.index, nodes=lv.nodes, freed_bytes=lv.freed_bytes,
+                          time_s={k: tables.extra_s[k][u.index] for k in sorted(tables.extra_s)})
+        for u, lv in ((u, unit_level(u, node_graph)) for u in graph.units) if lv.freed_bytes > 0)
+    return tables, PlanSelective(peak_bytes=tables.peak_bytes, units=units)
+
+
+def offer_for_capture(graph: Any, capture_nodes: Any, cluster: Any) -> tuple[SelectiveTables, PlanSelective] | None:
+    """`selective_offer` with the node graph from ``capture_nodes()``; None (logged) when the model does
+    not capture at node granularity or the level frees nothing (then the planner is not offered it)."""
+    try:
+        node_graph = capture_nodes()
+    except HetpipeError as err:
+        log.info("selective recompute level not offered: the node-granularity capture failed (%s)", err)
+        return None
+    if [n for u in graph.units for n in u.node_names] and node_graph.fingerprint != graph.fingerprint:
+        log.info("selective recompute level not offered: the node capture is of another graph")
+        return None
+    tables, record = selective_offer(graph, node_graph, cluster)
+    return (tables, record) if record.units else None
+
+
+def selective_mismatch(record: PlanSelective, graph: Any, node_graph: Any, cluster: Any = None) -> str | None:
+    """What in `record` (a plan's `Plan.selective`) a fresh derivation from `graph` and `node_graph`
+    contradicts (one line), or None; with `cluster`, the seconds are compared too."""
+    if cluster is None:
+        fresh_units = tuple((u.index, lv.nodes, lv.freed_bytes) for u, lv in
+                            ((u, unit_level(u, node_graph)) for u in graph.units) if lv.freed_bytes > 0)
+        peak = max((unit_level(u, node_graph).peak_bytes for u in graph.units), default=0)
+        fresh = PlanSelective(peak, tuple(PlanSelectiveUnit(i, n, f, {}) for i, n, f in fresh_units))
+    else:
+        fresh = selective_offer(graph, node_graph, cluster)[1]
+    if record.peak_bytes != fresh.peak_bytes:
+        return f"selective.peak_bytes is {record.peak_bytes}, the model's is {fresh.peak_bytes}"
+    got, want = {u.index: u for u in record.units}, {u.index: u for u in fresh.units}
+    if sorted(got) != sorted(want):
+        return f"selective.units lists units {sorted(got)}, the model's level frees on units {sorted(want)}"
+    for i, rec in got.items():
+        new = want[i]
+        if tuple(rec.nodes) != tuple(new.nodes) or rec.freed_bytes != new.freed_bytes:
+            return (f"selective unit {i}: drops {list(rec.nodes)} freeing {rec.freed_bytes} bytes, the model's level "
+                    f"drops {list(new.nodes)} freeing {new.freed_bytes}")
+        bad = [k for k in new.time_s if not math.isclose(rec.time_s.get(k, math.nan), new.time_s[k],
+                                                        rel_tol=TIME_RTOL)]
+        if bad:
+            return (f"selective unit {i}: time_s[{bad[0]!r}] is {rec.time_s.get(bad[0])!r}, the cluster's is "
+                    f"{new.time_s[bad[0]]!r}")
+    return None
+
+
+def verify_selective(record: PlanSelective, graph: Any, node_graph: Any, cluster: Any = None) -> None:
+    """Raise `PlanError` when `selective_mismatch` finds something (`check --model`)."""
+    problem = selective_mismatch(record, graph, node_graph, cluster)
+    if problem:
+        raise PlanError(f"{problem}; the plan's selective level is not this model's (edited, or planned with other "
+                        "options); re-create it with `hetpipe plan`")
