@@ -39,13 +39,16 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
-from hetpipe.partitioner.solvers.schedule_bound import round_trip_factor
 
 #: Moves in a row without a new best after which the annealing stops (before its deadline) where its best is
 #: within `RESTART_GAP` of its floor: where the start is already good (gpt2-xl on 16 cards, gap 1%) the search
-#: would otherwise spend all its share (7 s more wall); elsewhere it starts again from its best.
-STALL_MOVES = 2000
+#: would otherwise spend all its share (7 s more wall); elsewhere it starts again from its best.  Session 12
+#: (2 s of CPU, six seeds, load ~14, replayed T's medians): gpt2-xl on 64 cards 3.43 s at 2,000 moves, 3.43 at
+#: 4,000, 3.36 at 8,000, 3.35 at 16,000 (no restart in 2 s); on 256 cards 7.906, 7.908, 7.925, 7.97 s.
+STALL_MOVES = 8000
 #: Starting temperature as a share of the start's pace: a move 0.5% worse is taken with probability 1/e at the
 #: start (gpt2-xl on 64 cards, 150 s runs: 0.55% found 3.447 s; the walk must cross the plateaus of one-unit moves).
 START_TEMPERATURE = 0.005
@@ -82,6 +85,7 @@ class FastPace:
             work[k], fwd[k] = w, f
         object.__setattr__(self, "_work", work)
         object.__setattr__(self, "_fwd", fwd)
+        object.__setattr__(self, "_shapes", {})  # p -> `_WindowIndex` (the window chains' (s, w) pairs)
 
     def value(self, stages: Sequence[Stage]) -> float:
         """R_0 + G of `stages` (module docstring)."""
@@ -91,30 +95,54 @@ class FastPace:
         fwd = [self._fwd[k][st.last_unit + 1] - self._fwd[k][st.first_unit] for k, st in zip(kinds, stages)]
         cut2 = [2.0 * (prob.latency_s[a.device][b.device] + prob.boundary_bytes[a.last_unit]
                        / prob.bandwidth_bytes_s[a.device][b.device]) for a, b in zip(stages, stages[1:])] + [0.0]
-        ends = [0.0]
-        for w, c in zip(work, cut2):
-            ends.append(ends[-1] + w + c)
-        r0, g = ends[p], 0.0
-        for s in range(p):
-            g = max(g, _rank_pace(m, p - s, work[s], fwd[s], ends, cut2, s))
-        return r0 + g
+        if p not in self._shapes:
+            self._shapes[p] = _window_index(m, p)
+        return _pace(m, self._shapes[p], np.asarray(work), np.asarray(fwd), np.asarray(cut2))
 
 
-def _rank_pace(m: int, k: int, work: float, fwd: float, ends: list[float], cut2: list[float], s: int) -> float:
-    """Rank s's longest chain: `schedule_bound.stage_pace`'s round trips, single steps and work, and every
-    window chain (`schedule_bound.window_pace`; the pair is its w = 2)."""
-    p = len(ends) - 1
-    trip = ends[p] - ends[s]
-    kk, q = min(k, m), round_trip_factor(m, k)
-    best = max((m - kk) * work + (kk - 1) * (work - fwd), m * work - trip)
-    if q > 0:
-        best = max(best, q * trip + (m - 1 - q * kk) * work)
-    left = m - 1 - k
-    if k >= 2 and left >= 0:
-        for w in range(2, k + 1):
-            window = ends[s + w] - ends[s] - cut2[s + w - 1]
-            best = max(best, (left // w) * window + (left % w) * work + trip)
-    return best
+@dataclass(frozen=True)
+class _WindowIndex:
+    """For a pipeline of p stages and m micro-batches: k_s, min(k_s, m) and q_s per rank, and every window chain's
+    rank s, width w and counts x = (m - 1 - k_s) // w, y = (m - 1 - k_s) % w (`schedule_bound.window_pace`)."""
+
+    k: np.ndarray
+    kk: np.ndarray
+    q: np.ndarray
+    s: np.ndarray
+    w: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+
+
+def _window_index(m: int, p: int) -> _WindowIndex:
+    """`_WindowIndex` of p stages (once per pipeline length: the annealing prices thousands of each)."""
+    k = p - np.arange(p)
+    kk = np.minimum(k, m)
+    ranks, widths = [], []
+    for s in range(max(0, p - m + 1), p - 1):  # k_s in 2..m - 1: at least one micro-batch left over
+        ranks += [s] * (p - s - 1)
+        widths += range(2, p - s + 1)
+    s_arr, w_arr = np.asarray(ranks, dtype=int), np.asarray(widths, dtype=int)
+    left = m - 1 - k[s_arr]
+    return _WindowIndex(k, kk, -(-m // kk) - 1, s_arr, w_arr, left // np.maximum(w_arr, 1), left % np.maximum(w_arr, 1))
+
+
+def _pace(m: int, idx: _WindowIndex, work: np.ndarray, fwd: np.ndarray, cut2: np.ndarray) -> float:
+    """R_0 + G from per-stage W, F and 2 C (the last 0): each rank's round trips, single steps, work and window
+    chains (`schedule_bound.stage_pace`, `window_pace`), vectorised over ranks and windows."""
+    ends = np.concatenate(([0.0], np.cumsum(work + cut2)))
+    p = len(work)
+    trip = ends[p] - ends[:p]  # R_s
+    g = max(float(np.max((m - idx.kk) * work + (idx.kk - 1) * (work - fwd))), float(np.max(m * work - trip)))
+    trips = idx.q > 0
+    if trips.any():
+        q, kk = idx.q[trips], idx.kk[trips]
+        g = max(g, float(np.max(q * trip[trips] + (m - 1 - q * kk) * work[trips])))
+    if len(idx.s):
+        s, w = idx.s, idx.w
+        windows = ends[s + w] - ends[s] - cut2[s + w - 1]
+        g = max(g, float(np.max(idx.x * windows + idx.y * work[s] + trip[s])))
+    return float(ends[p]) + g
 
 
 def _neighbour(rng: random.Random, problem: Problem, stages: list[Stage], spare: list[int]) -> list[Stage] | None:
@@ -193,7 +221,7 @@ def anneal(problem: Problem, start: Sequence[Stage], *, deadline: float, seed: i
     """The best placement that fits found by annealing from `start` (a plain placement that fits) until
     `deadline` (`time.perf_counter()` seconds), `STALL_MOVES` moves without a new best within `RESTART_GAP` of
     `floor_s` (past it the walk starts again from its best, reheated: session 12, gpt2-xl on 64 cards, 2 s of CPU
-    from 3.505 s: 3.407-3.445 s with restarts, 3.484-3.505 s without), or a pace at `floor_s` (where the answer
+    from 3.505 s, then 2,000 moves: 3.407-3.445 s with restarts, 3.484-3.505 s without), or a pace at `floor_s` (where the answer
     would meet the bound: no search pays); `start` itself when nothing better fits or `applies` is false."""
     best = tuple(Stage(st.device, st.first_unit, st.last_unit) for st in start)
     if not applies(problem):
