@@ -9,10 +9,10 @@ the replayed T (`evaluate`, objective ``schedule``) of what each run returns: me
 
 Configurations (module constants of `pace_search`, set for the run; the pricing, `FastPace`, is this
 branch's vectorised one in every row, so the rows differ in the search alone):
-* session 11: a stall of 2,000 moves ends the walk, local moves only;
+* session 11: a stall of 2,000 moves ends the walk, local moves only (in the rows below, 2,000 moves in all);
 * + restarts: a stalled walk more than `RESTART_GAP` above its floor starts again from its best;
 * + reorderings: `REORDER_SHARE` of the moves pass a unit along several stages or move a stage;
-* this branch: as above with `STALL_MOVES` = 8,000.
+* this branch: as above, the stall `STALL_MOVES_PER_STAGE` moves a stage of the start (at least `STALL_MOVES`).
 
 Usage:
     python benchmarks/planner_anneal.py [--devices 64 256] [--cpu 2] [--seeds 5]
@@ -43,10 +43,10 @@ from hetpipe.plan.build import build_problem  # noqa: E402
 MODEL = "gpt2-xl"
 #: The estimate's search time (`solve`'s share of the 10 s limit: `solve.SCHEDULE_SHARE`).
 ESTIMATE_S = 6.0
-#: (label, STALL_MOVES, RESTART_GAP, REORDER_SHARE) per configuration (module docstring).
-CONFIGS = (("session 11", 2000, math.inf, 0.0), ("+ restarts", 2000, pace_search.RESTART_GAP, 0.0),
-           ("+ reorderings", 2000, pace_search.RESTART_GAP, pace_search.REORDER_SHARE),
-           ("this branch", pace_search.STALL_MOVES, pace_search.RESTART_GAP, pace_search.REORDER_SHARE))
+#: (label, STALL_MOVES_PER_STAGE, RESTART_GAP, REORDER_SHARE) per configuration (module docstring; STALL_MOVES 2,000).
+CONFIGS = (("session 11", 0, math.inf, 0.0), ("+ restarts", 0, pace_search.RESTART_GAP, 0.0),
+           ("+ reorderings", 0, pace_search.RESTART_GAP, pace_search.REORDER_SHARE),
+           ("this branch", pace_search.STALL_MOVES_PER_STAGE, pace_search.RESTART_GAP, pace_search.REORDER_SHARE))
 
 
 def run_device_count(devices: int, cpu_s: float, seeds: int) -> list[list[object]]:
@@ -56,12 +56,12 @@ def run_device_count(devices: int, cpu_s: float, seeds: int) -> list[list[object
                             eight_kind_cluster(devices), microbatches=2 * devices)
     start = solve_estimate(problem, time_limit_s=ESTIMATE_S, seed=0).stages
     start_s = evaluate(problem, start).iteration_s
-    saved = (pace_search.STALL_MOVES, pace_search.RESTART_GAP, pace_search.REORDER_SHARE, pace_search.time)
+    saved = (pace_search.STALL_MOVES_PER_STAGE, pace_search.RESTART_GAP, pace_search.REORDER_SHARE, pace_search.time)
     rows = []
     try:
         pace_search.time = SimpleNamespace(perf_counter=time.process_time)  # the deadline in CPU seconds
         for label, stall, restart, reorder in CONFIGS:
-            pace_search.STALL_MOVES, pace_search.RESTART_GAP, pace_search.REORDER_SHARE = stall, restart, reorder
+            pace_search.STALL_MOVES_PER_STAGE, pace_search.RESTART_GAP, pace_search.REORDER_SHARE = stall, restart, reorder
             found = []
             for seed in range(seeds):
                 best = pace_search.anneal(problem, start, deadline=time.process_time() + cpu_s, seed=seed)
@@ -70,7 +70,7 @@ def run_device_count(devices: int, cpu_s: float, seeds: int) -> list[list[object
                          f"{max(found):.3f}"])
             print(" | ".join(map(str, rows[-1])), flush=True)
     finally:
-        pace_search.STALL_MOVES, pace_search.RESTART_GAP, pace_search.REORDER_SHARE, pace_search.time = saved
+        pace_search.STALL_MOVES_PER_STAGE, pace_search.RESTART_GAP, pace_search.REORDER_SHARE, pace_search.time = saved
     return rows
 
 

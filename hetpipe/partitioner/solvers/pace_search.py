@@ -42,18 +42,25 @@ from typing import Sequence
 import numpy as np
 
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.solvers.schedule_bound import round_trip_factor
 
 #: Moves in a row without a new best after which the annealing stops (before its deadline) where its best is
 #: within `RESTART_GAP` of its floor: where the start is already good (gpt2-xl on 16 cards, gap 1%) the search
-#: would otherwise spend all its share (7 s more wall); elsewhere it starts again from its best.  Session 12
-#: (2 s of CPU, six seeds, load ~14, replayed T's medians): gpt2-xl on 64 cards 3.43 s at 2,000 moves, 3.43 at
-#: 4,000, 3.36 at 8,000, 3.35 at 16,000 (no restart in 2 s); on 256 cards 7.906, 7.908, 7.925, 7.97 s.
-STALL_MOVES = 8000
+#: would otherwise spend all its share (7 s more wall); else it starts again from its best.  At least this many, and `STALL_MOVES_PER_STAGE` per stage of the start.
+STALL_MOVES = 2000
+#: Session 12 (2 s of CPU, six seeds, load ~14, replayed T's medians; one stall length for all): gpt2-xl on 64
+#: cards (41 stages) 3.43 s at 2,000 moves, 3.43 at 4,000, 3.36 at 8,000, 3.35 at 16,000 (no restart in 2 s);
+#: on 256 cards (34 stages) 7.906, 7.908, 7.925, 7.97 s: 125 a stage gives 5,125 and 4,250 moves.
+STALL_MOVES_PER_STAGE = 125
+#: Pipelines of at least this many stages are priced with numpy (`_pace`; 41 stages: 0.10 ms against 0.40 ms in
+#: plain Python), shorter ones in plain Python (`_rank_pace`: 4 stages 10 us against numpy's 40 us).
+VECTOR_STAGES = 16
 #: Starting temperature as a share of the start's pace: a move 0.5% worse is taken with probability 1/e at the
 #: start (gpt2-xl on 64 cards, 150 s runs: 0.55% found 3.447 s; the walk must cross the plateaus of one-unit moves).
 START_TEMPERATURE = 0.005
 #: Gap to `anneal`'s floor above which a stalled annealing starts again from its best (at `START_TEMPERATURE`,
-#: cooling over the time left) instead of stopping: issue 12 item 3's 2%.
+#: cooling over the time left) instead of stopping: issue 12 item 3's 2%.  `verify`'s floor is its pace bound, so
+#: where its walk ended on the pace optimum (small instances) the restarts end within 2% of it.
 RESTART_GAP = 0.02
 #: Share of the moves that reorder the pipeline (`_reordered`: a unit passed along several stages, a stage moved
 #: elsewhere with its card); the rest are the local moves of `_neighbour` (gpt2-xl on 64 and 256 cards: see
@@ -95,9 +102,31 @@ class FastPace:
         fwd = [self._fwd[k][st.last_unit + 1] - self._fwd[k][st.first_unit] for k, st in zip(kinds, stages)]
         cut2 = [2.0 * (prob.latency_s[a.device][b.device] + prob.boundary_bytes[a.last_unit]
                        / prob.bandwidth_bytes_s[a.device][b.device]) for a, b in zip(stages, stages[1:])] + [0.0]
+        if p < VECTOR_STAGES:  # numpy's fixed cost per call outweighs the loops (4 stages: 40 us against 10 us)
+            ends = [0.0]
+            for w, c in zip(work, cut2):
+                ends.append(ends[-1] + w + c)
+            return ends[p] + max(_rank_pace(m, p - s, work[s], fwd[s], ends, cut2, s) for s in range(p))
         if p not in self._shapes:
             self._shapes[p] = _window_index(m, p)
         return _pace(m, self._shapes[p], np.asarray(work), np.asarray(fwd), np.asarray(cut2))
+
+
+def _rank_pace(m: int, k: int, work: float, fwd: float, ends: list[float], cut2: list[float], s: int) -> float:
+    """Rank s's longest chain: `schedule_bound.stage_pace`'s round trips, single steps and work, and every
+    window chain (`schedule_bound.window_pace`; the pair is its w = 2): `_pace` for one rank, in plain Python."""
+    p = len(ends) - 1
+    trip = ends[p] - ends[s]
+    kk, q = min(k, m), round_trip_factor(m, k)
+    best = max((m - kk) * work + (kk - 1) * (work - fwd), m * work - trip)
+    if q > 0:
+        best = max(best, q * trip + (m - 1 - q * kk) * work)
+    left = m - 1 - k
+    if k >= 2 and left >= 0:
+        for w in range(2, k + 1):
+            window = ends[s + w] - ends[s] - cut2[s + w - 1]
+            best = max(best, (left // w) * window + (left % w) * work + trip)
+    return best
 
 
 @dataclass(frozen=True)
@@ -220,9 +249,10 @@ def anneal(problem: Problem, start: Sequence[Stage], *, deadline: float, seed: i
            floor_s: float = 0.0) -> tuple[Stage, ...]:
     """The best placement that fits found by annealing from `start` (a plain placement that fits) until
     `deadline` (`time.perf_counter()` seconds), `STALL_MOVES` moves without a new best within `RESTART_GAP` of
-    `floor_s` (past it the walk starts again from its best, reheated: session 12, gpt2-xl on 64 cards, 2 s of CPU
-    from 3.505 s, then 2,000 moves: 3.407-3.445 s with restarts, 3.484-3.505 s without), or a pace at `floor_s` (where the answer
-    would meet the bound: no search pays); `start` itself when nothing better fits or `applies` is false."""
+    `floor_s` (else the walk starts again from its best, reheated: session 12, gpt2-xl
+    on 64 cards, 2 s of CPU from 3.505 s, then 2,000 moves: 3.407-3.445 s with restarts, 3.484-3.505 s
+    without), or a pace at `floor_s` (where the answer would meet the bound: no search pays); `start` itself
+    when nothing better fits or `applies` is false."""
     best = tuple(Stage(st.device, st.first_unit, st.last_unit) for st in start)
     if not applies(problem):
         return tuple(start)
@@ -232,9 +262,10 @@ def anneal(problem: Problem, start: Sequence[Stage], *, deadline: float, seed: i
     span = max(deadline - began, 1e-9)
     spare = _spare(problem, current)
     stall = 0
+    stall_moves = max(STALL_MOVES, STALL_MOVES_PER_STAGE * len(best))
     while (now := time.perf_counter()) < deadline and best_v > floor_s:
         stall += 1
-        if stall >= STALL_MOVES:
+        if stall >= stall_moves:
             if best_v <= floor_s * (1.0 + RESTART_GAP):
                 break  # within the issue's gap of the floor: more search cannot show a better answer
             current, current_v, began, span, stall = list(best), best_v, now, max(deadline - now, 1e-9), 0
