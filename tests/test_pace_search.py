@@ -62,9 +62,9 @@ def test_anneal_keeps_a_fitting_placement_no_slower_than_its_start(seed: int, un
     assert pace.value(found) >= min(pace.value(p) for p in fitting) * (1 - REL)
 
 
-def test_anneal_restarts_within_its_deadline_and_stops_at_its_floor() -> None:
-    """Far from its floor a stalled annealing starts again from its best, and never runs past its deadline; at a
-    floor it has already met it returns its start at once."""
+def test_anneal_ends_by_its_deadline_and_at_its_floor() -> None:
+    """Far from its floor the annealing improves on its start and never runs past its deadline; at a floor it
+    has already met it returns its start at once."""
     rng = random.Random(3)
     prob = random_problem(rng, units=6, devices=6, microbatches=12, objective="schedule")
     fitting = [p for p in all_placements(prob) if evaluate(prob, p).fits]
