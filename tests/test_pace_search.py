@@ -60,3 +60,22 @@ def test_anneal_keeps_a_fitting_placement_no_slower_than_its_start(seed: int, un
     assert len({st_.device for st_ in found}) == len(found)
     assert pace.value(found) <= pace.value(start) * (1 + REL)
     assert pace.value(found) >= min(pace.value(p) for p in fitting) * (1 - REL)
+
+
+def test_anneal_ends_by_its_deadline_and_at_its_floor() -> None:
+    """Far from its floor the annealing improves on its start and never runs past its deadline; at a floor it
+    has already met it returns its start at once."""
+    rng = random.Random(3)
+    prob = random_problem(rng, units=6, devices=6, microbatches=12, objective="schedule")
+    fitting = [p for p in all_placements(prob) if evaluate(prob, p).fits]
+    assert fitting
+    pace = FastPace(prob)
+    start = max(fitting, key=pace.value)
+    began = time.perf_counter()
+    found = anneal(prob, start, deadline=began + 0.3, seed=1, floor_s=0.0)
+    assert time.perf_counter() - began < 0.3 + 5.0  # one move past the deadline at most (loaded machine: slack)
+    assert pace.value(found) < pace.value(start)
+    assert pace.value(found) >= min(pace.value(p) for p in fitting) * (1 - REL)
+    began = time.perf_counter()
+    assert anneal(prob, start, deadline=began + 60.0, floor_s=2 * pace.value(start)) == start
+    assert time.perf_counter() - began < 30.0

@@ -13,7 +13,9 @@ exp(-delta / temperature), the temperature falling linearly to 0 by the deadline
 (no recompute, offload or groups: `applies`), priced by `FastPace`, the windowed pace from per-kind prefix
 sums (exactly `pace_terms(..., windows=True)` for such placements; tests/test_pace_search.py).  Moves: a cut
 moved by one unit, two stages' cards swapped (anywhere in the pipeline), a stage moved to an unused card or
-split onto one (one card per kind and node: the rest are the same), two neighbours merged.  A new best must
+split onto one (one card per kind and node: the rest are the same), two neighbours merged; and reorderings
+(`_reordered`, session 12): a unit passed from one stage to any other (the cuts between them move along), a stage
+moved elsewhere in the pipeline with its card and unit count.  A new best must
 fit (`evaluate`); memory is checked only then, so the walk itself may cross placements that do not fit.
 
 Example (two equal units, two cards: one stage of both units on one card or two stages; with a free link two
@@ -37,15 +39,36 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.schedule_bound import round_trip_factor
 
-#: Moves in a row without a new best after which the annealing stops (before its deadline): where the start is
-#: already good (gpt2-xl on 16 cards, gap 1%) the search would otherwise spend all its share (7 s more wall).
+#: Moves in a row without a new best after which the annealing stops (before its deadline) where its best is
+#: within `RESTART_GAP` of its floor: where the start is already good (gpt2-xl on 16 cards, gap 1%) the search
+#: would otherwise spend all its share (7 s more wall); else it starts again from its best.  At least this many, and `STALL_MOVES_PER_STAGE` per stage of the start.
 STALL_MOVES = 2000
+#: Session 12 (2 s of CPU, six seeds, load ~14, replayed T's medians; one stall length for all): gpt2-xl on 64
+#: cards (41 stages) 3.43 s at 2,000 moves, 3.43 at 4,000, 3.36 at 8,000, 3.35 at 16,000 (no restart in 2 s);
+#: on 256 cards (34 stages) 7.906, 7.908, 7.925, 7.97 s: 125 a stage gives 5,125 and 4,250 moves.
+STALL_MOVES_PER_STAGE = 125
+#: Pipelines of at least this many stages are priced with numpy (`_pace`; 41 stages: 0.10 ms against 0.40 ms in
+#: plain Python), shorter ones in plain Python (`_rank_pace`: 4 stages 10 us against numpy's 40 us).
+VECTOR_STAGES = 16
 #: Starting temperature as a share of the start's pace: a move 0.5% worse is taken with probability 1/e at the
 #: start (gpt2-xl on 64 cards, 150 s runs: 0.55% found 3.447 s; the walk must cross the plateaus of one-unit moves).
 START_TEMPERATURE = 0.005
+#: Gap to `anneal`'s floor above which a stalled annealing starts again from its best (at `START_TEMPERATURE`,
+#: cooling over the time left) instead of stopping: issue 12 item 3's 2%; only from `RESTART_STAGES` stages.
+RESTART_GAP = 0.02
+#: Shortest pipeline whose annealing restarts: `verify`'s floor leaves the window chains out, so on a short
+#: pipeline the windowed pace optimum may sit more than 2% above it and restarts would take every call's whole
+#: share (the suite's thousands of small `solve` calls); where the gap lives (gpt2-xl, 34-41 stages) they pay.
+RESTART_STAGES = 16
+#: Share of the moves that reorder the pipeline (`_reordered`: a unit passed along several stages, a stage moved
+#: elsewhere with its card); the rest are the local moves of `_neighbour` (gpt2-xl on 64 and 256 cards: see
+#: benchmarks/results/planner_anneal.md).
+REORDER_SHARE = 0.3
 
 
 def applies(problem: Problem) -> bool:
@@ -72,6 +95,7 @@ class FastPace:
             work[k], fwd[k] = w, f
         object.__setattr__(self, "_work", work)
         object.__setattr__(self, "_fwd", fwd)
+        object.__setattr__(self, "_shapes", {})  # p -> `_WindowIndex` (the window chains' (s, w) pairs)
 
     def value(self, stages: Sequence[Stage]) -> float:
         """R_0 + G of `stages` (module docstring)."""
@@ -81,18 +105,19 @@ class FastPace:
         fwd = [self._fwd[k][st.last_unit + 1] - self._fwd[k][st.first_unit] for k, st in zip(kinds, stages)]
         cut2 = [2.0 * (prob.latency_s[a.device][b.device] + prob.boundary_bytes[a.last_unit]
                        / prob.bandwidth_bytes_s[a.device][b.device]) for a, b in zip(stages, stages[1:])] + [0.0]
-        ends = [0.0]
-        for w, c in zip(work, cut2):
-            ends.append(ends[-1] + w + c)
-        r0, g = ends[p], 0.0
-        for s in range(p):
-            g = max(g, _rank_pace(m, p - s, work[s], fwd[s], ends, cut2, s))
-        return r0 + g
+        if p < VECTOR_STAGES:  # numpy's fixed cost per call outweighs the loops (4 stages: 40 us against 10 us)
+            ends = [0.0]
+            for w, c in zip(work, cut2):
+                ends.append(ends[-1] + w + c)
+            return ends[p] + max(_rank_pace(m, p - s, work[s], fwd[s], ends, cut2, s) for s in range(p))
+        if p not in self._shapes:
+            self._shapes[p] = _window_index(m, p)
+        return _pace(m, self._shapes[p], np.asarray(work), np.asarray(fwd), np.asarray(cut2))
 
 
 def _rank_pace(m: int, k: int, work: float, fwd: float, ends: list[float], cut2: list[float], s: int) -> float:
     """Rank s's longest chain: `schedule_bound.stage_pace`'s round trips, single steps and work, and every
-    window chain (`schedule_bound.window_pace`; the pair is its w = 2)."""
+    window chain (`schedule_bound.window_pace`; the pair is its w = 2): `_pace` for one rank, in plain Python."""
     p = len(ends) - 1
     trip = ends[p] - ends[s]
     kk, q = min(k, m), round_trip_factor(m, k)
@@ -107,8 +132,55 @@ def _rank_pace(m: int, k: int, work: float, fwd: float, ends: list[float], cut2:
     return best
 
 
+@dataclass(frozen=True)
+class _WindowIndex:
+    """For a pipeline of p stages and m micro-batches: k_s, min(k_s, m) and q_s per rank, and every window chain's
+    rank s, width w and counts x = (m - 1 - k_s) // w, y = (m - 1 - k_s) % w (`schedule_bound.window_pace`)."""
+
+    k: np.ndarray
+    kk: np.ndarray
+    q: np.ndarray
+    s: np.ndarray
+    w: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+
+
+def _window_index(m: int, p: int) -> _WindowIndex:
+    """`_WindowIndex` of p stages (once per pipeline length: the annealing prices thousands of each)."""
+    k = p - np.arange(p)
+    kk = np.minimum(k, m)
+    ranks, widths = [], []
+    for s in range(max(0, p - m + 1), p - 1):  # k_s in 2..m - 1: at least one micro-batch left over
+        ranks += [s] * (p - s - 1)
+        widths += range(2, p - s + 1)
+    s_arr, w_arr = np.asarray(ranks, dtype=int), np.asarray(widths, dtype=int)
+    left = m - 1 - k[s_arr]
+    return _WindowIndex(k, kk, -(-m // kk) - 1, s_arr, w_arr, left // np.maximum(w_arr, 1), left % np.maximum(w_arr, 1))
+
+
+def _pace(m: int, idx: _WindowIndex, work: np.ndarray, fwd: np.ndarray, cut2: np.ndarray) -> float:
+    """R_0 + G from per-stage W, F and 2 C (the last 0): each rank's round trips, single steps, work and window
+    chains (`schedule_bound.stage_pace`, `window_pace`), vectorised over ranks and windows."""
+    ends = np.concatenate(([0.0], np.cumsum(work + cut2)))
+    p = len(work)
+    trip = ends[p] - ends[:p]  # R_s
+    g = max(float(np.max((m - idx.kk) * work + (idx.kk - 1) * (work - fwd))), float(np.max(m * work - trip)))
+    trips = idx.q > 0
+    if trips.any():
+        q, kk = idx.q[trips], idx.kk[trips]
+        g = max(g, float(np.max(q * trip[trips] + (m - 1 - q * kk) * work[trips])))
+    if len(idx.s):
+        s, w = idx.s, idx.w
+        windows = ends[s + w] - ends[s] - cut2[s + w - 1]
+        g = max(g, float(np.max(idx.x * windows + idx.y * work[s] + trip[s])))
+    return float(ends[p]) + g
+
+
 def _neighbour(rng: random.Random, problem: Problem, stages: list[Stage], spare: list[int]) -> list[Stage] | None:
     """One random move of the module docstring, or None where the drawn move does not apply."""
+    if len(stages) > 2 and rng.random() < REORDER_SHARE:
+        return _reordered(rng, stages)
     p, draw = len(stages), rng.random()
     out = list(stages)
     if draw < 0.35 and p > 1:  # a cut moved by one unit
@@ -139,6 +211,28 @@ def _neighbour(rng: random.Random, problem: Problem, stages: list[Stage], spare:
     return out
 
 
+def _reordered(rng: random.Random, stages: list[Stage]) -> list[Stage] | None:
+    """A move on the sequence of (card, unit count) pairs, cuts re-derived from the counts: one unit passed from
+    stage i to stage j anywhere (every cut between them moves by one), or stage i with its card and unit count
+    moved to position j (a light stage set between two heavy ones: the windows' pace, module docstring)."""
+    p = len(stages)
+    i, j = rng.sample(range(p), 2)
+    cards = [st.device for st in stages]
+    counts = [st.last_unit - st.first_unit + 1 for st in stages]
+    if rng.random() < 0.5:
+        if counts[i] < 2:
+            return None
+        counts[i], counts[j] = counts[i] - 1, counts[j] + 1
+    else:
+        cards.insert(j, cards.pop(i))
+        counts.insert(j, counts.pop(i))
+    out, first = [], stages[0].first_unit
+    for card, count in zip(cards, counts):
+        out.append(Stage(card, first, first + count - 1))
+        first += count
+    return out
+
+
 def _spare(problem: Problem, stages: Sequence[Stage]) -> list[int]:
     """One unused card per (kind, node): the others are the same to the pace."""
     used = {st.device for st in stages}
@@ -157,8 +251,11 @@ def _cards_changed(before: Sequence[Stage], after: Sequence[Stage]) -> bool:
 def anneal(problem: Problem, start: Sequence[Stage], *, deadline: float, seed: int = 0,
            floor_s: float = 0.0) -> tuple[Stage, ...]:
     """The best placement that fits found by annealing from `start` (a plain placement that fits) until
-    `deadline` (`time.perf_counter()` seconds), `STALL_MOVES` moves without a new best, or a pace at `floor_s`
-    (where the answer would meet the bound: no search pays); `start` itself when nothing better fits or `applies` is false."""
+    `deadline` (`time.perf_counter()` seconds), `STALL_MOVES` moves without a new best within `RESTART_GAP` of
+    `floor_s` (else the walk starts again from its best, reheated: session 12, gpt2-xl
+    on 64 cards, 2 s of CPU from 3.505 s, then 2,000 moves: 3.407-3.445 s with restarts, 3.484-3.505 s
+    without), or a pace at `floor_s` (where the answer would meet the bound: no search pays); `start` itself
+    when nothing better fits or `applies` is false."""
     best = tuple(Stage(st.device, st.first_unit, st.last_unit) for st in start)
     if not applies(problem):
         return tuple(start)
@@ -168,8 +265,14 @@ def anneal(problem: Problem, start: Sequence[Stage], *, deadline: float, seed: i
     span = max(deadline - began, 1e-9)
     spare = _spare(problem, current)
     stall = 0
-    while (now := time.perf_counter()) < deadline and stall < STALL_MOVES and best_v > floor_s:
+    stall_moves = max(STALL_MOVES, STALL_MOVES_PER_STAGE * len(best))
+    while (now := time.perf_counter()) < deadline and best_v > floor_s:
         stall += 1
+        if stall >= stall_moves:
+            if best_v <= floor_s * (1.0 + RESTART_GAP) or len(best) < RESTART_STAGES:
+                break  # within the issue's gap of the floor, or a short pipeline: stop as session 11 did
+            current, current_v, began, span, stall = list(best), best_v, now, max(deadline - now, 1e-9), 0
+            spare = _spare(problem, current)  # reheated from the best over the time left
         moved = _neighbour(rng, problem, current, spare)
         if moved is None:
             continue
