@@ -105,8 +105,10 @@ def cpsat_build_s(problem: Problem) -> float:
 
     classes = len(device_classes(problem))
     positions = min(problem.num_units, len(problem.devices))
-    # the recompute lever (`cpsat_recompute`): per position, kind and item (two per unit) a prefix literal
-    lever = 2 * problem.num_units * len(problem.fwd_s) if problem.recompute == "auto" else 0
+    # the recompute lever (`cpsat_recompute`): per position, kind and item (two per unit) a prefix literal; with
+    # the selective level (`cpsat_selective`) a second such set, the variant's
+    sets = 2 if problem.selective is not None else 1
+    lever = 2 * sets * problem.num_units * len(problem.fwd_s) if problem.recompute == "auto" else 0
     return positions * (CPSAT_BUILD_S_PER_TERM * problem.num_units * classes * classes
                         + CPSAT_LEVER_BUILD_S_PER_TERM * lever)
 
@@ -334,11 +336,9 @@ def _with_cpsat(problem: Problem, hint: DPResult | None, *, lower_bound_s: float
     stages, value = res.stages, res.iteration_s
     if hint is not None and hint.iteration_s < value:
         stages, value = hint.stages, hint.iteration_s  # float re-evaluation can favour the hint by a tick
-    # CP-SAT does not model the selective recompute level (`Problem.selective`): its optimum and bound are then
-    # not the problem's (its placements stay valid: re-levered on extraction); only `lower_bound_s` proves
-    cp_proves = problem.selective is None
-    bound = min(max(res.bound_s if cp_proves else 0.0, lower_bound_s), value)
-    status = "OPTIMAL" if (res.status == "OPTIMAL" and cp_proves) or bound >= value * (1 - 1e-6) else "FEASIBLE"
+    # CP-SAT models every lever the DP prices (recompute prefix, selective level, offload): its bound is the problem's
+    bound = min(max(res.bound_s, lower_bound_s), value)
+    status = "OPTIMAL" if res.status == "OPTIMAL" or bound >= value * (1 - 1e-6) else "FEASIBLE"
     return Solution(stages, "cpsat", status, value, bound, wall, _unused(problem, stages))
 
 
