@@ -55,7 +55,7 @@ from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, solve_exact
 from hetpipe.partitioner.solvers.simple_bounds import simple_lower_bound
 from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
 from hetpipe.partitioner.solvers.infeasible import explain_infeasible
-from hetpipe.partitioner.solvers.offload_walk import tail_walk
+from hetpipe.partitioner.solvers.offload_walk import best_levers, tail_walk
 from hetpipe.partitioner.solvers.lagrange import bottleneck_floor, lagrange_bound
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.relax import relaxed_bound
@@ -211,22 +211,20 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
     search's with ``recompute="none"`` (`_without_recompute`).
     """
     begin = time.perf_counter()
-    plain = _without_recompute(problem, solver=solver, time_limit_s=NO_RECOMPUTE_SHARE * time_limit_s, seed=seed,
-                               num_stages=num_stages)
-    time_limit_s -= time.perf_counter() - begin
-    begin = time.perf_counter()
     verify_s = 0.0 if problem.objective == "estimate" else SCHEDULE_SHARE * time_limit_s
-    found = solve_estimate(problem, solver=solver, time_limit_s=time_limit_s - verify_s, seed=seed,
-                           num_stages=num_stages, explain=explain)
+    plain = _without_recompute(problem, solver=solver, time_limit_s=NO_RECOMPUTE_SHARE * (time_limit_s - verify_s),
+                               seed=seed, num_stages=num_stages)
+    hint = plain[0] if plain else None  # none's answer seeds auto's search: its bottleneck caps the DP's first passes
+    found = solve_estimate(problem, solver=solver, time_limit_s=time_limit_s - verify_s - (time.perf_counter() - begin),
+                           seed=seed, num_stages=num_stages, explain=explain, hint=hint)
     if problem.objective == "estimate":
         return found
     start = time.perf_counter()
     left_s = max(time_limit_s - (start - begin), verify_s / 4)  # the estimate's unused time too
-    checked = verify(problem, [found.stages, *found.alternatives], num_stages=num_stages, limit_s=left_s)
-    for stages in plain:  # auto's choices contain none's: never slower than none's answer
-        ev = evaluate(problem, stages)
-        if ev.fits and ev.iteration_s < checked.iteration_s:
-            checked = replace(checked, stages=stages, iteration_s=ev.iteration_s, bound_s=min(checked.bound_s, ev.iteration_s))
+    # one schedule search from auto's and none's answers (auto's choices contain none's; `verify` anneals the plain
+    # view of auto as it does none): the whole verify budget, not half of it in a second full `solve`
+    starts = list(dict.fromkeys([found.stages, *found.alternatives, *plain]))
+    checked = verify(problem, starts, num_stages=num_stages, limit_s=left_s)
     status = "OPTIMAL" if checked.bound_s >= checked.iteration_s * (1 - 1e-9) else "FEASIBLE"
     return Solution(checked.stages, found.solver, status, checked.iteration_s, checked.bound_s,
                     found.wall_s + time.perf_counter() - start, _unused(problem, checked.stages))
@@ -234,28 +232,34 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
 
 def _without_recompute(problem: Problem, *, solver: str, time_limit_s: float, seed: int,
                        num_stages: int | None) -> list[tuple[Stage, ...]]:
-    """Under ``recompute="auto"`` and the schedule objective: the answer of the same search with
-    ``recompute="none"`` (empty when nothing fits without recomputation, or for other settings).
+    """Under ``recompute="auto"`` and the schedule objective: the estimate's answers of the same search with
+    ``recompute="none"`` (and without the selective level or ``offload="auto"``; empty when nothing fits so,
+    or for other settings), which `solve` seeds auto's estimate search with and starts `verify` from.
 
-    Why: ``auto``'s choices contain ``none``'s, so its T must never exceed ``none``'s, but the
-    schedule objective is searched locally (`verify`) from starts the estimate's solvers and pace
-    walks find, and those differ once recomputation lowers the estimate: 96 layers on 8 mixed cards
+    Why: ``auto``'s choices contain ``none``'s, so its T must never exceed ``none``'s, but the schedule
+    objective is searched locally (`verify`) from starts the estimate's solvers and pace walks find, and
+    those differ once recomputation lowers the estimate: 96 layers on 8 mixed cards
     (`benchmarks/memory_levers.py`, table 3) gave auto 2.4554 s against none 2.4507 s, the walk's
-    no-recompute placement never reached from auto's starts.  `solve` keeps this answer where it is
-    faster than auto's own (not as a start of `verify`: a start is also a hint of its pace walks, and
-    changes their bound), so auto <= none whenever this search ends within `NO_RECOMPUTE_SHARE`."""
+    no-recompute placement never reached from auto's starts.  A second whole `solve` with ``none`` (half
+    the limit each, until session 12) starved both schedule searches where they are time-bound (96 layers
+    on 16 and 32 cards: auto 0.2-5% above none); now only the estimate search runs twice (none's answer
+    seeds auto's DP, which then walks fewer caps) and one `verify` gets the whole schedule budget."""
     if problem.recompute != "auto" or problem.objective == "estimate":
         return []
+    plain = replace(problem, recompute="none", selective=None, offload="never" if problem.offload == "auto" else problem.offload)
     try:
-        return [solve(replace(problem, recompute="none"), solver=solver, time_limit_s=time_limit_s, seed=seed,
-                      num_stages=num_stages, explain=False).stages]
+        found = solve_estimate(plain, solver=solver, time_limit_s=time_limit_s, seed=seed, num_stages=num_stages,
+                               explain=False)
     except InfeasibleError:
         return []
+    return [found.stages, *found.alternatives]
 
 
 def solve_estimate(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0,
-                   num_stages: int | None = None, explain: bool = True) -> Solution:
-    """The placement the solvers prove best under the H-1F1B estimate (T and bound are the estimate's)."""
+                   num_stages: int | None = None, explain: bool = True,
+                   hint: tuple[Stage, ...] | None = None) -> Solution:
+    """The placement the solvers prove best under the H-1F1B estimate (T and bound are the estimate's);
+    `hint`, a placement that fits (e.g. the answer without a lever), seeds the search like the heuristic's."""
     if solver not in SOLVERS:
         raise ConfigError(f"unknown solver {solver!r}; use one of: {', '.join(SOLVERS)}")
     if not problem.devices:
@@ -264,6 +268,7 @@ def solve_estimate(problem: Problem, *, solver: str = "auto", time_limit_s: floa
     warm = None
     if problem.num_units * len(problem.devices) > SEED_ABOVE:
         warm = heuristic(problem, time_limit_s=time_limit_s / 8, num_stages=num_stages)
+    warm = _better(warm, _hinted(problem, hint, num_stages))
     try:  # the offload lever's outer walk around the DP (`offload_walk`; the DP alone without offload)
         exact = tail_walk(problem, lambda p, first: solve_exact(
             p, time_limit_s=time_limit_s - (time.perf_counter() - start), exact_stages=num_stages,
@@ -280,6 +285,15 @@ def solve_estimate(problem: Problem, *, solver: str = "auto", time_limit_s: floa
                         bound_s=exact.bound_s)
     return _with_cpsat(problem, exact, lower_bound_s=exact.iteration_s, start=start, time_limit_s=time_limit_s,
                        seed=seed, num_stages=num_stages, explain=explain)
+
+
+def _hinted(problem: Problem, hint: tuple[Stage, ...] | None, num_stages: int | None) -> DPResult | None:
+    """`hint` as a seed of the search (its levers re-chosen for `problem`), or None when it does not fit."""
+    if hint is None or (num_stages is not None and len(hint) != num_stages):
+        return None
+    stages = best_levers(problem, hint)
+    ev = evaluate(problem, stages, objective="estimate")
+    return DPResult(stages, ev.iteration_s, 0.0, 0, False) if ev.fits else None
 
 
 def _infeasible(problem: Problem, explain: bool) -> InfeasibleError:
