@@ -86,8 +86,8 @@ SCHEDULE_SHARE = 0.4
 LAGRANGE_SHARE = 0.6
 #: Gap the Lagrangian bound aims for: below `GOOD_ENOUGH_GAP`, so reaching it settles the solve.
 LAGRANGE_GAP = GOOD_ENOUGH_GAP / 2
-#: Share of `solve`'s time limit the same search without recomputation may take under ``recompute="auto"``
-#: (`_without_recompute`): half, so that auto's own search keeps at least the other half.
+#: Share of the estimate's time the searches with fewer levers may take together under an ``auto`` lever
+#: (`_without_recompute`): half, so that auto's own estimate search keeps at least the other half.
 NO_RECOMPUTE_SHARE = 0.5
 #: Least search time worth starting CP-SAT for, after its model is built.
 MIN_CPSAT_S = 2.0
@@ -207,14 +207,14 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
 
     Raises `InfeasibleError` (with the missing memory and what would help, unless `explain` is
     false: that search costs ~30 feasibility solves) when no placement fits, and `ConfigError` for
-    an unknown solver name.  Under ``recompute="auto"`` the answer is never slower than the same
-    search's with ``recompute="none"`` (`_without_recompute`).
+    an unknown solver name.  Under an ``auto`` lever the schedule search also starts from the estimate's
+    answers with fewer levers (`_without_recompute`), so it never returns a T above theirs.
     """
     begin = time.perf_counter()
     verify_s = 0.0 if problem.objective == "estimate" else SCHEDULE_SHARE * time_limit_s
-    plain = _without_recompute(problem, solver=solver, time_limit_s=NO_RECOMPUTE_SHARE * (time_limit_s - verify_s),
-                               seed=seed, num_stages=num_stages)
-    hint = plain[0] if plain else None  # none's answer seeds auto's search: its bottleneck caps the DP's first passes
+    plain, hint = _without_recompute(problem, solver=solver, time_limit_s=NO_RECOMPUTE_SHARE * (time_limit_s - verify_s),
+                                     seed=seed, num_stages=num_stages)
+    # the fewer-lever answers seed auto's search: the best one's bottleneck caps the DP's first passes
     found = solve_estimate(problem, solver=solver, time_limit_s=time_limit_s - verify_s - (time.perf_counter() - begin),
                            seed=seed, num_stages=num_stages, explain=explain, hint=hint)
     if problem.objective == "estimate":
@@ -230,29 +230,48 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
                     found.wall_s + time.perf_counter() - start, _unused(problem, checked.stages))
 
 
-def _without_recompute(problem: Problem, *, solver: str, time_limit_s: float, seed: int,
-                       num_stages: int | None) -> list[tuple[Stage, ...]]:
-    """Under ``recompute="auto"`` and the schedule objective: the estimate's answers of the same search with
-    ``recompute="none"`` (and without the selective level or ``offload="auto"``; empty when nothing fits so,
-    or for other settings), which `solve` seeds auto's estimate search with and starts `verify` from.
+def _fewer_levers(problem: Problem) -> list[Problem]:
+    """The same problem with the ``auto`` levers it offers partly off: offload ``never`` (recompute and the
+    selective level kept), and no lever at all; empty unless recompute or offload is ``auto``."""
+    out: list[Problem] = []
+    if problem.offload == "auto":
+        out.append(replace(problem, offload="never"))
+    if problem.recompute == "auto":
+        out.append(replace(problem, recompute="none", selective=None, offload="never" if problem.offload == "auto"
+                           else problem.offload))
+    return out
 
-    Why: ``auto``'s choices contain ``none``'s, so its T must never exceed ``none``'s, but the schedule
+
+def _without_recompute(problem: Problem, *, solver: str, time_limit_s: float, seed: int,
+                       num_stages: int | None) -> tuple[list[tuple[Stage, ...]], tuple[Stage, ...] | None]:
+    """Under an ``auto`` lever and the schedule objective: the estimate's answers of the same search with fewer
+    levers (`_fewer_levers`; within `time_limit_s` together), which `solve` starts `verify` from, and the one whose
+    estimate is least on `problem` (its levers re-chosen), which seeds auto's estimate search; ([], None) when
+    none fits or for other settings.
+
+    Why: ``auto``'s choices contain the fewer levers', so its T must never exceed theirs, but the schedule
     objective is searched locally (`verify`) from starts the estimate's solvers and pace walks find, and
-    those differ once recomputation lowers the estimate: 96 layers on 8 mixed cards
-    (`benchmarks/memory_levers.py`, table 3) gave auto 2.4554 s against none 2.4507 s, the walk's
-    no-recompute placement never reached from auto's starts.  A second whole `solve` with ``none`` (half
-    the limit each, until session 12) starved both schedule searches where they are time-bound (96 layers
-    on 16 and 32 cards: auto 0.2-5% above none); now only the estimate search runs twice (none's answer
-    seeds auto's DP, which then walks fewer caps) and one `verify` gets the whole schedule budget."""
-    if problem.recompute != "auto" or problem.objective == "estimate":
-        return []
-    plain = replace(problem, recompute="none", selective=None, offload="never" if problem.offload == "auto" else problem.offload)
-    try:
-        found = solve_estimate(plain, solver=solver, time_limit_s=time_limit_s, seed=seed, num_stages=num_stages,
-                               explain=False)
-    except InfeasibleError:
-        return []
-    return [found.stages, *found.alternatives]
+    those differ once a lever lowers the estimate: 96 layers on 8 mixed cards (`benchmarks/memory_levers.py`,
+    table 3) gave recompute auto 2.4554 s against none 2.4507 s, the no-recompute placement never reached from
+    auto's starts; GPT-2 XL on the home lab at 1.15x its memory (`benchmarks/memory_tightness.py`) gave every
+    lever 6.365 s (an offloading stage: the estimate's optimum) against 6.192 s with offload never.  A second
+    whole `solve` (half the limit each, until session 12) starved both schedule searches where they are
+    time-bound (96 layers on 16 and 32 cards: auto 0.2-5% above none); now only the estimate searches run
+    again and one `verify` gets the whole schedule budget."""
+    if problem.objective == "estimate":
+        return [], None
+    fewer, starts, best = _fewer_levers(problem), [], None
+    begin = time.perf_counter()
+    for k, sub in enumerate(fewer):
+        left = time_limit_s - (time.perf_counter() - begin)
+        try:
+            found = solve_estimate(sub, solver=solver, time_limit_s=left / (len(fewer) - k), seed=seed,
+                                   num_stages=num_stages, explain=False)
+        except InfeasibleError:
+            continue
+        starts += [found.stages, *found.alternatives]
+        best = _better(best, _hinted(problem, found.stages, num_stages))
+    return starts, best.stages if best is not None else None
 
 
 def solve_estimate(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0,
