@@ -99,6 +99,20 @@ def test_cpsat_with_the_level_equals_brute_force() -> None:
     assert fitted >= 20 and needed >= 3, (fitted, needed)  # optima only the level reaches
 
 
+def test_merged_kinds_of_the_relaxation_price_the_level() -> None:
+    """`relax.aggregate_kinds` merges slow kinds into one: the level's seconds merge too (its fastest member's),
+    so the relaxation's DP tables build (a KeyError on the merged kind before)."""
+    from hetpipe.partitioner.solvers.dp import StageTables, device_classes
+    from hetpipe.partitioner.solvers.relax import aggregate_kinds, relaxed_problem
+
+    rng = random.Random(5)
+    prob = with_selective(rng, random_problem(rng, units=4, devices=6, recompute="auto", activation_max=20))
+    merged, members = aggregate_kinds(relaxed_problem(prob), merge_above=0, state_budget=1)
+    assert any(len(m) > 1 for m in members.values())
+    assert set(merged.selective.extra_s) == set(merged.fwd_s)
+    StageTables(merged, device_classes(merged))
+
+
 def test_the_level_only_adds_plans() -> None:
     """With the level offered, T is never above T without it (the same DP; auto's choices grow)."""
     rng = random.Random(7)
