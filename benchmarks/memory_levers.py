@@ -356,7 +356,8 @@ def speed_only(args: argparse.Namespace) -> int:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     path.write_text(f"{head}### Planner speed with the lever (median of {args.repeats})\n\n"
                     f"_table 3 rerun alone (`--speed-only`) {stamp}, load average (1/5/15 min) {before} before, "
-                    f"{_loadavg()} after_\n\n{table3}\n")
+                    f"{_loadavg()} after; T columns: the last repeat's; on a loaded machine every search here is "
+                    f"time-bound, so T varies between runs_\n\n{table3}\n")
     print(f"wrote {path}")
     return 0
 
