@@ -38,8 +38,8 @@ stage, the selective recompute level (`partitioner/selective.py`: ln_1, ln_2 and
 block; planner only, the runtime does not run it yet), its row without the level given beside it
 and left out of the summary.  Table 3, what the lever costs the planner: median
 wall of `solve` on `planner_speed.py`'s analytic GPTs (h=1024, micro-batch 4) and mixed clusters,
-``--recompute none`` vs ``auto``, side by side (``auto`` also runs the ``none`` estimate search within half
-the estimate's time and starts its one schedule search from both answers, `solve._without_recompute`).
+``--recompute none`` vs ``auto``, side by side (``auto`` also runs the ``none`` search within half
+its time limit and starts its schedule search from that answer too, `solve._none_floor`).
 Writes benchmarks/results/memory_levers.md.
 
 Usage:

@@ -56,37 +56,3 @@ def test_auto_never_slower_than_none_at_96_layers_on_8_cards() -> None:
     assert evaluate(prob, auto.stages).fits
     assert auto.iteration_s <= none.iteration_s * (1 + 1e-12), (auto.iteration_s, none.iteration_s)
 
-
-def test_auto_runs_one_schedule_search_with_the_whole_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    """auto searches the schedule once, from its own and none's estimate answers, with the whole verify budget
-    (a second whole `solve` with ``none`` halved both searches: 96 layers on 16 and 32 cards, auto 0.2-5% above
-    none at the 10 s limit), and anneals the plain view of its problem as none does (`verify._plain_view`)."""
-    from hetpipe.partitioner.solvers import solve as solve_mod
-    from hetpipe.partitioner.solvers import verify as verify_mod
-
-    calls: list[tuple[str, float, int]] = []
-    annealed: list[str] = []
-    real_verify, real_anneal = verify_mod.verify, verify_mod.anneal
-
-    def counting_verify(problem, candidates, **kw):
-        calls.append((problem.recompute, kw["limit_s"], len(candidates)))
-        return real_verify(problem, candidates, **kw)
-
-    def counting_anneal(problem, start, **kw):
-        annealed.append(problem.recompute)
-        return real_anneal(problem, start, **kw)
-
-    monkeypatch.setattr(solve_mod, "verify", counting_verify)
-    monkeypatch.setattr(verify_mod, "anneal", counting_anneal)
-    rng = random.Random(3)
-    for _ in range(20):
-        prob = random_problem(rng, units=8, devices=4, tight_memory=True, recompute="auto", objective="schedule",
-                              activation_max=12)
-        calls.clear()
-        try:
-            solve(prob, time_limit_s=4.0, seed=0)
-        except InfeasibleError:
-            continue
-        assert len(calls) == 1 and calls[0][0] == "auto", calls  # one search, on auto's problem
-        assert calls[0][1] >= solve_mod.SCHEDULE_SHARE * 4.0 * 0.99  # at least the schedule's share of the limit
-    assert "none" in annealed  # the plain view of auto was annealed (under auto the pace search did not apply)

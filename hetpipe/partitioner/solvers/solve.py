@@ -211,9 +211,13 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
     answers with fewer levers (`_without_recompute`), so it never returns a T above theirs.
     """
     begin = time.perf_counter()
+    floor = _none_floor(problem, solver=solver, time_limit_s=NO_RECOMPUTE_SHARE * time_limit_s, seed=seed,
+                        num_stages=num_stages)
+    time_limit_s -= time.perf_counter() - begin
+    begin = time.perf_counter()
     verify_s = 0.0 if problem.objective == "estimate" else SCHEDULE_SHARE * time_limit_s
     plain, hint = _without_recompute(problem, solver=solver, time_limit_s=NO_RECOMPUTE_SHARE * (time_limit_s - verify_s),
-                                     seed=seed, num_stages=num_stages)
+                                     seed=seed, num_stages=num_stages, with_none=not floor)
     # the fewer-lever answers seed auto's search: the best one's bottleneck caps the DP's first passes
     found = solve_estimate(problem, solver=solver, time_limit_s=time_limit_s - verify_s - (time.perf_counter() - begin),
                            seed=seed, num_stages=num_stages, explain=explain, hint=hint)
@@ -221,29 +225,44 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
         return found
     start = time.perf_counter()
     left_s = max(time_limit_s - (start - begin), verify_s / 4)  # the estimate's unused time too
-    # one schedule search from auto's and none's answers (auto's choices contain none's; `verify` anneals the plain
-    # view of auto as it does none): the whole verify budget, not half of it in a second full `solve`
-    starts = list(dict.fromkeys([found.stages, *found.alternatives, *plain]))
+    # the schedule search from auto's answers, the fewer-lever estimates' and none's schedule answer (auto's choices
+    # contain theirs; `verify` returns at most its best start's T and anneals the plain view of auto as it does none)
+    starts = list(dict.fromkeys([found.stages, *found.alternatives, *plain, *floor]))
     checked = verify(problem, starts, num_stages=num_stages, limit_s=left_s)
     status = "OPTIMAL" if checked.bound_s >= checked.iteration_s * (1 - 1e-9) else "FEASIBLE"
     return Solution(checked.stages, found.solver, status, checked.iteration_s, checked.bound_s,
                     found.wall_s + time.perf_counter() - start, _unused(problem, checked.stages))
 
 
-def _fewer_levers(problem: Problem) -> list[Problem]:
+def _none_floor(problem: Problem, *, solver: str, time_limit_s: float, seed: int,
+                num_stages: int | None) -> list[tuple[Stage, ...]]:
+    """Under ``recompute="auto"`` and the schedule objective: the answer of the whole search (`solve`) with
+    ``recompute="none"`` (and no selective level), a start of auto's schedule search, so auto <= none whenever
+    this search ends within `NO_RECOMPUTE_SHARE` of the limit (96 layers on 8 cards: auto 2.4554 s against
+    none 2.4507 s without it; tests/test_recompute_auto_floor.py); empty when nothing fits so."""
+    if problem.recompute != "auto" or problem.objective == "estimate":
+        return []
+    try:
+        return [solve(replace(problem, recompute="none", selective=None), solver=solver, time_limit_s=time_limit_s,
+                      seed=seed, num_stages=num_stages, explain=False).stages]
+    except InfeasibleError:
+        return []
+
+
+def _fewer_levers(problem: Problem, with_none: bool = True) -> list[Problem]:
     """The same problem with the ``auto`` levers it offers partly off: offload ``never`` (recompute and the
-    selective level kept), and no lever at all; empty unless recompute or offload is ``auto``."""
+    selective level kept), and (`with_none`) no lever at all; empty unless recompute or offload is ``auto``."""
     out: list[Problem] = []
     if problem.offload == "auto":
         out.append(replace(problem, offload="never"))
-    if problem.recompute == "auto":
+    if problem.recompute == "auto" and with_none:
         out.append(replace(problem, recompute="none", selective=None, offload="never" if problem.offload == "auto"
                            else problem.offload))
     return out
 
 
-def _without_recompute(problem: Problem, *, solver: str, time_limit_s: float, seed: int,
-                       num_stages: int | None) -> tuple[list[tuple[Stage, ...]], tuple[Stage, ...] | None]:
+def _without_recompute(problem: Problem, *, solver: str, time_limit_s: float, seed: int, num_stages: int | None,
+                       with_none: bool = True) -> tuple[list[tuple[Stage, ...]], tuple[Stage, ...] | None]:
     """Under an ``auto`` lever and the schedule objective: the estimate's answers of the same search with fewer
     levers (`_fewer_levers`; within `time_limit_s` together), which `solve` starts `verify` from, and the one whose
     estimate is least on `problem` (its levers re-chosen), which seeds auto's estimate search; ([], None) when
@@ -254,13 +273,12 @@ def _without_recompute(problem: Problem, *, solver: str, time_limit_s: float, se
     those differ once a lever lowers the estimate: 96 layers on 8 mixed cards (`benchmarks/memory_levers.py`,
     table 3) gave recompute auto 2.4554 s against none 2.4507 s, the no-recompute placement never reached from
     auto's starts; GPT-2 XL on the home lab at 1.15x its memory (`benchmarks/memory_tightness.py`) gave every
-    lever 6.365 s (an offloading stage: the estimate's optimum) against 6.192 s with offload never.  A second
-    whole `solve` (half the limit each, until session 12) starved both schedule searches where they are
-    time-bound (96 layers on 16 and 32 cards: auto 0.2-5% above none); now only the estimate searches run
-    again and one `verify` gets the whole schedule budget."""
+    lever 6.365 s (an offloading stage: the estimate's optimum) against 6.192 s with offload never.  Under
+    ``recompute="auto"`` none's whole search (`_none_floor`) also runs, at half the limit: its schedule
+    answer is a start too (auto <= none where it finishes; not at 96 layers on 16 and 32 cards at 10 s)."""
     if problem.objective == "estimate":
         return [], None
-    fewer, starts, best = _fewer_levers(problem), [], None
+    fewer, starts, best = _fewer_levers(problem, with_none), [], None
     begin = time.perf_counter()
     for k, sub in enumerate(fewer):
         left = time_limit_s - (time.perf_counter() - begin)
