@@ -39,15 +39,18 @@ block; planner only, the runtime does not run it yet), its row without the level
 and left out of the summary.  Table 3, what the lever costs the planner: median
 wall of `solve` on `planner_speed.py`'s analytic GPTs (h=1024, micro-batch 4) and mixed clusters,
 ``--recompute none`` vs ``auto``, side by side (``auto`` also runs the ``none`` search within half
-its time limit and keeps that answer where faster, `solve._without_recompute`: auto's T <= none's).  Writes benchmarks/results/memory_levers.md.
+its time limit and starts its schedule search from that answer too, `solve._none_floor`).
+Writes benchmarks/results/memory_levers.md.
 
 Usage:
     python benchmarks/memory_levers.py [--widths 1600 2048 2560 3072 4096] [--max-layers 200]
+    python benchmarks/memory_levers.py --speed-only   # table 3 alone, spliced into the results file
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import dataclasses
 import functools
 import itertools
@@ -59,7 +62,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import markdown_table, write_result  # noqa: E402
+from benchmarks.common import RESULTS_DIR, markdown_table, write_result  # noqa: E402
 from benchmarks.scenarios import CLUSTERS_DIR, HALF_BYTES, gpt_graph  # noqa: E402
 from hetpipe.cost_models.cluster import load_cluster  # noqa: E402
 from hetpipe.cost_models.devices import Cluster  # noqa: E402
@@ -332,6 +335,33 @@ def planner_rows(layers: list[int], devices: list[int], repeats: int) -> list[li
     return rows
 
 
+SPEED_HEADER = ["layers", "devices", "T none (s)", "T auto (s)", "wall none (s)", "wall auto (s)", "auto / none"]
+
+
+def _loadavg() -> str:
+    try:
+        return "/".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+def speed_only(args: argparse.Namespace) -> int:
+    """Table 3 alone, spliced into benchmarks/results/memory_levers.md (tables 1 and 2 kept as they were)."""
+    before = _loadavg()
+    table3 = markdown_table(SPEED_HEADER, planner_rows(args.speed_layers, args.speed_devices, args.repeats))
+    print(table3)
+    path = RESULTS_DIR / "memory_levers.md"
+    text = path.read_text()
+    head = text[:text.index("### Planner speed with the lever")]
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    path.write_text(f"{head}### Planner speed with the lever (median of {args.repeats})\n\n"
+                    f"_table 3 rerun alone (`--speed-only`) {stamp}, load average (1/5/15 min) {before} before, "
+                    f"{_loadavg()} after; T columns: the last repeat's; on a loaded machine every search here is "
+                    f"time-bound, so T varies between runs_\n\n{table3}\n")
+    print(f"wrote {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--widths", type=int, nargs="+", default=[1600, 2048, 2560, 3072, 4096])
@@ -339,7 +369,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speed-layers", type=int, nargs="+", default=[48, 96])
     ap.add_argument("--speed-devices", type=int, nargs="+", default=[8, 16, 32])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--speed-only", action="store_true",
+                    help="rerun table 3 only and replace its section in the existing results file")
     args = ap.parse_args(argv)
+    if args.speed_only:
+        return speed_only(args)
     table1, depth, best = largest_table(args.widths, args.max_layers)
     print(table1, flush=True)
     header = ["model", "units recomputed", "hetpipe auto T", "hetpipe --recompute all", "even + recompute all",
@@ -347,9 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     rows2, figures = cost_rows(depth, args.widths)
     table2 = markdown_table(header, rows2)
     print(table2)
-    table3 = markdown_table(["layers", "devices", "T none (s)", "T auto (s)", "wall none (s)", "wall auto (s)",
-                             "auto / none"],
-                            planner_rows(args.speed_layers, args.speed_devices, args.repeats))
+    table3 = markdown_table(SPEED_HEADER, planner_rows(args.speed_layers, args.speed_devices, args.repeats))
     print(table3)
     body = (f"{__doc__.split('Usage:')[0].strip()}\n\n### Largest trainable model\n\n{table1}\n\n"
             f"### Cost of memory (models that fit only with some recomputation)\n\n{table2}\n\n"

@@ -19,6 +19,10 @@ schedule objective of the plan `solve` returns (what `hetpipe plan` runs, 10 s l
   stage's optimizer state where that costs less than recomputing the same bytes);
 * recompute all: hetpipe's own placement search with every unit recomputed (Megatron-LM
   ``--recompute-granularity full``; offload never);
+* table 1b, with the selective level (`Problem.selective` from the node-granularity capture,
+  `partitioner/selective.py`: ln_1, ln_2 and the GELU of every block dropped and re-run; planner
+  only, see benchmarks/selective_recompute.py): selective + recompute (offload never), and every
+  lever, selective + recompute + offload: what `solve` returns with all of them on;
 * bound: the least T of `solve` and the exact DP with no recomputation and unlimited memory.
 
 rho = the recomputed units' forward seconds over the plan's forward seconds (each on its stage's card).
@@ -52,6 +56,7 @@ from hetpipe.cost_models.cluster import load_cluster  # noqa: E402
 from hetpipe.errors import InfeasibleError  # noqa: E402
 from hetpipe.partitioner.capture.graph import UnitGraph  # noqa: E402
 from hetpipe.partitioner.problem import Problem, Stage  # noqa: E402
+from hetpipe.partitioner.selective import selective_tables  # noqa: E402
 from hetpipe.partitioner.solvers.dp import solve_exact  # noqa: E402
 from hetpipe.partitioner.solvers.solve import solve  # noqa: E402
 from hetpipe.plan.build import build_problem  # noqa: E402
@@ -72,7 +77,7 @@ def capture_gpt2xl(granularity: str = "block", split_points: tuple[str, ...] = (
                    granularity=granularity, split_points=split_points)
 
 
-def scaled(prob: Problem, scale: float, **levers: str) -> Problem:
+def scaled(prob: Problem, scale: float, **levers: object) -> Problem:
     """`prob` with every card's usable memory x `scale` and the given lever settings."""
     devices = tuple(dataclasses.replace(d, usable_bytes=int(d.usable_bytes * scale)) for d in prob.devices)
     return dataclasses.replace(prob, devices=devices, **levers)
@@ -112,6 +117,25 @@ def _fmt(t: float, ref: float | None = None, *, ratio: bool = False) -> str:
     return f"{t:.3f} s ({ref / t:.2f}x)" if ratio else f"+{t / ref - 1:.1%}"
 
 
+def selective_row(prob: Problem, scale: float, bound: float, figures: dict[str, float]) -> list[object]:
+    """One memory scale with the selective level offered (`prob.selective`): without and with offload; adds
+    ``t_sel`` and ``t_every`` to `figures` (``t_all`` from `sweep_row`)."""
+    t_sel, st_sel = solved(scaled(prob, scale, recompute="auto", offload="never"))
+    t_every, st_every = solved(scaled(prob, scale, recompute="auto", offload="auto"))
+    figures.update(t_sel=t_sel, t_every=t_every)
+
+    def levers(stages: tuple[Stage, ...], offload: bool) -> str:
+        if not stages:
+            return "-"
+        sel = sum(1 for st in stages if st.selective)
+        offl = f", {sum(1 for st in stages if st.offload)} offl." if offload else ""
+        return f"{rho(prob, stages):.2f}, {sel} sel.{offl}"
+
+    t_all = figures["t_all"]
+    return [f"{scale:.2f}", levers(st_sel, False), _fmt(t_sel, t_all, ratio=True), _fmt(t_sel, bound),
+            levers(st_every, True), _fmt(t_every, t_all, ratio=True), _fmt(t_every, bound)]
+
+
 def sweep_row(prob: Problem, scale: float, bound: float) -> tuple[list[object], dict[str, float]]:
     """One memory scale: recompute only, recompute + offload, recompute all; against the bound."""
     t_rc, st_rc = solved(scaled(prob, scale, recompute="auto", offload="never"))
@@ -134,14 +158,17 @@ def verdict(figures: list[tuple[float, dict[str, float]]], bound: float) -> str:
         return math.isfinite(t) and f["t_all"] / t >= 1.2, math.isfinite(t) and t / bound - 1 <= 0.05
 
     lines = []
-    for key, label in (("t_rc", "recompute only"), ("t_both", "recompute + offload")):
+    for key, label in (("t_rc", "recompute only"), ("t_both", "recompute + offload"),
+                       ("t_sel", "selective + recompute"), ("t_every", "selective + recompute + offload")):
+        if not all(key in f for _, f in figures):
+            continue
         tight = [(s, f) for s, f in figures if math.isfinite(f[key]) and f[key] / bound - 1 > 0.005]
         fast = [s for s, f in tight if holds(f, key)[0]]
         near = [s for s, f in tight if holds(f, key)[1]]
         both = [s for s, f in tight if all(holds(f, key))]
-        lines.append(f"{label}: of {len(tight)} scales where memory costs time (T > bound + 0.5%), >= 1.2x at "
+        lines.append(f"- {label}: of {len(tight)} scales where memory costs time (T > bound + 0.5%), >= 1.2x at "
                      f"{fast or 'none'}, within 5% of the bound at {near or 'none'}, both at {both or 'none'}.")
-    return "  ".join(lines)
+    return "\n".join(lines)
 
 
 def granularity_rows(probs: dict[str, Problem], graphs: dict[str, UnitGraph], node: UnitGraph) -> list[list[object]]:
@@ -165,6 +192,14 @@ def granularity_rows(probs: dict[str, Problem], graphs: dict[str, UnitGraph], no
     return rows
 
 
+def load_note() -> str:
+    """The 1/5/15-minute load averages (the local search's wall budget makes T depend on them)."""
+    try:
+        return "/".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scales", type=float, nargs="+", default=list(SCALES))
@@ -173,25 +208,32 @@ def main(argv: list[str] | None = None) -> int:
     graphs = {"block": capture_gpt2xl(),
               "half": capture_gpt2xl(split_points=tuple(f"transformer.h.{i}.ln_2" for i in range(LAYERS)))}
     probs = {k: build_problem(g, cluster, microbatches=MICROBATCHES) for k, g in graphs.items()}
+    node = capture_gpt2xl(granularity="node")
+    node_fwd = build_problem(node, cluster, microbatches=MICROBATCHES).fwd_s
+    with_level = dataclasses.replace(probs["block"], selective=selective_tables(graphs["block"].units, node, node_fwd))
     bound = lower_bound_s(probs["block"])
-    rows, figures = [], []
+    rows, sel_rows, figures = [], [], []
     for s in args.scales:
         row, f = sweep_row(probs["block"], s, bound)
+        sel_rows.append(selective_row(with_level, s, bound, f))
         rows.append(row)
         figures.append((s, f))
-        print(" | ".join(map(str, row)), flush=True)
+        print(" | ".join(map(str, row + sel_rows[-1][1:])), flush=True)
     header = ["usable memory x (3090/4090/3060)", "rho", "recompute: T (vs all)", "vs bound",
               "rho, + offload", "recompute + offload: T (vs all)", "vs bound", "recompute all",
               "ceiling 4/(3+rho), floor rho/3"]
     table1 = markdown_table(header, rows)
-    gran = granularity_rows(probs, graphs, capture_gpt2xl(granularity="node"))
+    table1b = markdown_table(["usable memory x", "rho, selective stages", "selective + recompute: T (vs all)",
+                              "vs bound", "rho, sel., offl.", "every lever: T (vs all)", "vs bound"], sel_rows)
+    gran = granularity_rows(probs, graphs, node)
     half_t = {s: solved(scaled(probs["half"], s, recompute="auto", offload="never"))[0] for s in (1.0, 0.9)}
     block_t = {s: f["t_rc"] for s, f in figures if s in half_t}
     table2 = markdown_table(["candidate region", "saves itself", "keeps (its input)", "forward", "freed per second"],
                             gran)
     half_line = "; ".join(f"scale {s}: block units {_fmt(block_t.get(s, math.nan))}, half-block units "
                           f"{_fmt(half_t[s])}" for s in half_t)
-    body = (f"{__doc__.split('Usage:')[0].strip()}\n\nLower bound: {bound:.3f} s.\n\n{table1}\n\n"
+    body = (f"{__doc__.split('Usage:')[0].strip()}\n\nLower bound: {bound:.3f} s; machine load "
+            f"{load_note()}.\n\n{table1}\n\n### With the selective level (table 1b)\n\n{table1b}\n\n"
             f"{verdict(figures, bound)}\n\n### Recompute granularity\n\n{table2}\n\n"
             f"Recompute with half-block candidates (same solver, recompute only): {half_line}.\n")
     print(body)

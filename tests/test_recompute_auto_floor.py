@@ -55,3 +55,4 @@ def test_auto_never_slower_than_none_at_96_layers_on_8_cards() -> None:
     none = solve(dataclasses.replace(prob, recompute="none"), time_limit_s=30.0, seed=0)
     assert evaluate(prob, auto.stages).fits
     assert auto.iteration_s <= none.iteration_s * (1 + 1e-12), (auto.iteration_s, none.iteration_s)
+

@@ -15,7 +15,8 @@ from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate
 from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.solvers.dp import solve_exact
 from hetpipe.partitioner.solvers.offload_walk import tail_walk
-from tests.instances import brute_force, random_problem, with_offload, with_selective
+from hetpipe.partitioner.solvers.cpsat import solve_cpsat
+from tests.instances import brute_force, close, random_problem, with_offload, with_selective
 
 
 def _two_units(usable: int) -> Problem:
@@ -64,6 +65,52 @@ def test_dp_with_the_level_equals_brute_force() -> None:
             ev = evaluate(prob, res.stages)
             assert ev.fits and math.isclose(ev.iteration_s, got, rel_tol=1e-9)
     assert fitted >= 20 and used >= 2  # answers that need the level (the test fails without the DP's variant tables)
+
+
+def _worth_it(rng: random.Random, problem: Problem) -> Problem:
+    """`problem` offering a level that frees a third to three quarters of each unit's activations for up to a tenth
+    of its forward (GPT-2 XL's: 125 of 400 MiB a block for 0.03 of its forward): answers often need it."""
+    freed = tuple(rng.randint(a // 3, 3 * a // 4) for a in problem.activation_bytes)
+    extra = {k: tuple(rng.uniform(0.0, 0.1) * f for f in problem.fwd_s[k]) for k in problem.fwd_s}
+    return dataclasses.replace(problem, selective=SelectiveTables(freed, max(freed), extra))
+
+
+def test_cpsat_with_the_level_equals_brute_force() -> None:
+    """CP-SAT models the level (`solvers/cpsat_selective.py`): OPTIMAL, equal to enumeration over placements x
+    level x prefix x offload, and its bound a real lower bound (a model without the level proves a T above the
+    optimum where only the level reaches it: the last assertion fails without `cpsat_selective`)."""
+    rng = random.Random(1415)
+    fitted = needed = 0
+    for i in range(40):
+        prob = random_problem(rng, units=rng.randint(2, 5), devices=rng.randint(1, 3), tight_memory=True,
+                              recompute="auto", activation_max=20)
+        prob = _worth_it(rng, prob) if i % 2 else with_selective(rng, prob)
+        if i % 3 == 0:
+            prob = with_offload(rng, prob, "auto")
+        ref = brute_force(prob)
+        got = solve_cpsat(prob, time_limit_s=20.0, seed=0)  # no hint: an independent answer
+        if math.isinf(ref):
+            assert got.status == "INFEASIBLE", (i, got)
+            continue
+        assert got.status == "OPTIMAL" and close(got.iteration_s, ref, 1e-5), (i, got, ref)
+        assert got.bound_s <= ref * (1 + 1e-9), (i, got.bound_s, ref)  # the proof holds
+        fitted += 1
+        needed += brute_force(dataclasses.replace(prob, selective=None)) > ref * (1 + 1e-6)
+    assert fitted >= 20 and needed >= 3, (fitted, needed)  # optima only the level reaches
+
+
+def test_merged_kinds_of_the_relaxation_price_the_level() -> None:
+    """`relax.aggregate_kinds` merges slow kinds into one: the level's seconds merge too (its fastest member's),
+    so the relaxation's DP tables build (a KeyError on the merged kind before)."""
+    from hetpipe.partitioner.solvers.dp import StageTables, device_classes
+    from hetpipe.partitioner.solvers.relax import aggregate_kinds, relaxed_problem
+
+    rng = random.Random(5)
+    prob = with_selective(rng, random_problem(rng, units=4, devices=6, recompute="auto", activation_max=20))
+    merged, members = aggregate_kinds(relaxed_problem(prob), merge_above=0, state_budget=1)
+    assert any(len(m) > 1 for m in members.values())
+    assert set(merged.selective.extra_s) == set(merged.fwd_s)
+    StageTables(merged, device_classes(merged))
 
 
 def test_the_level_only_adds_plans() -> None:

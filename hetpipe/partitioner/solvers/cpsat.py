@@ -17,7 +17,9 @@ Variables (L units, P = min(L, #devices) positions, C classes):
     bottleneck   max of every compute[j] and comm[j]
 Objective: sum_j compute[j] + sum_j comm[j] + (m - 1) * bottleneck (ticks).
 Recomputation (`Problem.recompute` auto/all): `cpsat_recompute.RecomputeVars`, a prefix of each
-position's recompute order, its forward ticks in compute[j] and its bytes in the memory rows.
+position's recompute order, its forward ticks in compute[j] and its bytes in the memory rows; with the
+selective level (`Problem.selective`, under auto) `cpsat_selective.SelectiveVars`: a boolean per
+position choosing the plain or the variant's prefix, its seconds and bytes.
 Optimizer offload (`Problem.offload` auto/all): `cpsat_offload.OffloadVars`, a boolean per
 position, its bytes off every memory row and max_j O_j added to the objective.
 
@@ -49,7 +51,7 @@ from typing import Sequence
 from ortools.sat.python import cp_model
 
 from hetpipe.partitioner.solvers.cpsat_offload import offload_vars
-from hetpipe.partitioner.solvers.cpsat_recompute import RecomputeVars
+from hetpipe.partitioner.solvers.cpsat_selective import lever_vars
 from hetpipe.partitioner.solvers.offload_walk import best_levers
 from hetpipe.partitioner.solvers.dp import DeviceClass, device_classes
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
@@ -85,7 +87,7 @@ class _Model:
         self._variables()
         self._placement()
         self._unit_order()
-        self.levers = RecomputeVars(self) if problem.recompute != "none" else None
+        self.levers = lever_vars(self)  # recomputation (`cpsat_recompute`), with the selective level (`cpsat_selective`)
         self.offload = offload_vars(self)  # `cpsat_offload`: None when the problem cannot offload
         self._compute_times()
         self._comm_times()
@@ -140,17 +142,19 @@ class _Model:
         md, prob = self.model, self.problem
         per_unit = {c: [self.ticks(prob.fwd_s[cl.kind][u] + prob.bwd_s[cl.kind][u]) for u in range(self.L)]
                     for c, cl in enumerate(self.classes)}
-        # recomputation can add each unit's forward once more
-        horizon = max(sum(v) + sum(self.ticks(f) for f in prob.fwd_s[self.classes[c].kind])
+        # the levers can add each unit's forward once more (and the selective level's seconds)
+        horizon = max(sum(v) + (self.levers.top_ticks(self.classes[c].kind) if self.levers is not None else 0)
                       for c, v in per_unit.items())
         self.compute = [md.new_int_var(0, horizon, f"compute_j{j}") for j in range(self.P)]
         fastest = [min(per_unit[c][u] for c in per_unit) for u in range(self.L)]
         for j in range(self.P):
-            # F_j + B_j of the units on position j, on the kind of its class (+ recomputed forwards).
+            # F_j + B_j of the units on position j, on the kind of its class (+ the levers' ticks, each row
+            # enforced with its literals: recomputed forwards; the selective level's where it runs).
             for c, cl in enumerate(self.classes):
-                extra = self.levers.extra_ticks(j, cl.kind) if self.levers is not None else 0
-                md.add(self.compute[j] >= sum(per_unit[c][u] * self.in_[u][j] for u in range(self.L)) + extra
-                       ).only_enforce_if(self.on[j][c])
+                work = sum(per_unit[c][u] * self.in_[u][j] for u in range(self.L))
+                rows = self.levers.tick_rows(j, cl.kind) if self.levers is not None else [(0, [])]
+                for extra, when in rows:
+                    md.add(self.compute[j] >= work + extra).only_enforce_if([self.on[j][c], *when])
             # Redundant: never faster than the fastest kind (tightens the relaxation).
             md.add(self.compute[j] >= sum(fastest[u] * self.in_[u][j] for u in range(self.L)))
         self.horizon = horizon

@@ -176,7 +176,9 @@ def aggregate_kinds(relaxed: Problem, *, merge_above: int = DEFAULT_STATE_BUDGET
 
     fwd, bwd = fastest(relaxed.fwd_s), fastest(relaxed.bwd_s)
     devices = tuple(replace(d, kind=label[d.kind]) for d in relaxed.devices)
-    merged = relaxed_problem(replace(relaxed, fwd_s=fwd, bwd_s=bwd, devices=devices))
+    # the selective level's seconds per merged kind: its fastest member's too (`Problem.selective` is per kind)
+    sel = relaxed.selective and replace(relaxed.selective, extra_s=fastest(relaxed.selective.extra_s))
+    merged = relaxed_problem(replace(relaxed, fwd_s=fwd, bwd_s=bwd, devices=devices, selective=sel))
     if relaxed.recompute == "auto":
         # A merged kind's recompute order (by its fastest member's F) is no member's order, so its
         # shortest fitting prefix could cost more than a member's: give merged kinds unlimited memory

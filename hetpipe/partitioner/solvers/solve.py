@@ -55,7 +55,7 @@ from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, solve_exact
 from hetpipe.partitioner.solvers.simple_bounds import simple_lower_bound
 from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
 from hetpipe.partitioner.solvers.infeasible import explain_infeasible
-from hetpipe.partitioner.solvers.offload_walk import tail_walk
+from hetpipe.partitioner.solvers.offload_walk import best_levers, tail_walk
 from hetpipe.partitioner.solvers.lagrange import bottleneck_floor, lagrange_bound
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.relax import relaxed_bound
@@ -86,8 +86,8 @@ SCHEDULE_SHARE = 0.4
 LAGRANGE_SHARE = 0.6
 #: Gap the Lagrangian bound aims for: below `GOOD_ENOUGH_GAP`, so reaching it settles the solve.
 LAGRANGE_GAP = GOOD_ENOUGH_GAP / 2
-#: Share of `solve`'s time limit the same search without recomputation may take under ``recompute="auto"``
-#: (`_without_recompute`): half, so that auto's own search keeps at least the other half.
+#: Share of the estimate's time the searches with fewer levers may take together under an ``auto`` lever
+#: (`_without_recompute`): half, so that auto's own estimate search keeps at least the other half.
 NO_RECOMPUTE_SHARE = 0.5
 #: Least search time worth starting CP-SAT for, after its model is built.
 MIN_CPSAT_S = 2.0
@@ -105,8 +105,10 @@ def cpsat_build_s(problem: Problem) -> float:
 
     classes = len(device_classes(problem))
     positions = min(problem.num_units, len(problem.devices))
-    # the recompute lever (`cpsat_recompute`): per position, kind and item (two per unit) a prefix literal
-    lever = 2 * problem.num_units * len(problem.fwd_s) if problem.recompute == "auto" else 0
+    # the recompute lever (`cpsat_recompute`): per position, kind and item (two per unit) a prefix literal; with
+    # the selective level (`cpsat_selective`) a second such set, the variant's
+    sets = 2 if problem.selective is not None else 1
+    lever = 2 * sets * problem.num_units * len(problem.fwd_s) if problem.recompute == "auto" else 0
     return positions * (CPSAT_BUILD_S_PER_TERM * problem.num_units * classes * classes
                         + CPSAT_LEVER_BUILD_S_PER_TERM * lever)
 
@@ -205,55 +207,96 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
 
     Raises `InfeasibleError` (with the missing memory and what would help, unless `explain` is
     false: that search costs ~30 feasibility solves) when no placement fits, and `ConfigError` for
-    an unknown solver name.  Under ``recompute="auto"`` the answer is never slower than the same
-    search's with ``recompute="none"`` (`_without_recompute`).
+    an unknown solver name.  Under an ``auto`` lever the schedule search also starts from the estimate's
+    answers with fewer levers (`_without_recompute`), so it never returns a T above theirs.
     """
     begin = time.perf_counter()
-    plain = _without_recompute(problem, solver=solver, time_limit_s=NO_RECOMPUTE_SHARE * time_limit_s, seed=seed,
-                               num_stages=num_stages)
+    floor = _none_floor(problem, solver=solver, time_limit_s=NO_RECOMPUTE_SHARE * time_limit_s, seed=seed,
+                        num_stages=num_stages)
     time_limit_s -= time.perf_counter() - begin
     begin = time.perf_counter()
     verify_s = 0.0 if problem.objective == "estimate" else SCHEDULE_SHARE * time_limit_s
-    found = solve_estimate(problem, solver=solver, time_limit_s=time_limit_s - verify_s, seed=seed,
-                           num_stages=num_stages, explain=explain)
+    plain, hint = _without_recompute(problem, solver=solver, time_limit_s=NO_RECOMPUTE_SHARE * (time_limit_s - verify_s),
+                                     seed=seed, num_stages=num_stages, with_none=not floor)
+    # the fewer-lever answers seed auto's search: the best one's bottleneck caps the DP's first passes
+    found = solve_estimate(problem, solver=solver, time_limit_s=time_limit_s - verify_s - (time.perf_counter() - begin),
+                           seed=seed, num_stages=num_stages, explain=explain, hint=hint)
     if problem.objective == "estimate":
         return found
     start = time.perf_counter()
     left_s = max(time_limit_s - (start - begin), verify_s / 4)  # the estimate's unused time too
-    checked = verify(problem, [found.stages, *found.alternatives], num_stages=num_stages, limit_s=left_s)
-    for stages in plain:  # auto's choices contain none's: never slower than none's answer
-        ev = evaluate(problem, stages)
-        if ev.fits and ev.iteration_s < checked.iteration_s:
-            checked = replace(checked, stages=stages, iteration_s=ev.iteration_s, bound_s=min(checked.bound_s, ev.iteration_s))
+    # the schedule search from auto's answers, the fewer-lever estimates' and none's schedule answer (auto's choices
+    # contain theirs; `verify` returns at most its best start's T and anneals the plain view of auto as it does none)
+    starts = list(dict.fromkeys([found.stages, *found.alternatives, *plain, *floor]))
+    checked = verify(problem, starts, num_stages=num_stages, limit_s=left_s)
     status = "OPTIMAL" if checked.bound_s >= checked.iteration_s * (1 - 1e-9) else "FEASIBLE"
     return Solution(checked.stages, found.solver, status, checked.iteration_s, checked.bound_s,
                     found.wall_s + time.perf_counter() - start, _unused(problem, checked.stages))
 
 
-def _without_recompute(problem: Problem, *, solver: str, time_limit_s: float, seed: int,
-                       num_stages: int | None) -> list[tuple[Stage, ...]]:
-    """Under ``recompute="auto"`` and the schedule objective: the answer of the same search with
-    ``recompute="none"`` (empty when nothing fits without recomputation, or for other settings).
-
-    Why: ``auto``'s choices contain ``none``'s, so its T must never exceed ``none``'s, but the
-    schedule objective is searched locally (`verify`) from starts the estimate's solvers and pace
-    walks find, and those differ once recomputation lowers the estimate: 96 layers on 8 mixed cards
-    (`benchmarks/memory_levers.py`, table 3) gave auto 2.4554 s against none 2.4507 s, the walk's
-    no-recompute placement never reached from auto's starts.  `solve` keeps this answer where it is
-    faster than auto's own (not as a start of `verify`: a start is also a hint of its pace walks, and
-    changes their bound), so auto <= none whenever this search ends within `NO_RECOMPUTE_SHARE`."""
+def _none_floor(problem: Problem, *, solver: str, time_limit_s: float, seed: int,
+                num_stages: int | None) -> list[tuple[Stage, ...]]:
+    """Under ``recompute="auto"`` and the schedule objective: the answer of the whole search (`solve`) with
+    ``recompute="none"`` (and no selective level), a start of auto's schedule search, so auto <= none whenever
+    this search ends within `NO_RECOMPUTE_SHARE` of the limit (96 layers on 8 cards: auto 2.4554 s against
+    none 2.4507 s without it; tests/test_recompute_auto_floor.py); empty when nothing fits so."""
     if problem.recompute != "auto" or problem.objective == "estimate":
         return []
     try:
-        return [solve(replace(problem, recompute="none"), solver=solver, time_limit_s=time_limit_s, seed=seed,
-                      num_stages=num_stages, explain=False).stages]
+        return [solve(replace(problem, recompute="none", selective=None), solver=solver, time_limit_s=time_limit_s,
+                      seed=seed, num_stages=num_stages, explain=False).stages]
     except InfeasibleError:
         return []
 
 
+def _fewer_levers(problem: Problem, with_none: bool = True) -> list[Problem]:
+    """The same problem with the ``auto`` levers it offers partly off: offload ``never`` (recompute and the
+    selective level kept), and (`with_none`) no lever at all; empty unless recompute or offload is ``auto``."""
+    out: list[Problem] = []
+    if problem.offload == "auto":
+        out.append(replace(problem, offload="never"))
+    if problem.recompute == "auto" and with_none:
+        out.append(replace(problem, recompute="none", selective=None, offload="never" if problem.offload == "auto"
+                           else problem.offload))
+    return out
+
+
+def _without_recompute(problem: Problem, *, solver: str, time_limit_s: float, seed: int, num_stages: int | None,
+                       with_none: bool = True) -> tuple[list[tuple[Stage, ...]], tuple[Stage, ...] | None]:
+    """Under an ``auto`` lever and the schedule objective: the estimate's answers of the same search with fewer
+    levers (`_fewer_levers`; within `time_limit_s` together), which `solve` starts `verify` from, and the one whose
+    estimate is least on `problem` (its levers re-chosen), which seeds auto's estimate search; ([], None) when
+    none fits or for other settings.
+
+    Why: ``auto``'s choices contain the fewer levers', so its T must never exceed theirs, but the schedule
+    objective is searched locally (`verify`) from starts the estimate's solvers and pace walks find, and
+    those differ once a lever lowers the estimate: 96 layers on 8 mixed cards (`benchmarks/memory_levers.py`,
+    table 3) gave recompute auto 2.4554 s against none 2.4507 s, the no-recompute placement never reached from
+    auto's starts; GPT-2 XL on the home lab at 1.15x its memory (`benchmarks/memory_tightness.py`) gave every
+    lever 6.365 s (an offloading stage: the estimate's optimum) against 6.192 s with offload never.  Under
+    ``recompute="auto"`` none's whole search (`_none_floor`) also runs, at half the limit: its schedule
+    answer is a start too (auto <= none where it finishes; not at 96 layers on 16 and 32 cards at 10 s)."""
+    if problem.objective == "estimate":
+        return [], None
+    fewer, starts, best = _fewer_levers(problem, with_none), [], None
+    begin = time.perf_counter()
+    for k, sub in enumerate(fewer):
+        left = time_limit_s - (time.perf_counter() - begin)
+        try:
+            found = solve_estimate(sub, solver=solver, time_limit_s=left / (len(fewer) - k), seed=seed,
+                                   num_stages=num_stages, explain=False)
+        except InfeasibleError:
+            continue
+        starts += [found.stages, *found.alternatives]
+        best = _better(best, _hinted(problem, found.stages, num_stages))
+    return starts, best.stages if best is not None else None
+
+
 def solve_estimate(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0,
-                   num_stages: int | None = None, explain: bool = True) -> Solution:
-    """The placement the solvers prove best under the H-1F1B estimate (T and bound are the estimate's)."""
+                   num_stages: int | None = None, explain: bool = True,
+                   hint: tuple[Stage, ...] | None = None) -> Solution:
+    """The placement the solvers prove best under the H-1F1B estimate (T and bound are the estimate's);
+    `hint`, a placement that fits (e.g. the answer without a lever), seeds the search like the heuristic's."""
     if solver not in SOLVERS:
         raise ConfigError(f"unknown solver {solver!r}; use one of: {', '.join(SOLVERS)}")
     if not problem.devices:
@@ -262,6 +305,7 @@ def solve_estimate(problem: Problem, *, solver: str = "auto", time_limit_s: floa
     warm = None
     if problem.num_units * len(problem.devices) > SEED_ABOVE:
         warm = heuristic(problem, time_limit_s=time_limit_s / 8, num_stages=num_stages)
+    warm = _better(warm, _hinted(problem, hint, num_stages))
     try:  # the offload lever's outer walk around the DP (`offload_walk`; the DP alone without offload)
         exact = tail_walk(problem, lambda p, first: solve_exact(
             p, time_limit_s=time_limit_s - (time.perf_counter() - start), exact_stages=num_stages,
@@ -278,6 +322,15 @@ def solve_estimate(problem: Problem, *, solver: str = "auto", time_limit_s: floa
                         bound_s=exact.bound_s)
     return _with_cpsat(problem, exact, lower_bound_s=exact.iteration_s, start=start, time_limit_s=time_limit_s,
                        seed=seed, num_stages=num_stages, explain=explain)
+
+
+def _hinted(problem: Problem, hint: tuple[Stage, ...] | None, num_stages: int | None) -> DPResult | None:
+    """`hint` as a seed of the search (its levers re-chosen for `problem`), or None when it does not fit."""
+    if hint is None or (num_stages is not None and len(hint) != num_stages):
+        return None
+    stages = best_levers(problem, hint)
+    ev = evaluate(problem, stages, objective="estimate")
+    return DPResult(stages, ev.iteration_s, 0.0, 0, False) if ev.fits else None
 
 
 def _infeasible(problem: Problem, explain: bool) -> InfeasibleError:
@@ -334,11 +387,9 @@ def _with_cpsat(problem: Problem, hint: DPResult | None, *, lower_bound_s: float
     stages, value = res.stages, res.iteration_s
     if hint is not None and hint.iteration_s < value:
         stages, value = hint.stages, hint.iteration_s  # float re-evaluation can favour the hint by a tick
-    # CP-SAT does not model the selective recompute level (`Problem.selective`): its optimum and bound are then
-    # not the problem's (its placements stay valid: re-levered on extraction); only `lower_bound_s` proves
-    cp_proves = problem.selective is None
-    bound = min(max(res.bound_s if cp_proves else 0.0, lower_bound_s), value)
-    status = "OPTIMAL" if (res.status == "OPTIMAL" and cp_proves) or bound >= value * (1 - 1e-6) else "FEASIBLE"
+    # CP-SAT models every lever the DP prices (recompute prefix, selective level, offload): its bound is the problem's
+    bound = min(max(res.bound_s, lower_bound_s), value)
+    status = "OPTIMAL" if res.status == "OPTIMAL" or bound >= value * (1 - 1e-6) else "FEASIBLE"
     return Solution(stages, "cpsat", status, value, bound, wall, _unused(problem, stages))
 
 

@@ -349,18 +349,29 @@ def _annealed(problem: Problem, starts: list[tuple[Stage, ...]], priced: dict[tu
     """`pace_search.anneal` until `deadline` from the start of least windowed pace that fits (the given
     candidates and the walks' placements: no replay needed to choose): [its placement] (priced into `priced`)
     when it is new and fits, else []; nothing where the pace search does not apply (levers, groups, split
-    schedules) or the stage count is fixed; `floor_s` (the bound less the least step) ends it early."""
-    if num_stages is not None or not applies(problem):
+    schedules; under `auto` it anneals the plain view, `_plain_view`) or the stage count is fixed; `floor_s` (the bound less the least step) ends it early."""
+    plain = _plain_view(problem)
+    if num_stages is not None or not applies(plain):
         return []
-    pace = FastPace(problem)
-    fitting = [s for s in starts if (priced[s] if s in priced else evaluate(problem, s, objective="estimate")).fits]
+    pace = FastPace(plain)
+    fitting = [s for s in starts if not any(st.recompute_units or st.offload or st.selective for st in s)
+               and (priced[s] if s in priced else evaluate(problem, s, objective="estimate")).fits]
     if not fitting:
         return []
-    found = anneal(problem, min(fitting, key=pace.value), deadline=deadline, floor_s=floor_s)
+    found = anneal(plain, min(fitting, key=pace.value), deadline=deadline, floor_s=floor_s)
     if found in priced:
         return []
     priced[found] = ev = evaluate(problem, found, objective="schedule")
     return [found] if ev.fits else []
+
+
+def _plain_view(problem: Problem) -> Problem:
+    """`problem` without the levers a solver may leave unused (``recompute="auto"``, the selective level,
+    ``offload="auto"``): a placement with no lever set costs the same in both, so `anneal` (plain placements
+    only) also searches under ``auto`` (`solve`: auto never above none)."""
+    if problem.recompute == "all" or problem.offload == "all":
+        return problem
+    return replace(problem, recompute="none", offload="never", selective=None)
 
 
 def _local_search(problem: Problem, best: tuple[Stage, ...], best_s: float, num_stages: int | None,
