@@ -33,10 +33,12 @@ import pytest
 WORLD_GROUP = "world"
 #: Words in a test module's source that start a multi-process world (entry points, their test
 #: helpers, and the session fixtures of tests/conftest.py that launch).  A single child process
-#: (``subprocess.run([sys.executable, ...])``) is not a world: it may run beside other tests.
+#: (``subprocess.run([sys.executable, ...])``) is not a world: it may run beside other tests; nor is
+#: ``hetpipe demo --fast`` (it plans, never launches).  A word that also matches a refusal before launch
+#: (``main(["run", ...])`` of a bad plan) only costs balance: that module's tests run on the world worker.
 _LAUNCH_WORDS = re.compile(
     r"run_world|hetpipe_run|torchrun|torch\.distributed\.run|from hetpipe\.runtime\.run import"
-    r"|main\(\[\"(?:run|demo|supervise)\"|\bsupervise\(|run_on_netns|checkpoint_runs"
+    r"|main\(\[\"(?:run|supervise)\"|\bsupervise\(|run_on_netns|checkpoint_runs"
     r"|trainer_world|replica_numerics|replica_pair_world|plain_peak_run|momentum_start")
 
 
