@@ -38,7 +38,7 @@ WORLD_GROUP = "world"
 #: (``main(["run", ...])`` of a bad plan) only costs balance: that module's tests run on the world worker.
 _LAUNCH_WORDS = re.compile(
     r"run_world|hetpipe_run|torchrun|torch\.distributed\.run|from hetpipe\.runtime\.run import"
-    r"|main\(\[\"(?:run|supervise)\"|\bsupervise\(|run_on_netns|checkpoint_runs"
+    r"|main\(\[\"(?:run|supervise)\"|\bsupervise\(|run_on_netns|checkpoint_runs|zoo_case"
     r"|trainer_world|replica_numerics|replica_pair_world|plain_peak_run|momentum_start")
 
 

@@ -15,10 +15,11 @@ import pytest
 from tests.suite_groups import WORLD_GROUP, launches_processes, slow_modules_first, work_unit
 
 ROOT = Path(__file__).resolve().parent.parent
-#: Modules seen launching worlds: run_world, `hetpipe run` (torchrun), run(), supervise, netns, shared fixtures.
+#: Modules seen launching worlds: run_world, `hetpipe run` (torchrun; test_model_zoo's through
+#: `tests.zoo_harness.zoo_case`), run(), supervise, netns, shared fixtures.
 LAUNCHING = ("test_executor.py", "test_run_cli.py", "test_faults_run.py", "test_checkpoint_groups.py",
              "test_supervise_return.py", "test_netns.py", "test_trainer.py", "test_memory_truth.py",
-             "test_adapt_decisions.py", "test_plan_tables.py")
+             "test_adapt_decisions.py", "test_plan_tables.py", "test_model_zoo.py")
 #: Single-process modules, two of them with one plain child process (`subprocess.run([sys.executable, ...])`),
 #: two running ``hetpipe demo --fast`` (plans only).
 SINGLE = ("test_contract_property.py", "test_solver.py", "test_capture.py", "test_weights.py", "test_architecture.py",
