@@ -148,3 +148,19 @@ def replica_pair_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, li
                          out_dir=tmp_path_factory.mktemp("replica-pair"))
     return {label: [o.value[label] if o.value is not None else {"error": f"rank {o.rank} (exit {o.exitcode}): {o.error}"}
                     for o in outcomes] for label, *_ in jobs}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, multi-process tests run one after another on one worker (tests/suite_groups.py)."""
+    if config.pluginmanager.hasplugin("xdist"):
+        from tests.suite_groups import XdistPlugin
+
+        config.pluginmanager.register(XdistPlugin(), "hetpipe-suite-groups")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist worker, modules with a slow test first (every worker sorts the same collection alike)."""
+    if hasattr(config, "workerinput"):
+        from tests.suite_groups import slow_modules_first
+
+        slow_modules_first(items)

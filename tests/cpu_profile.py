@@ -8,7 +8,8 @@ per session, are not counted).  A session fixture's cost is charged to the first
 
     HETPIPE_CPU_PROFILE=/tmp/cpu.jsonl python -m pytest -p tests.cpu_profile tests/test_executor.py
 
-and sum or sort the JSON lines (``id``, ``self_s``, ``children_s``, ``ranks_s``, ``wall_s``).
+and sum or sort the JSON lines (``id``, ``self_s``, ``children_s``, ``ranks_s``, ``wall_s``, and ``worker``:
+the pytest-xdist worker that ran it, "" in a serial run).  Under xdist every worker appends to the file.
 
     >>> _cpu_s()[0] > 0
     True
@@ -44,6 +45,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     path = os.environ.get("HETPIPE_CPU_PROFILE")
     if path:
         row = {"id": item.nodeid, "self_s": after[0] - before[0], "children_s": after[1] - before[1],
-               "ranks_s": after[2] - before[2], "wall_s": wall}
+               "ranks_s": after[2] - before[2], "wall_s": wall, "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}
         with open(path, "a", encoding="utf-8") as out:
             out.write(json.dumps(row) + "\n")

@@ -9,8 +9,6 @@ back 2 s later, as the rank records before it exits).
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -24,6 +22,9 @@ from tests.supervise_data import DELAY_ENV
 from tests.test_checkpoint import read_checkpoint
 from tests.test_run_cli import _error, hetpipe_run
 from tests.test_supervise import _argv, setup  # noqa: F401 - `setup` is a fixture
+
+#: --wait-for-return of the returning-device run: far above the 2 s the device is down.
+WAIT_LIMIT_S = 120
 
 
 def test_a_device_is_back_by_its_marker_or_its_kills_record(tmp_path):
@@ -72,13 +73,13 @@ def test_a_returning_device_resumes_the_same_plan_bitwise(setup, tmp_path, monke
     clean.mkdir(), faulty.mkdir()
     assert hetpipe_run(_argv(folder, clean, steps)) == 0
 
-    start = time.monotonic()
-    assert hetpipe_run(_argv(folder, faulty, steps, "--max-restarts", "1", "--wait-for-return", "120",
+    assert hetpipe_run(_argv(folder, faulty, steps, "--max-restarts", "1", "--wait-for-return", str(WAIT_LIMIT_S),
                              "--inject", "kill:rank=2,step=3,down=2")) == 0
-    assert time.monotonic() - start < 120  # it did not wait out the limit: the record said 2 s
     report, full = RunReport.load(faulty / "run.json"), RunReport.load(clean / "run.json")
     (r,) = report.restarts
-    assert r.kind == "returned" and r.rank == 2 and r.device == "n1:2" and r.waited_s > 0
+    # It did not wait out the limit: the record said 2 s.  The supervisor's own count of the wait, not the
+    # run's wall time (two launches, which on a loaded 2-core machine can take minutes by themselves).
+    assert r.kind == "returned" and r.rank == 2 and r.device == "n1:2" and 0 < r.waited_s < WAIT_LIMIT_S
     assert r.failed_step == 3 and r.resumed_step == 2 and r.steps_redone == 1 and r.new_stages == r.old_stages
     assert report.world_size == 3 and [s.device for s in report.stages] == [s.device for s in full.stages]
     assert list(report.losses) == list(full.losses[r.resumed_step:])  # exactly: same cuts, same operations
