@@ -98,14 +98,19 @@ def cpsat_pass(problem: Problem, *, hint: Sequence[Stage] | None, seed: int, cos
     return DPResult(res.stages, res.iteration_s, min(res.bound_s, res.iteration_s), 0, res.status == "OPTIMAL")
 
 
+def group_dp_walk(problem: Problem, *, cost_cache: dict, deadline: float) -> DPResult | None:
+    """The exact group DP inside the offload lever's outer walk, each pass given the time left to `deadline`
+    (a `time.perf_counter()` value); raises `GroupSpaceTooLarge` where the DP declines."""
+    return tail_walk(problem, lambda p, _: solve_groups(p, time_limit_s=max(0.0, deadline - time.perf_counter()),
+                                                        cost_cache=cost_cache, deadline=deadline))
+
+
 def group_search(problem: Problem, *, solver: str, pipe: Sequence[Stage], seed: int, cost_cache: dict,
                  deadline: float) -> tuple[DPResult, str] | None:
     """Steps 2 and 3 of the module docstring: the group answer and the solver that found it."""
     dp, declined = None, ""
     try:
-        left = max(0.0, deadline - time.perf_counter())
-        dp = tail_walk(problem, lambda p, _: solve_groups(p, time_limit_s=left, cost_cache=cost_cache,
-                                                          deadline=deadline))
+        dp = group_dp_walk(problem, cost_cache=cost_cache, deadline=deadline)
     except GroupSpaceTooLarge as err:
         declined = str(err)
     if solver == "dp" or (solver == "auto" and not declined):
@@ -131,8 +136,7 @@ def one_node_answer(problem: Problem, *, cost_cache: dict, deadline: float) -> D
     if problem.group_nodes <= 1:
         return None
     try:
-        return tail_walk(replace(problem, group_nodes=1), lambda p, _: solve_groups(
-            p, time_limit_s=max(0.0, deadline - time.perf_counter()), cost_cache=cost_cache, deadline=deadline))
+        return group_dp_walk(replace(problem, group_nodes=1), cost_cache=cost_cache, deadline=deadline)
     except GroupSpaceTooLarge:
         return None
 
