@@ -80,9 +80,9 @@ def walk_value_s(problem: Problem, stages: Sequence[Stage]) -> tuple[float, floa
 class _Walk:
     """The walk's state: the best placement (by S + (m - 1) b) and the best lower bound proved."""
 
-    def __init__(self, problem: Problem, stages: Sequence[Stage], value: float) -> None:
+    def __init__(self, problem: Problem, stages: Sequence[Stage], value: float, lower: float) -> None:
         self.problem, self.stages, self.value = problem, tuple(stages), value
-        self.lower = simple_lower_bound(problem)
+        self.lower = lower
         self.tries = 0
 
     def offer(self, stages: Sequence[Stage]) -> None:
@@ -96,7 +96,7 @@ class _Walk:
 
 
 def parametric_search(problem: Problem, min_sum: MinSum, *, time_limit_s: float,
-                      seed: Sequence[Stage] | None = None) -> DPResult | None:
+                      seed: Sequence[Stage] | None = None, lower_bound_s: float | None = None) -> DPResult | None:
     """The cap walk around `min_sum(cap, bottleneck, deadline)` (module docstring).
 
     `min_sum(cap, False, ...)` is min S under the cap; `min_sum(cap, True, ...)` the least
@@ -105,19 +105,22 @@ def parametric_search(problem: Problem, min_sum: MinSum, *, time_limit_s: float,
     (best - S_lb) / (m - 1): the walk scans only [b_min, that].  A feasible `seed`
     placement caps the first passes at its bottleneck, so no pass runs uncapped.
     The walk ranks by S + (m - 1) b (`walk_value_s`); the result reports T_est of the best,
-    and its bound is on S + (m - 1) b, so also on T_est (the tail is >= 0).
+    and its bound is on S + (m - 1) b, so also on T_est (the tail is >= 0).  A walk stopped at
+    its deadline reports `lower_bound_s` (default `simple_lower_bound`, valid for one card per
+    stage; a caller whose stages may be groups of cards passes a bound valid for them).
     """
     m, deadline = problem.microbatches, time.perf_counter() + time_limit_s
+    lower = simple_lower_bound(problem) if lower_bound_s is None else lower_bound_s
     seed_ev = evaluate(problem, seed, objective="estimate") if seed is not None else None
     if seed_ev is not None and seed_ev.fits and m > 1:
-        walk, s_lb, cap0 = _Walk(problem, seed, seed_ev.iteration_s - seed_ev.tail_s), None, seed_ev.bottleneck_s
+        walk, s_lb, cap0 = _Walk(problem, seed, seed_ev.iteration_s - seed_ev.tail_s, lower), None, seed_ev.bottleneck_s
     else:
         first = min_sum(math.inf, False, math.inf)  # the first answer is owed whatever the limit
         if first is None:
             return None
         s_lb = first[0]
         ev = evaluate(problem, first[1], objective="estimate")
-        walk, cap0 = _Walk(problem, first[1], ev.iteration_s - ev.tail_s), ev.bottleneck_s
+        walk, cap0 = _Walk(problem, first[1], ev.iteration_s - ev.tail_s, lower), ev.bottleneck_s
         walk.tries = 1
         if m == 1:  # T = S: the least sum is optimal
             return walk.result(exact=True)

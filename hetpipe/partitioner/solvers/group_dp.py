@@ -283,4 +283,7 @@ def solve_groups(problem: Problem, *, time_limit_s: float = 60.0, exact_stages: 
         out = run_pass(tab, cap, bottleneck, exact_stages, deadline)
         return None if out is None else (out[0], _stages(problem, groups, out[1]))
 
-    return parametric_search(problem, min_sum, time_limit_s=time_limit_s, seed=seed)
+    # A group of k cards can run a stage faster than the fastest single card, so the walk's
+    # default bound (one card per stage) is not valid here; a walk stopped at its deadline
+    # claims nothing (0 s).  `tp_solve.group_bound` is the bound a grouped plan records.
+    return parametric_search(problem, min_sum, time_limit_s=time_limit_s, seed=seed, lower_bound_s=0.0)
