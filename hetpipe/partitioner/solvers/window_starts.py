@@ -1,0 +1,220 @@
+"""Starts for the annealing on the windowed pace: the least window cap over node orders (issue 12 item 3).
+
+Why.  1F1B's window chains (`schedule_bound.window_pace`) run w neighbouring stages' W and the 2 C of the w - 1
+cuts between them per w micro-batches, so a placement paces at least m times its **window cap**
+
+    cap(stages) = max over windows [s, j] of (sum_{i=s..j} W_i + 2 sum_{i=s..j-1} C_i) / (j - s + 1)
+
+(the single stages, w = 1, included), plus the fill R_0.  The annealing (`pace_search.anneal`) reaches across
+the pipeline one unit or one stage at a time and stalls above such placements: gpt2-xl on 256 cards (load 0-6),
+the answer 8.110 s and annealing 8.04-8.16 s, where the placement of least cap this module builds (a 1-2-2
+pattern of blocks on the 32 A100s, a light stage beside each node boundary) replays in 7.882 s in 0.2 s of CPU.
+
+The construction.  Cards are grouped by (node, kind) ("groups": cards of a group are the same to the pace) and
+the groups put in an order (`ORDERS`); a placement takes groups in that order, skipping any, and consecutive
+cards of each group it uses.  For a cap tau, with a_i = W_i - tau, the condition "every window's average <= tau"
+is M_j <= 0 for every stage j, where M_j = W_j - tau + max(0, M_{j-1} + 2 C_{j-1}) (the largest window sum
+ending at j; Kadane's recurrence).  A smaller M_j never hurts a later stage, so a DP over (units placed, group,
+cards used in it) keeping the least M decides exactly whether some placement in the family meets tau
+(`window_dp`); bisection on tau finds the family's least cap (tests/test_window_starts.py: against
+enumeration).  Links: one figure per group (its first two cards) and per pair of groups (their first cards);
+the placements are priced exactly afterwards (`FastPace`) and kept only if they fit (`evaluate`).
+
+The cap leaves out the fill and each rank's count of window chains (x = (m - 1 - k_s) // w, fewer on the first
+ranks when m is near p): at 64 cards (m = 128, 41 stages) the least-cap placement paces 4.13 s against the
+annealing's 3.35-3.45 s, and the annealing starts from the best start by pace, so there it costs only its time.
+
+Example (four equal units on two cards of one node, free links: two stages of two units, cap 6 s):
+    >>> from hetpipe.partitioner.problem import DeviceSlot, Problem
+    >>> inf = float("inf")
+    >>> prob = Problem(fwd_s={"a": (1.0,) * 4}, bwd_s={"a": (2.0,) * 4}, state_bytes=(1,) * 4,
+    ...                activation_bytes=(1,) * 4, boundary_bytes=(0,) * 4,
+    ...                devices=(DeviceSlot("d0", "a", "n", 99), DeviceSlot("d1", "a", "n", 99)),
+    ...                bandwidth_bytes_s=((inf, inf), (inf, inf)), latency_s=((0.0, 0.0), (0.0, 0.0)), microbatches=8)
+    >>> [(st.first_unit, st.last_unit) for st in least_cap(prob, "fast")[1]], least_cap(prob, "fast")[0]
+    ([(0, 1), (2, 3)], 6.0)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from hetpipe.partitioner.problem import Problem, Stage, evaluate
+
+#: Group orders tried: "fast" (kinds by their whole model's W, fastest first: the DP may skip groups, so any
+#: selection of groups in that order), "inter" (round-robin over the kinds in that order: a slower kind's node
+#: between two of the fastest's, gpt2-xl on 256 cards 7.95 s against "fast"'s 7.88 s).
+ORDERS = ("fast", "inter")
+#: Bisection steps on the cap: the interval starts at the slowest kind's whole model, so 2^-24 of it is below
+#: a microsecond for every built-in model (gpt2-xl: 1.8 s on an RTX 3090 -> 0.1 us).
+BISECTION_STEPS = 24
+#: Caps tried above the least (ratios): a slightly looser cap may need fewer stages and cross fewer nodes, so
+#: less fill (gpt2-xl on 256 cards: 1.00 and 1.005 both 7.88 s, 1.02 7.96 s); the best by pace is kept.
+SLACK = (1.0, 1.005, 1.02)
+
+
+@dataclass(frozen=True)
+class Groups:
+    """Cards grouped by (node, kind) in an order: per group its kind's prefix sums of W (seconds, by unit),
+    its cards, and the link figures the DP prices cuts with."""
+
+    prefix: np.ndarray  # (groups, units + 1): W of units [0, u) on the group's kind
+    cards: tuple[tuple[int, ...], ...]
+    intra_latency_s: np.ndarray  # (groups,): between a group's first two cards (0 for one card)
+    intra_bandwidth: np.ndarray  # (groups,) bytes/s (inf for one card: no cut inside it)
+    latency_s: np.ndarray  # (groups, groups): between first cards
+    bandwidth: np.ndarray  # (groups, groups) bytes/s
+
+
+def groups(problem: Problem, order: str) -> Groups:
+    """The (node, kind) groups of `problem`'s cards in `order` (`ORDERS`)."""
+    members: dict[tuple[str, str], list[int]] = {}
+    for i, d in enumerate(problem.devices):
+        members.setdefault((d.node, d.kind), []).append(i)
+    whole = {k: sum(problem.fwd_s[k]) + sum(problem.bwd_s[k]) for k in problem.fwd_s}
+    keys = sorted(members, key=lambda g: (whole[g[1]], members[g][0]))
+    if order == "inter":  # the r-th group of every kind, kinds fastest first, for r = 0, 1, ...
+        rank = {g: sum(1 for h in keys[:i] if h[1] == g[1]) for i, g in enumerate(keys)}
+        keys.sort(key=lambda g: (rank[g], whole[g[1]], members[g][0]))
+    elif order != "fast":
+        raise ValueError(f"unknown group order {order!r}: one of {ORDERS}")
+    prefix = np.array([np.concatenate(([0.0], np.cumsum(np.add(problem.fwd_s[k], problem.bwd_s[k])))) for _, k in keys])
+    cards = tuple(tuple(members[g]) for g in keys)
+    lat, bw = problem.latency_s, problem.bandwidth_bytes_s
+    heads = [c[0] for c in cards]
+    return Groups(prefix, cards,
+                  np.array([lat[c[0]][c[1]] if len(c) > 1 else 0.0 for c in cards]),
+                  np.array([bw[c[0]][c[1]] if len(c) > 1 else math.inf for c in cards]),
+                  np.array([[lat[a][b] for b in heads] for a in heads]),
+                  np.array([[bw[a][b] for b in heads] for a in heads]))
+
+
+def window_cap(problem: Problem, stages: Sequence[Stage]) -> float:
+    """cap(stages) of the module docstring (seconds per micro-batch), by its definition (the tests' reference).
+
+    Example (stages of 3 s and 6 s, a free link: the pair averages 4.5 s, the second alone 6 s):
+        >>> from hetpipe.partitioner.problem import DeviceSlot
+        >>> inf = float("inf")
+        >>> prob = Problem(fwd_s={"a": (1.0,) * 3}, bwd_s={"a": (2.0,) * 3}, state_bytes=(1,) * 3,
+        ...                activation_bytes=(1,) * 3, boundary_bytes=(0,) * 3,
+        ...                devices=(DeviceSlot("d0", "a", "n", 99), DeviceSlot("d1", "a", "n", 99)),
+        ...                bandwidth_bytes_s=((inf, inf), (inf, inf)), latency_s=((0.0, 0.0), (0.0, 0.0)), microbatches=4)
+        >>> window_cap(prob, (Stage(0, 0, 0), Stage(1, 1, 2)))
+        6.0
+    """
+    kinds = [problem.devices[st.device].kind for st in stages]
+    work = [sum(problem.fwd_s[k][u] + problem.bwd_s[k][u] for u in range(st.first_unit, st.last_unit + 1))
+            for k, st in zip(kinds, stages)]
+    cut2 = [2.0 * (problem.latency_s[a.device][b.device] + problem.boundary_bytes[a.last_unit]
+                   / problem.bandwidth_bytes_s[a.device][b.device]) for a, b in zip(stages, stages[1:])]
+    return max((sum(work[s:j + 1]) + sum(cut2[s:j])) / (j - s + 1)
+               for s in range(len(stages)) for j in range(s, len(stages)))
+
+
+@dataclass
+class _Table:
+    """The DP's table: least M (seconds) and the first unit of the last stage, by (units placed, group, cards
+    of the group used); and per units placed > 0 the best (group, cards used) to leave a group from."""
+
+    least: np.ndarray  # (units + 1, groups, most cards + 1); index 0 of the last axis unused
+    first: np.ndarray  # same shape: first unit of the stage that ends there (-1: unreached)
+    leave: dict[int, tuple[np.ndarray, np.ndarray]]  # units placed -> (group left, its cards used) per next group
+
+
+def window_dp(problem: Problem, grp: Groups, cap_s: float) -> tuple[Stage, ...] | None:
+    """A placement in `grp`'s family whose every window averages at most `cap_s`, of least M at its end;
+    None when there is none (module docstring)."""
+    n, count = problem.num_units, len(grp.cards)
+    most = max(map(len, grp.cards))
+    table = _Table(np.full((n + 1, count, most + 1), np.inf), np.full((n + 1, count, most + 1), -1), {})
+    sizes = np.array([len(c) for c in grp.cards])
+    beyond = np.arange(most + 1)[None, :] > sizes[:, None]  # cards a group lacks
+    later = np.triu(np.ones((count, count), dtype=bool), 1)  # group i may hand over to group j > i only
+    bytes_ = np.asarray(problem.boundary_bytes, dtype=float)
+    for e in range(n):
+        work = grp.prefix[:, e + 1:] - grp.prefix[:, [e]]  # (groups, n - e): a stage of units e .. e' - 1
+        if e == 0:
+            entry = np.full(count, -np.inf)  # the first stage: no window before it
+        else:
+            held = table.least[e, :, 1:]
+            cut2 = 2.0 * (grp.latency_s + bytes_[e - 1] / grp.bandwidth)  # (from group, to group)
+            over = np.where(later, held.min(axis=1)[:, None] + cut2, np.inf)
+            entry = over.min(axis=0)
+            table.leave[e] = (over.argmin(axis=0), held.argmin(axis=1) + 1)
+            intra2 = 2.0 * (grp.intra_latency_s + bytes_[e - 1] / grp.intra_bandwidth)
+            _relax(table, e, 2, work[:, None, :] - cap_s + np.maximum(0.0, held[:, :-1] + intra2[:, None])[:, :, None])
+        _relax(table, e, 1, (work - cap_s + np.maximum(0.0, entry)[:, None])[:, None, :])
+        table.least[e + 1:][:, beyond] = np.inf
+    return _placement(grp, table, n)
+
+
+def _relax(table: _Table, e: int, card: int, cand: np.ndarray) -> None:
+    """Keep, for every end e' > e, (group, cards used from `card` on), the least of the table's M and `cand`
+    ((groups, cards, ends)), where it meets the cap (M <= 0; a rounding's worth above counts as 0)."""
+    cand = np.where(cand <= 1e-12, cand, np.inf)
+    width = cand.shape[1]
+    now = np.moveaxis(table.least[e + 1:, :, card:card + width], 0, -1)
+    better = cand < now
+    table.least[e + 1:, :, card:card + width] = np.moveaxis(np.where(better, cand, now), -1, 0)
+    first = np.moveaxis(table.first[e + 1:, :, card:card + width], 0, -1)
+    table.first[e + 1:, :, card:card + width] = np.moveaxis(np.where(better, e, first), -1, 0)
+
+
+def _placement(grp: Groups, table: _Table, n: int) -> tuple[Stage, ...] | None:
+    """The stages back from the least M with every unit placed, or None when no state has them all."""
+    ends = table.least[n, :, 1:]
+    if not np.isfinite(ends).any():
+        return None
+    g, used = (int(x) for x in np.unravel_index(np.argmin(ends), ends.shape))
+    used += 1
+    out, e = [], n
+    while e > 0:
+        first = int(table.first[e, g, used])
+        out.append(Stage(grp.cards[g][used - 1], first, e - 1))
+        if used > 1:
+            used -= 1
+        elif first > 0:
+            left, cards_used = table.leave[first]
+            g, used = int(left[g]), int(cards_used[left[g]])
+        e = first
+    return tuple(reversed(out))
+
+
+def least_cap(problem: Problem, order: str, *, deadline: float = math.inf) -> tuple[float, tuple[Stage, ...]]:
+    """The least cap (seconds) over `order`'s family, to `BISECTION_STEPS`, and a placement that meets it (one
+    stage on one card always does: the slowest kind's whole model bounds it); past `deadline` the best so far."""
+    grp = groups(problem, order)
+    low, high = 0.0, float(grp.prefix[:, -1].max())
+    best = window_dp(problem, grp, high)
+    assert best is not None, "one stage of every unit on one card meets the cap of the slowest whole model"
+    for _ in range(BISECTION_STEPS):
+        if time.perf_counter() > deadline:
+            break
+        mid = 0.5 * (low + high)
+        found = window_dp(problem, grp, mid)
+        if found is None:
+            low = mid
+        else:
+            high, best = mid, found
+    return high, best
+
+
+def starts(problem: Problem, *, deadline: float = math.inf) -> list[tuple[Stage, ...]]:
+    """Placements of least window cap (and `SLACK` above it) over `ORDERS` that fit, for the annealing to start
+    from; fewer past `deadline` (`time.perf_counter()` seconds)."""
+    found: list[tuple[Stage, ...]] = []
+    for order in ORDERS:
+        if time.perf_counter() > deadline:
+            break
+        cap_s, least = least_cap(problem, order, deadline=deadline)
+        grp = groups(problem, order)
+        for ratio in SLACK:
+            placed = least if ratio == 1.0 else window_dp(problem, grp, cap_s * ratio)
+            if placed is not None and placed not in found and evaluate(problem, placed, objective="estimate").fits:
+                found.append(placed)
+    return found
