@@ -76,6 +76,7 @@ from hetpipe.partitioner.solvers.pace_runs import RunDP, run_terms
 from hetpipe.partitioner.solvers.pace_search import FastPace, anneal, applies
 from hetpipe.partitioner.solvers.relax import realised, relaxation_levels
 from hetpipe.partitioner.solvers.schedule_bound import BAND_TOLERANCE, pace_terms, schedule_walk
+from hetpipe.partitioner.solvers.window_starts import starts as window_starts
 
 #: Schedule evaluations the local search may spend (each replays O(p m) actions).
 LOCAL_MOVES = 3000
@@ -99,6 +100,12 @@ ENOUGH_GAP = 0.005
 #: the local search under the replayed schedule: on gpt2-xl at 64 cards (load ~10) one second of it reaches
 #: 3.511 s from 3.604 s, where the replayed local search's moves stop at 3.548 s.
 ANNEAL_SHARE = 0.75
+#: Share of the annealing's time the placements of least window cap may take to build (`window_starts`: 0.4 s
+#: of CPU for gpt2-xl on 256 cards at load 0, where one replays in 7.88 s against the candidates' 8.11-9.57 s).
+WINDOW_STARTS_SHARE = 0.5
+#: Fewest cards for which they are built: window chains of three or more stages set the pace of long pipelines
+#: (gpt2-xl on 256 cards); the suite's thousands of small `solve` calls (a few cards) would pay milliseconds each.
+WINDOW_STARTS_CARDS = 16
 #: Seconds the local search may spend at most (by default; `solve` gives it a fifth of its time limit
 #: when that is less).
 LOCAL_SEARCH_S = 2.0
@@ -347,7 +354,7 @@ def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stage
 def _annealed(problem: Problem, starts: list[tuple[Stage, ...]], priced: dict[tuple[Stage, ...], Evaluation],
               num_stages: int | None, deadline: float, floor_s: float) -> list[tuple[Stage, ...]]:
     """`pace_search.anneal` until `deadline` from the start of least windowed pace that fits (the given
-    candidates and the walks' placements: no replay needed to choose): [its placement] (priced into `priced`)
+    candidates, the walks' placements and `window_starts`' of least window cap: no replay needed to choose): [its placement] (priced into `priced`)
     when it is new and fits, else []; nothing where the pace search does not apply (levers, groups, split
     schedules; under `auto` it anneals the plain view, `_plain_view`) or the stage count is fixed; `floor_s` (the bound less the least step) ends it early."""
     plain = _plain_view(problem)
@@ -356,6 +363,9 @@ def _annealed(problem: Problem, starts: list[tuple[Stage, ...]], priced: dict[tu
     pace = FastPace(plain)
     fitting = [s for s in starts if not any(st.recompute_units or st.offload or st.selective for st in s)
                and (priced[s] if s in priced else evaluate(problem, s, objective="estimate")).fits]
+    now = time.perf_counter()
+    if len(problem.devices) >= WINDOW_STARTS_CARDS:  # they fit
+        fitting += window_starts(plain, deadline=now + WINDOW_STARTS_SHARE * max(0.0, deadline - now))
     if not fitting:
         return []
     found = anneal(plain, min(fitting, key=pace.value), deadline=deadline, floor_s=floor_s)
