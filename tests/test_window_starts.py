@@ -1,0 +1,82 @@
+"""Issue 12 item 3: starts of least window cap for the annealing (`solvers/window_starts.py`).
+
+* `least_cap` finds the least window cap over its family (groups in order, any skipped, consecutive cards of
+  each group used) against enumeration of that family on small random instances, and its placement meets it.
+* `starts` returns plain placements of every unit that fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import random
+
+import pytest
+
+from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.solvers.window_starts import ORDERS, groups, least_cap, starts, window_cap
+from tests.instances import random_problem
+
+INSTANCES = 40
+
+
+def _uniform_links(prob: Problem) -> Problem:
+    """`prob` with one link figure per node pair (the DP prices cuts by group: exact when links are uniform)."""
+    devs = prob.devices
+    bw = tuple(tuple(math.inf if i == j else (10.0 if a.node == b.node else 1.0) for j, b in enumerate(devs))
+               for i, a in enumerate(devs))
+    lat = tuple(tuple(0.0 if i == j else (0.01 if a.node == b.node else 0.1) for j, b in enumerate(devs))
+                for i, a in enumerate(devs))
+    return dataclasses.replace(prob, bandwidth_bytes_s=bw, latency_s=lat)
+
+
+def _compositions(units: int, parts: int):
+    for cuts in itertools.combinations(range(1, units), parts - 1):
+        bounds = (0,) + cuts + (units,)
+        yield [(bounds[i], bounds[i + 1] - 1) for i in range(parts)]
+
+
+def _family(prob: Problem, order: str):
+    """Every placement of the family: a subsequence of the groups, 1..size cards of each, in order."""
+    cards = groups(prob, order).cards
+    for chosen in itertools.product(*[range(len(c) + 1) for c in cards]):
+        seq = [c[i] for c, used in zip(cards, chosen) for i in range(used)]
+        if not seq or len(seq) > prob.num_units:
+            continue
+        for parts in _compositions(prob.num_units, len(seq)):
+            yield tuple(Stage(d, a, b) for d, (a, b) in zip(seq, parts))
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_least_cap_is_the_family_optimum(order: str) -> None:
+    rng = random.Random(12)
+    for _ in range(INSTANCES):
+        units, devices = rng.randint(1, 6), rng.randint(1, 4)
+        prob = _uniform_links(random_problem(rng, units=units, devices=devices, microbatches=8, objective="schedule"))
+        cap_s, placed = least_cap(prob, order)
+        want = min(window_cap(prob, p) for p in _family(prob, order))
+        tol = 1e-6 * float(groups(prob, order).prefix[:, -1].max())  # the bisection's resolution (2^-24 of it)
+        assert want - 1e-9 <= cap_s <= want + tol, (cap_s, want)
+        assert window_cap(prob, placed) <= cap_s + 1e-9
+        assert [st.first_unit for st in placed] == [0] + [st.last_unit + 1 for st in placed[:-1]]
+        assert placed[-1].last_unit == units - 1
+
+
+def test_starts_are_plain_placements_that_fit() -> None:
+    rng = random.Random(5)
+    for _ in range(INSTANCES):
+        units = rng.randint(1, 7)
+        prob = random_problem(rng, units=units, devices=rng.randint(1, 5), microbatches=rng.randint(1, 12),
+                              tight_memory=True, objective="schedule")
+        for placed in starts(prob):
+            assert evaluate(prob, placed, objective="estimate").fits
+            assert placed[0].first_unit == 0 and placed[-1].last_unit == units - 1
+            assert len({st.device for st in placed}) == len(placed)
+            assert not any(st.recompute_units or st.offload for st in placed)
+
+
+def test_unknown_order_is_refused() -> None:
+    prob = random_problem(random.Random(0), units=2, devices=2)
+    with pytest.raises(ValueError, match="unknown group order"):
+        groups(prob, "slowest")
