@@ -15,7 +15,7 @@ import random
 import pytest
 
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
-from hetpipe.partitioner.solvers.window_starts import ORDERS, groups, least_cap, starts, window_cap
+from hetpipe.partitioner.solvers.window_starts import BISECTION_STEPS, ORDERS, groups, least_cap, starts, window_cap
 from tests.instances import random_problem
 
 INSTANCES = 40
@@ -56,7 +56,7 @@ def test_least_cap_is_the_family_optimum(order: str) -> None:
         prob = _uniform_links(random_problem(rng, units=units, devices=devices, microbatches=8, objective="schedule"))
         cap_s, placed = least_cap(prob, order)
         want = min(window_cap(prob, p) for p in _family(prob, order))
-        tol = 1e-6 * float(groups(prob, order).prefix[:, -1].max())  # the bisection's resolution (2^-24 of it)
+        tol = float(groups(prob, order).prefix[:, -1].min()) / 2**BISECTION_STEPS  # the bisection's resolution
         assert want - 1e-9 <= cap_s <= want + tol, (cap_s, want)
         assert window_cap(prob, placed) <= cap_s + 1e-9
         assert [st.first_unit for st in placed] == [0] + [st.last_unit + 1 for st in placed[:-1]]

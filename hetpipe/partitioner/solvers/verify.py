@@ -100,9 +100,10 @@ ENOUGH_GAP = 0.005
 #: the local search under the replayed schedule: on gpt2-xl at 64 cards (load ~10) one second of it reaches
 #: 3.511 s from 3.604 s, where the replayed local search's moves stop at 3.548 s.
 ANNEAL_SHARE = 0.75
-#: Share of the annealing's time the placements of least window cap may take to build (`window_starts`: 0.4 s
-#: of CPU for gpt2-xl on 256 cards at load 0, where one replays in 7.88 s against the candidates' 8.11-9.57 s).
-WINDOW_STARTS_SHARE = 0.5
+#: Share of `verify`'s time the placements of least window cap may take to build, first (`window_starts`: four
+#: orders, 0.6-0.8 s of CPU for gpt2-xl on 64 and 256 cards at load 12, where the best replays in 3.43 s and
+#: 7.88 s against the candidates' 3.60 s and 8.11-9.57 s; a cut bisection keeps its best so far).
+WINDOW_STARTS_SHARE = 0.2
 #: Fewest cards for which they are built: window chains of three or more stages set the pace of long pipelines
 #: (gpt2-xl on 256 cards); the suite's thousands of small `solve` calls (a few cards) would pay milliseconds each.
 WINDOW_STARTS_CARDS = 16
@@ -315,6 +316,7 @@ def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stage
     bound, least = _bound_and_placement(problem, start_s + limit_s / 4)
     # the pace bound's round trips follow 1F1B's order (F(i + k) right after B(i)); the split schedules keep theirs
     starts = [tuple(c) if problem.offload == "never" else _levers(problem, c) for c in candidates]
+    starts += _window_start(problem, num_stages, deadline=start_s + WINDOW_STARTS_SHARE * limit_s)
     # the walks stop near the candidates' own pace (at most their T, cheap to price: no schedule replay)
     enough_s = min((sum(pace_terms(problem, c, windows=True)) for c in starts), default=math.inf) + first_step_floor(problem)
     paced, placed = (pace_bound(problem, deadline=start_s + PACE_SHARE * limit_s, hints=candidates,
@@ -354,7 +356,7 @@ def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stage
 def _annealed(problem: Problem, starts: list[tuple[Stage, ...]], priced: dict[tuple[Stage, ...], Evaluation],
               num_stages: int | None, deadline: float, floor_s: float) -> list[tuple[Stage, ...]]:
     """`pace_search.anneal` until `deadline` from the start of least windowed pace that fits (the given
-    candidates, the walks' placements and `window_starts`' of least window cap: no replay needed to choose): [its placement] (priced into `priced`)
+    candidates, the walks' placements and `_window_start`: no replay needed to choose): [its placement] (priced into `priced`)
     when it is new and fits, else []; nothing where the pace search does not apply (levers, groups, split
     schedules; under `auto` it anneals the plain view, `_plain_view`) or the stage count is fixed; `floor_s` (the bound less the least step) ends it early."""
     plain = _plain_view(problem)
@@ -363,9 +365,6 @@ def _annealed(problem: Problem, starts: list[tuple[Stage, ...]], priced: dict[tu
     pace = FastPace(plain)
     fitting = [s for s in starts if not any(st.recompute_units or st.offload or st.selective for st in s)
                and (priced[s] if s in priced else evaluate(problem, s, objective="estimate")).fits]
-    now = time.perf_counter()
-    if len(problem.devices) >= WINDOW_STARTS_CARDS:  # they fit
-        fitting += window_starts(plain, deadline=now + WINDOW_STARTS_SHARE * max(0.0, deadline - now))
     if not fitting:
         return []
     found = anneal(plain, min(fitting, key=pace.value), deadline=deadline, floor_s=floor_s)
@@ -373,6 +372,17 @@ def _annealed(problem: Problem, starts: list[tuple[Stage, ...]], priced: dict[tu
         return []
     priced[found] = ev = evaluate(problem, found, objective="schedule")
     return [found] if ev.fits else []
+
+
+def _window_start(problem: Problem, num_stages: int | None, *, deadline: float) -> list[tuple[Stage, ...]]:
+    """[The placement of least windowed pace among `window_starts`'] (a candidate like the solvers': gpt2-xl on
+    256 cards 7.88 s against their 8.11-9.57 s), or [] below `WINDOW_STARTS_CARDS` cards, with a fixed stage
+    count, or where the pace search does not apply (as `_annealed`)."""
+    plain = _plain_view(problem)
+    if num_stages is not None or len(problem.devices) < WINDOW_STARTS_CARDS or not applies(plain):
+        return []
+    built = window_starts(plain, deadline=deadline)
+    return [min(built, key=FastPace(plain).value)] if built else []
 
 
 def _plain_view(problem: Problem) -> Problem:

@@ -31,7 +31,8 @@ Example (four equal units on two cards of one node, free links: two stages of tw
     ...                activation_bytes=(1,) * 4, boundary_bytes=(0,) * 4,
     ...                devices=(DeviceSlot("d0", "a", "n", 99), DeviceSlot("d1", "a", "n", 99)),
     ...                bandwidth_bytes_s=((inf, inf), (inf, inf)), latency_s=((0.0, 0.0), (0.0, 0.0)), microbatches=8)
-    >>> [(st.first_unit, st.last_unit) for st in least_cap(prob, "fast")[1]], least_cap(prob, "fast")[0]
+    >>> cap_s, placed = least_cap(prob, "fast")
+    >>> [(st.first_unit, st.last_unit) for st in placed], round(cap_s, 3)
     ([(0, 1), (2, 3)], 6.0)
 """
 
@@ -49,10 +50,11 @@ from hetpipe.partitioner.problem import Problem, Stage, evaluate
 #: Group orders tried: "fast" (kinds by their whole model's W, fastest first: the DP may skip groups, so any
 #: selection of groups in that order), "inter" (round-robin over the kinds in that order: a slower kind's node
 #: between two of the fastest's, gpt2-xl on 256 cards 7.95 s against "fast"'s 7.88 s).
-ORDERS = ("fast", "inter")
-#: Bisection steps on the cap: the interval starts at the slowest kind's whole model, so 2^-24 of it is below
-#: a microsecond for every built-in model (gpt2-xl: 1.8 s on an RTX 3090 -> 0.1 us).
-BISECTION_STEPS = 24
+ORDERS = ("fast", "inter", "slow", "inter-slow")
+#: Bisection steps on the cap: between the heaviest unit on its fastest kind (every placement has a stage that
+#: holds it) and the fastest kind's whole model (one stage on one card); 2^-16 of that is 0.03% of gpt2-xl's
+#: least cap on 256 cards (0.30 s / 65,536 = 4.6 us against 14.6 ms).
+BISECTION_STEPS = 16
 #: Caps tried above the least (ratios): a slightly looser cap may need fewer stages and cross fewer nodes, so
 #: less fill (gpt2-xl on 256 cards: 1.00 and 1.005 both 7.88 s, 1.02 7.96 s); the best by pace is kept.
 SLACK = (1.0, 1.005, 1.02)
@@ -78,11 +80,13 @@ def groups(problem: Problem, order: str) -> Groups:
         members.setdefault((d.node, d.kind), []).append(i)
     whole = {k: sum(problem.fwd_s[k]) + sum(problem.bwd_s[k]) for k in problem.fwd_s}
     keys = sorted(members, key=lambda g: (whole[g[1]], members[g][0]))
-    if order == "inter":  # the r-th group of every kind, kinds fastest first, for r = 0, 1, ...
+    if order not in ORDERS:
+        raise ValueError(f"unknown group order {order!r}: one of {ORDERS}")
+    if order.startswith("inter"):  # the r-th group of every kind, kinds fastest first, for r = 0, 1, ...
         rank = {g: sum(1 for h in keys[:i] if h[1] == g[1]) for i, g in enumerate(keys)}
         keys.sort(key=lambda g: (rank[g], whole[g[1]], members[g][0]))
-    elif order != "fast":
-        raise ValueError(f"unknown group order {order!r}: one of {ORDERS}")
+    if order.endswith("slow"):  # reversed: the fastest kind's groups last, the heaviest last unit (a head) on them
+        keys.reverse()
     prefix = np.array([np.concatenate(([0.0], np.cumsum(np.add(problem.fwd_s[k], problem.bwd_s[k])))) for _, k in keys])
     cards = tuple(tuple(members[g]) for g in keys)
     lat, bw = problem.latency_s, problem.bandwidth_bytes_s
@@ -187,11 +191,12 @@ def _placement(grp: Groups, table: _Table, n: int) -> tuple[Stage, ...] | None:
 
 def least_cap(problem: Problem, order: str, *, deadline: float = math.inf) -> tuple[float, tuple[Stage, ...]]:
     """The least cap (seconds) over `order`'s family, to `BISECTION_STEPS`, and a placement that meets it (one
-    stage on one card always does: the slowest kind's whole model bounds it); past `deadline` the best so far."""
+    stage on one card of the fastest kind always does); past `deadline` the best so far."""
     grp = groups(problem, order)
-    low, high = 0.0, float(grp.prefix[:, -1].max())
+    low = float(np.max(np.min(np.diff(grp.prefix, axis=1), axis=0)))
+    high = float(grp.prefix[:, -1].min())
     best = window_dp(problem, grp, high)
-    assert best is not None, "one stage of every unit on one card meets the cap of the slowest whole model"
+    assert best is not None, "one stage of every unit on one card of the fastest kind meets that kind's whole model"
     for _ in range(BISECTION_STEPS):
         if time.perf_counter() > deadline:
             break
