@@ -214,7 +214,7 @@ def starts(problem: Problem, *, deadline: float = math.inf) -> list[tuple[Stage,
     from; fewer past `deadline` (`time.perf_counter()` seconds)."""
     found: list[tuple[Stage, ...]] = []
     for order in ORDERS:
-        if time.perf_counter() > deadline:
+        if found and time.perf_counter() > deadline:  # the first order's least cap so far, whatever the time
             break
         cap_s, least = least_cap(problem, order, deadline=deadline)
         grp = groups(problem, order)
