@@ -2,7 +2,8 @@
 
 * `least_cap` finds the least window cap over its family (groups in order, any skipped, consecutive cards of
   each group used) against enumeration of that family on small random instances, and its placement meets it.
-* `starts` returns plain placements of every unit that fit.
+  So does every placement of `end_placements`.
+* `starts` returns plain placements of every unit that fit; `verify` answers at most the best one's replay.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import random
 import pytest
 
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
-from hetpipe.partitioner.solvers.window_starts import BISECTION_STEPS, ORDERS, groups, least_cap, starts, window_cap
+from hetpipe.partitioner.solvers.window_starts import BISECTION_STEPS, ORDERS, end_placements, groups, least_cap, starts, window_cap
 from hetpipe.partitioner.solvers import verify as verify_module
 from hetpipe.partitioner.solvers.verify import WINDOW_STARTS_CARDS
 from tests.instances import random_problem
@@ -61,6 +62,8 @@ def test_least_cap_is_the_family_optimum(order: str) -> None:
         tol = float(groups(prob, order).prefix[:, -1].min()) / 2**BISECTION_STEPS  # the bisection's resolution
         assert want - 1e-9 <= cap_s <= want + tol, (cap_s, want)
         assert window_cap(prob, placed) <= cap_s + 1e-9
+        ends = end_placements(prob, groups(prob, order), cap_s)
+        assert placed in ends and all(window_cap(prob, p) <= cap_s + 1e-9 for p in ends)
         assert [st.first_unit for st in placed] == [0] + [st.last_unit + 1 for st in placed[:-1]]
         assert placed[-1].last_unit == units - 1
 

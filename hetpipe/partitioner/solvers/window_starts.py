@@ -46,6 +46,7 @@ from typing import Sequence
 import numpy as np
 
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.solvers.pace_search import FastPace
 
 #: Group orders tried: "fast" (kinds by their whole model's W, fastest first: the DP may skip groups, so any
 #: selection of groups in that order), "inter" (round-robin over the kinds in that order: a slower kind's node
@@ -56,8 +57,9 @@ ORDERS = ("fast", "inter", "slow", "inter-slow")
 #: least cap on 256 cards (0.30 s / 65,536 = 4.6 us against 14.6 ms).
 BISECTION_STEPS = 16
 #: Caps tried above the least (ratios): a slightly looser cap may need fewer stages and cross fewer nodes, so
-#: less fill (gpt2-xl on 256 cards: 1.00 and 1.005 both 7.88 s, 1.02 7.96 s); the best by pace is kept.
-SLACK = (1.0, 1.005, 1.02)
+#: less fill (gpt2-xl on 256 cards, order "slow": 7.872 s of windowed pace at 1.0, 7.905 at 1.005, 8.003 at 1.02;
+#: order "inter": 7.908 and 7.920 s, 8.073 at 1.02); `verify` keeps the best by pace.
+SLACK = (1.0, 1.005)
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,24 @@ class _Table:
 def window_dp(problem: Problem, grp: Groups, cap_s: float) -> tuple[Stage, ...] | None:
     """A placement in `grp`'s family whose every window averages at most `cap_s`, of least M at its end;
     None when there is none (module docstring)."""
+    table = _fill(problem, grp, cap_s)
+    ends = table.least[problem.num_units, :, 1:]
+    if not np.isfinite(ends).any():
+        return None
+    g, used = np.unravel_index(np.argmin(ends), ends.shape)
+    return _placement(grp, table, problem.num_units, int(g), int(used) + 1)
+
+
+def end_placements(problem: Problem, grp: Groups, cap_s: float) -> list[tuple[Stage, ...]]:
+    """`window_dp`'s placement for every last (group, card) that meets `cap_s`, not only the least M's: their
+    fill and window counts differ (gpt2-xl on 64 cards: 3.408 s of windowed pace against the least M's 3.422 s)."""
+    table = _fill(problem, grp, cap_s)
+    ends = table.least[problem.num_units, :, 1:]
+    return [_placement(grp, table, problem.num_units, int(g), int(used) + 1) for g, used in zip(*np.nonzero(np.isfinite(ends)))]
+
+
+def _fill(problem: Problem, grp: Groups, cap_s: float) -> _Table:
+    """The DP's table for `cap_s` (module docstring): units placed in order, stages ending at every unit."""
     n, count = problem.num_units, len(grp.cards)
     most = max(map(len, grp.cards))
     table = _Table(np.full((n + 1, count, most + 1), np.inf), np.full((n + 1, count, most + 1), -1), {})
@@ -154,7 +174,7 @@ def window_dp(problem: Problem, grp: Groups, cap_s: float) -> tuple[Stage, ...] 
             _relax(table, e, 2, work[:, None, :] - cap_s + np.maximum(0.0, held[:, :-1] + intra2[:, None])[:, :, None])
         _relax(table, e, 1, (work - cap_s + np.maximum(0.0, entry)[:, None])[:, None, :])
         table.least[e + 1:][:, beyond] = np.inf
-    return _placement(grp, table, n)
+    return table
 
 
 def _relax(table: _Table, e: int, card: int, cand: np.ndarray) -> None:
@@ -169,13 +189,8 @@ def _relax(table: _Table, e: int, card: int, cand: np.ndarray) -> None:
     table.first[e + 1:, :, card:card + width] = np.moveaxis(np.where(better, e, first), -1, 0)
 
 
-def _placement(grp: Groups, table: _Table, n: int) -> tuple[Stage, ...] | None:
-    """The stages back from the least M with every unit placed, or None when no state has them all."""
-    ends = table.least[n, :, 1:]
-    if not np.isfinite(ends).any():
-        return None
-    g, used = (int(x) for x in np.unravel_index(np.argmin(ends), ends.shape))
-    used += 1
+def _placement(grp: Groups, table: _Table, n: int, g: int, used: int) -> tuple[Stage, ...]:
+    """The stages back from the state with every unit placed and the last stage on card `used` of group `g`."""
     out, e = [], n
     while e > 0:
         first = int(table.first[e, g, used])
@@ -210,8 +225,9 @@ def least_cap(problem: Problem, order: str, *, deadline: float = math.inf) -> tu
 
 
 def starts(problem: Problem, *, deadline: float = math.inf) -> list[tuple[Stage, ...]]:
-    """Placements of least window cap (and `SLACK` above it) over `ORDERS` that fit, for the annealing to start
-    from; fewer past `deadline` (`time.perf_counter()` seconds)."""
+    """Per order of `ORDERS` and cap of `SLACK` (times the order's least), the placement of least windowed pace
+    (`FastPace`) among `end_placements` that fits; fewer past `deadline` (`time.perf_counter()` seconds)."""
+    pace = FastPace(problem)
     found: list[tuple[Stage, ...]] = []
     for order in ORDERS:
         if found and time.perf_counter() > deadline:  # the first order's least cap so far, whatever the time
@@ -219,7 +235,9 @@ def starts(problem: Problem, *, deadline: float = math.inf) -> list[tuple[Stage,
         cap_s, least = least_cap(problem, order, deadline=deadline)
         grp = groups(problem, order)
         for ratio in SLACK:
-            placed = least if ratio == 1.0 else window_dp(problem, grp, cap_s * ratio)
-            if placed is not None and placed not in found and evaluate(problem, placed, objective="estimate").fits:
+            ends = end_placements(problem, grp, cap_s * ratio) or [least]
+            placed = next((p for p in sorted(ends, key=pace.value)
+                           if evaluate(problem, p, objective="estimate").fits), None)
+            if placed is not None and placed not in found:
                 found.append(placed)
     return found
