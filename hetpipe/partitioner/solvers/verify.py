@@ -4,7 +4,8 @@ The DP, the relaxation and CP-SAT search the H-1F1B estimate (`evaluate(..., obj
 which they solve exactly.  The objective is the simulated 1F1B iteration with every stage's
 optimizer step (`evaluate`, ``objective="schedule"``), so `verify`:
 
-1. prices each candidate placement the solvers found with the schedule;
+1. prices each candidate placement the solvers found with the schedule, and from 16 cards the placement of
+   least windowed pace among `window_starts.starts` (least window cap over node orders: `_window_start`);
 2. anneals the best on the windowed pace (`pace_search.anneal`, `ANNEAL_SHARE` of the time the walks
    leave: its moves reach across the pipeline, its pricing costs a fraction of a replay), then
    improves the best by a local search under the schedule itself (`_neighbours`: move a cut,
