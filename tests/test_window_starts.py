@@ -2,7 +2,7 @@
 
 * `least_cap` finds the least window cap over its family (groups in order, any skipped, consecutive cards of
   each group used) against enumeration of that family on small random instances, and its placement meets it.
-  So does every placement of `end_placements`.
+  So does every placement of `end_placements`, the fill weighed or not.
 * `starts` returns plain placements of every unit that fit; `verify` answers at most the best one's replay.
 """
 
@@ -16,7 +16,7 @@ import random
 import pytest
 
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
-from hetpipe.partitioner.solvers.window_starts import BISECTION_STEPS, ORDERS, end_placements, groups, least_cap, starts, window_cap
+from hetpipe.partitioner.solvers.window_starts import BISECTION_STEPS, FILL_WEIGHTS, ORDERS, end_placements, groups, least_cap, starts, window_cap
 from hetpipe.partitioner.solvers import verify as verify_module
 from hetpipe.partitioner.solvers.verify import WINDOW_STARTS_CARDS
 from tests.instances import random_problem
@@ -64,6 +64,9 @@ def test_least_cap_is_the_family_optimum(order: str) -> None:
         assert window_cap(prob, placed) <= cap_s + 1e-9
         ends = end_placements(prob, groups(prob, order), cap_s)
         assert placed in ends and all(window_cap(prob, p) <= cap_s + 1e-9 for p in ends)
+        for weight in FILL_WEIGHTS:  # the fill weighed: placements of every unit that meet the cap (or none: a
+            weighed = end_placements(prob, groups(prob, order), cap_s, weight)  # state of lower M may be dropped)
+            assert all(window_cap(prob, p) <= cap_s + 1e-9 and p[-1].last_unit == units - 1 for p in weighed)
         assert [st.first_unit for st in placed] == [0] + [st.last_unit + 1 for st in placed[:-1]]
         assert placed[-1].last_unit == units - 1
 

@@ -38,6 +38,7 @@ Example (four equal units on two cards of one node, free links: two stages of tw
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -48,10 +49,13 @@ import numpy as np
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.pace_search import FastPace
 
-#: Group orders tried: "fast" (kinds by their whole model's W, fastest first: the DP may skip groups, so any
-#: selection of groups in that order), "inter" (round-robin over the kinds in that order: a slower kind's node
-#: between two of the fastest's, gpt2-xl on 256 cards 7.95 s against "fast"'s 7.88 s).
-ORDERS = ("fast", "inter", "slow", "inter-slow")
+#: Group orders tried, best first (a deadline cuts the last): "fast" (kinds by their whole model's W, fastest
+#: first: the DP may skip groups, so any selection of groups in that order), "inter" (round-robin over the kinds
+#: in that order: a slower kind's node between two of the fastest's), and both reversed, "slow" and "inter-slow"
+#: (the fastest kind's groups last: the heaviest last unit, a head, on them).  gpt2-xl, best windowed pace:
+#: 64 cards 3.376 s ("slow"), 4.13 s ("fast": the head lands on a slow kind); 256 cards 7.830 s ("inter-slow"),
+#: 7.866 ("slow"), 7.879 ("fast"), 7.908 ("inter").
+ORDERS = ("slow", "inter-slow", "fast", "inter")
 #: Bisection steps on the cap: between the heaviest unit on its fastest kind (every placement has a stage that
 #: holds it) and the fastest kind's whole model (one stage on one card); 2^-16 of that is 0.03% of gpt2-xl's
 #: least cap on 256 cards (0.30 s / 65,536 = 4.6 us against 14.6 ms).
@@ -59,6 +63,12 @@ BISECTION_STEPS = 16
 #: Caps tried above the least (ratios): a slightly looser cap may need fewer stages and cross fewer nodes, so
 #: less fill (gpt2-xl on 256 cards, order "slow": 7.872 s of windowed pace at 1.0, 7.905 at 1.005, 8.003 at 1.02;
 #: order "inter": 7.908 and 7.920 s, 8.073 at 1.02); `verify` keeps the best by pace.
+#: Weights of the fill (the stages' W + 2 C so far) beside M in the DP's choice per state (`end_placements`): 0
+#: is the exact least-M DP; with the fill weighed a placement found still meets the cap, with fewer or lighter
+#: stages, but a state of lower M may be dropped and none found (then the least-M placement stands)
+#: (gpt2-xl, least cap, windowed pace at 0 / 0.1 / 1: 64 cards, order "slow", 3.408 / 3.399 / 3.376 s; 256 cards,
+#: "inter-slow", 7.890 / 7.884 / 7.830 s, which replays in 7.833 s).
+FILL_WEIGHTS = (0.0, 0.1, 1.0)
 SLACK = (1.0, 1.005)
 
 
@@ -124,10 +134,12 @@ def window_cap(problem: Problem, stages: Sequence[Stage]) -> float:
 
 @dataclass
 class _Table:
-    """The DP's table: least M (seconds) and the first unit of the last stage, by (units placed, group, cards
-    of the group used); and per units placed > 0 the best (group, cards used) to leave a group from."""
+    """The DP's table: least key M + weight x fill (seconds: `_fill`) with its M, fill and the first unit of the
+    last stage, by (units placed, group, cards of the group used); and per units placed > 0 the best (group,
+    cards used) to leave a group from."""
 
-    least: np.ndarray  # (units + 1, groups, most cards + 1); index 0 of the last axis unused
+    least: np.ndarray  # M: (units + 1, groups, most cards + 1); index 0 of the last axis unused
+    fill: np.ndarray  # same shape: sum of W + 2 C of the stages so far (the fill R_0 of the prefix)
     first: np.ndarray  # same shape: first unit of the stage that ends there (-1: unreached)
     leave: dict[int, tuple[np.ndarray, np.ndarray]]  # units placed -> (group left, its cards used) per next group
 
@@ -143,50 +155,68 @@ def window_dp(problem: Problem, grp: Groups, cap_s: float) -> tuple[Stage, ...] 
     return _placement(grp, table, problem.num_units, int(g), int(used) + 1)
 
 
-def end_placements(problem: Problem, grp: Groups, cap_s: float) -> list[tuple[Stage, ...]]:
-    """`window_dp`'s placement for every last (group, card) that meets `cap_s`, not only the least M's: their
-    fill and window counts differ (gpt2-xl on 64 cards: 3.408 s of windowed pace against the least M's 3.422 s)."""
-    table = _fill(problem, grp, cap_s)
+def end_placements(problem: Problem, grp: Groups, cap_s: float, weight: float = 0.0) -> list[tuple[Stage, ...]]:
+    """A placement meeting `cap_s` for every last (group, card) that has one, not only the least M's: their
+    fill and window counts differ (gpt2-xl on 64 cards: 3.408 s of windowed pace against the least M's 3.422 s).
+    `weight` > 0 keeps per state the least M + weight x fill instead of the least M (`FILL_WEIGHTS`)."""
+    table = _fill(problem, grp, cap_s, weight)
     ends = table.least[problem.num_units, :, 1:]
     return [_placement(grp, table, problem.num_units, int(g), int(used) + 1) for g, used in zip(*np.nonzero(np.isfinite(ends)))]
 
 
-def _fill(problem: Problem, grp: Groups, cap_s: float) -> _Table:
-    """The DP's table for `cap_s` (module docstring): units placed in order, stages ending at every unit."""
+def _fill(problem: Problem, grp: Groups, cap_s: float, weight: float = 0.0) -> _Table:
+    """The DP's table for `cap_s` (module docstring): units placed in order, stages ending at every unit; each
+    state keeps the least M + `weight` x fill among the paths that meet the cap (weight 0: the exact DP)."""
     n, count = problem.num_units, len(grp.cards)
     most = max(map(len, grp.cards))
-    table = _Table(np.full((n + 1, count, most + 1), np.inf), np.full((n + 1, count, most + 1), -1), {})
+    shape = (n + 1, count, most + 1)
+    table = _Table(np.full(shape, np.inf), np.full(shape, np.inf), np.full(shape, -1), {})
     sizes = np.array([len(c) for c in grp.cards])
     beyond = np.arange(most + 1)[None, :] > sizes[:, None]  # cards a group lacks
     later = np.triu(np.ones((count, count), dtype=bool), 1)  # group i may hand over to group j > i only
-    bytes_ = np.asarray(problem.boundary_bytes, dtype=float)
+    bytes_, rows = np.asarray(problem.boundary_bytes, dtype=float), np.arange(count)
     for e in range(n):
         work = grp.prefix[:, e + 1:] - grp.prefix[:, [e]]  # (groups, n - e): a stage of units e .. e' - 1
         if e == 0:
-            entry = np.full(count, -np.inf)  # the first stage: no window before it
+            entry, entry_fill = np.full(count, -np.inf), np.zeros(count)  # the first stage: no window before it
         else:
-            held = table.least[e, :, 1:]
+            held, held_fill = table.least[e, :, 1:], table.fill[e, :, 1:]
+            key = _key(held, held_fill, weight)
+            used = key.argmin(axis=1)
             cut2 = 2.0 * (grp.latency_s + bytes_[e - 1] / grp.bandwidth)  # (from group, to group)
-            over = np.where(later, held.min(axis=1)[:, None] + cut2, np.inf)
-            entry = over.min(axis=0)
-            table.leave[e] = (over.argmin(axis=0), held.argmin(axis=1) + 1)
-            intra2 = 2.0 * (grp.intra_latency_s + bytes_[e - 1] / grp.intra_bandwidth)
-            _relax(table, e, 2, work[:, None, :] - cap_s + np.maximum(0.0, held[:, :-1] + intra2[:, None])[:, :, None])
-        _relax(table, e, 1, (work - cap_s + np.maximum(0.0, entry)[:, None])[:, None, :])
+            over = np.where(later, key[rows, used][:, None] + (1.0 + weight) * cut2, np.inf)
+            src = over.argmin(axis=0)
+            reached = np.isfinite(over.min(axis=0))
+            entry = np.where(reached, held[src, used[src]] + cut2[src, rows], np.inf)
+            entry_fill = np.where(reached, held_fill[src, used[src]] + cut2[src, rows], np.inf)
+            table.leave[e] = (src, used + 1)
+            intra2 = (2.0 * (grp.intra_latency_s + bytes_[e - 1] / grp.intra_bandwidth))[:, None]
+            _relax(table, e, 2, work[:, None, :] - cap_s + np.maximum(0.0, held[:, :-1] + intra2)[:, :, None],
+                   work[:, None, :] + (held_fill[:, :-1] + intra2)[:, :, None], weight)
+        _relax(table, e, 1, (work - cap_s + np.maximum(0.0, entry)[:, None])[:, None, :],
+               (work + entry_fill[:, None])[:, None, :], weight)
         table.least[e + 1:][:, beyond] = np.inf
     return table
 
 
-def _relax(table: _Table, e: int, card: int, cand: np.ndarray) -> None:
-    """Keep, for every end e' > e, (group, cards used from `card` on), the least of the table's M and `cand`
-    ((groups, cards, ends)), where it meets the cap (M <= 0; a rounding's worth above counts as 0)."""
+def _key(least: np.ndarray, fill: np.ndarray, weight: float) -> np.ndarray:
+    """M + weight x fill where M is reached, else inf (an unreached state's fill is inf: 0 x inf would be nan)."""
+    return np.where(np.isfinite(least), least + weight * np.where(np.isfinite(fill), fill, 0.0), np.inf)
+
+
+def _relax(table: _Table, e: int, card: int, cand: np.ndarray, cand_fill: np.ndarray, weight: float) -> None:
+    """Keep, for every end e' > e, (group, cards used from `card` on), the state of least M + `weight` x fill
+    among the table's and `cand` ((groups, cards, ends) of M, `cand_fill` their fill) where M meets the cap
+    (M <= 0; a rounding's worth above counts as 0)."""
     cand = np.where(cand <= 1e-12, cand, np.inf)
     width = cand.shape[1]
-    now = np.moveaxis(table.least[e + 1:, :, card:card + width], 0, -1)
-    better = cand < now
-    table.least[e + 1:, :, card:card + width] = np.moveaxis(np.where(better, cand, now), -1, 0)
-    first = np.moveaxis(table.first[e + 1:, :, card:card + width], 0, -1)
-    table.first[e + 1:, :, card:card + width] = np.moveaxis(np.where(better, e, first), -1, 0)
+    view = (slice(e + 1, None), slice(None), slice(card, card + width))
+    now = np.moveaxis(table.least[view], 0, -1)
+    now_fill = np.moveaxis(table.fill[view], 0, -1)
+    better = _key(cand, cand_fill, weight) < _key(now, now_fill, weight)
+    table.least[view] = np.moveaxis(np.where(better, cand, now), -1, 0)
+    table.fill[view] = np.moveaxis(np.where(better, cand_fill, now_fill), -1, 0)
+    table.first[view] = np.moveaxis(np.where(better, e, np.moveaxis(table.first[view], 0, -1)), -1, 0)
 
 
 def _placement(grp: Groups, table: _Table, n: int, g: int, used: int) -> tuple[Stage, ...]:
@@ -225,8 +255,8 @@ def least_cap(problem: Problem, order: str, *, deadline: float = math.inf) -> tu
 
 
 def starts(problem: Problem, *, deadline: float = math.inf) -> list[tuple[Stage, ...]]:
-    """Per order of `ORDERS` and cap of `SLACK` (times the order's least), the placement of least windowed pace
-    (`FastPace`) among `end_placements` that fits; fewer past `deadline` (`time.perf_counter()` seconds)."""
+    """Per order of `ORDERS`, cap of `SLACK` (times the order's least) and weight of `FILL_WEIGHTS`, the placement
+    of least windowed pace (`FastPace`) among `end_placements` that fits; fewer past `deadline` (`time.perf_counter()` seconds)."""
     pace = FastPace(problem)
     found: list[tuple[Stage, ...]] = []
     for order in ORDERS:
@@ -234,8 +264,8 @@ def starts(problem: Problem, *, deadline: float = math.inf) -> list[tuple[Stage,
             break
         cap_s, least = least_cap(problem, order, deadline=deadline)
         grp = groups(problem, order)
-        for ratio in SLACK:
-            ends = end_placements(problem, grp, cap_s * ratio) or [least]
+        for ratio, weight in itertools.product(SLACK, FILL_WEIGHTS):
+            ends = end_placements(problem, grp, cap_s * ratio, weight) or [least]
             placed = next((p for p in sorted(ends, key=pace.value)
                            if evaluate(problem, p, objective="estimate").fits), None)
             if placed is not None and placed not in found:
