@@ -102,8 +102,8 @@ ENOUGH_GAP = 0.005
 #: 3.511 s from 3.604 s, where the replayed local search's moves stop at 3.548 s.
 ANNEAL_SHARE = 0.75
 #: Share of `verify`'s time the placements of least window cap may take to build, first (`window_starts`: four
-#: orders, 0.6-0.8 s of CPU for gpt2-xl on 64 and 256 cards at load 12, where the best replays in 3.43 s and
-#: 7.88 s against the candidates' 3.60 s and 8.11-9.57 s; a cut bisection keeps its best so far).
+#: orders, 1.0-1.3 s of CPU for gpt2-xl on 64 and 256 cards, where the best replays in 3.38 s and 7.83 s against
+#: the candidates' 3.60 s and 8.11-9.57 s; past it the orders left are skipped, a cut bisection keeps its best).
 WINDOW_STARTS_SHARE = 0.2
 #: Fewest cards for which they are built: window chains of three or more stages set the pace of long pipelines
 #: (gpt2-xl on 256 cards); the suite's thousands of small `solve` calls (a few cards) would pay milliseconds each.
