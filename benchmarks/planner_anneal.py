@@ -12,7 +12,10 @@ branch's vectorised one in every row, so the rows differ in the search alone):
 * session 11: a stall of 2,000 moves ends the walk, local moves only (in the rows below, 2,000 moves in all);
 * + restarts: a stalled walk more than `RESTART_GAP` above its floor starts again from its best;
 * + reorderings: `REORDER_SHARE` of the moves pass a unit along several stages or move a stage;
-* this branch: as above, the stall `STALL_MOVES_PER_STAGE` moves a stage of the start (at least `STALL_MOVES`).
+* session 12: as above, the stall `STALL_MOVES_PER_STAGE` moves a stage of the start (at least `STALL_MOVES`);
+* window start (session 13): session 12's annealing from the placement of least windowed pace among
+  `window_starts.starts` (least window cap over four group orders; `verify` builds it as a candidate), not from
+  the estimate's answer; its build's CPU seconds are in the start column.
 
 Usage:
     python benchmarks/planner_anneal.py [--devices 64 256] [--cpu 2] [--seeds 5]
@@ -36,7 +39,7 @@ from benchmarks.planner_scale import BATCH, eight_kind_cluster  # noqa: E402
 from hetpipe.models import build  # noqa: E402
 from hetpipe.partitioner.capture.capture import capture  # noqa: E402
 from hetpipe.partitioner.problem import evaluate  # noqa: E402
-from hetpipe.partitioner.solvers import pace_search  # noqa: E402
+from hetpipe.partitioner.solvers import pace_search, window_starts  # noqa: E402
 from hetpipe.partitioner.solvers.solve import solve_estimate  # noqa: E402
 from hetpipe.plan.build import build_problem  # noqa: E402
 
@@ -46,7 +49,8 @@ ESTIMATE_S = 6.0
 #: (label, STALL_MOVES_PER_STAGE, RESTART_GAP, REORDER_SHARE) per configuration (module docstring; STALL_MOVES 2,000).
 CONFIGS = (("session 11", 0, math.inf, 0.0), ("+ restarts", 0, pace_search.RESTART_GAP, 0.0),
            ("+ reorderings", 0, pace_search.RESTART_GAP, pace_search.REORDER_SHARE),
-           ("this branch", pace_search.STALL_MOVES_PER_STAGE, pace_search.RESTART_GAP, pace_search.REORDER_SHARE))
+           ("session 12", pace_search.STALL_MOVES_PER_STAGE, pace_search.RESTART_GAP, pace_search.REORDER_SHARE),
+           ("window start", pace_search.STALL_MOVES_PER_STAGE, pace_search.RESTART_GAP, pace_search.REORDER_SHARE))
 
 
 def run_device_count(devices: int, cpu_s: float, seeds: int) -> list[list[object]]:
@@ -54,19 +58,23 @@ def run_device_count(devices: int, cpu_s: float, seeds: int) -> list[list[object
     model, inputs = build(MODEL, device="meta", batch=BATCH[MODEL])
     problem = build_problem(capture(model, inputs, name=MODEL, precision="bf16-mixed"),
                             eight_kind_cluster(devices), microbatches=2 * devices)
-    start = solve_estimate(problem, time_limit_s=ESTIMATE_S, seed=0).stages
-    start_s = evaluate(problem, start).iteration_s
+    answer = solve_estimate(problem, time_limit_s=ESTIMATE_S, seed=0).stages
+    built_cpu = time.process_time()
+    built = min(window_starts.starts(problem), key=pace_search.FastPace(problem).value)
+    built_cpu = time.process_time() - built_cpu
     saved = (pace_search.STALL_MOVES_PER_STAGE, pace_search.RESTART_GAP, pace_search.REORDER_SHARE, pace_search.time)
     rows = []
     try:
         pace_search.time = SimpleNamespace(perf_counter=time.process_time)  # the deadline in CPU seconds
         for label, stall, restart, reorder in CONFIGS:
             pace_search.STALL_MOVES_PER_STAGE, pace_search.RESTART_GAP, pace_search.REORDER_SHARE = stall, restart, reorder
+            start = built if label == "window start" else answer
+            start_s = f"{evaluate(problem, start).iteration_s:.3f}" + (f" ({built_cpu:.2f} CPU s)" if start is built else "")
             found = []
             for seed in range(seeds):
                 best = pace_search.anneal(problem, start, deadline=time.process_time() + cpu_s, seed=seed)
                 found.append(evaluate(problem, best).iteration_s)
-            rows.append([devices, f"{start_s:.3f}", label, f"{statistics.median(found):.3f}", f"{min(found):.3f}",
+            rows.append([devices, start_s, label, f"{statistics.median(found):.3f}", f"{min(found):.3f}",
                          f"{max(found):.3f}"])
             print(" | ".join(map(str, rows[-1])), flush=True)
     finally:

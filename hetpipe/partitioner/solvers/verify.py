@@ -4,7 +4,8 @@ The DP, the relaxation and CP-SAT search the H-1F1B estimate (`evaluate(..., obj
 which they solve exactly.  The objective is the simulated 1F1B iteration with every stage's
 optimizer step (`evaluate`, ``objective="schedule"``), so `verify`:
 
-1. prices each candidate placement the solvers found with the schedule;
+1. prices each candidate placement the solvers found with the schedule, and from 16 cards the placement of
+   least windowed pace among `window_starts.starts` (least window cap over node orders: `_window_start`);
 2. anneals the best on the windowed pace (`pace_search.anneal`, `ANNEAL_SHARE` of the time the walks
    leave: its moves reach across the pipeline, its pricing costs a fraction of a replay), then
    improves the best by a local search under the schedule itself (`_neighbours`: move a cut,
@@ -76,6 +77,7 @@ from hetpipe.partitioner.solvers.pace_runs import RunDP, run_terms
 from hetpipe.partitioner.solvers.pace_search import FastPace, anneal, applies
 from hetpipe.partitioner.solvers.relax import realised, relaxation_levels
 from hetpipe.partitioner.solvers.schedule_bound import BAND_TOLERANCE, pace_terms, schedule_walk
+from hetpipe.partitioner.solvers.window_starts import starts as window_starts
 
 #: Schedule evaluations the local search may spend (each replays O(p m) actions).
 LOCAL_MOVES = 3000
@@ -99,6 +101,13 @@ ENOUGH_GAP = 0.005
 #: the local search under the replayed schedule: on gpt2-xl at 64 cards (load ~10) one second of it reaches
 #: 3.511 s from 3.604 s, where the replayed local search's moves stop at 3.548 s.
 ANNEAL_SHARE = 0.75
+#: Share of `verify`'s time the placements of least window cap may take to build, first (`window_starts`: four
+#: orders, 1.0-1.3 s of CPU for gpt2-xl on 64 and 256 cards, where the best replays in 3.38 s and 7.83 s against
+#: the candidates' 3.60 s and 8.11-9.57 s; past it the orders left are skipped, a cut bisection keeps its best).
+WINDOW_STARTS_SHARE = 0.2
+#: Fewest cards for which they are built: window chains of three or more stages set the pace of long pipelines
+#: (gpt2-xl on 256 cards); the suite's thousands of small `solve` calls (a few cards) would pay milliseconds each.
+WINDOW_STARTS_CARDS = 16
 #: Seconds the local search may spend at most (by default; `solve` gives it a fifth of its time limit
 #: when that is less).
 LOCAL_SEARCH_S = 2.0
@@ -308,8 +317,13 @@ def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stage
     bound, least = _bound_and_placement(problem, start_s + limit_s / 4)
     # the pace bound's round trips follow 1F1B's order (F(i + k) right after B(i)); the split schedules keep theirs
     starts = [tuple(c) if problem.offload == "never" else _levers(problem, c) for c in candidates]
-    # the walks stop near the candidates' own pace (at most their T, cheap to price: no schedule replay)
+    # the walks stop near the candidates' own pace (at most their T, cheap to price: no schedule replay); not the
+    # window start's, whose lower pace may not replay faster (llama-7b on 1,024 cards: the bound 117.80 -> 117.51 s)
     enough_s = min((sum(pace_terms(problem, c, windows=True)) for c in starts), default=math.inf) + first_step_floor(problem)
+    # the window start only where its pace promises more than `ENOUGH_GAP` (its replay compiles a new pipeline
+    # length: at 1,024 cards `verify` overran its time by 0.6 s of CPU for 0.15%)
+    starts += [w for w in _window_start(problem, num_stages, deadline=start_s + WINDOW_STARTS_SHARE * limit_s)
+               if sum(pace_terms(problem, w, windows=True)) + first_step_floor(problem) < enough_s * (1.0 - ENOUGH_GAP)]
     paced, placed = (pace_bound(problem, deadline=start_s + PACE_SHARE * limit_s, hints=candidates,
                                 enough_s=enough_s * (1.0 - ENOUGH_GAP)) if problem.schedule == "1f1b" else (0.0, []))
     bound = max(bound, paced)
@@ -347,7 +361,7 @@ def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stage
 def _annealed(problem: Problem, starts: list[tuple[Stage, ...]], priced: dict[tuple[Stage, ...], Evaluation],
               num_stages: int | None, deadline: float, floor_s: float) -> list[tuple[Stage, ...]]:
     """`pace_search.anneal` until `deadline` from the start of least windowed pace that fits (the given
-    candidates and the walks' placements: no replay needed to choose): [its placement] (priced into `priced`)
+    candidates, the walks' placements and `_window_start`: no replay needed to choose): [its placement] (priced into `priced`)
     when it is new and fits, else []; nothing where the pace search does not apply (levers, groups, split
     schedules; under `auto` it anneals the plain view, `_plain_view`) or the stage count is fixed; `floor_s` (the bound less the least step) ends it early."""
     plain = _plain_view(problem)
@@ -363,6 +377,17 @@ def _annealed(problem: Problem, starts: list[tuple[Stage, ...]], priced: dict[tu
         return []
     priced[found] = ev = evaluate(problem, found, objective="schedule")
     return [found] if ev.fits else []
+
+
+def _window_start(problem: Problem, num_stages: int | None, *, deadline: float) -> list[tuple[Stage, ...]]:
+    """[The placement of least windowed pace among `window_starts`'] (a candidate like the solvers': gpt2-xl on
+    256 cards 7.88 s against their 8.11-9.57 s), or [] below `WINDOW_STARTS_CARDS` cards, with a fixed stage
+    count, or where the pace search does not apply (as `_annealed`)."""
+    plain = _plain_view(problem)
+    if num_stages is not None or len(problem.devices) < WINDOW_STARTS_CARDS or not applies(plain):
+        return []
+    built = window_starts(plain, deadline=deadline)
+    return [min(built, key=FastPace(plain).value)] if built else []
 
 
 def _plain_view(problem: Problem) -> Problem:
