@@ -74,7 +74,7 @@ from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, check_kinds_fit, 
 from hetpipe.partitioner.solvers.offload_walk import best_levers
 from hetpipe.partitioner.solvers.pace_runs import RunDP, run_terms
 from hetpipe.partitioner.solvers.pace_search import FastPace, anneal, applies
-from hetpipe.partitioner.solvers.relax import realised, relaxation_levels
+from hetpipe.partitioner.solvers.relax import pace_relaxation, realised
 from hetpipe.partitioner.solvers.schedule_bound import BAND_TOLERANCE, pace_terms, schedule_walk
 
 #: Schedule evaluations the local search may spend (each replays O(p m) actions).
@@ -148,7 +148,7 @@ def pace_bound(problem: Problem, *, deadline: float, hints: Sequence[Sequence[St
 
     On the problem itself when its DP fits; else the larger of two relaxations' bounds: node runs with
     every kind exact and no card counts (`pace_runs.RunDP`) and the coarsest count relaxation
-    (`relax.relaxation_levels`), the second in the time the first leaves; their placements realised on
+    (`relax.pace_relaxation`), the second in the time the first leaves; their placements realised on
     real cards.  The count relaxation goes first where card counts bind (`counts_bind`): there the node
     runs, which may put every stage on the fastest kind, bound little.  0 and none when no walk finishes
     a pass by `deadline`; a bound of `enough_s` ends the relaxations' walks."""
@@ -210,8 +210,9 @@ def _runs_walk(problem: Problem, *, deadline: float, hints: Sequence[Sequence[St
 
 def _merged_walk(problem: Problem, *, deadline: float, hints: Sequence[Sequence[Stage]],
                  enough_s: float) -> tuple[float, list[tuple[Stage, ...]]]:
-    """The coarsest count relaxation's walk (`relax.relaxation_levels`): its bound and placements realised."""
-    relaxed, members = relaxation_levels(problem)[0]
+    """The count relaxation's walk (`relax.pace_relaxation`: kinds cut into groups of least merge loss, each at
+    its fastest member's speed): its bound and placements realised."""
+    relaxed, members = pace_relaxation(problem)
     try:  # the relaxation prices the hints lower or equal
         walk = schedule_walk(relaxed, deadline=deadline, hints=hints, enough_s=enough_s, band_tolerance=BAND_TOLERANCE)
     except StateSpaceTooLarge:
