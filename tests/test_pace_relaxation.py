@@ -62,13 +62,19 @@ def test_merged_pace_walk_bounds_the_schedule_optimum(seed: int) -> None:
 
 
 def test_cut_is_consecutive_and_loses_least() -> None:
-    """Four kinds of two cards (model F + B 1, 1.1, 3, 3.2 per unit): two groups fit the budget; the cut
-    between the two pairs loses least; the slow-end merges of `aggregate_kinds` give a | b + c + d."""
+    """Four kinds of two cards (model F + B 1, 1.1, 3, 3.2 per unit) and a budget that fits two groups
+    (rows: 72 for a + b | c + d, 64 for a | b + c + d and a + b + c | d, 204 for three groups).  Pipelines of
+    four stages use the a and b cards: a | b + c + d keeps both exact; of six stages they use two c cards too,
+    which that cut would run at b's speed (loss 4 x 0.63 + 6 x 0.63), a + b | c + d only speeds b up by a tenth;
+    of two stages only the a cards: no cut loses anything and the finer one is kept."""
     devs = tuple(DeviceSlot(f"{k}{i}", k, "n", 9) for k in "abcd" for i in range(2))
     speed = {"a": 1.0, "b": 1.1, "c": 3.0, "d": 3.2}
     prob = Problem({k: (s / 3,) * 3 for k, s in speed.items()}, {k: (2 * s / 3,) * 3 for k, s in speed.items()},
                    (1,) * 3, (1,) * 3, (0,) * 3, devs, ((1.0,) * 8,) * 8, ((0.0,) * 8,) * 8, 4)
-    _, members = pace_relaxation(prob, state_budget=80)  # rows: 72 for ab | cd, 204 for a | b | cd
-    assert sorted(members.values()) == [("a", "b"), ("c", "d")]
     plain = relaxed_problem(prob)
-    assert merge_loss(plain, [["a", "b"], ["c", "d"]]) < merge_loss(plain, [["a"], ["b", "c", "d"]])
+    for stages, want in ((4, [("a",), ("b", "c", "d")]), (6, [("a", "b"), ("c", "d")]), (2, [("a", "b"), ("c", "d")])):
+        _, members = pace_relaxation(prob, stages=stages, state_budget=80)
+        assert sorted(members.values()) == want, stages
+        assert merge_loss(plain, [list(g) for g in want], stages) == min(
+            merge_loss(plain, cut, stages) for cut in ([["a", "b"], ["c", "d"]], [["a"], ["b", "c", "d"]],
+                                                       [["a", "b", "c"], ["d"]]))

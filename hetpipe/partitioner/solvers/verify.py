@@ -212,7 +212,9 @@ def _merged_walk(problem: Problem, *, deadline: float, hints: Sequence[Sequence[
                  enough_s: float) -> tuple[float, list[tuple[Stage, ...]]]:
     """The count relaxation's walk (`relax.pace_relaxation`: kinds cut into groups of least merge loss, each at
     its fastest member's speed): its bound and placements realised."""
-    relaxed, members = pace_relaxation(problem)
+    # the groups are chosen for pipelines as long as the candidate of least pace (what the bound must meet)
+    best = min(hints, key=lambda h: sum(pace_terms(problem, h, windows=True)), default=None)
+    relaxed, members = pace_relaxation(problem, stages=None if best is None else len(best))
     try:  # the relaxation prices the hints lower or equal
         walk = schedule_walk(relaxed, deadline=deadline, hints=hints, enough_s=enough_s, band_tolerance=BAND_TOLERANCE)
     except StateSpaceTooLarge:
