@@ -224,18 +224,19 @@ def merge_loss(relaxed: Problem, groups: Sequence[Sequence[str]], stages: int) -
     return sum(errors) + len(errors) * errors[-1]
 
 
-def pace_relaxation(problem: Problem, *, stages: int | None = None, state_budget: int = RELAXED_STATE_BUDGET,
-                    ) -> tuple[Problem, dict[str, tuple[str, ...]]]:
+def pace_relaxation(problem: Problem, *, stages: int | None = None,
+                    state_budget: int = RELAXED_STATE_BUDGET) -> tuple[Problem, dict[str, tuple[str, ...]]]:
     """The count relaxation of the pace walk (`verify`, issue 12 item 3): the node-free problem with its
     kinds (fastest first) cut into consecutive groups whose DP has at most `state_budget` rows, the cut of
-    least `merge_loss` for pipelines of `stages` stages (the longest candidate's; by default as many as there are
-    units or cards; on a tie the finer cut, as `aggregate_kinds` keeps the finest that fits), each group merged (`merge_groups`); the node-free problem
-    itself when its DP fits.  The walk makes 20-25 passes, each about linear in the rows (gpt2-xl on 64 cards,
-    load 7-11, uncapped walks to their end: 0.53e6 rows 3.2 CPU s, 1.06e6 rows 5.7 CPU s; a 4-group cut of
-    8.8e6 rows, over the budget, finished two passes in 13 s).  `aggregate_kinds` merges
-    the slowest kinds into one group instead, which lets every slow card run at the speed of the fastest of
-    them: the pace bound then fills the pipeline with cards of that speed (gpt2-xl on 64 cards: 2.654 s, 3.069 s
-    with this cut, bounds measured there).  More than `MAX_PARTITION_KINDS` kinds: `aggregate_kinds`'s groups.
+    least `merge_loss` for pipelines of `stages` stages (`verify` passes the length of the candidate of least
+    pace; by default as many as there are units or cards; on a tie the finer cut, as `aggregate_kinds` keeps
+    the finest that fits), each group merged (`merge_groups`); the node-free problem itself when its DP fits.
+    The walk makes 20-25 passes, each about linear in the rows (gpt2-xl on 64 cards, load 7-11, uncapped walks
+    to their end: 0.53e6 rows 3.2 CPU s, 1.06e6 rows 5.7 CPU s; a 4-group cut of 8.8e6 rows, over the budget,
+    finished two passes in 13 s).  `aggregate_kinds` merges the slowest kinds into one group instead, which
+    lets every slow card run at the speed of the fastest of them: the pace bound then fills the pipeline with
+    cards of that speed (gpt2-xl on 64 cards: 2.654 s, 3.069 s with this cut).  More than
+    `MAX_PARTITION_KINDS` kinds: `aggregate_kinds`'s groups.
 
     Example (three kinds, a budget that fits two groups: the slow pair merges, not the fast one):
         >>> from hetpipe.partitioner.problem import DeviceSlot

@@ -38,7 +38,8 @@ optimizer step (`evaluate`, ``objective="schedule"``), so `verify`:
    round trips R_s below it, of pairs with the next rank and of its own steps, so T >= R_0 + max_s G_s + S_0 for every placement
    (`schedule_bound.stage_pace`), minimised over placements by the DP under caps on that max (on the problem;
    beyond the count DP's budget, the larger of the node-run relaxation's walk, `pace_runs`, kinds exact and
-   no card counts, and the coarsest count relaxation's, the count one first where counts bind: `counts_bind`;
+   no card counts, and a count relaxation's (kinds merged in groups, `relax.pace_relaxation`), the count one
+   first where counts bind: `counts_bind`;
    the walks stop once their bound is within `ENOUGH_GAP` of the candidates' own pace); its placements, realised on real cards, are more
    starts for the local search when they beat the candidates (at most `MAX_WALK_STARTS`).  Time: a
    quarter of `limit_s` for the bottleneck pass, up to `PACE_SHARE` in all with the pace
@@ -147,7 +148,7 @@ def pace_bound(problem: Problem, *, deadline: float, hints: Sequence[Sequence[St
     """`schedule_bound.schedule_walk`'s bound plus the least first step, and its placements on real cards.
 
     On the problem itself when its DP fits; else the larger of two relaxations' bounds: node runs with
-    every kind exact and no card counts (`pace_runs.RunDP`) and the coarsest count relaxation
+    every kind exact and no card counts (`pace_runs.RunDP`) and a count relaxation with groups of kinds merged
     (`relax.pace_relaxation`), the second in the time the first leaves; their placements realised on
     real cards.  The count relaxation goes first where card counts bind (`counts_bind`): there the node
     runs, which may put every stage on the fastest kind, bound little.  0 and none when no walk finishes
