@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += run_case(model_name, int(devices), args.limit)
     load_after = os.getloadavg()
     header = ["model", "devices", "stages of the best hint", "cut", "groups (fastest first)", "bound (s)",
-              "passes", "walk ended", "CPU s"]
+              "passes", "bound met a placement", "CPU s"]
     body = "\n".join([
         __doc__.split("Usage:")[0].split("\n", 1)[1].strip(), "",
         f"Load average (1/5/15 min) {' / '.join(f'{x:.1f}' for x in load_before)} before, "
