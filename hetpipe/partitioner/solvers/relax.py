@@ -56,6 +56,8 @@ ANY_NODE = "*"
 #: and the exact relaxed walk 17 s; at 1e7 and 3e6 rows 0.6 s and 1.4 s, with the same bound
 #: (it proved the plan optimal), because merging kinds no good pipeline uses costs nothing.
 RELAXED_STATE_BUDGET = 5_000_000
+#: Kinds up to which `pace_relaxation` tries every cut into consecutive groups (2^(kinds - 1) cuts).
+MAX_PARTITION_KINDS = 12
 
 
 def relaxed_problem(problem: Problem, *, one_per_kind: bool = False) -> Problem:
@@ -168,6 +170,13 @@ def aggregate_kinds(relaxed: Problem, *, merge_above: int = DEFAULT_STATE_BUDGET
         return relaxed, {k: (k,) for k in relaxed.fwd_s}
     while len(groups) > 1 and _dp_rows(relaxed, groups) > state_budget:
         groups[-2:] = [groups[-2] + groups[-1]]
+    return merge_groups(relaxed, groups)
+
+
+def merge_groups(relaxed: Problem, groups: Sequence[Sequence[str]]) -> tuple[Problem, dict[str, tuple[str, ...]]]:
+    """`relaxed` (node-free) with each group of kinds merged into one class that is at least as good as each
+    member (`aggregate_kinds`): per unit the fastest member's F and B, the largest usable memory, the best link
+    any member pair has.  Returns the problem (kinds renamed to their group label) and label -> member kinds."""
     label = {k: "+".join(g) for g in groups for k in g}
 
     def fastest(table: Mapping[str, tuple[float, ...]]) -> dict[str, tuple[float, ...]]:
@@ -187,6 +196,80 @@ def aggregate_kinds(relaxed: Problem, *, merge_above: int = DEFAULT_STATE_BUDGET
         merged = replace(merged, devices=tuple(replace(d, usable_bytes=UNLIMITED_BYTES) if d.kind in roomy else d
                                                for d in merged.devices))
     return merged, {"+".join(g): tuple(g) for g in groups}
+
+
+def merge_loss(relaxed: Problem, groups: Sequence[Sequence[str]], stages: int) -> float:
+    """How much a merge speeds up the cards a pipeline of `stages` stages would use: with the cards sorted by
+    their kind's whole-model F + B (w, fastest first; groups are consecutive in that order) and e_i = 1 -
+    w_fastest of i's group / w_i for the first `stages` of them, the sum of the e_i (each used card's speed
+    enters R_0) plus `stages` times the last one's (the slowest card used sets the pace, which every micro-batch
+    pays).  What `pace_relaxation` minimises.  Measured on gpt2-xl at 64 cards of eight kinds (42 stages,
+    uncapped walks): A100 | 4090 A6000 V100 | the rest: loss 3.4, bound 3.069 s; A100 | 4090 A6000 V100 A5000 |
+    the rest 5.0, 2.925 s; A100 | 4090 A6000 | the rest 7.3, 2.939 s; A100 | 4090 | the rest (`aggregate_kinds`)
+    15.8, 2.654 s.  On llama-7b at 64 cards (25 stages: the 25th card is a V100) A100 | 4090 | A6000 | the rest
+    costs nothing (15.24 s; A100 | 4090 A6000 V100 | A5000 L4 4080 | 3090: 14.01 s).
+
+    Example:
+        >>> from hetpipe.partitioner.problem import DeviceSlot
+        >>> devs = tuple(DeviceSlot(f"{k}{i}", k, ANY_NODE, 9) for k in "ab" for i in range(2))
+        >>> p = Problem({"a": (1.0,), "b": (4.0,)}, {"a": (0.0,), "b": (0.0,)}, (0,), (0,), (0,), devs,
+        ...             ((1.0,) * 4,) * 4, ((0.0,) * 4,) * 4, 1)
+        >>> merge_loss(p, [["a", "b"]], 3), merge_loss(p, [["a", "b"]], 2), merge_loss(p, [["a"], ["b"]], 4)
+        (3.0, 0.0, 0.0)
+    """
+    work = {k: sum(f + b for f, b in zip(relaxed.fwd_s[k], relaxed.bwd_s[k])) for k in relaxed.fwd_s}
+    fastest = {k: min(work[j] for j in g) for g in groups for k in g}
+    used = sorted((work[d.kind], fastest[d.kind]) for d in relaxed.devices)[:max(1, stages)]
+    errors = [1.0 - best / w if w > 0 else 0.0 for w, best in used]
+    return sum(errors) + len(errors) * errors[-1]
+
+
+def pace_relaxation(problem: Problem, *, stages: int | None = None,
+                    state_budget: int = RELAXED_STATE_BUDGET) -> tuple[Problem, dict[str, tuple[str, ...]]]:
+    """The count relaxation of the pace walk (`verify`, issue 12 item 3): the node-free problem with its
+    kinds (fastest first) cut into consecutive groups whose DP has at most `state_budget` rows, the cut of
+    least `merge_loss` for pipelines of `stages` stages (`verify` passes the length of the candidate of least
+    pace; by default as many as there are units or cards; on a tie the finer cut, as `aggregate_kinds` keeps
+    the finest that fits), each group merged (`merge_groups`); the node-free problem itself when its DP fits.
+    The walk makes 20-25 passes, each about linear in the rows (gpt2-xl on 64 cards, load 7-11, uncapped walks
+    to their end: 0.53e6 rows 3.2 CPU s, 1.06e6 rows 5.7 CPU s; a 4-group cut of 8.8e6 rows, over the budget,
+    finished two passes in 13 s).  `aggregate_kinds` merges the slowest kinds into one group instead, which
+    lets every slow card run at the speed of the fastest of them: the pace bound then fills the pipeline with
+    cards of that speed (gpt2-xl on 64 cards: 2.654 s, 3.069 s with this cut).  More than
+    `MAX_PARTITION_KINDS` kinds: `aggregate_kinds`'s groups.
+
+    Example (three kinds, a budget that fits two groups: the slow pair merges, not the fast one):
+        >>> from hetpipe.partitioner.problem import DeviceSlot
+        >>> devs = tuple(DeviceSlot(f"{k}{i}", k, ANY_NODE, 9) for k in "abc" for i in range(2))
+        >>> p = Problem({"a": (1.0,) * 2, "b": (3.0,) * 2, "c": (3.3,) * 2}, {k: (0.0,) * 2 for k in "abc"},
+        ...             (0,) * 2, (0,) * 2, (0,) * 2, devs, ((1.0,) * 6,) * 6, ((0.0,) * 6,) * 6, 1)
+        >>> sorted(pace_relaxation(p, state_budget=40)[1].values())   # 81 rows unmerged, 30 for either pair
+        [('a',), ('b', 'c')]
+    """
+    plain = relaxed_problem(problem)
+    order = _speed_order(plain)
+    stages = min(problem.num_units, len(problem.devices)) if stages is None else stages
+    if _dp_rows(plain, [[k] for k in order]) <= state_budget:
+        return plain, {k: (k,) for k in plain.fwd_s}
+    if len(order) > MAX_PARTITION_KINDS:
+        return aggregate_kinds(plain, merge_above=state_budget, state_budget=state_budget)  # as before
+    best: tuple[float, int, list[list[str]]] | None = None
+    for cuts in range(2 ** (len(order) - 1)):  # bit i: a new group starts after kind i
+        groups, current = [], [order[0]]
+        for i, kind in enumerate(order[1:]):
+            if cuts >> i & 1:
+                groups.append(current)
+                current = []
+            current.append(kind)
+        groups.append(current)
+        rows = _dp_rows(plain, groups)
+        if rows <= state_budget:
+            key = (round(merge_loss(plain, groups, stages), 9), -rows, groups)  # a tie: the finer cut
+            if best is None or key[:2] < best[:2]:
+                best = key
+    if best is None:  # not even one group fits: the coarsest merge, as `aggregate_kinds`
+        return aggregate_kinds(plain, merge_above=state_budget, state_budget=state_budget)
+    return merge_groups(plain, best[2])
 
 
 def realised(problem: Problem, relaxed: Problem, members: dict[str, tuple[str, ...]],

@@ -39,7 +39,8 @@ optimizer step (`evaluate`, ``objective="schedule"``), so `verify`:
    round trips R_s below it, of pairs with the next rank and of its own steps, so T >= R_0 + max_s G_s + S_0 for every placement
    (`schedule_bound.stage_pace`), minimised over placements by the DP under caps on that max (on the problem;
    beyond the count DP's budget, the larger of the node-run relaxation's walk, `pace_runs`, kinds exact and
-   no card counts, and the coarsest count relaxation's, the count one first where counts bind: `counts_bind`;
+   no card counts, and a count relaxation's (kinds merged in groups, `relax.pace_relaxation`), the count one
+   first where counts bind: `counts_bind`;
    the walks stop once their bound is within `ENOUGH_GAP` of the candidates' own pace); its placements, realised on real cards, are more
    starts for the local search when they beat the candidates (at most `MAX_WALK_STARTS`).  Time: a
    quarter of `limit_s` for the bottleneck pass, up to `PACE_SHARE` in all with the pace
@@ -75,7 +76,7 @@ from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, check_kinds_fit, 
 from hetpipe.partitioner.solvers.offload_walk import best_levers
 from hetpipe.partitioner.solvers.pace_runs import RunDP, run_terms
 from hetpipe.partitioner.solvers.pace_search import FastPace, anneal, applies
-from hetpipe.partitioner.solvers.relax import realised, relaxation_levels
+from hetpipe.partitioner.solvers.relax import pace_relaxation, realised
 from hetpipe.partitioner.solvers.schedule_bound import BAND_TOLERANCE, pace_terms, schedule_walk
 from hetpipe.partitioner.solvers.window_starts import starts as window_starts
 
@@ -156,8 +157,8 @@ def pace_bound(problem: Problem, *, deadline: float, hints: Sequence[Sequence[St
     """`schedule_bound.schedule_walk`'s bound plus the least first step, and its placements on real cards.
 
     On the problem itself when its DP fits; else the larger of two relaxations' bounds: node runs with
-    every kind exact and no card counts (`pace_runs.RunDP`) and the coarsest count relaxation
-    (`relax.relaxation_levels`), the second in the time the first leaves; their placements realised on
+    every kind exact and no card counts (`pace_runs.RunDP`) and a count relaxation with groups of kinds merged
+    (`relax.pace_relaxation`), the second in the time the first leaves; their placements realised on
     real cards.  The count relaxation goes first where card counts bind (`counts_bind`): there the node
     runs, which may put every stage on the fastest kind, bound little.  0 and none when no walk finishes
     a pass by `deadline`; a bound of `enough_s` ends the relaxations' walks."""
@@ -219,8 +220,11 @@ def _runs_walk(problem: Problem, *, deadline: float, hints: Sequence[Sequence[St
 
 def _merged_walk(problem: Problem, *, deadline: float, hints: Sequence[Sequence[Stage]],
                  enough_s: float) -> tuple[float, list[tuple[Stage, ...]]]:
-    """The coarsest count relaxation's walk (`relax.relaxation_levels`): its bound and placements realised."""
-    relaxed, members = relaxation_levels(problem)[0]
+    """The count relaxation's walk (`relax.pace_relaxation`: kinds cut into groups of least merge loss, each at
+    its fastest member's speed): its bound and placements realised."""
+    # the groups are chosen for pipelines as long as the candidate of least pace (what the bound must meet)
+    best = min(hints, key=lambda h: sum(pace_terms(problem, h, windows=True)), default=None)
+    relaxed, members = pace_relaxation(problem, stages=None if best is None else len(best))
     try:  # the relaxation prices the hints lower or equal
         walk = schedule_walk(relaxed, deadline=deadline, hints=hints, enough_s=enough_s, band_tolerance=BAND_TOLERANCE)
     except StateSpaceTooLarge:
