@@ -132,6 +132,17 @@ def test_transfers_count_only_messages_whose_receiver_was_waiting() -> None:
     assert cut_transfers_s([_timeline(0, 0.0, *r0.actions), r1]) == {}  # no origin: no claim
 
 
+def test_transfers_leave_out_a_receiver_waiting_on_its_own_send() -> None:
+    # steady 1F1B on 2 stages: rank 1 sends B1, then waits in RECV_F2; its RECV first waits for B1 to be
+    # received, which rank 0 does only after posting F2: F2's span covers both transfers (not counted)
+    r0 = _timeline(0, 20.0, ("0F2", 0.0, 0.010), ("0SEND_F2", 0.010, 0.0002), ("0RECV_B1", 0.0102, 0.0008))
+    r1 = _timeline(1, 20.0, ("1B1", 0.0, 0.005), ("1SEND_B1", 0.005, 0.0002), ("1RECV_F2", 0.0052, 0.0060))
+    assert cut_transfers_s([r0, r1]) == {}
+    # had rank 0 received B1 before it sent F2, F2 would be one message, seen whole
+    r0_early = _timeline(0, 20.0, ("0RECV_B1", 0.0, 0.0055), ("0F2", 0.0055, 0.004), ("0SEND_F2", 0.010, 0.0002))
+    assert cut_transfers_s([r0_early, r1])[0] == pytest.approx([0.0005, 0.0012])  # B1 (rank 0 waited), F2
+
+
 def _report_results(plan) -> list[RankResult]:
     """Three ranks of one step's worth of figures; each stage's SEND_F0 finds the next one waiting."""
     results = []
