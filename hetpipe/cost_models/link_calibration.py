@@ -32,6 +32,7 @@ import os
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -62,6 +63,17 @@ FRAME_HEADER_BYTES = FRAME_HEADER_WORDS * 8
 #: Tags of the timed message and of the receiver's "posted" note (any two distinct tags).
 MESSAGE_TAG, READY_TAG = 7, 9
 METHOD = "framed one-way messages"
+#: Seconds an idle sender sleeps between the receiver's note and the send (``sender_busy_s=0``), so
+#: the receiver is waiting in its receive when the message leaves.
+IDLE_BEFORE_SEND_S = 0.002
+
+
+@dataclass(frozen=True)
+class _How:
+    """How messages are sent: framed as the runtime does, and the sender's compute around each send (s)."""
+
+    framed: bool
+    sender_busy_s: float
 
 
 def _busy(seconds: float, a: torch.Tensor) -> None:
@@ -71,27 +83,40 @@ def _busy(seconds: float, a: torch.Tensor) -> None:
         torch.mm(a, a)
 
 
-def _send_one(payload: torch.Tensor, a: torch.Tensor) -> float:
-    """One framed message to rank 1 once it is waiting; returns the CLOCK_MONOTONIC start (s)."""
+def _send_one(payload: torch.Tensor, a: torch.Tensor, how: _How) -> float:
+    """One message to rank 1 once it is waiting; returns the CLOCK_MONOTONIC start (s)."""
     import torch.distributed as dist
 
     dist.recv(torch.zeros(1), 1, tag=READY_TAG)  # rank 1's irecv is posted
-    _busy(SENDER_BUSY_S, a)
+    if how.sender_busy_s > 0:
+        _busy(how.sender_busy_s, a)
+    else:
+        time.sleep(IDLE_BEFORE_SEND_S)
     start = time.monotonic()
+    if not how.framed:  # the ping-pong's way: the payload itself, reused
+        work = dist.isend(payload, 1, tag=MESSAGE_TAG)
+        _busy(how.sender_busy_s, a)
+        work.wait()
+        return start
     header = torch.tensor(list(range(FRAME_HEADER_WORDS)), dtype=torch.int64)  # encode_header's list of words
     frame = torch.empty(FRAME_HEADER_BYTES + payload.numel(), dtype=torch.uint8)  # pack_frame: a fresh frame
     frame[:FRAME_HEADER_BYTES].copy_(header.view(torch.uint8))
     frame[FRAME_HEADER_BYTES:].copy_(payload)
     work = dist.isend(frame, 1, tag=MESSAGE_TAG)
-    _busy(SENDER_BUSY_S, a)
+    _busy(how.sender_busy_s, a)
     work.wait()
     return start
 
 
-def _recv_one(num_bytes: int) -> float:
-    """Wait for one framed message from rank 0, decode it; returns the CLOCK_MONOTONIC end (s)."""
+def _recv_one(num_bytes: int, how: _How, reused: torch.Tensor) -> float:
+    """Wait for one message from rank 0, decode it; returns the CLOCK_MONOTONIC end (s)."""
     import torch.distributed as dist
 
+    if not how.framed:
+        work = dist.irecv(reused, 0, tag=MESSAGE_TAG)
+        dist.send(torch.zeros(1), 0, tag=READY_TAG)
+        work.wait()
+        return time.monotonic()
     frame = torch.empty(FRAME_HEADER_BYTES + num_bytes, dtype=torch.uint8)  # post_recv: a fresh frame
     work = dist.irecv(frame, 0, tag=MESSAGE_TAG)
     dist.send(torch.zeros(1), 0, tag=READY_TAG)
@@ -103,16 +128,17 @@ def _recv_one(num_bytes: int) -> float:
     return time.monotonic()
 
 
-def _stamps(rank: int, size: int, repeats: int) -> list[float]:
+def _stamps(rank: int, size: int, repeats: int, how: _How) -> list[float]:
     """This rank's stamps for `repeats` messages of `size` bytes after one warm-up (starts or ends)."""
     a = torch.randn(BUSY_MATMUL_EDGE, BUSY_MATMUL_EDGE)
     payload = torch.ones(size, dtype=torch.uint8)
-    stamps = [(_send_one(payload, a) if rank == 0 else _recv_one(size)) for _ in range(repeats + 1)]
+    stamps = [(_send_one(payload, a, how) if rank == 0 else _recv_one(size, how, payload))
+              for _ in range(repeats + 1)]
     return stamps[1:]
 
 
 def _message_worker(rank: int, port: int, sizes: list[int], repeats: int, out: str,
-                    core_groups: list[list[int]] | None) -> None:
+                    core_groups: list[list[int]] | None, how: _How) -> None:
     """Spawned per end: pin, time every size; rank 1 writes the one-way times per size."""
     import torch.distributed as dist
 
@@ -126,7 +152,7 @@ def _message_worker(rank: int, port: int, sizes: list[int], repeats: int, out: s
     try:
         times: list[list[float]] = []
         for size in sizes:
-            stamps = torch.tensor(_stamps(rank, size, repeats), dtype=torch.float64)
+            stamps = torch.tensor(_stamps(rank, size, repeats, how), dtype=torch.float64)
             starts = stamps.clone()
             dist.broadcast(starts, 0)  # rank 1 learns the starts; both ends read one clock
             times.append([end - start for start, end in zip(starts.tolist(), stamps.tolist())])
@@ -137,12 +163,14 @@ def _message_worker(rank: int, port: int, sizes: list[int], repeats: int, out: s
 
 
 def measure_message_link(*, sizes_bytes: Sequence[int] = MESSAGE_SIZES_BYTES, repeats: int = MESSAGE_REPEATS,
-                         core_groups: Sequence[Sequence[int]] | None = None,
-                         timeout_s: float = LINK_TIMEOUT_S) -> LinkMeasurement:
+                         core_groups: Sequence[Sequence[int]] | None = None, timeout_s: float = LINK_TIMEOUT_S,
+                         framed: bool = True, sender_busy_s: float = SENDER_BUSY_S) -> LinkMeasurement:
     """Fit ``t = latency + bytes / bandwidth`` to framed one-way messages between two local gloo ranks.
 
     With `core_groups` (two), rank r runs pinned to ``core_groups[r]``; the sender is rank 0.
-    Module docstring: what a message includes and why.
+    Module docstring: what a message includes and why.  ``framed=False`` sends the reused payload
+    itself and ``sender_busy_s=0`` leaves the sender idle (`benchmarks/cpu_link.py` takes the
+    ingredients apart with them); `hetpipe profile` uses the defaults.
 
     Example:
         >>> measure_message_link(sizes_bytes=(4096,))
@@ -153,19 +181,23 @@ def measure_message_link(*, sizes_bytes: Sequence[int] = MESSAGE_SIZES_BYTES, re
     sizes = sorted({int(s) for s in sizes_bytes})
     if len(sizes) < 2 or sizes[0] < 4:
         raise ConfigError(f"sizes_bytes needs at least two distinct sizes of 4 bytes or more, got {sizes}")
-    if repeats < 1:
-        raise ConfigError(f"repeats must be at least 1, got {repeats}")
+    if repeats < 1 or sender_busy_s < 0:
+        raise ConfigError(f"repeats must be at least 1 and sender_busy_s at least 0, got {repeats} and "
+                          f"{sender_busy_s}; pass the defaults")
     groups = [list(g) for g in core_groups] if core_groups else None
     if groups is not None and len(groups) != 2:
         raise ConfigError(f"core_groups has {len(groups)} groups; give the link's two ends")
     with tempfile.TemporaryDirectory(prefix="hetpipe-msg-link-") as tmp:
         out = os.path.join(tmp, "times.json")
         context = torch.multiprocessing.spawn(
-            _message_worker, args=(free_port(), sizes, repeats, out, groups), nprocs=2, join=False)
+            _message_worker, args=(free_port(), sizes, repeats, out, groups, _How(framed, sender_busy_s)),
+            nprocs=2, join=False)
         join_or_kill(context, timeout_s, what="message link measurement")
         samples = json.loads(Path(out).read_text())
     medians = [statistics.median(s) for s in samples]
     latency_s, bandwidth = fit_alpha_beta(sizes, medians)
     logger.info("message link: %.3g s per message, %.3g B/s (medians %s s)", latency_s, bandwidth,
                 ", ".join(f"{t:.3g}" for t in medians))
-    return LinkMeasurement(latency_s, bandwidth, tuple(sizes), tuple(medians), 2, method=METHOD)
+    method = METHOD if framed and sender_busy_s == SENDER_BUSY_S else (
+        f"{'framed' if framed else 'bare'} one-way messages, sender busy {sender_busy_s * 1e3:.3g} ms")
+    return LinkMeasurement(latency_s, bandwidth, tuple(sizes), tuple(medians), 2, method=method)
