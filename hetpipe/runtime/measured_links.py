@@ -8,8 +8,9 @@ SEND, the transfer is ``RECV end - SEND start`` (posting, the wire, the receiver
 check and unpacking -- everything the pipeline waits for).  A message that arrived
 before its RECV began sat in a buffer for an unknown time and is not counted.  Nor is one whose
 receiver was also waiting on a message of its own: a RECV first waits for the rank's earlier
-sends (`hetpipe.runtime.execute.prefetch`, ``wait_sends_at_recv``), so when the receiver's earlier
-send to the same peer was still unreceived as this SEND began (the peer's RECV of it ended after),
+sends (`hetpipe.runtime.execute.prefetch`, ``wait_sends_at_recv``), so when the receiving stage's
+earlier send back to the sending stage was still unreceived as this SEND began (its RECV ended after;
+an interleaved rank's other chunks are not checked),
 the RECV's end also covers that other message's transfer (the other direction, posted only once
 the sender reaches its RECV).  In a 2-stage 1F1B every steady-state forward message was such a
 pair: the span measured two transfers and was priced as one.
