@@ -15,7 +15,9 @@ buffer between idle ends took 0.19 ms one way; with the runtime's fresh frames, 
 0.48 ms (a fresh 512 KiB frame is fresh pages: the kernel zeroes and maps them on first touch, on
 both ends); with the sender's core busy around the send 0.58-0.61 ms (gloo's I/O thread must
 preempt the computing thread to finish the write).  The ping-pong's fit priced it at 0.34-0.42 ms;
-the runs measured 0.82-0.86 ms on a quiet machine (benchmarks/results/cpu_truth.md).
+the runs measured 0.82-0.86 ms on a quiet machine (benchmarks/results/cpu_truth.md), part of it a
+second message in the span (`hetpipe.runtime.measured_links`).  `benchmarks/cpu_link.py` repeats
+that ladder with this module's ``framed`` and ``sender_busy_s``.
 
 Example:
     >>> m = measure_message_link(sizes_bytes=(4096, 2**18), repeats=2)  # doctest: +SKIP
