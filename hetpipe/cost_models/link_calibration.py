@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 #: Message sizes: 16 KiB pins the fixed cost per message, 256 KiB-4 MiB the bytes (the built-in
 #: models' cuts at 8 x 128 tokens are 512 KiB; cost_formulas.md §3.4: fit beta at MB sizes).
 MESSAGE_SIZES_BYTES: tuple[int, ...] = (16 * 2**10, 256 * 2**10, 2**20, 4 * 2**20)
-#: Timed messages per size (one more as a warm-up); the median is fitted.
+#: Timed messages per size (one more round as a warm-up; the sizes take turns); the median is fitted.
 MESSAGE_REPEATS = 15
 #: Seconds the sender computes before and after each send, as a stage computes its passes around a
 #: SEND: gloo's I/O thread then shares a busy core, as in a run.  2 ms is above the kernel's wake-up
@@ -130,13 +130,19 @@ def _recv_one(num_bytes: int, how: _How, reused: torch.Tensor) -> float:
     return time.monotonic()
 
 
-def _stamps(rank: int, size: int, repeats: int, how: _How) -> list[float]:
-    """This rank's stamps for `repeats` messages of `size` bytes after one warm-up (starts or ends)."""
+def _stamps(rank: int, sizes: list[int], repeats: int, how: _How) -> list[list[float]]:
+    """This rank's stamps per size (starts on rank 0, ends on rank 1), `repeats` each after one warm-up round.
+
+    The sizes take turns message by message, so a burst of other work on the machine lands on
+    every size alike instead of on all of one size's messages (which would tilt the fit).
+    """
     a = torch.randn(BUSY_MATMUL_EDGE, BUSY_MATMUL_EDGE)
-    payload = torch.ones(size, dtype=torch.uint8)
-    stamps = [(_send_one(payload, a, how) if rank == 0 else _recv_one(size, how, payload))
-              for _ in range(repeats + 1)]
-    return stamps[1:]
+    payloads = [torch.ones(size, dtype=torch.uint8) for size in sizes]
+    stamps: list[list[float]] = [[] for _ in sizes]
+    for _ in range(repeats + 1):
+        for i, (size, payload) in enumerate(zip(sizes, payloads)):
+            stamps[i].append(_send_one(payload, a, how) if rank == 0 else _recv_one(size, how, payload))
+    return [per_size[1:] for per_size in stamps]
 
 
 def _message_worker(rank: int, port: int, sizes: list[int], repeats: int, out: str,
@@ -152,12 +158,10 @@ def _message_worker(rank: int, port: int, sizes: list[int], repeats: int, out: s
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=LINK_OP_TIMEOUT_S))
     try:
-        times: list[list[float]] = []
-        for size in sizes:
-            stamps = torch.tensor(_stamps(rank, size, repeats, how), dtype=torch.float64)
-            starts = stamps.clone()
-            dist.broadcast(starts, 0)  # rank 1 learns the starts; both ends read one clock
-            times.append([end - start for start, end in zip(starts.tolist(), stamps.tolist())])
+        stamps = torch.tensor(_stamps(rank, sizes, repeats, how), dtype=torch.float64)
+        starts = stamps.clone()
+        dist.broadcast(starts, 0)  # rank 1 learns the starts; both ends read one clock
+        times = (stamps - starts).tolist()  # on rank 1: end - start per size and message
         if rank == 1:
             Path(out).write_text(json.dumps(times))
     finally:
