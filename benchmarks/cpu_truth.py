@@ -178,8 +178,9 @@ def tables(outcomes: list[RunOutcome]) -> str:
 EXPLANATION = """\
 Ratios are measured / predicted: above 1 the stage was slower than the plan said. F, B: per
 micro-batch, compute only (median over the steps after the first); C: one message on the cut to
-the next stage, where the receiver was already waiting (`hetpipe.runtime.measured_links`); S:
-`optimizer.step()` alone; memory: the peak bytes the rank held / the plan's M_s.
+the next stage, where the receiver was already waiting for it and for nothing else
+(`hetpipe.runtime.measured_links`); S: `optimizer.step()` alone; memory: the peak bytes the rank
+held / the plan's M_s. S is not among issue 17's per-stage measures but is part of the iteration.
 
 What the cost model prices on a calibrated CPU since issue 17 item 4 (`hetpipe.cost_models.timing.pass_time_s`,
 `op_calibration`), each from a per-op CPU-time profile of both models (one pinned process, thread CPU
@@ -205,6 +206,14 @@ time, load average ~10 on 2 cores, 2026-12-03):
 - **Fixed costs per op**: a backward op (the autograd engine's node and its kernel, ~5 us) and an op
   without a kernel (a view, detach or allocation, ~1.5 us; the capture counts them per pass) are
   measured and priced besides a forward op's (`backward_op_overhead`, `view_overhead`).
+- **Transfer** (session 13): the link between the core groups is measured as a run sends
+  (`cost_models.link_calibration`): framed one-way messages (a header, a fresh frame and a copy into
+  it on the sender, a fresh frame and the header's decoding on the receiver, as
+  `runtime.execute.comm` does), the sender's core computing before and after each send, the
+  receiver already waiting, timed from the send's start to the receive's end on the host's one
+  clock; alpha and beta fitted to the medians at 16 KiB-4 MiB. The ping-pong it replaces timed a
+  reused buffer between two idle processes: 0.19 ms one way for 512 KiB where the runtime's framing
+  took 0.48 ms and a busy sender 0.58-0.61 ms (2 pinned processes, medians of 40, load 5-6).
 
 Where the differences that remain come from:
 - **Load.** The core groups are measured and the runs pinned on a machine other processes share;
@@ -227,11 +236,17 @@ Where the differences that remain come from:
   (backward ops, views) or the load; not resolved yet.
 - **Python between ops.** The Hugging Face Llama runs Python between its kernels (rotary tables,
   masks, output records) that no op count prices; the built-in GPT runs little.
-- **Transfer.** The link is an alpha-beta fit of a ping-pong; in the run a message also packs a
-  header and several tensors into one frame and is unpacked and checked by the receiver
-  (`hetpipe.runtime.execute.comm`), and the waiting receiver must be woken: on a loaded machine
-  the scheduler's wake-up alone is milliseconds, which a ping-pong between two spinning processes
-  hides.
+- **Transfer.** Until session 13 the measured C also counted spans that were two transfers: a
+  RECV first waits for its rank's earlier sends, and in a steady 2-stage 1F1B the last stage's
+  SEND_B is received only once the first stage has posted its next SEND_F, so that forward span
+  ran to the end of the gradient message in the other direction as well; such spans are left out
+  now (the receiver waited for that message and nothing else), and the link is measured with the
+  runtime's framing instead of a ping-pong (above). Both ends still share their core with the
+  stage's compute, so a loaded machine stretches C most (a wake-up per message).
+- **Optimizer step.** Adam's per-tensor loop on gpt-demo's own parameters, alone in one pinned
+  process and timed in thread CPU time (load 17, session 13), came within 0.89-1.08 of its price
+  (0.95 for all 100 tensors with the caches evicted before each step): the step's 1.17-1.43 in the
+  runs is not reproduced by the step alone; not resolved.
 - **Memory** is accounted exactly by the runtime (unique storages) and predicted by memory model 2;
   a ratio above 1 would be a cost-model error, not noise.
 """

@@ -90,12 +90,12 @@ def test_profile_writes_one_device_per_core_group(monkeypatch: pytest.MonkeyPatc
         seen["groups"] = groups
         return tuple(_cal(tuple(g), overhead_s=(3 + i) * 1e-6) for i, g in enumerate(groups))
 
-    def fake_link(world, *, core_groups, **_):
+    def fake_link(*, core_groups, **_):
         seen["link"] = core_groups
-        return LinkMeasurement(5e-5, 2e9, (1, 2), (1.0, 2.0), world)
+        return LinkMeasurement(5e-5, 2e9, (1, 2), (1.0, 2.0), 2, method="framed one-way messages")
 
     monkeypatch.setattr(profile_mod, "measure_core_groups", fake_groups)
-    monkeypatch.setattr(profile_mod, "measure_link", fake_link)
+    monkeypatch.setattr(profile_mod, "measure_message_link", fake_link)
     monkeypatch.setattr(profile_mod, "measure_memory_bandwidth_bytes_s", lambda *a, **k: 1e10)
     monkeypatch.setattr(profile_mod, "split_cores", lambda n: ((0,), (1,)))
     detection = profile_mod.Detection((), False, "no GPUs")
@@ -106,6 +106,8 @@ def test_profile_writes_one_device_per_core_group(monkeypatch: pytest.MonkeyPatc
     assert [d.profile.kernel_overhead_s for d in cluster.devices] == pytest.approx([3e-6, 4e-6])
     link = cluster.link(cluster.devices[0].id, cluster.devices[1].id)
     assert link.latency_s == pytest.approx(5e-5) and link.bandwidth_bytes_s == pytest.approx(2e9)
+    assert "framed one-way messages" in doc["calibration"]["link"]["method"]
+    assert doc["calibration"]["link"]["median_times_s"] == [1.0, 2.0]
     with pytest.raises(ConfigError, match="--cpu-devices 2 .* needs --calibrate"):
         profile_mod.profile_document(detection, calibrate=False, cpu_devices=2)
 
@@ -128,6 +130,17 @@ def test_transfers_count_only_messages_whose_receiver_was_waiting() -> None:
     r0_waiting = _timeline(0, 10.000, *r0.actions[:4], ("0RECV_B0", 0.0195, 0.003))
     assert sorted(cut_transfers_s([r0_waiting, r1])[0]) == pytest.approx([0.001, 0.0025])
     assert cut_transfers_s([_timeline(0, 0.0, *r0.actions), r1]) == {}  # no origin: no claim
+
+
+def test_transfers_leave_out_a_receiver_waiting_on_its_own_send() -> None:
+    # steady 1F1B on 2 stages: rank 1 sends B1, then waits in RECV_F2; its RECV first waits for B1 to be
+    # received, which rank 0 does only after posting F2: F2's span covers both transfers (not counted)
+    r0 = _timeline(0, 20.0, ("0F2", 0.0, 0.010), ("0SEND_F2", 0.010, 0.0002), ("0RECV_B1", 0.0102, 0.0008))
+    r1 = _timeline(1, 20.0, ("1B1", 0.0, 0.005), ("1SEND_B1", 0.005, 0.0002), ("1RECV_F2", 0.0052, 0.0060))
+    assert cut_transfers_s([r0, r1]) == {}
+    # had rank 0 received B1 before it sent F2, F2 would be one message, seen whole
+    r0_early = _timeline(0, 20.0, ("0RECV_B1", 0.0, 0.0055), ("0F2", 0.0055, 0.004), ("0SEND_F2", 0.010, 0.0002))
+    assert cut_transfers_s([r0_early, r1])[0] == pytest.approx([0.0005, 0.0012])  # B1 (rank 0 waited), F2
 
 
 def _report_results(plan) -> list[RankResult]:
@@ -189,6 +202,31 @@ def test_core_group_measured_in_a_pinned_process() -> None:
     (cal,) = measure_core_groups((core,), size=64, repeats=1, copy_bytes=2**20)
     assert cal.cores == core and cal.fp32_matmul_flops_s > 0 and cal.memory_bandwidth_bytes_s > 0
     assert cal.kernel_overhead_s is not None and 0 < cal.kernel_overhead_s < 1e-2
+
+
+def test_message_link_refuses_what_it_cannot_fit() -> None:
+    from hetpipe.cost_models.link_calibration import measure_message_link
+
+    with pytest.raises(ConfigError, match="at least two distinct sizes"):
+        measure_message_link(sizes_bytes=(4096, 4096))
+    with pytest.raises(ConfigError, match="repeats must be at least 1 and sender_busy_s at least 0, got 0 and"):
+        measure_message_link(sizes_bytes=(4096, 8192), repeats=0)
+    with pytest.raises(ConfigError, match="core_groups has 3 groups"):
+        measure_message_link(core_groups=((0,), (1,), (2,)))
+
+
+@pytest.mark.slow
+def test_message_link_measured_between_pinned_ends() -> None:
+    """Structure and ranges only: one sample on a shared machine says nothing about the figures."""
+    from hetpipe.cost_models.link_calibration import METHOD, measure_message_link
+
+    cores = available_cores()
+    groups = split_cores(2, available=cores) if len(cores) >= 2 else ((cores[0],), (cores[0],))
+    # sizes far apart, taking turns (a burst of load lands on both): the 8 MiB median stays the larger
+    m = measure_message_link(sizes_bytes=(2**12, 2**23), repeats=5, core_groups=groups)
+    assert m.method == METHOD and m.world_size == 2 and m.sizes_bytes == (2**12, 2**23)
+    assert len(m.median_times_s) == 2 and all(0 < t < 5.0 for t in m.median_times_s)
+    assert m.latency_s >= 0 and m.bandwidth_bytes_s > 0
 
 
 @pytest.mark.slow

@@ -87,6 +87,8 @@ class LinkMeasurement:
         median_times_s: median one-way time per size.
         world_size: ranks that took part (rank 0 ping-pongs with each peer in turn).
         backend: torch.distributed backend used.
+        method: how it was measured: a ping-pong (`measure_link`) or framed one-way messages
+            (`hetpipe.cost_models.link_calibration.measure_message_link`).
     """
 
     latency_s: float
@@ -95,6 +97,7 @@ class LinkMeasurement:
     median_times_s: tuple[float, ...]
     world_size: int
     backend: str = "gloo"
+    method: str = "ping-pong"
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,9 @@ With ``calibrate=True`` the first device of each kind runs
 `hetpipe.cost_models.calibrate.calibrate_device` (matmul FLOP/s and copy bandwidth)
 and the written file records the measured peaks/efficiencies (`apply_calibration`);
 local point-to-point transfers are measured too: GPU-to-GPU copies when there are two
-or more cards, else gloo ping-pong between two local processes (`measure_link`).  The
+or more cards; between CPU core groups, framed one-way messages between two processes pinned
+on the first two groups, as a run sends them (`link_calibration.measure_message_link`); else
+gloo ping-pong between two local processes (`measure_link`).  The
 result is a normal cluster file that `load_cluster` reads back.
 
 Example:
@@ -40,6 +42,7 @@ from hetpipe.cost_models.catalog import load_catalog, normalize_name
 from hetpipe.cost_models.cluster import cluster_from_dict, load_cluster
 from hetpipe.cost_models.cpu_cores import format_cores, split_cores
 from hetpipe.cost_models.group_calibration import group_kind, measure_core_groups
+from hetpipe.cost_models.link_calibration import measure_message_link
 from hetpipe.cost_models.outputs import atomic_write_text
 from hetpipe.cost_models.devices import Cluster, DeviceProfile
 from hetpipe.errors import ConfigError
@@ -239,10 +242,14 @@ def _measure_intra(detection: Detection, groups: tuple[tuple[int, ...], ...] = (
     """Measured ``intra_link`` and its record: GPU copies with 2+ cards, else gloo loopback (between
     the first two core groups, each end pinned to its group, when the devices are core groups)."""
     if len(detection.gpus) < 2 and len(groups) >= 2:
-        m = measure_link(2, sizes_bytes=PROFILE_LINK_SIZES_BYTES, repeats=PROFILE_REPEATS, core_groups=groups[:2])
+        # measured as a run uses it: framed one-way messages, sender busy, receiver waiting (link_calibration)
+        m = measure_message_link(core_groups=groups[:2])
         latency, bandwidth = m.latency_s, m.bandwidth_bytes_s
-        how = (f"gloo ping-pong on 127.0.0.1 between processes pinned to cores {format_cores(groups[0])} "
+        how = (f"gloo {m.method} on 127.0.0.1 between processes pinned to cores {format_cores(groups[0])} "
                f"and {format_cores(groups[1])}")
+        return _link_fields(latency, bandwidth), {
+            "method": how, "latency_s": latency, "bandwidth_bytes_s": bandwidth,
+            "sizes_bytes": list(m.sizes_bytes), "median_times_s": list(m.median_times_s)}
     elif len(detection.gpus) >= 2:
         src, dst = _torch_device(detection.gpus[0]), _torch_device(detection.gpus[1])
         latency, bandwidth = measure_gpu_copy(src, dst)
@@ -251,8 +258,12 @@ def _measure_intra(detection: Detection, groups: tuple[tuple[int, ...], ...] = (
         m: LinkMeasurement = measure_link(2, sizes_bytes=PROFILE_LINK_SIZES_BYTES, repeats=PROFILE_REPEATS)
         latency, bandwidth = m.latency_s, m.bandwidth_bytes_s
         how = "gloo ping-pong between 2 local processes on 127.0.0.1"
-    link = {"bandwidth": f"{bandwidth:.6g}B/s", "latency": f"{max(latency, 0.0):.6g}s"}
-    return link, {"method": how, "latency_s": latency, "bandwidth_bytes_s": bandwidth}
+    return _link_fields(latency, bandwidth), {"method": how, "latency_s": latency, "bandwidth_bytes_s": bandwidth}
+
+
+def _link_fields(latency_s: float, bandwidth_bytes_s: float) -> dict[str, str]:
+    """A cluster file's ``intra_link`` entry."""
+    return {"bandwidth": f"{bandwidth_bytes_s:.6g}B/s", "latency": f"{max(latency_s, 0.0):.6g}s"}
 
 
 def _device_entries(detection: Detection, *, calibrate: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:

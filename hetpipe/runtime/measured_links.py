@@ -6,7 +6,14 @@ ranks' timelines line up exactly.  A message's transfer is measured where it can
 seen whole: when the receiver was already waiting in its RECV when the sender posted the
 SEND, the transfer is ``RECV end - SEND start`` (posting, the wire, the receiver's header
 check and unpacking -- everything the pipeline waits for).  A message that arrived
-before its RECV began sat in a buffer for an unknown time and is not counted.
+before its RECV began sat in a buffer for an unknown time and is not counted.  Nor is one whose
+receiver was also waiting on a message of its own: a RECV first waits for the rank's earlier
+sends (`hetpipe.runtime.execute.prefetch`, ``wait_sends_at_recv``), so when the receiving stage's
+earlier send back to the sending stage was still unreceived as this SEND began (its RECV ended after;
+an interleaved rank's other chunks are not checked),
+the RECV's end also covers that other message's transfer (the other direction, posted only once
+the sender reaches its RECV).  In a 2-stage 1F1B every steady-state forward message was such a
+pair: the span measured two transfers and was priced as one.
 
 Example:
     >>> from types import SimpleNamespace as NS
@@ -91,9 +98,24 @@ def message_spans(timelines: Sequence[Timeline]) -> list[MessageSpan]:
         else:
             continue
         recv = events.get((dst, recv_op, mb))
-        if recv is not None and recv[0] <= send_start <= recv[1]:  # the receiver was waiting for it
-            spans.append(MessageSpan(cut, stage, dst, f"{stage}{op}{mb}", mb, send_start, recv[1]))
+        if recv is None or not recv[0] <= send_start <= recv[1]:  # the message waited for its receiver
+            continue
+        if _receiver_send_pending(events, sender=stage, receiver=dst, at_s=send_start):
+            continue
+        spans.append(MessageSpan(cut, stage, dst, f"{stage}{op}{mb}", mb, send_start, recv[1]))
     return spans
+
+
+def _receiver_send_pending(events: dict[tuple[int, str, int], tuple[float, float]], *, sender: int,
+                           receiver: int, at_s: float) -> bool:
+    """Had `receiver` posted a send to `sender` before `at_s` that `sender` received only after it?"""
+    back_op, back_recv = ("SEND_B", "RECV_B") if receiver > sender else ("SEND_F", "RECV_F")
+    for (stage, op, mb), (start, _) in events.items():
+        if stage == receiver and op == back_op and start < at_s:
+            got = events.get((sender, back_recv, mb))
+            if got is None or got[1] > at_s:
+                return True
+    return False
 
 
 def cut_transfers_s(timelines: Sequence[Timeline]) -> dict[int, list[float]]:

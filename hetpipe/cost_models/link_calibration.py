@@ -1,0 +1,209 @@
+"""The link between two CPU core groups, measured the way the pipeline runtime uses it (issue 17 item 4).
+
+`hetpipe.cost_models.calibrate.measure_link` ping-pongs one reused buffer between two processes
+that do nothing else.  A pipeline message is another thing (`hetpipe.runtime.execute.comm`): the
+sender, between two passes of compute on its core, encodes a header, allocates a fresh frame, copies
+header and tensors into it and posts one ``isend``; the receiver, already waiting in its RECV, posted
+an ``irecv`` into a fresh frame, and once woken decodes the header and views the tensors in place.
+The run report times exactly that span (`hetpipe.runtime.measured_links`: SEND start to the waiting
+RECV's end), so the link is measured over the same span here: one-way messages, the sender's core
+busy before and after each send, the receiver waiting, fresh frames on both ends, start and end on
+CLOCK_MONOTONIC (one host), then ``t = latency + bytes / bandwidth`` fitted to the medians per size.
+
+Why (2-core reference VM, one core per group, 512 KiB, medians of 40, load average 5-6): a reused
+buffer between idle ends took 0.19 ms one way; with the runtime's fresh frames, header and copy
+0.48 ms (a fresh 512 KiB frame is fresh pages: the kernel zeroes and maps them on first touch, on
+both ends); with the sender's core busy around the send 0.58-0.61 ms (gloo's I/O thread must
+preempt the computing thread to finish the write).  The ping-pong's fit priced it at 0.34-0.42 ms;
+the runs measured 0.82-0.86 ms on a quiet machine (benchmarks/results/cpu_truth.md), part of it a
+second message in the span (`hetpipe.runtime.measured_links`).  `benchmarks/cpu_link.py` repeats
+that ladder with this module's ``framed`` and ``sender_busy_s``.
+
+Example:
+    >>> m = measure_message_link(sizes_bytes=(4096, 2**18), repeats=2)  # doctest: +SKIP
+    >>> m.method  # doctest: +SKIP
+    'framed one-way messages'
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from hetpipe.cost_models.calibrate import (
+    LINK_OP_TIMEOUT_S, LINK_TIMEOUT_S, LinkMeasurement, fit_alpha_beta, free_port, join_or_kill,
+)
+from hetpipe.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+#: Message sizes: 16 KiB pins the fixed cost per message, 256 KiB-4 MiB the bytes (the built-in
+#: models' cuts at 8 x 128 tokens are 512 KiB; cost_formulas.md §3.4: fit beta at MB sizes).
+MESSAGE_SIZES_BYTES: tuple[int, ...] = (16 * 2**10, 256 * 2**10, 2**20, 4 * 2**20)
+#: Timed messages per size (one more round as a warm-up; the sizes take turns); the median is fitted.
+MESSAGE_REPEATS = 15
+#: Seconds the sender computes before and after each send, as a stage computes its passes around a
+#: SEND: gloo's I/O thread then shares a busy core, as in a run.  2 ms is above the kernel's wake-up
+#: granularity (~1 ms) and under a pass of the models measured (~30 ms), keeping a size under 0.1 s.
+SENDER_BUSY_S = 0.002
+#: Edge of the square matmul the sender repeats while busy (a few us each on a CPU core).
+BUSY_MATMUL_EDGE = 128
+#: Header words of a one-tensor frame: ``HEADER_FIXED`` 6 + ``PER_TENSOR`` 10 int64 words in
+#: `hetpipe.runtime.execute.comm`'s wire protocol (128 bytes, already a multiple of its 16-byte alignment).
+FRAME_HEADER_WORDS = 16
+FRAME_HEADER_BYTES = FRAME_HEADER_WORDS * 8
+#: Tags of the timed message and of the receiver's "posted" note (any two distinct tags).
+MESSAGE_TAG, READY_TAG = 7, 9
+METHOD = "framed one-way messages"
+#: Seconds an idle sender sleeps between the receiver's note and the send (``sender_busy_s=0``), so
+#: the receiver is waiting in its receive when the message leaves.
+IDLE_BEFORE_SEND_S = 0.002
+
+
+@dataclass(frozen=True)
+class _How:
+    """How messages are sent: framed as the runtime does, and the sender's compute around each send (s)."""
+
+    framed: bool
+    sender_busy_s: float
+
+
+def _busy(seconds: float, a: torch.Tensor) -> None:
+    """Compute for `seconds` (the sender's stage between its passes and the SEND)."""
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        torch.mm(a, a)
+
+
+def _send_one(payload: torch.Tensor, a: torch.Tensor, how: _How) -> float:
+    """One message to rank 1 once it is waiting; returns the CLOCK_MONOTONIC start (s)."""
+    import torch.distributed as dist
+
+    dist.recv(torch.zeros(1), 1, tag=READY_TAG)  # rank 1's irecv is posted
+    if how.sender_busy_s > 0:
+        _busy(how.sender_busy_s, a)
+    else:
+        time.sleep(IDLE_BEFORE_SEND_S)
+    start = time.monotonic()
+    if not how.framed:  # the ping-pong's way: the payload itself, reused
+        work = dist.isend(payload, 1, tag=MESSAGE_TAG)
+        _busy(how.sender_busy_s, a)
+        work.wait()
+        return start
+    header = torch.tensor(list(range(FRAME_HEADER_WORDS)), dtype=torch.int64)  # encode_header's list of words
+    frame = torch.empty(FRAME_HEADER_BYTES + payload.numel(), dtype=torch.uint8)  # pack_frame: a fresh frame
+    frame[:FRAME_HEADER_BYTES].copy_(header.view(torch.uint8))
+    frame[FRAME_HEADER_BYTES:].copy_(payload)
+    work = dist.isend(frame, 1, tag=MESSAGE_TAG)
+    _busy(how.sender_busy_s, a)
+    work.wait()
+    return start
+
+
+def _recv_one(num_bytes: int, how: _How, reused: torch.Tensor) -> float:
+    """Wait for one message from rank 0, decode it; returns the CLOCK_MONOTONIC end (s)."""
+    import torch.distributed as dist
+
+    if not how.framed:
+        work = dist.irecv(reused, 0, tag=MESSAGE_TAG)
+        dist.send(torch.zeros(1), 0, tag=READY_TAG)
+        work.wait()
+        return time.monotonic()
+    frame = torch.empty(FRAME_HEADER_BYTES + num_bytes, dtype=torch.uint8)  # post_recv: a fresh frame
+    work = dist.irecv(frame, 0, tag=MESSAGE_TAG)
+    dist.send(torch.zeros(1), 0, tag=READY_TAG)
+    work.wait()
+    words = frame[:FRAME_HEADER_BYTES].view(torch.int64).tolist()  # decode_header reads the words
+    frame[FRAME_HEADER_BYTES:].view(torch.float32)  # unpack_frame views the tensors in place
+    if len(words) != FRAME_HEADER_WORDS:
+        raise RuntimeError(f"a framed message carried {len(words)} header words, expected {FRAME_HEADER_WORDS}")
+    return time.monotonic()
+
+
+def _stamps(rank: int, sizes: list[int], repeats: int, how: _How) -> list[list[float]]:
+    """This rank's stamps per size (starts on rank 0, ends on rank 1), `repeats` each after one warm-up round.
+
+    The sizes take turns message by message, so a burst of other work on the machine lands on
+    every size alike instead of on all of one size's messages (which would tilt the fit).
+    """
+    a = torch.randn(BUSY_MATMUL_EDGE, BUSY_MATMUL_EDGE)
+    payloads = [torch.ones(size, dtype=torch.uint8) for size in sizes]
+    stamps: list[list[float]] = [[] for _ in sizes]
+    for _ in range(repeats + 1):
+        for i, (size, payload) in enumerate(zip(sizes, payloads)):
+            stamps[i].append(_send_one(payload, a, how) if rank == 0 else _recv_one(size, how, payload))
+    return [per_size[1:] for per_size in stamps]
+
+
+def _message_worker(rank: int, port: int, sizes: list[int], repeats: int, out: str,
+                    core_groups: list[list[int]] | None, how: _How) -> None:
+    """Spawned per end: pin, time every size; rank 1 writes the one-way times per size."""
+    import torch.distributed as dist
+
+    from hetpipe.cost_models.cpu_cores import pin_cores
+
+    torch.set_num_threads(1)
+    if core_groups:
+        pin_cores(core_groups[rank])  # each end runs where its device (core group) runs
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=LINK_OP_TIMEOUT_S))
+    try:
+        stamps = torch.tensor(_stamps(rank, sizes, repeats, how), dtype=torch.float64)
+        starts = stamps.clone()
+        dist.broadcast(starts, 0)  # rank 1 learns the starts; both ends read one clock
+        times = (stamps - starts).tolist()  # on rank 1: end - start per size and message
+        if rank == 1:
+            Path(out).write_text(json.dumps(times))
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_message_link(*, sizes_bytes: Sequence[int] = MESSAGE_SIZES_BYTES, repeats: int = MESSAGE_REPEATS,
+                         core_groups: Sequence[Sequence[int]] | None = None, timeout_s: float = LINK_TIMEOUT_S,
+                         framed: bool = True, sender_busy_s: float = SENDER_BUSY_S) -> LinkMeasurement:
+    """Fit ``t = latency + bytes / bandwidth`` to framed one-way messages between two local gloo ranks.
+
+    With `core_groups` (two), rank r runs pinned to ``core_groups[r]``; the sender is rank 0.
+    Module docstring: what a message includes and why.  ``framed=False`` sends the reused payload
+    itself and ``sender_busy_s=0`` leaves the sender idle (`benchmarks/cpu_link.py` takes the
+    ingredients apart with them); `hetpipe profile` uses the defaults.
+
+    Example:
+        >>> measure_message_link(sizes_bytes=(4096,))
+        Traceback (most recent call last):
+        ...
+        hetpipe.errors.ConfigError: sizes_bytes needs at least two distinct sizes of 4 bytes or more, got [4096]
+    """
+    sizes = sorted({int(s) for s in sizes_bytes})
+    if len(sizes) < 2 or sizes[0] < 4:
+        raise ConfigError(f"sizes_bytes needs at least two distinct sizes of 4 bytes or more, got {sizes}")
+    if repeats < 1 or sender_busy_s < 0:
+        raise ConfigError(f"repeats must be at least 1 and sender_busy_s at least 0, got {repeats} and "
+                          f"{sender_busy_s}; pass the defaults")
+    groups = [list(g) for g in core_groups] if core_groups else None
+    if groups is not None and len(groups) != 2:
+        raise ConfigError(f"core_groups has {len(groups)} groups; give the link's two ends")
+    with tempfile.TemporaryDirectory(prefix="hetpipe-msg-link-") as tmp:
+        out = os.path.join(tmp, "times.json")
+        context = torch.multiprocessing.spawn(
+            _message_worker, args=(free_port(), sizes, repeats, out, groups, _How(framed, sender_busy_s)),
+            nprocs=2, join=False)
+        join_or_kill(context, timeout_s, what="message link measurement")
+        samples = json.loads(Path(out).read_text())
+    medians = [statistics.median(s) for s in samples]
+    latency_s, bandwidth = fit_alpha_beta(sizes, medians)
+    logger.info("message link: %.3g s per message, %.3g B/s (medians %s s)", latency_s, bandwidth,
+                ", ".join(f"{t:.3g}" for t in medians))
+    method = METHOD if framed and sender_busy_s == SENDER_BUSY_S else (
+        f"{'framed' if framed else 'bare'} one-way messages, sender busy {sender_busy_s * 1e3:.3g} ms")
+    return LinkMeasurement(latency_s, bandwidth, tuple(sizes), tuple(medians), 2, method=method)
