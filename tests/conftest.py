@@ -150,8 +150,20 @@ def replica_pair_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, li
                     for o in outcomes] for label, *_ in jobs}
 
 
+def _hypothesis_profile() -> None:
+    """Every property test without a per-example deadline or a too-slow health check (both wall-time limits):
+    beside a CPU burner on 2 cores an example takes several times its quiet time, and hypothesis's default
+    200 ms deadline failed test_sharding_cost under load.  A test's own ``@settings`` still wins field by field."""
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile("hetpipe-suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile("hetpipe-suite")
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist, multi-process tests run one after another on one worker (tests/suite_groups.py)."""
+    """Under pytest-xdist, multi-process tests run one after another on one worker (tests/suite_groups.py);
+    the property tests run without wall-time limits (`_hypothesis_profile`)."""
+    _hypothesis_profile()
     if config.pluginmanager.hasplugin("xdist"):
         from tests.suite_groups import XdistPlugin
 

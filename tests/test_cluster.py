@@ -409,7 +409,15 @@ def test_profile_reads_nvml(monkeypatch):
 
 
 @pytest.mark.slow
-def test_profile_calibrate_records_measurements(tmp_path):
+def test_profile_calibrate_records_measurements(tmp_path, monkeypatch):
+    from hetpipe.cost_models import calibrate, profile
+    from tests.machine_load import load_per_core, scaled_limit_s
+
+    # The link measurement's 60 s guard (`calibrate.LINK_TIMEOUT_S`: 2 spawned processes importing torch)
+    # scaled by the load per core: beside a CPU burner at load 17-20 on 2 cores it ran out before the ranks met.
+    real = profile.measure_link
+    timeout_s = scaled_limit_s(calibrate.LINK_TIMEOUT_S, load_per_core=load_per_core())
+    monkeypatch.setattr(profile, "measure_link", lambda *a, **kw: real(*a, **{"timeout_s": timeout_s, **kw}))
     out = tmp_path / "cal.yaml"
     cluster, summary = run_profile(output=out, calibrate=True)
     back = load_cluster(out)
