@@ -38,8 +38,9 @@ stage, the selective recompute level (`partitioner/selective.py`: ln_1, ln_2 and
 block; planner only, the runtime does not run it yet), its row without the level given beside it
 and left out of the summary.  Table 3, what the lever costs the planner: median
 wall of `solve` on `planner_speed.py`'s analytic GPTs (h=1024, micro-batch 4) and mixed clusters,
-``--recompute none`` vs ``auto``, side by side (``auto`` also runs the ``none`` search within half
-its time limit and starts its schedule search from that answer too, `solve._none_floor`).
+``--recompute none`` vs ``auto``, side by side (``auto`` first runs the ``none`` search with the same
+limit and returns its answer where its own is not better, `solve._none_floor`: auto <= none by construction,
+up to the wall-clock bound search's run-to-run variation; its own search gets the time left, at least a tenth).
 Writes benchmarks/results/memory_levers.md.
 
 Usage:
