@@ -37,7 +37,7 @@ def _enumerated(prob, placement) -> float:
                default=math.inf)
 
 
-@pytest.mark.parametrize("subsets_max", [64, 1])  # enumeration of offload subsets, and the descent beyond it
+@pytest.mark.parametrize("subsets_max", [16, 1])  # enumeration of offload subsets, and the descent beyond it
 def test_schedule_levers_equal_enumeration_for_fixed_placements(monkeypatch: pytest.MonkeyPatch,
                                                                  subsets_max: int) -> None:
     monkeypatch.setattr(offload_walk, "SUBSETS_MAX", subsets_max)

@@ -64,9 +64,9 @@ from hetpipe.partitioner.solvers.cap_walk import DPResult
 
 #: Relative tick the cap is lowered by below the last tail (floating-point ties).
 TAIL_TICK = 1e-9
-#: Most offload subsets `schedule_levers` enumerates (2^6: six stages free to offload or not; each is a
+#: Most offload subsets `schedule_levers` enumerates (2^4: four stages free to offload or not; each is a
 #: schedule replay, and the local search re-chooses levers for every neighbour); beyond, a descent.
-SUBSETS_MAX = 64
+SUBSETS_MAX = 16
 
 #: One run of an inner solver under `problem.offload_cap_s`; `first` is True on the uncapped pass
 #: (a seed placement chosen without a cap may be used only there).
@@ -129,15 +129,17 @@ def schedule_levers(problem: Problem, stages: Sequence[Stage]) -> tuple[Stage, .
     choice without offload and with it; every subset of the stages where both fit, up to `SUBSETS_MAX`, else a
     first-improvement descent over single stages from the best uniform cap.
 
-    Example (stage 1's tail hides behind stage 0's drain; stage 0's would end the iteration):
+    Example (the card's own step takes 5 s, the host's 1 + 1 s: offloading pays though the state fits;
+    one cap on the tails, as the estimate needs, would keep it on the card):
+        >>> from hetpipe.cost_models.offload import offload_rates
         >>> from hetpipe.partitioner.problem import DeviceSlot
-        >>> dev = DeviceSlot("d", "a", "n", 99, 1.0, 1.0)
-        >>> p = Problem(fwd_s={"a": (1.0, 1.0)}, bwd_s={"a": (4.0, 1.0)}, state_bytes=(16, 16),
-        ...             activation_bytes=(0, 0), boundary_bytes=(0, 0), grad_bytes=(4, 4), devices=(dev, dev),
-        ...             bandwidth_bytes_s=((1.0, 1.0), (1.0, 1.0)), latency_s=((0.0, 0.0), (0.0, 0.0)),
-        ...             microbatches=1, offload="auto", offload_rates=None)
-        >>> [st.offload for st in schedule_levers(p, (Stage(0, 0, 0), Stage(1, 1, 1)))]   # no rates: none can
-        [False, False]
+        >>> p = Problem(fwd_s={"a": (1.0,)}, bwd_s={"a": (1.0,)}, state_bytes=(16,), activation_bytes=(0,),
+        ...             boundary_bytes=(0,), grad_bytes=(4,), devices=(DeviceSlot("d", "a", "n", 99, 8.0, 28.0),),
+        ...             bandwidth_bytes_s=((1.0,),), latency_s=((0.0,),), microbatches=1, offload="auto",
+        ...             offload_rates=offload_rates("adam", "fp32"), step_s={"a": (5.0,)})
+        >>> stages = schedule_levers(p, (Stage(0, 0, 0),))
+        >>> stages[0].offload, evaluate(p, stages).iteration_s   # F + B + O_s = 1 + 1 + (8/8 + 28/28)
+        (True, 4.0)
     """
     plain = tuple(replace(st, recompute_units=(), offload=False, selective=False) for st in stages)
     # per stage: the least added seconds without offload, and with it (``all``: offload wherever the stage can)
