@@ -13,6 +13,10 @@ Then the offload price of the optimum at scale 1.0 term by term (README contract
 the host link (gradients down, weights up), the host Adam step (28 B/param at the host's memory bandwidth), and
 what the drain hides (the offloading stage's tail runs while stage 0 finishes its last backward and step).
 
+The enumeration does not depend on the machine; `solve`'s column does: its search is wall-clock bound (10 s), so
+under load it can return less than the optimum it finds on a quiet machine (and than the same scale's row of
+benchmarks/memory_tightness.py, run at another moment).
+
 Usage:
     python benchmarks/memory_tightness_brute.py [--scales 1.0 0.95 0.9]
 """
