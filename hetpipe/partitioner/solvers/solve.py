@@ -89,6 +89,11 @@ LAGRANGE_GAP = GOOD_ENOUGH_GAP / 2
 #: Share of the estimate's time the searches with fewer levers may take together under an ``auto`` lever
 #: (`_without_recompute`): half, so that auto's own estimate search keeps at least the other half.
 NO_RECOMPUTE_SHARE = 0.5
+#: Under ``recompute="auto"`` the ``none`` pass (`_none_floor`) is `--recompute none`'s own search with the whole
+#: time limit, so auto <= none by construction; auto's own search (levers on) gets the time it leaves, and at
+#: least this share of the limit, so that its bound is auto's own (the none pass's is not valid with levers):
+#: where the none search takes the whole limit, auto's wall is up to 1.1x the limit.
+LEVER_MIN_SHARE = 0.1
 #: Least search time worth starting CP-SAT for, after its model is built.
 MIN_CPSAT_S = 2.0
 #: Seconds to build the CP-SAT model per (position x unit x class pair) term, measured on the
@@ -207,17 +212,19 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
 
     Raises `InfeasibleError` (with the missing memory and what would help, unless `explain` is
     false: that search costs ~30 feasibility solves) when no placement fits, and `ConfigError` for
-    an unknown solver name.  Under an ``auto`` lever the schedule search also starts from the estimate's
-    answers with fewer levers (`_without_recompute`), so it never returns a T above theirs.
+    an unknown solver name.  Under ``recompute="auto"`` (schedule objective) the answer is never above
+    `--recompute none`'s: the same search runs first with the same limit (`_none_floor`) and the better of its
+    answer and auto's own is returned; under an ``auto`` lever the schedule search also starts from the
+    estimate's answers with fewer levers (`_without_recompute`), so it never returns a T above theirs.
     """
     begin = time.perf_counter()
-    floor = _none_floor(problem, solver=solver, time_limit_s=NO_RECOMPUTE_SHARE * time_limit_s, seed=seed,
-                        num_stages=num_stages)
-    time_limit_s -= time.perf_counter() - begin
+    floor = _none_floor(problem, solver=solver, time_limit_s=time_limit_s, seed=seed, num_stages=num_stages)
+    if floor is not None:  # auto's own search: the time the none pass left, at least `LEVER_MIN_SHARE` of the limit
+        time_limit_s = max(time_limit_s - (time.perf_counter() - begin), LEVER_MIN_SHARE * time_limit_s)
     begin = time.perf_counter()
     verify_s = 0.0 if problem.objective == "estimate" else SCHEDULE_SHARE * time_limit_s
     plain, hint = _without_recompute(problem, solver=solver, time_limit_s=NO_RECOMPUTE_SHARE * (time_limit_s - verify_s),
-                                     seed=seed, num_stages=num_stages, with_none=not floor)
+                                     seed=seed, num_stages=num_stages, with_none=floor is None)
     # the fewer-lever answers seed auto's search: the best one's bottleneck caps the DP's first passes
     found = solve_estimate(problem, solver=solver, time_limit_s=time_limit_s - verify_s - (time.perf_counter() - begin),
                            seed=seed, num_stages=num_stages, explain=explain, hint=hint)
@@ -227,26 +234,40 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
     left_s = max(time_limit_s - (start - begin), verify_s / 4)  # the estimate's unused time too
     # the schedule search from auto's answers, the fewer-lever estimates' and none's schedule answer (auto's choices
     # contain theirs; `verify` returns at most its best start's T and anneals the plain view of auto as it does none)
-    starts = list(dict.fromkeys([found.stages, *found.alternatives, *plain, *floor]))
+    starts = list(dict.fromkeys([found.stages, *found.alternatives, *plain, *([floor.stages] if floor else [])]))
     checked = verify(problem, starts, num_stages=num_stages, limit_s=left_s)
-    status = "OPTIMAL" if checked.bound_s >= checked.iteration_s * (1 - 1e-9) else "FEASIBLE"
-    return Solution(checked.stages, found.solver, status, checked.iteration_s, checked.bound_s,
-                    found.wall_s + time.perf_counter() - start, _unused(problem, checked.stages))
+    stages, value = _at_most_floor(problem, checked.stages, checked.iteration_s, floor)
+    bound = min(checked.bound_s, value)  # the bound is auto's own (verify's, on `problem`); the none pass's is not
+    status = "OPTIMAL" if bound >= value * (1 - 1e-9) else "FEASIBLE"
+    return Solution(stages, found.solver, status, value, bound, found.wall_s + time.perf_counter() - start,
+                    _unused(problem, stages))
+
+
+def _at_most_floor(problem: Problem, stages: tuple[Stage, ...], value: float,
+                   floor: Solution | None) -> tuple[tuple[Stage, ...], float]:
+    """The better of auto's answer (`stages`, T `value`) and the none pass's `floor` (priced on `problem`: the same T,
+    no lever set), so auto <= none whatever `verify`'s search did with the time it had."""
+    if floor is None:
+        return stages, value
+    ev = evaluate(problem, floor.stages)
+    return (floor.stages, ev.iteration_s) if ev.fits and ev.iteration_s < value else (stages, value)
 
 
 def _none_floor(problem: Problem, *, solver: str, time_limit_s: float, seed: int,
-                num_stages: int | None) -> list[tuple[Stage, ...]]:
-    """Under ``recompute="auto"`` and the schedule objective: the answer of the whole search (`solve`) with
-    ``recompute="none"`` (and no selective level), a start of auto's schedule search, so auto <= none whenever
-    this search ends within `NO_RECOMPUTE_SHARE` of the limit (96 layers on 8 cards: auto 2.4554 s against
-    none 2.4507 s without it; tests/test_recompute_auto_floor.py); empty when nothing fits so."""
+                num_stages: int | None) -> Solution | None:
+    """Under ``recompute="auto"`` and the schedule objective: `--recompute none`'s whole search (`solve` with
+    ``recompute="none"``, no selective level, the same limit), whose answer auto returns where its own is not
+    better (`_at_most_floor`): auto <= none by construction.  Before (a none pass at half the limit, a start of
+    auto's schedule search) auto stayed above none where that pass was cut short: 96 layers on 16 and 32 cards
+    (`benchmarks/memory_levers.py` table 3), and on 8 without the start (2.4554 s against 2.4507 s;
+    tests/test_recompute_auto_floor.py).  None when nothing fits so, or for other settings."""
     if problem.recompute != "auto" or problem.objective == "estimate":
-        return []
+        return None
     try:
-        return [solve(replace(problem, recompute="none", selective=None), solver=solver, time_limit_s=time_limit_s,
-                      seed=seed, num_stages=num_stages, explain=False).stages]
+        return solve(replace(problem, recompute="none", selective=None), solver=solver, time_limit_s=time_limit_s,
+                     seed=seed, num_stages=num_stages, explain=False)
     except InfeasibleError:
-        return []
+        return None
 
 
 def _fewer_levers(problem: Problem, with_none: bool = True) -> list[Problem]:
@@ -274,8 +295,8 @@ def _without_recompute(problem: Problem, *, solver: str, time_limit_s: float, se
     table 3) gave recompute auto 2.4554 s against none 2.4507 s, the no-recompute placement never reached from
     auto's starts; GPT-2 XL on the home lab at 1.15x its memory (`benchmarks/memory_tightness.py`) gave every
     lever 6.365 s (an offloading stage: the estimate's optimum) against 6.192 s with offload never.  Under
-    ``recompute="auto"`` none's whole search (`_none_floor`) also runs, at half the limit: its schedule
-    answer is a start too (auto <= none where it finishes; not at 96 layers on 16 and 32 cards at 10 s)."""
+    ``recompute="auto"`` none's whole search (`_none_floor`) runs first, with the whole limit: its schedule
+    answer is a start too, and auto returns it where its own is not better."""
     if problem.objective == "estimate":
         return [], None
     fewer, starts, best = _fewer_levers(problem, with_none), [], None
