@@ -147,3 +147,10 @@ def test_every_solver_on_the_forced_level_equals_brute_force():
         fitted += 1
         differs += not close(ref, brute_force(dataclasses.replace(prob, recompute="auto")), 1e-9)
     assert fitted >= 20 and differs >= 3, (fitted, differs)  # forcing is a setting of its own, not auto's answer
+
+
+def test_nothing_fits_forced_says_the_usable_memory_it_names_is_less_the_peak(tmp_path):
+    from hetpipe.errors import InfeasibleError
+
+    with pytest.raises(InfeasibleError, match=r"--recompute selective: the usable memory named is each card's less"):
+        _api_plan(tight_cluster(tmp_path / "tight.yaml", 6), "selective")  # auto fits here with a whole unit too

@@ -27,6 +27,7 @@ from hetpipe.cost_models.offload import check_offload_option, offload_rates
 from hetpipe.cost_models.recompute import check_recompute_option
 from hetpipe.cost_models.validate import check_solver_options
 from hetpipe.cost_models.memory import state_bytes_per_param
+from hetpipe.cost_models.quantities import human_bytes
 from hetpipe.cost_models.optimizer_step import loop_unit_step_s, step_launch_s, tensor_step_s, unit_step_s
 from hetpipe.cost_models.stage_memory import MEMORY_MODEL
 from hetpipe.cost_models.timing import efficiencies, peak_flops_s
@@ -469,8 +470,15 @@ def _solved(problem: Problem, *, solver: str, time_limit_s: float, seed: int, sc
     from hetpipe.plan.baseline_report import baseline_reports
 
     work = forced_problem(problem)  # `problem` itself unless the level is forced
-    sol = (solve_tp if tensor_parallel == "auto" else solve)(work, solver=solver, time_limit_s=time_limit_s,
-                                                            seed=seed)
+    try:
+        sol = (solve_tp if tensor_parallel == "auto" else solve)(work, solver=solver, time_limit_s=time_limit_s,
+                                                                seed=seed)
+    except InfeasibleError as err:
+        if work is problem or problem.selective is None:
+            raise
+        raise InfeasibleError(f"{err} (--recompute selective: the usable memory named is each card's less the "
+                              f"level's peak, {human_bytes(problem.selective.peak_bytes)}, which every stage holds "
+                              "once)") from None
     base = baseline_reports(work)  # forced onto every card, and on the best cards (issue 17)
     sol = adopt_faster_baselines(work, sol, base, limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))
     work, sol = choose_schedule(work, sol, option=schedule, limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))
