@@ -35,7 +35,7 @@ recomputation, hetpipe's T against recompute-every-layer (hetpipe's own placemen
 ``--recompute all``, and the even split with it) and against the lower bound T without any
 recomputation and without the memory limit; on the captured GPT-2 XL hetpipe also chooses, per
 stage, the selective recompute level (`partitioner/selective.py`: ln_1, ln_2 and the GELU of each
-block; planner only, the runtime does not run it yet), its row without the level given beside it
+block; `runtime/stage/selective.py` runs it), its row without the level given beside it
 and left out of the summary.  Table 3, what the lever costs the planner: median
 wall of `solve` on `planner_speed.py`'s analytic GPTs (h=1024, micro-batch 4) and mixed clusters,
 ``--recompute none`` vs ``auto``, side by side (``auto`` also runs the ``none`` search within half
@@ -45,6 +45,7 @@ Writes benchmarks/results/memory_levers.md.
 Usage:
     python benchmarks/memory_levers.py [--widths 1600 2048 2560 3072 4096] [--max-layers 200]
     python benchmarks/memory_levers.py --speed-only   # table 3 alone, spliced into the results file
+    python benchmarks/memory_levers.py --no-speed     # tables 1 and 2 (and the summary); table 3 kept from the file
 """
 
 from __future__ import annotations
@@ -362,6 +363,12 @@ def speed_only(args: argparse.Namespace) -> int:
     return 0
 
 
+def kept_speed_section() -> str:
+    """Table 3's section of the existing results file, as it is (``--no-speed``: its own rerun is `--speed-only`)."""
+    text = (RESULTS_DIR / "memory_levers.md").read_text()
+    return text[text.index("### Planner speed with the lever"):]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--widths", type=int, nargs="+", default=[1600, 2048, 2560, 3072, 4096])
@@ -371,9 +378,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--speed-only", action="store_true",
                     help="rerun table 3 only and replace its section in the existing results file")
+    ap.add_argument("--no-speed", action="store_true",
+                    help="rerun tables 1 and 2 only and keep table 3's section of the existing results file")
     args = ap.parse_args(argv)
     if args.speed_only:
         return speed_only(args)
+    before = _loadavg()
     table1, depth, best = largest_table(args.widths, args.max_layers)
     print(table1, flush=True)
     header = ["model", "units recomputed", "hetpipe auto T", "hetpipe --recompute all", "even + recompute all",
@@ -381,12 +391,14 @@ def main(argv: list[str] | None = None) -> int:
     rows2, figures = cost_rows(depth, args.widths)
     table2 = markdown_table(header, rows2)
     print(table2)
-    table3 = markdown_table(SPEED_HEADER, planner_rows(args.speed_layers, args.speed_devices, args.repeats))
-    print(table3)
-    body = (f"{__doc__.split('Usage:')[0].strip()}\n\n### Largest trainable model\n\n{table1}\n\n"
+    speed = kept_speed_section() if args.no_speed else (
+        f"### Planner speed with the lever (median of {args.repeats})\n\n"
+        f"{markdown_table(SPEED_HEADER, planner_rows(args.speed_layers, args.speed_devices, args.repeats))}\n")
+    print(speed)
+    load = f"_tables 1 and 2: load average (1/5/15 min) {before} before, {_loadavg()} after_\n\n"
+    body = (f"{__doc__.split('Usage:')[0].strip()}\n\n{load}### Largest trainable model\n\n{table1}\n\n"
             f"### Cost of memory (models that fit only with some recomputation)\n\n{table2}\n\n"
-            f"{summary(best, figures)}\n\n"
-            f"### Planner speed with the lever (median of {args.repeats})\n\n{table3}\n")
+            f"{summary(best, figures)}\n\n{speed}")
     path = write_result("memory_levers", "Memory levers: activation recomputation and optimizer offload (issue 14)", body)
     print(f"wrote {path}")
     return 0
