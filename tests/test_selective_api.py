@@ -154,3 +154,19 @@ def test_nothing_fits_forced_says_the_usable_memory_it_names_is_less_the_peak(tm
 
     with pytest.raises(InfeasibleError, match=r"--recompute selective: the usable memory named is each card's less"):
         _api_plan(tight_cluster(tmp_path / "tight.yaml", 6), "selective")  # auto fits here with a whole unit too
+
+
+def test_replanning_a_forced_plan_keeps_the_level_on_every_stage(tmp_path):
+    """`plan.replan` (a straggler's slowdown) solves the forced problem again: the level on every stage, its
+    seconds on the slowed card's kind recorded (`replan.scale_device` scales them too), and `check` accepts
+    the result."""
+    from hetpipe.plan.replan import replan
+
+    plan = _api_plan(tight_cluster(tmp_path / "roomy.yaml", 8), "selective")
+    card = plan.stages[0].device
+    new = replan(plan, slowdown={card: 1.5}, time_limit_s=5.0).plan
+    assert all(st.selective and not st.recompute_units for st in new.stages)
+    assert new.predicted.iteration_s > plan.predicted.iteration_s
+    kinds = {d.kind for d in new.devices}
+    assert all(set(u.time_s) == kinds for u in new.selective.units) and len(kinds) == 2
+    assert check_plan(new).ok, check_plan(new).violations
