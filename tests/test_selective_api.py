@@ -149,11 +149,16 @@ def test_every_solver_on_the_forced_level_equals_brute_force():
     assert fitted >= 20 and differs >= 3, (fitted, differs)  # forcing is a setting of its own, not auto's answer
 
 
-def test_nothing_fits_forced_says_the_usable_memory_it_names_is_less_the_peak(tmp_path):
+def test_nothing_fits_forced_says_the_usable_memory_it_names_is_less_the_peak(tmp_path, capsys):
     from hetpipe.errors import InfeasibleError
 
-    with pytest.raises(InfeasibleError, match=r"--recompute selective: the usable memory named is each card's less"):
-        _api_plan(tight_cluster(tmp_path / "tight.yaml", 6), "selective")  # auto fits here with a whole unit too
+    cluster = tight_cluster(tmp_path / "tight.yaml", 6)  # auto fits here with a whole unit too
+    with pytest.raises(InfeasibleError, match=r"--recompute selective: the figures above are with the level on"):
+        _api_plan(cluster, "selective")
+    assert main(["plan", "gpt-tiny", "--cluster", str(cluster), "--recompute", "selective",
+                 "-o", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "less the level's peak" in err and "These settings fit" not in err
 
 
 def test_replanning_a_forced_plan_keeps_the_level_on_every_stage(tmp_path):

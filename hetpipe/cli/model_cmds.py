@@ -124,7 +124,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     except InfeasibleError as err:
         from hetpipe.cli.fit_help import with_fit_hints
 
-        if isinstance(replicas, int) and replicas > 1:  # the hints are for one pipeline
+        # the hints are for one pipeline, and price no forced selective level (`partitioner.selective_mode`)
+        if (isinstance(replicas, int) and replicas > 1) or getattr(args, "recompute", "auto") == "selective":
             raise
         with console.status("nothing fits: trying lighter settings (memory only)"):
             raise with_fit_hints(err, args, graph, cluster, capture_args) from None

@@ -476,9 +476,10 @@ def _solved(problem: Problem, *, solver: str, time_limit_s: float, seed: int, sc
     except InfeasibleError as err:
         if work is problem or problem.selective is None:
             raise
-        raise InfeasibleError(f"{err} (--recompute selective: the usable memory named is each card's less the "
-                              f"level's peak, {human_bytes(problem.selective.peak_bytes)}, which every stage holds "
-                              "once)") from None
+        raise InfeasibleError(f"{str(err).rstrip('.')} (--recompute selective: the figures above are with the level "
+                              "on every stage, the usable memory each card's less the level's peak, "
+                              f"{human_bytes(problem.selective.peak_bytes)}, which every stage holds once; "
+                              "--recompute auto may fit with whole units)") from None
     base = baseline_reports(work)  # forced onto every card, and on the best cards (issue 17)
     sol = adopt_faster_baselines(work, sol, base, limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))
     work, sol = choose_schedule(work, sol, option=schedule, limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))
