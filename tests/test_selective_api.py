@@ -115,8 +115,8 @@ def test_a_model_without_the_level_is_refused():
 
 
 def test_every_solver_on_the_forced_level_equals_brute_force():
-    """The exact DP, CP-SAT and `solve` on `forced_problem`, lifted, against enumeration of placements with the
-    level forced on every stage of the forced problem itself (tests/instances.py: no reduction involved)."""
+    """The exact DP, CP-SAT and `solve` on `forced_problem`, lifted, and `solve` on the forced problem itself,
+    against enumeration of placements with the level forced on every stage (tests/instances.py: no reduction)."""
     from hetpipe.partitioner.solvers.cpsat import solve_cpsat
     from hetpipe.partitioner.solvers.dp import solve_exact
     from hetpipe.partitioner.solvers.offload_walk import tail_walk
@@ -144,6 +144,9 @@ def test_every_solver_on_the_forced_level_equals_brute_force():
         for res in exact + ([cp] if reduced.offload == "never" else []):
             ev = evaluate(prob, lift(res.stages))  # priced on the forced problem: the level on every stage
             assert ev.fits and close(ev.iteration_s, res.iteration_s, 1e-9) and close(ev.iteration_s, ref, 1e-5)
+        direct = solve(prob, solver="auto", time_limit_s=5.0, seed=0)  # `solve` passes the mode to the reduction
+        assert all(st.selective and not st.recompute_units for st in direct.stages)
+        assert close(evaluate(prob, direct.stages).iteration_s, ref, 1e-5), (i, direct, ref)
         fitted += 1
         differs += not close(ref, brute_force(dataclasses.replace(prob, recompute="auto")), 1e-9)
     assert fitted >= 20 and differs >= 3, (fitted, differs)  # forcing is a setting of its own, not auto's answer
