@@ -178,3 +178,14 @@ def test_replanning_a_forced_plan_keeps_the_level_on_every_stage(tmp_path):
     kinds = {d.kind for d in new.devices}
     assert all(set(u.time_s) == kinds for u in new.selective.units) and len(kinds) == 2
     assert check_plan(new).ok, check_plan(new).violations
+
+
+def test_the_baselines_best_cards_are_priced_with_the_level_as_check_prices_them(tmp_path):
+    """Under ``auto`` the baselines' best-card search (`partitioner.baseline_search`) chooses each stage's levers
+    as `check` re-derives them (`choose_levers`, the level included): a slowed card's re-plan of gpt-tiny on the
+    tight cards recorded a uniform baseline 0.7% slower than `check` recomputed before."""
+    from hetpipe.plan.replan import replan
+
+    plan = _api_plan(tight_cluster(tmp_path / "tight.yaml", 6), "auto")
+    new = replan(plan, slowdown={plan.stages[0].device: 1.5}, time_limit_s=5.0).plan
+    assert check_plan(new).ok, check_plan(new).violations
