@@ -35,7 +35,7 @@ recomputation, hetpipe's T against recompute-every-layer (hetpipe's own placemen
 ``--recompute all``, and the even split with it) and against the lower bound T without any
 recomputation and without the memory limit; on the captured GPT-2 XL hetpipe also chooses, per
 stage, the selective recompute level (`partitioner/selective.py`: ln_1, ln_2 and the GELU of each
-block; planner only, the runtime does not run it yet), its row without the level given beside it
+block; `runtime/stage/selective.py` runs it), its row without the level given beside it
 and left out of the summary.  Table 3, what the lever costs the planner: median
 wall of `solve` on `planner_speed.py`'s analytic GPTs (h=1024, micro-batch 4) and mixed clusters,
 ``--recompute none`` vs ``auto``, side by side (``auto`` first runs the ``none`` search with the same
@@ -46,6 +46,8 @@ Writes benchmarks/results/memory_levers.md.
 Usage:
     python benchmarks/memory_levers.py [--widths 1600 2048 2560 3072 4096] [--max-layers 200]
     python benchmarks/memory_levers.py --speed-only   # table 3 alone, spliced into the results file
+    python benchmarks/memory_levers.py --no-speed     # tables 1 and 2 (and the summary); table 3 kept from the file
+    python benchmarks/memory_levers.py --cost-only    # table 2 and the summary from table 1's recorded depths
 """
 
 from __future__ import annotations
@@ -369,6 +371,37 @@ def speed_only(args: argparse.Namespace) -> int:
     return 0
 
 
+def kept_speed_section() -> str:
+    """Table 3's section of the existing results file, as it is (its own rerun is `--speed-only`)."""
+    text = (RESULTS_DIR / "memory_levers.md").read_text()
+    return text[text.index("### Planner speed with the lever"):]
+
+
+def recorded_table1() -> tuple[str, dict[str, dict[int, int]], list[int], str]:
+    """Table 1 as the existing results file records it (``--cost-only``): its markdown, each row's depth per
+    width (0 for "-"), the widths and the run's stamp; table 2 takes its models from those depths."""
+    text = (RESULTS_DIR / "memory_levers.md").read_text()
+    kept = "table 1 as recorded by the run of "  # a file written by --cost-only names table 1's own run
+    stamp = text.split(kept)[1] if kept in text else text.split("\n\n")[1].strip("_")
+    stamp = stamp.split(";")[0]
+    section = text[text.index("### Largest trainable model"):text.index("### Cost of memory")]
+    table = section[section.index("|"):].strip()
+    lines = table.splitlines()
+    widths = [int(c.strip()[2:]) for c in lines[0].strip().strip("|").split("|")[1:-1]]
+    depth: dict[str, dict[int, int]] = {}
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[1]:  # the ratio rows have no per-width cells
+            depth[cells[0]] = {h: int(c.split("(")[0].strip("L>= ")) if c != "-" else 0
+                               for h, c in zip(widths, cells[1:-1])}
+    return table, depth, widths, stamp
+
+
+def largest_params(depth: dict[str, dict[int, int]]) -> dict[str, int]:
+    """Per row of table 1, the parameter count of its largest model (what `largest_table` returns as `best`)."""
+    return {a: max(problem_for(d, h, "none")[1] if d else 0 for h, d in per.items()) for a, per in depth.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--widths", type=int, nargs="+", default=[1600, 2048, 2560, 3072, 4096])
@@ -378,22 +411,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--speed-only", action="store_true",
                     help="rerun table 3 only and replace its section in the existing results file")
+    ap.add_argument("--no-speed", action="store_true",
+                    help="rerun tables 1 and 2 only and keep table 3's section of the existing results file")
+    ap.add_argument("--cost-only", action="store_true",
+                    help="rerun table 2 and the summary from table 1's recorded depths; tables 1 and 3 kept")
     args = ap.parse_args(argv)
     if args.speed_only:
         return speed_only(args)
-    table1, depth, best = largest_table(args.widths, args.max_layers)
+    before = _loadavg()
+    if args.cost_only:
+        table1, depth, widths, stamp = recorded_table1()
+        best, rerun = largest_params(depth), f"table 1 as recorded by the run of {stamp}; table 2 and the summary"
+    else:
+        (table1, depth, best), widths, rerun = largest_table(args.widths, args.max_layers), args.widths, "tables 1 and 2"
     print(table1, flush=True)
     header = ["model", "units recomputed", "hetpipe auto T", "hetpipe --recompute all", "even + recompute all",
               "same cuts, no recompute", "lower bound (no recompute, no memory limit)", "DP wall"]
-    rows2, figures = cost_rows(depth, args.widths)
+    rows2, figures = cost_rows(depth, widths)
     table2 = markdown_table(header, rows2)
     print(table2)
-    table3 = markdown_table(SPEED_HEADER, planner_rows(args.speed_layers, args.speed_devices, args.repeats))
-    print(table3)
-    body = (f"{__doc__.split('Usage:')[0].strip()}\n\n### Largest trainable model\n\n{table1}\n\n"
+    speed = kept_speed_section() if args.no_speed or args.cost_only else (
+        f"### Planner speed with the lever (median of {args.repeats})\n\n"
+        f"{markdown_table(SPEED_HEADER, planner_rows(args.speed_layers, args.speed_devices, args.repeats))}\n")
+    print(speed)
+    load = f"_{rerun}: load average (1/5/15 min) {before} before, {_loadavg()} after_\n\n"
+    body = (f"{__doc__.split('Usage:')[0].strip()}\n\n{load}### Largest trainable model\n\n{table1}\n\n"
             f"### Cost of memory (models that fit only with some recomputation)\n\n{table2}\n\n"
-            f"{summary(best, figures)}\n\n"
-            f"### Planner speed with the lever (median of {args.repeats})\n\n{table3}\n")
+            f"{summary(best, figures)}\n\n{speed}")
     path = write_result("memory_levers", "Memory levers: activation recomputation and optimizer offload (issue 14)", body)
     print(f"wrote {path}")
     return 0

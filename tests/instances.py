@@ -88,14 +88,16 @@ def recompute_choices(problem: Problem, placement: tuple[Stage, ...]):
         able = problem.offload != "never" and can_offload(problem, st)
         offs = {"never": [False], "all": [able], "auto": [False, True] if able else [False]}[problem.offload]
         # the selective level (`Problem.selective`, under auto): on or off, with the variant's order when on
+        # (``selective``: forced on every stage, no whole unit, `partitioner.selective_mode`)
         sels = [False, True] if problem.selective is not None and problem.recompute == "auto" else [False]
+        sels = [True] if problem.recompute == "selective" else sels
         choices = []
         for sel in sels:
             prob = selective_variant(problem) if sel else problem
             order = recompute_order(activation_bytes=prob.unit_recompute_bytes, boundary_bytes=prob.boundary_bytes,
                                     fwd_s=prob.fwd_s[prob.devices[st.device].kind],
                                     first_unit=st.first_unit, last_unit=st.last_unit)
-            rs = {"none": [0], "all": [len(order)], "auto": range(len(order) + 1)}[problem.recompute]
+            rs = {"none": [0], "all": [len(order)], "auto": range(len(order) + 1), "selective": [0]}[problem.recompute]
             choices += [replace(st, recompute_units=tuple(sorted(order[:r])), offload=off, selective=sel)
                         for r in rs for off in offs]
         per_stage.append(choices)

@@ -16,7 +16,7 @@ from hetpipe.cli.app import main
 from hetpipe.plan.schema import Plan
 
 
-def _cluster(path, mb: float):
+def tight_cluster(path, mb: float):
     def dev(name: str) -> dict:
         return {"name": name, "memory": f"{mb}MB", "reserve": "1MB", "tensor_tflops": 0.071, "fp32_tflops": 0.03558,
                 "memory_bandwidth": "936MB/s", "source": "tests/test_selective_cli.py: a tight card"}
@@ -28,7 +28,7 @@ def _cluster(path, mb: float):
 
 
 def test_plan_check_and_show_a_selective_plan(tmp_path, capsys):
-    cluster = _cluster(tmp_path / "tight.yaml", 6)
+    cluster = tight_cluster(tmp_path / "tight.yaml", 6)
     out = tmp_path / "plan.json"
     assert main(["plan", "gpt-tiny", "--cluster", str(cluster), "--solver", "dp", "-o", str(out)]) == 0
     plan = Plan.load(out)
@@ -51,7 +51,7 @@ def test_plan_check_and_show_a_selective_plan(tmp_path, capsys):
     bad.write_text(json.dumps(doc))
     assert main(["check", str(bad)]) == 1
     assert "stage 0: selective is False, but recompute auto chooses True" in capsys.readouterr().out
-    roomy, none = _cluster(tmp_path / "roomy.yaml", 8), tmp_path / "none.json"  # where `none` fits
+    roomy, none = tight_cluster(tmp_path / "roomy.yaml", 8), tmp_path / "none.json"  # where `none` fits
     assert main(["plan", "gpt-tiny", "--cluster", str(roomy), "--solver", "dp", "--recompute", "none",
                  "-o", str(none)]) == 0
     assert Plan.load(none).selective is None and Plan.load(none).version < 7

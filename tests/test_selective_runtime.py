@@ -2,7 +2,8 @@
 
 The plan here is gpt-tiny in three stages (tests/test_trainer.py's cut) on cards whose usable memory is the
 selective stage's M_s: the planner's own lever choice (`with_recompute`) then runs the level on the stages
-where it frees something, and `check` re-derives that choice.  The runtime drops exactly the outputs the
+where it frees something, and `check` re-derives that choice; ``--recompute selective`` plans the same
+placement with the level forced (`forced_plan`), which the gloo ranks train.  The runtime drops exactly the outputs the
 planner frees (`runtime/stage/selective.py`): the ledger holds the planner's freed bytes less per
 micro-batch; 3 gloo ranks train like the unsplit model (fp32, rtol = atol = 1e-5).
 """
@@ -33,11 +34,10 @@ def _graphs():
     return capture(meta, example, name=tt.MODEL), capture(meta, example, name=tt.MODEL, granularity="node")
 
 
-def selective_plan() -> Plan:
-    """gpt-tiny on 3 synthetic cards, each card's usable bytes its stage's M_s with the level and no
-    whole-unit prefix: the planner's choice (`with_recompute`) runs the level wherever it frees bytes."""
-    from hetpipe.plan.build import assemble_plan, build_problem
-    from hetpipe.plan.schema import SolverReport
+def _tight_cards():
+    """(cluster, the level's tables, its record, the hand cut): gpt-tiny's 3 stages, each card's usable bytes its
+    stage's M_s with the level and no whole-unit prefix."""
+    from hetpipe.plan.build import build_problem
     from hetpipe.plan.selective_plan import selective_offer
     from tests.synthetic import synthetic_cluster
 
@@ -50,7 +50,17 @@ def selective_plan() -> Plan:
                                   selective=tables)
     need = [c.memory_bytes for c in evaluate(problem, stages).stages]
     devices = tuple(dataclasses.replace(d, reserve_bytes=d.profile.memory_bytes - m) for d, m in zip(cluster.devices, need))
-    cluster = dataclasses.replace(cluster, devices=devices)
+    return dataclasses.replace(cluster, devices=devices), tables, record, stages
+
+
+def selective_plan() -> Plan:
+    """gpt-tiny on 3 synthetic cards, each card's usable bytes its stage's M_s with the level and no
+    whole-unit prefix: the planner's choice (`with_recompute`) runs the level wherever it frees bytes."""
+    from hetpipe.plan.build import assemble_plan, build_problem
+    from hetpipe.plan.schema import SolverReport
+
+    graph, _ = _graphs()
+    cluster, tables, record, stages = _tight_cards()
     problem = dataclasses.replace(build_problem(graph, cluster, microbatches=tt.MICROBATCHES, recompute="auto"),
                                   selective=tables)
     chosen = with_recompute(problem, stages)
@@ -58,6 +68,18 @@ def selective_plan() -> Plan:
     solver = SolverReport("hand", "FEASIBLE", ev.iteration_s, 0.0, 0.0)
     return assemble_plan(graph, cluster, problem=problem, stages=chosen, solver=solver,
                          global_batch=graph.micro_batch_size * tt.MICROBATCHES, selective=record)
+
+
+@functools.lru_cache(maxsize=1)
+def forced_plan() -> Plan:
+    """The planner's own ``--recompute selective`` plan on the same cards (`partition_graph`, the exact DP):
+    the level on every stage, no whole unit; only 3 stages fit."""
+    from hetpipe.plan.build import partition_graph
+
+    graph, _ = _graphs()
+    cluster, tables, record, _ = _tight_cards()
+    return partition_graph(graph, cluster, global_batch=graph.micro_batch_size * tt.MICROBATCHES, solver="dp",
+                           recompute="selective", selective=(tables, record))
 
 
 def test_the_plan_records_the_level_and_round_trips(tmp_path):
@@ -158,13 +180,23 @@ def _selective_worker(rank: int, world: int, plan_path: str) -> dict:
             "params": {n: p.detach().clone() for n, p in trainer.stage.named_parameters()}}
 
 
+def _runtime_view(plan: Plan) -> tuple:
+    """What the runtime reads of a plan's placement and levers (the recompute setting's note it does not)."""
+    return plan.selective, plan.training, plan.stages, plan.units
+
+
 @pytest.mark.slow
 def test_three_gloo_ranks_with_selective_stages_train_like_the_unsplit_model(tmp_path):
     """3 ranks, every stage running the level (tests/test_trainer.py's loop: SGD with momentum, clipping,
-    an LR schedule): losses and every parameter equal the unsplit model's (fp32, rtol = atol = 1e-5)."""
+    an LR schedule): losses and every parameter equal the unsplit model's (fp32, rtol = atol = 1e-5).  The
+    plan is the planner's ``--recompute selective`` answer, which here is the ``auto`` hand plan's placement
+    and levers exactly: one launch runs both."""
+    from hetpipe.plan.check import check_plan
     from tests.dist_helpers import run_world
 
-    plan = selective_plan()
+    plan = forced_plan()
+    assert plan.cost_model["recompute"].startswith("selective:") and check_plan(plan).ok
+    assert _runtime_view(plan) == _runtime_view(selective_plan())
     plan.save(tmp_path / "plan.json")
     outcomes = run_world(_selective_worker, world_size=3, args=(str(tmp_path / "plan.json"),),
                          timeout_s=tt.WORLD_TIMEOUT_S, out_dir=tmp_path / "ranks")

@@ -49,8 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=float, default=10.0, help="CP-SAT time limit in seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--recompute", default="auto",
-                   help="activation recomputation per stage: auto (default: only the units it must to fit, cheapest "
-                        "per byte first, and/or the selective level: norm/GELU outputs) | none | all (every unit)")
+                   help="activation recomputation per stage: auto (default: only the units it must to fit, cheapest per "
+                        "byte first, and/or the selective level: norm/GELU outputs) | none | all | selective (the level alone)")
     p.add_argument("--offload", default="never",
                    help="optimizer-state offload per stage: never (default) | auto (a stage keeps its optimizer "
                         "state in host memory where that lowers T, paying the PCIe copies and the host step) | all")

@@ -124,7 +124,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     except InfeasibleError as err:
         from hetpipe.cli.fit_help import with_fit_hints
 
-        if isinstance(replicas, int) and replicas > 1:  # the hints are for one pipeline
+        # the hints are for one pipeline, and price no forced selective level (`partitioner.selective_mode`)
+        if (isinstance(replicas, int) and replicas > 1) or getattr(args, "recompute", "auto") == "selective":
             raise
         with console.status("nothing fits: trying lighter settings (memory only)"):
             raise with_fit_hints(err, args, graph, cluster, capture_args) from None
@@ -141,16 +142,16 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
 
 
 def selective_level(args: argparse.Namespace, graph: Any, cluster: Any) -> Any:
-    """The selective recompute level offered to the planner under ``--recompute auto`` (its tables and
-    record, `plan.selective_plan.offer_for_capture`, from a node-granularity capture); None otherwise."""
-    from hetpipe.plan.build import offers_selective
-    from hetpipe.plan.selective_plan import offer_for_capture
+    """The selective recompute level offered to the planner under ``--recompute auto`` or ``selective`` (its
+    tables and record, from a node-granularity capture); None otherwise.  The same code path as
+    `hetpipe.partition` (`plan.selective_plan.offer_for_options`)."""
+    from hetpipe.plan.selective_plan import offer_for_options
 
-    if not offers_selective(getattr(args, "recompute", "auto"), getattr(args, "plan_schedule", "1f1b"),
-                            getattr(args, "tensor_parallel", "off")):
-        return None
     node_args = argparse.Namespace(**{**vars(args), "granularity": "node"})
-    return offer_for_capture(graph, lambda: graph if args.granularity == "node" else capture_args(node_args), cluster)
+    return offer_for_options(graph, cluster, lambda: graph if args.granularity == "node" else capture_args(node_args),
+                             recompute=getattr(args, "recompute", "auto"),
+                             schedule=getattr(args, "plan_schedule", "1f1b"),
+                             tensor_parallel=getattr(args, "tensor_parallel", "off"))
 
 
 def _with_user_code(plan: Any, args: argparse.Namespace) -> Any:

@@ -17,7 +17,7 @@ from hetpipe.cost_models.devices import Cluster
 from hetpipe.cost_models.quantities import human_bytes
 from hetpipe.partitioner.capture.graph import UnitGraph
 from hetpipe.plan.levers import stage_levers
-from hetpipe.plan.schema import Plan, UnitTimes
+from hetpipe.plan.schema import Plan, UnitTimes, recompute_mode
 
 if TYPE_CHECKING:  # the views take simulations as data; no simulator import at module load
     from hetpipe.plan.analysis import PlanSimulation
@@ -81,7 +81,8 @@ def plan_table(plan: Plan) -> Table:
         title=(f"{plan.model.name}: {len(plan.stages)} stages, {plan.training.microbatches} micro-batches of "
                f"{plan.training.micro_batch_size}; T = {format_seconds(pred.iteration_s)} "
                f"({pred.samples_per_s:.1f} samples/s, bubble {pred.bubble_fraction:.0%})"
-               + (f"; simulated {format_seconds(pred.simulated_iteration_s)}" if pred.simulated_iteration_s else ""))
+               + (f"; simulated {format_seconds(pred.simulated_iteration_s)}" if pred.simulated_iteration_s else "")
+               + ("; recompute selective (the level on every stage)" if recompute_mode(plan) == "selective" else ""))
     )
     kinds = {d.id: d.kind for d in plan.devices}
     levers = stage_levers(plan)  # a levers column only when some stage recomputes or offloads

@@ -40,8 +40,10 @@ from hetpipe.errors import ConfigError
 
 #: The lever's settings: ``auto`` = the planner picks, per stage, the shortest prefix of the
 #: order that fits; ``none`` = never recompute; ``all`` = every unit of the order on every
-#: stage (Megatron-LM ``--recompute-granularity full``, what fits or not).
-RECOMPUTE_MODES = ("auto", "none", "all")
+#: stage (Megatron-LM ``--recompute-granularity full``, what fits or not); ``selective`` = no whole unit,
+#: the selective level (`cost_models.selective`) on every stage (Megatron-LM ``--recompute-granularity
+#: selective``; `partitioner.selective_mode`).
+RECOMPUTE_MODES = ("auto", "none", "all", "selective")
 
 
 def check_recompute_option(mode: object) -> None:
@@ -52,7 +54,7 @@ def check_recompute_option(mode: object) -> None:
         >>> check_recompute_option("some")
         Traceback (most recent call last):
         ...
-        hetpipe.errors.ConfigError: recompute (--recompute): 'some' is not a setting; use one of auto, none, all
+        hetpipe.errors.ConfigError: recompute (--recompute): 'some' is not a setting; use one of auto, none, all, selective
     """
     if mode not in RECOMPUTE_MODES:
         raise ConfigError(f"recompute (--recompute): {mode!r} is not a setting; use one of {', '.join(RECOMPUTE_MODES)}")

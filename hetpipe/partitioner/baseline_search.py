@@ -52,9 +52,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from hetpipe.partitioner.baselines import BaselineResult, baseline, rule_bounds
-from hetpipe.partitioner.problem import Problem, Stage, evaluate, stage_memory_bytes, stage_recompute_cost
-from hetpipe.partitioner.recompute import choose_recompute
+from hetpipe.partitioner.baselines import BaselineResult, baseline, rule_bounds, without_offload
+from hetpipe.partitioner.problem import Problem, Stage, evaluate, stage_memory_bytes
+from hetpipe.partitioner.recompute import added_backward_s, choose_levers
 from hetpipe.partitioner.solvers.dp import DeviceClass, device_classes
 
 #: Work the branch and bound may do per rule (all stage counts together), in classes looked at
@@ -120,13 +120,13 @@ def _links(problem: Problem, classes: Sequence[DeviceClass]) -> _Links:
 
 @dataclass(frozen=True)
 class _Tables:
-    """One rule at p stages: F+B per position and class (inf: does not fit; recomputed forwards
-    included), the units each recomputes (`Problem.recompute`), bytes per cut."""
+    """One rule at p stages: F+B per position and class (inf: does not fit; recomputed forwards and the
+    selective level's seconds included), each stage's levers (`Problem.recompute`), bytes per cut."""
 
     kind: str
     bounds: tuple[tuple[int, int], ...]  # [start, end) per stage
     work_s: tuple[tuple[float, ...], ...]
-    recompute: tuple[tuple[tuple[int, ...], ...], ...]  # [s][c]: units stage s recomputes on class c
+    levers: tuple[tuple[Stage, ...], ...]  # [s][c]: stage s on class c, its recompute units and selective level
     cut_bytes: tuple[int, ...]  # per cut s (after stage s), s < p - 1
     links: _Links
 
@@ -139,23 +139,23 @@ def _tables(problem: Problem, classes: Sequence[DeviceClass], links: _Links, nam
             kind: str) -> _Tables:
     bounds = tuple(rule_bounds(problem, name, p, profile_kind=kind))
     stages = [Stage(0, lo, hi - 1) for lo, hi in bounds]  # M_s reads only stage s and p
-    work, recompute = [], []
+    work, levers = [], []
+    plain = without_offload(problem)  # the baselines never offload; `check` re-derives them with `with_recompute`
     for s, (lo, hi) in enumerate(bounds):
-        # A stage's recompute set, memory and time depend on the card only through its kind and
-        # usable bytes (`choose_recompute`), so each (kind, usable) is priced once.
-        priced: dict[tuple[str, int], tuple[float, tuple[int, ...]]] = {}
+        # A stage's recompute set, selective level, memory and time depend on the card only through its
+        # kind and usable bytes (`choose_levers`), so each (kind, usable) is priced once.
+        priced: dict[tuple[str, int], tuple[float, Stage]] = {}
         for c in classes:
             if (c.kind, c.usable_bytes) not in priced:
-                stages[s] = Stage(c.members[0], lo, hi - 1)
-                stages[s] = replace(stages[s], recompute_units=choose_recompute(problem, stages, s))
-                extra = stage_recompute_cost(problem, stages[s]).extra_s
+                stages[s] = choose_levers(plain, stages[:s] + [Stage(c.members[0], lo, hi - 1)] + stages[s + 1:], s)
                 fits = stage_memory_bytes(problem, stages, s) <= c.usable_bytes
-                time_s = sum(problem.fwd_s[c.kind][lo:hi]) + sum(problem.bwd_s[c.kind][lo:hi]) + extra
-                priced[c.kind, c.usable_bytes] = (time_s if fits else _INF, stages[s].recompute_units)
+                time_s = (sum(problem.fwd_s[c.kind][lo:hi]) + sum(problem.bwd_s[c.kind][lo:hi])
+                          + added_backward_s(problem, stages[s]))
+                priced[c.kind, c.usable_bytes] = (time_s if fits else _INF, stages[s])
         work.append(tuple(priced[c.kind, c.usable_bytes][0] for c in classes))
-        recompute.append(tuple(priced[c.kind, c.usable_bytes][1] for c in classes))
+        levers.append(tuple(priced[c.kind, c.usable_bytes][1] for c in classes))
     cuts = tuple(problem.boundary_bytes[hi - 1] for _, hi in bounds[:-1])
-    return _Tables(kind, bounds, tuple(work), tuple(recompute), cuts, links)
+    return _Tables(kind, bounds, tuple(work), tuple(levers), cuts, links)
 
 
 def _seq_time(tab: _Tables, seq: Sequence[int], microbatches: int) -> float:
@@ -282,8 +282,7 @@ def _placement(classes: Sequence[DeviceClass], tab: _Tables, seq: Sequence[int])
     taken = [0] * len(classes)
     stages = []
     for s, c in enumerate(seq):
-        stages.append(Stage(classes[c].members[taken[c]], tab.bounds[s][0], tab.bounds[s][1] - 1,
-                            tab.recompute[s][c]))
+        stages.append(replace(tab.levers[s][c], device=classes[c].members[taken[c]]))
         taken[c] += 1
     return tuple(stages)
 

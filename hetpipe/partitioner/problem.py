@@ -153,7 +153,7 @@ class Problem:
     """A partitioning instance.  Sequences are indexed by unit; matrices by device index.
 
     `bandwidth_bytes_s[i][j]` and `latency_s[i][j]` describe the link i -> j.  `recompute` is the recomputation
-    lever the solvers may use (`RECOMPUTE_MODES`): ``none`` (default), ``auto`` (see `partitioner.recompute`), ``all``.
+    lever (`RECOMPUTE_MODES`): ``none`` (default), ``auto`` (`partitioner.recompute`), ``all``, ``selective`` (issue 14).
     """
 
     fwd_s: Mapping[str, tuple[float, ...]]

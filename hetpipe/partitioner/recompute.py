@@ -4,7 +4,8 @@ A stage on units U, device kind kappa, at position s of p recomputes the first r
 its order (`cost_models.recompute.recompute_order`: saved bytes per recompute second on
 kappa, descending), r in 0..len(order):
 
-* ``none``: r = 0;  ``all``: r = len(order) (Megatron-LM ``--recompute-granularity full``);
+* ``none`` and ``selective`` (the selective level alone): r = 0;  ``all``: r = len(order) (Megatron-LM
+  ``--recompute-granularity full``);
 * ``auto``: the smallest r whose M_s fits the device (no r fits: the least-memory r, and the
   placement is infeasible anyway).
 
@@ -54,7 +55,7 @@ def stage_order(problem: Problem, stage: Stage) -> tuple[int, ...]:
 def choose_recompute(problem: Problem, stages: Sequence[Stage], s: int, mode: str | None = None) -> tuple[int, ...]:
     """The units stage `s` of `stages` recomputes under `mode` (default `problem.recompute`), ascending."""
     mode = problem.recompute if mode is None else mode
-    if mode == "none":
+    if mode in ("none", "selective"):  # ``selective``: the level alone, no whole unit (`selective_choices`)
         return ()
     order = stage_order(problem, stages[s])
     if mode == "all":
@@ -120,8 +121,11 @@ def choose_levers(problem: Problem, stages: Sequence[Stage], s: int, mode: str |
 
 def selective_choices(problem: Problem, stage: Stage, mode: str | None = None) -> tuple[bool, ...]:
     """Whether `stage` may run the selective level: under ``auto`` where the problem offers it
-    (`Problem.selective`) and it frees something on the stage's units; never in a group."""
+    (`Problem.selective`) and it frees something on the stage's units; never in a group.  Under
+    ``selective`` it must, on every stage, wherever the problem offers it (`partitioner.selective_mode`)."""
     tab, mode = problem.selective, problem.recompute if mode is None else mode
+    if mode == "selective":
+        return (tab is not None and not stage.members,)
     able = tab is not None and mode == "auto" and not stage.members and tab.any_freed(stage.first_unit, stage.last_unit)
     return (False, True) if able else (False,)
 

@@ -29,6 +29,7 @@ from hetpipe.partitioner.baseline_search import EXACT_NODE_BUDGET, best_baseline
 from hetpipe.partitioner.baselines import BASELINES, baseline, rule_bounds, without_offload
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.recompute import with_recompute
+from hetpipe.partitioner.selective_mode import forced_problem
 from hetpipe.plan.schema import BaselineReport, Plan, close_to_recorded, problem_from_plan  # noqa: F401 (doctest)
 
 
@@ -65,9 +66,10 @@ def baseline_violations(plan: Plan, problem: Problem) -> list[str]:
 
     The forced placement is re-cut and re-evaluated; a recorded best placement must use
     the rule's own cuts for its number of stages, and its T and fit are recomputed.
-    Other names (a replica plan's ``ddp-equal``) are checked by `plan.replica_check`.
+    Other names (a replica plan's ``ddp-equal``) are checked by `plan.replica_check`.  Under
+    ``recompute selective`` the baselines were searched, like the plan, on `selective_mode.forced_problem`.
     """
-    out = []
+    problem, out = forced_problem(problem), []
     for name, rec in plan.baselines.items():
         if name not in BASELINES:
             continue

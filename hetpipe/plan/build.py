@@ -27,12 +27,17 @@ from hetpipe.cost_models.offload import check_offload_option, offload_rates
 from hetpipe.cost_models.recompute import check_recompute_option
 from hetpipe.cost_models.validate import check_solver_options
 from hetpipe.cost_models.memory import state_bytes_per_param
+from hetpipe.cost_models.quantities import human_bytes
 from hetpipe.cost_models.optimizer_step import loop_unit_step_s, step_launch_s, tensor_step_s, unit_step_s
 from hetpipe.cost_models.stage_memory import MEMORY_MODEL
-from hetpipe.cost_models.timing import efficiencies, peak_flops_s, unit_time_s
+from hetpipe.cost_models.timing import efficiencies, peak_flops_s
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.capture.graph import UnitGraph
 from hetpipe.plan.offload_note import offload_note
+from hetpipe.plan.unit_times import profile_unit_times, unit_times  # noqa: F401 (re-exported)
+from hetpipe.plan.left_out import left_out_reasons
+from hetpipe.partitioner.selective_mode import forced_problem, lift
+from hetpipe.plan.selective_plan import check_selective_mode, offer_for_options, offers_selective  # noqa: F401
 from hetpipe.plan.selective_schema import PlanSelective
 from hetpipe.plan.tp_plan import (
     check_tensor_parallel_option, plan_group_fields, plan_unit_fields, tensor_parallel_fields, tensor_parallel_note)
@@ -59,22 +64,6 @@ from hetpipe.schedule.interleaved import chunks_of
 from hetpipe.partitioner.problem import DeviceSlot, Evaluation, Problem, Stage, TiedCopy, evaluate, is_split
 
 log = logging.getLogger(__name__)
-
-
-def unit_times(graph: UnitGraph, cluster: Cluster) -> dict[str, tuple[UnitTimes, ...]]:
-    """Per device kind, per unit forward/backward seconds for one micro-batch."""
-    return {kind: profile_unit_times(graph, cluster.profile(kind)) for kind in cluster.kinds}
-
-
-def profile_unit_times(graph: UnitGraph, prof: DeviceProfile) -> tuple[UnitTimes, ...]:
-    """Per unit forward/backward seconds for one micro-batch on a device of profile `prof`."""
-    times = []
-    for u in graph.units:
-        t = unit_time_s(fwd_flops=u.fwd_flops, bwd_flops=u.bwd_flops, memory_traffic_bytes=u.memory_traffic_bytes,
-                        op_count=u.op_count, profile=prof, precision=graph.precision, fwd_work=u.fwd_work,
-                        bwd_work=u.bwd_work)
-        times.append(UnitTimes(fwd=t.fwd_s, bwd=t.bwd_s))
-    return tuple(times)
 
 
 def build_problem(graph: UnitGraph, cluster: Cluster, *, microbatches: int, recompute: str = "none",
@@ -321,7 +310,9 @@ def recompute_note(problem: Problem) -> dict[str, str]:
     """The plan's record of the recomputation setting (`schema.RECOMPUTE_NOTE`; nothing for ``none``)."""
     why = {"auto": "each stage recomputes the shortest prefix of its units, ranked by saved bytes per "
                    "recompute second on its card, that fits its memory (none when everything fits)",
-           "all": "each stage recomputes every unit that saves memory (Megatron-LM full recomputation)"}
+           "all": "each stage recomputes every unit that saves memory (Megatron-LM full recomputation)",
+           "selective": "every stage runs the selective level (its units' norm/GELU outputs dropped and re-run in "
+                        "the backward), no whole unit (Megatron-LM selective recomputation)"}
     return {RECOMPUTE_NOTE: f"{problem.recompute}: {why[problem.recompute]}"} if problem.recompute != "none" else {}
 
 
@@ -392,20 +383,30 @@ def partition(
     size); `global_batch` must be a multiple of it.  With `loss_fn` and one micro-batch of
     `targets`, what the loss keeps for backward is counted on the last stage (an LM's
     cross-entropy keeps b*s*vocab log-probabilities).  `recompute` is the activation-recomputation
-    lever: ``auto`` (each stage recomputes only what it must to fit), ``none`` or ``all``; `offload`
-    the optimizer-offload lever: ``never`` (the default), ``auto`` (a stage keeps its optimizer state
-    on the host where that lowers T) or ``all``; `schedule` the pipeline schedule: ``1f1b`` (the
-    default), ``zb-h1`` or ``auto`` (the faster for this plan, `partitioner.schedule_choice`).  Raises
-    `InfeasibleError` when nothing fits, `ConfigError` for bad options.
+    lever: ``auto`` (each stage recomputes only what it must to fit, whole units and/or the selective
+    level, as `hetpipe plan` offers it), ``none``, ``all`` or ``selective`` (the selective level alone
+    on every stage); `offload` the optimizer-offload lever: ``never`` (the default), ``auto`` (a stage
+    keeps its optimizer state on the host where that lowers T) or ``all``; `schedule` the pipeline
+    schedule: ``1f1b`` (the default), ``zb-h1`` or ``auto`` (the faster for this plan,
+    `partitioner.schedule_choice`).  Raises `InfeasibleError` when nothing fits, `ConfigError` for bad options.
     """
     from hetpipe.partitioner.capture.capture import capture
 
     cluster = as_cluster(cluster)  # a path, a dict or a Cluster; checked before the capture
+    check_recompute_option(recompute)
     graph = capture(model, example_inputs, name=name, granularity=granularity, optimizer=optimizer,
                     precision=precision, loss_fn=loss_fn, targets=targets)
+
+    def capture_nodes() -> UnitGraph:  # the same model at node granularity: the selective level's source
+        return graph if granularity == "node" else capture(
+            model, example_inputs, name=name, granularity="node", optimizer=optimizer, precision=precision,
+            loss_fn=loss_fn, targets=targets)
+
+    offer = offer_for_options(graph, cluster, capture_nodes, recompute=recompute, schedule=schedule,
+                              tensor_parallel=tensor_parallel)
     return partition_graph(graph, cluster, global_batch=global_batch, solver=solver,
                            time_limit_s=time_limit_s, seed=seed, recompute=recompute, offload=offload,
-                           schedule=schedule, tensor_parallel=tensor_parallel)
+                           schedule=schedule, tensor_parallel=tensor_parallel, selective=offer)
 
 
 def partition_graph(
@@ -424,13 +425,9 @@ def partition_graph(
 ) -> Plan:
     """`partition` for an already captured `UnitGraph`; ``tensor_parallel="auto"`` lets stages be
     tensor-parallel groups (`partitioner/solvers/tp_solve.py`); `selective` (the level's tables and record,
-    `plan.selective_plan.selective_offer`) offers the selective recompute level per stage under ``auto``."""
-    from hetpipe.partitioner.solvers.solve import VERIFY_SHARE, solve
-    from hetpipe.partitioner.solvers.tp_solve import solve_tp
-    from hetpipe.partitioner.solvers.verify import LOCAL_SEARCH_S
-    from hetpipe.plan.adopt import adopt_faster_baselines
-    from hetpipe.partitioner.schedule_choice import check_schedule_option, choose_schedule
-    from hetpipe.plan.baseline_report import baseline_reports
+    `plan.selective_plan.offer_for_options`) offers the selective recompute level per stage under ``auto``
+    and is required under ``selective`` (the level forced on every stage, `partitioner.selective_mode`)."""
+    from hetpipe.partitioner.schedule_choice import check_schedule_option
 
     cluster = as_cluster(cluster)
     check_solver_options(solver, time_limit_s, seed)
@@ -438,54 +435,56 @@ def partition_graph(
     check_offload_option(offload)
     check_schedule_option(schedule)
     check_tensor_parallel_option(tensor_parallel)
+    check_selective_mode(recompute, schedule, tensor_parallel)
     if tensor_parallel != "off" and schedule != "1f1b":  # split schedules price one card per stage
         raise ConfigError(f"--schedule {schedule} with --tensor-parallel {tensor_parallel}: groups are priced "
                           "under 1F1B only; use --schedule 1f1b or --tensor-parallel off")
+    if recompute == "selective" and selective is None:
+        raise ConfigError("recompute (--recompute): 'selective', but this model offers no selective level (it does "
+                          "not capture at node granularity, or no norm/GELU output can be dropped); use --recompute "
+                          "auto or none")
     global_batch, m = microbatches_for(graph, global_batch, len(cluster.devices))
     problem = build_problem(graph, cluster, microbatches=m, recompute=recompute, offload=offload,
                             tensor_parallel=tensor_parallel)
     if selective is not None and offers_selective(recompute, schedule, tensor_parallel):
         problem = dataclasses.replace(problem, selective=selective[0])
     log.info("solving %d units on %d devices, %d micro-batches", graph.num_units, len(cluster.devices), m)
-    sol = (solve_tp if tensor_parallel == "auto" else solve)(problem, solver=solver, time_limit_s=time_limit_s,
-                                                            seed=seed)
-    base = baseline_reports(problem)  # forced onto every card, and on the best cards (issue 17)
-    sol = adopt_faster_baselines(problem, sol, base, limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))
-    problem, sol = choose_schedule(problem, sol, option=schedule, limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))
+    problem, sol, base, left = _solved(problem, solver=solver, time_limit_s=time_limit_s, seed=seed,
+                                       schedule=schedule, tensor_parallel=tensor_parallel)
     report = SolverReport(sol.solver, sol.status, sol.iteration_s, sol.bound_s, sol.wall_s, time_limit_s, seed)
-    left = _left_out_reasons(problem, sol, solver=solver, time_limit_s=time_limit_s, seed=seed)
     return assemble_plan(graph, cluster, problem=problem, stages=sol.stages, solver=report,
                          global_batch=global_batch, baselines=base, left_out=left,
                          selective=selective[1] if selective is not None else None)
 
 
-def offers_selective(recompute: str, schedule: str, tensor_parallel: str) -> bool:
-    """Whether a plan with these options is offered the selective level: under ``--recompute auto``, one
-    card per stage and 1F1B (`evaluate` prices the level for neither groups nor chunks; the runtime runs
-    whole-unit recomputation under no split schedule either, `runtime.run.refuse_split_recompute`)."""
-    return (recompute == "auto" and tensor_parallel == "off" and schedule not in ("auto", "gpipe")
-            and chunks_of(schedule) == 1 and not is_split(schedule))
+def _solved(problem: Problem, *, solver: str, time_limit_s: float, seed: int, schedule: str,
+            tensor_parallel: str) -> tuple[Problem, Any, dict[str, BaselineReport], tuple[LeftOut, ...]]:
+    """(problem as planned, solution, baselines, left-out reasons).  Under ``recompute="selective"`` all of it
+    runs on `selective_mode.forced_problem` (which prices every placement as the forced problem does) and the
+    answer's stages are lifted to run the level."""
+    from hetpipe.partitioner.solvers.solve import VERIFY_SHARE, solve
+    from hetpipe.partitioner.solvers.tp_solve import solve_tp
+    from hetpipe.partitioner.solvers.verify import LOCAL_SEARCH_S
+    from hetpipe.plan.adopt import adopt_faster_baselines
+    from hetpipe.partitioner.schedule_choice import choose_schedule
+    from hetpipe.plan.baseline_report import baseline_reports
 
-
-def _left_out_reasons(problem: Problem, sol: Any, *, solver: str, time_limit_s: float, seed: int) -> tuple[LeftOut, ...]:
-    """Explain left-out devices by the best plan that uses every device (or why none exists)."""
-    from hetpipe.partitioner.solvers.solve import solve
-
-    if not sol.unused_devices:
-        return ()
-    n = len(problem.devices)
-    if n > problem.num_units:
-        why = f"the model has only {problem.num_units} units for {n} devices"
-    else:
-        try:
-            # a warm-up schedule names one count per stage of its own depth: all n stages get its base
-            base = "1f1b" if chunks_of(problem.schedule) > 1 else problem.schedule.partition("@")[0]
-            plain = dataclasses.replace(problem, schedule=base)
-            full = solve(plain, solver=solver, time_limit_s=time_limit_s, seed=seed, num_stages=n)
-            why = (
-                f"the best plan using all {n} devices predicts {full.iteration_s:.4g} s per iteration vs "
-                f"{sol.iteration_s:.4g} s without it ({full.iteration_s / sol.iteration_s:.2f}x slower)"
-            )
-        except InfeasibleError:
-            why = f"no plan using all {n} devices fits in memory"
-    return tuple(LeftOut(problem.devices[i].id, f"{problem.devices[i].kind}: {why}") for i in sol.unused_devices)
+    work = forced_problem(problem)  # `problem` itself unless the level is forced
+    try:
+        sol = (solve_tp if tensor_parallel == "auto" else solve)(work, solver=solver, time_limit_s=time_limit_s,
+                                                                seed=seed)
+    except InfeasibleError as err:
+        if work is problem or problem.selective is None:
+            raise
+        raise InfeasibleError(f"{str(err).rstrip('.')} (--recompute selective: the figures above are with the level "
+                              "on every stage, the usable memory each card's less the level's peak, "
+                              f"{human_bytes(problem.selective.peak_bytes)}, which every stage holds once; "
+                              "--recompute auto may fit with whole units)") from None
+    base = baseline_reports(work)  # forced onto every card, and on the best cards (issue 17)
+    sol = adopt_faster_baselines(work, sol, base, limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))
+    work, sol = choose_schedule(work, sol, option=schedule, limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))
+    left = left_out_reasons(work, sol, solver=solver, time_limit_s=time_limit_s, seed=seed)
+    if problem.recompute != "selective":
+        return work, sol, base, left
+    return (dataclasses.replace(problem, schedule=work.schedule), dataclasses.replace(sol, stages=lift(sol.stages)),
+            base, left)

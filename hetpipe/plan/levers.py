@@ -51,7 +51,10 @@ class StageLevers:
             >>> StageLevers((), 0, 0.0, selective=True, selective_saved_bytes=2**20, selective_s=0.0005).describe()
             'selective -1.00 MiB, +0.50 ms'
         """
-        parts = [f"selective -{human_bytes(self.selective_saved_bytes)}, +{self.selective_s * 1e3:.2f} ms"
+        # a stage whose units free nothing runs the level only where it is forced (``--recompute selective``):
+        # it pays the level's peak, a saving below 0 shown as an added "+" amount
+        sign = "-" if self.selective_saved_bytes >= 0 else "+"
+        parts = [f"selective {sign}{human_bytes(abs(self.selective_saved_bytes))}, +{self.selective_s * 1e3:.2f} ms"
                  ] if self.selective else []
         parts += [f"{len(self.recompute_units)} units, -{human_bytes(self.saved_bytes)}, +{self.extra_s * 1e3:.2f} ms"
                  ] if self.recompute_units else []

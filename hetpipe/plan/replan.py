@@ -36,11 +36,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hetpipe.errors import ConfigError
 from hetpipe.partitioner.problem import Problem, evaluate
+from hetpipe.partitioner.selective_mode import SELECTIVE_MODE, forced_problem, lift
 from hetpipe.plan.baseline_report import baseline_reports
 from hetpipe.plan.build import plan_stages, predicted_figures
 from hetpipe.plan.schema import KindSeconds, Plan, SolverReport, UnitTimes, problem_from_plan, stages_from_plan
@@ -86,7 +88,10 @@ def scale_device(problem: Problem, device_id: str, factor: float) -> Problem:
     launch = dict(problem.step_launch_s)
     if old in launch:  # the optimizer step's launch share: the card is slower at it too
         launch[kind] = launch[old] * factor
-    return dataclasses.replace(problem, devices=devices, step_launch_s=launch, **scaled)
+    sel = problem.selective  # the selective level's re-run nodes: slower on that card too
+    if sel is not None and old in sel.extra_s:
+        sel = dataclasses.replace(sel, extra_s={**sel.extra_s, kind: tuple(t * factor for t in sel.extra_s[old])})
+    return dataclasses.replace(problem, devices=devices, step_launch_s=launch, selective=sel, **scaled)
 
 
 def link_pair(text: str) -> tuple[str, str]:
@@ -155,9 +160,11 @@ def replan(plan: Plan, *, lost: Iterable[str] = (), slowdown: Mapping[str, float
     if not set(lost) & {s.device for s in plan.stages}:
         old_s = evaluate(problem, stages_from_plan(plan)).iteration_s
     problem = without_devices(problem, lost)
-    sol = solve(problem, solver=solver, time_limit_s=time_limit_s, seed=seed)
+    # ``--recompute selective``: solved as its reduced problem, the answer's stages marked (`selective_mode`)
+    sol = solve(forced_problem(problem), solver=solver, time_limit_s=time_limit_s, seed=seed)
+    stages = lift(sol.stages) if problem.recompute == SELECTIVE_MODE else sol.stages
     report = SolverReport(sol.solver, sol.status, sol.iteration_s, sol.bound_s, sol.wall_s, time_limit_s, seed)
-    new = plan_on(plan, problem, sol.stages, report, slowdown=slowdown or {}, link_slowdown=link_slowdown or {})
+    new = plan_on(plan, problem, stages, report, slowdown=slowdown or {}, link_slowdown=link_slowdown or {})
     return Replan(new, old_s, new.predicted.iteration_s, time.perf_counter() - start)
 
 
@@ -183,8 +190,16 @@ def plan_on(plan: Plan, problem: Problem, stages: tuple, solver: SolverReport, *
         links=_links_on(plan, problem), units=units,
         stages=plan_stages(problem, stages, ev), predicted=predicted_figures(problem, stages, ev,
                                                                              plan.training.global_batch),
-        solver=solver, baselines=baseline_reports(problem), left_out=(), cost_model=notes,
+        solver=solver, baselines=baseline_reports(forced_problem(problem)), left_out=(), cost_model=notes,
+        selective=selective_on(plan.selective, problem.selective, kinds) if any(st.selective for st in stages) else None,
         step_launch_s=tuple(KindSeconds(k, problem.step_launch_s[k]) for k in kinds if k in problem.step_launch_s))
+
+
+def selective_on(record: Any, tables: Any, kinds: Sequence[str]) -> Any:
+    """The plan's selective level record (`Plan.selective`) with each unit's seconds on `kinds` from the
+    re-planned problem's tables (a slowed card's kind included)."""
+    return dataclasses.replace(record, units=tuple(
+        dataclasses.replace(u, time_s={k: tables.extra_s[k][u.index] for k in kinds}) for u in record.units))
 
 
 def _links_on(plan: Plan, problem: Problem) -> tuple:

@@ -139,6 +139,9 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
     )
 
     check_sharding_option(sharding)
+    if recompute == "selective" and replicas != 1:  # the replica planner prices no selective level
+        raise ConfigError(f"recompute (--recompute): 'selective' with --replicas {replicas}: the selective level is "
+                          "priced for one pipeline only; use --replicas 1 or --recompute auto")
     if replicas == 1:
         return partition_graph(graph, cluster, global_batch=global_batch, solver=solver, time_limit_s=time_limit_s,
                                seed=seed, recompute=recompute, offload=offload, schedule=schedule,

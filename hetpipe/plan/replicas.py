@@ -210,6 +210,9 @@ def partition_replicas(graph: UnitGraph, cluster: Cluster, *, global_batch: int 
     cluster = as_cluster(cluster)  # a path, a dict or a checked Cluster
     global_batch, _ = microbatches_for(graph, global_batch, len(cluster.devices))
     check_recompute_option(recompute)
+    if recompute == "selective":  # no replica solver prices the selective level (`plan.replica_count`)
+        raise ConfigError("recompute: 'selective' with replicas: the selective level is priced for one pipeline "
+                          "only; use hetpipe.partition or recompute='auto'")
     rp = build_replica_problem(graph, cluster, global_batch=global_batch, bucket_cap_bytes=bucket_cap_bytes,
                                recompute=recompute, sharding=sharding, offload=offload)
     if solver == "exact":

@@ -24,9 +24,12 @@ import math
 from typing import Any
 
 from hetpipe.cost_models.selective import SelectiveTables
-from hetpipe.errors import HetpipeError, PlanError
+from hetpipe.errors import ConfigError, HetpipeError, PlanError
+from hetpipe.partitioner.problem import is_split
 from hetpipe.partitioner.selective import selective_tables, unit_level
 from hetpipe.plan.selective_schema import PlanSelective, PlanSelectiveUnit
+from hetpipe.plan.unit_times import unit_times
+from hetpipe.schedule.interleaved import chunks_of
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +40,6 @@ TIME_RTOL = 1e-9
 def selective_offer(graph: Any, node_graph: Any, cluster: Any) -> tuple[SelectiveTables, PlanSelective]:
     """The level of `graph`'s units (a `UnitGraph`) from `node_graph` (the same model captured at node
     granularity), its seconds the dropped nodes' forward times on each of `cluster`'s kinds."""
-    from hetpipe.plan.build import unit_times
-
     node_fwd_s = {k: tuple(t.fwd for t in v) for k, v in unit_times(node_graph, cluster).items()}
     tables = selective_tables(graph.units, node_graph, node_fwd_s)
     units = tuple(
@@ -61,6 +62,50 @@ def offer_for_capture(graph: Any, capture_nodes: Any, cluster: Any) -> tuple[Sel
         return None
     tables, record = selective_offer(graph, node_graph, cluster)
     return (tables, record) if record.units else None
+
+
+def offers_selective(recompute: str, schedule: str, tensor_parallel: str) -> bool:
+    """Whether a plan with these options is offered the selective level: under ``--recompute auto`` (or
+    forced on every stage, ``selective``), one card per stage and 1F1B (`evaluate` prices the level for
+    neither groups nor chunks; the runtime runs whole-unit recomputation under no split schedule either,
+    `runtime.run.refuse_split_recompute`).
+
+    Example:
+        >>> offers_selective("auto", "1f1b", "off"), offers_selective("auto", "zb-h1", "off")
+        (True, False)
+    """
+    return (recompute in ("auto", "selective") and tensor_parallel == "off" and schedule not in ("auto", "gpipe")
+            and chunks_of(schedule) == 1 and not is_split(schedule))
+
+
+def check_selective_mode(recompute: str, schedule: str, tensor_parallel: str) -> None:
+    """Refuse ``recompute="selective"`` where the level is not priced (`offers_selective`): one line, the fix.
+
+    Example:
+        >>> check_selective_mode("selective", "interleaved:2", "off")
+        Traceback (most recent call last):
+        ...
+        hetpipe.errors.ConfigError: recompute (--recompute): 'selective' with --schedule interleaved:2: the selective level is priced and run under 1F1B only; use --schedule 1f1b or --recompute auto
+    """
+    if recompute != "selective" or offers_selective(recompute, schedule, tensor_parallel):
+        return
+    if tensor_parallel != "off":
+        raise ConfigError(f"recompute (--recompute): 'selective' with --tensor-parallel {tensor_parallel}: the "
+                          "selective level is priced for one card per stage only; use --tensor-parallel off or "
+                          "--recompute auto")
+    raise ConfigError(f"recompute (--recompute): 'selective' with --schedule {schedule}: the selective level is "
+                      "priced and run under 1F1B only; use --schedule 1f1b or --recompute auto")
+
+
+def offer_for_options(graph: Any, cluster: Any, capture_nodes: Any, *, recompute: str, schedule: str,
+                      tensor_parallel: str) -> tuple[SelectiveTables, PlanSelective] | None:
+    """The selective level a plan with these options is offered (`offer_for_capture`; None where
+    `offers_selective` says no): the one code path of `hetpipe plan` and `hetpipe.partition`.
+    ``capture_nodes()`` captures the same model at node granularity (only called when offered)."""
+    check_selective_mode(recompute, schedule, tensor_parallel)
+    if not offers_selective(recompute, schedule, tensor_parallel):
+        return None
+    return offer_for_capture(graph, capture_nodes, cluster)
 
 
 def selective_mismatch(record: PlanSelective, graph: Any, node_graph: Any, cluster: Any = None) -> str | None:

@@ -49,6 +49,7 @@ import time
 from dataclasses import dataclass, replace
 
 from hetpipe.errors import ConfigError, InfeasibleError
+from hetpipe.partitioner.selective_mode import forced_problem, lift
 from hetpipe.partitioner.solvers.cpsat import solve_cpsat
 from hetpipe.partitioner.solvers.cap_walk import DPResult
 from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, solve_exact
@@ -217,6 +218,10 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
     answer and auto's own is returned; under an ``auto`` lever the schedule search also starts from the
     estimate's answers with fewer levers (`_without_recompute`), so it never returns a T above theirs.
     """
+    if problem.recompute == "selective":  # the level forced on every stage: its reduced problem (`selective_mode`)
+        sol = solve(forced_problem(problem), solver=solver, time_limit_s=time_limit_s, seed=seed, num_stages=num_stages,
+                    explain=explain)
+        return replace(sol, stages=lift(sol.stages))
     begin = time.perf_counter()
     floor = _none_floor(problem, solver=solver, time_limit_s=time_limit_s, seed=seed, num_stages=num_stages)
     if floor is not None:  # auto's own search: the time the none pass left, at least `LEVER_MIN_SHARE` of the limit
