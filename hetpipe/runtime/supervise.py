@@ -309,10 +309,15 @@ def _switching(job: _Attempt) -> bool:
 def _switch_restarts(job: _Attempt, start: int) -> list[Restart]:
     """The `Restart` records (kind ``in-place``) of the switches ``job`` made, measured before and after."""
     out = []
+    records = job.report.step_records if job.report is not None else ()
     for (decision, before_s), record in zip(job.switched, read_switches(job.run_dir)):
         s = decision.straggler
-        after = sorted(r.emulated_step_s for r in (job.report.step_records if job.report is not None else ())
-                       if r.step + start >= record.after_steps)
+        after = sorted(r.emulated_step_s for r in records if r.step + start >= record.after_steps)
+        # The slow steps before the switch, from the run's own report: at decision time a rank's step
+        # records can lag its straggler report, and `before_s` then fell back to the steps before the slowdown.
+        slow = sorted(r.emulated_step_s for r in records
+                      if 0 <= s.since <= r.step + start < record.after_steps)
+        before_s = slow[len(slow) // 2] if slow else before_s
         out.append(in_place_restart(record, cause=f"straggler report of rank {s.rank}", rank=s.rank,
                                     device=f"{s.link[0]} -> {s.link[1]}" if s.link else s.device, factor=s.factor,
                                     replan_s=decision.replan.replan_s, old_predicted_s=decision.replan.old_iteration_s,
