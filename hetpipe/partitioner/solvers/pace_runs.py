@@ -193,6 +193,83 @@ class RunDP:
             out[1:] = pair_filter(rule, self.intra2[c][None], paired[:-1])
         return out
 
+    def priced_min(self, cap: float, price: np.ndarray, *, level_caps: LevelCaps | None = None,
+                   deadline: float = math.inf) -> tuple[float, int] | None:
+        """min over the pipelines `min_sum` admits of R_0 plus, per stage, `price` of its kind (seconds, (K,) in
+        `kinds`' order), and how many stages of a priced kind that pipeline has; None when none passes.
+
+        The filters see each state's least R exactly as `min_sum`'s (the priced value is minimised beside it, not
+        instead: a suffix is dropped only where the least-R one fails), so for any pipeline that `min_sum` admits
+        its R_0 plus its prices is at least this value (`pace_prices`)."""
+        K, L, run = len(self.kinds), self.tab.L, self.run
+        width = self.tab.width(cap)
+        ends = self.tab.hi[:, :width]
+        after = (np.full((run, K, L + 1), math.inf), None, np.full((run, K, L + 1), math.inf), np.zeros((run, K, L + 1)))
+        best: tuple[float, int] | None = None
+        for k in range(1, self.stages + 1):
+            check_deadline(deadline)
+            after = self._priced_level(k, cap, width, ends, after, level_caps, price)
+            at0, counts = after[2][:, :, 0], after[3][:, :, 0]
+            if np.isfinite(at0).any() and (best is None or at0.min() < best[0]):
+                where = np.unravel_index(int(np.argmin(at0)), at0.shape)
+                best = (float(at0[where]), int(counts[where]))
+            if not np.isfinite(after[0]).any():
+                break
+        return best
+
+    def _priced_level(self, k: int, cap: float, width: int, ends: np.ndarray, after_all: tuple, level_caps: LevelCaps | None,
+                      price: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
+        """`_level`'s values and pair companion, with the least priced value per state and its priced stages."""
+        K, L, run = len(self.kinds), self.tab.L, self.run
+        after, paired, after_p, after_n = after_all
+        band_cap, value_cap, *rule = (cap, math.inf) if level_caps is None else level_caps(k)
+        xn = next_pairs(level_caps, k)
+        pv = np.full((run, K, L + 1), math.inf) if xn >= 0 else None
+        out, out_p, out_n = (np.full((run, K, L + 1), math.inf), np.full((run, K, L + 1), math.inf),
+                             np.zeros((run, K, L + 1)))
+        for c in range(K):
+            band = self.tab.band(c, k - 1, min(cap, band_cap), width)
+            mine = float(price[c] > 0)
+            with np.errstate(invalid="ignore"):
+                if rule:
+                    band = np.where(rule[0].weighted * band - rule[0].forward * self.tab.forward[c][:, :width]
+                                    <= rule[0].cap, band, math.inf)
+                if k == 1:
+                    out[0, c], out_p[0, c], out_n[0, c] = band.min(axis=1), band.min(axis=1) + price[c], mine
+                    if pv is not None:
+                        pv[0, c] = paired_values(xn, band, band)
+                    continue
+                cand = band[None] + self._next(c, after)[0][:, ends]  # (run, L+1, W): as `_level`
+                if rule:
+                    cand = np.where(rule[0].trips * cand + rule[0].steps * band[None] <= rule[0].cap, cand, math.inf)
+                    if rule[0].pairs >= 0 and paired is not None:
+                        cand = pair_kept(rule[0], band[None], self._pair_next(c, paired, rule[0])[:, ends], cand)
+                if pv is not None:
+                    pv[:, c] = paired_values(xn, band[None], cand)
+                h_p, h_n = self._priced_next(c, after_p, after_n)
+                cand_p = np.where(np.isfinite(cand), band[None] + price[c] + h_p[:, ends], math.inf)
+            out[:, c] = cand.min(axis=2)
+            w = cand_p.argmin(axis=2)
+            out_p[:, c] = np.take_along_axis(cand_p, w[..., None], axis=2)[..., 0]
+            out_n[:, c] = mine + np.take_along_axis(h_n[:, ends], w[..., None], axis=2)[..., 0]
+        gone = out > value_cap  # as `_level`: a state whose least R is over its cap holds no admitted suffix
+        out[gone], out_p[gone] = math.inf, math.inf
+        return out, pv, out_p, out_n
+
+    def _priced_next(self, c: int, after_p: np.ndarray, after_n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`_next` on the priced values: (least 2C + priced value, its priced stages), per run position and unit."""
+        run, K, L1 = after_p.shape
+        new = (self.inter2[c][None] + after_p).reshape(run * K, L1)
+        pick = new.argmin(axis=0)
+        h, n = np.empty((run, L1)), np.empty((run, L1))
+        h[0], n[0] = new[pick, np.arange(L1)], after_n.reshape(run * K, L1)[pick, np.arange(L1)]
+        if run > 1:
+            same = self.intra2[c][None] + after_p[:-1]
+            f = same.argmin(axis=1)
+            h[1:] = np.take_along_axis(same, f[:, None, :], axis=1)[:, 0]
+            n[1:] = np.take_along_axis(after_n[:-1], f[:, None, :], axis=1)[:, 0]
+        return h, n
+
     def _unwind(self, levels: list[tuple[np.ndarray, list[np.ndarray]]], key: tuple[int, int, int],
                 ends: np.ndarray) -> tuple[RunStage, ...]:
         """The pipeline of the best value, front to back."""

@@ -104,6 +104,9 @@ class ScheduleWalk:
     placements: tuple[tuple[Stage, ...], ...]
     exact: bool  # the walk ended (bound_s is the minimum), not the deadline
     passes: int
+    #: The staircase's points (cap gamma, least R_0 under it) and G's floor: `pace_prices.tighten` raises points
+    points: tuple[tuple[float, float], ...] = ()
+    g_floor_s: float = 0.0
 
 
 def round_trip_factor(m: int, k: int) -> int:
@@ -239,7 +242,7 @@ def window_pace(m: int, work_s: Sequence[float], send_s: Sequence[float]) -> flo
     return best
 
 
-def _staircase(points: dict[float, float], g_floor: float) -> tuple[float, float, float]:
+def staircase(points: dict[float, float], g_floor: float) -> tuple[float, float, float]:
     """(bound, band's low gamma, band's high gamma) of the weakest band: with gamma_0 < ... < gamma_n the
     caps solved (R_0*(inf) among them), a placement with G in (gamma_{i-1}, gamma_i] has
     R_0 + G > R_0*(gamma_i) + gamma_{i-1}; one with G <= gamma_0 has R_0 + G >= R_0*(gamma_0) + g_floor."""
@@ -293,7 +296,7 @@ def schedule_walk(problem: Problem, *, deadline: float = math.inf, dp: CountDP |
                 points.setdefault(g, res[0])
         if not found:
             break  # nothing fits at all
-        bound, low, high = _staircase(points, g_floor)
+        bound, low, high = staircase(points, g_floor)
         if bound >= min(min(v for v, _ in found) * (1.0 - CAP_TOLERANCE), enough_s) or time.perf_counter() > deadline:
             break
         if high - low <= band_tolerance * bound:
@@ -306,8 +309,8 @@ def schedule_walk(problem: Problem, *, deadline: float = math.inf, dp: CountDP |
             probed = probed or low <= g_floor
     if not found:  # inf only when the uncapped pass found nothing fits; 0 when no pass finished
         return ScheduleWalk(math.inf if points.get(math.inf, 0.0) == math.inf else 0.0, (), False, passes)
-    bound = _staircase(points, g_floor)[0]
+    bound = staircase(points, g_floor)[0]
     found.sort(key=lambda vs: vs[0])
     distinct = tuple(dict.fromkeys(s for _, s in found))  # passes under nearby caps often return the same one
     return ScheduleWalk(bound, distinct[:KEEP_PLACEMENTS],
-                        bound >= found[0][0] * (1.0 - CAP_TOLERANCE), passes)
+                        bound >= found[0][0] * (1.0 - CAP_TOLERANCE), passes, tuple(points.items()), g_floor)
