@@ -39,8 +39,8 @@ optimizer step (`evaluate`, ``objective="schedule"``), so `verify`:
    round trips R_s below it, of pairs with the next rank and of its own steps, so T >= R_0 + max_s G_s + S_0 for every placement
    (`schedule_bound.stage_pace`), minimised over placements by the DP under caps on that max (on the problem;
    beyond the count DP's budget, the larger of the node-run relaxation's walk, `pace_runs`, kinds exact and
-   no card counts, and a count relaxation's (kinds merged in groups, `relax.pace_relaxation`), the count one
-   first where counts bind: `counts_bind`;
+   no card counts but those priced on its weakest bands (`pace_prices`), and a count relaxation's (kinds merged
+   in groups, `relax.pace_relaxation`), the count one first where counts bind: `counts_bind`;
    the walks stop once their bound is within `ENOUGH_GAP` of the candidates' own pace); its placements, realised on real cards, are more
    starts for the local search when they beat the candidates (at most `MAX_WALK_STARTS`).  Time: a
    quarter of `limit_s` for the bottleneck pass, up to `PACE_SHARE` in all with the pace
@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import math
 import time
+from functools import partial
 from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
@@ -172,7 +173,9 @@ def pace_bound(problem: Problem, *, deadline: float, hints: Sequence[Sequence[St
         pass
     # where counts bind, the count relaxation first, with a share of the time (the node runs' placements are
     # still worth having); else the node runs first with all of it (the count relaxation is weak there)
-    walks, first_share = (([_merged_walk, _runs_walk], FIRST_WALK_SHARE) if counts_bind(problem, hints)
+    # (the node runs' prices on card counts only where they lead: at 64 cards 2.28 -> 2.51 s, under the count
+    # relaxation's 3.07 s, for 2.3 s of CPU the walk for placements would lose)
+    walks, first_share = (([_merged_walk, partial(_runs_walk, priced=False)], FIRST_WALK_SHARE) if counts_bind(problem, hints)
                           else ([_runs_walk, _merged_walk], 1.0))
     bound, placed = 0.0, []
     for walk_fn, share in zip(walks, (first_share, 1.0)):
@@ -196,12 +199,13 @@ def counts_bind(problem: Problem, hints: Sequence[Sequence[Stage]]) -> bool:
 
 
 def _runs_walk(problem: Problem, *, deadline: float, hints: Sequence[Sequence[Stage]],
-               enough_s: float) -> tuple[float, list[tuple[Stage, ...]]]:
+               enough_s: float, priced: bool = True) -> tuple[float, list[tuple[Stage, ...]]]:
     """The node-run relaxation's walks (`pace_runs.RunDP`): their bound on R_0 + G and their placements realised.
 
     First with the pair chain (the bound: llama-7b on 1,024 cards 118.08 s against 111.79 s without) in
     `PAIR_WALK_SHARE` of the time, then, in the time left, without it for placements: the pair filter is a relaxation whose argmins break it, so
-    that walk's placements realise slower (gpt2-xl on 256 cards: 9.28 s against 8.19 s without)."""
+    that walk's placements realise slower (gpt2-xl on 256 cards: 9.28 s against 8.19 s without).  With `priced`,
+    the pair walk's weakest bands are raised by pricing the card counts it drops (`pace_prices.tighten`)."""
     try:
         runs = RunDP(problem)
     except StateSpaceTooLarge:
@@ -216,7 +220,7 @@ def _runs_walk(problem: Problem, *, deadline: float, hints: Sequence[Sequence[St
                              terms=lambda picks: run_terms(problem.microbatches, picks), band_tolerance=BAND_TOLERANCE)
         # the card counts the relaxation drops, priced on its weakest bands (`pace_prices`: gpt2-xl on 256 cards
         # 7.675 -> 7.681 s in three passes); the walk for placements gets the time left
-        bound = max(bound, tighten(walk, runs, problem, pairs=pairs, deadline=walk_deadline) if pairs else walk.bound_s)
+        bound = max(bound, tighten(walk, runs, problem, pairs=pairs, deadline=walk_deadline) if pairs and priced else walk.bound_s)
         placed += [_levers(problem, r) for r in map(runs.realise, walk.placements) if r is not None]
     return bound, placed
 
