@@ -221,6 +221,17 @@ SESSION_11 = (
     "the merged head at load 1.2 (23:03 UTC): gpt2-xl 3.550 s (25.21%) at 64 cards and 8.110 s (5.37%) at 256, "
     "the figures before this branch: inside the full 10 s solve the annealing found nothing better there.")
 
+#: What session 14 changed (figures from `verify` run on the saved problems with CPU seconds for wall).
+SESSION_14 = (
+    "Session 14 (issue 12 item 3, branch `gap`).  The node-run walk's argmin at 256 cards (gpt2-xl) puts 33 "
+    "stages on the 32 A100s: `solvers/pace_prices.py` prices the overused kinds' stages on the walk's weakest "
+    "bands (a Lagrangian on the card counts, cutting planes on the price; `benchmarks/results/pace_prices.md`), "
+    "where counts do not bind: bound 7.675 -> 7.681 s, gap 2.02 -> 1.94% at T 7.833 s; the other rows unchanged "
+    "(each row's `verify` on the estimate's candidates with 10 s less the estimate's CPU seconds, CPU seconds "
+    "for wall, this branch and main side by side, load 7-11).  Left: windows of three ranks at the A100 node "
+    "boundaries (the bound's pipelines hold a block more per A100 node than any real placement) and gpt2-xl on "
+    "64 cards (8.66%: the count relaxation's 3.07 s; pricing the node runs there gives 2.51 s).")
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -259,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             "Since issue 17 the plan's T is the schedule's.  The search stays exact for the estimate (gaps "
             "above), but `verify`'s lower bound on the schedule optimum (the bottleneck stage's m micro-batches "
             "and a fill term) is far from the answer at these sizes: the schedule gap is what a plan made here "
-            "records.\n\n" + SESSION_7 + "\n\n" + SESSION_8 + "\n\n" + SESSION_9 + "\n\n" + SESSION_10 + "\n\n" + SESSION_11 + "\n")
+            "records.\n\n" + SESSION_7 + "\n\n" + SESSION_8 + "\n\n" + SESSION_9 + "\n\n" + SESSION_10 + "\n\n" + SESSION_11 + "\n\n" + SESSION_14 + "\n")
     path = write_result("planner_scale", "Planner at scale: gap up to 1,024 cards (issue 12)", body)
     print(table)
     print(f"wrote {path}")
