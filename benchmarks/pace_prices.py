@@ -29,7 +29,7 @@ from hetpipe.models import build  # noqa: E402
 from hetpipe.partitioner.capture.capture import capture  # noqa: E402
 from hetpipe.partitioner.solvers.pace_prices import tighten  # noqa: E402
 from hetpipe.partitioner.solvers.pace_runs import RunDP, run_terms  # noqa: E402
-from hetpipe.partitioner.solvers.schedule_bound import schedule_walk  # noqa: E402
+from hetpipe.partitioner.solvers.schedule_bound import BAND_TOLERANCE, schedule_walk  # noqa: E402
 from hetpipe.partitioner.solvers.solve import solve_estimate  # noqa: E402
 from hetpipe.partitioner.solvers.verify import first_step_floor  # noqa: E402
 from hetpipe.plan.build import build_problem  # noqa: E402
@@ -52,7 +52,7 @@ def run_case(case: str) -> list[object]:
     cpu = time.process_time()
     runs = RunDP(problem)
     walk = schedule_walk(problem, hints=[est.stages, *est.alternatives], dp=runs, pairs=True,
-                         terms=lambda picks: run_terms(problem.microbatches, picks))
+                         terms=lambda picks: run_terms(problem.microbatches, picks), band_tolerance=BAND_TOLERANCE)
     walk_cpu = time.process_time() - cpu
     passes = [0]
     plain = runs.priced_min
