@@ -5,9 +5,10 @@ schedule optimum where counts do not bind (gpt2-xl on 256 cards: 32 cards of eac
 argmin there puts 33 stages on the 32 A100s.  `pace_prices.tighten` prices the overused kinds' stages on the
 walk's weakest bands (Lagrangian relaxation, cutting planes on the price).  This script builds the planner_scale
 problems, takes the estimate's answers as hints (`solve_estimate`, 6 s, seed 0, as `verify` gets them), runs the
-node-run walk with the pair filter to its end (as `verify._runs_walk` does first) and then `tighten`: the bound
-before and after (plus the least first step, as `verify` adds it), the priced passes and CPU seconds of each, and
-the schedule gap against the planner_scale answer's T (`--answer`, the lead's quiet table by default).
+node-run walk with the pair filter to its end (its band tolerance, as `verify._runs_walk` runs it first) and then
+`tighten`: the bound before and after (plus the least first step, as `verify` adds it), the walk's passes, the
+priced passes and CPU seconds of each, and the schedule gap against the planner_scale answer's T (`ANSWER_S`: the
+lead's quiet table).  `verify` prices only where card counts do not bind (`verify.counts_bind`: not at 64 cards).
 
 Usage:
     python benchmarks/pace_prices.py [--cases gpt2-xl:256 gpt2-xl:64]
