@@ -53,7 +53,8 @@ from hetpipe.partitioner.solvers.pace_runs import RunDP, RunStage
 from hetpipe.partitioner.solvers.schedule_bound import ScheduleWalk, level_caps, staircase
 
 #: Priced passes per cap (`price_floor`): the cutting planes on t converge in a few where few count vectors
-#: are on the hull (gpt2-xl on 256 cards: 33 and 20 A100 stages, the peak in 4 passes).
+#: are on the hull (gpt2-xl on 256 cards: 33, 25 and 20 A100 stages, the peak in 2 passes; 64 cards, where
+#: `verify` does not price, 4-5).
 PRICE_PASSES = 6
 #: Caps priced per walk (`tighten`): each raises every point at or below it, so the first (the weakest band's top)
 #: lifts most of the staircase; the next ones the bands it left weakest.
