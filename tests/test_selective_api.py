@@ -24,7 +24,7 @@ from hetpipe.partitioner.problem import evaluate
 from hetpipe.partitioner.selective_mode import forced_problem, lift
 from hetpipe.plan.check import check_plan
 from hetpipe.plan.schema import Plan
-from tests.instances import brute_force, close, random_problem, with_offload, with_selective
+from tests.instances import brute_force, close, selective_instance
 from tests.test_selective_cli import tight_cluster
 
 
@@ -125,11 +125,7 @@ def test_every_solver_on_the_forced_level_equals_brute_force():
     rng = random.Random(1416)
     fitted = differs = 0
     for i in range(40):
-        prob = random_problem(rng, units=rng.randint(2, 5), devices=rng.randint(1, 3), tight_memory=True,
-                              recompute="selective", activation_max=20)
-        prob = with_selective(rng, prob)
-        if i % 3 == 0:
-            prob = with_offload(rng, prob, "auto")
+        prob = selective_instance(rng, i, recompute="selective")
         ref, reduced = brute_force(prob), forced_problem(prob)
         dp = tail_walk(reduced, lambda p, _: solve_exact(p))  # the offload lever's outer walk, as `solve` runs it
         cp = solve_cpsat(reduced, time_limit_s=20.0, seed=0)
