@@ -65,18 +65,18 @@ def _tied_offload_instance(rng: random.Random) -> Problem:
 
 
 def test_cpsat_with_offload_and_tied_replicas_equals_brute_force():
-    """60 instances (seed 1 of `_tied_offload_instance`: on the model before, 2 said OPTIMAL above the
+    """40 instances (seed 1 of `_tied_offload_instance`: on the model before, 2 said OPTIMAL above the
     optimum, 55.55 against 44.05 and 53.30 against 44.60): CP-SAT and the DP's offload walk equal the enumeration."""
     rng = random.Random(1)
     fitted = offloading = 0
-    for i in range(60):
+    for i in range(40):
         prob = _tied_offload_instance(rng)
         exact = tail_walk(prob, lambda p, _: solve_exact(p))
         if not assert_solvers_match_brute_force(prob, exact, i):
             continue
         fitted += 1
         offloading += any(st.offload for st in exact.stages)
-    assert fitted >= 20 and offloading >= 8, (fitted, offloading)
+    assert fitted >= 15 and offloading >= 8, (fitted, offloading)  # 23 and 18
 
 
 #: Rates whose bytes per parameter (3) divide no drawn gradient byte count in general: the model's per-unit
@@ -87,10 +87,10 @@ ODD_RATES = OffloadRates(state_bytes_per_param=3, grad_bytes_per_param=3, host_b
 
 def test_an_optimum_the_model_underprices_is_reported_feasible_with_a_valid_bound():
     """Where the model's tail is only a lower bound (`ODD_RATES`), CP-SAT's bound stays below the enumerated
-    optimum, and it says OPTIMAL only for T equal to it; elsewhere FEASIBLE (seed 2: 3 of 60 instances)."""
+    optimum, and it says OPTIMAL only for T equal to it; elsewhere FEASIBLE (seed 2: 2 of 30 instances)."""
     rng = random.Random(2)
     downgraded = proved = 0
-    for i in range(60):
+    for i in range(30):
         prob = _tied_offload_instance(rng)
         prob = replace(prob, offload_rates=ODD_RATES, grad_bytes=tuple(rng.randint(0, s // 2) for s in prob.state_bytes))
         ref, got = brute_force(prob), solve_cpsat(prob, time_limit_s=20.0, seed=0)
@@ -101,4 +101,4 @@ def test_an_optimum_the_model_underprices_is_reported_feasible_with_a_valid_boun
         assert got.status == "FEASIBLE" or close(got.iteration_s, ref, 1e-5), (i, got, ref)
         downgraded += got.status == "FEASIBLE"
         proved += got.status == "OPTIMAL"
-    assert downgraded >= 1 and proved >= 10, (downgraded, proved)
+    assert downgraded >= 1 and proved >= 5, (downgraded, proved)  # 2 and 7
