@@ -38,9 +38,9 @@ stage, the selective recompute level (`partitioner/selective.py`: ln_1, ln_2 and
 block; `runtime/stage/selective.py` runs it), its row without the level given beside it
 and left out of the summary.  Table 3, what the lever costs the planner: median
 wall of `solve` on `planner_speed.py`'s analytic GPTs (h=1024, micro-batch 4) and mixed clusters,
-``--recompute none`` vs ``auto``, side by side (``auto`` first runs the ``none`` search with the same
+``--recompute none`` vs ``auto``, side by side (``auto`` first runs the ``none`` search within 90% of the
 limit and returns its answer where its own is not better, `solve._none_floor`: auto <= none by construction,
-up to the wall-clock bound search's run-to-run variation; its own search gets the time left, at least a tenth).
+up to the wall-clock bound search's run-to-run variation; its own search gets the rest, `solve.LEVER_MIN_SHARE`).
 Writes benchmarks/results/memory_levers.md.
 
 Usage:

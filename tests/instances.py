@@ -113,6 +113,15 @@ def with_selective(rng: random.Random, problem: Problem) -> Problem:
     return replace(problem, selective=tab)
 
 
+def selective_instance(rng: random.Random, i: int, *, recompute: str = "auto") -> Problem:
+    """The i-th random instance of a selective-level sweep: 2-5 units on 1-3 tight cards offering the level
+    (`with_selective`) under `recompute`, every third (i % 3 == 0) with the offload lever ``auto`` too."""
+    prob = random_problem(rng, units=rng.randint(2, 5), devices=rng.randint(1, 3), tight_memory=True,
+                          recompute=recompute, activation_max=20)
+    prob = with_selective(rng, prob)
+    return with_offload(rng, prob, "auto") if i % 3 == 0 else prob
+
+
 #: Small per-parameter figures for offload instances (1 gradient byte per parameter; 2 of 4 state
 #: bytes leave the card; 2 link bytes and 7 host-step bytes per step).
 TEST_RATES = OffloadRates(state_bytes_per_param=4, grad_bytes_per_param=1, host_bytes_per_param=2,

@@ -16,7 +16,7 @@ from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.solvers.dp import solve_exact
 from hetpipe.partitioner.solvers.offload_walk import tail_walk
 from hetpipe.partitioner.solvers.cpsat import solve_cpsat
-from tests.instances import brute_force, close, random_problem, with_offload, with_selective
+from tests.instances import brute_force, close, random_problem, selective_instance, with_offload, with_selective
 
 
 def _two_units(usable: int) -> Problem:
@@ -50,11 +50,7 @@ def test_dp_with_the_level_equals_brute_force() -> None:
     rng = random.Random(1414)
     fitted = used = 0
     for i in range(60):
-        prob = random_problem(rng, units=rng.randint(2, 5), devices=rng.randint(1, 3), tight_memory=True,
-                              recompute="auto", activation_max=20)
-        prob = with_selective(rng, prob)
-        if i % 3 == 0:
-            prob = with_offload(rng, prob, "auto")
+        prob = selective_instance(rng, i)
         ref = brute_force(prob)
         res = tail_walk(prob, lambda p, _: solve_exact(p))  # the offload lever's outer walk, as `solve` runs it
         got = res.iteration_s if res else math.inf

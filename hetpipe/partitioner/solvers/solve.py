@@ -90,10 +90,11 @@ LAGRANGE_GAP = GOOD_ENOUGH_GAP / 2
 #: Share of the estimate's time the searches with fewer levers may take together under an ``auto`` lever
 #: (`_without_recompute`): half, so that auto's own estimate search keeps at least the other half.
 NO_RECOMPUTE_SHARE = 0.5
-#: Under ``recompute="auto"`` the ``none`` pass (`_none_floor`) is `--recompute none`'s own search with the whole
-#: time limit, so auto <= none by construction; auto's own search (levers on) gets the time it leaves, and at
-#: least this share of the limit, so that its bound is auto's own (the none pass's is not valid with levers):
-#: where the none search takes the whole limit, auto's wall is up to 1.1x the limit.
+#: Under ``recompute="auto"`` the ``none`` pass (`_none_floor`) is `--recompute none`'s own search within the limit
+#: less this share, and auto returns at most its answer (`_at_most_floor`); auto's own search (levers on, seeded with
+#: the none pass's placement, `_floor_seed`) gets the rest, so that its bound is auto's own (the none pass's is not
+#: valid with levers) and the limit holds.  Session 13 gave the none pass the whole limit and auto's search this
+#: share on top: 10.0-12.5 s of wall for a 10 s limit (`benchmarks/memory_levers.py` table 3).
 LEVER_MIN_SHARE = 0.1
 #: Least search time worth starting CP-SAT for, after its model is built.
 MIN_CPSAT_S = 2.0
@@ -214,8 +215,8 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
     Raises `InfeasibleError` (with the missing memory and what would help, unless `explain` is
     false: that search costs ~30 feasibility solves) when no placement fits, and `ConfigError` for
     an unknown solver name.  Under ``recompute="auto"`` (schedule objective) the answer is never above
-    `--recompute none`'s: the same search runs first with the same limit (`_none_floor`) and the better of its
-    answer and auto's own is returned; under an ``auto`` lever the schedule search also starts from the
+    `--recompute none`'s: the same search runs first within 1 - `LEVER_MIN_SHARE` of the limit (`_none_floor`), auto's
+    own gets the rest, and the better of the two answers is returned; under an ``auto`` lever the schedule search also starts from the
     estimate's answers with fewer levers (`_without_recompute`), so it never returns a T above theirs.
     """
     if problem.recompute == "selective":  # the level forced on every stage: its reduced problem (`selective_mode`)
@@ -223,16 +224,20 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
                     explain=explain)
         return replace(sol, stages=lift(sol.stages))
     begin = time.perf_counter()
-    floor = _none_floor(problem, solver=solver, time_limit_s=time_limit_s, seed=seed, num_stages=num_stages)
-    if floor is not None:  # auto's own search: the time the none pass left, at least `LEVER_MIN_SHARE` of the limit
-        time_limit_s = max(time_limit_s - (time.perf_counter() - begin), LEVER_MIN_SHARE * time_limit_s)
+    floor = _none_floor(problem, solver=solver, time_limit_s=(1.0 - LEVER_MIN_SHARE) * time_limit_s, seed=seed,
+                        num_stages=num_stages)
+    if floor is not None:  # auto's own search: what the none pass left of the limit
+        time_limit_s = max(time_limit_s - (time.perf_counter() - begin), 0.0)
     begin = time.perf_counter()
     verify_s = 0.0 if problem.objective == "estimate" else SCHEDULE_SHARE * time_limit_s
     plain, hint = _without_recompute(problem, solver=solver, time_limit_s=NO_RECOMPUTE_SHARE * (time_limit_s - verify_s),
                                      seed=seed, num_stages=num_stages, with_none=floor is None)
-    # the fewer-lever answers seed auto's search: the best one's bottleneck caps the DP's first passes
+    # the fewer-lever answers (and the none pass's) seed auto's search: the best one's bottleneck caps the DP's first
+    # passes; after the none pass its placement is the seed the heuristic would look for (whose first fixed-order DP
+    # alone took 0.8 s of CPU at 96 layers on 32 cards, most of auto's share)
+    hint = _floor_seed(problem, hint, floor, num_stages)
     found = solve_estimate(problem, solver=solver, time_limit_s=time_limit_s - verify_s - (time.perf_counter() - begin),
-                           seed=seed, num_stages=num_stages, explain=explain, hint=hint)
+                           seed=seed, num_stages=num_stages, explain=explain, hint=hint, heuristic_seed=floor is None)
     if problem.objective == "estimate":
         return found
     start = time.perf_counter()
@@ -248,6 +253,16 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
                     _unused(problem, stages))
 
 
+def _floor_seed(problem: Problem, hint: tuple[Stage, ...] | None, floor: Solution | None,
+                num_stages: int | None) -> tuple[Stage, ...] | None:
+    """The seed of auto's estimate search: the better on `problem` of `hint` (the fewer-lever answer) and the none
+    pass's placement (`floor`), each with its levers re-chosen (`_hinted`); `hint` where there is no none pass."""
+    if floor is None:
+        return hint
+    best = _better(_hinted(problem, hint, num_stages), _hinted(problem, floor.stages, num_stages))
+    return best.stages if best is not None else hint
+
+
 def _at_most_floor(problem: Problem, stages: tuple[Stage, ...], value: float,
                    floor: Solution | None) -> tuple[tuple[Stage, ...], float]:
     """The better of auto's answer (`stages`, T `value`) and the none pass's `floor` (priced on `problem`: the same T,
@@ -261,8 +276,8 @@ def _at_most_floor(problem: Problem, stages: tuple[Stage, ...], value: float,
 def _none_floor(problem: Problem, *, solver: str, time_limit_s: float, seed: int,
                 num_stages: int | None) -> Solution | None:
     """Under ``recompute="auto"`` and the schedule objective: `--recompute none`'s whole search (`solve` with
-    ``recompute="none"``, no selective level, the same limit), whose answer auto returns where its own is not
-    better (`_at_most_floor`): auto <= none by construction.  Before (a none pass at half the limit, a start of
+    ``recompute="none"``, no selective level, within `time_limit_s`: 1 - `LEVER_MIN_SHARE` of auto's), whose answer
+    auto returns where its own is not better (`_at_most_floor`): auto <= none by construction.  Before (a none pass at half the limit, a start of
     auto's schedule search) auto stayed above none where that pass was cut short: 96 layers on 16 and 32 cards
     (`benchmarks/memory_levers.py` table 3), and on 8 without the start (2.4554 s against 2.4507 s;
     tests/test_recompute_auto_floor.py).  None when nothing fits so, or for other settings."""
@@ -300,8 +315,8 @@ def _without_recompute(problem: Problem, *, solver: str, time_limit_s: float, se
     table 3) gave recompute auto 2.4554 s against none 2.4507 s, the no-recompute placement never reached from
     auto's starts; GPT-2 XL on the home lab at 1.15x its memory (`benchmarks/memory_tightness.py`) gave every
     lever 6.365 s (an offloading stage: the estimate's optimum) against 6.192 s with offload never.  Under
-    ``recompute="auto"`` none's whole search (`_none_floor`) runs first, with the whole limit: its schedule
-    answer is a start too, and auto returns it where its own is not better."""
+    ``recompute="auto"`` none's whole search (`_none_floor`) runs first, within 1 - `LEVER_MIN_SHARE` of the limit:
+    its schedule answer is a start too, and auto returns it where its own is not better."""
     if problem.objective == "estimate":
         return [], None
     fewer, starts, best = _fewer_levers(problem, with_none), [], None
@@ -320,18 +335,18 @@ def _without_recompute(problem: Problem, *, solver: str, time_limit_s: float, se
 
 def solve_estimate(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0,
                    num_stages: int | None = None, explain: bool = True,
-                   hint: tuple[Stage, ...] | None = None) -> Solution:
+                   hint: tuple[Stage, ...] | None = None, heuristic_seed: bool = True) -> Solution:
     """The placement the solvers prove best under the H-1F1B estimate (T and bound are the estimate's);
-    `hint`, a placement that fits (e.g. the answer without a lever), seeds the search like the heuristic's."""
+    `hint`, a placement that fits (e.g. the answer without a lever), seeds the search like the heuristic's, which
+    runs beyond `SEED_ABOVE` unless `heuristic_seed` is false and `hint` fits."""
     if solver not in SOLVERS:
         raise ConfigError(f"unknown solver {solver!r}; use one of: {', '.join(SOLVERS)}")
     if not problem.devices:
         raise ConfigError("the cluster has no devices; add at least one device to the cluster file")
     start = time.perf_counter()
-    warm = None
-    if problem.num_units * len(problem.devices) > SEED_ABOVE:
-        warm = heuristic(problem, time_limit_s=time_limit_s / 8, num_stages=num_stages)
-    warm = _better(warm, _hinted(problem, hint, num_stages))
+    warm = _hinted(problem, hint, num_stages)
+    if problem.num_units * len(problem.devices) > SEED_ABOVE and (heuristic_seed or warm is None):
+        warm = _better(heuristic(problem, time_limit_s=time_limit_s / 8, num_stages=num_stages), warm)
     try:  # the offload lever's outer walk around the DP (`offload_walk`; the DP alone without offload)
         exact = tail_walk(problem, lambda p, first: solve_exact(
             p, time_limit_s=time_limit_s - (time.perf_counter() - start), exact_stages=num_stages,
