@@ -170,7 +170,8 @@ def _body(model: str, res: dict, *, iterations: int, load: float) -> str:
             "(the replay calls each op from Python: ~1-2 us more per op than the model's C++ calls).\n\n"
             f"Fixed cost per forward: at {TINY_BATCH} x {TINY_SEQ} tokens (the kernels' work is nothing) the forward "
             f"took {ms['tiny']:.2f} ms, priced {ms['tiny_priced']:.2f} ms (the per-op fixed costs `profile --calibrate` "
-            f"measures): {ms['tiny'] - ms['tiny_priced']:.2f} ms per forward is not priced.\n\n"
+            f"measures): {ms['tiny'] - ms['tiny_priced']:.2f} ms per forward is not priced (an upper bound: "
+            "matmuls of 4 rows run below the 1024-row rates, so part of it is work).\n\n"
             + markdown_table(["aten op", "calls per forward", "measured", "priced", "ratio"], res["table"]))
 
 

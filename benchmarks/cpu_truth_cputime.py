@@ -5,10 +5,8 @@ in the run (``benchmarks/cpu_truth.py``).  Here one process, pinned to one core 
 calibrates (`hetpipe.cost_models.calibrate.calibrate_device`) and then runs each whole model's
 forward, backward and Adam step, every figure timed with ``time.thread_time`` (the CPU time of
 the thread: time other processes hold the core does not count).  Predicted figures come from the
-captured units on that calibration, three times: with the per-op rates, the matmul rates per shape and the
-per-tensor optimizer loop's bytes and ops (issue 17 item 4, "now"), with item 4's first cut ("first": no
-matmul shapes, the loop's ops on the fused pass's bytes), and without any (the roofline and foreach step
-the plans used before), so the ratios compare the cost models on the same measurement.  What load still
+captured units on that calibration as each cut of issue 17 item 4 priced them (`_cuts`: before, first,
+second, now), so the ratios compare the cost models on the same measurement.  What load still
 changes (caches and branch predictors shared with other processes) shows as the spread over rounds.
 
 Example:
@@ -62,25 +60,31 @@ def _measure(name: str, *, batch: int, seq: int) -> dict[str, float]:
     return {"F": statistics.median(f), "B": statistics.median(b), "S": statistics.median(s)}
 
 
+def _cuts(profile: object) -> tuple[tuple[str, object], ...]:
+    """`profile` as each cut of issue 17 item 4 priced: "before" (the roofline and the foreach step), "first"
+    (per-op rates without the matmul shapes, the per-tensor loop's ops on the fused pass's bytes), "second"
+    (also matmul shapes, the loop's own bytes, backward and view costs per op) and "now" (also the fixed
+    cost per forward op measured on tiny transformers, `hetpipe.cost_models.forward_fixed`)."""
+    from hetpipe.cost_models.work import FORWARD_OP_KEY, is_matmul_key
+
+    second = dataclasses.replace(profile, op_rates=tuple((k, r) for k, r in profile.op_rates if k != FORWARD_OP_KEY))
+    first = dataclasses.replace(second, op_rates=tuple((k, r) for k, r in second.op_rates if not is_matmul_key(k)),
+                                step_bytes_s=None)
+    before = dataclasses.replace(profile, op_rates=(), step_op_s=None, step_bytes_s=None)
+    return (("before", before), ("first", first), ("second", second), ("now", profile))
+
+
 def _predict(name: str, profile: object, *, batch: int, seq: int) -> dict[str, dict[str, float]]:
-    """Whole-model F, B, S on `profile`: with all its per-op terms ("now"), with those of item 4's first cut
-    ("first": per-op rates without the matmul shapes, the per-tensor loop's ops on the fused pass's bytes) and
-    with none ("before": the roofline and the foreach step)."""
+    """Whole-model F, B, S on `profile` as each cut priced (`_cuts`), from the planner's own tables."""
     from hetpipe.plan.build import capture_builtin, profile_step_table, profile_unit_times
 
     graph = capture_builtin(name, batch=batch, seq=seq, optimizer="adam", precision="fp32", granularity="block")
-    from hetpipe.cost_models.work import is_matmul_key
-
     out = {}
-    first = dataclasses.replace(profile, op_rates=tuple((k, r) for k, r in profile.op_rates if not is_matmul_key(k)),
-                                step_bytes_s=None)  # item 4's first cut: no matmul shapes, the fused step's bytes
-    for label, prof in (("before", dataclasses.replace(profile, op_rates=(), step_op_s=None, step_bytes_s=None)),
-                        ("first", first), ("now", profile)):
+    for label, prof in _cuts(profile):
         times = profile_unit_times(graph, prof)  # the planner's own per-unit F, B and S tables
         f, b = sum(t.fwd for t in times), sum(t.bwd for t in times)
         shares, fixed_s = profile_step_table(graph, prof)
-        s = sum(shares) + fixed_s
-        out[label] = {"F": f, "B": b, "S": s}
+        out[label] = {"F": f, "B": b, "S": sum(shares) + fixed_s}
     return out
 
 
