@@ -284,10 +284,26 @@ def cpu_time_table(models: list[str], *, rounds: int, tmp: Path) -> str:
             for label in ("before", "first", "second", "now"):
                 cells += [f"{mine[0][label][k] * 1e3:.2f} ms", _cell([r["measured"][k] / r[label][k] for r in mine])]
             table.append([model, k, f"{measured * 1e3:.2f} ms", *cells, ", ".join(f"{r['load']:.1f}" for r in mine)])
-    return markdown_table(["model", "pass", "measured (CPU time)", "predicted before", "ratio before",
-                           "predicted, first cut", "ratio, first cut", "predicted, second cut", "ratio, second cut",
-                           "predicted now", "ratio now",
-                           "load average per round"], table)
+    whole = markdown_table(["model", "pass", "measured (CPU time)", "predicted before", "ratio before",
+                            "predicted, first cut", "ratio, first cut", "predicted, second cut", "ratio, second cut",
+                            "predicted now", "ratio now",
+                            "load average per round"], table)
+    return whole + "\n\n" + _stage_table(models, rows)
+
+
+def _stage_table(models: list[str], rows: list[dict]) -> str:
+    """Per stage of the load-robust check's 2-stage split: the runtime's stage modules' F beside their price."""
+    table = []
+    for model in models:
+        mine = [r for r in rows if r["model"] == model and r.get("stages")]
+        for k in range(len(mine[0]["stages"]) if mine else 0):
+            measured = statistics.median(r["stages"][k]["measured"] for r in mine)
+            table.append([model, k, f"{measured * 1e3:.2f} ms", f"{mine[0]['stages'][k]['predicted'] * 1e3:.2f} ms",
+                          _cell([r["stages"][k]["measured"] / r["stages"][k]["predicted"] for r in mine])])
+    return ("Per stage (session 14): the runtime's own stage modules of a 2-stage split at the middle unit (the "
+            "graph a run executes: torch.export's for the HF Llama), each forward with the loss on the last, in "
+            "thread CPU time beside the planner's price now (medians over rounds, spread).\n\n"
+            + markdown_table(["model", "stage", "F measured (CPU time)", "F predicted now", "F ratio"], table))
 
 
 def main(argv: list[str] | None = None) -> int:
