@@ -241,6 +241,16 @@ Where the differences that remain come from:
   op by op (a CPU-time profile of the HF Llama's backward) its matmuls, attention and elementwise
   kernels each came within ~10% of their prices, so the excess is in the fixed costs per op
   (backward ops, views) or the load; not resolved yet.
+- **Training mode around the ops** (session 14, not priced yet). The HF Llama's aten ops replayed
+  (below autograd, each output freed at once) came to 0.98-1.00 of their price, eager and as the
+  runtime's stage modules; the forward itself took ~10 ms more than under `torch.no_grad` (~70 against
+  ~60 ms, one pinned process, thread CPU time, load ~5), and the per-stage check above (the stage
+  modules, activations held as in a run) puts the Llama's stages at 1.18 and 1.29 of their price and
+  gpt-demo's at 1.01 and 1.05 (load 3). The tiny forwards' fixed cost per op (`forward_op`) covers
+  the autograd nodes; what grows with the tensors (outputs in fresh memory while the activations are
+  held: 48 chained matmuls with their 46 MB of outputs kept ran 1.4-4% slower, not enough alone) is
+  not measured yet; the next step is a calibration call that runs a tiny transformer's forward at
+  the benchmark width with its activations held, against the same forward's replayed ops.
 - **Python between ops.** The eager Hugging Face Llama's forward took ~2.5 ms more than its aten
   ops replayed (load ~8): Python between its kernels (masks, rotary tables, output records) that only
   the fixed cost per forward op prices; the built-in GPT runs little. The runs execute the captured
