@@ -338,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                         "calibration before (roofline, foreach step), with item 4's first cut (per-op rates, the "
                         "per-tensor loop's ops on the fused step's bytes), the second (also matmul rates by shape, the "
                         "loop's own bytes at its measured rate, backward and view costs per op) and now (also the fixed "
-                        "cost per forward op measured on tiny transformers). Medians of measured / "
+                        "cost per forward op measured on tiny transformers and the held activations at their measured "
+                        "rate). Medians of measured / "
                         "predicted over rounds (spread).\n\n"
                         + cpu_time_table(models, rounds=args.cpu_time_rounds, tmp=Path(tmp)))
     load = os.getloadavg()

@@ -75,10 +75,12 @@ def _cuts(profile: object) -> tuple[tuple[str, object], ...]:
     """`profile` as each cut of issue 17 item 4 priced: "before" (the roofline and the foreach step), "first"
     (per-op rates without the matmul shapes, the per-tensor loop's ops on the fused pass's bytes), "second"
     (also matmul shapes, the loop's own bytes, backward and view costs per op) and "now" (also the fixed
-    cost per forward op measured on tiny transformers, `hetpipe.cost_models.forward_fixed`)."""
-    from hetpipe.cost_models.work import FORWARD_OP_KEY, is_matmul_key
+    cost per forward op measured on tiny transformers and the held activations' bytes at their measured
+    rate, `hetpipe.cost_models.forward_fixed`)."""
+    from hetpipe.cost_models.work import FORWARD_OP_KEY, HELD_KEY, is_matmul_key
 
-    second = dataclasses.replace(profile, op_rates=tuple((k, r) for k, r in profile.op_rates if k != FORWARD_OP_KEY))
+    second = dataclasses.replace(profile, op_rates=tuple((k, r) for k, r in profile.op_rates
+                                                         if k not in (FORWARD_OP_KEY, HELD_KEY)))
     first = dataclasses.replace(second, op_rates=tuple((k, r) for k, r in second.op_rates if not is_matmul_key(k)),
                                 step_bytes_s=None)
     before = dataclasses.replace(profile, op_rates=(), step_op_s=None, step_bytes_s=None)
@@ -144,11 +146,12 @@ def _stage_forwards(name: str, *, batch: int, seq: int) -> tuple[Callable[[], tu
 def _stage_rows(name: str, profile: object, *, batch: int, seq: int, spent: list[tuple[float, float]],
                 graph: object, half: int) -> list[dict[str, float]]:
     """Per stage: the median measured forward and the planner's price of its units ("now")."""
-    from hetpipe.cost_models.timing import pass_time_s
+    from hetpipe.plan.build import profile_unit_times
 
+    times = profile_unit_times(graph, profile)  # the planner's own per-unit table
     return [{"stage": k, "measured": statistics.median(t[k] for t in spent),
-             "predicted": sum(pass_time_s(u.fwd_work, profile=profile, precision="fp32")
-                              for u in graph.units if (u.index >= half) == bool(k))} for k in (0, 1)]
+             "predicted": sum(t.fwd for u, t in zip(graph.units, times) if (u.index >= half) == bool(k))}
+            for k in (0, 1)]
 
 
 def run(models: list[tuple[str, str]], *, batch: int, seq: int, rounds: int) -> list[dict]:

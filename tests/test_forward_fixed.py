@@ -14,9 +14,11 @@ from hetpipe.cost_models.catalog import load_catalog
 from hetpipe.cost_models.cluster import cluster_from_dict
 from hetpipe.cost_models.devices import DeviceProfile
 from hetpipe.cost_models.flops import CostCounter
-from hetpipe.cost_models.forward_fixed import REFERENCE_MODELS, measure_forward_op_s, reference_forward_work
+from hetpipe.cost_models.forward_fixed import (
+    REFERENCE_MODELS, measure_forward_op_s, measure_held_bytes_s, reference_forward_work,
+)
 from hetpipe.cost_models.timing import pass_time_s, unit_time_s
-from hetpipe.cost_models.work import FORWARD_OP_KEY, PassWork
+from hetpipe.cost_models.work import FORWARD_OP_KEY, HELD_KEY, PassWork
 
 CPU = DeviceProfile("cpu-x", 2**30, 1e11, 1e11, 2e10, matmul_efficiency=1.0, bandwidth_efficiency=1.0,
                     kernel_overhead_s=5e-6, op_rates=(("gelu", 1e9),), backward_op_s=9e-6, view_op_s=2e-6)
@@ -73,3 +75,21 @@ def test_the_forward_op_cost_is_measured_on_this_cpu_and_recorded_by_the_calibra
         {"gpu": "cpu", "memory": "2GB", "reserve": 0, "op_rates": {FORWARD_OP_KEY: measured[FORWARD_OP_KEY]}}]}]}
     assert dict(cluster_from_dict(doc).devices[0].profile.op_rates)[FORWARD_OP_KEY] == pytest.approx(
         measured[FORWARD_OP_KEY])  # a cluster file carries it like any other rate
+
+
+def test_a_forward_pays_its_held_activations_at_the_measured_rate_where_there_is_one() -> None:
+    work = PassWork(flops=int(1e9), traffic_bytes=int(1e7), kernels=3, by_op=(("gelu", int(1e7)),), view_ops=2)
+    kwargs = dict(fwd_flops=int(1e9), bwd_flops=int(2e9), memory_traffic_bytes=int(1e7), op_count=3,
+                  precision="fp32", fwd_work=work, bwd_work=work)
+    base = unit_time_s(profile=CPU, held_bytes=2**20, **kwargs)
+    assert base == unit_time_s(profile=CPU, **kwargs)  # no measured rate: the held bytes cost nothing
+    held = replace(CPU, op_rates=tuple(sorted(CPU.op_rates + ((HELD_KEY, 2**20 / 5e-5),))))  # 50 us per MiB
+    timed = unit_time_s(profile=held, held_bytes=2**20, **kwargs)
+    assert timed.fwd_s == pytest.approx(base.fwd_s + 5e-5, rel=1e-12) and timed.bwd_s == base.bwd_s
+    gpu = load_catalog().entries["rtx3090"].profile  # a catalog card: unchanged
+    assert unit_time_s(profile=gpu, held_bytes=2**30, **kwargs) == unit_time_s(profile=gpu, **kwargs)
+
+
+def test_the_held_bytes_rate_is_measured_on_this_cpu() -> None:
+    rate = measure_held_bytes_s(repeats=1)
+    assert rate is None or 1e8 < rate < 1e13  # None: no measurable cost (noise); else 0.1 GB/s .. 10 TB/s

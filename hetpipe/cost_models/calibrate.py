@@ -37,13 +37,13 @@ import torch
 from torch.multiprocessing.spawn import ProcessContext, ProcessException
 
 from hetpipe.cost_models.cpu_cores import format_cores
-from hetpipe.cost_models.forward_fixed import measure_forward_op_s
+from hetpipe.cost_models.forward_fixed import measure_forward_op_s, measure_held_bytes_s
 from hetpipe.cost_models.op_calibration import (
     measure_backward_op_s, measure_op_rates, measure_step_bytes_s, measure_step_op_s, measure_view_op_s,
 )
 from hetpipe.cost_models.rates import MAX_INNER_ITERATIONS, MIN_TIMED_S, median_rate  # noqa: F401 (re-exported)
 from hetpipe.cost_models.devices import DeviceProfile
-from hetpipe.cost_models.work import FORWARD_OP_KEY
+from hetpipe.cost_models.work import FORWARD_OP_KEY, HELD_KEY
 from hetpipe.errors import ConfigError, RuntimeFailure
 
 logger = logging.getLogger(__name__)
@@ -363,7 +363,9 @@ def calibrate_device(
     op_rates = measure_op_rates(device, repeats=repeats) if device == "cpu" else ()
     if op_rates:  # the fixed cost per forward op, net of the tiny forwards' work at the rates just measured
         forward_op_s = measure_forward_op_s(op_rates, fp32_flops_s=fp32, bandwidth_bytes_s=bandwidth, repeats=repeats)
-        op_rates = tuple(sorted(op_rates + ((FORWARD_OP_KEY, 1.0 / forward_op_s),)))
+        held = measure_held_bytes_s(repeats=repeats)  # None: no measurable cost, not priced
+        op_rates = tuple(sorted(op_rates + ((FORWARD_OP_KEY, 1.0 / forward_op_s),)
+                                + (((HELD_KEY, held),) if held is not None else ())))
     step_op_s = measure_step_op_s(repeats=repeats) if device == "cpu" else None
     step_bytes_s = measure_step_bytes_s(step_op_s=step_op_s, repeats=repeats) if step_op_s is not None else None
     return Calibration(

@@ -23,7 +23,9 @@ are measured on meta too, not twice the forward's) and every op kind it has a ra
 
 except that a forward pass on a profile with a measured ``forward_op`` rate (ops per second,
 `hetpipe.cost_models.forward_fixed`: the fixed cost per op of tiny transformers' forwards, whose varied
-ops cost ~1.6x a loop repeating one) pays ``(kernels + view_ops) / rate[forward_op]`` for its fixed costs.
+ops cost ~1.6x a loop repeating one) pays ``(kernels + view_ops) / rate[forward_op]`` for its fixed costs,
+and a unit's forward with a measured ``held_bytes`` rate pays ``activation_bytes / rate[held_bytes]`` for
+the activations it holds for backward (`unit_time_s`: fresh memory no cache holds).
 
 The fixed costs per op are measured by calibration (`hetpipe.cost_models.op_calibration`): a forward op
 (dispatch, autograd node, allocation), a backward op (the autograd engine's node plus its kernel) and an
@@ -66,7 +68,7 @@ from dataclasses import dataclass
 
 from hetpipe.cost_models.devices import DeviceProfile
 from hetpipe.cost_models.memory import check_precision
-from hetpipe.cost_models.work import FLOP_KEYS, FORWARD_OP_KEY, PassWork, is_matmul_key, matmul_size
+from hetpipe.cost_models.work import FLOP_KEYS, FORWARD_OP_KEY, HELD_KEY, PassWork, is_matmul_key, matmul_size
 
 # Achieved / peak dense matmul FLOP/s when no calibration is available.
 # cost_formulas.md §3.1: "eta_k is the achieved fraction (30-60% typical)";
@@ -139,11 +141,15 @@ def unit_time_s(
     precision: str,
     fwd_work: PassWork | None = None,
     bwd_work: PassWork | None = None,
+    held_bytes: int = 0,
 ) -> UnitTime:
     """Time of one unit on one device kind under the model in the module docstring (the per-op
-    form where `profile` has measured ``op_rates`` and both passes' work was counted)."""
+    form where `profile` has measured ``op_rates`` and both passes' work was counted).  `held_bytes`:
+    the activations the unit's forward keeps for backward, priced at a measured ``held_bytes`` rate."""
     if profile.op_rates and fwd_work is not None and bwd_work is not None:
-        return UnitTime(fwd_s=pass_time_s(fwd_work, profile=profile, precision=precision),
+        rates = dict(profile.op_rates)
+        held_s = held_bytes / rates[HELD_KEY] if HELD_KEY in rates else 0.0
+        return UnitTime(fwd_s=pass_time_s(fwd_work, profile=profile, precision=precision) + held_s,
                         bwd_s=pass_time_s(bwd_work, profile=profile, precision=precision, backward=True))
     eff = efficiencies(profile)
     overhead = eff.kernel_overhead_s
