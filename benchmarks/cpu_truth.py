@@ -213,6 +213,15 @@ time, load average ~10 on 2 cores, 2026-12-03):
   average (load ~9). Measured net of their work at the rates above and priced per forward op
   (`op_rates: forward_op`, `cost_models.forward_fixed`): +1-2 ms (~2-3%) on the HF Llama's
   forward, +0.5-0.8 ms on gpt-demo's.
+- **Held activations** (session 14): a training forward keeps its activations for backward, so each
+  op writes its output into memory no cache holds (a micro-batch's activations, 67-91 MiB here,
+  exceed the 32 MiB last-level cache), where a calibration loop or a `no_grad` forward reuses one hot
+  block. Measured by writing 64 blocks of 1 MiB against one block (`held_bytes`, ~55-60 us per MiB
+  at load ~4, `cost_models.forward_fixed.measure_held_bytes_s`) and charged on each unit's
+  `activation_bytes` in its forward: +3.5-5.5 ms per micro-batch on these models' whole forward.
+  With both session-14 terms the load-robust check (2 rounds, load ~4) ran F at 1.06 (1.04-1.08)
+  for gpt-demo and 0.98 (0.95-1.02) for the HF Llama (1.12 and 1.06 without them), and per stage
+  1.04 / 1.00 and 1.04 / 1.09.
 - **Transfer** (session 13): the link between the core groups is measured as a run sends
   (`cost_models.link_calibration`): framed one-way messages (a header, a fresh frame and a copy into
   it on the sender, a fresh frame and the header's decoding on the receiver, as
@@ -241,16 +250,12 @@ Where the differences that remain come from:
   op by op (a CPU-time profile of the HF Llama's backward) its matmuls, attention and elementwise
   kernels each came within ~10% of their prices, so the excess is in the fixed costs per op
   (backward ops, views) or the load; not resolved yet.
-- **Training mode around the ops** (session 14, not priced yet). The HF Llama's aten ops replayed
-  (below autograd, each output freed at once) came to 0.98-1.00 of their price, eager and as the
-  runtime's stage modules; the forward itself took ~10 ms more than under `torch.no_grad` (~70 against
-  ~60 ms, one pinned process, thread CPU time, load ~5), and the per-stage check above (the stage
-  modules, activations held as in a run) puts the Llama's stages at 1.18 and 1.29 of their price and
-  gpt-demo's at 1.01 and 1.05 (load 3). The tiny forwards' fixed cost per op (`forward_op`) covers
-  the autograd nodes; what grows with the tensors (outputs in fresh memory while the activations are
-  held: 48 chained matmuls with their 46 MB of outputs kept ran 1.4-4% slower, not enough alone) is
-  not measured yet; the next step is a calibration call that runs a tiny transformer's forward at
-  the benchmark width with its activations held, against the same forward's replayed ops.
+- **Training mode around the ops.** The HF Llama's aten ops replayed (below autograd, each output
+  freed at once) came to 0.98-1.00 of their price, eager and as the runtime's stage modules, yet the
+  forward took 5-10 ms more than under `torch.no_grad` (one pinned process, thread CPU time, load ~4-5).
+  Per MiB of activations held for backward the excess was the same for gpt-tiny (8 x 64 tokens),
+  gpt-demo and the HF Llama: 61-70 us, about one copy of each byte at the copy bandwidth. Priced since
+  session 14 (above); before it, the per-stage check put the Llama's stages at 1.18 and 1.29.
 - **Python between ops.** The eager Hugging Face Llama's forward took ~2.5 ms more than its aten
   ops replayed (load ~8): Python between its kernels (masks, rotary tables, output records) that only
   the fixed cost per forward op prices; the built-in GPT runs little. The runs execute the captured

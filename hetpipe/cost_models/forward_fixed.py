@@ -1,4 +1,5 @@
-"""The fixed cost per op of a model's forward on a CPU, measured on tiny built-in transformers (issue 17 item 4).
+"""What a training forward costs on a CPU beyond its ops' work (issue 17 item 4): a fixed cost per op, measured
+on tiny built-in transformers, and the held activations' cost per byte (`measure_held_bytes_s`).
 
 A calibrated CPU priced each forward op's fixed cost (dispatch, autograd node, allocation, the Python
 between ops) from tight loops of one repeated op: `calibrate.measure_op_overhead_s` (``y * 1.0``,
