@@ -121,12 +121,11 @@ def _whole_forward_s(name: str, *, batch: int, seq: int, iterations: int) -> tup
 
 
 def _priced_forward_s(name: str, profile: object, *, batch: int, seq: int) -> float:
-    """The planner's forward price of the whole model (its units' ``fwd_work``, the loss on the last)."""
-    from hetpipe.cost_models.timing import pass_time_s
-    from hetpipe.plan.build import capture_builtin
+    """The planner's forward price of the whole model (its units' forward times, the loss on the last unit)."""
+    from hetpipe.plan.build import capture_builtin, profile_unit_times
 
     graph = capture_builtin(name, batch=batch, seq=seq, optimizer="adam", precision="fp32", granularity="block")
-    return sum(pass_time_s(u.fwd_work, profile=profile, precision="fp32") for u in graph.units)
+    return sum(t.fwd for t in profile_unit_times(graph, profile))
 
 
 def profile_model(name: str, *, iterations: int) -> dict[str, object]:
