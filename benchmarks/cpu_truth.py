@@ -219,9 +219,9 @@ time, load average ~10 on 2 cores, 2026-12-03):
   block. Measured by writing 64 blocks of 1 MiB against one block (`held_bytes`, ~55-60 us per MiB
   at load ~4, `cost_models.forward_fixed.measure_held_bytes_s`) and charged on each unit's
   `activation_bytes` in its forward: +3.5-5.5 ms per micro-batch on these models' whole forward.
-  With both session-14 terms the load-robust check (2 rounds, load ~4) ran F at 1.06 (1.04-1.08)
-  for gpt-demo and 0.98 (0.95-1.02) for the HF Llama (1.12 and 1.06 without them), and per stage
-  1.04 / 1.00 and 1.04 / 1.09.
+  With both session-14 terms the load-robust check (two runs of 2 rounds, load ~4) ran F at
+  1.00-1.06 for gpt-demo and 0.98-1.03 for the HF Llama (1.06-1.12 without them), and per stage
+  (the runtime's stage modules) 1.00-1.04 and 1.04-1.11.
 - **Transfer** (session 13): the link between the core groups is measured as a run sends
   (`cost_models.link_calibration`): framed one-way messages (a header, a fresh frame and a copy into
   it on the sender, a fresh frame and the header's decoding on the receiver, as
