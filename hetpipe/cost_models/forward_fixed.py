@@ -30,11 +30,11 @@ from typing import Sequence
 
 import torch
 
+from hetpipe.cost_models import rates as rates_mod
 from hetpipe.cost_models.devices import DeviceProfile
 from hetpipe.cost_models.flops import CostCounter
 from hetpipe.cost_models.rates import median_rate
 from hetpipe.cost_models.timing import pass_time_s
-from hetpipe.cost_models import rates as rates_mod
 from hetpipe.cost_models.work import PassWork
 from hetpipe.errors import RuntimeFailure
 
