@@ -276,6 +276,13 @@ Where the differences that remain come from:
   worth 1-4%, not the 20-30%; Adam over 64 tensors of 128-1024 elements ran 1.2-1.3x its price,
   over 16-44 Ki-element tensors 0.75-0.8x (the calibration's own 64 x 8 case 1.09): the cost per
   tensor varies with size between the two calibrated points; not priced (it needs a quiet machine).
+  The loop's streaming rate depends on the process's allocator state (its 1 MiB temporaries come
+  from fresh mappings or from the heap, glibc's dynamic mmap threshold): the same
+  `measure_step_bytes_s` gave 30-36 GB/s first in a fresh process, 40-46 GB/s after the rest of
+  `calibrate_device`, 17-18 GB/s with the mmap threshold fixed at 64 MiB (load ~4); the HF Llama's
+  and gpt-demo's steps after a backward came within 1.00-1.02 of a price calibrated first in a fresh
+  process, 1.13-1.21 of one calibrated inside `calibrate_device`. The next step: measure the loop in
+  the allocator state of a training process (after a forward and backward have run).
 - **Memory** is accounted exactly by the runtime (unique storages) and predicted by memory model 2;
   a ratio above 1 would be a cost-model error, not noise.
 """
