@@ -37,11 +37,13 @@ import torch
 from torch.multiprocessing.spawn import ProcessContext, ProcessException
 
 from hetpipe.cost_models.cpu_cores import format_cores
+from hetpipe.cost_models.forward_fixed import measure_forward_op_s, measure_held_bytes_s
 from hetpipe.cost_models.op_calibration import (
     measure_backward_op_s, measure_op_rates, measure_step_bytes_s, measure_step_op_s, measure_view_op_s,
 )
 from hetpipe.cost_models.rates import MAX_INNER_ITERATIONS, MIN_TIMED_S, median_rate  # noqa: F401 (re-exported)
 from hetpipe.cost_models.devices import DeviceProfile
+from hetpipe.cost_models.work import FORWARD_OP_KEY, HELD_KEY
 from hetpipe.errors import ConfigError, RuntimeFailure
 
 logger = logging.getLogger(__name__)
@@ -117,7 +119,8 @@ class Calibration:
         link: a loopback link fit, when one was measured.
         kernel_overhead_s: fixed seconds per recorded op (`measure_op_overhead_s`), when measured.
         cores: the CPU core group it ran pinned to (`hetpipe.cost_models.core_groups`); () = unpinned.
-        op_rates: per-op-kind rates (`hetpipe.cost_models.op_calibration.measure_op_rates`), on a CPU.
+        op_rates: per-op-kind rates (`hetpipe.cost_models.op_calibration.measure_op_rates`), on a CPU, and
+            ``forward_op``: forward ops per second (`hetpipe.cost_models.forward_fixed.measure_forward_op_s`).
         step_op_s: seconds per op of the per-tensor optimizer loop (`measure_step_op_s`), on a CPU.
         step_bytes_s: bytes per second that loop streams (`measure_step_bytes_s`), on a CPU.
         backward_op_s: fixed seconds per backward op (`measure_backward_op_s`), on a CPU.
@@ -358,6 +361,11 @@ def calibrate_device(
     # A CPU's attention, transcendental ops and per-tensor optimizer loop have their own rates (issue 17
     # item 4, `op_calibration`); a GPU's are left to the roofline and its foreach step.
     op_rates = measure_op_rates(device, repeats=repeats) if device == "cpu" else ()
+    if op_rates:  # the fixed cost per forward op, net of the tiny forwards' work at the rates just measured
+        forward_op_s = measure_forward_op_s(op_rates, fp32_flops_s=fp32, bandwidth_bytes_s=bandwidth, repeats=repeats)
+        held = measure_held_bytes_s(repeats=repeats)  # None: no measurable cost, not priced
+        op_rates = tuple(sorted(op_rates + ((FORWARD_OP_KEY, 1.0 / forward_op_s),)
+                                + (((HELD_KEY, held),) if held is not None else ())))
     step_op_s = measure_step_op_s(repeats=repeats) if device == "cpu" else None
     step_bytes_s = measure_step_bytes_s(step_op_s=step_op_s, repeats=repeats) if step_op_s is not None else None
     return Calibration(

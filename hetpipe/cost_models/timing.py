@@ -21,6 +21,12 @@ are measured on meta too, not twice the forward's) and every op kind it has a ra
            + kernels * (backward_op_s in a backward pass, else kernel_overhead_s)
            + view_ops * view_op_s
 
+except that a forward pass on a profile with a measured ``forward_op`` rate (ops per second,
+`hetpipe.cost_models.forward_fixed`: the fixed cost per op of tiny transformers' forwards, whose varied
+ops cost ~1.6x a loop repeating one) pays ``(kernels + view_ops) / rate[forward_op]`` for its fixed costs,
+and a unit's forward with a measured ``held_bytes`` rate pays ``activation_bytes / rate[held_bytes]`` for
+the activations it holds for backward (`unit_time_s`: fresh memory no cache holds).
+
 The fixed costs per op are measured by calibration (`hetpipe.cost_models.op_calibration`): a forward op
 (dispatch, autograd node, allocation), a backward op (the autograd engine's node plus its kernel) and an
 op without a kernel (a view, detach or allocation: the HF models run hundreds per forward); a profile
@@ -62,7 +68,7 @@ from dataclasses import dataclass
 
 from hetpipe.cost_models.devices import DeviceProfile
 from hetpipe.cost_models.memory import check_precision
-from hetpipe.cost_models.work import FLOP_KEYS, PassWork, is_matmul_key, matmul_size
+from hetpipe.cost_models.work import FLOP_KEYS, FORWARD_OP_KEY, HELD_KEY, PassWork, is_matmul_key, matmul_size
 
 # Achieved / peak dense matmul FLOP/s when no calibration is available.
 # cost_formulas.md §3.1: "eta_k is the achieved fraction (30-60% typical)";
@@ -135,11 +141,15 @@ def unit_time_s(
     precision: str,
     fwd_work: PassWork | None = None,
     bwd_work: PassWork | None = None,
+    held_bytes: int = 0,
 ) -> UnitTime:
     """Time of one unit on one device kind under the model in the module docstring (the per-op
-    form where `profile` has measured ``op_rates`` and both passes' work was counted)."""
+    form where `profile` has measured ``op_rates`` and both passes' work was counted).  `held_bytes`:
+    the activations the unit's forward keeps for backward, priced at a measured ``held_bytes`` rate."""
     if profile.op_rates and fwd_work is not None and bwd_work is not None:
-        return UnitTime(fwd_s=pass_time_s(fwd_work, profile=profile, precision=precision),
+        rates = dict(profile.op_rates)
+        held_s = held_bytes / rates[HELD_KEY] if HELD_KEY in rates else 0.0
+        return UnitTime(fwd_s=pass_time_s(fwd_work, profile=profile, precision=precision) + held_s,
                         bwd_s=pass_time_s(bwd_work, profile=profile, precision=precision, backward=True))
     eff = efficiencies(profile)
     overhead = eff.kernel_overhead_s
@@ -161,8 +171,7 @@ def pass_time_s(work: PassWork, *, profile: DeviceProfile, precision: str, backw
     flops_s = peak_flops_s(profile, precision) * eff.matmul
     bytes_s = profile.memory_bandwidth_bytes_s * eff.bandwidth
     rates = dict(profile.op_rates)
-    per_kernel_s = profile.backward_op_s if backward and profile.backward_op_s is not None else eff.kernel_overhead_s
-    seconds = work.kernels * per_kernel_s + work.view_ops * (profile.view_op_s or 0.0)
+    seconds = _fixed_s(work, profile, rates, backward=backward)
     flops, traffic = float(work.flops), float(work.traffic_bytes)
     for key, amount in work.by_op:
         rate = matmul_rate(rates, matmul_size(key)) if is_matmul_key(key) else rates.get(key)
@@ -175,6 +184,16 @@ def pass_time_s(work: PassWork, *, profile: DeviceProfile, precision: str, backw
             seconds += amount / min(rate, bytes_s)
             traffic -= amount
     return seconds + flops / flops_s + traffic / bytes_s
+
+
+def _fixed_s(work: PassWork, profile: DeviceProfile, rates: dict[str, float], *, backward: bool) -> float:
+    """The pass's fixed costs per op (module docstring): a forward op at the measured ``forward_op`` rate where
+    there is one; else a kernel at ``backward_op_s`` (backward) or the kernel overhead, a view at ``view_op_s``."""
+    if not backward and FORWARD_OP_KEY in rates:
+        return (work.kernels + work.view_ops) / rates[FORWARD_OP_KEY]
+    per_kernel_s = profile.backward_op_s if backward and profile.backward_op_s is not None else (
+        efficiencies(profile).kernel_overhead_s)
+    return work.kernels * per_kernel_s + work.view_ops * (profile.view_op_s or 0.0)
 
 
 def matmul_rate(rates: dict[str, float], size: int) -> float | None:

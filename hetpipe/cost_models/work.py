@@ -34,6 +34,14 @@ ATTENTION_BWD_KEY = "attention_backward"
 #: Keys whose amount is FLOPs (priced instead of the matmul rate); every other key is bytes, except
 #: the matmul keys (`is_matmul_key`), FLOPs too.
 FLOP_KEYS = frozenset({ATTENTION_KEY, ATTENTION_BWD_KEY})
+#: Key of ``DeviceProfile.op_rates`` whose rate is forward ops per second: the fixed cost per op (kernel or
+#: view) of a model's forward, measured on tiny transformers (`hetpipe.cost_models.forward_fixed`); never a
+#: work-table key (a pass's ops are its ``kernels`` and ``view_ops``).
+FORWARD_OP_KEY = "forward_op"
+#: Key of ``DeviceProfile.op_rates`` whose rate is bytes per second: what a forward in training mode pays per
+#: byte of the activations it holds for backward (fresh memory, beyond the caches), measured on a CPU
+#: (`hetpipe.cost_models.forward_fixed.measure_held_bytes_s`); priced on ``Unit.activation_bytes``.
+HELD_KEY = "held_bytes"
 #: Prefix of the matmul work keys: ``matmul:<product of the two smaller of M, K, N>``.
 MATMUL_PREFIX = "matmul:"
 

@@ -32,6 +32,6 @@ def profile_unit_times(graph: UnitGraph, prof: DeviceProfile) -> tuple[UnitTimes
     for u in graph.units:
         t = unit_time_s(fwd_flops=u.fwd_flops, bwd_flops=u.bwd_flops, memory_traffic_bytes=u.memory_traffic_bytes,
                         op_count=u.op_count, profile=prof, precision=graph.precision, fwd_work=u.fwd_work,
-                        bwd_work=u.bwd_work)
+                        bwd_work=u.bwd_work, held_bytes=u.activation_bytes)
         times.append(UnitTimes(fwd=t.fwd_s, bwd=t.bwd_s))
     return tuple(times)
