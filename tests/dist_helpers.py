@@ -43,9 +43,15 @@ PG_TIMEOUT_S = 60.0
 #: torch.export, sympy: 1.7 s of the first capture's 2.0 s; the second takes 0.35 s).  Measured with
 #: ``time.process_time`` around the imports and two captures of gpt-tiny in one process.  On
 #: tests/test_executor.py's worlds: 14 ranks took 64.9 s of CPU spawned, 13.1 s forked from the server (load 15-20).
+#: Since session 14 also the worker (`tests.forked_launch` runs ``hetpipe run``'s ranks here) and the zoo's Hugging
+#: Face model classes: importing transformers and them took 2.4 s of CPU in a process that had torch (process_time,
+#: load 9), paid once by the server instead of by every rank of a Hugging Face run.
 RANK_PRELOAD = ("torch", "torch.distributed", "torch.fx", "torch._dynamo", "torch.export", "sympy",
                 "hetpipe.partitioner.capture.capture", "hetpipe.runtime.execute.executor", "hetpipe.runtime.trainer",
-                "hetpipe.runtime.replicas.trainer", "tests.dist_helpers")
+                "hetpipe.runtime.replicas.trainer", "hetpipe.runtime.worker", "hetpipe.models.hf", "transformers",
+                "transformers.models.llama.modeling_llama", "transformers.models.qwen2.modeling_qwen2",
+                "transformers.models.bert.modeling_bert", "transformers.models.gpt2.modeling_gpt2",
+                "transformers.models.t5.modeling_t5", "safetensors.torch", "tests.dist_helpers")
 #: CPU seconds of every rank `run_world` collected in this process (the ranks are the fork server's children,
 #: not this process's, so ``RUSAGE_CHILDREN`` and ``time`` miss them): tests/cpu_profile.py reads it.
 RANKS_CPU_S = [0.0]

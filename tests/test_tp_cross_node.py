@@ -36,6 +36,7 @@ from hetpipe.partitioner.solvers.group_dp import candidate_groups, solve_groups
 from hetpipe.partitioner.tp_tables import ring_of
 from tests.instances import random_problem
 from tests.test_tp_solver import brute_force_groups
+from tests.machine_load import guard_s
 
 
 def _spans(problem: Problem, group: tuple[int, ...]) -> int:
@@ -264,7 +265,7 @@ def cross_run(tmp_path_factory):
     reference = copy.deepcopy(resolved.model)
     ref_losses = group_reference(reference, batches)
     report = run(cross_plan(), model=MODEL, steps=STEPS, seq=SEQ, data=batches, weights=out / "weights.pt",
-                 save_weights=out / "saved", emulate=True, run_dir=out / "run", timeout_s=120)
+                 save_weights=out / "saved", emulate=True, run_dir=out / "run", timeout_s=guard_s(120.0))
     return report, ref_losses, reference, out / "saved"
 
 

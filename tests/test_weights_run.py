@@ -24,6 +24,7 @@ from tests.runtime_plans import plan_for
 from tests.synthetic import synthetic_cluster
 from tests.test_run_cli import _error, hetpipe_run
 from tests.test_weights import _shard
+from tests.machine_load import guard_s
 
 MODEL, BATCH, SEQ, MICROBATCHES, STEPS = "gpt-tiny", 2, 16, 4, 3
 RTOL, ATOL = 1e-5, 1e-5  # fp32, the acceptance tolerances
@@ -64,7 +65,7 @@ def test_run_from_weights_trains_like_a_single_device_loop_and_saves_them(setup,
     folder, state, batches, graph, inputs = setup
     saved = tmp_path / "trained"
     rc = hetpipe_run([str(folder / "plan.json"), "--model", MODEL, "--seq", str(SEQ), "--steps", str(STEPS),
-                      "--timeout", "30", "--data", str(folder / "data.pt"), "--loss", "hetpipe.models:lm_loss",
+                      "--timeout", f"{guard_s(30.0):.0f}", "--data", str(folder / "data.pt"), "--loss", "hetpipe.models:lm_loss",
                       "--weights", str(folder / "init"), "--save-weights", str(saved),
                       "--report", str(tmp_path / "run.json")])
     assert rc == 0, capsys.readouterr().err
