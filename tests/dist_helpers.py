@@ -98,9 +98,35 @@ def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, out_di
     os._exit(0)  # never tear down a possibly broken group
 
 
+def _failed(proc: Any, path: Path) -> bool:
+    """Whether an exited rank failed: a non-zero exit, or an error in its record."""
+    if proc.exitcode != 0:
+        return True
+    return path.exists() and torch.load(path, weights_only=False).get("error_type") is not None
+
+
+def _join(procs: list[Any], waited: list[int], deadline: float, out_dir: Path, fail_fast: bool) -> None:
+    """Wait for the ``waited`` ranks until ``deadline``; with ``fail_fast``, only until one of them failed
+    (as torchrun tears a job down at its first failed rank: the others would wait on it until their timeout)."""
+    if not fail_fast:
+        for r in waited:
+            procs[r].join(max(0.0, deadline - time.monotonic()))
+        return
+    pending = set(waited)
+    while pending and time.monotonic() < deadline:
+        for r in sorted(pending):
+            if not procs[r].is_alive():
+                pending.discard(r)
+                if _failed(procs[r], out_dir / f"rank{r}.pt"):
+                    return
+        if pending:
+            procs[min(pending)].join(0.1)
+
+
 def run_world(fn: Callable[..., Any], *, world_size: int, args: Sequence[Any] = (), timeout_s: float,
-              out_dir: Path, wait_for: Sequence[int] | None = None) -> list[RankOutcome]:
-    """Run ``fn`` on every rank; return each rank's outcome once ``wait_for`` ranks (default all) have exited.
+              out_dir: Path, wait_for: Sequence[int] | None = None, fail_fast: bool = False) -> list[RankOutcome]:
+    """Run ``fn`` on every rank; return each rank's outcome once ``wait_for`` ranks (default all) have exited
+    (``fail_fast``: or one of them failed; the others are then killed, their outcomes without a value).
 
     Raises ``TimeoutError`` if those ranks are not done within ``timeout_s`` (the
     processes are killed first, so nothing outlives the test).
@@ -116,10 +142,10 @@ def run_world(fn: Callable[..., Any], *, world_size: int, args: Sequence[Any] = 
     waited = list(range(world_size)) if wait_for is None else list(wait_for)
     deadline = time.monotonic() + timeout_s
     try:
-        for r in waited:
-            procs[r].join(max(0.0, deadline - time.monotonic()))
+        _join(procs, waited, deadline, out_dir, fail_fast)
         late = [r for r in waited if procs[r].is_alive()]
-        if late:
+        if late and not (fail_fast and any(_failed(procs[r], out_dir / f"rank{r}.pt") for r in waited
+                                           if not procs[r].is_alive())):
             raise TimeoutError(f"ranks {late} still running after {timeout_s:.0f} s")
     finally:
         for p in procs:

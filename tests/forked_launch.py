@@ -42,9 +42,13 @@ def _rank_env(rank: int, world_size: int) -> dict[str, str]:
             "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "OMP_NUM_THREADS": "1"}
 
 
-def _worker_rank(rank: int, world_size: int, argv: list[str]) -> int:
-    """One rank of the job: the worker's ``main`` (it exits the process itself after writing an error file)."""
-    os.environ.update(_rank_env(rank, world_size))
+def _worker_rank(rank: int, world_size: int, argv: list[str], environ: dict[str, str]) -> int:
+    """One rank of the job: the worker's ``main`` (it exits the process itself after writing an error file).
+
+    ``environ`` is the launching process's environment now, as torchrun's ranks inherit it (the fork server's
+    own is the one it started with: a variable a test set since would be missing)."""
+    os.environ.clear()
+    os.environ.update({**environ, **_rank_env(rank, world_size)})
     from hetpipe.runtime import worker
 
     return worker.main(argv)
@@ -57,8 +61,8 @@ def forked_launch(spec: LaunchSpec, *, env: dict[str, str] | None = None) -> Lau
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     timeout_s = scaled_limit_s(spec.timeout_s + STARTUP_S, load_per_core=load_per_core())
-    outcomes = run_world(_worker_rank, world_size=spec.nproc, args=(worker_args(spec),), timeout_s=timeout_s,
-                         out_dir=spec.run_dir / "forked")
+    outcomes = run_world(_worker_rank, world_size=spec.nproc, args=(worker_args(spec), dict(os.environ)),
+                         timeout_s=timeout_s, out_dir=spec.run_dir / "forked", fail_fast=True)
     failed = [o for o in outcomes if o.exitcode != 0 or o.error_type is not None]
     if failed:
         detail = "; ".join(f"rank {o.rank}: exit {o.exitcode} {o.error_type or ''} {o.error or ''}".strip()

@@ -60,7 +60,8 @@ def supervised(tmp_path_factory):
     graph, plan = thirds_plan(MODEL, folder / "cards.yaml", batch=BATCH, seq=SEQ, microbatches=MICROBATCHES)
     torch.save(initial_state(MODEL, seed=3), folder / "init.pt")
     report = run(plan, model=MODEL, seq=SEQ, steps=STEPS, data=seeded_batches(STEPS, seed=9),
-                 loss="hetpipe.models:lm_loss", weights=folder / "init.pt", timeout_s=guard_s(60.0), run_dir=folder / "run",
+                 loss="hetpipe.models:lm_loss", weights=folder / "init.pt", timeout_s=guard_s(60.0),
+                 run_dir=folder / "run",
                  checkpoint_dir=folder / "ck", checkpoint_every=EVERY, emulate=True, safety_factor=SAFETY_FACTOR,
                  adapt=True, inject=[f"slow:rank=1,factor={BIG:g},step={BIG_AT}",
                                      f"slow:rank=2,factor={SMALL:g},step={SMALL_AT}"])

@@ -358,7 +358,8 @@ def test_recomputing_stages_hold_less_and_match_the_cost_model(plain_peak_run, m
     rc = with_recompute(plain, worth_recomputing)
     assert sum(1 for st in rc.stages if st.recompute_units) >= 2
     recomputing = run(rc, model=model, steps=2, seq=seq, timeout_s=guard_s(90.0))
-    peaks = {"plain": [s.peak_bytes for s in plain_report.stages], "recompute": [s.peak_bytes for s in recomputing.stages]}
+    peaks = {"plain": [s.peak_bytes for s in plain_report.stages],
+             "recompute": [s.peak_bytes for s in recomputing.stages]}
     evaluated = evaluate(problem_from_plan(rc), stages_from_plan(rc)).stages
     for st, held, without in zip(rc.stages, peaks["recompute"], peaks["plain"]):
         if not st.recompute_units:

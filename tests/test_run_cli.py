@@ -53,9 +53,9 @@ OUTER_TOLERANCE = 0.3
 WALL_LIMIT_S = 240.0
 #: The ranks' wait bound on an idle machine (`rank_timeout_s` scales it by the load).
 RANK_TIMEOUT_S = 30.0
-# Forked launches: tests whose claim is what the ranks compute or emulate (losses, the emulated sync and DiLoCo steps) run
-# the same CLI and rank code on ranks forked from the test fork server (`tests.forked_launch`, ~10 s of CPU less
-# per launch); the emulated pipeline and replica runs, the OOMs and the killed rank stay torchrun launches.
+# Forked launches: tests whose claim is what the ranks compute or emulate (losses, the emulated sync and DiLoCo
+# steps) run the same CLI and rank code on ranks forked from the test fork server (`tests.forked_launch`, ~10 s of
+# CPU less per launch); the emulated pipeline and replica runs, the OOMs and the killed rank stay torchrun launches.
 
 
 @pytest.fixture(scope="module")

@@ -50,7 +50,8 @@ def setup(tmp_path_factory):
 
 def _argv(folder, tmp, *extra: str) -> list[str]:
     return [str(folder / "R.json"), "--model", MODEL, "--seq", str(SEQ), "--steps", str(STEPS),
-            "--timeout", f"{guard_s(30.0):.0f}", "--data", "tests.supervise_data:slow_batches", "--loss", "hetpipe.models:lm_loss",
+            "--timeout", f"{guard_s(30.0):.0f}", "--data", "tests.supervise_data:slow_batches",
+            "--loss", "hetpipe.models:lm_loss",
             "--weights", str(folder / "init.pt"), "--checkpoint-dir", str(tmp / "ck"),
             "--checkpoint-every", str(EVERY), "--run-dir", str(tmp / "run"), "--report", str(tmp / "run.json"),
             *extra]
