@@ -27,6 +27,7 @@ MARK_ENV = "HETPIPE_FORKED_TEST_MARK"
 
 
 def _argv(plan: Path, run_dir: Path, *extra: str) -> list[str]:
+    run_dir.mkdir(parents=True)  # --report's folder must exist
     return [str(plan), "--model", MODEL, "--seq", str(SEQ), "--steps", "2", "--timeout", f"{guard_s(30.0):.0f}",
             "--run-dir", str(run_dir), "--report", str(run_dir / "run.json"), *extra]
 
