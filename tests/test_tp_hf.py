@@ -31,7 +31,7 @@ from tests.test_tp_runtime import (MICRO_BATCH, MICROBATCHES, SEQ, SHARES, STEPS
                                    group_reference, tp_graph)
 from tests.machine_load import guard_s
 
-#: The grouped runs launched by torchrun (Llama's run and its resume); GPT-2's and Qwen2's run the same rank
+#: The grouped run launched by torchrun (Llama's); GPT-2's and Qwen2's, and every resume, run the same rank
 #: code on ranks forked from the test fork server (`tests.forked_launch`: what they check is what the ranks
 #: compute; ~10 s of CPU less per launch).
 TORCHRUN_MODEL = "hf-llama-tiny"
@@ -196,9 +196,11 @@ def _grouped_and_resumed(name: str, out, batches):
                  checkpoint_dir=out / "ck", checkpoint_every=CHECKPOINT_STEP, timeout_s=guard_s(180.0))
     if name not in RESUME_SHARES:
         return report, None
-    resumed = run(hf_plan(name, **RUNS[name], shares=RESUME_SHARES[name]), model=name, steps=STEPS, seq=SEQ,
-                  data=batches, weights=out / "weights.pt", save_weights=out / "resumed",
-                  resume=out / "ck" / f"step-{CHECKPOINT_STEP:06d}", run_dir=out / "run2", timeout_s=guard_s(180.0))
+    with forked_launches():  # every resume: the ranks' numbers (tests/test_checkpoint.py resumes under torchrun)
+        resumed = run(hf_plan(name, **RUNS[name], shares=RESUME_SHARES[name]), model=name, steps=STEPS, seq=SEQ,
+                      data=batches, weights=out / "weights.pt", save_weights=out / "resumed",
+                      resume=out / "ck" / f"step-{CHECKPOINT_STEP:06d}", run_dir=out / "run2",
+                      timeout_s=guard_s(180.0))
     return report, resumed
 
 
