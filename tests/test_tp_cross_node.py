@@ -304,7 +304,8 @@ def test_a_group_across_two_network_namespaces_trains_like_one_device(tmp_path):
         with pytest.raises(ConfigError, match=f"cannot run on network namespaces here: {reason}"):
             run_on_netns(cross_plan(), model=MODEL, seq=SEQ, steps=STEPS, run_dir=tmp_path / "run")
         return
-    rep = run_on_netns(cross_plan(), model=MODEL, seq=SEQ, steps=STEPS, run_dir=tmp_path / "run", timeout_s=60)
+    rep = run_on_netns(cross_plan(), model=MODEL, seq=SEQ, steps=STEPS, run_dir=tmp_path / "run",
+                       timeout_s=guard_s(60.0))
     assert rep.world_size == 3 and any("links a <-> b ran over a veth pair" in n for n in rep.notes), rep.notes
     model = models.resolve(MODEL, device="cpu", batch=MICRO_BATCH, seq=SEQ).model
     model.load_state_dict(load_file(str(write_initial_weights(MODEL, tmp_path / "init", seed=0, batch=MICRO_BATCH,
