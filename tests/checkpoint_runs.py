@@ -7,24 +7,32 @@ The folder holds the plans (``<name>.json``), the initial weights (``init.pt``) 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from hetpipe.runtime.report import RunReport
+from tests.forked_launch import forked_launches
+from tests.machine_load import guard_s
 from tests.test_run_cli import hetpipe_run
 
 
 def run_with_checkpoints(folder: Path, plan: str, out: Path, *, model: str, seq: int, steps: int,
-                         resume: Path | None, every: int | None = None, timeout_s: int = 60) -> RunReport:
+                         resume: Path | None, every: int | None = None, timeout_s: int = 60,
+                         forked: bool = False) -> RunReport:
     """Run plan ``<plan>.json`` of ``folder`` to ``steps`` (from ``resume`` when given), checkpointing
-    into ``out/ck`` (every ``every`` steps, else at the end); its report."""
+    into ``out/ck`` (every ``every`` steps, else at the end); its report.  ``timeout_s`` is the ranks' wait
+    bound on an idle machine, scaled by the load (a hang guard); ``forked``: the ranks fork from the test
+    fork server (`tests.forked_launch`) instead of torchrun starting them."""
     out.mkdir(parents=True, exist_ok=True)
     extra = ["--resume", str(resume)] if resume is not None else []
     extra += ["--checkpoint-every", str(every)] if every is not None else []
-    rc = hetpipe_run([str(folder / f"{plan}.json"), "--model", model, "--seq", str(seq), "--steps", str(steps),
-                      "--timeout", str(timeout_s), "--data", str(folder / "data.pt"), "--loss", "hetpipe.models:lm_loss",
-                      "--weights", str(folder / "init.pt"), "--report", str(out / "run.json"),
-                      "--checkpoint-dir", str(out / "ck"), *extra])
+    wait_s = guard_s(timeout_s)
+    with forked_launches() if forked else contextlib.nullcontext():
+        rc = hetpipe_run([str(folder / f"{plan}.json"), "--model", model, "--seq", str(seq), "--steps", str(steps),
+                          "--timeout", f"{wait_s:.0f}", "--data", str(folder / "data.pt"),
+                          "--loss", "hetpipe.models:lm_loss", "--weights", str(folder / "init.pt"),
+                          "--report", str(out / "run.json"), "--checkpoint-dir", str(out / "ck"), *extra])
     assert rc == 0
     return RunReport.load(out / "run.json")
 

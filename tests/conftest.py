@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.machine_load import guard_s
+
 
 @pytest.fixture(scope="session")
 def plain_peak_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Path, object]]:
@@ -23,9 +25,11 @@ def plain_peak_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tu
 
     tests/test_memory_truth.py checks its measured peaks against the plan; tests/test_recompute_runtime.py
     compares the same plan's peaks with a recomputing copy's.  Peak held bytes are the executor's
-    ledger (deterministic), so both may read one run.
+    ledger (deterministic), so both may read one run.  Its ranks fork from the test fork server
+    (`tests.forked_launch`).
     """
     from hetpipe.runtime.run import run
+    from tests.forked_launch import forked_launches
     from tests.test_memory_truth import _plan
 
     runs: dict[tuple[str, int, int | None], tuple[Path, object]] = {}
@@ -34,7 +38,8 @@ def plain_peak_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tu
         key = (model, batch, seq)
         if key not in runs:
             path = _plan(model, batch, seq, tmp_path_factory.mktemp(f"plain-{model}"))
-            runs[key] = (path, run(path, model=model, steps=2, seq=seq, timeout_s=90.0))
+            with forked_launches():  # the ledger's bytes, not the launch: the zoo's torchrun runs check those too
+                runs[key] = (path, run(path, model=model, steps=2, seq=seq, timeout_s=guard_s(90.0)))
         return runs[key]
 
     return get

@@ -43,9 +43,15 @@ PG_TIMEOUT_S = 60.0
 #: torch.export, sympy: 1.7 s of the first capture's 2.0 s; the second takes 0.35 s).  Measured with
 #: ``time.process_time`` around the imports and two captures of gpt-tiny in one process.  On
 #: tests/test_executor.py's worlds: 14 ranks took 64.9 s of CPU spawned, 13.1 s forked from the server (load 15-20).
+#: Since session 14 also the worker (`tests.forked_launch` runs ``hetpipe run``'s ranks here) and the zoo's Hugging
+#: Face model classes: importing transformers and them took 2.4 s of CPU in a process that had torch (process_time,
+#: load 9), paid once by the server instead of by every rank of a Hugging Face run.
 RANK_PRELOAD = ("torch", "torch.distributed", "torch.fx", "torch._dynamo", "torch.export", "sympy",
                 "hetpipe.partitioner.capture.capture", "hetpipe.runtime.execute.executor", "hetpipe.runtime.trainer",
-                "hetpipe.runtime.replicas.trainer", "tests.dist_helpers")
+                "hetpipe.runtime.replicas.trainer", "hetpipe.runtime.worker", "hetpipe.models.hf", "transformers",
+                "transformers.models.llama.modeling_llama", "transformers.models.qwen2.modeling_qwen2",
+                "transformers.models.bert.modeling_bert", "transformers.models.gpt2.modeling_gpt2",
+                "transformers.models.t5.modeling_t5", "safetensors.torch", "tests.dist_helpers")
 #: CPU seconds of every rank `run_world` collected in this process (the ranks are the fork server's children,
 #: not this process's, so ``RUSAGE_CHILDREN`` and ``time`` miss them): tests/cpu_profile.py reads it.
 RANKS_CPU_S = [0.0]
@@ -92,9 +98,35 @@ def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, out_di
     os._exit(0)  # never tear down a possibly broken group
 
 
+def _failed(proc: Any, path: Path) -> bool:
+    """Whether an exited rank failed: a non-zero exit, or an error in its record."""
+    if proc.exitcode != 0:
+        return True
+    return path.exists() and torch.load(path, weights_only=False).get("error_type") is not None
+
+
+def _join(procs: list[Any], waited: list[int], deadline: float, out_dir: Path, fail_fast: bool) -> None:
+    """Wait for the ``waited`` ranks until ``deadline``; with ``fail_fast``, only until one of them failed
+    (as torchrun tears a job down at its first failed rank: the others would wait on it until their timeout)."""
+    if not fail_fast:
+        for r in waited:
+            procs[r].join(max(0.0, deadline - time.monotonic()))
+        return
+    pending = set(waited)
+    while pending and time.monotonic() < deadline:
+        for r in sorted(pending):
+            if not procs[r].is_alive():
+                pending.discard(r)
+                if _failed(procs[r], out_dir / f"rank{r}.pt"):
+                    return
+        if pending:
+            procs[min(pending)].join(0.1)
+
+
 def run_world(fn: Callable[..., Any], *, world_size: int, args: Sequence[Any] = (), timeout_s: float,
-              out_dir: Path, wait_for: Sequence[int] | None = None) -> list[RankOutcome]:
-    """Run ``fn`` on every rank; return each rank's outcome once ``wait_for`` ranks (default all) have exited.
+              out_dir: Path, wait_for: Sequence[int] | None = None, fail_fast: bool = False) -> list[RankOutcome]:
+    """Run ``fn`` on every rank; return each rank's outcome once ``wait_for`` ranks (default all) have exited
+    (``fail_fast``: or one of them failed; the others are then killed, their outcomes without a value).
 
     Raises ``TimeoutError`` if those ranks are not done within ``timeout_s`` (the
     processes are killed first, so nothing outlives the test).
@@ -110,10 +142,10 @@ def run_world(fn: Callable[..., Any], *, world_size: int, args: Sequence[Any] = 
     waited = list(range(world_size)) if wait_for is None else list(wait_for)
     deadline = time.monotonic() + timeout_s
     try:
-        for r in waited:
-            procs[r].join(max(0.0, deadline - time.monotonic()))
+        _join(procs, waited, deadline, out_dir, fail_fast)
         late = [r for r in waited if procs[r].is_alive()]
-        if late:
+        if late and not (fail_fast and any(_failed(procs[r], out_dir / f"rank{r}.pt") for r in waited
+                                           if not procs[r].is_alive())):
             raise TimeoutError(f"ranks {late} still running after {timeout_s:.0f} s")
     finally:
         for p in procs:

@@ -29,6 +29,17 @@ def scaled_limit_s(base_s: float, *, load_per_core: float) -> float:
     return base_s * max(1.0, load_per_core)
 
 
+def guard_s(base_s: float) -> float:
+    """A hang guard's bound now (a rank's ``--timeout`` / ``timeout_s``): ``base_s`` (enough on an idle machine)
+    scaled by the load per core at this moment.  Never what a test measures: only how long a broken run may
+    hang before it fails.
+
+    >>> guard_s(60.0) >= 60.0
+    True
+    """
+    return scaled_limit_s(base_s, load_per_core=load_per_core())
+
+
 @dataclass
 class LoadTimer:
     """Wall time since creation and the bound it must stay under, scaled by the larger load seen.

@@ -39,7 +39,7 @@ WORLD_GROUP = "world"
 _LAUNCH_WORDS = re.compile(
     r"run_world|hetpipe_run|torchrun|torch\.distributed\.run|from hetpipe\.runtime\.run import"
     r"|main\(\[\"(?:run|supervise)\"|\bsupervise\(|run_on_netns|checkpoint_runs|zoo_case"
-    r"|trainer_world|replica_numerics|replica_pair_world|plain_peak_run|momentum_start")
+    r"|trainer_world|replica_numerics|replica_pair_world|plain_peak_run|momentum_start|forked_launch")
 
 
 def launches_processes(source: str) -> bool:

@@ -33,6 +33,7 @@ from tests.reference_loop import MICROBATCHES, initial_state, reference_loop, se
 from tests.runtime_plans import thirds_plan
 from tests.test_checkpoint import assert_checkpoint_is_the_reference
 from tests.test_run_cli import BATCH, MODEL, SAFETY_FACTOR, SEQ
+from tests.machine_load import guard_s
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +60,8 @@ def supervised(tmp_path_factory):
     graph, plan = thirds_plan(MODEL, folder / "cards.yaml", batch=BATCH, seq=SEQ, microbatches=MICROBATCHES)
     torch.save(initial_state(MODEL, seed=3), folder / "init.pt")
     report = run(plan, model=MODEL, seq=SEQ, steps=STEPS, data=seeded_batches(STEPS, seed=9),
-                 loss="hetpipe.models:lm_loss", weights=folder / "init.pt", timeout_s=60, run_dir=folder / "run",
+                 loss="hetpipe.models:lm_loss", weights=folder / "init.pt", timeout_s=guard_s(60.0),
+                 run_dir=folder / "run",
                  checkpoint_dir=folder / "ck", checkpoint_every=EVERY, emulate=True, safety_factor=SAFETY_FACTOR,
                  adapt=True, inject=[f"slow:rank=1,factor={BIG:g},step={BIG_AT}",
                                      f"slow:rank=2,factor={SMALL:g},step={SMALL_AT}"])
@@ -76,7 +78,11 @@ def test_a_big_slowdown_switches_in_place_at_the_first_boundary_after_it_is_name
     assert (r.kind, r.resumed_step, r.steps_redone, r.device) == ("in-place", BIG_AT + 1, 0, plan.stages[1].device)
     assert r.new_predicted_s < r.old_predicted_s and r.new_measured_s < r.old_measured_s  # measured faster after
     (switch,) = read_switches(run_dir)
-    assert switch.after_steps == BIG_AT + 1 and 0 < switch.held_s < 5.0  # held for the verdict, not timed out
+    # Held at the first boundary after the naming and switched there: the verdict was taken at that boundary
+    # (a verdict later than the hold, `VERDICT_WAIT_S`, lands a boundary later, which after_steps would show).
+    # No bound on held_s itself: it is wall time, and a verdict that arrives as the wait ends is still taken
+    # there (the request is read after the hold), so held_s may legitimately reach VERDICT_WAIT_S plus a wake-up.
+    assert switch.after_steps == BIG_AT + 1 and switch.held_s > 0
     slowed = plan.stages[1].device
     units = {s.device: s.last_unit - s.first_unit + 1 for s in report.stages}
     assert len(units) == 3 and units[slowed] < 2  # the re-plan leaves the slowed card one unit (it held two)

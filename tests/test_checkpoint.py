@@ -3,12 +3,15 @@
 One 3-stage run of gpt-tiny saves at steps 2 and 4; resumed from step 2 on the same plan it
 continues bitwise (losses, parameters and optimizer state); resumed on a 2-stage plan with other
 cuts, and on that plan with stage 0 offloading its optimizer state and stage 1 recomputing, it
-equals a plain single-device loop within 1e-5.  Interrupted (.tmp) checkpoints are never
+equals a plain single-device loop within 1e-5 (those two resumes fork their ranks from the test fork
+server, `tests.forked_launch`; the first run and the bitwise resume are torchrun launches).
+Interrupted (.tmp) checkpoints are never
 used, and a checkpoint of another model or lacking names is one ``error:`` line before launch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import subprocess
@@ -30,13 +33,17 @@ from hetpipe.runtime.rank import DEFAULT_LR
 from hetpipe.runtime.report import RunReport
 from hetpipe.runtime.stage.build import build_stage, split_stages
 from hetpipe.runtime.stage.weights import saved_names
+from tests.forked_launch import forked_launches
 from tests.reference_loop import initial_state, reference_loop, seeded_batches
 from tests.runtime_plans import plan_for
 from tests.synthetic import synthetic_cluster
 from tests.test_run_cli import _error, hetpipe_run
+from tests.machine_load import guard_s
 
 MODEL, BATCH, SEQ, MICROBATCHES, STEPS, EVERY = "gpt-tiny", 2, 16, 4, 4, 2
 RTOL, ATOL = 1e-5, 1e-5  # fp32, the issue's acceptance tolerances
+#: The ranks' wait bound (``--timeout``) on an idle machine; `_run` scales it by the load per core (a hang guard).
+RANK_WAIT_S = 60.0
 
 
 def read_checkpoint(folder: Path) -> dict[str, torch.Tensor]:
@@ -72,11 +79,16 @@ def setup(tmp_path_factory):
     return folder, state, batches, graph, inputs
 
 
-def _run(folder: Path, plan: str, tmp: Path, *extra: str) -> RunReport:
+def _run(folder: Path, plan: str, tmp: Path, *extra: str, forked: bool = False) -> RunReport:
+    """`hetpipe run` of ``plan`` (torchrun; ``forked``: ranks forked from the test fork server,
+    `tests.forked_launch`), the ranks' wait bound `RANK_WAIT_S` scaled by the load (a hang guard)."""
     report = tmp / f"{plan}-{len(list(tmp.glob('*.json')))}.json"
-    rc = hetpipe_run([str(folder / plan), "--model", MODEL, "--seq", str(SEQ), "--steps", str(STEPS),
-                      "--timeout", "60", "--data", str(folder / "data.pt"), "--loss", "hetpipe.models:lm_loss",
-                      "--weights", str(folder / "init.pt"), "--report", str(report), *extra])
+    wait_s = guard_s(RANK_WAIT_S)
+    with forked_launches() if forked else contextlib.nullcontext():
+        rc = hetpipe_run([str(folder / plan), "--model", MODEL, "--seq", str(SEQ), "--steps", str(STEPS),
+                          "--timeout", f"{wait_s:.0f}", "--data", str(folder / "data.pt"),
+                          "--loss", "hetpipe.models:lm_loss", "--weights", str(folder / "init.pt"),
+                          "--report", str(report), *extra])
     assert rc == 0
     return RunReport.load(report)
 
@@ -116,7 +128,7 @@ def test_resume_on_another_plan_equals_a_single_device_run(setup, first_run, tmp
     tmp, full, (ref_losses, ref_model, ref_opt) = first_run
     assert list(full.losses) == pytest.approx(ref_losses, rel=RTOL, abs=ATOL)
     other = _run(folder, "plan2.json", tmp_path, "--resume", str(tmp / "ck" / "step-000002"),
-                 "--checkpoint-dir", str(tmp_path / "ck"))
+                 "--checkpoint-dir", str(tmp_path / "ck"), forked=True)
     assert other.world_size == 2
     assert list(other.losses) == pytest.approx(ref_losses[EVERY:], rel=RTOL, abs=ATOL)
     assert_checkpoint_is_the_reference(tmp_path / "ck" / "step-000004", graph, ref_model, ref_opt)
@@ -151,7 +163,7 @@ def test_resume_onto_a_plan_with_offload_and_recompute_equals_a_single_device_ru
     assert levers.stages[0].offload and levers.stages[1].recompute_units
     levers.save(folder / "plan2-levers.json")
     other = _run(folder, "plan2-levers.json", tmp_path, "--resume", str(tmp / "ck" / "step-000002"),
-                 "--checkpoint-dir", str(tmp_path / "ck"))
+                 "--checkpoint-dir", str(tmp_path / "ck"), forked=True)
     assert other.world_size == 2
     assert list(other.losses) == pytest.approx(ref_losses[EVERY:], rel=RTOL, abs=ATOL)
     assert_checkpoint_is_the_reference(tmp_path / "ck" / "step-000004", graph, ref_model, ref_opt)
@@ -248,7 +260,8 @@ def test_the_worker_creates_its_run_folder(setup, tmp_path):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--nproc-per-node={nproc}",
                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=ckpt-test", "--max-restarts=0",
                "-m", "hetpipe.runtime.worker", str(folder / "plan3.json"), "--model", MODEL, "--seq", str(SEQ),
-               "--steps", "1", "--run-dir", str(tmp_path / f"{node}-run" / "nested"), "--timeout", "60",
+               "--steps", "1", "--run-dir", str(tmp_path / f"{node}-run" / "nested"),
+               "--timeout", f"{guard_s(60.0):.0f}",
                "--plan-node", node]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                       env={**os.environ, "OMP_NUM_THREADS": "1"}))

@@ -27,6 +27,7 @@ from hetpipe.runtime.report import RunReport
 from tests.checkpoint_runs import MODEL, OPTIMIZER, SEQ, run_with_checkpoints
 from tests.test_checkpoint import read_checkpoint
 from tests.test_tp_runtime import tp_graph, tp_plan
+from tests.machine_load import guard_s
 
 RTOL, ATOL = 1e-5, 1e-5  # fp32, the issue's acceptance tolerances
 
@@ -43,18 +44,21 @@ def setup(momentum_inputs):
     return folder, tp_graph(MODEL), momentum_inputs.reference
 
 
-def _run(folder: Path, plan: str, out: Path, *, steps: int, resume: Path | None, every: int | None = None) -> RunReport:
+def _run(folder: Path, plan: str, out: Path, *, steps: int, resume: Path | None, every: int | None = None,
+         forked: bool = False) -> RunReport:
     return run_with_checkpoints(folder, plan, out, model=MODEL, seq=SEQ, steps=steps, resume=resume, every=every,
-                                timeout_s=120)
+                                forked=forked, timeout_s=120)
 
 
 @pytest.fixture(scope="module")
 def chain(setup, momentum_start, tmp_path_factory):
-    """P2 (steps 0-1, the shared start) -> G (2-3) -> P2 (4-5), each resumed from the one before."""
+    """P2 (steps 0-1, the shared start) -> G (2-3) -> P2 (4-5), each resumed from the one before.  The chain's
+    two resumes fork their ranks from the test fork server (`tests.forked_launch`: what they check is what the
+    ranks compute); the shared start and the bitwise resume below are torchrun launches."""
     folder, *_ = setup
     tmp = tmp_path_factory.mktemp("chain")
-    grouped = _run(folder, "G", tmp / "g", steps=4, resume=momentum_start.checkpoint, every=1)
-    last = _run(folder, "P2", tmp / "p2b", steps=6, resume=tmp / "g" / "ck" / "step-000004")
+    grouped = _run(folder, "G", tmp / "g", steps=4, resume=momentum_start.checkpoint, every=1, forked=True)
+    last = _run(folder, "P2", tmp / "p2b", steps=6, resume=tmp / "g" / "ck" / "step-000004", forked=True)
     return tmp, {"P2": momentum_start.report, "G": grouped, "P2b": last}
 
 
@@ -168,7 +172,8 @@ def test_a_killed_group_member_relaunches_the_grouped_plan_equal_to_a_single_dev
 
     folder, graph, (ref_losses, snapshots) = setup
     assert hetpipe_run([str(folder / "G.json"), "--model", MODEL, "--seq", str(SEQ), "--steps", "6",
-                        "--timeout", "120", "--data", str(folder / "data.pt"), "--loss", "hetpipe.models:lm_loss",
+                        "--timeout", f"{guard_s(120.0):.0f}", "--data", str(folder / "data.pt"),
+                        "--loss", "hetpipe.models:lm_loss",
                         "--weights", str(folder / "init.pt"), "--resume", str(momentum_start.checkpoint),
                         "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "2",
                         "--run-dir", str(tmp_path / "run"), "--report", str(tmp_path / "run.json"),

@@ -61,18 +61,21 @@ def setup(momentum_inputs):
     return folder, graph, momentum_inputs.reference
 
 
-def _run(folder: Path, plan: str, out: Path, *, steps: int, resume: Path | None, every: int | None = None) -> RunReport:
+def _run(folder: Path, plan: str, out: Path, *, steps: int, resume: Path | None, every: int | None = None,
+         forked: bool = False) -> RunReport:
     return run_with_checkpoints(folder, plan, out, model=MODEL, seq=SEQ, steps=steps, resume=resume, every=every,
-                                timeout_s=60)
+                                forked=forked, timeout_s=60)
 
 
 @pytest.fixture(scope="module")
 def chain(setup, momentum_start, tmp_path_factory):
-    """P2 (steps 0-1, the shared start) -> R1 (2-3) -> R3s (4-5), each resumed from the one before."""
+    """P2 (steps 0-1, the shared start) -> R1 (2-3) -> R3s (4-5), each resumed from the one before.  The chain's
+    two resumes fork their ranks from the test fork server (`tests.forked_launch`: what they check is what the
+    ranks compute); the shared start and the bitwise resume below are torchrun launches."""
     folder, *_ = setup
     tmp = tmp_path_factory.mktemp("chain")
-    r1 = _run(folder, "R1", tmp / "r1", steps=4, resume=momentum_start.checkpoint, every=1)
-    r3s = _run(folder, "R3s", tmp / "r3s", steps=6, resume=tmp / "r1" / "ck" / "step-000004", every=1)
+    r1 = _run(folder, "R1", tmp / "r1", steps=4, resume=momentum_start.checkpoint, every=1, forked=True)
+    r3s = _run(folder, "R3s", tmp / "r3s", steps=6, resume=tmp / "r1" / "ck" / "step-000004", every=1, forked=True)
     return tmp, {"P2": momentum_start.report, "R1": r1, "R3s": r3s}
 
 
@@ -120,7 +123,7 @@ def test_sharded_replicas_resumed_on_their_own_plan_continue_bitwise(setup, chai
 def test_a_sharded_replica_checkpoint_resumes_on_a_pipeline_equal_to_a_single_device_run(setup, chain, tmp_path):
     folder, graph, (ref_losses, snapshots) = setup
     tmp, _ = chain
-    other = _run(folder, "P2", tmp_path, steps=6, resume=tmp / "r3s" / "ck" / "step-000005")
+    other = _run(folder, "P2", tmp_path, steps=6, resume=tmp / "r3s" / "ck" / "step-000005", forked=True)
     assert other.world_size == 2
     assert list(other.losses) == pytest.approx(ref_losses[5:], rel=RTOL, abs=ATOL)
     _assert_is_reference(tmp_path / "ck" / "step-000006", graph, snapshots[6])

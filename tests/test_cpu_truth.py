@@ -22,6 +22,7 @@ from hetpipe.cost_models.devices import DeviceProfile
 from hetpipe.errors import ConfigError, HetpipeError
 from hetpipe.runtime.measured_links import cut_transfers_s
 from hetpipe.runtime.report import ActionRecord, RankResult, RankTimeline, build_report
+from tests.machine_load import guard_s
 
 MODEL, BATCH, SEQ = "gpt-tiny", 2, 16
 
@@ -244,7 +245,7 @@ def test_a_plan_over_core_groups_runs_pinned_without_emulation(tmp_path: Path) -
     plan = partition(model, cluster_from_dict(doc), example_inputs=inputs, global_batch=4 * BATCH)
     assert len(plan.stages) == 2, "both core groups should hold a stage"
     plan.save(tmp_path / "plan.json")
-    rep = run(tmp_path / "plan.json", model=MODEL, steps=2, emulate=False, seq=SEQ, timeout_s=60,
+    rep = run(tmp_path / "plan.json", model=MODEL, steps=2, emulate=False, seq=SEQ, timeout_s=guard_s(60.0),
               run_dir=tmp_path / "run")
     assert not rep.emulate and rep.time_scale == 1.0 and rep.measured_iteration_s > 0
     by_id = {d.id: d for d in plan.devices}

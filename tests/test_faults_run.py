@@ -18,6 +18,7 @@ import pytest
 
 from hetpipe.runtime.faults.straggler import read_stragglers
 from hetpipe.runtime.report import RunReport
+from tests.forked_launch import use_forked_launch
 from tests.test_run_cli import BATCH, MICROBATCHES, MODEL, SAFETY_FACTOR, SEQ, _common, _error, hetpipe_run
 
 pytestmark = pytest.mark.slow
@@ -117,7 +118,7 @@ def _calibrate_and_replan(cluster: Path, report: Path, tmp_path: Path, slowed: s
     assert _work_on(plans[1], slowed) < _work_on(plans[0], slowed), [p.stages for p in plans]
 
 
-def test_slowed_rank_and_slowed_link_are_named_alone_and_no_fault_names_nothing(lab, tmp_path, capsys):
+def test_slowed_rank_and_slowed_link_are_named_alone_and_no_fault_names_nothing(lab, tmp_path, capsys, monkeypatch):
     cluster, plan_path = lab
     rep = _run(plan_path, tmp_path, "slow", "slow:rank=1,factor=3,step=2")
     assert rep.injected == ("slow:rank=1,factor=3,step=2",)
@@ -131,6 +132,9 @@ def test_slowed_rank_and_slowed_link_are_named_alone_and_no_fault_names_nothing(
     assert "straggler: rank 1 (stage 1" in capsys.readouterr().out
     _calibrate_and_replan(cluster, tmp_path / "slow.json", tmp_path, rep.stages[1].device)
 
+    # The slowed link and the clean run: the same CLI and rank code on ranks forked from the test fork server
+    # (`tests.forked_launch`; the injections are the ranks' own), ~10 s of CPU less each; the run above is torchrun's.
+    use_forked_launch(monkeypatch)
     rep = _run(plan_path, tmp_path, "link", "link:src=1,dst=2,factor=4,step=1")
     (rec,) = rep.stragglers
     assert (rec.rank, rec.what, rec.since_step, rec.link) == (1, "link", 1, f"{rep.stages[1].device} -> "

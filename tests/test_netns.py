@@ -15,6 +15,7 @@ import pytest
 
 from hetpipe.errors import ConfigError
 from hetpipe.runtime.faults.netns import MIN_BURST_BYTES, netns_support, run_on_netns
+from tests.machine_load import guard_s
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +46,7 @@ def test_two_nodes_in_namespaces_train_over_a_rate_limited_link(tmp_path):
         with pytest.raises(ConfigError, match=f"cannot run on network namespaces here: {reason}"):
             run_on_netns(plan, model=MODEL, seq=SEQ, steps=3, run_dir=tmp_path / "run")
         return
-    rep = run_on_netns(plan, model=MODEL, seq=SEQ, steps=4, run_dir=tmp_path / "run", timeout_s=60)
+    rep = run_on_netns(plan, model=MODEL, seq=SEQ, steps=4, run_dir=tmp_path / "run", timeout_s=guard_s(60.0))
     assert len(rep.losses) == 4 and rep.world_size == 3
     assert any("network namespaces shaped by tc (tbf 8 Mbit/s" in note for note in rep.notes), rep.notes
     cut_bytes = plan.units[plan.stages[1].last_unit].boundary_bytes  # n0:1 -> n1:0, per micro-batch

@@ -18,6 +18,7 @@ from torch import nn
 
 from hetpipe.runtime.execute.held import optimizer_bytes
 from hetpipe.runtime.stage.offload import HostOffloadOptimizer
+from tests.machine_load import guard_s
 
 log = logging.getLogger(__name__)
 RTOL = ATOL = 1e-5  # fp32; the acceptance
@@ -81,7 +82,7 @@ def test_three_stages_one_offloading_train_like_a_single_device_loop(tmp_path):
     weights = zh.write_weights(family, ref_model, tmp_path)
     batches = zh.make_batches(family, example)
     report = run(plan, model=family.model, steps=zh.STEPS, seq=family.seq, weights=weights, data=batches,
-                 loss=family.loss, save_weights=tmp_path / "trained", timeout_s=120.0)
+                 loss=family.loss, save_weights=tmp_path / "trained", timeout_s=guard_s(120.0))
     ref = zh.reference_losses(family, ref_model, batches)
     torch.testing.assert_close(torch.tensor(report.losses), torch.tensor(ref), rtol=RTOL, atol=ATOL)
     saved = zh.saved_state(tmp_path / "trained")

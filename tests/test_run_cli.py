@@ -18,6 +18,7 @@ import pytest
 from hetpipe.plan.schema import Plan
 from hetpipe.partitioner.problem import Stage
 from hetpipe.runtime.report import RunReport
+from tests.forked_launch import use_forked_launch
 from tests.machine_load import LoadTimer, load_per_core, scaled_limit_s
 from tests.runtime_plans import plan_for
 from tests.synthetic import synthetic_cluster
@@ -52,6 +53,9 @@ OUTER_TOLERANCE = 0.3
 WALL_LIMIT_S = 240.0
 #: The ranks' wait bound on an idle machine (`rank_timeout_s` scales it by the load).
 RANK_TIMEOUT_S = 30.0
+# Forked launches: tests whose claim is what the ranks compute or emulate (losses, the emulated sync and DiLoCo
+# steps) run the same CLI and rank code on ranks forked from the test fork server (`tests.forked_launch`, ~10 s of
+# CPU less per launch); the emulated pipeline and replica runs, the OOMs and the killed rank stay torchrun launches.
 
 
 @pytest.fixture(scope="module")
@@ -235,9 +239,11 @@ def test_invalid_schedule_is_refused_before_launch(plan_path, tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
-def test_python_api_trains_on_user_data_like_a_single_process_reference(plan_path, tmp_path):
+def test_python_api_trains_on_user_data_like_a_single_process_reference(plan_path, tmp_path, monkeypatch):
     """`run(data=...)`: the first and last stages read the user's batches; step 0's loss equals the
-    unsplit model's loss on the same global batch with the same (seeded) weights."""
+    unsplit model's loss on the same global batch with the same (seeded) weights (its ranks forked:
+    `tests.forked_launch`)."""
+    use_forked_launch(monkeypatch)
     import torch
 
     from hetpipe.models import build, lm_loss
@@ -263,10 +269,12 @@ def test_python_api_trains_on_user_data_like_a_single_process_reference(plan_pat
     assert rep.losses[1] != rep.losses[0]  # the second batch, after one Adam step
 
 
-def test_replica_plan_runs_end_to_end_like_the_concatenated_batch(tmp_path):
+def test_replica_plan_runs_end_to_end_like_the_concatenated_batch(tmp_path, monkeypatch):
     """`hetpipe.run` on a version-2 plan (issue #6): replica A = 2 stages with 3 micro-batches, replica B = 1
     stage with 1 micro-batch, synchronous sync.  Step 0's loss is the unsplit model's mean loss over the
-    whole global batch (each replica weighted by its samples); step 1 ran after a synced update."""
+    whole global batch (each replica weighted by its samples); step 1 ran after a synced update (ranks forked:
+    `tests.forked_launch`)."""
+    use_forked_launch(monkeypatch)
     import torch
 
     from hetpipe.models import build, lm_loss
@@ -355,9 +363,10 @@ def ddp_plan_path(tmp_path_factory) -> Path:
     return path
 
 
-def test_emulated_sync_overlapped_with_backward_beats_sync_after_it(ddp_plan_path, tmp_path, capsys):
+def test_emulated_sync_overlapped_with_backward_beats_sync_after_it(ddp_plan_path, tmp_path, capsys, monkeypatch):
     """Issue #6: the emulated step with the sync overlapped (the default) and with ``--no-sync-overlap`` each
-    match their own simulation, and overlapping is measurably faster."""
+    match their own simulation, and overlapping is measurably faster (its ranks forked: `tests.forked_launch`)."""
+    use_forked_launch(monkeypatch)
     from hetpipe.plan.run_sim import simulated_iteration_s
 
     # Each rank steps Adam over the whole model (~3 ms of real CPU), which the emulation does not stretch and T
@@ -384,9 +393,11 @@ def test_emulated_sync_overlapped_with_backward_beats_sync_after_it(ddp_plan_pat
           f"{measured[True]:.4g} s vs simulated {serial_sim:.4g} s")
 
 
-def test_emulated_diloco_charges_the_outer_step_every_h_steps(tmp_path, capsys):
+def test_emulated_diloco_charges_the_outer_step_every_h_steps(tmp_path, capsys, monkeypatch):
     """Issue #6: under --emulate a DiLoCo plan (H = 2) runs its inner steps without sync and every second step
-    adds the outer exchange, lasting the plan's sync_s after the slowest replica."""
+    adds the outer exchange, lasting the plan's sync_s after the slowest replica (its ranks forked:
+    `tests.forked_launch`)."""
+    use_forked_launch(monkeypatch)
     from hetpipe.models import build
     from hetpipe.partitioner.capture.capture import capture
     from tests.runtime_plans import replica_plan_for

@@ -33,6 +33,7 @@ from tests.supervise_data import BATCH, DELAY_ENV, SEQ, batches
 from tests.synthetic import synthetic_cluster
 from tests.test_checkpoint import read_checkpoint
 from tests.test_run_cli import _error, hetpipe_run
+from tests.machine_load import guard_s
 
 MODEL, EVERY = "gpt-tiny", 2
 RTOL, ATOL = 1e-5, 1e-5  # fp32, the acceptance tolerances
@@ -57,7 +58,8 @@ def setup(tmp_path_factory):
 
 def _argv(folder: Path, tmp: Path, steps: int, *extra: str, every: int = EVERY, plan: str = "plan3.json") -> list[str]:
     return [str(folder / plan), "--model", MODEL, "--seq", str(SEQ), "--steps", str(steps),
-            "--timeout", "30", "--data", "tests.supervise_data:slow_batches", "--loss", "hetpipe.models:lm_loss",
+            "--timeout", f"{guard_s(30.0):.0f}", "--data", "tests.supervise_data:slow_batches",
+            "--loss", "hetpipe.models:lm_loss",
             "--weights", str(folder / "init.pt"), "--checkpoint-dir", str(tmp / "ck"),
             "--checkpoint-every", str(every), "--run-dir", str(tmp / "run"), "--report", str(tmp / "run.json"),
             *extra]

@@ -27,6 +27,7 @@ from tests.supervise_data import BATCH, SEQ, batches
 from tests.synthetic import synthetic_cluster
 from tests.test_checkpoint import read_checkpoint
 from tests.test_run_cli import hetpipe_run
+from tests.machine_load import guard_s
 
 MODEL, OPTIMIZER, STEPS, EVERY, KILL_AT = "gpt-tiny", "momentum", 6, 2, 3
 RTOL, ATOL = 1e-5, 1e-5  # fp32, the acceptance tolerances
@@ -49,7 +50,8 @@ def setup(tmp_path_factory):
 
 def _argv(folder, tmp, *extra: str) -> list[str]:
     return [str(folder / "R.json"), "--model", MODEL, "--seq", str(SEQ), "--steps", str(STEPS),
-            "--timeout", "30", "--data", "tests.supervise_data:slow_batches", "--loss", "hetpipe.models:lm_loss",
+            "--timeout", f"{guard_s(30.0):.0f}", "--data", "tests.supervise_data:slow_batches",
+            "--loss", "hetpipe.models:lm_loss",
             "--weights", str(folder / "init.pt"), "--checkpoint-dir", str(tmp / "ck"),
             "--checkpoint-every", str(EVERY), "--run-dir", str(tmp / "run"), "--report", str(tmp / "run.json"),
             *extra]

@@ -28,6 +28,8 @@ from tests.reference_loop import initial_state, reference_loop, seeded_batches
 from tests.runtime_plans import plan_for
 from tests.synthetic import synthetic_cluster
 from tests.test_checkpoint import assert_checkpoint_is_the_reference
+from tests.forked_launch import use_forked_launch
+from tests.machine_load import guard_s
 
 MODEL, BATCH, SEQ, MICROBATCHES, STEPS, SWITCH_AFTER = "gpt-tiny", 2, 16, 4, 4, 2
 RTOL, ATOL = 1e-5, 1e-5  # fp32, the acceptance tolerances
@@ -48,13 +50,16 @@ def plans():
 
 
 @pytest.mark.slow
-def test_an_in_place_switch_equals_a_single_device_run(plans, tmp_path):
+def test_an_in_place_switch_equals_a_single_device_run(plans, tmp_path, monkeypatch):
+    # Numerics of the switch: the ranks fork from the test fork server (`tests.forked_launch`, ~10 s of CPU less);
+    # tests/test_adapt_decisions.py's supervised run switches in place under torchrun.
+    use_forked_launch(monkeypatch)
     graph, before, after, _ = plans
     state, batches = initial_state(MODEL, seed=3), seeded_batches(STEPS, seed=9)
     torch.save(state, tmp_path / "init.pt")
     rep = run(before, model=MODEL, seq=SEQ, steps=STEPS, data=batches, loss="hetpipe.models:lm_loss",
-              weights=tmp_path / "init.pt", timeout_s=60, run_dir=tmp_path / "run", checkpoint_dir=tmp_path / "ck",
-              switch_at=(SWITCH_AFTER, after))
+              weights=tmp_path / "init.pt", timeout_s=guard_s(60.0), run_dir=tmp_path / "run",
+              checkpoint_dir=tmp_path / "ck", switch_at=(SWITCH_AFTER, after))
     ref_losses, ref_model, ref_opt = reference_loop(state, batches, lambda p: torch.optim.Adam(p, lr=DEFAULT_LR["adam"]),
                                                     model_name=MODEL)
     assert list(rep.losses) == pytest.approx(ref_losses, rel=RTOL, abs=ATOL)

@@ -36,6 +36,7 @@ from hetpipe.partitioner.solvers.group_dp import candidate_groups, solve_groups
 from hetpipe.partitioner.tp_tables import ring_of
 from tests.instances import random_problem
 from tests.test_tp_solver import brute_force_groups
+from tests.machine_load import guard_s
 
 
 def _spans(problem: Problem, group: tuple[int, ...]) -> int:
@@ -264,7 +265,7 @@ def cross_run(tmp_path_factory):
     reference = copy.deepcopy(resolved.model)
     ref_losses = group_reference(reference, batches)
     report = run(cross_plan(), model=MODEL, steps=STEPS, seq=SEQ, data=batches, weights=out / "weights.pt",
-                 save_weights=out / "saved", emulate=True, run_dir=out / "run", timeout_s=120)
+                 save_weights=out / "saved", emulate=True, run_dir=out / "run", timeout_s=guard_s(120.0))
     return report, ref_losses, reference, out / "saved"
 
 
@@ -303,7 +304,8 @@ def test_a_group_across_two_network_namespaces_trains_like_one_device(tmp_path):
         with pytest.raises(ConfigError, match=f"cannot run on network namespaces here: {reason}"):
             run_on_netns(cross_plan(), model=MODEL, seq=SEQ, steps=STEPS, run_dir=tmp_path / "run")
         return
-    rep = run_on_netns(cross_plan(), model=MODEL, seq=SEQ, steps=STEPS, run_dir=tmp_path / "run", timeout_s=60)
+    rep = run_on_netns(cross_plan(), model=MODEL, seq=SEQ, steps=STEPS, run_dir=tmp_path / "run",
+                       timeout_s=guard_s(60.0))
     assert rep.world_size == 3 and any("links a <-> b ran over a veth pair" in n for n in rep.notes), rep.notes
     model = models.resolve(MODEL, device="cpu", batch=MICRO_BATCH, seq=SEQ).model
     model.load_state_dict(load_file(str(write_initial_weights(MODEL, tmp_path / "init", seed=0, batch=MICRO_BATCH,

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -25,8 +26,15 @@ import functools
 import pytest
 import torch
 
+from tests.forked_launch import forked_launches
 from tests.test_tp_runtime import (MICRO_BATCH, MICROBATCHES, SEQ, SHARES, STEPS, assert_gathered_equal,
                                    group_reference, tp_graph)
+from tests.machine_load import guard_s
+
+#: The grouped run launched by torchrun (Llama's); GPT-2's and Qwen2's, and every resume, run the same rank
+#: code on ranks forked from the test fork server (`tests.forked_launch`: what they check is what the ranks
+#: compute; ~10 s of CPU less per launch).
+TORCHRUN_MODEL = "hf-llama-tiny"
 
 
 
@@ -157,7 +165,6 @@ def hf_grouped_run(request, tmp_path_factory):
     """The grouped run (3 steps, a checkpoint after step 2), then step 3 resumed from that checkpoint on
     the model's `RESUME_SHARES` plan (`HFRun`)."""
     from hetpipe import models
-    from hetpipe.runtime.run import run
     from tests.zoo_harness import saved_state
 
     name = request.param
@@ -170,19 +177,31 @@ def hf_grouped_run(request, tmp_path_factory):
     _reference(name, at_checkpoint, batches[:CHECKPOINT_STEP])
     reference = copy.deepcopy(resolved.model)
     ref_losses = _reference(name, reference, batches)
-    report = run(hf_plan(name, **RUNS[name]), model=name, steps=STEPS, seq=SEQ, data=batches,
-                 weights=out / "weights.pt", save_weights=out / "saved", emulate=True, run_dir=out / "run",
-                 checkpoint_dir=out / "ck", checkpoint_every=CHECKPOINT_STEP, timeout_s=180)
+    with contextlib.ExitStack() as launches:
+        if name != TORCHRUN_MODEL:
+            launches.enter_context(forked_launches())
+        report, resumed = _grouped_and_resumed(name, out, batches)
     checkpoint = out / "ck" / f"step-{CHECKPOINT_STEP:06d}"
     params_at_checkpoint = {n: p.detach() for n, p in at_checkpoint.named_parameters()}
-    grouped = HFRun(name, report, ref_losses, reference, saved_state(out / "saved"), checkpoint, params_at_checkpoint,
-                    None, None)
+    return HFRun(name, report, ref_losses, reference, saved_state(out / "saved"), checkpoint, params_at_checkpoint,
+                 resumed, saved_state(out / "resumed") if resumed is not None else None)
+
+
+def _grouped_and_resumed(name: str, out, batches):
+    """(the grouped run's report, the resumed run's or None) of `hf_grouped_run`."""
+    from hetpipe.runtime.run import run
+
+    report = run(hf_plan(name, **RUNS[name]), model=name, steps=STEPS, seq=SEQ, data=batches,
+                 weights=out / "weights.pt", save_weights=out / "saved", emulate=True, run_dir=out / "run",
+                 checkpoint_dir=out / "ck", checkpoint_every=CHECKPOINT_STEP, timeout_s=guard_s(180.0))
     if name not in RESUME_SHARES:
-        return grouped
-    resumed = run(hf_plan(name, **RUNS[name], shares=RESUME_SHARES[name]), model=name, steps=STEPS, seq=SEQ,
-                  data=batches, weights=out / "weights.pt", save_weights=out / "resumed", resume=checkpoint,
-                  run_dir=out / "run2", timeout_s=180)
-    return dataclasses.replace(grouped, resumed=resumed, resumed_state=saved_state(out / "resumed"))
+        return report, None
+    with forked_launches():  # every resume: the ranks' numbers (tests/test_checkpoint.py resumes under torchrun)
+        resumed = run(hf_plan(name, **RUNS[name], shares=RESUME_SHARES[name]), model=name, steps=STEPS, seq=SEQ,
+                      data=batches, weights=out / "weights.pt", save_weights=out / "resumed",
+                      resume=out / "ck" / f"step-{CHECKPOINT_STEP:06d}", run_dir=out / "run2",
+                      timeout_s=guard_s(180.0))
+    return report, resumed
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ import torch
 from hetpipe.errors import ConfigError, PlanError
 from hetpipe.plan.group_run import (
     member_timings, rank_slots, refuse_group_supervision, refuse_unrunnable_groups)
+from tests.machine_load import guard_s
 
 MODEL, MICRO_BATCH, SEQ, MICROBATCHES, STEPS = "gpt-tiny", 2, 16, 4, 3
 SHARES = (0.7, 0.3)
@@ -139,7 +140,7 @@ def grouped_run(tmp_path_factory):
     reference = copy.deepcopy(resolved.model)
     ref_losses = group_reference(reference, batches)
     report = run(plan, model=MODEL, steps=STEPS, seq=SEQ, data=batches, weights=out / "weights.pt",
-                 save_weights=out / "saved", emulate=True, run_dir=out / "run", timeout_s=120)
+                 save_weights=out / "saved", emulate=True, run_dir=out / "run", timeout_s=guard_s(120.0))
     return plan, report, ref_losses, reference, out / "saved"
 
 

@@ -25,7 +25,9 @@ from hetpipe.cost_models.sync import ring_allreduce_s
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.group_dp import solve_groups
 from hetpipe.partitioner.tp_tables import BlockSplit, StagePosition, UnitSplit, group_stage
+from tests.forked_launch import use_forked_launch
 from tests.instances import random_problem
+from tests.machine_load import guard_s
 from tests.test_tp_solver import brute_force_groups
 
 from tests.test_tp_runtime import (  # the same model, shares and optimizer as the group runtime test
@@ -165,7 +167,7 @@ def test_a_custom_loss_for_a_head_split_by_vocabulary_is_refused_before_the_laun
 
 
 @pytest.mark.slow
-def test_a_head_split_by_vocabulary_trains_like_one_device(tmp_path):
+def test_a_head_split_by_vocabulary_trains_like_one_device(tmp_path, monkeypatch):
     from hetpipe import models
     from hetpipe.runtime.run import run
     from tests.zoo_harness import saved_state
@@ -182,8 +184,11 @@ def test_a_head_split_by_vocabulary_trains_like_one_device(tmp_path):
         batches.append(((x,), models.example_targets(MODEL, (x,))))
     reference = copy.deepcopy(resolved.model)
     ref_losses = group_reference(reference, batches)
+    # The group's numerics: the same rank code on ranks forked from the test fork server (`tests.forked_launch`,
+    # ~10 s of CPU less); tests/test_tp_runtime.py's grouped run is the torchrun launch of a group.
+    use_forked_launch(monkeypatch)
     report = run(plan, model=MODEL, steps=STEPS, seq=SEQ, data=batches, weights=tmp_path / "weights.pt",
-                 save_weights=tmp_path / "saved", emulate=True, run_dir=tmp_path / "run", timeout_s=120)
+                 save_weights=tmp_path / "saved", emulate=True, run_dir=tmp_path / "run", timeout_s=guard_s(120.0))
     assert report.world_size == 3
     assert len(report.members) == 2
     for row in report.members:  # each member's held bytes (its rows of the tied head) within its priced M_s

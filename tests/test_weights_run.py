@@ -24,6 +24,8 @@ from tests.runtime_plans import plan_for
 from tests.synthetic import synthetic_cluster
 from tests.test_run_cli import _error, hetpipe_run
 from tests.test_weights import _shard
+from tests.forked_launch import use_forked_launch
+from tests.machine_load import guard_s
 
 MODEL, BATCH, SEQ, MICROBATCHES, STEPS = "gpt-tiny", 2, 16, 4, 3
 RTOL, ATOL = 1e-5, 1e-5  # fp32, the issue's acceptance tolerances
@@ -64,7 +66,8 @@ def test_run_from_weights_trains_like_a_single_device_loop_and_saves_them(setup,
     folder, state, batches, graph, inputs = setup
     saved = tmp_path / "trained"
     rc = hetpipe_run([str(folder / "plan.json"), "--model", MODEL, "--seq", str(SEQ), "--steps", str(STEPS),
-                      "--timeout", "30", "--data", str(folder / "data.pt"), "--loss", "hetpipe.models:lm_loss",
+                      "--timeout", f"{guard_s(30.0):.0f}", "--data", str(folder / "data.pt"),
+                      "--loss", "hetpipe.models:lm_loss",
                       "--weights", str(folder / "init"), "--save-weights", str(saved),
                       "--report", str(tmp_path / "run.json")])
     assert rc == 0, capsys.readouterr().err
@@ -148,9 +151,11 @@ def test_trainer_loads_and_saves_weights_like_the_cli(setup, trainer_world):
 
 
 @pytest.mark.slow
-def test_a_replica_plan_starts_from_the_weights_and_refuses_save_weights(setup, tmp_path):
+def test_a_replica_plan_starts_from_the_weights_and_refuses_save_weights(setup, tmp_path, monkeypatch):
     """Replica plans (version 2) load --weights too (each replica its own stages); --save-weights is refused
-    before launch (not supported for them yet)."""
+    before launch (not supported for them yet).  The run's ranks fork from the test fork server
+    (`tests.forked_launch`, ~10 s of CPU less); the CLI test above is the torchrun launch from weights."""
+    use_forked_launch(monkeypatch)
     from hetpipe.errors import ConfigError
     from hetpipe.runtime.run import run
     from tests.runtime_plans import replica_plan_for
@@ -165,7 +170,7 @@ def test_a_replica_plan_starts_from_the_weights_and_refuses_save_weights(setup, 
             save_weights=tmp_path / "out")
     ids, targets = batches[0]
     rep = run(tmp_path / "replicas.json", model=MODEL, steps=1, data=[(ids, targets)], loss=lm_loss, seq=SEQ,
-              timeout_s=30.0, weights=folder / "init")
+              timeout_s=guard_s(30.0), weights=folder / "init")
     model, _ = build(MODEL, device="cpu", batch=BATCH, seq=SEQ)
     model.load_state_dict(state)
     with torch.no_grad():

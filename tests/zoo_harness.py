@@ -22,6 +22,7 @@ from torch import nn
 
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.report import RunReport
+from tests.machine_load import guard_s
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "examples" / "clusters" / "zoo-mini.yaml"
@@ -235,7 +236,7 @@ def zoo_case(family: Family, out: Path, *, time_capture: bool = False) -> ZooRes
     argv = ["run", str(plan_path), "--model", family.model, "--steps", str(STEPS), "--emulate",
             "--weights", str(weights), "--data", str(out / "data.pt"), "--loss", family.loss,
             "--save-weights", str(saved_dir), "--report", str(report_path), "--run-dir", str(out / "run"),
-            "--timeout", "60"]
+            "--timeout", f"{guard_s(60.0):.0f}"]
     if family.sized and family.seq:
         argv += ["--seq", str(family.seq)]
     rc = cli(argv)
