@@ -405,9 +405,12 @@ def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, p
         if loop.stream is not None and batch is None:
             raise ConfigError(f"--data ran out after {step} batches; the run needs {args.steps}")
         barrier(backend == "gloo", args.timeout)
-        start = origin_s = time.monotonic()  # the origin of the step's action times (measured_links.py)
+        start = time.monotonic()
         stats, loss = loop.step(batch)
         step_s.append(time.monotonic() - start)
+        # the origin of the step's action times (measured_links.py): the executor's own start; this loop's
+        # is earlier by the batch's split, zero_grad and the step's set-up, by a different time per rank
+        origin_s = getattr(stats, "origin_s", 0.0) or start
         watch.after_step(step)
         optimizer_s.append(getattr(stats, "optimizer_s", 0.0))  # the STEP action (issue 17: S_s measured)
         if loss is not None:
