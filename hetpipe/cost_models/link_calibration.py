@@ -36,7 +36,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
@@ -65,17 +65,40 @@ FRAME_HEADER_BYTES = FRAME_HEADER_WORDS * 8
 #: Tags of the timed message and of the receiver's "posted" note (any two distinct tags).
 MESSAGE_TAG, READY_TAG = 7, 9
 METHOD = "framed one-way messages"
+#: The method with `MessagePath` given: the runtime's own send and receive (`hetpipe profile` passes it).
+METHOD_RUNTIME = "the runtime's one-way messages"
 #: Seconds an idle sender sleeps between the receiver's note and the send (``sender_busy_s=0``), so
 #: the receiver is waiting in its receive when the message leaves.
 IDLE_BEFORE_SEND_S = 0.002
 
 
+class MessagePath(Protocol):
+    """The runtime's own send and receive of one message (`hetpipe.runtime.execute.comm_probe.RuntimePath`).
+
+    The cost-model layer cannot import the runtime; the CLI hands it down.  Picklable (spawned ends).
+    """
+
+    def payload(self, num_bytes: int) -> torch.Tensor:
+        """The tensor the sender sends as a `num_bytes` message."""
+        ...
+
+    def send(self, payload: torch.Tensor, seq: int) -> Callable[[], None]:
+        """Post message `seq` to rank 1; returns the wait for its delivery."""
+        ...
+
+    def post_recv(self, num_bytes: int, seq: int) -> Callable[[], None]:
+        """Post the receive of message `seq` from rank 0; returns what completes it (wait and unpack)."""
+        ...
+
+
 @dataclass(frozen=True)
 class _How:
-    """How messages are sent: framed as the runtime does, and the sender's compute around each send (s)."""
+    """How messages are sent: framed as the runtime does (or by the runtime itself: `path`), and the
+    sender's compute around each send (s)."""
 
     framed: bool
     sender_busy_s: float
+    path: MessagePath | None = None
 
 
 def _busy(seconds: float, a: torch.Tensor) -> None:
@@ -85,7 +108,7 @@ def _busy(seconds: float, a: torch.Tensor) -> None:
         torch.mm(a, a)
 
 
-def _send_one(payload: torch.Tensor, a: torch.Tensor, how: _How) -> float:
+def _send_one(payload: torch.Tensor, a: torch.Tensor, how: _How, seq: int = 0) -> float:
     """One message to rank 1 once it is waiting; returns the CLOCK_MONOTONIC start (s)."""
     import torch.distributed as dist
 
@@ -95,6 +118,11 @@ def _send_one(payload: torch.Tensor, a: torch.Tensor, how: _How) -> float:
     else:
         time.sleep(IDLE_BEFORE_SEND_S)
     start = time.monotonic()
+    if how.path is not None:  # the runtime's own SEND
+        wait = how.path.send(payload, seq)
+        _busy(how.sender_busy_s, a)
+        wait()
+        return start
     if not how.framed:  # the ping-pong's way: the payload itself, reused
         work = dist.isend(payload, 1, tag=MESSAGE_TAG)
         _busy(how.sender_busy_s, a)
@@ -110,10 +138,15 @@ def _send_one(payload: torch.Tensor, a: torch.Tensor, how: _How) -> float:
     return start
 
 
-def _recv_one(num_bytes: int, how: _How, reused: torch.Tensor) -> float:
+def _recv_one(num_bytes: int, how: _How, reused: torch.Tensor, seq: int = 0) -> float:
     """Wait for one message from rank 0, decode it; returns the CLOCK_MONOTONIC end (s)."""
     import torch.distributed as dist
 
+    if how.path is not None:  # the runtime's own RECV, posted before rank 0 may send
+        receive = how.path.post_recv(num_bytes, seq)
+        dist.send(torch.zeros(1), 0, tag=READY_TAG)
+        receive()
+        return time.monotonic()
     if not how.framed:
         work = dist.irecv(reused, 0, tag=MESSAGE_TAG)
         dist.send(torch.zeros(1), 0, tag=READY_TAG)
@@ -137,11 +170,13 @@ def _stamps(rank: int, sizes: list[int], repeats: int, how: _How) -> list[list[f
     every size alike instead of on all of one size's messages (which would tilt the fit).
     """
     a = torch.randn(BUSY_MATMUL_EDGE, BUSY_MATMUL_EDGE)
-    payloads = [torch.ones(size, dtype=torch.uint8) for size in sizes]
+    payloads = [how.path.payload(size) if how.path is not None else torch.ones(size, dtype=torch.uint8)
+                for size in sizes]
     stamps: list[list[float]] = [[] for _ in sizes]
-    for _ in range(repeats + 1):
+    for r in range(repeats + 1):
         for i, (size, payload) in enumerate(zip(sizes, payloads)):
-            stamps[i].append(_send_one(payload, a, how) if rank == 0 else _recv_one(size, how, payload))
+            seq = r * len(sizes) + i  # every message its own tag, as a run's micro-batches
+            stamps[i].append(_send_one(payload, a, how, seq) if rank == 0 else _recv_one(size, how, payload, seq))
     return [per_size[1:] for per_size in stamps]
 
 
@@ -170,13 +205,16 @@ def _message_worker(rank: int, port: int, sizes: list[int], repeats: int, out: s
 
 def measure_message_link(*, sizes_bytes: Sequence[int] = MESSAGE_SIZES_BYTES, repeats: int = MESSAGE_REPEATS,
                          core_groups: Sequence[Sequence[int]] | None = None, timeout_s: float = LINK_TIMEOUT_S,
-                         framed: bool = True, sender_busy_s: float = SENDER_BUSY_S) -> LinkMeasurement:
+                         framed: bool = True, sender_busy_s: float = SENDER_BUSY_S,
+                         path: MessagePath | None = None) -> LinkMeasurement:
     """Fit ``t = latency + bytes / bandwidth`` to framed one-way messages between two local gloo ranks.
 
     With `core_groups` (two), rank r runs pinned to ``core_groups[r]``; the sender is rank 0.
     Module docstring: what a message includes and why.  ``framed=False`` sends the reused payload
     itself and ``sender_busy_s=0`` leaves the sender idle (`benchmarks/cpu_link.py` takes the
-    ingredients apart with them); `hetpipe profile` uses the defaults.
+    ingredients apart with them); `path` sends and receives with the runtime's own code instead of this
+    module's imitation of it (`hetpipe profile --calibrate --cpu-devices N` passes
+    `hetpipe.runtime.execute.comm_probe.RuntimePath`).
 
     Example:
         >>> measure_message_link(sizes_bytes=(4096,))
@@ -204,6 +242,11 @@ def measure_message_link(*, sizes_bytes: Sequence[int] = MESSAGE_SIZES_BYTES, re
     latency_s, bandwidth = fit_alpha_beta(sizes, medians)
     logger.info("message link: %.3g s per message, %.3g B/s (medians %s s)", latency_s, bandwidth,
                 ", ".join(f"{t:.3g}" for t in medians))
-    method = METHOD if framed and sender_busy_s == SENDER_BUSY_S else (
-        f"{'framed' if framed else 'bare'} one-way messages, sender busy {sender_busy_s * 1e3:.3g} ms")
+    method = _method(framed, sender_busy_s, path)
     return LinkMeasurement(latency_s, bandwidth, tuple(sizes), tuple(medians), 2, method=method)
+
+
+def _method(framed: bool, sender_busy_s: float, path: MessagePath | None) -> str:
+    """The measurement's name in the cluster file's record."""
+    base = METHOD_RUNTIME if path is not None else METHOD if framed else "bare one-way messages"
+    return base if sender_busy_s == SENDER_BUSY_S else f"{base}, sender busy {sender_busy_s * 1e3:.3g} ms"
