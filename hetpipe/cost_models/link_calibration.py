@@ -19,6 +19,14 @@ the runs measured 0.82-0.86 ms on a quiet machine (benchmarks/results/cpu_truth.
 second message in the span (`hetpipe.runtime.measured_links`).  `benchmarks/cpu_link.py` repeats
 that ladder with this module's ``framed`` and ``sender_busy_s``.
 
+Session 14: the quiet runs still measured 0.79 ms against a 0.39-0.44 ms price.  The messages timed
+here followed one another with the caches warm; a run's message comes after a stage's pass that
+streamed its data through them.  The message path's own CPU work (header, frame, copy, unpacking,
+checks) took 5-8x its warm time after a stream beyond the last-level cache
+(`benchmarks/cpu_link_cache.py`), as it did in the runs.  So each end now streams
+`EVICT_LLC_MULTIPLE` times the last-level cache before each message, and `hetpipe profile` sends the
+messages through the runtime's own `StageComm` (`MessagePath`) rather than this module's imitation.
+
 Example:
     >>> m = measure_message_link(sizes_bytes=(4096, 2**18), repeats=2)  # doctest: +SKIP
     >>> m.method  # doctest: +SKIP
@@ -297,11 +305,16 @@ def measure_message_link(*, sizes_bytes: Sequence[int] = MESSAGE_SIZES_BYTES, re
     latency_s, bandwidth = fit_alpha_beta(sizes, medians)
     logger.info("message link: %.3g s per message, %.3g B/s (medians %s s)", latency_s, bandwidth,
                 ", ".join(f"{t:.3g}" for t in medians))
-    method = _method(framed, sender_busy_s, path) + ("" if evict_caches else ", caches warm")
+    method = method_name(framed, sender_busy_s, path) + ("" if evict_caches else ", caches warm")
     return LinkMeasurement(latency_s, bandwidth, tuple(sizes), tuple(medians), 2, method=method)
 
 
-def _method(framed: bool, sender_busy_s: float, path: MessagePath | None) -> str:
-    """The measurement's name in the cluster file's record."""
+def method_name(framed: bool, sender_busy_s: float, path: MessagePath | None) -> str:
+    """The measurement's name in the cluster file's record (without ", caches warm").
+
+    Example:
+        >>> method_name(True, SENDER_BUSY_S, None)
+        'framed one-way messages'
+    """
     base = METHOD_RUNTIME if path is not None else METHOD if framed else "bare one-way messages"
     return base if sender_busy_s == SENDER_BUSY_S else f"{base}, sender busy {sender_busy_s * 1e3:.3g} ms"
