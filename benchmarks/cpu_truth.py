@@ -245,12 +245,16 @@ Where the differences that remain come from:
   shares the L3). Phase by phase in a run (temporary stamps in `runtime.execute.comm`, gpt-demo,
   load 9-11): the sender's `pack_frame` 0.21 ms and `isend` 0.30 ms, the receiver's unpacking and
   header check 0.25 ms, each all CPU time (not waiting); alone with warm caches the same pack and
-  receive took 0.07 and 0.04 ms of CPU, after a 64 MiB stream 0.35 and 0.29 ms
-  (`benchmarks/cpu_link_cache.py`); a stream under the L3 (2-8 MiB) changed nothing. Session 14's
-  calibration streams the caches on both ends before each message and sends it through the
-  runtime's own `StageComm`, so the price includes that work. Session 13 left out spans that were
-  two transfers (a RECV first waits for its rank's earlier sends); both ends still share their core
-  with the stage's compute, so a loaded machine stretches C most.
+  receive took 0.07-0.08 and 0.03-0.04 ms of CPU, after a 64 MiB stream 0.30-0.35 and 0.22-0.29 ms
+  (`benchmarks/cpu_link_cache.py`, load 7-9); a stream under the L3 (2-8 MiB) changed nothing. Whole
+  messages between the two pinned cores, alternating in one pair of processes (load 7-10): fastest
+  0.42-0.57 ms warm, 0.69-0.93 ms with both ends' caches streamed first -- the quiet runs' 0.79 ms.
+  Session 14's calibration streams the caches on both ends before each message and sends it
+  through the runtime's own `StageComm`, so the price includes that work; its wall-time median
+  needs a quiet machine more than before (at load 8-12 preemption after the stream put it at
+  2-6 ms). Session 13 left out spans that were two transfers (a RECV first waits for its rank's
+  earlier sends); both ends still share their core with the stage's compute, so a loaded machine
+  stretches C most.
 - **Optimizer step.** Adam's per-tensor loop on gpt-demo's own parameters, alone in one pinned
   process and timed in thread CPU time (load 17, session 13), came within 0.89-1.08 of its price
   (0.95 for all 100 tensors with the caches evicted before each step): the step's 1.17-1.43 in the
