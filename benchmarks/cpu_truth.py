@@ -214,8 +214,8 @@ time, load average ~10 on 2 cores, 2026-12-03):
   16 KiB-4 MiB. Since session 14 each end first streams twice the last-level cache, as a stage's
   pass does between two messages: the message path's own CPU work (the sender's header and frame,
   the receiver's unpacking and checks) took 5-8x its warm-cache time after a stream beyond the
-  32 MiB L3 (`benchmarks/results/cpu_link_cache.md`: 0.11 ms -> 0.64 ms per 512 KiB message, sender
-  and receiver together, thread CPU time), and so it did in the runs (below).
+  32 MiB L3 (`benchmarks/results/cpu_link_cache.md`: 0.1 ms -> 0.5-0.64 ms per 512 KiB message,
+  sender and receiver together, thread CPU time), and so it did in the runs (below).
 
 Where the differences that remain come from:
 - **Load.** The core groups are measured and the runs pinned on a machine other processes share;
@@ -246,9 +246,10 @@ Where the differences that remain come from:
   load 9-11): the sender's `pack_frame` 0.21 ms and `isend` 0.30 ms, the receiver's unpacking and
   header check 0.25 ms, each all CPU time (not waiting); alone with warm caches the same pack and
   receive took 0.07-0.08 and 0.03-0.04 ms of CPU, after a 64 MiB stream 0.30-0.35 and 0.22-0.29 ms
-  (`benchmarks/cpu_link_cache.py`, load 7-9); a stream under the L3 (2-8 MiB) changed nothing. Whole
-  messages between the two pinned cores, alternating in one pair of processes (load 7-10): fastest
-  0.42-0.57 ms warm, 0.69-0.93 ms with both ends' caches streamed first -- the quiet runs' 0.79 ms.
+  (`benchmarks/cpu_link_cache.py`, load 4-9); a stream under the L3 (2-8 MiB) changed nothing. Whole
+  messages through `StageComm` between the two pinned cores, alternating in one pair of processes
+  (load 3.9): median 0.57 ms warm, 0.81 ms with both ends' caches streamed first -- the quiet runs'
+  0.79 ms (fastest 0.33-0.57 and 0.67-0.93 ms over runs at load 4-10).
   Session 14's calibration streams the caches on both ends before each message and sends it
   through the runtime's own `StageComm`, so the price includes that work; its wall-time median
   needs a quiet machine more than before (at load 8-12 preemption after the stream put it at
