@@ -4,7 +4,7 @@
 Its built-in sender and receiver imitate `hetpipe.runtime.execute.comm` (a header, a fresh frame,
 the copy), but a 512 KiB message through `StageComm.send` / `StageComm.recv` (the spec checks,
 `encode_header` / `pack_frame`, the bounded wait, `unpack_frame` and the header check) took
-1.4-1.6x the imitation's time, interleaved in one pair of pinned processes (load 8-9 on 2 cores,
+1.2-1.8x the imitation's time (five comparisons in pinned pairs of processes, load 5-9 on 2 cores,
 `benchmarks/cpu_link.py`), and the runs' C 1.8-2.0x its price.  `RuntimePath` hands the
 calibration this module's `StageComm` instead, so the price is measured on the code a run runs;
 the cost-model layer cannot import the runtime, so the CLI passes it in
