@@ -253,7 +253,9 @@ Where the differences that remain come from:
   Session 14's calibration streams the caches on both ends before each message and sends it
   through the runtime's own `StageComm`, so the price includes that work; its wall-time median
   needs a quiet machine more than before (at load 8-12 preemption after the stream put it at
-  2-6 ms). Session 13 left out spans that were two transfers (a RECV first waits for its rank's
+  2-6 ms; at load 2.4-4 one round priced the 512 KiB cut at 1.5-1.7 ms where the run measured
+  0.76-0.94 ms), and the alpha-beta line leans on the 4 MiB point (load 3.7: 1.02 ms fitted at 512 KiB
+  against that size's own median 0.93 ms). Session 13 left out spans that were two transfers (a RECV first waits for its rank's
   earlier sends); both ends still share their core with the stage's compute, so a loaded machine
   stretches C most.
 - **Optimizer step.** Adam's per-tensor loop on gpt-demo's own parameters, alone in one pinned
