@@ -11,7 +11,7 @@ six ways, each fitted to ``t = latency + bytes / bandwidth``:
    does around its SEND -- what `hetpipe profile --calibrate --cpu-devices 2` measured in session 13;
 5. ``runtime's StageComm, busy sender``: the same with the runtime's own send and receive
    (`hetpipe.runtime.execute.comm_probe.RuntimePath`) instead of the imitation;
-6. ``... and caches streamed``: also each end streaming twice the last-level cache before each
+6. ``... and caches streamed``: also each end streaming the last-level cache (`EVICT_LLC_MULTIPLE`) before each
    message, as a stage's pass does between two messages -- what the profile measures since session 14.
 
 Ways 1-5 leave the caches warm between messages.

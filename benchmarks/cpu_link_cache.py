@@ -19,7 +19,7 @@ sender and receiver) is timed beside the runtime's own code.
 A second table times whole one-way 512 KiB messages between two processes pinned on two cores,
 through the runtime's own `StageComm` (`hetpipe.runtime.execute.comm_probe.RuntimePath`), the
 receiver waiting and the sender computing a 128 x 128 matmul for 2 ms before and after each send:
-``warm`` and ``streamed`` (each end first streams twice the last-level cache, as the calibration does
+``warm`` and ``streamed`` (each end first streams `EVICT_LLC_MULTIPLE` times the last-level cache, as the calibration does
 since session 14) alternate message by message in one pair of processes, so load lands on both.
 Wall time: the minimum is the undisturbed message; on a loaded machine the median carries preemption.
 

@@ -211,7 +211,7 @@ time, load average ~10 on 2 cores, 2026-12-03):
   message a `StageComm` SEND_F and RECV_F, header, frame, checks and all), the sender's core
   computing before and after each send, the receiver already waiting, timed from the send's start
   to the receive's end on the host's one clock; alpha and beta fitted to the medians at
-  16 KiB-4 MiB. Since session 14 each end first streams twice the last-level cache, as a stage's
+  16 KiB-4 MiB. Since session 14 each end first streams the last-level cache, as a stage's
   pass does between two messages: the message path's own CPU work (the sender's header and frame,
   the receiver's unpacking and checks) took 5-8x its warm-cache time after a stream beyond the
   32 MiB L3 (`benchmarks/results/cpu_link_cache.md`: 0.1 ms -> 0.5-0.64 ms per 512 KiB message,
@@ -248,14 +248,15 @@ Where the differences that remain come from:
   receive took 0.07-0.08 and 0.03-0.04 ms of CPU, after a 64 MiB stream 0.30-0.35 and 0.22-0.29 ms
   (`benchmarks/cpu_link_cache.py`, load 4-9); a stream under the L3 (2-8 MiB) changed nothing. Whole
   messages through `StageComm` between the two pinned cores, alternating in one pair of processes
-  (load 3.9): median 0.57 ms warm, 0.81 ms with both ends' caches streamed first -- the quiet runs'
-  0.79 ms (fastest 0.33-0.57 and 0.67-0.93 ms over runs at load 4-10).
+  (load 2.8-3.9): medians 0.57-0.91 ms warm, 0.81-0.99 ms with both ends' caches streamed first (one
+  LLC: 0.86 ms, two: 0.95 ms in one such run) -- the quiet runs' 0.79 ms.
   Session 14's calibration streams the caches on both ends before each message and sends it
   through the runtime's own `StageComm`, so the price includes that work; its wall-time median
   needs a quiet machine more than before (at load 8-12 preemption after the stream put it at
-  2-6 ms; at load 2.4-4 one round priced the 512 KiB cut at 1.5-1.7 ms where the run measured
-  0.76-0.94 ms), and the alpha-beta line leans on the 4 MiB point (load 3.7: 1.02 ms fitted at 512 KiB
-  against that size's own median 0.93 ms). Session 13 left out spans that were two transfers (a RECV first waits for its rank's
+  2-6 ms; at load 2.4-4 one round, streaming two LLCs then, priced the 512 KiB cut at 1.5-1.7 ms
+  where the run measured 0.76-0.94 ms), and the alpha-beta line leans on the 4 MiB point, whose
+  longer span preemption hits most (load 3.7: 1.02 ms fitted at 512 KiB against that size's own
+  median 0.93 ms; load 3.1, `benchmarks/results/cpu_link.md`: 1.72 ms fitted). Session 13 left out spans that were two transfers (a RECV first waits for its rank's
   earlier sends); both ends still share their core with the stage's compute, so a loaded machine
   stretches C most.
 - **Optimizer step.** Adam's per-tensor loop on gpt-demo's own parameters, alone in one pinned

@@ -77,11 +77,13 @@ METHOD = "framed one-way messages"
 METHOD_RUNTIME = "the runtime's one-way messages"
 #: A stage's pass between two messages streams its activations and weights through the caches,
 #: and the other stage's pass shares the last-level cache: in the runs the message path's own CPU time
-#: (pack_frame and isend on the sender, unpack_frame and the header check on the receiver) was 5-15x
-#: what it took in a loop with warm caches, as it was here after streaming more than the last-level
-#: cache (AMD EPYC VM, 32 MiB L3: 8 MiB changed nothing, 32-64 MiB gave the runs' figures).  So each
-#: end streams this multiple of the last-level cache before each message (`evict_caches`).
-EVICT_LLC_MULTIPLE = 2
+#: (pack_frame and isend on the sender, unpack_frame and the header check on the receiver) was 4-8x
+#: what it took in a loop with warm caches, as it was here after streaming at least the last-level
+#: cache (AMD EPYC VM, 32 MiB L3: 8 MiB changed nothing).  The runs' own pack_frame (0.21 ms of CPU,
+#: load 9-11) matched one cache's stream (0.22-0.31 ms) better than two (0.30-0.35 ms), and whole
+#: 512 KiB messages took 0.86 ms after one, 0.95 ms after two (medians, load 2.8; the quiet runs
+#: 0.79 ms).  So each end streams this multiple of the last-level cache before each message.
+EVICT_LLC_MULTIPLE = 1
 #: Last-level cache assumed where sysfs does not tell (bytes; the reference VM's L3).
 FALLBACK_LLC_BYTES = 32 * 2**20
 #: Seconds an idle sender sleeps between the receiver's note and the send (``sender_busy_s=0``), so
