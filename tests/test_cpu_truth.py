@@ -272,11 +272,12 @@ def test_message_link_through_the_runtime_with_caches_streamed() -> None:
     groups = split_cores(2, available=cores) if len(cores) >= 2 else ((cores[0],), (cores[0],))
     # two spawned ends importing torch: the guard scaled by the load per core, as the profile's test does
     timeout_s = scaled_limit_s(LINK_TIMEOUT_S, load_per_core=load_per_core())
-    m = measure_message_link(sizes_bytes=(2**12, 2**20), repeats=3, core_groups=groups, path=RuntimePath(),
+    # sizes far apart: with the caches streamed a message's fixed cost is ~1 ms, so 1 MiB vs 4 KiB can tie
+    m = measure_message_link(sizes_bytes=(2**12, 2**23), repeats=3, core_groups=groups, path=RuntimePath(),
                              timeout_s=timeout_s)
-    assert m.method == METHOD_RUNTIME and m.sizes_bytes == (2**12, 2**20)
+    assert m.method == METHOD_RUNTIME and m.sizes_bytes == (2**12, 2**23)
     assert all(0 < t < 5.0 for t in m.median_times_s) and m.bandwidth_bytes_s > 0
-    warm = measure_message_link(sizes_bytes=(2**12, 2**20), repeats=2, core_groups=groups, path=RuntimePath(),
+    warm = measure_message_link(sizes_bytes=(2**12, 2**23), repeats=2, core_groups=groups, path=RuntimePath(),
                                 evict_caches=False, timeout_s=timeout_s)
     assert warm.method == METHOD_RUNTIME + ", caches warm"
 
