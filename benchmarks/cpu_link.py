@@ -2,13 +2,19 @@
 
 Two processes pinned on the host's two core groups (`hetpipe.cost_models.cpu_cores.split_cores`)
 send one-way messages over gloo while the receiver waits (`hetpipe.cost_models.link_calibration`),
-four ways, each fitted to ``t = latency + bytes / bandwidth``:
+six ways, each fitted to ``t = latency + bytes / bandwidth``:
 
 1. ``ping-pong``: `calibrate.measure_link`, what ``--cpu-devices`` priced the link with before session 13;
 2. ``bare``: one-way, the payload buffer reused, the sender idle around the send;
 3. ``framed``: the runtime's framing (a header, fresh frames on both ends, the copy into the frame);
 4. ``framed, busy sender``: also the sender's core computing before and after the send, as a stage
-   does around its SEND -- what `hetpipe profile --calibrate --cpu-devices 2` measures now.
+   does around its SEND -- what `hetpipe profile --calibrate --cpu-devices 2` measured in session 13;
+5. ``runtime's StageComm, busy sender``: the same with the runtime's own send and receive
+   (`hetpipe.runtime.execute.comm_probe.RuntimePath`) instead of the imitation;
+6. ``... and caches streamed``: also each end streaming the last-level cache (`EVICT_LLC_MULTIPLE`) before each
+   message, as a stage's pass does between two messages -- what the profile measures since session 14.
+
+Ways 1-5 leave the caches warm between messages.
 
 The table gives each fit and its time for one 512 KiB message (a cut of the demo models at
 8 x 128 tokens, h = 128, fp32), medians over rounds.  Wall time of two processes: only a quiet
@@ -48,9 +54,14 @@ def one_round() -> dict[str, tuple[float, float]]:
     out = {}
     pp = measure_link(2, sizes_bytes=PROFILE_LINK_SIZES_BYTES, repeats=PING_PONG_REPEATS, core_groups=groups)
     out["ping-pong"] = (pp.latency_s, pp.bandwidth_bytes_s)
+    from hetpipe.runtime.execute.comm_probe import RuntimePath
+
     for label, framed, busy in (("bare", False, 0.0), ("framed", True, 0.0), ("framed, busy sender", True, None)):
         kwargs = {} if busy is None else {"sender_busy_s": busy}
-        m = measure_message_link(core_groups=groups, framed=framed, **kwargs)
+        m = measure_message_link(core_groups=groups, framed=framed, evict_caches=False, **kwargs)
+        out[label] = (m.latency_s, m.bandwidth_bytes_s)
+    for label, evict in (("runtime's StageComm, busy sender", False), ("... and caches streamed", True)):
+        m = measure_message_link(core_groups=groups, path=RuntimePath(), evict_caches=evict)
         out[label] = (m.latency_s, m.bandwidth_bytes_s)
     return out
 

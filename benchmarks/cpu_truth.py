@@ -222,14 +222,16 @@ time, load average ~10 on 2 cores, 2026-12-03):
   With both session-14 terms the load-robust check (two runs of 2 rounds, load ~4) ran F at
   1.00-1.06 for gpt-demo and 0.98-1.03 for the HF Llama (1.06-1.12 without them), and per stage
   (the runtime's stage modules) 1.00-1.04 and 1.04-1.11.
-- **Transfer** (session 13): the link between the core groups is measured as a run sends
-  (`cost_models.link_calibration`): framed one-way messages (a header, a fresh frame and a copy into
-  it on the sender, a fresh frame and the header's decoding on the receiver, as
-  `runtime.execute.comm` does), the sender's core computing before and after each send, the
-  receiver already waiting, timed from the send's start to the receive's end on the host's one
-  clock; alpha and beta fitted to the medians at 16 KiB-4 MiB. The ping-pong it replaces timed a
-  reused buffer between two idle processes: 0.19 ms one way for 512 KiB where the runtime's framing
-  took 0.48 ms and a busy sender 0.58-0.61 ms (2 pinned processes, medians of 40, load 5-6).
+- **Transfer** (sessions 13-14): the link between the core groups is measured on the runtime's own
+  messages (`cost_models.link_calibration` with `runtime.execute.comm_probe.RuntimePath`: each
+  message a `StageComm` SEND_F and RECV_F, header, frame, checks and all), the sender's core
+  computing before and after each send, the receiver already waiting, timed from the send's start
+  to the receive's end on the host's one clock; alpha and beta fitted to the medians at
+  16 KiB-4 MiB. Since session 14 each end first streams the last-level cache, as a stage's
+  pass does between two messages: the message path's own CPU work (the sender's header and frame,
+  the receiver's unpacking and checks) took 5-8x its warm-cache time after a stream beyond the
+  32 MiB L3 (`benchmarks/results/cpu_link_cache.md`: 0.1 ms -> 0.5-0.64 ms per 512 KiB message,
+  sender and receiver together, thread CPU time), and so it did in the runs (below).
 
 Where the differences that remain come from:
 - **Load.** The core groups are measured and the runs pinned on a machine other processes share;
@@ -260,13 +262,27 @@ Where the differences that remain come from:
   ops replayed (load ~8): Python between its kernels (masks, rotary tables, output records) that only
   the fixed cost per forward op prices; the built-in GPT runs little. The runs execute the captured
   graph instead (torch.export's for the Llama), one Python call per op.
-- **Transfer.** Until session 13 the measured C also counted spans that were two transfers: a
-  RECV first waits for its rank's earlier sends, and in a steady 2-stage 1F1B the last stage's
-  SEND_B is received only once the first stage has posted its next SEND_F, so that forward span
-  ran to the end of the gradient message in the other direction as well; such spans are left out
-  now (the receiver waited for that message and nothing else), and the link is measured with the
-  runtime's framing instead of a ping-pong (above). Both ends still share their core with the
-  stage's compute, so a loaded machine stretches C most (a wake-up per message).
+- **Transfer.** The quiet runs measured C at 1.8-2.0x its price (0.79 ms for 0.39-0.44 ms) while
+  the calibration's messages stayed warm in the caches: they followed one another with only a
+  128 x 128 matmul between them, where a run's message comes right after a forward or backward that
+  streamed its activations through the caches (and the other stage, computing on the other core,
+  shares the L3). Phase by phase in a run (temporary stamps in `runtime.execute.comm`, gpt-demo,
+  load 9-11): the sender's `pack_frame` 0.21 ms and `isend` 0.30 ms, the receiver's unpacking and
+  header check 0.25 ms, each all CPU time (not waiting); alone with warm caches the same pack and
+  receive took 0.07-0.08 and 0.03-0.04 ms of CPU, after a 64 MiB stream 0.30-0.35 and 0.22-0.29 ms
+  (`benchmarks/cpu_link_cache.py`, load 4-9); a stream under the L3 (2-8 MiB) changed nothing. Whole
+  messages through `StageComm` between the two pinned cores, alternating in one pair of processes
+  (load 2.8-3.9): medians 0.57-0.91 ms warm, 0.81-0.99 ms with both ends' caches streamed first (one
+  LLC: 0.86 ms, two: 0.95 ms in one such run) -- the quiet runs' 0.79 ms.
+  Session 14's calibration streams the caches on both ends before each message and sends it
+  through the runtime's own `StageComm`, so the price includes that work; its wall-time median
+  needs a quiet machine more than before (at load 8-12 preemption after the stream put it at
+  2-6 ms; at load 2.4-4 one round, streaming two LLCs then, priced the 512 KiB cut at 1.5-1.7 ms
+  where the run measured 0.76-0.94 ms), and the alpha-beta line leans on the 4 MiB point, whose
+  longer span preemption hits most (load 3.7: 1.02 ms fitted at 512 KiB against that size's own
+  median 0.93 ms; load 3.1, `benchmarks/results/cpu_link.md`: 1.72 ms fitted). Session 13 left out spans that were two transfers (a RECV first waits for its rank's
+  earlier sends); both ends still share their core with the stage's compute, so a loaded machine
+  stretches C most.
 - **Optimizer step.** Adam's per-tensor loop on gpt-demo's own parameters, alone in one pinned
   process and timed in thread CPU time (load 17, session 13), came within 0.89-1.08 of its price
   (0.95 for all 100 tensors with the caches evicted before each step): the step's 1.17-1.43 in the

@@ -224,10 +224,63 @@ def test_message_link_measured_between_pinned_ends() -> None:
     cores = available_cores()
     groups = split_cores(2, available=cores) if len(cores) >= 2 else ((cores[0],), (cores[0],))
     # sizes far apart, taking turns (a burst of load lands on both): the 8 MiB median stays the larger
-    m = measure_message_link(sizes_bytes=(2**12, 2**23), repeats=5, core_groups=groups)
+    from hetpipe.cost_models.calibrate import LINK_TIMEOUT_S
+    from tests.machine_load import load_per_core, scaled_limit_s
+
+    m = measure_message_link(sizes_bytes=(2**12, 2**23), repeats=5, core_groups=groups,
+                             timeout_s=scaled_limit_s(LINK_TIMEOUT_S, load_per_core=load_per_core()))
     assert m.method == METHOD and m.world_size == 2 and m.sizes_bytes == (2**12, 2**23)
     assert len(m.median_times_s) == 2 and all(0 < t < 5.0 for t in m.median_times_s)
     assert m.latency_s >= 0 and m.bandwidth_bytes_s > 0
+
+
+def test_message_link_names_its_method_and_reads_the_cache() -> None:
+    """Structure only: the record names how it was measured; the eviction size is the host's cache."""
+    from hetpipe.cost_models import link_calibration as lc
+
+    assert lc.method_name(True, lc.SENDER_BUSY_S, None) == lc.METHOD
+    assert lc.method_name(True, lc.SENDER_BUSY_S, object()) == lc.METHOD_RUNTIME
+    assert lc.method_name(False, 0.0, None) == "bare one-way messages, sender busy 0 ms"
+    llc = lc.last_level_cache_bytes()
+    assert 2**16 <= llc <= 2**32  # 64 KiB .. 4 GiB: a cache, not a parse error
+    assert lc.last_level_cache_bytes(cpu=10**6) == lc.FALLBACK_LLC_BYTES  # no such CPU in sysfs
+
+
+def test_runtime_path_sends_one_cut_as_a_run_does() -> None:
+    """`RuntimePath`: float32 cuts where the size allows, uint8 otherwise; picklable for the spawned ends."""
+    import pickle
+
+    import torch
+
+    from hetpipe.runtime.execute.comm_probe import RuntimePath
+
+    path = pickle.loads(pickle.dumps(RuntimePath()))
+    assert path.spec(2**19).shape == (2**17,) and path.spec(2**19).dtype == torch.float32
+    assert path.spec(10).dtype == torch.uint8 and path.payload(10).numel() == 10
+    p = path.payload(4096)
+    assert p.numel() * p.element_size() == 4096
+
+
+@pytest.mark.slow
+def test_message_link_through_the_runtime_with_caches_streamed() -> None:
+    """Structure and ranges only: the runtime's StageComm carries the calibration's messages end to end."""
+    from hetpipe.cost_models.calibrate import LINK_TIMEOUT_S
+    from hetpipe.cost_models.link_calibration import METHOD_RUNTIME, measure_message_link
+    from hetpipe.runtime.execute.comm_probe import RuntimePath
+    from tests.machine_load import load_per_core, scaled_limit_s
+
+    cores = available_cores()
+    groups = split_cores(2, available=cores) if len(cores) >= 2 else ((cores[0],), (cores[0],))
+    # two spawned ends importing torch: the guard scaled by the load per core, as the profile's test does
+    timeout_s = scaled_limit_s(LINK_TIMEOUT_S, load_per_core=load_per_core())
+    # sizes far apart: with the caches streamed a message's fixed cost is ~1 ms, so 1 MiB vs 4 KiB can tie
+    m = measure_message_link(sizes_bytes=(2**12, 2**23), repeats=3, core_groups=groups, path=RuntimePath(),
+                             timeout_s=timeout_s)
+    assert m.method == METHOD_RUNTIME and m.sizes_bytes == (2**12, 2**23)
+    assert all(0 < t < 5.0 for t in m.median_times_s) and m.bandwidth_bytes_s > 0
+    warm = measure_message_link(sizes_bytes=(2**12, 2**23), repeats=2, core_groups=groups, path=RuntimePath(),
+                                evict_caches=False, timeout_s=timeout_s)
+    assert warm.method == METHOD_RUNTIME + ", caches warm"
 
 
 @pytest.mark.slow

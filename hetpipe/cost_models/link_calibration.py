@@ -19,6 +19,14 @@ the runs measured 0.82-0.86 ms on a quiet machine (benchmarks/results/cpu_truth.
 second message in the span (`hetpipe.runtime.measured_links`).  `benchmarks/cpu_link.py` repeats
 that ladder with this module's ``framed`` and ``sender_busy_s``.
 
+Session 14: the quiet runs still measured 0.79 ms against a 0.39-0.44 ms price.  The messages timed
+here followed one another with the caches warm; a run's message comes after a stage's pass that
+streamed its data through them.  The message path's own CPU work (header, frame, copy, unpacking,
+checks) took 5-8x its warm time after a stream beyond the last-level cache
+(`benchmarks/cpu_link_cache.py`), as it did in the runs.  So each end now streams
+`EVICT_LLC_MULTIPLE` times the last-level cache before each message, and `hetpipe profile` sends the
+messages through the runtime's own `StageComm` (`MessagePath`) rather than this module's imitation.
+
 Example:
     >>> m = measure_message_link(sizes_bytes=(4096, 2**18), repeats=2)  # doctest: +SKIP
     >>> m.method  # doctest: +SKIP
@@ -36,7 +44,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
@@ -65,17 +73,78 @@ FRAME_HEADER_BYTES = FRAME_HEADER_WORDS * 8
 #: Tags of the timed message and of the receiver's "posted" note (any two distinct tags).
 MESSAGE_TAG, READY_TAG = 7, 9
 METHOD = "framed one-way messages"
+#: The method with `MessagePath` given: the runtime's own send and receive (`hetpipe profile` passes it).
+METHOD_RUNTIME = "the runtime's one-way messages"
+#: A stage's pass between two messages streams its activations and weights through the caches,
+#: and the other stage's pass shares the last-level cache: in the runs the message path's own CPU time
+#: (pack_frame and isend on the sender, unpack_frame and the header check on the receiver) was 4-8x
+#: what it took in a loop with warm caches, as it was here after streaming at least the last-level
+#: cache (AMD EPYC VM, 32 MiB L3: 8 MiB changed nothing).  The runs' own pack_frame (0.21 ms of CPU,
+#: load 9-11) matched one cache's stream (0.22-0.31 ms) better than two (0.30-0.35 ms), and whole
+#: 512 KiB messages took 0.86 ms after one, 0.95 ms after two (medians, load 2.8; the quiet runs
+#: 0.79 ms).  So each end streams this multiple of the last-level cache before each message.
+EVICT_LLC_MULTIPLE = 1
+#: Last-level cache assumed where sysfs does not tell (bytes; the reference VM's L3).
+FALLBACK_LLC_BYTES = 32 * 2**20
 #: Seconds an idle sender sleeps between the receiver's note and the send (``sender_busy_s=0``), so
 #: the receiver is waiting in its receive when the message leaves.
 IDLE_BEFORE_SEND_S = 0.002
 
 
+class MessagePath(Protocol):
+    """The runtime's own send and receive of one message (`hetpipe.runtime.execute.comm_probe.RuntimePath`).
+
+    The cost-model layer cannot import the runtime; the CLI hands it down.  Picklable (spawned ends).
+    """
+
+    def payload(self, num_bytes: int) -> torch.Tensor:
+        """The tensor the sender sends as a `num_bytes` message."""
+        ...
+
+    def send(self, payload: torch.Tensor, seq: int) -> Callable[[], None]:
+        """Post message `seq` to rank 1; returns the wait for its delivery."""
+        ...
+
+    def post_recv(self, num_bytes: int, seq: int) -> Callable[[], None]:
+        """Post the receive of message `seq` from rank 0; returns what completes it (wait and unpack)."""
+        ...
+
+
 @dataclass(frozen=True)
 class _How:
-    """How messages are sent: framed as the runtime does, and the sender's compute around each send (s)."""
+    """How messages are sent: framed as the runtime does (or by the runtime itself: `path`), and the
+    sender's compute around each send (s)."""
 
     framed: bool
     sender_busy_s: float
+    path: MessagePath | None = None
+    evict_bytes: int = 0  # streamed by each end before each message (0: caches left warm)
+
+
+def last_level_cache_bytes(cpu: int = 0) -> int:
+    """The largest data or unified cache of `cpu` (sysfs), `FALLBACK_LLC_BYTES` where unknown.
+
+    Example:
+        >>> last_level_cache_bytes() >= 2**10
+        True
+    """
+    sizes = []
+    for entry in Path(f"/sys/devices/system/cpu/cpu{cpu}/cache").glob("index*"):
+        try:
+            if (entry / "type").read_text().strip() == "Instruction":
+                continue
+            text = (entry / "size").read_text().strip().upper()
+        except OSError:
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        sizes.append(int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
+    return max(sizes) if sizes else FALLBACK_LLC_BYTES
+
+
+def _evict(buffer: torch.Tensor | None) -> None:
+    """Stream `buffer` through the caches (read and write), as a stage's pass does between messages."""
+    if buffer is not None:
+        buffer.add_(1.0)
 
 
 def _busy(seconds: float, a: torch.Tensor) -> None:
@@ -85,7 +154,8 @@ def _busy(seconds: float, a: torch.Tensor) -> None:
         torch.mm(a, a)
 
 
-def _send_one(payload: torch.Tensor, a: torch.Tensor, how: _How) -> float:
+def _send_one(payload: torch.Tensor, a: torch.Tensor, how: _How, seq: int = 0,
+              evict: torch.Tensor | None = None) -> float:
     """One message to rank 1 once it is waiting; returns the CLOCK_MONOTONIC start (s)."""
     import torch.distributed as dist
 
@@ -94,7 +164,15 @@ def _send_one(payload: torch.Tensor, a: torch.Tensor, how: _How) -> float:
         _busy(how.sender_busy_s, a)
     else:
         time.sleep(IDLE_BEFORE_SEND_S)
+    if evict is not None:  # the pass before the SEND: its data went through the caches, and its last op
+        _evict(evict)  # wrote the tensors sent (hot)
+        payload.mul_(1)
     start = time.monotonic()
+    if how.path is not None:  # the runtime's own SEND
+        wait = how.path.send(payload, seq)
+        _busy(how.sender_busy_s, a)
+        wait()
+        return start
     if not how.framed:  # the ping-pong's way: the payload itself, reused
         work = dist.isend(payload, 1, tag=MESSAGE_TAG)
         _busy(how.sender_busy_s, a)
@@ -110,23 +188,39 @@ def _send_one(payload: torch.Tensor, a: torch.Tensor, how: _How) -> float:
     return start
 
 
-def _recv_one(num_bytes: int, how: _How, reused: torch.Tensor) -> float:
-    """Wait for one message from rank 0, decode it; returns the CLOCK_MONOTONIC end (s)."""
+def _post(num_bytes: int, how: _How, reused: torch.Tensor, seq: int) -> Callable[[], None]:
+    """Post the receive of one message from rank 0; returns what waits for and decodes it."""
     import torch.distributed as dist
 
+    if how.path is not None:  # the runtime's own RECV
+        return how.path.post_recv(num_bytes, seq)
     if not how.framed:
-        work = dist.irecv(reused, 0, tag=MESSAGE_TAG)
-        dist.send(torch.zeros(1), 0, tag=READY_TAG)
-        work.wait()
-        return time.monotonic()
+        return dist.irecv(reused, 0, tag=MESSAGE_TAG).wait
     frame = torch.empty(FRAME_HEADER_BYTES + num_bytes, dtype=torch.uint8)  # post_recv: a fresh frame
     work = dist.irecv(frame, 0, tag=MESSAGE_TAG)
+
+    def finish() -> None:
+        work.wait()
+        words = frame[:FRAME_HEADER_BYTES].view(torch.int64).tolist()  # decode_header reads the words
+        frame[FRAME_HEADER_BYTES:].view(torch.float32)  # unpack_frame views the tensors in place
+        if len(words) != FRAME_HEADER_WORDS:
+            raise RuntimeError(f"a framed message carried {len(words)} header words, expected {FRAME_HEADER_WORDS}")
+    return finish
+
+
+def _recv_one(num_bytes: int, how: _How, reused: torch.Tensor, seq: int = 0,
+              evict: torch.Tensor | None = None) -> float:
+    """Wait for one message from rank 0, decode it; returns the CLOCK_MONOTONIC end (s).
+
+    The receive is posted first (a run posts its receives ahead), then this end streams its
+    caches (its pass before the RECV), then tells rank 0 it waits.
+    """
+    import torch.distributed as dist
+
+    finish = _post(num_bytes, how, reused, seq)
+    _evict(evict)
     dist.send(torch.zeros(1), 0, tag=READY_TAG)
-    work.wait()
-    words = frame[:FRAME_HEADER_BYTES].view(torch.int64).tolist()  # decode_header reads the words
-    frame[FRAME_HEADER_BYTES:].view(torch.float32)  # unpack_frame views the tensors in place
-    if len(words) != FRAME_HEADER_WORDS:
-        raise RuntimeError(f"a framed message carried {len(words)} header words, expected {FRAME_HEADER_WORDS}")
+    finish()
     return time.monotonic()
 
 
@@ -137,11 +231,15 @@ def _stamps(rank: int, sizes: list[int], repeats: int, how: _How) -> list[list[f
     every size alike instead of on all of one size's messages (which would tilt the fit).
     """
     a = torch.randn(BUSY_MATMUL_EDGE, BUSY_MATMUL_EDGE)
-    payloads = [torch.ones(size, dtype=torch.uint8) for size in sizes]
+    payloads = [how.path.payload(size) if how.path is not None else torch.ones(size, dtype=torch.uint8)
+                for size in sizes]
+    evict = torch.zeros(how.evict_bytes // 4) if how.evict_bytes else None  # float32 words
     stamps: list[list[float]] = [[] for _ in sizes]
-    for _ in range(repeats + 1):
+    for r in range(repeats + 1):
         for i, (size, payload) in enumerate(zip(sizes, payloads)):
-            stamps[i].append(_send_one(payload, a, how) if rank == 0 else _recv_one(size, how, payload))
+            seq = r * len(sizes) + i  # every message its own tag, as a run's micro-batches
+            stamps[i].append(_send_one(payload, a, how, seq, evict) if rank == 0
+                             else _recv_one(size, how, payload, seq, evict))
     return [per_size[1:] for per_size in stamps]
 
 
@@ -170,13 +268,17 @@ def _message_worker(rank: int, port: int, sizes: list[int], repeats: int, out: s
 
 def measure_message_link(*, sizes_bytes: Sequence[int] = MESSAGE_SIZES_BYTES, repeats: int = MESSAGE_REPEATS,
                          core_groups: Sequence[Sequence[int]] | None = None, timeout_s: float = LINK_TIMEOUT_S,
-                         framed: bool = True, sender_busy_s: float = SENDER_BUSY_S) -> LinkMeasurement:
+                         framed: bool = True, sender_busy_s: float = SENDER_BUSY_S,
+                         path: MessagePath | None = None, evict_caches: bool = True) -> LinkMeasurement:
     """Fit ``t = latency + bytes / bandwidth`` to framed one-way messages between two local gloo ranks.
 
     With `core_groups` (two), rank r runs pinned to ``core_groups[r]``; the sender is rank 0.
     Module docstring: what a message includes and why.  ``framed=False`` sends the reused payload
     itself and ``sender_busy_s=0`` leaves the sender idle (`benchmarks/cpu_link.py` takes the
-    ingredients apart with them); `hetpipe profile` uses the defaults.
+    ingredients apart with them); `path` sends and receives with the runtime's own code instead of this
+    module's imitation of it (`hetpipe profile --calibrate --cpu-devices N` passes
+    `hetpipe.runtime.execute.comm_probe.RuntimePath`); `evict_caches` streams `EVICT_LLC_MULTIPLE` times
+    the last-level cache on each end before each message, as a stage's pass does (False: warm caches).
 
     Example:
         >>> measure_message_link(sizes_bytes=(4096,))
@@ -193,10 +295,11 @@ def measure_message_link(*, sizes_bytes: Sequence[int] = MESSAGE_SIZES_BYTES, re
     groups = [list(g) for g in core_groups] if core_groups else None
     if groups is not None and len(groups) != 2:
         raise ConfigError(f"core_groups has {len(groups)} groups; give the link's two ends")
+    how = _How(framed, sender_busy_s, path, EVICT_LLC_MULTIPLE * last_level_cache_bytes() if evict_caches else 0)
     with tempfile.TemporaryDirectory(prefix="hetpipe-msg-link-") as tmp:
         out = os.path.join(tmp, "times.json")
         context = torch.multiprocessing.spawn(
-            _message_worker, args=(free_port(), sizes, repeats, out, groups, _How(framed, sender_busy_s)),
+            _message_worker, args=(free_port(), sizes, repeats, out, groups, how),
             nprocs=2, join=False)
         join_or_kill(context, timeout_s, what="message link measurement")
         samples = json.loads(Path(out).read_text())
@@ -204,6 +307,16 @@ def measure_message_link(*, sizes_bytes: Sequence[int] = MESSAGE_SIZES_BYTES, re
     latency_s, bandwidth = fit_alpha_beta(sizes, medians)
     logger.info("message link: %.3g s per message, %.3g B/s (medians %s s)", latency_s, bandwidth,
                 ", ".join(f"{t:.3g}" for t in medians))
-    method = METHOD if framed and sender_busy_s == SENDER_BUSY_S else (
-        f"{'framed' if framed else 'bare'} one-way messages, sender busy {sender_busy_s * 1e3:.3g} ms")
+    method = method_name(framed, sender_busy_s, path) + ("" if evict_caches else ", caches warm")
     return LinkMeasurement(latency_s, bandwidth, tuple(sizes), tuple(medians), 2, method=method)
+
+
+def method_name(framed: bool, sender_busy_s: float, path: MessagePath | None) -> str:
+    """The measurement's name in the cluster file's record (without ", caches warm").
+
+    Example:
+        >>> method_name(True, SENDER_BUSY_S, None)
+        'framed one-way messages'
+    """
+    base = METHOD_RUNTIME if path is not None else METHOD if framed else "bare one-way messages"
+    return base if sender_busy_s == SENDER_BUSY_S else f"{base}, sender busy {sender_busy_s * 1e3:.3g} ms"

@@ -237,13 +237,13 @@ def measure_gpu_copy(src: str, dst: str, *, sizes_bytes: tuple[int, ...] = PROFI
     return fit_alpha_beta(sizes_bytes, medians)
 
 
-def _measure_intra(detection: Detection, groups: tuple[tuple[int, ...], ...] = ()
-                   ) -> tuple[dict[str, str], dict[str, Any]]:
+def _measure_intra(detection: Detection, groups: tuple[tuple[int, ...], ...] = (),
+                   message_path: Any = None) -> tuple[dict[str, str], dict[str, Any]]:
     """Measured ``intra_link`` and its record: GPU copies with 2+ cards, else gloo loopback (between
     the first two core groups, each end pinned to its group, when the devices are core groups)."""
     if len(detection.gpus) < 2 and len(groups) >= 2:
         # measured as a run uses it: framed one-way messages, sender busy, receiver waiting (link_calibration)
-        m = measure_message_link(core_groups=groups[:2])
+        m = measure_message_link(core_groups=groups[:2], path=message_path)
         latency, bandwidth = m.latency_s, m.bandwidth_bytes_s
         how = (f"gloo {m.method} on 127.0.0.1 between processes pinned to cores {format_cores(groups[0])} "
                f"and {format_cores(groups[1])}")
@@ -316,8 +316,10 @@ def _group_entries(groups: tuple[tuple[int, ...], ...]) -> tuple[list[dict[str, 
     return entries, record
 
 
-def profile_document(detection: Detection, *, calibrate: bool, cpu_devices: int | None = None) -> dict[str, Any]:
-    """The cluster document describing this machine (one node).
+def profile_document(detection: Detection, *, calibrate: bool, cpu_devices: int | None = None,
+                     message_path: Any = None) -> dict[str, Any]:
+    """The cluster document describing this machine (one node); `message_path`: the runtime's own
+    send and receive for the core groups' link (`link_calibration.MessagePath`; None: its imitation).
 
     Example:
         >>> doc = profile_document(Detection((), False, "no GPUs"), calibrate=False)
@@ -338,7 +340,7 @@ def profile_document(detection: Detection, *, calibrate: bool, cpu_devices: int 
     node: dict[str, Any] = {"name": _node_name(), "intra": _intra(detection), "devices": entries}
     doc: dict[str, Any] = {"name": f"{_node_name()}-profile", "nodes": [node]}
     if calibrate:
-        link, link_record = _measure_intra(detection, groups)
+        link, link_record = _measure_intra(detection, groups, message_path)
         node["intra_link"] = link
         # the host step of optimizer-state offload runs at the host's copy bandwidth (`cost_models.offload`)
         host = measure_memory_bandwidth_bytes_s("cpu", repeats=PROFILE_REPEATS)
@@ -365,7 +367,8 @@ def _summary(cluster: Cluster, detection: Detection, doc: dict[str, Any], output
     return "\n".join(lines)
 
 
-def run_profile(*, output: Path | None, calibrate: bool, cpu_devices: int | None = None) -> tuple[Cluster, str]:
+def run_profile(*, output: Path | None, calibrate: bool, cpu_devices: int | None = None,
+                message_path: Any = None) -> tuple[Cluster, str]:
     """Profile this machine; write the cluster file to `output` when given; return it and a summary.
 
     Example:
@@ -375,7 +378,7 @@ def run_profile(*, output: Path | None, calibrate: bool, cpu_devices: int | None
     """
     detection = detect_gpus()
     logger.info("%s", detection.note)
-    doc = profile_document(detection, calibrate=calibrate, cpu_devices=cpu_devices)
+    doc = profile_document(detection, calibrate=calibrate, cpu_devices=cpu_devices, message_path=message_path)
     if output is None:
         cluster = cluster_from_dict(doc, source="<hetpipe profile>")
     else:

@@ -405,7 +405,7 @@ def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, p
         if loop.stream is not None and batch is None:
             raise ConfigError(f"--data ran out after {step} batches; the run needs {args.steps}")
         barrier(backend == "gloo", args.timeout)
-        start = origin_s = time.monotonic()  # the origin of the step's action times (measured_links.py)
+        start = origin_s = time.monotonic()  # else StepStats.origin_s: the executor's own (measured_links.py)
         stats, loss = loop.step(batch)
         step_s.append(time.monotonic() - start)
         watch.after_step(step)
@@ -425,9 +425,9 @@ def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, p
     slot = loop.slot  # a card of a grouped plan: its own device, and its timings at its rank (calibrate)
     dev = plan.devices[plan.device_index()[slot.device if slot else plan.stages[loop.plan_stage].device]]
     return RankResult(rank=state.rank, stage=loop.plan_stage, member=slot.member if slot else 0, device=dev.id,
-                      kind=dev.kind, step_s=tuple(step_s),
+                      kind=dev.kind, step_s=tuple(step_s), update_s=tuple(loop.update_s()),
                       losses=tuple(losses), backend=backend, optimizer_s=tuple(optimizer_s),
-                      step_origin_s=origin_s, cores=available_cores(), update_s=tuple(loop.update_s()),
+                      step_origin_s=getattr(stats, "origin_s", 0.0) or origin_s, cores=available_cores(),
                       **emulation_fields(loop.hooks, stats, state.rank if slot else loop.plan_stage),
                       **watch.result_fields())
 

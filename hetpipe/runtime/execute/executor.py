@@ -232,7 +232,7 @@ class PipelineExecutor:
         handlers = {Op.F: c.forward, Op.B: c.backward, Op.W: c.weight, Op.SEND_F: self._send, Op.SEND_B: self._send,
                     Op.RECV_F: self._recv, Op.RECV_B: self._recv, Op.STEP: self._optimizer_step}
         hooks, clock, memory = self.hooks, time.perf_counter, self._memory
-        start = clock()
+        start, origin_s = clock(), time.monotonic()  # perf_counter is CLOCK_MONOTONIC on Linux: one origin
         timings = []
         for index, action in enumerate(self.actions):
             for ahead in self._prefetch_at[index]:  # posting is idempotent
@@ -248,7 +248,7 @@ class PipelineExecutor:
             heartbeat.beat()  # per-action progress for the launcher's watchdog
             timings.append(ActionTiming(self._names[index], t0 - start, clock() - t0))
             hooks.memory(action, memory.observe())
-        return self._stats(timings, time.perf_counter() - start)
+        return self._stats(timings, time.perf_counter() - start, origin_s)
 
     def _check_batch(self, name: str, batch: Sequence[Any] | None, needed: bool) -> None:
         if needed and (batch is None or len(batch) != self.microbatches):
@@ -322,7 +322,7 @@ class PipelineExecutor:
     def _owner_stage(self, canonical_name: str) -> int:
         return next(g.owner_stage for g in self.stage.tied_groups if g.canonical_name == canonical_name)
 
-    def _stats(self, timings: list[ActionTiming], step_s: float) -> StepStats:
+    def _stats(self, timings: list[ActionTiming], step_s: float, origin_s: float = 0.0) -> StepStats:
         st = self._state
         loss = None
         if self.stages.holds_last:
@@ -342,4 +342,4 @@ class PipelineExecutor:
             forward_s=st.per_microbatch(st.forward_s, self.microbatches),
             backward_s=st.per_microbatch(st.backward_s, self.microbatches),
             actions=tuple(timings), comm_wait_s=st.comm_wait_s, optimizer_s=optimizer_s, step_s=step_s,
-            grad_norm=st.grad_norm, memory=memory)
+            grad_norm=st.grad_norm, memory=memory, origin_s=origin_s)

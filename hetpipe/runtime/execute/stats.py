@@ -88,6 +88,9 @@ class StepStats:
     step_s: float
     grad_norm: float | None  # global norm before clipping (only with grad_clip_norm)
     memory: MemoryStats
+    #: CLOCK_MONOTONIC seconds at which ``actions``' ``start_s`` count from (0.0: not recorded); the
+    #: step's own start, so timelines of one host line up (`hetpipe.runtime.measured_links`)
+    origin_s: float = 0.0
 
     @property
     def peak_bytes(self) -> int:
