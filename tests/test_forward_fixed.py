@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from hetpipe.cost_models import calibrate as calibrate_mod
 from hetpipe.cost_models.calibrate import calibrate_device
 from hetpipe.cost_models.catalog import load_catalog
 from hetpipe.cost_models.cluster import cluster_from_dict
@@ -63,13 +64,15 @@ def test_the_reference_forwards_are_transformers_that_dispatch_kernels_and_views
         assert any(k.startswith("matmul:") for k, _ in work.by_op), name
 
 
-def test_the_forward_op_cost_is_measured_on_this_cpu_and_recorded_by_the_calibration() -> None:
+def test_the_forward_op_cost_is_measured_on_this_cpu_and_recorded_by_the_calibration(monkeypatch) -> None:
     rates = (("matmul:4096", 5e10),)
     op_s = measure_forward_op_s(rates, fp32_flops_s=5e10, bandwidth_bytes_s=1e10, repeats=1)
-    assert 1e-8 < op_s < 1e-3  # any CPU: more than 10 ns, less than 1 ms per op
+    assert op_s is not None and 1e-8 < op_s < 1e-3  # any CPU: more than 10 ns, less than 1 ms per op
+    # What calibrate records is what the measurement returned (its own figure is load-dependent: pinned here).
+    monkeypatch.setattr(calibrate_mod, "measure_forward_op_s", lambda *a, **k: 2e-6)
     cal = calibrate_device("cpu", size=64, repeats=1, copy_bytes=2**20)
     measured = dict(cal.op_rates)
-    assert 1e3 < measured[FORWARD_OP_KEY] < 1e8  # ops per second
+    assert measured[FORWARD_OP_KEY] == pytest.approx(5e5)  # ops per second
     assert [k for k, _ in cal.op_rates] == sorted(measured)
     doc = {"name": "c", "nodes": [{"name": "vm", "devices": [
         {"gpu": "cpu", "memory": "2GB", "reserve": 0, "op_rates": {FORWARD_OP_KEY: measured[FORWARD_OP_KEY]}}]}]}
@@ -93,3 +96,14 @@ def test_a_forward_pays_its_held_activations_at_the_measured_rate_where_there_is
 def test_the_held_bytes_rate_is_measured_on_this_cpu() -> None:
     rate = measure_held_bytes_s(repeats=1)
     assert rate is None or 1e8 < rate < 1e13  # None: no measurable cost (noise); else 0.1 GB/s .. 10 TB/s
+
+
+def test_a_forward_op_cost_not_measurable_under_load_is_left_out_not_an_error(monkeypatch) -> None:
+    """Rates measured while another process held the core can exceed the tiny forwards' own time: the
+    calibration then records no forward-op cost (the loops' per-op figures price the ops) instead of failing
+    (seen once in a full suite beside a CPU burner, session 14)."""
+    huge = (("matmul:4096", 1.0),)  # 1 FLOP/s: the forwards' work at these rates exceeds any real forward
+    assert measure_forward_op_s(huge, fp32_flops_s=1.0, bandwidth_bytes_s=1.0, repeats=1) is None
+    monkeypatch.setattr(calibrate_mod, "measure_forward_op_s", lambda *a, **k: None)
+    cal = calibrate_device("cpu", size=64, repeats=1, copy_bytes=2**20)
+    assert FORWARD_OP_KEY not in dict(cal.op_rates)

@@ -364,7 +364,7 @@ def calibrate_device(
     if op_rates:  # the fixed cost per forward op, net of the tiny forwards' work at the rates just measured
         forward_op_s = measure_forward_op_s(op_rates, fp32_flops_s=fp32, bandwidth_bytes_s=bandwidth, repeats=repeats)
         held = measure_held_bytes_s(repeats=repeats)  # None: no measurable cost, not priced
-        op_rates = tuple(sorted(op_rates + ((FORWARD_OP_KEY, 1.0 / forward_op_s),)
+        op_rates = tuple(sorted(op_rates + (((FORWARD_OP_KEY, 1.0 / forward_op_s),) if forward_op_s else ())
                                 + (((HELD_KEY, held),) if held is not None else ())))
     step_op_s = measure_step_op_s(repeats=repeats) if device == "cpu" else None
     step_bytes_s = measure_step_bytes_s(step_op_s=step_op_s, repeats=repeats) if step_op_s is not None else None
