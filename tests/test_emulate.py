@@ -211,3 +211,20 @@ def test_late_messages_count_only_real_waits_past_the_emulated_arrival():
     hooks.before(recv)
     hooks.arrived(recv, -0.01)  # early: the receiver will sleep until the arrival time
     assert hooks.late_messages == 1
+
+
+def test_waits_past_the_emulated_arrival_add_up_even_under_the_late_threshold():
+    """Each wake-up under LATE_TOLERANCE_S is no late message, yet their sum is what stretches a loaded
+    step: every real wait past an arrival is summed (issue 12: a run at +15.5% with no late message)."""
+    hooks = _hooks()
+    recv = Action(1, Op.RECV_F, 0)
+    for _ in range(3):
+        hooks.before(recv)
+        time.sleep(0.004)
+        hooks.arrived(recv, 0.002)  # waited ~4 ms, ~2 ms of it past the arrival: a wake-up, not late
+    hooks.before(recv)
+    hooks.arrived(recv, 0.5)  # arrived long before the receiver asked: only the call's own microseconds
+    hooks.before(recv)
+    hooks.arrived(recv, -0.01)  # early: nothing
+    assert hooks.late_messages == 0
+    assert 0.006 - 1e-9 <= hooks.late_total_s < 0.006 + 5e-4  # 3 x 2 ms, plus the second call's own duration

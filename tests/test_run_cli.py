@@ -133,16 +133,21 @@ def _assert_iteration_matches(rep: RunReport) -> None:
     Both bounds hold when the run was clean.  A compute overrun or a message that arrived late is the
     loaded machine (a sleeping rank woken late), counted in the report, not an emulation error: then only
     the lower bound is checked (the emulation never beats the schedule).  Seen: +22% with 1 late message
-    under load 9-11 with a CPU burner; benchmarks/runtime_emulated.py carries the timing claim.
+    under load 9-11 with a CPU burner; benchmarks/runtime_emulated.py carries the timing claim.  Wake-ups
+    under the late threshold are no late message, but the report sums them (real seconds per step, all
+    ranks): the upper bounds allow that sum, in emulated seconds (seen: +15.5% with none counted, load ~14).
     """
     why = (f"time scale {rep.time_scale:.4g}, overruns {rep.overruns}, late messages {rep.late_messages}, "
+           f"waits past arrivals {rep.late_wait_per_step_s * 1e3:.2f} ms per step, "
            f"real step {rep.measured_iteration_s:.4f} s")
     measured, simulated = rep.measured_emulated_iteration_s, rep.simulated_iteration_s
+    waited = rep.late_wait_per_step_s / rep.time_scale  # emulated seconds (time_scale: real s per emulated s)
     assert measured >= simulated * (1 - TOLERANCE_VS_SIMULATED), why
     assert rep.prediction_error >= -TOLERANCE_VS_PLAN, rep.prediction_error
     if rep.overruns == 0 and rep.late_messages == 0:
-        assert measured == pytest.approx(simulated, rel=TOLERANCE_VS_SIMULATED), why
-        assert abs(rep.prediction_error) <= TOLERANCE_VS_PLAN, rep.prediction_error
+        assert simulated * (1 - TOLERANCE_VS_SIMULATED) <= measured <= simulated * (1 + TOLERANCE_VS_SIMULATED) \
+            + waited, why
+        assert rep.prediction_error <= TOLERANCE_VS_PLAN + waited / rep.predicted_iteration_s, rep.prediction_error
 
 
 def test_emulated_run_writes_a_report_that_matches_the_plan(plan_path, tmp_path, capsys):

@@ -281,6 +281,6 @@ def emulation_fields(hooks: Any, stats: Any, plan_stage: int) -> dict[str, Any]:
         overruns_fwd=compute.overruns["F"] if compute else 0, overruns_bwd=compute.overruns["B"] if compute else 0,
         worst_overrun_ratio=compute.worst_overrun_ratio if compute else 0.0,
         messages=getattr(hooks, "messages", 0), late_messages=getattr(hooks, "late_messages", 0),
-        worst_late_s=getattr(hooks, "worst_late_s", 0.0),
+        worst_late_s=getattr(hooks, "worst_late_s", 0.0), late_total_s=getattr(hooks, "late_total_s", 0.0),
         last_step_actions=tuple(ActionRecord(a.action, a.start_s, a.duration_s) for a in stats.actions)
         if stats is not None else ())

@@ -121,6 +121,7 @@ class RankResult:
     messages: int = 0
     late_messages: int = 0  # arrived (really) after their emulated arrival time
     worst_late_s: float = 0.0
+    late_total_s: float = 0.0  # every real wait past an emulated arrival, summed over the run's steps
     backend: str = "gloo"
     optimizer_s: tuple[float, ...] = ()  # per step: the STEP action, real seconds (issue 17)
     last_step_actions: tuple[ActionRecord, ...] = ()
@@ -238,6 +239,9 @@ class RunReport:
     wall_s: float = 0.0
     timelines: tuple[RankTimeline, ...] = ()  # the last step, per rank, real seconds
     stragglers: tuple[StragglerRecord, ...] = ()  # stages named slower than planned (issue 16)
+    # real seconds per step that receivers waited past emulated arrivals, all ranks summed (emulated runs):
+    # each wait under the late threshold is a wake-up, not a late message, but together they stretch a step
+    late_wait_per_step_s: float = 0.0
     injected: tuple[str, ...] = ()  # the --inject faults of the run, as specs
     restarts: tuple[Restart, ...] = ()  # a supervised run's relaunches (`hetpipe.runtime.supervise`)
     # every member of every tensor-parallel group (issue 15): its card, measured F / B and peak beside its own
@@ -400,6 +404,7 @@ def build_report(plan: "Plan", results: Sequence[RankResult], *, schedule: str, 
         measured_iteration_s=measured, measured_emulated_iteration_s=measured / scale,
         step_records=records, stages=card_totals(stages, chunks), chunks=chunks,
         overruns=overruns, late_messages=late,
+        late_wait_per_step_s=sum(r.late_total_s for r in results) / max(n_steps, 1),
         notes=_notes(emulate, overruns, late, actions, max(r.worst_overrun_ratio for r in results),
                      pinned=_ran_pinned(plan, results)),
         machine=machine_info(), wall_s=wall_s,
