@@ -81,6 +81,22 @@ def with_random_steps(rng: random.Random, prob: Problem) -> Problem:
     return dataclasses.replace(prob, step_s=steps, step_launch_s={k: rng.choice((0.0, 0.01)) for k in prob.fwd_s})
 
 
+def two_node_schedule_problem(rng: random.Random, devs: tuple[DeviceSlot, ...], fwd: dict[str, tuple[float, ...]],
+                              *, max_microbatches: int) -> Problem:
+    """A schedule-objective problem on `devs` (nodes n0/n1: bandwidth 8 inside a node, 1 or 2 between, latency
+    0.01 / 0.1), B = 2F per kind and unit, 0-4 bytes per cut, 2..`max_microbatches` micro-batches and an optimizer
+    step of 0 or 0.3 per kind and unit: the pace-bound tests' instances (test_pace_relaxation, test_pace_prices)."""
+    units = len(next(iter(fwd.values())))
+    bw = tuple(tuple(math.inf if a is b else (8.0 if a.node == b.node else rng.choice((1.0, 2.0))) for b in devs)
+               for a in devs)
+    lat = tuple(tuple(0.0 if a is b else (0.01 if a.node == b.node else 0.1) for b in devs) for a in devs)
+    return Problem(fwd_s=fwd, bwd_s={k: tuple(2.0 * f for f in v) for k, v in fwd.items()},
+                   state_bytes=(1,) * units, activation_bytes=(1,) * units,
+                   boundary_bytes=tuple(rng.randint(0, 4) for _ in range(units - 1)) + (0,),
+                   devices=devs, bandwidth_bytes_s=bw, latency_s=lat, microbatches=rng.randint(2, max_microbatches),
+                   objective="schedule", step_s={k: tuple(rng.choice((0.0, 0.3)) for _ in range(units)) for k in fwd})
+
+
 def recompute_choices(problem: Problem, placement: tuple[Stage, ...]):
     """Every recompute choice of `placement` the lever allows, as stage tuples."""
     per_stage = []

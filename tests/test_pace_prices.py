@@ -21,7 +21,7 @@ from hetpipe.partitioner.solvers.pace_prices import price_floor, tighten
 from hetpipe.partitioner.solvers.pace_runs import RunDP, run_terms
 from hetpipe.partitioner.solvers.schedule_bound import pace_terms, schedule_walk
 from hetpipe.partitioner.solvers.verify import first_step_floor
-from tests.instances import all_placements, recompute_choices
+from tests.instances import all_placements, recompute_choices, two_node_schedule_problem
 
 #: Relative slack of float sums taken in another order (as tests/test_contract_property.py's REL).
 REL = 1e-9
@@ -38,14 +38,7 @@ def _instance(seed: int) -> Problem:
     devs = tuple(DeviceSlot(f"d{i}", k, rng.choice(("n0", "n1")), 10**6) for i, k in enumerate(kinds))
     fwd = {k: tuple(rng.uniform(0.2, 0.5) if k == "f" else rng.uniform(0.6, 2.0) for _ in range(units))
            for k in sorted(set(kinds))}
-    bw = tuple(tuple(math.inf if a is b else (8.0 if a.node == b.node else rng.choice((1.0, 2.0))) for b in devs)
-               for a in devs)
-    lat = tuple(tuple(0.0 if a is b else (0.01 if a.node == b.node else 0.1) for b in devs) for a in devs)
-    return Problem(fwd_s=fwd, bwd_s={k: tuple(2.0 * f for f in v) for k, v in fwd.items()},
-                   state_bytes=(1,) * units, activation_bytes=(1,) * units,
-                   boundary_bytes=tuple(rng.randint(0, 4) for _ in range(units - 1)) + (0,),
-                   devices=devs, bandwidth_bytes_s=bw, latency_s=lat, microbatches=rng.randint(2, 12),
-                   objective="schedule", step_s={k: tuple(rng.choice((0.0, 0.3)) for _ in range(units)) for k in fwd})
+    return two_node_schedule_problem(rng, devs, fwd, max_microbatches=12)
 
 
 def _paces_and_optimum(prob: Problem) -> tuple[list[tuple[float, float]], float]:

@@ -9,7 +9,6 @@ Kinds here have per-unit times of their own (not one speed factor), so merging c
 
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
@@ -18,7 +17,7 @@ from hetpipe.partitioner.problem import DeviceSlot, Problem, evaluate
 from hetpipe.partitioner.solvers.relax import merge_loss, pace_relaxation, relaxed_problem
 from hetpipe.partitioner.solvers.schedule_bound import BAND_TOLERANCE, schedule_walk
 from hetpipe.partitioner.solvers.verify import first_step_floor
-from tests.instances import all_placements
+from tests.instances import all_placements, two_node_schedule_problem
 
 #: Relative slack of float sums taken in another order (as tests/test_contract_property.py's REL).
 REL = 1e-9
@@ -36,14 +35,7 @@ def _instance(seed: int) -> Problem:
     devs = tuple(DeviceSlot(f"d{i}", rng.choice(kinds), rng.choice(("n0", "n1")), 10**6) for i in range(n))
     used = sorted({d.kind for d in devs})
     fwd = {k: tuple(rng.uniform(0.2, 2.0) for _ in range(units)) for k in used}
-    bw = tuple(tuple(math.inf if a is b else (8.0 if a.node == b.node else rng.choice((1.0, 2.0))) for b in devs)
-               for a in devs)
-    lat = tuple(tuple(0.0 if a is b else (0.01 if a.node == b.node else 0.1) for b in devs) for a in devs)
-    return Problem(fwd_s=fwd, bwd_s={k: tuple(2.0 * f for f in v) for k, v in fwd.items()},
-                   state_bytes=(1,) * units, activation_bytes=(1,) * units,
-                   boundary_bytes=tuple(rng.randint(0, 4) for _ in range(units - 1)) + (0,),
-                   devices=devs, bandwidth_bytes_s=bw, latency_s=lat, microbatches=rng.randint(2, 8),
-                   objective="schedule", step_s={k: tuple(rng.choice((0.0, 0.3)) for _ in range(units)) for k in used})
+    return two_node_schedule_problem(rng, devs, fwd, max_microbatches=8)
 
 
 def _schedule_optimum(prob: Problem) -> float:
