@@ -45,6 +45,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Callable, Sequence
 
 import numpy as np
@@ -55,7 +56,8 @@ from hetpipe.partitioner.solvers.cap_walk import DPResult, check_deadline, param
 from hetpipe.partitioner.solvers.counts import count_vectors, vectors
 from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.solvers.offload_band import offload_band
-from hetpipe.partitioner.solvers.pace_rule import LevelCaps, PaceRule, next_pairs, pair_filter, pair_kept, paired_values
+from hetpipe.partitioner.solvers.pace_rule import (LevelCaps, WindowCompanions, count_next_min, next_pairs, pace_kept,
+                                                   paired_values, spread)
 from hetpipe.partitioner.solvers.recompute_band import shared_band
 from hetpipe.partitioner.solvers.stage_moments import band_moments, memory_tables
 
@@ -399,12 +401,6 @@ def check_kinds_fit(problem: Problem, state_budget: int = DEFAULT_STATE_BUDGET) 
         raise StateSpaceTooLarge(f"at least {size} device-count states")
 
 
-def _windows(h: np.ndarray, width: int, L: int) -> np.ndarray:
-    """windows[i, lo, w] = h[i, lo + w + 1] (inf past the last unit), a view, not a copy."""
-    padded = np.concatenate((h, np.full((h.shape[0], width), np.inf)), axis=1)
-    return np.lib.stride_tricks.sliding_window_view(padded, width, axis=1)[:, 1:L + 2, :]
-
-
 
 
 def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callable = np.add, *,
@@ -419,6 +415,7 @@ def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callab
     vals: dict[int, np.ndarray] = {}
     paired: dict[int, np.ndarray] = {}  # least x W_front + R per state, x of the level above (`next_pairs`)
     backs: dict[int, np.ndarray] = {}
+    windows = WindowCompanions(level_caps, max(lattice.groups, default=0))  # chains of 3+ ranks (`PaceRule.windows`)
     for k in sorted(lattice.groups):
         check_deadline(deadline)  # one level is at most a few hundred ms at the state budget
         n = len(lattice.groups[k])
@@ -427,6 +424,7 @@ def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callab
         band_cap, value_cap, *rule = (cap, math.inf) if level_caps is None else level_caps(k)
         xn = next_pairs(level_caps, k)
         pv = np.full((n, C, L + 1), np.inf) if xn >= 0 else None
+        windows.start(k, (n, C, L + 1))
         for c in range(C):
             band = tab.band(c, k - 1, min(cap, band_cap), width)
             if rule:  # inf entries give nan here: they stay inf
@@ -438,6 +436,7 @@ def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callab
                 val[has, c] = band.min(axis=1)
                 if pv is not None:
                     pv[has, c] = paired_values(xn, band, band)
+                windows.record(1, (has, c), band, band, None, lambda a: a)
                 continue
             idx, prev = lattice.moves[(k, c)]
             if not idx.size:
@@ -445,15 +444,14 @@ def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callab
             tot = combine(comm_ok[c][None], vals[k - 1][prev])  # (n, C, L+1): 2C(c->f, u) (+|max) suffix
             f_best = np.argmin(tot, axis=1)
             h = np.take_along_axis(tot, f_best[:, None, :], axis=1)[:, 0, :]
-            cand = combine(band[None], _windows(h, width, L))  # (n, L+1, W)
+            cand = combine(band[None], spread(h, width, L))  # (n, L+1, W)
             if rule:
-                with np.errstate(invalid="ignore"):
-                    cand = np.where(rule[0].trips * cand + rule[0].steps * band[None] <= rule[0].cap, cand, np.inf)
-                    if rule[0].pairs >= 0 and k - 1 in paired:
-                        pm = _windows(pair_filter(rule[0], comm_ok[c][None], paired[k - 1][prev]), width, L)
-                        cand = pair_kept(rule[0], band[None], pm, cand)
+                cand = pace_kept(rule[0], band, cand, paired.get(k - 1), prev, comm_ok[c], width)
+            next_min = partial(count_next_min, comm_ok[c], width)
+            cand = windows.kept(k, band[None], cand, next_min, lambda a: a[prev])
             if pv is not None:
                 pv[idx, c] = paired_values(xn, band[None], cand)
+            windows.record(k, (idx, c), band[None], cand, next_min, lambda a: a[prev])
             w_best = np.argmin(cand, axis=2)
             val[idx, c] = np.take_along_axis(cand, w_best[..., None], axis=2)[..., 0]
             u_best = np.minimum(rows[None, :] + w_best + 1, L)

@@ -43,6 +43,9 @@ class PaceRule:
     cap: float
     pairs: int = -1  # x; -1: no pair chain at this level
     pair_steps: int = 0  # y
+    #: Window chains of three or more ranks (`schedule_bound.window_pace`): (w, x, y) with m - 1 - k = x w + y,
+    #: x >= 1, kept when x P_w + y W + R <= cap, P_w bounded below per state as the pair's (`WindowCompanions`)
+    windows: tuple[tuple[int, int, int], ...] = ()
 
 
 #: Per number k of stages in a suffix: (cap on its front stage's F + B, cap on the suffix's value), and
@@ -76,3 +79,104 @@ def paired_values(x: int, band: np.ndarray, cand: np.ndarray) -> np.ndarray:
     """min over the front stage's length (last axis) of x W + R: `next_pairs`'s companion of the DP's values."""
     with np.errstate(invalid="ignore"):  # 0 x inf where the band is inf: those entries are inf in cand
         return np.where(np.isfinite(cand), x * band + cand, np.inf).min(axis=-1)
+
+
+#: Per array of a DP level's states (..., L+1) of values at each next stage's start and a multiplier mu:
+#: min over the next stages' kinds (and run positions) of mu 2C (front kind -> next kind) + the value, per
+#: front start unit and length (..., L+1, W).  The DP supplies it for one front kind (`WindowCompanions`).
+NextMin = Callable[[np.ndarray, float], np.ndarray]
+
+
+class WindowCompanions:
+    """The window chains' filters (`PaceRule.windows`) through a DP that runs from the last stage back.
+
+    A window of w ranks from a front stage s at level K (K stages to the end), x windows and y single steps:
+    x P_w + y W_s + R_s = (x + y + 1) W_s + (x + 1) 2C_s + A_1(s + 1) with A_d(t) = x P_{w-d}(t) + R_t, where
+    P_1(t) = W_t and P_j(t) = W_t + 2C_t + P_{j-1}(t + 1), so A_{w-1}(t) = x W_t + R_t and, for d < w - 1,
+    A_d(t) = (x + 1)(W_t + 2C_t) + A_{d+1}(t + 1).  Each state at level K - d keeps the least A_d over its
+    admitted suffixes, keyed (K, w) (x is K's): a lower bound on any admitted suffix's, so the filter at
+    level K (least over the next stages, as `pair_filter`) drops no suffix of a pipeline whose windows are
+    under the cap, and the DP's least R_0 stays a valid bound (a relaxation, as the pair filter).
+
+    Example (m = 16; level 5 filters windows of 3, x = 3, y = 1; level 4 keeps A_1, levels 3 and 2 A_2):
+        >>> rules = {k: PaceRule(0, 0, 1, 0, 1.0, windows=((3, 3, 1),) if k == 5 else ()) for k in range(1, 9)}
+        >>> comp = WindowCompanions(lambda k: (1.0, 1.0, rules[k]), reach=3)
+        >>> comp.requests(4), comp.requests(3), comp.requests(2)
+        ([(5, 3, 3)], [(5, 3, 3)], [])
+    """
+
+    def __init__(self, level_caps: LevelCaps | None, reach: int) -> None:
+        self.level_caps, self.reach = level_caps, reach
+        self.before: dict[tuple[int, int], np.ndarray] = {}  # the level below's arrays, keyed (K, w)
+        self.now: dict[tuple[int, int], np.ndarray] = {}
+
+    def rule(self, k: int) -> PaceRule | None:
+        caps = self.level_caps(k) if self.level_caps is not None else ()
+        return caps[2] if len(caps) > 2 else None
+
+    def requests(self, j: int) -> list[tuple[int, int, int]]:
+        """(K, w, x) of the windows whose A_{K-j} the states at level j keep."""
+        out = []
+        for d in range(1, self.reach):
+            rule = self.rule(j + d)
+            out += [(j + d, w, x) for w, x, _ in (rule.windows if rule is not None else ()) if d <= w - 1]
+        return out
+
+    def start(self, j: int, shape: tuple[int, ...]) -> None:
+        """A new level j: last level's arrays become `before`, fresh ones (inf) for level j's requests."""
+        self.before, self.now = self.now, {(K, w): np.full(shape, np.inf) for K, w, _ in self.requests(j)}
+
+    def kept(self, k: int, band: np.ndarray, cand: np.ndarray, next_min: NextMin,
+             take: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """`cand` (..., L+1, W) where every window of level k's rule is under its cap, inf elsewhere; `take`
+        selects, from a `before` array, the next states of these fronts (as the DP indexes its values)."""
+        rule = self.rule(k)
+        for w, x, y in (rule.windows if rule is not None else ()):
+            if (k, w) in self.before:
+                rest = next_min(take(self.before[(k, w)]), x + 1.0)
+                with np.errstate(invalid="ignore"):
+                    cand = np.where((x + y + 1) * band + rest <= rule.cap, cand, np.inf)
+        return cand
+
+    def record(self, j: int, where: tuple, band: np.ndarray, cand: np.ndarray, next_min: NextMin | None,
+               take: Callable[[np.ndarray], np.ndarray]) -> None:
+        """Level j's A values at `where` from its front stages `band` and admitted candidates `cand` (W = F + B
+        per front length, R per front length: inf where not admitted); `next_min` None at level 1."""
+        for K, w, x in self.requests(j):
+            if K - j == w - 1:
+                self.now[(K, w)][where] = paired_values(x, band, cand)
+            elif next_min is not None and (K, w) in self.before:
+                rest = next_min(take(self.before[(K, w)]), x + 1.0)
+                with np.errstate(invalid="ignore"):
+                    self.now[(K, w)][where] = np.where(np.isfinite(cand), (x + 1) * band + rest, np.inf).min(axis=-1)
+
+
+def spread(h: np.ndarray, width: int, L: int) -> np.ndarray:
+    """windows[i, lo, w] = h[i, lo + w + 1] (inf past the last unit), a view, not a copy: per front stage's start
+    and length, the value at the next stage's start (the count DP's gather).
+
+    Example:
+        >>> spread(np.array([[0.0, 1.0, 2.0]]), 2, 2).tolist()
+        [[[1.0, 2.0], [2.0, inf], [inf, inf]]]
+    """
+    padded = np.concatenate((h, np.full((h.shape[0], width), np.inf)), axis=1)
+    return np.lib.stride_tricks.sliding_window_view(padded, width, axis=1)[:, 1:L + 2, :]
+
+
+def pace_kept(rule: PaceRule, band: np.ndarray, cand: np.ndarray, paired: np.ndarray | None, prev: np.ndarray,
+              comm: np.ndarray, width: int) -> np.ndarray:
+    """The count DP's filters (`dp.CountDP`): `cand` (n, L+1, W) where the rule's round trips and pair chain
+    are under its cap; band (L+1, W) the front stages' W, paired the level below's `paired_values` (or None),
+    prev the next states' rows, comm (C, L+1) 2C to each next class."""
+    L = band.shape[0] - 1
+    with np.errstate(invalid="ignore"):
+        cand = np.where(rule.trips * cand + rule.steps * band[None] <= rule.cap, cand, np.inf)
+        if rule.pairs >= 0 and paired is not None:
+            cand = pair_kept(rule, band[None], spread(pair_filter(rule, comm[None], paired[prev]), width, L), cand)
+    return cand
+
+
+def count_next_min(comm: np.ndarray, width: int, after: np.ndarray, mu: float) -> np.ndarray:
+    """`NextMin` of the count DP: after (n, C, L+1) at the next states, comm (C, L+1) 2C to each next
+    class from one front class."""
+    return spread((mu * comm[None] + after).min(axis=1), width, after.shape[-1] - 1)

@@ -119,18 +119,19 @@ def round_trip_factor(m: int, k: int) -> int:
     return -(-m // min(k, m)) - 1
 
 
-def level_caps(m: int, gamma: float, *, pairs: bool = True) -> LevelCaps:
+def level_caps(m: int, gamma: float, *, pairs: bool = True, windows: int = 2) -> LevelCaps:
     """The DP's caps, which every placement with G <= gamma meets, at k stages from the end (`stage_pace`):
     q_k R_s <= gamma gives R_s <= gamma / q_k; with W_s <= R_s, m W_s - R_s <= gamma gives W_s <= (gamma + R cap) / m;
     and the round trips and single steps themselves, exactly, as the DP's `PaceRule` (one part in 10^9 of slack:
-    the DP adds the same seconds in another order than `pace_terms`)."""
+    the DP adds the same seconds in another order than `pace_terms`); with `windows` >= 3 also the window chains of
+    3..`windows` ranks (`window_pace`) that have at least one whole window (x >= 1)."""
     def caps(k: int) -> tuple[float, float, PaceRule]:
         q, kk = round_trip_factor(m, k), min(k, m)
         value = gamma / q if q > 0 else math.inf
         # single steps: (m - kk) W + (kk - 1) B = (m - 1) W - (kk - 1) F
         x, y = (pair_counts(m, k) if pairs else None) or (-1, 0)
         rule = PaceRule(trips=q, steps=leftover_trips(m, k) if q > 0 else 0, weighted=m - 1, forward=kk - 1,
-                        cap=gamma * (1.0 + 1e-9), pairs=x, pair_steps=y)
+                        cap=gamma * (1.0 + 1e-9), pairs=x, pair_steps=y, windows=window_counts(m, k, windows))
         return min(value, (gamma + value) / m), value, rule
     return caps
 
@@ -177,6 +178,18 @@ def pair_counts(m: int, k: int) -> tuple[int, int] | None:
     if k < 2 or left < 0:
         return None
     return left // 2, left % 2
+
+
+def window_counts(m: int, k: int, widest: int) -> tuple[tuple[int, int, int], ...]:
+    """(w, x, y) of the window chains of 3..`widest` ranks (`window_pace`) of a front stage with k stages to the
+    end: w <= k, m - 1 - k = x w + y with x >= 1 (the chain needs k <= m - 1).
+
+    Example:
+        >>> window_counts(16, 4, 4), window_counts(16, 3, 4), window_counts(5, 4, 4)
+        (((3, 3, 2), (4, 2, 3)), ((3, 4, 0),), ())
+    """
+    left = m - 1 - k
+    return tuple((w, left // w, left % w) for w in range(3, min(widest, k) + 1) if left >= w)
 
 
 def pair_chain(m: int, k: int, work_s: float, pair_s: float, round_trip_s: float) -> float:
@@ -257,7 +270,7 @@ def staircase(points: dict[float, float], g_floor: float) -> tuple[float, float,
 def schedule_walk(problem: Problem, *, deadline: float = math.inf, dp: CountDP | None = None,
                   max_passes: int = 48, hints: Sequence[Sequence[Stage]] = (),
                   terms: Callable[[Any], tuple[float, float]] | None = None, enough_s: float = math.inf,
-                  pairs: bool = True, band_tolerance: float = 0.0) -> ScheduleWalk:
+                  pairs: bool = True, band_tolerance: float = 0.0, windows: int = 2) -> ScheduleWalk:
     """min_P (R_0 + G) bounded by a staircase over caps gamma (module docstring): each pass solves the
     least R_0 under one cap, in the weakest band (its middle; just below its top when the band
     reaches down to G_lb), until the bound meets the best placement found, `max_passes`, or
@@ -271,7 +284,7 @@ def schedule_walk(problem: Problem, *, deadline: float = math.inf, dp: CountDP |
     nothing (the DP stops at its first empty level), and a relaxation's optimum may lie far below the hints
     (gpt2-xl on 256 cards: 20% below; one-percent steps took 22 passes, bisection 7)."""
     dp = CountDP(problem) if dp is None else dp
-    terms = (lambda placement: pace_terms(problem, placement)) if terms is None else terms
+    terms = (lambda placement: pace_terms(problem, placement, windows=windows > 2)) if terms is None else terms
     m = problem.microbatches
     cards = min(problem.num_units, len(problem.devices))
     g_floor = round_trip_factor(m, cards) * sum_lower_bound(problem)  # G >= q_p R_0 >= q_p S_lb
@@ -280,9 +293,9 @@ def schedule_walk(problem: Problem, *, deadline: float = math.inf, dp: CountDP |
     gamma, passes, probed = math.inf, 0, False
     if hints:
         points[math.inf] = sum_lower_bound(problem)
-        gamma = min(pace_terms(problem, h)[1] for h in hints)
+        gamma = min(pace_terms(problem, h, windows=windows > 2)[1] for h in hints)
     while passes < max_passes:
-        caps = level_caps(m, gamma, pairs=pairs)
+        caps = level_caps(m, gamma, pairs=pairs, windows=windows)
         try:
             res = dp.min_sum(max(caps(k)[0] for k in range(1, cards + 1)), level_caps=caps, deadline=deadline)
         except DeadlineReached:

@@ -1,0 +1,63 @@
+"""Issue 12 item 3: the window chains of three or more ranks inside the pace walk's DP filters
+(`pace_rule.WindowCompanions`, `schedule_bound.level_caps(..., windows=w)`) against enumeration.
+
+The filters are a relaxation (each state keeps the least x P + R over its suffixes, as the pair filter), so the
+walk's bound must stay at most the least R_0 + G over every placement, G with every window chain
+(`pace_terms(..., windows=True)`, itself at most the replayed T: tests/test_pace_walk.py), and at most the
+enumerated schedule optimum less... plus the least first step.  Pipelines of 4-6 stages and 8-24 micro-batches,
+so that windows of 3-5 ranks exist and bind; one and two kinds, one node each (kind == node, as the
+eight-kind clusters of benchmarks/planner_scale.py) or mixed.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from hetpipe.partitioner.problem import DeviceSlot, Problem, evaluate
+from hetpipe.partitioner.solvers.schedule_bound import pace_terms, schedule_walk
+from hetpipe.partitioner.solvers.verify import first_step_floor
+from tests.instances import all_placements, two_node_schedule_problem
+
+#: Relative slack of float sums taken in another order (as tests/test_contract_property.py's REL).
+REL = 1e-9
+#: Passes enough for the walk to end on these instances.
+PASSES = 200
+
+
+def _instance(seed: int) -> Problem:
+    """5-6 units on 4-5 cards of one or two kinds on two nodes (kind == node on odd seeds), 8-24 micro-batches,
+    cuts of 0-4 bytes over links of bandwidth 8 inside a node and 1-2 between (`two_node_schedule_problem`)."""
+    rng = random.Random(seed)
+    units, n = rng.randint(5, 6), rng.randint(4, 5)
+    if seed % 2:
+        devs = tuple(DeviceSlot(f"d{i}", f"k{i % 2}", f"n{i % 2}", 10**6) for i in range(n))
+    else:
+        devs = tuple(DeviceSlot(f"d{i}", rng.choice(("k0", "k1")), rng.choice(("n0", "n1")), 10**6) for i in range(n))
+    fwd = {k: tuple(rng.uniform(0.2, 2.0) for _ in range(units)) for k in sorted({d.kind for d in devs})}
+    prob = two_node_schedule_problem(rng, devs, fwd, max_microbatches=8)
+    return Problem(**{**prob.__dict__, "microbatches": rng.randint(8, 24)})
+
+
+def _optima(prob: Problem) -> tuple[float, float]:
+    """(least R_0 + G with every window chain, least replayed T) over every placement."""
+    pace, sched = math.inf, math.inf
+    for placement in all_placements(prob):
+        r0, g = pace_terms(prob, placement, windows=True)
+        pace = min(pace, r0 + g)
+        sched = min(sched, evaluate(prob, placement).iteration_s)
+    return pace, sched
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_windowed_walk_bounds_the_windowed_pace(seed: int) -> None:
+    prob = _instance(seed)
+    pace, sched = _optima(prob)
+    plain = schedule_walk(prob, max_passes=PASSES).bound_s
+    for widest in (3, 4, 5):
+        walk = schedule_walk(prob, max_passes=PASSES, windows=widest)
+        assert walk.bound_s <= pace * (1 + REL), (seed, widest, walk.bound_s, pace)
+        assert walk.bound_s + first_step_floor(prob) <= sched * (1 + REL), (seed, widest, walk.bound_s, sched)
+        assert walk.bound_s >= plain * (1 - 1e-6) or not walk.exact, (seed, widest, walk.bound_s, plain)
