@@ -3,20 +3,24 @@
 
 The filters are a relaxation (each state keeps the least x P + R over its suffixes, as the pair filter), so the
 walk's bound must stay at most the least R_0 + G over every placement, G with every window chain
-(`pace_terms(..., windows=True)`, itself at most the replayed T: tests/test_pace_walk.py), and at most the
-enumerated schedule optimum less... plus the least first step.  Pipelines of 4-6 stages and 8-24 micro-batches,
+(`pace_terms(..., windows=True)`, itself at most the replayed T: tests/test_pace_walk.py), and, plus the least
+first step, at most the enumerated schedule optimum.  The same for `pace_windows.widen` (windowed floors raised
+into a finished plain walk's staircase, what `verify._merged_walk` adds).  Pipelines of 4-6 stages and 8-24 micro-batches,
 so that windows of 3-5 ranks exist and bind; one and two kinds, one node each (kind == node, as the
 eight-kind clusters of benchmarks/planner_scale.py) or mixed.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 
 import pytest
 
 from hetpipe.partitioner.problem import DeviceSlot, Problem, evaluate
+from hetpipe.partitioner.solvers.dp import CountDP
+from hetpipe.partitioner.solvers.pace_windows import widen
 from hetpipe.partitioner.solvers.schedule_bound import pace_terms, schedule_walk
 from hetpipe.partitioner.solvers.verify import first_step_floor
 from tests.instances import all_placements, two_node_schedule_problem
@@ -41,8 +45,10 @@ def _instance(seed: int) -> Problem:
     return Problem(**{**prob.__dict__, "microbatches": rng.randint(8, 24)})
 
 
-def _optima(prob: Problem) -> tuple[float, float]:
-    """(least R_0 + G with every window chain, least replayed T) over every placement."""
+@functools.lru_cache(maxsize=None)
+def _optima(seed: int) -> tuple[float, float]:
+    """(least R_0 + G with every window chain, least replayed T) over every placement of `_instance(seed)`."""
+    prob = _instance(seed)
     pace, sched = math.inf, math.inf
     for placement in all_placements(prob):
         r0, g = pace_terms(prob, placement, windows=True)
@@ -51,13 +57,32 @@ def _optima(prob: Problem) -> tuple[float, float]:
     return pace, sched
 
 
+#: Seeds whose windows bind: the windowed walk's bound is above the plain one's (measured: 109.04 -> 111.82,
+#: 81.75 -> 84.16, 99.64 -> 100.44, 79.15 -> 80.04); the tests below check the gain, so they can fail.
+BINDING = (5, 13, 17, 23)
+
+
 @pytest.mark.parametrize("seed", range(24))
 def test_windowed_walk_bounds_the_windowed_pace(seed: int) -> None:
     prob = _instance(seed)
-    pace, sched = _optima(prob)
+    pace, sched = _optima(seed)
     plain = schedule_walk(prob, max_passes=PASSES).bound_s
-    for widest in (3, 4, 5):
+    for widest in (3, 4):
         walk = schedule_walk(prob, max_passes=PASSES, windows=widest)
         assert walk.bound_s <= pace * (1 + REL), (seed, widest, walk.bound_s, pace)
         assert walk.bound_s + first_step_floor(prob) <= sched * (1 + REL), (seed, widest, walk.bound_s, sched)
-        assert walk.bound_s >= plain * (1 - 1e-6) or not walk.exact, (seed, widest, walk.bound_s, plain)
+        if seed in BINDING:
+            assert walk.bound_s > plain * (1 + 1e-6), (seed, widest, walk.bound_s, plain)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_widened_walk_bounds_the_windowed_pace(seed: int) -> None:
+    prob = _instance(seed)
+    pace, sched = _optima(seed)
+    dp = CountDP(prob)
+    walk = schedule_walk(prob, dp=dp, max_passes=PASSES)
+    bound = widen(walk, dp, prob, max_passes=PASSES)
+    assert walk.bound_s <= bound <= pace * (1 + REL), (seed, walk.bound_s, bound, pace)
+    assert bound + first_step_floor(prob) <= sched * (1 + REL), (seed, bound, sched)
+    if seed in BINDING:
+        assert bound > walk.bound_s * (1 + 1e-6), (seed, bound, walk.bound_s)
