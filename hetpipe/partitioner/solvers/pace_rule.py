@@ -100,27 +100,27 @@ class WindowCompanions:
 
     Example (m = 16; level 5 filters windows of 3, x = 3, y = 1; level 4 keeps A_1, levels 3 and 2 A_2):
         >>> rules = {k: PaceRule(0, 0, 1, 0, 1.0, windows=((3, 3, 1),) if k == 5 else ()) for k in range(1, 9)}
-        >>> comp = WindowCompanions(lambda k: (1.0, 1.0, rules[k]), reach=3)
+        >>> comp = WindowCompanions(lambda k: (1.0, 1.0, rules[k]), levels=8)
         >>> comp.requests(4), comp.requests(3), comp.requests(2)
         ([(5, 3, 3)], [(5, 3, 3)], [])
     """
 
-    def __init__(self, level_caps: LevelCaps | None, reach: int) -> None:
-        self.level_caps, self.reach = level_caps, reach
+    def __init__(self, level_caps: LevelCaps | None, levels: int) -> None:
+        """`levels`: the most stages a suffix has (the rules are read once per level: the DP asks per class)."""
+        caps = [()] + [level_caps(k) if level_caps is not None else () for k in range(1, levels + 1)]
+        self.rules = [c[2] if len(c) > 2 else None for c in caps]
+        reach = max((w for r in self.rules if r is not None for w, _, _ in r.windows), default=1)
+        self.asked = [[(j + d, w, x) for d in range(1, reach) if j + d <= levels and self.rules[j + d] is not None
+                       for w, x, _ in self.rules[j + d].windows if d <= w - 1] for j in range(levels + 1)]
         self.before: dict[tuple[int, int], np.ndarray] = {}  # the level below's arrays, keyed (K, w)
         self.now: dict[tuple[int, int], np.ndarray] = {}
 
     def rule(self, k: int) -> PaceRule | None:
-        caps = self.level_caps(k) if self.level_caps is not None else ()
-        return caps[2] if len(caps) > 2 else None
+        return self.rules[k] if k < len(self.rules) else None
 
     def requests(self, j: int) -> list[tuple[int, int, int]]:
         """(K, w, x) of the windows whose A_{K-j} the states at level j keep."""
-        out = []
-        for d in range(1, self.reach):
-            rule = self.rule(j + d)
-            out += [(j + d, w, x) for w, x, _ in (rule.windows if rule is not None else ()) if d <= w - 1]
-        return out
+        return self.asked[j] if j < len(self.asked) else []
 
     def start(self, j: int, shape: tuple[int, ...]) -> None:
         """A new level j: last level's arrays become `before`, fresh ones (inf) for level j's requests."""
