@@ -447,8 +447,7 @@ def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callab
             cand = combine(band[None], spread(h, width, L))  # (n, L+1, W)
             if rule:
                 cand = pace_kept(rule[0], band, cand, paired.get(k - 1), prev, comm_ok[c], width)
-            next_min = partial(count_next_min, comm_ok[c], width)
-            cand = windows.kept(k, band[None], cand, next_min, lambda a: a[prev])
+            cand = windows.kept(k, band[None], cand, next_min := partial(count_next_min, comm_ok[c], width), lambda a: a[prev])
             if pv is not None:
                 pv[idx, c] = paired_values(xn, band[None], cand)
             windows.record(k, (idx, c), band[None], cand, next_min, lambda a: a[prev])
