@@ -232,6 +232,18 @@ SESSION_14 = (
     "boundaries (the bound's pipelines hold a block more per A100 node than any real placement) and gpt2-xl on "
     "64 cards (8.66%: the count relaxation's 3.07 s; pricing the node runs there gives 2.51 s).")
 
+#: What session 15 found (walks to their end, CPU seconds; benchmarks/results/pace_windows.md).
+SESSION_15 = (
+    "Session 15 (issue 12 item 3, branch `bound64`).  Window chains of three or more ranks in the count DP's "
+    "filters (`pace_rule.WindowCompanions`, a relaxation like the pair filter; `tests/test_pace_windows.py`), "
+    "raised into the plain walk's staircase in the time it leaves (`solvers/pace_windows.py`).  gpt2-xl on 64 "
+    "cards, the default count relaxation: 3.070 s (pairs) -> 3.110 s (three ranks) -> 3.126 s (four), 8.5-15 "
+    "CPU s against 5; its argmin paces 3.17 s with every window, so the 3.27 s a 2% gap needs is out of this "
+    "relaxation's reach.  Finer cuts of the kinds: A100 / 4090 / A6000 / V100 / the rest (5.3e7 DP rows) 3.171 s "
+    "with pairs in 245 s; A100 / 4090 A6000 / V100 / the rest with windows of four 3.198 s in 130 s.  In the 10 s "
+    "solve the plain walk does not finish at 64 cards: the rows are unchanged (64 cards 3.04-3.07 s over four "
+    "runs of each, main the same; llama-7b 64 and gpt2-xl 256 cards identical).")
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -270,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             "Since issue 17 the plan's T is the schedule's.  The search stays exact for the estimate (gaps "
             "above), but `verify`'s lower bound on the schedule optimum (the bottleneck stage's m micro-batches "
             "and a fill term) is far from the answer at these sizes: the schedule gap is what a plan made here "
-            "records.\n\n" + SESSION_7 + "\n\n" + SESSION_8 + "\n\n" + SESSION_9 + "\n\n" + SESSION_10 + "\n\n" + SESSION_11 + "\n\n" + SESSION_14 + "\n")
+            "records.\n\n" + SESSION_7 + "\n\n" + SESSION_8 + "\n\n" + SESSION_9 + "\n\n" + SESSION_10 + "\n\n" + SESSION_11 + "\n\n" + SESSION_14 + "\n\n" + SESSION_15 + "\n")
     path = write_result("planner_scale", "Planner at scale: gap up to 1,024 cards (issue 12)", body)
     print(table)
     print(f"wrote {path}")

@@ -47,8 +47,10 @@ pace optimum (tests/test_pace_walk.py checks it against enumeration).
   micro-batches per P_w = sum_{s..s+w-1} W + 2 sum of the w - 1 cuts inside; with m - 1 - k_s = x w + y,
   x P_w + y W_s + R_s (`window_pace`; w = 2 is the pair chain, w = k_s the round trips).  It binds where a
   run of stages with cuts between them is followed by faster ones (gpt2-xl on 64 cards: three-block A100
-  stages of 19.9 ms over 1.33 ms cuts).  The DPs leave it out (their filters keep the pair chain only, a
-  relaxation: the walk's bound stays valid); `pace_terms(..., windows=True)` adds it per placement, for
+  stages of 19.9 ms over 1.33 ms cuts).  The count DP's filters take windows of 3..w ranks with
+  ``windows=w`` (`level_caps`, `pace_rule.WindowCompanions`: a relaxation as the pair filter, the walk's bound
+  stays valid; `pace_windows.widen` raises a plain walk's staircase with them; session 15); by default the DPs
+  keep the pair chain only, and `pace_terms(..., windows=True)` adds every window per placement, for
   ranking and searching placements (gpt2-xl on 64 cards: paces of 3.34-3.36 s without windows, 3.44-3.46 s
   with, against replays of 3.46-3.47 s).
 
