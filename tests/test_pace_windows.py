@@ -20,6 +20,7 @@ import pytest
 
 from hetpipe.partitioner.problem import DeviceSlot, Problem, evaluate
 from hetpipe.partitioner.solvers.dp import CountDP
+from hetpipe.partitioner.solvers.pace_runs import RunDP, run_terms
 from hetpipe.partitioner.solvers.pace_windows import widen
 from hetpipe.partitioner.solvers.schedule_bound import pace_terms, schedule_walk
 from hetpipe.partitioner.solvers.verify import first_step_floor
@@ -86,3 +87,36 @@ def test_widened_walk_bounds_the_windowed_pace(seed: int) -> None:
     assert bound + first_step_floor(prob) <= sched * (1 + REL), (seed, bound, sched)
     if seed in BINDING:
         assert bound > walk.bound_s * (1 + 1e-6), (seed, bound, walk.bound_s)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_node_run_walk_with_windows_bounds_the_schedule_optimum(seed: int) -> None:
+    """The node-run relaxation (`pace_runs.RunDP`: kinds exact, card counts dropped) with the window filters,
+    from the start and raised into its plain walk (`widen`): at most the windowed pace and schedule optima."""
+    prob = _instance(seed)
+    pace, sched = _optima(seed)
+    runs = RunDP(prob)
+    terms = functools.partial(run_terms, prob.microbatches)
+    walk = schedule_walk(prob, dp=runs, max_passes=PASSES, terms=functools.partial(terms, windows=True), windows=3)
+    plain = schedule_walk(prob, dp=runs, max_passes=PASSES, terms=terms)
+    for bound in (walk.bound_s, widen(plain, runs, prob, max_passes=PASSES)):
+        assert bound <= pace * (1 + REL), (seed, bound, pace)
+        assert bound + first_step_floor(prob) <= sched * (1 + REL), (seed, bound, sched)
+
+
+def test_node_run_walk_takes_the_window_chain() -> None:
+    """`window_pace`'s pipeline (four one-unit stages of W = 3, 3, 3, 1 s on one node, cuts of 1, 1, 0 s, m = 16):
+    the node-run walk's bound rises from the plain pace optimum (R_0 = 14 s, G = 57 s) to the windowed one (59 s),
+    with the windows from the start and raised into the plain walk."""
+    devs = tuple(DeviceSlot(f"d{i}", "a", "n", 99) for i in range(4))
+    prob = Problem(fwd_s={"a": (1.0, 1.0, 1.0, 1 / 3)}, bwd_s={"a": (2.0, 2.0, 2.0, 2 / 3)}, state_bytes=(1,) * 4,
+                   activation_bytes=(1,) * 4, boundary_bytes=(1, 1, 0, 0), devices=devs,
+                   bandwidth_bytes_s=tuple(tuple(math.inf if i == j else 1.0 for j in range(4)) for i in range(4)),
+                   latency_s=((0.0,) * 4,) * 4, microbatches=16)
+    runs = RunDP(prob)
+    terms = functools.partial(run_terms, 16)
+    plain = schedule_walk(prob, dp=runs, terms=terms)
+    windowed = schedule_walk(prob, dp=runs, terms=functools.partial(terms, windows=True), windows=3)
+    assert plain.bound_s == pytest.approx(71.0, rel=1e-6)
+    assert windowed.bound_s == pytest.approx(73.0, rel=1e-6)
+    assert widen(plain, runs, prob) == pytest.approx(73.0, rel=1e-4)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Sequence
 
 import numpy as np
@@ -43,9 +44,10 @@ import numpy as np
 from hetpipe.partitioner.problem import Problem, Stage
 from hetpipe.partitioner.solvers.cap_walk import check_deadline
 from hetpipe.partitioner.solvers.dp import DeviceClass, StageTables, StateSpaceTooLarge
-from hetpipe.partitioner.solvers.pace_rule import LevelCaps, PaceRule, next_pairs, pair_filter, pair_kept, paired_values
+from hetpipe.partitioner.solvers.pace_rule import (LevelCaps, PaceRule, WindowCompanions, next_pairs, pair_filter, pair_kept,
+                                                   paired_values)
 from hetpipe.partitioner.solvers.relax import relaxed_problem
-from hetpipe.partitioner.solvers.schedule_bound import stage_pace
+from hetpipe.partitioner.solvers.schedule_bound import stage_pace, window_pace
 
 
 @dataclass(frozen=True)
@@ -112,9 +114,10 @@ class RunDP:
         paired = None  # least x W_front + R per state, x of the level above (`dp.next_pairs`)
         levels: list[tuple[np.ndarray, list[np.ndarray]]] = []
         best: tuple[float, int, int, int] | None = None
+        windows = WindowCompanions(level_caps, self.stages)  # chains of 3+ ranks (`PaceRule.windows`)
         for k in range(1, self.stages + 1):
             check_deadline(deadline)
-            values, paired, level = self._level(k, cap, width, ends, (values, paired), level_caps)
+            values, paired, level = self._level(k, cap, width, ends, (values, paired), level_caps, windows)
             levels.append(level)
             at0 = values[:, :, 0]
             if np.isfinite(at0).any() and (best is None or at0.min() < best[0]):
@@ -128,6 +131,7 @@ class RunDP:
 
     def _level(self, k: int, cap: float, width: int, ends: np.ndarray,
                after_values: tuple[np.ndarray, np.ndarray | None], level_caps: LevelCaps | None,
+               windows: WindowCompanions,
                ) -> tuple[np.ndarray, np.ndarray | None, tuple[np.ndarray, list[np.ndarray]]]:
         """Values of the suffixes of k stages, their `dp.next_pairs` companion, and (back-pointers
         (run, K, L+1, 3): width, next kind, next position; each kind's band) to unwind them."""
@@ -139,6 +143,7 @@ class RunDP:
         out = np.full((run, K, L + 1), math.inf)
         back = np.full((run, K, L + 1, 3), -1, dtype=np.int64)
         bands = []
+        windows.start(k, (run, K, L + 1))
         for c in range(K):
             band = tab.band(c, k - 1, min(cap, band_cap), width)
             with np.errstate(invalid="ignore"):  # inf entries give nan: they stay inf
@@ -150,6 +155,7 @@ class RunDP:
                     out[0, c], back[0, c, :, 0] = band.min(axis=1), band.argmin(axis=1)
                     if pv is not None:
                         pv[0, c] = paired_values(xn, band, band)
+                    windows.record(1, (0, c), band, band, None, lambda a: a)
                     continue
                 h, nxt = self._next(c, after)  # (run, L+1): best suffix from each next start, per position
                 cand = band[None] + h[:, ends]  # (run, L+1, W)
@@ -157,8 +163,11 @@ class RunDP:
                     cand = np.where(rule[0].trips * cand + rule[0].steps * band[None] <= rule[0].cap, cand, math.inf)
                     if rule[0].pairs >= 0 and paired is not None:  # `dp.PaceRule`'s pair chain, next stages as `_next`
                         cand = pair_kept(rule[0], band[None], self._pair_next(c, paired, rule[0])[:, ends], cand)
+                next_min = partial(self._window_next, c, ends)
+                cand = windows.kept(k, band[None], cand, next_min, lambda a: a)
                 if pv is not None:
                     pv[:, c] = paired_values(xn, band[None], cand)
+                windows.record(k, (slice(None), c), band[None], cand, next_min, lambda a: a)
             w = cand.argmin(axis=2)
             out[:, c] = np.take_along_axis(cand, w[..., None], axis=2)[..., 0]
             starts = ends[np.arange(L + 1)[None, :], w]  # (run, L+1): the next stage's first unit
@@ -192,6 +201,16 @@ class RunDP:
         if run > 1:
             out[1:] = pair_filter(rule, self.intra2[c][None], paired[:-1])
         return out
+
+    def _window_next(self, c: int, ends: np.ndarray, after: np.ndarray, mu: float) -> np.ndarray:
+        """`pace_rule.NextMin` over the next stages `_next` may pick after a front stage of kind c: after
+        (run, K, L+1) a window companion at the level below; (run, L+1, W) per front start and length."""
+        run, _, L1 = after.shape
+        out = np.empty((run, L1))
+        out[0] = (mu * self.inter2[c][None] + after).min(axis=(0, 1))  # a new run: any position
+        if run > 1:
+            out[1:] = (mu * self.intra2[c][None] + after[:-1]).min(axis=1)
+        return out[:, ends]
 
     def priced_min(self, cap: float, price: np.ndarray, *, level_caps: LevelCaps | None = None,
                    deadline: float = math.inf) -> tuple[float, int] | None:
@@ -320,12 +339,15 @@ class RunDP:
         return tuple(stages)
 
 
-def run_terms(m: int, picks: Sequence[RunStage]) -> tuple[float, float]:
-    """(R_0, G) of a relaxed pipeline (`schedule_bound.pace_terms` on its own costs)."""
+def run_terms(m: int, picks: Sequence[RunStage], *, windows: bool = False) -> tuple[float, float]:
+    """(R_0, G) of a relaxed pipeline (`schedule_bound.pace_terms` on its own costs; with `windows`, G takes
+    every window chain too: the terms of a walk whose filters keep windows, `schedule_walk(..., windows=w)`)."""
     suffix, g, p = 0.0, 0.0, len(picks)
     for s in range(p - 1, -1, -1):
         st = picks[s]
         suffix += st.work_s + st.round_trip_s
         pair = st.work_s + st.round_trip_s + picks[s + 1].work_s if s < p - 1 else 0.0
         g = max(g, stage_pace(m, p - s, st.fwd_s, st.work_s - st.fwd_s, suffix, pair))
+    if windows:
+        g = max(g, window_pace(m, [st.work_s for st in picks], [st.round_trip_s / 2.0 for st in picks[:-1]]))
     return suffix, g
