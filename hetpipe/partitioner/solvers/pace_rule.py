@@ -4,7 +4,9 @@
 cap gamma meets (round trips, single steps, and the pair chain with the next stage); the count DP
 (`dp.CountDP`) and the node-run DP (`pace_runs.RunDP`) apply them level by level.  The pair chain needs the
 next stage's W: the DPs keep beside each state's least R the least x W_front + R of its suffixes
-(`paired_values`), x being the pair count of the level above (`next_pairs`).
+(`paired_values`), x being the pair count of the level above (`next_pairs`).  Window chains of three or more
+ranks (`PaceRule.windows`, session 15) go the same way through `WindowCompanions`, one companion per window and
+level between the window's front and its last rank.
 
 Example (a front stage of W = 2 s before two possible next stages, x = 1 pair):
     >>> import numpy as np
