@@ -55,7 +55,7 @@ LLAMA_CONFIG = {
     "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
     "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "attention_dropout": 0.0,
 }
-MEASURES = ("F", "B", "C", "S", "memory")
+MEASURES = ("F", "B", "C", "Cb", "S", "memory")
 
 
 @dataclass(frozen=True)
@@ -99,9 +99,10 @@ def _stage_ratios(report: dict) -> tuple[StageRatios, ...]:
     out = []
     for s in report["stages"]:
         measured = {"F": s["fwd_compute_s"], "B": s["bwd_compute_s"], "C": s.get("transfer_s"),
-                    "S": s.get("update_real_s"), "memory": float(s["peak_bytes"])}
+                    "Cb": s.get("transfer_grad_s"), "S": s.get("update_real_s"), "memory": float(s["peak_bytes"])}
         predicted = {"F": s["predicted_fwd_s"], "B": s["predicted_bwd_s"], "C": s.get("predicted_transfer_s", 0.0),
-                     "S": s.get("predicted_step_s", 0.0), "memory": float(s["predicted_memory_bytes"])}
+                     "Cb": s.get("predicted_transfer_grad_s", 0.0), "S": s.get("predicted_step_s", 0.0),
+                     "memory": float(s["predicted_memory_bytes"])}
         out.append(StageRatios(s["stage"], f"{s['device']} ({s['kind']})", measured, predicted))
     return tuple(out)
 
@@ -160,6 +161,7 @@ def tables(outcomes: list[RunOutcome]) -> str:
                          f"{_fmt(first.measured['F'])} / {_fmt(first.predicted['F'])}", _cell(per["F"]),
                          f"{_fmt(first.measured['B'])} / {_fmt(first.predicted['B'])}", _cell(per["B"]),
                          f"{_fmt(first.measured['C'])} / {_fmt(first.predicted['C'])}", _cell(per["C"]),
+                         f"{_fmt(first.measured['Cb'])} / {_fmt(first.predicted['Cb'])}", _cell(per["Cb"]),
                          f"{_fmt(first.measured['S'])} / {_fmt(first.predicted['S'])}", _cell(per["S"]),
                          _cell(per["memory"], digits=3)])
         its = [r.measured_iteration_s / r.predicted_iteration_s for r in runs]
@@ -169,7 +171,7 @@ def tables(outcomes: list[RunOutcome]) -> str:
                         f"{abs(statistics.median(its) - 1.0):.0%} (goal {ITERATION_GOAL:.0%})")
     stage_table = markdown_table(
         ["model", "stage", "device", "F meas / pred (round 1)", "F ratio", "B meas / pred", "B ratio",
-         "C meas / pred", "C ratio", "S meas / pred", "S ratio", "memory ratio"], rows)
+         "C meas / pred", "C ratio", "C back meas / pred", "C back ratio", "S meas / pred", "S ratio", "memory ratio"], rows)
     it_table = markdown_table(["model", "measured (round 1)", "predicted T", "ratio", "load average before each round"],
                               it_rows)
     return "\n\n".join([stage_table, it_table, "\n".join(verdicts)])
@@ -178,8 +180,10 @@ def tables(outcomes: list[RunOutcome]) -> str:
 EXPLANATION = """\
 Ratios are measured / predicted: above 1 the stage was slower than the plan said. F, B: per
 micro-batch, compute only (median over the steps after the first); C: one message on the cut to
-the next stage, where the receiver was already waiting for it and for nothing else
-(`hetpipe.runtime.measured_links`); S: `optimizer.step()` alone; memory: the peak bytes the rank
+the next stage (the forward activations, what the plan's C_s prices), where the receiver was already
+waiting for it and for nothing else (`hetpipe.runtime.measured_links`), median over every step after
+the first (since session 15; before, the last step's two such messages, one each way); C back: the
+gradient message back over the same cut beside its own price (latency + its bytes / bandwidth); S: `optimizer.step()` alone; memory: the peak bytes the rank
 held / the plan's M_s. S is not among issue 17's per-stage measures but is part of the iteration.
 
 What the cost model prices on a calibrated CPU since issue 17 item 4 (`hetpipe.cost_models.timing.pass_time_s`,
