@@ -295,11 +295,22 @@ def test_runtime_path_sends_one_cut_as_a_run_does() -> None:
     assert path.spec(10).dtype == torch.uint8 and path.payload(10).numel() == 10
     p = path.payload(4096)
     assert p.numel() * p.element_size() == 4096
+    from hetpipe.runtime.stage.types import TensorSpec
+
+    # a cut of several tensors (the HF Llama's mask and rotary tables besides its hidden states), same bytes
+    extra = (TensorSpec("mask", (2, 1, 4, 4), torch.bool, False), TensorSpec("cos", (1, 4, 2), torch.float32, False))
+    several = pickle.loads(pickle.dumps(RuntimePath(extra)))
+    assert [t.numel() * t.element_size() for t in several.tensors(4096)] == [32, 32, 4032]
+    assert several.spec(4096).shape == (1008,) and several.payload(4096).numel() == 1008
+    with pytest.raises(ValueError, match="cannot hold"):
+        several.tensors(64)
 
 
 @pytest.mark.slow
 def test_message_link_through_the_runtime_with_caches_streamed() -> None:
     """Structure and ranges only: the runtime's StageComm carries the calibration's messages end to end."""
+    import torch
+
     from hetpipe.cost_models.calibrate import LINK_TIMEOUT_S
     from hetpipe.cost_models.link_calibration import METHOD_RUNTIME, measure_message_link
     from hetpipe.runtime.execute.comm_probe import RuntimePath
@@ -314,9 +325,12 @@ def test_message_link_through_the_runtime_with_caches_streamed() -> None:
                              timeout_s=timeout_s)
     assert m.method == METHOD_RUNTIME and m.sizes_bytes == (2**12, 2**23)
     assert all(0 < t < 5.0 for t in m.median_times_s) and m.bandwidth_bytes_s > 0
-    warm = measure_message_link(sizes_bytes=(2**12, 2**23), repeats=2, core_groups=groups, path=RuntimePath(),
-                                evict_caches=False, timeout_s=timeout_s)
-    assert warm.method == METHOD_RUNTIME + ", caches warm"
+    from hetpipe.runtime.stage.types import TensorSpec
+
+    extra = (TensorSpec("mask", (8, 1, 4, 4), torch.bool, False), TensorSpec("cos", (1, 4, 8), torch.float32, False))
+    warm = measure_message_link(sizes_bytes=(2**12, 2**23), repeats=2, core_groups=groups, path=RuntimePath(extra),
+                                evict_caches=False, timeout_s=timeout_s)  # a cut of three tensors, caches warm
+    assert warm.method == METHOD_RUNTIME + ", caches warm" and all(0 < t < 5.0 for t in warm.median_times_s)
 
 
 @pytest.mark.slow
