@@ -287,6 +287,14 @@ Where the differences that remain come from:
   median 0.93 ms; load 3.1, `benchmarks/results/cpu_link.md`: 1.72 ms fitted). Session 13 left out spans that were two transfers (a RECV first waits for its rank's
   earlier sends); both ends still share their core with the stage's compute, so a loaded machine
   stretches C most.
+  Session 15: a 2-stage 1F1B step has two messages seen whole (the first forward, the last
+  backward), and C was the median of the last step's two: one of each direction. The HF Llama's
+  forward cut is four tensors (causal mask, two rotary tables, hidden states: 672 KiB, what C_s
+  prices), its gradient one tensor of 512 KiB. C is now the forward messages of every step after the
+  first (`runtime.measured_links.MessageLog`), C back the gradients beside their own price. The
+  message path's work per tensor is not priced (C_s = latency + bytes / bandwidth, calibrated on one
+  tensor): after a stream of the last-level cache the Llama's cut took 85-100 us more CPU than one
+  tensor of its bytes, both ends together (`benchmarks/cpu_link_cuts.py`, thread CPU time, load 10-13).
 - **Optimizer step.** Adam's per-tensor loop on gpt-demo's own parameters, alone in one pinned
   process and timed in thread CPU time (load 17, session 13), came within 0.89-1.08 of its price
   (0.95 for all 100 tensors with the caches evicted before each step): the step's 1.17-1.43 in the
