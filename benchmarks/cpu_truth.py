@@ -295,6 +295,10 @@ Where the differences that remain come from:
   message path's work per tensor is not priced (C_s = latency + bytes / bandwidth, calibrated on one
   tensor): after a stream of the last-level cache the Llama's cut took 85-100 us more CPU than one
   tensor of its bytes, both ends together (`benchmarks/cpu_link_cuts.py`, thread CPU time, load 10-13).
+  And the sender's fresh frame was fresh pages (168 minor faults, +0.3-0.4 ms of CPU) on about half
+  the Llama's forward sends after step 0 (the third and fourth of a step, never the first: the one
+  measured), 3 of 20 of gpt-demo's, none of the gradient sends, 1-2 of 16 per size in the calibration
+  (`getrusage` counts in one run each, session 15): a bimodal cost in the iteration, not in C.
 - **Optimizer step.** Adam's per-tensor loop on gpt-demo's own parameters, alone in one pinned
   process and timed in thread CPU time (load 17, session 13), came within 0.89-1.08 of its price
   (0.95 for all 100 tensors with the caches evicted before each step): the step's 1.17-1.43 in the
