@@ -9,7 +9,8 @@ R_0 + G is within 0.1% of their replay there (3.443 against 3.447 s, 8.189 again
 a replay's cost.
 
 The search.  Simulated annealing (Kirkpatrick et al., Science 1983: accept a worse neighbour with probability
-exp(-delta / temperature), the temperature falling linearly to 0 by the deadline) over plain placements
+exp(-delta / temperature), the temperature falling linearly to 0 over a round of moves, rounds restarting from
+the best: session 15, so the answer is a function of the seed, not of the load) over plain placements
 (no recompute, offload or groups: `applies`), priced by `FastPace`, the windowed pace from per-kind prefix
 sums (exactly `pace_terms(..., windows=True)` for such placements; tests/test_pace_search.py).  Moves: a cut
 moved by one unit, two stages' cards swapped (anywhere in the pipeline), a stage moved to an unused card or
@@ -44,24 +45,29 @@ import numpy as np
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.schedule_bound import round_trip_factor
 
-#: Moves in a row without a new best after which the annealing stops (before its deadline) where its best is
-#: within `RESTART_GAP` of its floor: where the start is already good (gpt2-xl on 16 cards, gap 1%) the search
-#: would otherwise spend all its share (7 s more wall); else it starts again from its best.  At least this many, and `STALL_MOVES_PER_STAGE` per stage of the start.
-STALL_MOVES = 2000
-#: Session 12 (2 s of CPU, six seeds, load ~14, replayed T's medians; one stall length for all): gpt2-xl on 64
-#: cards (41 stages) 3.43 s at 2,000 moves, 3.43 at 4,000, 3.36 at 8,000, 3.35 at 16,000 (no restart in 2 s);
-#: on 256 cards (34 stages) 7.906, 7.908, 7.925, 7.97 s: 125 a stage gives 5,125 and 4,250 moves.
-STALL_MOVES_PER_STAGE = 125
+#: Moves of one annealing round (the temperature falls linearly from `START_TEMPERATURE` to 0 over them; the next
+#: round starts again from the best): at least this many, and `ROUND_MOVES_PER_STAGE` per stage of the start.
+ROUND_MOVES = 2000
+#: Session 15 (gpt2-xl on 64 cards from the window start, 30,000 moves in all at `START_TEMPERATURE` 0.002, ten
+#: seeds, median windowed pace): 12 rounds of 2,500 moves 3.302 s, 6 of 5,000 3.341 s (five seeds), 3 of 10,000
+#: 3.345 s: shorter rounds, more restarts from the best (37 stages x 70 = 2,590 moves).
+ROUND_MOVES_PER_STAGE = 70
+#: Rounds at most: the annealing's work is fixed (and its answer a function of its seed and start) unless its
+#: deadline comes first (gpt2-xl on 64 cards: 12 x 2,590 moves, about 2 s of CPU).
+MAX_ROUNDS = 12
 #: Pipelines of at least this many stages are priced with numpy (`_pace`; 41 stages: 0.10 ms against 0.40 ms in
 #: plain Python), shorter ones in plain Python (`_rank_pace`: 4 stages 10 us against numpy's 40 us).
 VECTOR_STAGES = 16
-#: Starting temperature as a share of the start's pace: a move 0.5% worse is taken with probability 1/e at the
-#: start (gpt2-xl on 64 cards, 150 s runs: 0.55% found 3.447 s; the walk must cross the plateaus of one-unit moves).
-START_TEMPERATURE = 0.005
-#: Gap to `anneal`'s floor above which a stalled annealing starts again from its best (at `START_TEMPERATURE`,
-#: cooling over the time left) instead of stopping: issue 12 item 3's 2%; only from `RESTART_STAGES` stages.
+#: Starting temperature of each round as a share of the best pace so far: a move 0.2% worse is taken with
+#: probability 1/e at a round's start.  Session 15 (gpt2-xl on 64 cards from the window start, 6 rounds of 5,000
+#: moves, five seeds, median / best windowed pace): 0.001 3.340 / 3.334 s, 0.002 3.341 / 3.269 s, 0.003 3.341 /
+#: 3.260 s, 0.005 3.376 / 3.371 s, 0.01 3.376 / 3.358 s, 0.02 3.376 s (the start's: too hot, the walk drifts off
+#: and never settles; sessions 11-14 used 0.005 with the time as the clock).
+START_TEMPERATURE = 0.002
+#: Gap to `anneal`'s floor above which the annealing goes on to its next round after a round without a new best
+#: (instead of stopping): issue 12 item 3's 2%; only from `RESTART_STAGES` stages.
 RESTART_GAP = 0.02
-#: Shortest pipeline whose annealing restarts: `verify`'s floor leaves the window chains out, so on a short
+#: Shortest pipeline whose annealing goes on past a round without a new best: `verify`'s floor leaves the window chains out, so on a short
 #: pipeline the windowed pace optimum may sit more than 2% above it and restarts would take every call's whole
 #: share (the suite's thousands of small `solve` calls); where the gap lives (gpt2-xl, 34-41 stages) they pay.
 RESTART_STAGES = 16
@@ -250,40 +256,49 @@ def _cards_changed(before: Sequence[Stage], after: Sequence[Stage]) -> bool:
 
 def anneal(problem: Problem, start: Sequence[Stage], *, deadline: float, seed: int = 0,
            floor_s: float = 0.0) -> tuple[Stage, ...]:
-    """The best placement that fits found by annealing from `start` (a plain placement that fits) until
-    `deadline` (`time.perf_counter()` seconds), `STALL_MOVES` moves without a new best within `RESTART_GAP` of
-    `floor_s` (else the walk starts again from its best, reheated: session 12, gpt2-xl
-    on 64 cards, 2 s of CPU from 3.505 s, then 2,000 moves: 3.407-3.445 s with restarts, 3.484-3.505 s
-    without), or a pace at `floor_s` (where the answer would meet the bound: no search pays); `start` itself
-    when nothing better fits or `applies` is false."""
+    """The best placement that fits found by annealing from `start` (a plain placement that fits): up to
+    `MAX_ROUNDS` rounds of `ROUND_MOVES` (per stage: `ROUND_MOVES_PER_STAGE`) moves, each round from the best so
+    far and cooling by its move count, so the answer depends on `seed` and `start` only, unless `deadline`
+    (`time.perf_counter()` seconds) comes first; it stops after a round without a new best within `RESTART_GAP`
+    of `floor_s` or below `RESTART_STAGES` stages, and at a pace of `floor_s` (where the answer would meet the
+    bound: no search pays); `start` itself when nothing better fits or `applies` is false."""
     best = tuple(Stage(st.device, st.first_unit, st.last_unit) for st in start)
     if not applies(problem):
         return tuple(start)
     pace, rng = FastPace(problem), random.Random(seed)
-    current, current_v = list(best), pace.value(best)
-    best_v, began = current_v, time.perf_counter()
-    span = max(deadline - began, 1e-9)
+    best_v = pace.value(best)
+    moves = max(ROUND_MOVES, ROUND_MOVES_PER_STAGE * len(best))
+    for _ in range(MAX_ROUNDS):
+        if best_v <= floor_s:
+            break
+        found, found_v, finished = _round(problem, pace, rng, best, best_v, moves=moves, deadline=deadline)
+        improved, best, best_v = found_v < best_v, found, found_v
+        if not finished or (not improved and (best_v <= floor_s * (1.0 + RESTART_GAP) or len(best) < RESTART_STAGES)):
+            break
+    return best
+
+
+def _round(problem: Problem, pace: FastPace, rng: random.Random, best: tuple[Stage, ...], best_v: float, *,
+           moves: int, deadline: float) -> tuple[tuple[Stage, ...], float, bool]:
+    """One round of `anneal` from `best` (pace `best_v`): `moves` draws, the temperature falling linearly from
+    `START_TEMPERATURE` x `best_v` to 0 (Kirkpatrick et al.: a worse neighbour taken with probability
+    exp(-delta / temperature)); its best that fits, that best's pace, and whether it ran all its moves."""
+    current, current_v, top = list(best), best_v, START_TEMPERATURE * best_v
     spare = _spare(problem, current)
-    stall = 0
-    stall_moves = max(STALL_MOVES, STALL_MOVES_PER_STAGE * len(best))
-    while (now := time.perf_counter()) < deadline and best_v > floor_s:
-        stall += 1
-        if stall >= stall_moves:
-            if best_v <= floor_s * (1.0 + RESTART_GAP) or len(best) < RESTART_STAGES:
-                break  # within the issue's gap of the floor, or a short pipeline: stop as session 11 did
-            current, current_v, began, span, stall = list(best), best_v, now, max(deadline - now, 1e-9), 0
-            spare = _spare(problem, current)  # reheated from the best over the time left
+    for i in range(moves):
+        if time.perf_counter() >= deadline:
+            return best, best_v, False
         moved = _neighbour(rng, problem, current, spare)
         if moved is None:
             continue
         value = pace.value(moved)
-        temperature = START_TEMPERATURE * best_v * (1.0 - (now - began) / span)
+        temperature = top * (1.0 - i / moves)
         if value < current_v or (temperature > 0 and rng.random() < math.exp((current_v - value) / temperature)):
             if value < best_v * (1 - 1e-12):
                 if not evaluate(problem, tuple(moved), objective="estimate").fits:
                     continue  # a new best must fit: the walk stays where it was
-                best, best_v, stall = tuple(moved), value, 0
+                best, best_v = tuple(moved), value
             if len(moved) != len(current) or _cards_changed(current, moved):
                 spare = _spare(problem, moved)  # O(cards): only when the cards in use change
             current, current_v = moved, value
-    return best
+    return best, best_v, True
