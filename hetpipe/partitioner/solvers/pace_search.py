@@ -43,6 +43,7 @@ from typing import Sequence
 import numpy as np
 
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.solvers.run_moves import run_rehomed, runs_swapped
 from hetpipe.partitioner.solvers.schedule_bound import round_trip_factor
 
 #: Moves of one annealing round (the temperature falls linearly from `START_TEMPERATURE` to 0 over them; the next
@@ -75,6 +76,9 @@ RESTART_STAGES = 16
 #: elsewhere with its card); the rest are the local moves of `_neighbour` (gpt2-xl on 64 and 256 cards: see
 #: benchmarks/results/planner_anneal.md).
 REORDER_SHARE = 0.3
+#: Share of the moves on whole node runs (`run_moves`: two runs swapped, a run moved to another node's unused
+#: cards), drawn before the others (session 15, gpt2-xl on 64 cards: see benchmarks/results/planner_anneal.md).
+RUN_SHARE = 0.1
 
 
 def applies(problem: Problem) -> bool:
@@ -102,23 +106,66 @@ class FastPace:
         object.__setattr__(self, "_work", work)
         object.__setattr__(self, "_fwd", fwd)
         object.__setattr__(self, "_shapes", {})  # p -> `_WindowIndex` (the window chains' (s, w) pairs)
+        object.__setattr__(self, "_numpy", None)  # `_Tables`, on the first long pipeline priced
 
     def value(self, stages: Sequence[Stage]) -> float:
         """R_0 + G of `stages` (module docstring)."""
         prob, m, p = self.problem, self.problem.microbatches, len(stages)
+        if p >= VECTOR_STAGES:
+            return self._vector_value(stages)
         kinds = [prob.devices[st.device].kind for st in stages]
         work = [self._work[k][st.last_unit + 1] - self._work[k][st.first_unit] for k, st in zip(kinds, stages)]
         fwd = [self._fwd[k][st.last_unit + 1] - self._fwd[k][st.first_unit] for k, st in zip(kinds, stages)]
         cut2 = [2.0 * (prob.latency_s[a.device][b.device] + prob.boundary_bytes[a.last_unit]
                        / prob.bandwidth_bytes_s[a.device][b.device]) for a, b in zip(stages, stages[1:])] + [0.0]
-        if p < VECTOR_STAGES:  # numpy's fixed cost per call outweighs the loops (4 stages: 40 us against 10 us)
-            ends = [0.0]
-            for w, c in zip(work, cut2):
-                ends.append(ends[-1] + w + c)
-            return ends[p] + max(_rank_pace(m, p - s, work[s], fwd[s], ends, cut2, s) for s in range(p))
+        ends = [0.0]  # numpy's fixed cost per call outweighs the loops here (4 stages: 40 us against 10 us)
+        for w, c in zip(work, cut2):
+            ends.append(ends[-1] + w + c)
+        return ends[p] + max(_rank_pace(m, p - s, work[s], fwd[s], ends, cut2, s) for s in range(p))
+
+    def _vector_value(self, stages: Sequence[Stage]) -> float:
+        """`value` of a long pipeline: W, F and 2 C gathered from `_Tables` by numpy indexing (37 stages: 0.04 ms
+        against 0.07 ms with Python lists; session 15), then `_pace`."""
+        if self._numpy is None:
+            object.__setattr__(self, "_numpy", _tables(self.problem))
+        tab, p = self._numpy, len(stages)
         if p not in self._shapes:
-            self._shapes[p] = _window_index(m, p)
-        return _pace(m, self._shapes[p], np.asarray(work), np.asarray(fwd), np.asarray(cut2))
+            self._shapes[p] = _window_index(self.problem.microbatches, p)
+        dev, first, last = np.array([(st.device, st.first_unit, st.last_unit) for st in stages]).T
+        kind = tab.kind[dev]
+        work = tab.work[kind, last + 1] - tab.work[kind, first]
+        fwd = tab.fwd[kind, last + 1] - tab.fwd[kind, first]
+        a, b = dev[:-1], dev[1:]
+        cut2 = np.append(tab.latency2[a, b] + tab.boundary_bytes[last[:-1]] * tab.inverse_bandwidth2[a, b], 0.0)
+        return _pace(self.problem.microbatches, self._shapes[p], work, fwd, cut2)
+
+
+@dataclass(frozen=True)
+class _Tables:
+    """`FastPace`'s numpy tables: each card's kind index, per kind the prefix sums of W and F (seconds, by unit),
+    per card pair 2 x latency (s) and 2 / bandwidth (s per byte; 0 on an infinite link), the boundary bytes."""
+
+    kind: np.ndarray
+    work: np.ndarray
+    fwd: np.ndarray
+    latency2: np.ndarray
+    inverse_bandwidth2: np.ndarray
+    boundary_bytes: np.ndarray
+
+
+def _tables(problem: Problem) -> _Tables:
+    """`_Tables` of `problem` (built on the first long pipeline priced: p^2 link figures, 0.05 s at 1,024 cards)."""
+    kinds = sorted(problem.fwd_s)
+    index = {k: i for i, k in enumerate(kinds)}
+    fwd = np.array([problem.fwd_s[k] for k in kinds], dtype=float).reshape(len(kinds), problem.num_units)
+    work = fwd + np.array([problem.bwd_s[k] for k in kinds], dtype=float).reshape(fwd.shape)
+    zero = np.zeros((len(kinds), 1))
+    return _Tables(np.array([index[d.kind] for d in problem.devices]),
+                   np.concatenate((zero, np.cumsum(work, axis=1)), axis=1),
+                   np.concatenate((zero, np.cumsum(fwd, axis=1)), axis=1),
+                   2.0 * np.asarray(problem.latency_s, dtype=float),
+                   2.0 / np.asarray(problem.bandwidth_bytes_s, dtype=float),
+                   np.asarray(problem.boundary_bytes, dtype=float))
 
 
 def _rank_pace(m: int, k: int, work: float, fwd: float, ends: list[float], cut2: list[float], s: int) -> float:
@@ -150,6 +197,8 @@ class _WindowIndex:
     w: np.ndarray
     x: np.ndarray
     y: np.ndarray
+    trips: np.ndarray  # q > 0: ranks with a round-trip chain
+    rest: np.ndarray  # m - 1 - q kk: the single steps beside the q round trips
 
 
 def _window_index(m: int, p: int) -> _WindowIndex:
@@ -162,7 +211,9 @@ def _window_index(m: int, p: int) -> _WindowIndex:
         widths += range(2, p - s + 1)
     s_arr, w_arr = np.asarray(ranks, dtype=int), np.asarray(widths, dtype=int)
     left = m - 1 - k[s_arr]
-    return _WindowIndex(k, kk, -(-m // kk) - 1, s_arr, w_arr, left // np.maximum(w_arr, 1), left % np.maximum(w_arr, 1))
+    q = -(-m // kk) - 1
+    return _WindowIndex(k, kk, q, s_arr, w_arr, left // np.maximum(w_arr, 1), left % np.maximum(w_arr, 1), q > 0,
+                        m - 1 - q * kk)
 
 
 def _pace(m: int, idx: _WindowIndex, work: np.ndarray, fwd: np.ndarray, cut2: np.ndarray) -> float:
@@ -171,20 +222,22 @@ def _pace(m: int, idx: _WindowIndex, work: np.ndarray, fwd: np.ndarray, cut2: np
     ends = np.concatenate(([0.0], np.cumsum(work + cut2)))
     p = len(work)
     trip = ends[p] - ends[:p]  # R_s
-    g = max(float(np.max((m - idx.kk) * work + (idx.kk - 1) * (work - fwd))), float(np.max(m * work - trip)))
-    trips = idx.q > 0
-    if trips.any():
-        q, kk = idx.q[trips], idx.kk[trips]
-        g = max(g, float(np.max(q * trip[trips] + (m - 1 - q * kk) * work[trips])))
+    g = max(((m - idx.kk) * work + (idx.kk - 1) * (work - fwd)).max(), (m * work - trip).max())
+    if idx.trips.any():
+        g = max(g, (idx.q[idx.trips] * trip[idx.trips] + idx.rest[idx.trips] * work[idx.trips]).max())
     if len(idx.s):
-        s, w = idx.s, idx.w
-        windows = ends[s + w] - ends[s] - cut2[s + w - 1]
-        g = max(g, float(np.max(idx.x * windows + idx.y * work[s] + trip[s])))
-    return float(ends[p]) + g
+        s, end = idx.s, idx.s + idx.w
+        windows = ends[end] - ends[s] - cut2[end - 1]
+        g = max(g, (idx.x * windows + idx.y * work[s] + trip[s]).max())
+    return float(ends[p] + g)
 
 
 def _neighbour(rng: random.Random, problem: Problem, stages: list[Stage], spare: list[int]) -> list[Stage] | None:
     """One random move of the module docstring, or None where the drawn move does not apply."""
+    draw = rng.random()
+    if draw < RUN_SHARE:  # a whole node run swapped with another or moved to another node (`run_moves`)
+        moved = (runs_swapped if draw < 0.5 * RUN_SHARE else run_rehomed)(rng, stages, problem.devices)
+        return None if moved is None else list(moved)
     if len(stages) > 2 and rng.random() < REORDER_SHARE:
         return _reordered(rng, stages)
     p, draw = len(stages), rng.random()
@@ -262,20 +315,35 @@ def anneal(problem: Problem, start: Sequence[Stage], *, deadline: float, seed: i
     (`time.perf_counter()` seconds) comes first; it stops after a round without a new best within `RESTART_GAP`
     of `floor_s` or below `RESTART_STAGES` stages, and at a pace of `floor_s` (where the answer would meet the
     bound: no search pays); `start` itself when nothing better fits or `applies` is false."""
-    best = tuple(Stage(st.device, st.first_unit, st.last_unit) for st in start)
+    return anneal_chains(problem, [start], deadline=deadline, seed=seed, floor_s=floor_s)
+
+
+def anneal_chains(problem: Problem, starts: Sequence[Sequence[Stage]], *, deadline: float, seed: int = 0,
+                  floor_s: float = 0.0) -> tuple[Stage, ...]:
+    """`anneal` from each of `starts` (one chain each, chain i seeded `seed` + i), the chains taking their rounds
+    in turn and `MAX_ROUNDS` // len(starts) each, so a deadline cuts them alike: the best any chain found (the
+    first chain's on a tie).  A start of least pace can sit in a basin the moves do not leave (gpt2-xl on 64 cards:
+    from the window start, ten seeds, replayed T median 3.283 s, worst 3.345 s; from the estimate's answer, 3.60 s
+    before, 3.253 s and 3.269 s: session 15)."""
     if not applies(problem):
-        return tuple(start)
-    pace, rng = FastPace(problem), random.Random(seed)
-    best_v = pace.value(best)
-    moves = max(ROUND_MOVES, ROUND_MOVES_PER_STAGE * len(best))
-    for _ in range(MAX_ROUNDS):
-        if best_v <= floor_s:
-            break
-        found, found_v, finished = _round(problem, pace, rng, best, best_v, moves=moves, deadline=deadline)
-        improved, best, best_v = found_v < best_v, found, found_v
-        if not finished or (not improved and (best_v <= floor_s * (1.0 + RESTART_GAP) or len(best) < RESTART_STAGES)):
-            break
-    return best
+        return tuple(starts[0])
+    pace = FastPace(problem)
+    best = [tuple(Stage(st.device, st.first_unit, st.last_unit) for st in start) for start in starts]
+    best_v = [pace.value(b) for b in best]
+    rngs = [random.Random(seed + i) for i in range(len(starts))]
+    live = list(range(len(starts)))
+    for _ in range(max(1, MAX_ROUNDS // len(starts))):
+        for i in list(live):
+            if best_v[i] <= floor_s:
+                return best[i]
+            moves = max(ROUND_MOVES, ROUND_MOVES_PER_STAGE * len(best[i]))
+            found, found_v, finished = _round(problem, pace, rngs[i], best[i], best_v[i], moves=moves, deadline=deadline)
+            improved, best[i], best_v[i] = found_v < best_v[i], found, found_v
+            if not finished:
+                return best[min(range(len(best)), key=best_v.__getitem__)]
+            if not improved and (found_v <= floor_s * (1.0 + RESTART_GAP) or len(found) < RESTART_STAGES):
+                live.remove(i)
+    return best[min(range(len(best)), key=best_v.__getitem__)]
 
 
 def _round(problem: Problem, pace: FastPace, rng: random.Random, best: tuple[Stage, ...], best_v: float, *,
