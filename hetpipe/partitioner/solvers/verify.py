@@ -77,7 +77,7 @@ from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, check_kinds_fit, 
 from hetpipe.partitioner.solvers.offload_walk import best_levers
 from hetpipe.partitioner.solvers.pace_prices import tighten
 from hetpipe.partitioner.solvers.pace_runs import RunDP, run_terms
-from hetpipe.partitioner.solvers.pace_search import FastPace, anneal_chains, applies
+from hetpipe.partitioner.solvers.pace_search import RESTART_STAGES, FastPace, anneal_chains, applies
 from hetpipe.partitioner.solvers.relax import pace_relaxation, realised
 from hetpipe.partitioner.solvers.schedule_bound import BAND_TOLERANCE, pace_terms, schedule_walk
 from hetpipe.partitioner.solvers.window_starts import starts as window_starts
@@ -106,7 +106,8 @@ ENOUGH_GAP = 0.005
 ANNEAL_SHARE = 0.75
 #: Starts the annealing takes in turn (`pace_search.anneal_chains`), least windowed pace first: the least can sit
 #: in a basin its moves do not leave (session 15, gpt2-xl on 64 cards: the window start 3.376 s of pace, annealed
-#: 3.25-3.34 s over ten seeds; the next start, 3.60 s, annealed 3.25-3.27 s).
+#: 3.25-3.34 s over ten seeds; the next start, 3.60 s, annealed 3.25-3.27 s); one below `RESTART_STAGES` stages
+#: (the suite's thousands of small `solve` calls: each chain stops after its first round without a new best).
 ANNEAL_CHAINS = 2
 #: Share of `verify`'s time the placements of least window cap may take to build, first (`window_starts`: four
 #: orders, 1.0-1.3 s of CPU for gpt2-xl on 64 and 256 cards, where the best replays in 3.38 s and 7.83 s against
@@ -387,7 +388,8 @@ def _annealed(problem: Problem, starts: list[tuple[Stage, ...]], priced: dict[tu
                and (priced[s] if s in priced else evaluate(problem, s, objective="estimate")).fits]
     if not fitting:
         return []
-    chains = sorted(dict.fromkeys(fitting), key=pace.value)[:ANNEAL_CHAINS]
+    chains = sorted(dict.fromkeys(fitting), key=pace.value)
+    chains = chains[:ANNEAL_CHAINS if len(chains[0]) >= RESTART_STAGES else 1]  # short: one chain, as it stops early
     found = anneal_chains(plain, chains, deadline=deadline, floor_s=floor_s)
     if found in priced:
         return []
