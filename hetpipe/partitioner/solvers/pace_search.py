@@ -16,8 +16,8 @@ sums (exactly `pace_terms(..., windows=True)` for such placements; tests/test_pa
 moved by one unit, two stages' cards swapped (anywhere in the pipeline), a stage moved to an unused card or
 split onto one (one card per kind and node: the rest are the same), two neighbours merged; and reorderings
 (`_reordered`, session 12): a unit passed from one stage to any other (the cuts between them move along), a stage
-moved elsewhere in the pipeline with its card and unit count.  A new best must
-fit (`evaluate`); memory is checked only then, so the walk itself may cross placements that do not fit.
+moved elsewhere in the pipeline with its card and unit count; and whole node runs (`run_moves`, session 15: two
+runs swapped, a run moved onto another node's unused cards).  A new best must fit (`evaluate`); memory is checked only then, so the walk itself may cross placements that do not fit.
 
 Example (two equal units, two cards: one stage of both units on one card or two stages; with a free link two
 stages pace 2 x 3 + 7 x 3 = 27 s against one stage's 8 x 6 = 48 s):
