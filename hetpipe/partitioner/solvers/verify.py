@@ -6,8 +6,8 @@ optimizer step (`evaluate`, ``objective="schedule"``), so `verify`:
 
 1. prices each candidate placement the solvers found with the schedule, and from 16 cards the placement of
    least windowed pace among `window_starts.starts` (least window cap over node orders: `_window_start`);
-2. anneals the best on the windowed pace (`pace_search.anneal`, `ANNEAL_SHARE` of the time the walks
-   leave: its moves reach across the pipeline, its pricing costs a fraction of a replay), then
+2. anneals the `ANNEAL_CHAINS` best on the windowed pace (`pace_search.anneal_chains`, `ANNEAL_SHARE` of the time
+   the walks leave: its moves reach across the pipeline, its pricing costs a fraction of a replay), then
    improves the best by a local search under the schedule itself (`_neighbours`: move a cut,
    swap or merge two neighbouring stages, move a stage to an unused card or split it onto one;
    the recompute choice re-derived each time), first improvement, while it gets faster and
