@@ -6,8 +6,8 @@ optimizer step (`evaluate`, ``objective="schedule"``), so `verify`:
 
 1. prices each candidate placement the solvers found with the schedule, and from 16 cards the placement of
    least windowed pace among `window_starts.starts` (least window cap over node orders: `_window_start`);
-2. anneals the best on the windowed pace (`pace_search.anneal`, `ANNEAL_SHARE` of the time the walks
-   leave: its moves reach across the pipeline, its pricing costs a fraction of a replay), then
+2. anneals the `ANNEAL_CHAINS` best on the windowed pace (`pace_search.anneal_chains`, `ANNEAL_SHARE` of the time
+   the walks leave: its moves reach across the pipeline, its pricing costs a fraction of a replay), then
    improves the best by a local search under the schedule itself (`_neighbours`: move a cut,
    swap or merge two neighbouring stages, move a stage to an unused card or split it onto one;
    the recompute choice re-derived each time), first improvement, while it gets faster and
@@ -77,7 +77,7 @@ from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, check_kinds_fit, 
 from hetpipe.partitioner.solvers.offload_walk import best_levers
 from hetpipe.partitioner.solvers.pace_prices import tighten
 from hetpipe.partitioner.solvers.pace_runs import RunDP, run_terms
-from hetpipe.partitioner.solvers.pace_search import FastPace, anneal, applies
+from hetpipe.partitioner.solvers.pace_search import RESTART_STAGES, FastPace, anneal_chains, applies
 from hetpipe.partitioner.solvers.relax import pace_relaxation, realised
 from hetpipe.partitioner.solvers.schedule_bound import BAND_TOLERANCE, pace_terms, schedule_walk
 from hetpipe.partitioner.solvers.window_starts import starts as window_starts
@@ -104,6 +104,11 @@ ENOUGH_GAP = 0.005
 #: the local search under the replayed schedule: on gpt2-xl at 64 cards (load ~10) one second of it reaches
 #: 3.511 s from 3.604 s, where the replayed local search's moves stop at 3.548 s.
 ANNEAL_SHARE = 0.75
+#: Starts the annealing takes in turn (`pace_search.anneal_chains`), least windowed pace first: the least can sit
+#: in a basin its moves do not leave (session 15, gpt2-xl on 64 cards: the window start 3.376 s of pace, annealed
+#: 3.25-3.34 s over ten seeds; the next start, 3.60 s, annealed 3.25-3.27 s); one below `RESTART_STAGES` stages
+#: (the suite's thousands of small `solve` calls: each chain stops after its first round without a new best).
+ANNEAL_CHAINS = 2
 #: Share of `verify`'s time the placements of least window cap may take to build, first (`window_starts`: four
 #: orders, 1.0-1.3 s of CPU for gpt2-xl on 64 and 256 cards, where the best replays in 3.38 s and 7.83 s against
 #: the candidates' 3.60 s and 8.11-9.57 s; past it the orders left are skipped, a cut bisection keeps its best).
@@ -371,8 +376,8 @@ def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stage
 
 def _annealed(problem: Problem, starts: list[tuple[Stage, ...]], priced: dict[tuple[Stage, ...], Evaluation],
               num_stages: int | None, deadline: float, floor_s: float) -> list[tuple[Stage, ...]]:
-    """`pace_search.anneal` until `deadline` from the start of least windowed pace that fits (the given
-    candidates, the walks' placements and `_window_start`: no replay needed to choose): [its placement] (priced into `priced`)
+    """`pace_search.anneal_chains` until `deadline` from the `ANNEAL_CHAINS` distinct starts of least windowed pace
+    that fit (the given candidates, the walks' placements and `_window_start`: no replay needed to choose): [its placement] (priced into `priced`)
     when it is new and fits, else []; nothing where the pace search does not apply (levers, groups, split
     schedules; under `auto` it anneals the plain view, `_plain_view`) or the stage count is fixed; `floor_s` (the bound less the least step) ends it early."""
     plain = _plain_view(problem)
@@ -383,7 +388,9 @@ def _annealed(problem: Problem, starts: list[tuple[Stage, ...]], priced: dict[tu
                and (priced[s] if s in priced else evaluate(problem, s, objective="estimate")).fits]
     if not fitting:
         return []
-    found = anneal(plain, min(fitting, key=pace.value), deadline=deadline, floor_s=floor_s)
+    chains = sorted(dict.fromkeys(fitting), key=pace.value)
+    chains = chains[:ANNEAL_CHAINS if len(chains[0]) >= RESTART_STAGES else 1]  # short: one chain, as it stops early
+    found = anneal_chains(plain, chains, deadline=deadline, floor_s=floor_s)
     if found in priced:
         return []
     priced[found] = ev = evaluate(problem, found, objective="schedule")
