@@ -254,17 +254,21 @@ def least_cap(problem: Problem, order: str, *, deadline: float = math.inf) -> tu
     return high, best
 
 
-def starts(problem: Problem, *, deadline: float = math.inf) -> list[tuple[Stage, ...]]:
+def starts(problem: Problem, *, deadline: float = math.inf, hard_deadline: float = math.inf) -> list[tuple[Stage, ...]]:
     """Per order of `ORDERS`, cap of `SLACK` (times the order's least) and weight of `FILL_WEIGHTS`, the placement
-    of least windowed pace (`FastPace`) among `end_placements` that fits; fewer past `deadline` (`time.perf_counter()` seconds)."""
+    of least windowed pace (`FastPace`) among `end_placements` that fits; fewer past `deadline` (`time.perf_counter()`
+    seconds: no order starts past it but the first), and past `hard_deadline` (the caller's end: nothing more
+    starts, the first order's placements included) those found so far."""
     pace = FastPace(problem)
     found: list[tuple[Stage, ...]] = []
     for order in ORDERS:
-        if found and time.perf_counter() > deadline:  # the first order's least cap so far, whatever the time
-            break
-        cap_s, least = least_cap(problem, order, deadline=deadline)
+        if (found and time.perf_counter() > deadline) or time.perf_counter() > hard_deadline:
+            break  # the first order's least cap so far, whatever the share's time, until the caller's end
+        cap_s, least = least_cap(problem, order, deadline=min(deadline, hard_deadline))
         grp = groups(problem, order)
         for ratio, weight in itertools.product(SLACK, FILL_WEIGHTS):
+            if time.perf_counter() > hard_deadline:  # each is a DP over the units and a few pricings: tens of ms
+                break
             ends = end_placements(problem, grp, cap_s * ratio, weight) or [least]
             placed = next((p for p in sorted(ends, key=pace.value)
                            if evaluate(problem, p, objective="estimate").fits), None)

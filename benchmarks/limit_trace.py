@@ -1,0 +1,170 @@
+"""Where `solve`'s time goes, phase by phase, and which phases run past their deadline (issue 12, `--time-limit`).
+
+Wraps the solvers' phases (module attributes, so the callers' own look-ups hit the wrappers) and records per call
+its wall (`time.perf_counter`, which `--clock` may replace by a multiple of the thread's CPU time: the load a
+process sees, deterministic), its CPU (`time.thread_time`) and, where the call carries a deadline (a ``deadline``
+argument, `verify`'s ``limit_s``, a ``time_limit_s``), how far past it it ended.  Prints one table per row.
+
+Usage:
+    python benchmarks/limit_trace.py [--rows ml:48:32 ml:96:32 ps:gpt2-xl:64 ...] [--clock 4] [--limit 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+DEFAULT_ROWS = ("ml:48:32", "ml:96:32", "ps:gpt2-xl:64", "ps:gpt2-xl:256", "ps:gpt2-xl:1024", "ps:llama-7b:1024")
+
+
+@dataclass
+class Phase:
+    calls: int = 0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    late_s: float = -float("inf")
+
+
+@dataclass
+class Trace:
+    phases: dict[str, Phase] = field(default_factory=lambda: defaultdict(Phase))
+    stack: list[str] = field(default_factory=list)
+    #: (depth, name, start, end, deadline or None): every call at most `TIMELINE_DEPTH` deep
+    events: list[tuple[int, str, float, float, float | None]] = field(default_factory=list)
+
+
+TIMELINE_DEPTH = 4
+
+
+TRACE = Trace()
+
+
+def _deadline_of(name: str, args: tuple, kwargs: dict[str, Any], start: float) -> float | None:
+    if "deadline" in kwargs:
+        return float(kwargs["deadline"])
+    if name.endswith("verify") and "limit_s" in kwargs:
+        return start + float(kwargs["limit_s"])
+    if "time_limit_s" in kwargs:
+        return start + float(kwargs["time_limit_s"])
+    return None
+
+
+def wrap(module: Any, attr: str, label: str | None = None) -> None:
+    real = getattr(module, attr)
+    name = label or f"{module.__name__.rsplit('.', 1)[-1]}.{attr}"
+
+    @functools.wraps(real)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        deadline = _deadline_of(name, args, kwargs, t0)
+        path = "/".join(TRACE.stack[-2:] + [name])
+        TRACE.stack.append(name)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            TRACE.stack.pop()
+            t1, c1 = time.perf_counter(), time.thread_time()
+            ph = TRACE.phases[path]
+            ph.calls += 1
+            ph.wall_s += t1 - t0
+            ph.cpu_s += c1 - c0
+            if len(TRACE.stack) < TIMELINE_DEPTH:
+                TRACE.events.append((len(TRACE.stack), name, t0, t1, deadline))
+            if deadline is not None and deadline == deadline and abs(deadline) != float("inf"):
+                ph.late_s = max(ph.late_s, t1 - deadline)
+
+    setattr(module, attr, traced)
+
+
+def install() -> None:
+    from hetpipe.partitioner.solvers import (pace_prices, relax, schedule_bound, solve, verify, window_starts,
+                                              lagrange)
+
+    for attr in ("solve", "_none_floor", "solve_estimate", "verify", "_without_recompute", "_floor_seed", "_at_most_floor", "heuristic",
+                 "relaxed_bound", "lagrange_bound", "_hinted", "evaluate", "tail_walk", "solve_cpsat"):
+        wrap(solve, attr)
+    for attr in ("_bound_and_placement", "_window_start", "pace_bound", "_annealed", "_local_search", "evaluate",
+                 "schedule_walk", "tighten", "_runs_walk", "_merged_walk", "pace_relaxation", "realised", "RunDP",
+                 "first_step_floor", "pace_terms", "window_starts", "_levers", "FastPace", "anneal"):
+        wrap(verify, attr)
+    for attr in ("least_cap", "end_placements", "evaluate", "FastPace", "groups"):
+        wrap(window_starts, attr)
+    for attr in ("CountDP", "pace_terms"):
+        wrap(schedule_bound, attr)
+    wrap(pace_prices, "price_floor")
+    del relax, lagrange
+
+
+def problem_of(row: str) -> Any:
+    from hetpipe.plan.build import build_problem
+
+    kind, *rest = row.split(":")
+    if kind == "ml":  # benchmarks/memory_levers.py table 3: GPT of `layers` on `cards` mixed cards, recompute auto
+        from benchmarks.planner_speed import PER_NODE
+        from benchmarks.scenarios import gpt_graph, mixed_cluster
+
+        layers, cards = int(rest[0]), int(rest[1])
+        recompute = rest[2] if len(rest) > 2 else "auto"
+        return build_problem(gpt_graph(layers=layers), mixed_cluster(cards, per_node=PER_NODE.get(cards, 8)),
+                             microbatches=2 * cards, recompute=recompute)
+    from benchmarks.planner_scale import BATCH, eight_kind_cluster
+    from hetpipe.models import build
+    from hetpipe.partitioner.capture.capture import capture
+
+    model_name, cards = rest[0], int(rest[1])
+    model, inputs = build(model_name, device="meta", batch=BATCH[model_name])
+    graph = capture(model, inputs, name=model_name, precision="bf16-mixed")
+    return build_problem(graph, eight_kind_cluster(cards), microbatches=2 * cards)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", nargs="+", default=list(DEFAULT_ROWS))
+    ap.add_argument("--clock", type=float, default=0.0, help="perf_counter = this x thread_time (0: real clock)")
+    ap.add_argument("--limit", type=float, default=10.0)
+    ap.add_argument("--no-trace", action="store_true")
+    ap.add_argument("--timeline", action="store_true", help="calls in time order instead of totals per path")
+    args = ap.parse_args(argv)
+    problems = {row: problem_of(row) for row in args.rows}
+    if args.clock > 0:
+        factor = args.clock
+        time.perf_counter = lambda: factor * time.thread_time()  # type: ignore[assignment]
+    if not args.no_trace:
+        install()
+    from hetpipe.partitioner.solvers.solve import solve
+
+    for row, prob in problems.items():
+        TRACE.phases.clear()
+        TRACE.events.clear()
+        load = os.getloadavg()[0]
+        t0, c0 = time.perf_counter(), time.thread_time()
+        sol = solve(prob, time_limit_s=args.limit, seed=0)
+        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+        print(f"\n## {row}: wall {wall:.3f} s (limit {args.limit:g}, over {wall - args.limit:+.3f}), cpu {cpu:.3f} s, "
+              f"T {sol.iteration_s:.6f} bound {sol.bound_s:.6f} ({sol.solver}/{sol.status}), load {load:.1f}")
+        if args.timeline:
+            for depth, name, a, b, dl in sorted(TRACE.events, key=lambda e: e[2]):
+                if b - a < 0.01 * args.limit and (dl is None or b - dl < 0.01):
+                    continue
+                d = f"deadline {dl - t0:7.3f} late {b - dl:+.3f}" if dl is not None and abs(dl) != float("inf") else ""
+                print(f"  {'  ' * depth}{name:{40 - 2 * depth}s} {a - t0:7.3f} -> {b - t0:7.3f} {d}")
+            continue
+        for path, ph in sorted(TRACE.phases.items(), key=lambda kv: -kv[1].wall_s):
+            if ph.wall_s < 0.02 and ph.late_s < 0.02:
+                continue
+            late = f"{ph.late_s:+.3f}" if ph.late_s != -float("inf") else ""
+            print(f"  {path:70s} n={ph.calls:4d} wall {ph.wall_s:7.3f} cpu {ph.cpu_s:7.3f} late {late}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
