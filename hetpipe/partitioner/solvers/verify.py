@@ -75,7 +75,7 @@ from typing import Iterator, Sequence
 from hetpipe.partitioner.problem import Evaluation, Problem, Stage, evaluate
 from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.solvers.cap_walk import DeadlineReached
-from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, check_kinds_fit, least_bottleneck
+from hetpipe.partitioner.solvers.dp import CountDP, StateSpaceTooLarge, check_kinds_fit, least_bottleneck
 from hetpipe.partitioner.solvers.offload_walk import best_levers
 from hetpipe.partitioner.solvers.pace_prices import tighten
 from hetpipe.partitioner.solvers.pace_runs import RunDP, run_terms
@@ -174,10 +174,12 @@ def pace_bound(problem: Problem, *, deadline: float, hints: Sequence[Sequence[St
     first_step = first_step_floor(problem)
     enough = enough_s - first_step
     try:  # on the problem itself the walk may end on the pace optimum: a plan proved OPTIMAL where it meets T
-        walk = schedule_walk(problem, deadline=deadline, hints=hints)
+        walk = schedule_walk(problem, deadline=deadline, hints=hints, dp=CountDP(problem, deadline=deadline))
         return walk.bound_s + first_step, [_levers(problem, p) for p in walk.placements]
     except StateSpaceTooLarge:
         pass
+    except DeadlineReached:  # its count vectors were not listed in time (`dp._Lattice.build`)
+        return 0.0, []
     # where counts bind, the count relaxation first, with a share of the time (the node runs' placements are
     # still worth having); else the node runs first with all of it (the count relaxation is weak there)
     # (the node runs' prices on card counts only where they lead: at 64 cards 2.28 -> 2.51 s, under the count
@@ -240,8 +242,9 @@ def _merged_walk(problem: Problem, *, deadline: float, hints: Sequence[Sequence[
     best = min(hints, key=lambda h: sum(pace_terms(problem, h, windows=True)), default=None)
     relaxed, members = pace_relaxation(problem, stages=None if best is None else len(best))
     try:  # the relaxation prices the hints lower or equal
-        walk = schedule_walk(relaxed, deadline=deadline, hints=hints, enough_s=enough_s, band_tolerance=BAND_TOLERANCE)
-    except StateSpaceTooLarge:
+        walk = schedule_walk(relaxed, deadline=deadline, hints=hints, enough_s=enough_s, band_tolerance=BAND_TOLERANCE,
+                             dp=CountDP(relaxed, deadline=deadline))  # its lattice checks the deadline (seconds)
+    except (StateSpaceTooLarge, DeadlineReached):
         return 0.0, []
     real = [realised(problem, relaxed, members, p, deadline=deadline) for p in walk.placements]
     return walk.bound_s, [_levers(problem, r.stages) for r in real if r is not None]
