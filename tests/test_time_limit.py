@@ -23,7 +23,7 @@ from hetpipe.partitioner.solvers import solve as solve_module
 from hetpipe.partitioner.solvers import verify as verify_module
 from hetpipe.partitioner.solvers.cap_walk import DeadlineReached
 from hetpipe.partitioner.solvers.pricing import COMPILE_OVER_REPLAY, Pricer, price_in_order
-from hetpipe.partitioner.solvers.window_starts import starts
+from hetpipe.partitioner.solvers.window_starts import ORDERS, end_placements, groups, least_cap, starts
 from tests.instances import random_problem
 
 #: Fake seconds per action of a schedule pricing (a 10-stage pipeline of 32 micro-batches: 32 ms).
@@ -189,6 +189,9 @@ def test_the_window_starts_stop_at_the_hard_deadline() -> None:
     prob = verify_module._plain_view(_sixteen_cards())
     assert starts(prob, deadline=-math.inf, hard_deadline=-math.inf) == []
     assert starts(prob, deadline=-math.inf)  # the first order, as before
+    grp = groups(prob, ORDERS[0])
+    cap_s, _ = least_cap(prob, ORDERS[0])
+    assert end_placements(prob, grp, cap_s) and end_placements(prob, grp, cap_s, deadline=-math.inf) == []
 
 
 def test_the_pace_walks_build_no_lattice_past_their_deadline(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -89,9 +89,12 @@ class Pricer:
         return ev
 
 
-def price_in_order(pricer: Pricer, starts: Sequence[tuple[Stage, ...]]) -> dict[tuple[Stage, ...], Evaluation]:
-    """`starts` priced in order while each fits before the deadline, the first one that fits (in memory) whatever
-    the time (`verify` must answer); the ones skipped are left out.
+def price_in_order(pricer: Pricer, starts: Sequence[tuple[Stage, ...]],
+                   priced: dict[tuple[Stage, ...], Evaluation] | None = None, *,
+                   first_only: bool = False) -> dict[tuple[Stage, ...], Evaluation]:
+    """`priced` (default none) and `starts` priced in order while each fits before the deadline, the first one that
+    fits (in memory) whatever the time unless `priced` has one (`verify` must answer); the ones skipped are left
+    out.  With `first_only`, no more once one fits (`verify` prices its answer first, within its time where it can).
 
     Example (a deadline already past: only the first start that fits is priced):
         >>> from hetpipe.partitioner.problem import DeviceSlot
@@ -105,9 +108,11 @@ def price_in_order(pricer: Pricer, starts: Sequence[tuple[Stage, ...]]) -> dict[
         >>> [len(s) for s in price_in_order(Pricer(prob, deadline=-math.inf), starts)]
         [1]
     """
-    out: dict[tuple[Stage, ...], Evaluation] = {}
-    answered = False
+    out = dict(priced or {})
+    answered = any(ev.fits for ev in out.values())
     for start in starts:
+        if answered and first_only:
+            break
         if start in out or (answered and not pricer.fits(start)):
             continue
         out[start] = ev = pricer.price(start)
