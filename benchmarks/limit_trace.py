@@ -6,7 +6,7 @@ process sees, deterministic), its CPU (`time.thread_time`) and, where the call c
 argument, `verify`'s ``limit_s``, a ``time_limit_s``), how far past it it ended.  Prints one table per row.
 
 Usage:
-    python benchmarks/limit_trace.py [--rows ml:48:32 ml:96:32 ps:gpt2-xl:64 ...] [--clock 4] [--limit 10]
+    python benchmarks/limit_trace.py [--rows ml:48:32 ps:gpt2-xl:64 ...] [--clocks 1 4] [--limit 10] [--timeline] [--write]
 """
 
 from __future__ import annotations
@@ -126,43 +126,92 @@ def problem_of(row: str) -> Any:
     return build_problem(graph, eight_kind_cluster(cards), microbatches=2 * cards)
 
 
+#: perf_counter as a multiple of the thread's CPU time (`--clocks`; 0: the real clock)
+REAL_PERF_COUNTER = time.perf_counter
+PRICINGS: list[float] = []  # seconds of each `Pricer.price` call of the current solve
+
+
+def set_clock(factor: float) -> None:
+    """`time.perf_counter` = `factor` x thread time (every module reads it at call time), or the real one at 0."""
+    time.perf_counter = (lambda: factor * time.thread_time()) if factor > 0 else REAL_PERF_COUNTER  # type: ignore
+
+
+def trace_pricings() -> None:
+    from hetpipe.partitioner.solvers.pricing import Pricer
+
+    real = Pricer.price
+
+    def price(self: Any, stages: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return real(self, stages)
+        finally:
+            PRICINGS.append(time.perf_counter() - start)
+
+    Pricer.price = price  # type: ignore[method-assign]
+
+
+def print_trace(t0: float, limit_s: float, timeline: bool) -> None:
+    if timeline:
+        for depth, name, a, b, dl in sorted(TRACE.events, key=lambda e: e[2]):
+            if b - a < 0.01 * limit_s and (dl is None or b - dl < 0.01):
+                continue
+            d = f"deadline {dl - t0:7.3f} late {b - dl:+.3f}" if dl is not None and abs(dl) != float("inf") else ""
+            print(f"  {'  ' * depth}{name:{40 - 2 * depth}s} {a - t0:7.3f} -> {b - t0:7.3f} {d}")
+        return
+    for path, ph in sorted(TRACE.phases.items(), key=lambda kv: -kv[1].wall_s):
+        if ph.wall_s < 0.02 and ph.late_s < 0.02:
+            continue
+        late = f"{ph.late_s:+.3f}" if ph.late_s != -float("inf") else ""
+        print(f"  {path:70s} n={ph.calls:4d} wall {ph.wall_s:7.3f} cpu {ph.cpu_s:7.3f} late {late}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", nargs="+", default=list(DEFAULT_ROWS))
-    ap.add_argument("--clock", type=float, default=0.0, help="perf_counter = this x thread_time (0: real clock)")
+    ap.add_argument("--clocks", type=float, nargs="+", default=[1.0, 4.0],
+                    help="perf_counter = this x thread_time (1: a quiet machine, 4: about load 8 on 2 cores; 0: real)")
     ap.add_argument("--limit", type=float, default=10.0)
-    ap.add_argument("--no-trace", action="store_true")
     ap.add_argument("--timeline", action="store_true", help="calls in time order instead of totals per path")
+    ap.add_argument("--write", action="store_true", help="write benchmarks/results/limit_trace.md")
     args = ap.parse_args(argv)
     problems = {row: problem_of(row) for row in args.rows}
-    if args.clock > 0:
-        factor = args.clock
-        time.perf_counter = lambda: factor * time.thread_time()  # type: ignore[assignment]
-    if not args.no_trace:
-        install()
+    install()
+    trace_pricings()
     from hetpipe.partitioner.solvers.solve import solve
 
-    for row, prob in problems.items():
-        TRACE.phases.clear()
-        TRACE.events.clear()
-        load = os.getloadavg()[0]
-        t0, c0 = time.perf_counter(), time.thread_time()
-        sol = solve(prob, time_limit_s=args.limit, seed=0)
-        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-        print(f"\n## {row}: wall {wall:.3f} s (limit {args.limit:g}, over {wall - args.limit:+.3f}), cpu {cpu:.3f} s, "
-              f"T {sol.iteration_s:.6f} bound {sol.bound_s:.6f} ({sol.solver}/{sol.status}), load {load:.1f}")
-        if args.timeline:
-            for depth, name, a, b, dl in sorted(TRACE.events, key=lambda e: e[2]):
-                if b - a < 0.01 * args.limit and (dl is None or b - dl < 0.01):
-                    continue
-                d = f"deadline {dl - t0:7.3f} late {b - dl:+.3f}" if dl is not None and abs(dl) != float("inf") else ""
-                print(f"  {'  ' * depth}{name:{40 - 2 * depth}s} {a - t0:7.3f} -> {b - t0:7.3f} {d}")
-            continue
-        for path, ph in sorted(TRACE.phases.items(), key=lambda kv: -kv[1].wall_s):
-            if ph.wall_s < 0.02 and ph.late_s < 0.02:
-                continue
-            late = f"{ph.late_s:+.3f}" if ph.late_s != -float("inf") else ""
-            print(f"  {path:70s} n={ph.calls:4d} wall {ph.wall_s:7.3f} cpu {ph.cpu_s:7.3f} late {late}")
+    table, loads = [], [os.getloadavg()[0]]
+    for factor in args.clocks:
+        for row, prob in problems.items():
+            TRACE.phases.clear()
+            TRACE.events.clear()
+            PRICINGS.clear()
+            set_clock(factor)
+            t0, c0 = time.perf_counter(), time.thread_time()
+            sol = solve(prob, time_limit_s=args.limit, seed=0)
+            wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+            set_clock(0.0)
+            loads.append(os.getloadavg()[0])
+            print(f"\n## {row} (clock {factor:g}): wall {wall:.3f} s (limit {args.limit:g}, over {wall - args.limit:+.3f}), "
+                  f"cpu {cpu:.3f} s, largest pricing {max(PRICINGS, default=0.0):.3f} s, T {sol.iteration_s:.6f} "
+                  f"bound {sol.bound_s:.6f} ({sol.solver}/{sol.status}), load {loads[-1]:.1f}")
+            print_trace(t0, args.limit, args.timeline)
+            table.append([row, f"{factor:g}", f"{wall:.3f}", f"{wall - args.limit:+.3f}", f"{cpu:.3f}",
+                          f"{max(PRICINGS, default=0.0):.3f}", len(PRICINGS), f"{sol.iteration_s:.6f}",
+                          f"{sol.bound_s:.6f}"])
+    if args.write:
+        from benchmarks.common import markdown_table, write_result
+
+        header = ["row", "clock x CPU", "wall (s)", "over the limit (s)", "CPU (s)", "largest pricing (s)",
+                  "pricings", "T (s)", "bound (s)"]
+        body = (f"`solve` with `--time-limit {args.limit:g}` (seed 0) on memory_levers table 3's rows (`ml:layers:cards`, "
+                "recompute auto) and planner_scale's (`ps:model:cards`), its clock `time.perf_counter` replaced by "
+                "a multiple of the thread's CPU time (1: a quiet machine; 4: a process that gets a quarter of a core, "
+                "about load 8 on 2 cores), so the figures are deterministic up to CPU-time noise.  Largest pricing: "
+                "the longest schedule pricing of `verify` (its first is the one step the limit allows past itself).  "
+                f"Load average during the run {min(loads):.1f}-{max(loads):.1f} (CPU time is what counts here).\n\n"
+                + markdown_table(header, table))
+        print(write_result("limit_trace", "Time limit: solve's wall against --time-limit (issue 12)", body))
     return 0
 
 
