@@ -42,7 +42,7 @@ class Trace:
     events: list[tuple[int, str, float, float, float | None]] = field(default_factory=list)
 
 
-TIMELINE_DEPTH = 4
+TIMELINE_DEPTH = int(os.environ.get("LIMIT_TRACE_DEPTH", "4"))
 
 
 TRACE = Trace()
@@ -96,7 +96,7 @@ def install() -> None:
                  "schedule_walk", "tighten", "_runs_walk", "_merged_walk", "pace_relaxation", "realised", "RunDP",
                  "first_step_floor", "pace_terms", "window_starts", "_levers", "FastPace", "anneal"):
         wrap(verify, attr)
-    for attr in ("least_cap", "end_placements", "evaluate", "FastPace", "groups"):
+    for attr in ("least_cap", "end_placements", "evaluate", "FastPace", "groups", "window_dp", "_fill"):
         wrap(window_starts, attr)
     for attr in ("CountDP", "pace_terms"):
         wrap(schedule_bound, attr)

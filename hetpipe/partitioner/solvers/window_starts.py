@@ -282,11 +282,14 @@ def starts(problem: Problem, *, deadline: float = math.inf, hard_deadline: float
         cap_s, least = least_cap(problem, order, deadline=min(deadline, hard_deadline))
         grp = groups(problem, order)
         for ratio, weight in itertools.product(SLACK, FILL_WEIGHTS):
-            if time.perf_counter() > hard_deadline:  # each is a DP over the units and a few pricings: tens of ms
+            if time.perf_counter() > hard_deadline:  # each is a DP over the units and its ends' pricing: tens of ms
                 break
             ends = end_placements(problem, grp, cap_s * ratio, weight, deadline=hard_deadline) or [least]
-            placed = next((p for p in sorted(ends, key=pace.value)
-                           if evaluate(problem, p, objective="estimate").fits), None)
+            # ranked, then the first that fits, checked one by one until the caller's end (llama-7b on 1,024 cards
+            # under a loose cap: 1,020 ends, 0.07 s of CPU to rank, none fits, 0.4 s to check)
+            ranked = sorted(ends, key=pace.value) if time.perf_counter() <= hard_deadline else []
+            placed = next((p for p in ranked if time.perf_counter() <= hard_deadline
+                           and evaluate(problem, p, objective="estimate").fits), None)
             if placed is not None and placed not in found:
                 found.append(placed)
     return found
