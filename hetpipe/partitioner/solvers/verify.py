@@ -438,15 +438,17 @@ def _plain_view(problem: Problem) -> Problem:
 def _local_search(problem: Problem, best: tuple[Stage, ...], best_s: float, num_stages: int | None,
                   limit_s: float, pricer: Pricer | None = None) -> tuple[tuple[Stage, ...], float]:
     """First-improvement descent over `_neighbours` within `LOCAL_MOVES` evaluations and `limit_s`; with `pricer`,
-    a move whose pricing is not forecast to end by its deadline is skipped (one of a new pipeline length compiles)."""
+    a move whose pricing is not forecast to end by its deadline is skipped (one of a new pipeline length compiles),
+    and none is tried past it (a search after one that overran its `limit_s` would end past it by as much)."""
     start, moves, better = time.perf_counter(), 0, True
-    while better and moves < LOCAL_MOVES and time.perf_counter() - start < limit_s:
+    end = start + limit_s if pricer is None else min(start + limit_s, pricer.deadline)
+    while better and moves < LOCAL_MOVES and time.perf_counter() < end:
         better = False
         for cand in _neighbours(problem, best):
             if num_stages is not None and len(cand) != num_stages:
                 continue
             moves += 1
-            if moves >= LOCAL_MOVES or time.perf_counter() - start > limit_s:
+            if moves >= LOCAL_MOVES or time.perf_counter() > end:
                 break
             if pricer is not None and not pricer.fits(cand):
                 continue
