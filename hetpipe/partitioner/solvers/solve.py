@@ -29,8 +29,11 @@ schedule pricing only where it is forecast to end by then (`pricing.Pricer`).  O
 candidate that fits; under ``recompute="auto"`` also the none pass's answer, `_at_most_floor`), with the
 compile of its pipeline's program when that length is new: measured 2-11 ms of CPU at 32 cards, 0.1-0.2 s at
 256 and 0.45-0.6 s at 1,024 (`pricing`), times the load.  So the wall of `solve` is at most the limit plus
-that pricing, plus one clock-check step (`benchmarks/results/limit_trace.md`).  Not bounded so: CP-SAT's
-least search (`MIN_CPSAT_S`, where ``solver="cpsat"`` insists on it) and its model's build (`cpsat_build_s` forecasts it).
+that pricing, plus the step between two clock checks that spans the limit (a DP level, a window start's table, a
+memory check of new pipeline positions: up to ~0.15 s of CPU at 1,024 cards; `benchmarks/results/limit_trace.md`).
+Not bounded so: CP-SAT's least search (`MIN_CPSAT_S`, where ``solver="cpsat"`` insists on it) and its model's
+build (`cpsat_build_s` forecasts it); the estimate's overrun of its share (its lattice, its first passes) comes out
+of `verify`'s.
 
 ``solver="cpsat"`` always runs CP-SAT (hinted by the DP, relaxation or heuristic answer);
 ``solver="dp"`` insists on the exact DP.  Whatever runs, the returned placement is
