@@ -1,12 +1,14 @@
 """Where `solve`'s time goes, phase by phase, and which phases run past their deadline (issue 12, `--time-limit`).
 
 Wraps the solvers' phases (module attributes, so the callers' own look-ups hit the wrappers) and records per call
-its wall (`time.perf_counter`, which `--clock` may replace by a multiple of the thread's CPU time: the load a
-process sees, deterministic), its CPU (`time.thread_time`) and, where the call carries a deadline (a ``deadline``
-argument, `verify`'s ``limit_s``, a ``time_limit_s``), how far past it it ended.  Prints one table per row.
+its wall (`time.perf_counter`, which `--clocks` replaces by a multiple of the thread's CPU time: the load a
+process sees, deterministic up to CPU-time noise), its CPU (`time.thread_time`) and, where the call carries a
+deadline (a ``deadline`` argument, `verify`'s ``limit_s``, a ``time_limit_s``), how far past it it ended.  Prints
+per row the totals per call path (or, with `--timeline`, the calls in time order) and writes the table of
+`solve`'s wall against the limit to benchmarks/results/limit_trace.md (with the old code's figures, `OLD_CODE`).
 
 Usage:
-    python benchmarks/limit_trace.py [--rows ml:48:32 ps:gpt2-xl:64 ...] [--clocks 1 4] [--limit 10] [--timeline] [--write]
+    python benchmarks/limit_trace.py [--rows ml:48:32 ps:gpt2-xl:64 ...] [--clocks 1 4] [--limit 10] [--timeline] [--no-write]
 """
 
 from __future__ import annotations
@@ -23,6 +25,18 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+#: What the same script measured on the code before session 15's deadline plumbing (kept with the table).
+OLD_CODE = (
+    "The old code (main at 775240d, before session 15's deadline plumbing; this script run on a copy of it the "
+    "same afternoon, load 8.4-10.4), over the limit per row in the order above: clock 4 +0.355 / +1.049 / +0.035 / "
+    "+0.295 / +1.682 / +0.182 s (the window starts ran their first order to its end, a pricing started before a "
+    "compile, the annealed and walked placements priced past the deadline); clock 1, two runs, +0.003 / +0.064 / "
+    "+0.018 / +0.115 / +0.166 / +0.045 s and +0.005 / +0.010 / +0.011 / +0.018 / +0.448 / +0.023 s.  T at clock 1 "
+    "was the same as the new code's on every row but two time-bound ones, which vary from run to run in both codes: "
+    "ml:96:32 2.887425 s in both old runs (2.887425, 2.881497 and 2.871277 s in three runs of the new), gpt2-xl on "
+    "1,024 cards 29.463931 / 29.469782 s (new 29.469782-29.474577 s); the bounds the same but at 1,024 cards, where "
+    "the old code's first run had 13.79 s (its second and every new run 29.33 s).  At clock 4 the answers are those "
+    "of searches cut by the load (both codes).")
 DEFAULT_ROWS = ("ml:48:32", "ml:96:32", "ps:gpt2-xl:64", "ps:gpt2-xl:256", "ps:gpt2-xl:1024", "ps:llama-7b:1024")
 
 
@@ -173,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="perf_counter = this x thread_time (1: a quiet machine, 4: about load 8 on 2 cores; 0: real)")
     ap.add_argument("--limit", type=float, default=10.0)
     ap.add_argument("--timeline", action="store_true", help="calls in time order instead of totals per path")
-    ap.add_argument("--write", action="store_true", help="write benchmarks/results/limit_trace.md")
+    ap.add_argument("--no-write", action="store_true", help="print only (default: also write results/limit_trace.md)")
     args = ap.parse_args(argv)
     problems = {row: problem_of(row) for row in args.rows}
     install()
@@ -199,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             table.append([row, f"{factor:g}", f"{wall:.3f}", f"{wall - args.limit:+.3f}", f"{cpu:.3f}",
                           f"{max(PRICINGS, default=0.0):.3f}", len(PRICINGS), f"{sol.iteration_s:.6f}",
                           f"{sol.bound_s:.6f}"])
-    if args.write:
+    if not args.no_write:
         from benchmarks.common import markdown_table, write_result
 
         header = ["row", "clock x CPU", "wall (s)", "over the limit (s)", "CPU (s)", "largest pricing (s)",
@@ -210,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                 "about load 8 on 2 cores), so the figures are deterministic up to CPU-time noise.  Largest pricing: "
                 "the longest schedule pricing of `verify` (its first is the one step the limit allows past itself).  "
                 f"Load average during the run {min(loads):.1f}-{max(loads):.1f} (CPU time is what counts here).\n\n"
-                + markdown_table(header, table))
+                + markdown_table(header, table) + "\n\n" + OLD_CODE)
         print(write_result("limit_trace", "Time limit: solve's wall against --time-limit (issue 12)", body))
     return 0
 
