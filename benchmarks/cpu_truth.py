@@ -55,7 +55,7 @@ LLAMA_CONFIG = {
     "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
     "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "attention_dropout": 0.0,
 }
-MEASURES = ("F", "B", "C", "S", "memory")
+MEASURES = ("F", "B", "C", "Cb", "S", "memory")
 
 
 @dataclass(frozen=True)
@@ -99,9 +99,10 @@ def _stage_ratios(report: dict) -> tuple[StageRatios, ...]:
     out = []
     for s in report["stages"]:
         measured = {"F": s["fwd_compute_s"], "B": s["bwd_compute_s"], "C": s.get("transfer_s"),
-                    "S": s.get("update_real_s"), "memory": float(s["peak_bytes"])}
+                    "Cb": s.get("transfer_grad_s"), "S": s.get("update_real_s"), "memory": float(s["peak_bytes"])}
         predicted = {"F": s["predicted_fwd_s"], "B": s["predicted_bwd_s"], "C": s.get("predicted_transfer_s", 0.0),
-                     "S": s.get("predicted_step_s", 0.0), "memory": float(s["predicted_memory_bytes"])}
+                     "Cb": s.get("predicted_transfer_grad_s", 0.0), "S": s.get("predicted_step_s", 0.0),
+                     "memory": float(s["predicted_memory_bytes"])}
         out.append(StageRatios(s["stage"], f"{s['device']} ({s['kind']})", measured, predicted))
     return tuple(out)
 
@@ -160,6 +161,7 @@ def tables(outcomes: list[RunOutcome]) -> str:
                          f"{_fmt(first.measured['F'])} / {_fmt(first.predicted['F'])}", _cell(per["F"]),
                          f"{_fmt(first.measured['B'])} / {_fmt(first.predicted['B'])}", _cell(per["B"]),
                          f"{_fmt(first.measured['C'])} / {_fmt(first.predicted['C'])}", _cell(per["C"]),
+                         f"{_fmt(first.measured['Cb'])} / {_fmt(first.predicted['Cb'])}", _cell(per["Cb"]),
                          f"{_fmt(first.measured['S'])} / {_fmt(first.predicted['S'])}", _cell(per["S"]),
                          _cell(per["memory"], digits=3)])
         its = [r.measured_iteration_s / r.predicted_iteration_s for r in runs]
@@ -169,7 +171,7 @@ def tables(outcomes: list[RunOutcome]) -> str:
                         f"{abs(statistics.median(its) - 1.0):.0%} (goal {ITERATION_GOAL:.0%})")
     stage_table = markdown_table(
         ["model", "stage", "device", "F meas / pred (round 1)", "F ratio", "B meas / pred", "B ratio",
-         "C meas / pred", "C ratio", "S meas / pred", "S ratio", "memory ratio"], rows)
+         "C meas / pred", "C ratio", "C back meas / pred", "C back ratio", "S meas / pred", "S ratio", "memory ratio"], rows)
     it_table = markdown_table(["model", "measured (round 1)", "predicted T", "ratio", "load average before each round"],
                               it_rows)
     return "\n\n".join([stage_table, it_table, "\n".join(verdicts)])
@@ -178,8 +180,10 @@ def tables(outcomes: list[RunOutcome]) -> str:
 EXPLANATION = """\
 Ratios are measured / predicted: above 1 the stage was slower than the plan said. F, B: per
 micro-batch, compute only (median over the steps after the first); C: one message on the cut to
-the next stage, where the receiver was already waiting for it and for nothing else
-(`hetpipe.runtime.measured_links`); S: `optimizer.step()` alone; memory: the peak bytes the rank
+the next stage (the forward activations, what the plan's C_s prices), where the receiver was already
+waiting for it and for nothing else (`hetpipe.runtime.measured_links`), median over every step after
+the first (since session 15; before, the last step's two such messages, one each way); C back: the
+gradient message back over the same cut beside its own price (latency + its bytes / bandwidth); S: `optimizer.step()` alone; memory: the peak bytes the rank
 held / the plan's M_s. S is not among issue 17's per-stage measures but is part of the iteration.
 
 What the cost model prices on a calibrated CPU since issue 17 item 4 (`hetpipe.cost_models.timing.pass_time_s`,
@@ -283,6 +287,18 @@ Where the differences that remain come from:
   median 0.93 ms; load 3.1, `benchmarks/results/cpu_link.md`: 1.72 ms fitted). Session 13 left out spans that were two transfers (a RECV first waits for its rank's
   earlier sends); both ends still share their core with the stage's compute, so a loaded machine
   stretches C most.
+  Session 15: a 2-stage 1F1B step has two messages seen whole (the first forward, the last
+  backward), and C was the median of the last step's two: one of each direction. The HF Llama's
+  forward cut is four tensors (causal mask, two rotary tables, hidden states: 672 KiB, what C_s
+  prices), its gradient one tensor of 512 KiB. C is now the forward messages of every step after the
+  first (`runtime.measured_links.MessageLog`), C back the gradients beside their own price. The
+  message path's work per tensor is not priced (C_s = latency + bytes / bandwidth, calibrated on one
+  tensor): after a stream of the last-level cache the Llama's cut took 85-100 us more CPU than one
+  tensor of its bytes, both ends together (`benchmarks/cpu_link_cuts.py`, thread CPU time, load 10-13).
+  And the sender's fresh frame was fresh pages (168 minor faults, +0.3-0.4 ms of CPU) on about half
+  the Llama's forward sends after step 0 (the third and fourth of a step, never the first: the one
+  measured), 3 of 20 of gpt-demo's, none of the gradient sends, 1-2 of 16 per size in the calibration
+  (`getrusage` counts in one run each, session 15): a bimodal cost in the iteration, not in C.
 - **Optimizer step.** Adam's per-tensor loop on gpt-demo's own parameters, alone in one pinned
   process and timed in thread CPU time (load 17, session 13), came within 0.89-1.08 of its price
   (0.95 for all 100 tensors with the caches evicted before each step): the step's 1.17-1.43 in the

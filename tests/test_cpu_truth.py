@@ -157,6 +157,42 @@ def _report_results(plan) -> list[RankResult]:
     return results
 
 
+def _message_step(origin_s: float, send_f_s: float, send_b_s: float) -> tuple[RankTimeline, ...]:
+    """One step's messages on cut 0 of a 3-stage plan: rank 1 waits for F0 (send_f_s one way), rank 0 for B0
+    (send_b_s); rank 2 waits for an F0 that rank 1 never sends in this toy (not counted)."""
+    r0 = _timeline(0, origin_s, ("0SEND_F0", 0.010, 0.0005), ("0RECV_B0", 0.011, 0.020 + send_b_s))
+    r1 = _timeline(1, origin_s, ("1RECV_F0", 0.0, 0.010 + send_f_s), ("1SEND_B0", 0.031, 0.0005))
+    return r0, r1, _timeline(2, origin_s, ("2RECV_F0", 0.0, 0.05))
+
+
+def test_report_measures_transfers_over_every_step_after_the_first_per_direction() -> None:
+    from tests.runtime_plans import synthetic_plan
+
+    import dataclasses
+
+    plan = synthetic_plan()
+    plan = dataclasses.replace(plan, devices=tuple(dataclasses.replace(d, node="vm") for d in plan.devices))
+    steps = [_message_step(10.0 * k, 0.001 * (k + 1), 0.0005) for k in range(4)]  # step 0's F: 1 ms (warm-up)
+    results = [RankResult(rank=s, stage=s, device=plan.stages[s].device, kind="k", step_s=(1.0,) * 4,
+                          losses=(1.0,) * 4 if s == 2 else (), fwd_s=(0.1,) * 4, bwd_s=(0.2,) * 4,
+                          fwd_compute_s=(0.1,) * 4, bwd_compute_s=(0.2,) * 4, last_step_actions=steps[-1][s].actions,
+                          step_origin_s=30.0, message_steps=tuple(step[s] for step in steps[1:]),
+                          message_steps_from=1) for s in range(3)]
+    rep = build_report(plan, results, schedule="1f1b", emulate=False)
+    s0 = rep.stages[0]
+    assert s0.transfer_messages == 3 and s0.transfer_s == pytest.approx(0.003)  # 2, 3, 4 ms: steps 1-3
+    assert s0.transfer_grad_messages == 3 and s0.transfer_grad_s == pytest.approx(0.0005)
+    assert rep.stages[1].transfer_s is None and rep.stages[1].transfer_grad_s is None
+    link = next(k for k in plan.links if (k.src, k.dst) == (plan.stages[1].device, plan.stages[0].device))
+    unit = plan.units[plan.stages[0].last_unit]
+    grad_bytes = unit.boundary_grad_bytes if plan.memory_model >= 2 else unit.boundary_bytes
+    assert s0.predicted_transfer_grad_s == pytest.approx(link.latency_s + grad_bytes / link.bandwidth_bytes_s)
+    assert rep.stages[2].predicted_transfer_grad_s == 0.0  # the last stage has no cut after it
+    kept_all = [dataclasses.replace(r, message_steps=tuple(step[r.stage] for step in steps), message_steps_from=0)
+                for r in results]  # step 0 kept too: still left out as the warm-up
+    assert build_report(plan, kept_all, schedule="1f1b", emulate=False).stages[0].transfer_messages == 3
+
+
 def test_report_sets_measured_beside_predicted_per_stage(tmp_path: Path) -> None:
     from hetpipe.runtime.report import RunReport
     from hetpipe.runtime.run import summary_tables
@@ -259,11 +295,22 @@ def test_runtime_path_sends_one_cut_as_a_run_does() -> None:
     assert path.spec(10).dtype == torch.uint8 and path.payload(10).numel() == 10
     p = path.payload(4096)
     assert p.numel() * p.element_size() == 4096
+    from hetpipe.runtime.stage.types import TensorSpec
+
+    # a cut of several tensors (the HF Llama's mask and rotary tables besides its hidden states), same bytes
+    extra = (TensorSpec("mask", (2, 1, 4, 4), torch.bool, False), TensorSpec("cos", (1, 4, 2), torch.float32, False))
+    several = pickle.loads(pickle.dumps(RuntimePath(extra)))
+    assert [t.numel() * t.element_size() for t in several.tensors(4096)] == [32, 32, 4032]
+    assert several.spec(4096).shape == (1008,) and several.payload(4096).numel() == 1008
+    with pytest.raises(ValueError, match="cannot hold"):
+        several.tensors(64)
 
 
 @pytest.mark.slow
 def test_message_link_through_the_runtime_with_caches_streamed() -> None:
     """Structure and ranges only: the runtime's StageComm carries the calibration's messages end to end."""
+    import torch
+
     from hetpipe.cost_models.calibrate import LINK_TIMEOUT_S
     from hetpipe.cost_models.link_calibration import METHOD_RUNTIME, measure_message_link
     from hetpipe.runtime.execute.comm_probe import RuntimePath
@@ -278,9 +325,12 @@ def test_message_link_through_the_runtime_with_caches_streamed() -> None:
                              timeout_s=timeout_s)
     assert m.method == METHOD_RUNTIME and m.sizes_bytes == (2**12, 2**23)
     assert all(0 < t < 5.0 for t in m.median_times_s) and m.bandwidth_bytes_s > 0
-    warm = measure_message_link(sizes_bytes=(2**12, 2**23), repeats=2, core_groups=groups, path=RuntimePath(),
-                                evict_caches=False, timeout_s=timeout_s)
-    assert warm.method == METHOD_RUNTIME + ", caches warm"
+    from hetpipe.runtime.stage.types import TensorSpec
+
+    extra = (TensorSpec("mask", (8, 1, 4, 4), torch.bool, False), TensorSpec("cos", (1, 4, 8), torch.float32, False))
+    warm = measure_message_link(sizes_bytes=(2**12, 2**23), repeats=2, core_groups=groups, path=RuntimePath(extra),
+                                evict_caches=False, timeout_s=timeout_s)  # a cut of three tensors, caches warm
+    assert warm.method == METHOD_RUNTIME + ", caches warm" and all(0 < t < 5.0 for t in warm.median_times_s)
 
 
 @pytest.mark.slow
@@ -310,6 +360,8 @@ def test_a_plan_over_core_groups_runs_pinned_without_emulation(tmp_path: Path) -
         assert st.peak_bytes > 0 and st.predicted_memory_bytes > 0  # ratios: benchmarks/cpu_truth.py
     assert all(t.origin_s > 0 for t in rep.timelines) and len(rep.timelines) == 2
     assert any("every rank pinned to its device's cores" in n for n in rep.notes)
-    transfers = cut_transfers_s(rep.timelines)  # whichever messages found their receiver waiting
-    assert rep.stages[0].transfer_messages == len(transfers.get(0, []))
+    # whichever messages found their receiver waiting, per direction; 2 steps: the last is the one measured
+    assert rep.stages[0].transfer_messages == len(cut_transfers_s(rep.timelines, "F").get(0, []))
+    assert rep.stages[0].transfer_grad_messages == len(cut_transfers_s(rep.timelines, "B").get(0, []))
+    assert rep.stages[0].predicted_transfer_grad_s > 0
     assert rep.stages[1].transfer_s is None  # the last stage sends nothing forward

@@ -2,8 +2,10 @@
 
 * `FastPace` prices plain placements exactly as `pace_terms(..., windows=True)` (which tests/test_pace_walk.py
   checks against the replay), on random pipelines of up to 9 stages.
+  From `VECTOR_STAGES` stages (numpy tables) on random pipelines of 16-30 stages.
 * `anneal` returns a placement that fits, of the same units, whose pace is at most its start's; on the
   brute-force instances it is never below the enumerated pace optimum (a sanity check of the pricing).
+* `anneal` and `anneal_chains` are functions of their seed and starts when time is left (session 15).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hetpipe.partitioner.problem import Stage, evaluate
-from hetpipe.partitioner.solvers.pace_search import FastPace, anneal, applies
+from hetpipe.partitioner.solvers import pace_search
+from hetpipe.partitioner.solvers.pace_search import VECTOR_STAGES, FastPace, anneal, anneal_chains, applies
 from hetpipe.partitioner.solvers.schedule_bound import pace_terms
 from tests.instances import all_placements, random_problem
 
@@ -79,3 +82,45 @@ def test_anneal_ends_by_its_deadline_and_at_its_floor() -> None:
     began = time.perf_counter()
     assert anneal(prob, start, deadline=began + 60.0, floor_s=2 * pace.value(start)) == start
     assert time.perf_counter() - began < 30.0
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31), units=st.integers(16, 30), m=st.integers(1, 60))
+def test_fast_pace_of_long_pipelines_is_the_windowed_pace(seed: int, units: int, m: int) -> None:
+    """From `VECTOR_STAGES` stages `FastPace` gathers W, F and 2 C from numpy tables (`_vector_value`)."""
+    rng = random.Random(seed)
+    prob = random_problem(rng, units=units, devices=units, microbatches=m, objective="schedule")
+    stages = _random_pipeline(rng, units)
+    while len(stages) < VECTOR_STAGES:
+        stages = _random_pipeline(rng, units)
+    want = sum(pace_terms(prob, stages, windows=True))
+    assert math.isclose(FastPace(prob).value(stages), want, rel_tol=REL), (stages, want)
+
+
+def _long_instance():
+    """A 20-unit, 20-card schedule instance with two starts that fit (a one-unit-a-stage pipeline and its
+    reverse card order)."""
+    rng = random.Random(11)
+    prob = random_problem(rng, units=20, devices=20, microbatches=40, objective="schedule")
+    first = tuple(Stage(i, i, i) for i in range(20))
+    second = tuple(Stage(19 - i, i, i) for i in range(20))
+    assert evaluate(prob, first).fits and evaluate(prob, second).fits
+    return prob, first, second
+
+
+def test_anneal_is_a_function_of_its_seed_and_starts(monkeypatch) -> None:
+    """Rounds counted in moves, not seconds: with time to spare the same seed and starts give the same placement,
+    on one chain and on two; the chains' answer is no slower than either start."""
+    monkeypatch.setattr(pace_search, "MAX_ROUNDS", 4)
+    monkeypatch.setattr(pace_search, "ROUND_MOVES", 300)
+    monkeypatch.setattr(pace_search, "ROUND_MOVES_PER_STAGE", 15)
+    prob, first, second = _long_instance()
+    pace = FastPace(prob)
+    runs = [anneal(prob, first, deadline=time.perf_counter() + 600.0, seed=7) for _ in range(2)]
+    assert runs[0] == runs[1]
+    assert pace.value(runs[0]) < pace.value(first)
+    chained = [anneal_chains(prob, [first, second], deadline=time.perf_counter() + 600.0, seed=7) for _ in range(2)]
+    assert chained[0] == chained[1]
+    assert evaluate(prob, chained[0]).fits
+    assert pace.value(chained[0]) <= min(pace.value(first), pace.value(second)) * (1 + REL)

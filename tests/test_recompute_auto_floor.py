@@ -127,8 +127,9 @@ def test_the_limit_holds_when_every_search_takes_all_its_time(monkeypatch: pytes
     assert auto.iteration_s <= none.iteration_s * (1 + 1e-12)
 
 
-#: The overrun of the limit `solve` may show on a real search: its searches check the clock between steps of up to
-#: ~0.2 s of CPU at 48 layers on 16 cards (the schedule search's window starts, `verify`), and the last pricing.
+#: The overrun of the limit `solve` may show on a real search: its searches check the clock between steps (a DP level,
+#: a window start's DP row; ~0.2 s of CPU at 48 layers on 16 cards before session 15, when the window starts ran
+#: their first order to its end), and the final pricing (tests/test_time_limit.py; at 16 cards a few ms).
 OVERRUN_SHARE = 0.05
 
 

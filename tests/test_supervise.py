@@ -252,6 +252,29 @@ def test_straggler_reports_of_both_shapes_are_read(tmp_path):
     assert read_straggler(path, plan) is None
 
 
+def test_a_report_is_weighed_only_once_a_step_since_its_slowdown_is_recorded(tmp_path):
+    """A rank may write its straggler report before its step record: weighed then, the gain would be priced at
+    the steps before the slowdown (a full run at load ~13 stayed on a 30x slower link that way)."""
+    from types import SimpleNamespace
+
+    from hetpipe.runtime import supervise
+    from hetpipe.runtime.adapt_decision import slowed_step_s
+    from hetpipe.runtime.steps_done import StepsDone
+    from tests.runtime_plans import synthetic_plan
+
+    job = SimpleNamespace(run_dir=tmp_path, plan=synthetic_plan())
+    (tmp_path / "straggler-rank1.json").write_text(json.dumps(
+        {"rank": 1, "stage": 1, "device": "n0:1", "what": "compute", "factors": {"fwd": 20.0},
+         "since_step": 2, "detected_step": 2}))
+    seen: set = set()
+    before = {r: StepsDone(r, 0, 2, 1, (0.4, 0.4), 1.0, 0.0) for r in range(3)}  # steps 0 and 1 only
+    assert supervise._new_reports(job, seen, before) == [] and not seen  # left for a later poll
+    after = {r: StepsDone(r, 0, 3, 1, (0.4, 0.4, 8.0), 1.0, 0.0) for r in range(3)}
+    (straggler,) = supervise._new_reports(job, seen, after)
+    assert straggler.since == 2 and supervise._new_reports(job, seen, after) == []  # each report once
+    assert slowed_step_s(after, straggler) == 8.0
+
+
 def test_a_report_with_restarts_round_trips(tmp_path):
     import dataclasses
 

@@ -93,11 +93,12 @@ def test_unknown_order_is_refused() -> None:
 def test_verify_answers_at_most_the_window_start(monkeypatch: pytest.MonkeyPatch) -> None:
     """From `WINDOW_STARTS_CARDS` cards `verify` prices the best window start as a candidate: its answer is at
     most that start's replay and at least its bound, even from a single-stage candidate (16 cards, 2 nodes).
-    The starts are built without their deadline here (a loaded machine may leave the share no time)."""
+    The starts are built without their deadline here, before `verify`'s clock starts (a loaded machine may leave
+    the share no time, and past `verify`'s deadline a start is not priced)."""
     rng = random.Random(3)
     prob = random_problem(rng, units=10, devices=WINDOW_STARTS_CARDS, microbatches=32, objective="schedule")
-    built: list[tuple[Stage, ...]] = []
-    monkeypatch.setattr(verify_module, "window_starts", lambda problem, deadline: built.extend(starts(problem)) or built)
+    built = starts(verify_module._plain_view(prob))
+    monkeypatch.setattr(verify_module, "window_starts", lambda problem, **_: built)
     out = verify_module.verify(prob, [(Stage(0, 0, prob.num_units - 1),)], limit_s=1.0)
     assert built
     assert out.bound_s <= out.iteration_s <= min(evaluate(prob, p).iteration_s for p in built) * (1 + 1e-9)

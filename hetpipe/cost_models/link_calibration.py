@@ -27,6 +27,12 @@ checks) took 5-8x its warm time after a stream beyond the last-level cache
 `EVICT_LLC_MULTIPLE` times the last-level cache before each message, and `hetpipe profile` sends the
 messages through the runtime's own `StageComm` (`MessagePath`) rather than this module's imitation.
 
+Session 15: the messages here carry one tensor; a cut may carry several (the HF Llama's forward cut:
+its causal mask and two rotary tables beside the hidden states), and the path's work per tensor (checks,
+header words and a copy on the sender; a view, a header check and ``requires_grad_`` on the receiver)
+cost that cut 85-100 us of CPU more than one tensor of its bytes after a streamed cache
+(`benchmarks/cpu_link_cuts.py`).  ``t`` has no term for it: it is left unpriced (README, CPU truth).
+
 Example:
     >>> m = measure_message_link(sizes_bytes=(4096, 2**18), repeats=2)  # doctest: +SKIP
     >>> m.method  # doctest: +SKIP

@@ -139,6 +139,21 @@ def slowed_step_s(records: dict[int, StepsDone], straggler: Straggler) -> float:
     return max((r.since_real_s(straggler.since) for r in records.values()), default=0.0)
 
 
+def slow_steps_recorded(records: dict[int, StepsDone], straggler: Straggler) -> bool:
+    """Whether some rank's record holds a step since the report's first slow step (`slowed_step_s` prices
+    the slowdown, not the steps before it); a report without ``since_step`` is priced from the recent steps.
+
+    Example:
+        >>> rec = StepsDone(0, 0, 3, 1, (1.0, 1.0, 4.0), 1.0, 0.0)
+        >>> s = Straggler(rank=0, stage=0, device="a:0", factor=4.0, step=2, since=2)
+        >>> slow_steps_recorded({0: rec}, s), slow_steps_recorded({}, s)
+        (True, False)
+    """
+    if straggler.since < 0:
+        return True
+    return any(0 < r.steps_done - straggler.since <= len(r.step_s) for r in records.values())
+
+
 def slowed_emulated_s(records: dict[int, StepsDone], straggler: Straggler) -> float:
     """`slowed_step_s` in emulated seconds (the measured step before a switch, for the report)."""
     if straggler.since < 0:

@@ -15,6 +15,13 @@ the RECV's end also covers that other message's transfer (the other direction, p
 the sender reaches its RECV).  In a 2-stage 1F1B every steady-state forward message was such a
 pair: the span measured two transfers and was priced as one.
 
+Session 15: a 2-stage 1F1B step has just two messages seen whole (the first forward, the last
+backward), so one step's median was of two figures, one of each direction, where the plan's C_s
+prices the forward message (``boundary_bytes``; an HF Llama's forward cut carries its mask and
+rotary tables besides the hidden states, 672 KiB in 4 tensors, its gradient 512 KiB in one).
+`MessageLog` keeps every step's messages (`MESSAGE_STEPS_KEPT` at most), and the spans are
+counted per direction (``kind``: "F" forward, "B" gradients) over all of them.
+
 Example:
     >>> from types import SimpleNamespace as NS
     >>> sender = NS(origin_s=100.0, actions=(NS(action="0SEND_F0", start_s=0.010, duration_s=0.001),))
@@ -26,8 +33,15 @@ Example:
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Iterable, Protocol, Sequence
+
+#: Steps whose messages a rank keeps (`MessageLog`): the report's medians need a few steps, and a
+#: long run must not grow its result file with every step (one step of 1F1B: ~4 records per micro-batch).
+MESSAGE_STEPS_KEPT = 16
+#: The actions a `MessageLog` records.
+MESSAGE_OPS = ("SEND_F", "SEND_B", "RECV_F", "RECV_B")
 
 
 class _Action(Protocol):
@@ -81,8 +95,10 @@ class MessageSpan:
         return self.end_s - self.start_s
 
 
-def message_spans(timelines: Sequence[Timeline]) -> list[MessageSpan]:
+def message_spans(timelines: Sequence[Timeline], kind: str | None = None) -> list[MessageSpan]:
     """Every message whose receiver was already waiting when it was sent, in send order.
+
+    ``kind``: "F" only the forward messages (activations), "B" only the gradients, None both.
 
     Empty when any timeline lacks its origin (a report from before origins were recorded).
     """
@@ -91,12 +107,12 @@ def message_spans(timelines: Sequence[Timeline]) -> list[MessageSpan]:
     events = _events(timelines)
     spans = []
     for (stage, op, mb), (send_start, _) in sorted(events.items(), key=lambda kv: kv[1][0]):
+        if op not in ("SEND_F", "SEND_B") or (kind is not None and op != f"SEND_{kind}"):
+            continue
         if op == "SEND_F":
             dst, recv_op, cut = stage + 1, "RECV_F", stage
-        elif op == "SEND_B":
-            dst, recv_op, cut = stage - 1, "RECV_B", stage - 1
         else:
-            continue
+            dst, recv_op, cut = stage - 1, "RECV_B", stage - 1
         recv = events.get((dst, recv_op, mb))
         if recv is None or not recv[0] <= send_start <= recv[1]:  # the message waited for its receiver
             continue
@@ -118,9 +134,86 @@ def _receiver_send_pending(events: dict[tuple[int, str, int], tuple[float, float
     return False
 
 
-def cut_transfers_s(timelines: Sequence[Timeline]) -> dict[int, list[float]]:
-    """Cut index (between stage c and c + 1) -> the measured one-way transfers on it, both directions."""
+def cut_transfers_s(timelines: Sequence[Timeline], kind: str | None = None) -> dict[int, list[float]]:
+    """Cut index (between stage c and c + 1) -> the measured one-way transfers on it (``kind``: `message_spans`)."""
     found: dict[int, list[float]] = {}
-    for span in message_spans(timelines):
+    for span in message_spans(timelines, kind):
         found.setdefault(span.cut, []).append(span.duration_s)
     return found
+
+
+def steps_cut_transfers_s(steps: Iterable[Sequence[Timeline]], kind: str | None = None) -> dict[int, list[float]]:
+    """`cut_transfers_s` of each step's timelines (one per rank), gathered over the steps.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> def step(at):
+        ...     return (NS(origin_s=at, actions=(NS(action="0SEND_F0", start_s=0.01, duration_s=0.001),)),
+        ...             NS(origin_s=at, actions=(NS(action="1RECV_F0", start_s=0.0, duration_s=0.012),)))
+        >>> {c: [round(t, 6) for t in ts] for c, ts in steps_cut_transfers_s([step(1.0), step(2.0)], "F").items()}
+        {0: [0.002, 0.002]}
+    """
+    found: dict[int, list[float]] = {}
+    for timelines in steps:
+        for cut, spans in cut_transfers_s(timelines, kind).items():
+            found.setdefault(cut, []).extend(spans)
+    return found
+
+
+def run_message_steps(ranks: Sequence[tuple[int, Sequence[Timeline]]], *, steps: int) -> list[list[Timeline]]:
+    """Per step of the run that every rank kept, after the first (warm-up) of a run of `steps`: the ranks'
+    timelines of that step.  ``ranks``: per rank (the run's step its first kept timeline is, its timelines).
+
+    Example:
+        >>> run_message_steps([(0, ("a0", "a1", "a2")), (1, ("b1", "b2"))], steps=3)
+        [['a1', 'b1'], ['a2', 'b2']]
+        >>> run_message_steps([(0, ("a0",)), (0, ())], steps=1)
+        []
+    """
+    if not ranks or any(not kept for _, kept in ranks):
+        return []
+    first = max(start for start, _ in ranks)
+    last = min(start + len(kept) for start, kept in ranks)
+    skip = 1 if steps > 1 else 0
+    return [[kept[i - start] for start, kept in ranks] for i in range(max(first, skip), last)]
+
+
+@dataclass(frozen=True)
+class LoggedAction:
+    """One SEND or RECV of a rank: its name and its start and end on CLOCK_MONOTONIC (s)."""
+
+    action: str
+    start_s: float
+    end_s: float
+
+
+class MessageLog:
+    """A rank's SEND and RECV actions, step by step, the last `MESSAGE_STEPS_KEPT` steps.
+
+    A step's list holds each action once, so an action seen again begins the next step.
+
+    Example:
+        >>> log = MessageLog()
+        >>> for at in (1.0, 2.0):
+        ...     log.record("0SEND_F0", at, at + 0.001)
+        >>> [[a.start_s for a in step] for step in log.steps()]
+        [[1.0], [2.0]]
+    """
+
+    def __init__(self, keep: int = MESSAGE_STEPS_KEPT) -> None:
+        self._steps: deque[list[LoggedAction]] = deque(maxlen=keep)
+        self._names: set[str] = set()
+        self.steps_seen = 0  # every step begun, kept or not
+
+    def record(self, action: str, start_s: float, end_s: float) -> None:
+        """Log one SEND or RECV that ran from `start_s` to `end_s` (CLOCK_MONOTONIC s)."""
+        if not self._steps or action in self._names:
+            self._steps.append([])
+            self._names = set()
+            self.steps_seen += 1
+        self._names.add(action)
+        self._steps[-1].append(LoggedAction(action, start_s, end_s))
+
+    def steps(self) -> list[list[LoggedAction]]:
+        """The kept steps, oldest first."""
+        return [list(step) for step in self._steps]

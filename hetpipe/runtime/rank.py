@@ -31,7 +31,7 @@ from hetpipe.partitioner.capture.capture import capture
 from hetpipe.plan.schema import Plan, verify_model
 from hetpipe.plan.selective_schema import dropped_nodes
 from hetpipe.runtime.data import import_object
-from hetpipe.runtime.report import ActionRecord
+from hetpipe.runtime.report import ActionRecord, RankTimeline
 
 # Default learning rates: Adam's paper default (Kingma & Ba 2015) and a common SGD one.
 DEFAULT_LR = {"adam": 1e-3, "adamw": 1e-3, "sgd": 1e-2, "momentum": 1e-2}
@@ -283,4 +283,16 @@ def emulation_fields(hooks: Any, stats: Any, plan_stage: int) -> dict[str, Any]:
         messages=getattr(hooks, "messages", 0), late_messages=getattr(hooks, "late_messages", 0),
         worst_late_s=getattr(hooks, "worst_late_s", 0.0), late_total_s=getattr(hooks, "late_total_s", 0.0),
         last_step_actions=tuple(ActionRecord(a.action, a.start_s, a.duration_s) for a in stats.actions)
-        if stats is not None else ())
+        if stats is not None else (), **message_fields(hooks, plan_stage))
+
+
+def message_fields(hooks: Any, plan_stage: int) -> dict[str, Any]:
+    """The `RankResult` fields of the hooks' `MessageLog` (none without one): each kept step's SENDs and RECVs."""
+    log = getattr(hooks, "message_log", None)
+    if log is None:
+        return {}
+    kept = log.steps()
+    steps = tuple(RankTimeline(plan_stage, plan_stage, tuple(ActionRecord(a.action, a.start_s - step[0].start_s,
+                                                                  a.end_s - a.start_s) for a in step),
+                               origin_s=step[0].start_s) for step in kept if step)
+    return dict(message_steps=steps, message_steps_from=log.steps_seen - len(kept))

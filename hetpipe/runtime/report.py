@@ -42,7 +42,7 @@ from hetpipe.plan.run_sim import simulated_iteration_s
 from hetpipe.plan.serde import from_json, to_json
 from hetpipe.runtime.chunk_report import card_totals, chunk_rows
 from hetpipe.runtime.faults.straggler import StepRatios, StragglerRecord
-from hetpipe.runtime.measured_links import cut_transfers_s
+from hetpipe.runtime.measured_links import cut_transfers_s, run_message_steps, steps_cut_transfers_s
 from hetpipe.runtime.restarts import Restart
 
 RUN_FORMAT = "hetpipe.run"
@@ -131,6 +131,10 @@ class RankResult:
     cores: tuple[int, ...] = ()  # the CPU cores the rank ran on (pinned to a core-group device, or all)
     update_s: tuple[float, ...] = ()  # per step: optimizer.step() alone, real seconds (runtime/update_timer.py)
     member: int = 0  # its member of the stage's tensor-parallel group (0: the lead, or a width-1 stage)
+    # The SENDs and RECVs of its last steps (`hetpipe.runtime.measured_links.MessageLog`), one timeline per step,
+    # origin_s its first message's start; the first kept step is step `message_steps_from` of the run.
+    message_steps: tuple[RankTimeline, ...] = ()
+    message_steps_from: int = 0
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
@@ -189,10 +193,11 @@ class StageRecord:
     step_real_s: float = 0.0
     step_emulated_s: float = 0.0
     predicted_step_s: float = 0.0
-    # transfers on the cut to the next stage (issue 17): the measured median one-way message of the last step
-    # (in the run's seconds: emulated seconds under --emulate),
-    # both directions, where the receiver was already waiting (`hetpipe.runtime.measured_links`; None: none seen
-    # or several hosts), how many messages that median is of, and the plan's C_s; the cores the rank ran on
+    # transfers on the cut to the next stage (issue 17): the measured median one-way message (in the run's
+    # seconds: emulated seconds under --emulate) where the receiver was already waiting
+    # (`hetpipe.runtime.measured_links`; None: none seen or several hosts), how many messages that median is
+    # of, and the plan's C_s; the cores the rank ran on.  Since session 15 over every step after the first,
+    # forward messages only (what C_s prices: boundary_bytes); before, the last step's, both directions.
     transfer_s: float | None = None
     transfer_messages: int = 0
     predicted_transfer_s: float = 0.0
@@ -200,6 +205,11 @@ class StageRecord:
     # optimizer.step() alone (no send waits, no tied all-reduce), median real seconds: what S_s prices
     update_real_s: float = 0.0
     member: int = 0  # a row of `RunReport.members`: which member of the stage's group (0: its lead)
+    # the gradient messages back over the same cut (session 15): measured as transfer_s, and priced on the
+    # same link at the cut's boundary_grad_bytes (the schedule prices them as C_s)
+    transfer_grad_s: float | None = None
+    transfer_grad_messages: int = 0
+    predicted_transfer_grad_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -310,7 +320,8 @@ def _microbatches_of(plan: "Plan", stage: int) -> int:  # noqa: F821
     return plan.training.microbatches
 
 
-def _stage_record(plan: "Plan", r: RankResult, transfers: Sequence[float] = ()) -> StageRecord:  # noqa: F821
+def _stage_record(plan: "Plan", r: RankResult, transfers: Sequence[float] = (),  # noqa: F821
+                  grad_transfers: Sequence[float] = ()) -> StageRecord:
     st, m = plan.stages[r.stage], _microbatches_of(plan, r.stage)
     fwd, bwd = median(measured_steps(r.fwd_s, m)), median(measured_steps(r.bwd_s, m))
     return StageRecord(
@@ -329,7 +340,20 @@ def _stage_record(plan: "Plan", r: RankResult, transfers: Sequence[float] = ()) 
         step_emulated_s=(median(measured_steps(r.optimizer_s)) if r.optimizer_s else 0.0) / r.time_scale,
         predicted_step_s=st.step_s, transfer_s=median(transfers) if transfers else None,
         transfer_messages=len(transfers), predicted_transfer_s=st.send_s, cores=tuple(r.cores),
-        update_real_s=median(measured_steps(r.update_s)) if r.update_s else 0.0)
+        update_real_s=median(measured_steps(r.update_s)) if r.update_s else 0.0,
+        transfer_grad_s=median(grad_transfers) if grad_transfers else None,
+        transfer_grad_messages=len(grad_transfers), predicted_transfer_grad_s=_grad_price_s(plan, r.stage))
+
+
+def _grad_price_s(plan: "Plan", stage: int) -> float:  # noqa: F821
+    """The gradient message back over the cut after `stage`: latency + its bytes / bandwidth (0: no cut, no link)."""
+    if stage + 1 >= len(plan.stages):
+        return 0.0
+    src, dst = plan.stages[stage + 1].device, plan.stages[stage].device
+    link = next((k for k in plan.links if (k.src, k.dst) == (src, dst)), None)
+    unit = plan.units[plan.stages[stage].last_unit]
+    grad_bytes = unit.boundary_grad_bytes if plan.memory_model >= 2 else unit.boundary_bytes
+    return 0.0 if link is None else link.latency_s + grad_bytes / link.bandwidth_bytes_s
 
 
 def _member_records(plan: "Plan", results: Sequence[RankResult]) -> tuple[StageRecord, ...]:  # noqa: F821
@@ -366,6 +390,21 @@ def _notes(emulate: bool, overruns: int, late: int, actions: int, worst: float, 
     return tuple(notes)
 
 
+def _transfers(results: Sequence[RankResult], timelines: Sequence[RankTimeline], *, one_clock: bool,
+               scale: float) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+    """(forward, gradient) transfers per cut, in the run's seconds: every step after the first that all ranks kept
+    (`RankResult.message_steps`), else (results from before session 15) the last step's, both directions as forward."""
+    if not one_clock:
+        return {}, {}
+    steps = run_message_steps([(r.message_steps_from, r.message_steps) for r in results],
+                              steps=max(len(r.step_s) for r in results))
+    if not steps:
+        both = cut_transfers_s(timelines)
+        return {cut: [t / scale for t in ts] for cut, ts in both.items()}, {}
+    return tuple({cut: [t / scale for t in ts] for cut, ts in steps_cut_transfers_s(steps, kind).items()}
+                 for kind in ("F", "B"))  # type: ignore[return-value]
+
+
 def build_report(plan: "Plan", results: Sequence[RankResult], *, schedule: str, emulate: bool,  # noqa: F821
                  wall_s: float = 0.0, sync_overlap: bool = True) -> RunReport:
     """Merge every rank's result with the plan's predictions.
@@ -390,8 +429,8 @@ def build_report(plan: "Plan", results: Sequence[RankResult], *, schedule: str, 
     one_clock = emulate or len(nodes) == 1  # CLOCK_MONOTONIC is per host (--emulate runs on one host): several
     timelines = tuple(RankTimeline(r.rank, r.stage, r.last_step_actions, r.step_origin_s if one_clock else 0.0)
                       for r in results if r.last_step_actions)  # hosts' origins do not compare: left out
-    transfers = {cut: [t / scale for t in ts] for cut, ts in cut_transfers_s(timelines).items()}
-    stages = tuple(_stage_record(plan, r, transfers.get(r.stage, ())) for r in results)
+    fwd, grad = _transfers(results, timelines, one_clock=one_clock, scale=scale)
+    stages = tuple(_stage_record(plan, r, fwd.get(r.stage, ()), grad.get(r.stage, ())) for r in results)
     chunks = chunk_rows(plan, results, stages)
     return RunReport(
         model=plan.model.name, fingerprint=plan.model.fingerprint, schedule=schedule, steps=n_steps,

@@ -63,7 +63,8 @@ from hetpipe.plan.group_run import rank_slots
 from hetpipe.plan.replan import Replan, replan
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.adapt_decision import (
-    Decision, Straggler, decide, read_straggler, recent_iteration_s, slowed_emulated_s, stage_text, steps_finished,
+    Decision, Straggler, decide, read_straggler, recent_iteration_s, slow_steps_recorded, slowed_emulated_s,
+    stage_text, steps_finished,
 )
 from hetpipe.runtime.checkpoint.files import find_checkpoint, is_complete, parse_step
 from hetpipe.runtime.faults.returns import wait_for_return
@@ -225,8 +226,11 @@ def _resume_step(resume: str | None) -> int:
     return find_checkpoint(resume)[1].step if resume is not None else 0
 
 
-def _new_reports(job: _Attempt, seen: set[tuple[Path, float]]) -> list[Straggler]:
-    """The straggler reports of ``job`` not read before (each once; a later record of a rank replaces its file)."""
+def _new_reports(job: _Attempt, seen: set[tuple[Path, float]],
+                 records: dict[int, StepsDone] | None = None) -> list[Straggler]:
+    """The straggler reports of ``job`` not read before (each once; a later record of a rank replaces its file).
+    With ``records``: a report whose first slow step no rank's record holds yet is left for a later poll (the
+    rank may write its report before its step record: weighed now, the gain would be priced at the old speed)."""
     out = []
     for path in sorted(job.run_dir.glob("straggler-rank*.json")):
         try:
@@ -234,6 +238,8 @@ def _new_reports(job: _Attempt, seen: set[tuple[Path, float]]) -> list[Straggler
         except OSError:
             continue
         straggler = read_straggler(path, job.plan) if key not in seen else None
+        if straggler is not None and records is not None and not slow_steps_recorded(records, straggler):
+            continue
         if straggler is not None:
             seen.add(key)
             out.append(straggler)
@@ -251,7 +257,7 @@ def _consider(job: _Attempt, records: dict[int, StepsDone], seen: set[tuple[Path
               every: int | None, start: int) -> Decision | None:
     """The first new straggler report whose re-plan pays (each report is weighed once); the job gets its
     verdict at once: the new plan (in place), else ``stay`` (staying, or relaunching at a checkpoint)."""
-    reports = _new_reports(job, seen)
+    reports = _new_reports(job, seen, records)
     for straggler in reports:
         decision = decide(job, straggler, records, steps=opts.steps, every=every, start=start,
                           checkpoint_dir=opts.checkpoint_dir if opts.switch_in_place else None)

@@ -9,14 +9,15 @@ R_0 + G is within 0.1% of their replay there (3.443 against 3.447 s, 8.189 again
 a replay's cost.
 
 The search.  Simulated annealing (Kirkpatrick et al., Science 1983: accept a worse neighbour with probability
-exp(-delta / temperature), the temperature falling linearly to 0 by the deadline) over plain placements
+exp(-delta / temperature), the temperature falling linearly to 0 over a round of moves, rounds restarting from
+the best: session 15, so the answer is a function of the seed, not of the load) over plain placements
 (no recompute, offload or groups: `applies`), priced by `FastPace`, the windowed pace from per-kind prefix
 sums (exactly `pace_terms(..., windows=True)` for such placements; tests/test_pace_search.py).  Moves: a cut
 moved by one unit, two stages' cards swapped (anywhere in the pipeline), a stage moved to an unused card or
 split onto one (one card per kind and node: the rest are the same), two neighbours merged; and reorderings
 (`_reordered`, session 12): a unit passed from one stage to any other (the cuts between them move along), a stage
-moved elsewhere in the pipeline with its card and unit count.  A new best must
-fit (`evaluate`); memory is checked only then, so the walk itself may cross placements that do not fit.
+moved elsewhere in the pipeline with its card and unit count; and whole node runs (`run_moves`, session 15: two
+runs swapped, a run moved onto another node's unused cards).  A new best must fit (`evaluate`); memory is checked only then, so the walk itself may cross placements that do not fit.
 
 Example (two equal units, two cards: one stage of both units on one card or two stages; with a free link two
 stages pace 2 x 3 + 7 x 3 = 27 s against one stage's 8 x 6 = 48 s):
@@ -42,26 +43,32 @@ from typing import Sequence
 import numpy as np
 
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.solvers.run_moves import run_rehomed, runs_swapped
 from hetpipe.partitioner.solvers.schedule_bound import round_trip_factor
 
-#: Moves in a row without a new best after which the annealing stops (before its deadline) where its best is
-#: within `RESTART_GAP` of its floor: where the start is already good (gpt2-xl on 16 cards, gap 1%) the search
-#: would otherwise spend all its share (7 s more wall); else it starts again from its best.  At least this many, and `STALL_MOVES_PER_STAGE` per stage of the start.
-STALL_MOVES = 2000
-#: Session 12 (2 s of CPU, six seeds, load ~14, replayed T's medians; one stall length for all): gpt2-xl on 64
-#: cards (41 stages) 3.43 s at 2,000 moves, 3.43 at 4,000, 3.36 at 8,000, 3.35 at 16,000 (no restart in 2 s);
-#: on 256 cards (34 stages) 7.906, 7.908, 7.925, 7.97 s: 125 a stage gives 5,125 and 4,250 moves.
-STALL_MOVES_PER_STAGE = 125
+#: Moves of one annealing round (the temperature falls linearly from `START_TEMPERATURE` to 0 over them; the next
+#: round starts again from the best): at least this many, and `ROUND_MOVES_PER_STAGE` per stage of the start.
+ROUND_MOVES = 2000
+#: Session 15 (gpt2-xl on 64 cards from the window start, 30,000 moves in all at `START_TEMPERATURE` 0.002, ten
+#: seeds, median windowed pace): 12 rounds of 2,500 moves 3.302 s, 6 of 5,000 3.341 s (five seeds), 3 of 10,000
+#: 3.345 s: shorter rounds, more restarts from the best (37 stages x 70 = 2,590 moves).
+ROUND_MOVES_PER_STAGE = 70
+#: Rounds at most: the annealing's work is fixed (and its answer a function of its seed and start) unless its
+#: deadline comes first (gpt2-xl on 64 cards: 12 x 2,590 moves, about 2 s of CPU).
+MAX_ROUNDS = 12
 #: Pipelines of at least this many stages are priced with numpy (`_pace`; 41 stages: 0.10 ms against 0.40 ms in
 #: plain Python), shorter ones in plain Python (`_rank_pace`: 4 stages 10 us against numpy's 40 us).
 VECTOR_STAGES = 16
-#: Starting temperature as a share of the start's pace: a move 0.5% worse is taken with probability 1/e at the
-#: start (gpt2-xl on 64 cards, 150 s runs: 0.55% found 3.447 s; the walk must cross the plateaus of one-unit moves).
-START_TEMPERATURE = 0.005
-#: Gap to `anneal`'s floor above which a stalled annealing starts again from its best (at `START_TEMPERATURE`,
-#: cooling over the time left) instead of stopping: issue 12 item 3's 2%; only from `RESTART_STAGES` stages.
+#: Starting temperature of each round as a share of the best pace so far: a move 0.2% worse is taken with
+#: probability 1/e at a round's start.  Session 15 (gpt2-xl on 64 cards from the window start, 6 rounds of 5,000
+#: moves, five seeds, median / best windowed pace): 0.001 3.340 / 3.334 s, 0.002 3.341 / 3.269 s, 0.003 3.341 /
+#: 3.260 s, 0.005 3.376 / 3.371 s, 0.01 3.376 / 3.358 s, 0.02 3.376 s (the start's: too hot, the walk drifts off
+#: and never settles; sessions 11-14 used 0.005 with the time as the clock).
+START_TEMPERATURE = 0.002
+#: Gap to `anneal`'s floor above which the annealing goes on to its next round after a round without a new best
+#: (instead of stopping): issue 12 item 3's 2%; only from `RESTART_STAGES` stages.
 RESTART_GAP = 0.02
-#: Shortest pipeline whose annealing restarts: `verify`'s floor leaves the window chains out, so on a short
+#: Shortest pipeline whose annealing goes on past a round without a new best: `verify`'s floor leaves the window chains out, so on a short
 #: pipeline the windowed pace optimum may sit more than 2% above it and restarts would take every call's whole
 #: share (the suite's thousands of small `solve` calls); where the gap lives (gpt2-xl, 34-41 stages) they pay.
 RESTART_STAGES = 16
@@ -69,6 +76,9 @@ RESTART_STAGES = 16
 #: elsewhere with its card); the rest are the local moves of `_neighbour` (gpt2-xl on 64 and 256 cards: see
 #: benchmarks/results/planner_anneal.md).
 REORDER_SHARE = 0.3
+#: Share of the moves on whole node runs (`run_moves`: two runs swapped, a run moved to another node's unused
+#: cards), drawn before the others (session 15, gpt2-xl on 64 cards: see benchmarks/results/planner_anneal.md).
+RUN_SHARE = 0.1
 
 
 def applies(problem: Problem) -> bool:
@@ -96,23 +106,66 @@ class FastPace:
         object.__setattr__(self, "_work", work)
         object.__setattr__(self, "_fwd", fwd)
         object.__setattr__(self, "_shapes", {})  # p -> `_WindowIndex` (the window chains' (s, w) pairs)
+        object.__setattr__(self, "_numpy", None)  # `_Tables`, on the first long pipeline priced
 
     def value(self, stages: Sequence[Stage]) -> float:
         """R_0 + G of `stages` (module docstring)."""
         prob, m, p = self.problem, self.problem.microbatches, len(stages)
+        if p >= VECTOR_STAGES:
+            return self._vector_value(stages)
         kinds = [prob.devices[st.device].kind for st in stages]
         work = [self._work[k][st.last_unit + 1] - self._work[k][st.first_unit] for k, st in zip(kinds, stages)]
         fwd = [self._fwd[k][st.last_unit + 1] - self._fwd[k][st.first_unit] for k, st in zip(kinds, stages)]
         cut2 = [2.0 * (prob.latency_s[a.device][b.device] + prob.boundary_bytes[a.last_unit]
                        / prob.bandwidth_bytes_s[a.device][b.device]) for a, b in zip(stages, stages[1:])] + [0.0]
-        if p < VECTOR_STAGES:  # numpy's fixed cost per call outweighs the loops (4 stages: 40 us against 10 us)
-            ends = [0.0]
-            for w, c in zip(work, cut2):
-                ends.append(ends[-1] + w + c)
-            return ends[p] + max(_rank_pace(m, p - s, work[s], fwd[s], ends, cut2, s) for s in range(p))
+        ends = [0.0]  # numpy's fixed cost per call outweighs the loops here (4 stages: 40 us against 10 us)
+        for w, c in zip(work, cut2):
+            ends.append(ends[-1] + w + c)
+        return ends[p] + max(_rank_pace(m, p - s, work[s], fwd[s], ends, cut2, s) for s in range(p))
+
+    def _vector_value(self, stages: Sequence[Stage]) -> float:
+        """`value` of a long pipeline: W, F and 2 C gathered from `_Tables` by numpy indexing (37 stages: 0.04 ms
+        against 0.07 ms with Python lists; session 15), then `_pace`."""
+        if self._numpy is None:
+            object.__setattr__(self, "_numpy", _tables(self.problem))
+        tab, p = self._numpy, len(stages)
         if p not in self._shapes:
-            self._shapes[p] = _window_index(m, p)
-        return _pace(m, self._shapes[p], np.asarray(work), np.asarray(fwd), np.asarray(cut2))
+            self._shapes[p] = _window_index(self.problem.microbatches, p)
+        dev, first, last = np.array([(st.device, st.first_unit, st.last_unit) for st in stages]).T
+        kind = tab.kind[dev]
+        work = tab.work[kind, last + 1] - tab.work[kind, first]
+        fwd = tab.fwd[kind, last + 1] - tab.fwd[kind, first]
+        a, b = dev[:-1], dev[1:]
+        cut2 = np.append(tab.latency2[a, b] + tab.boundary_bytes[last[:-1]] * tab.inverse_bandwidth2[a, b], 0.0)
+        return _pace(self.problem.microbatches, self._shapes[p], work, fwd, cut2)
+
+
+@dataclass(frozen=True)
+class _Tables:
+    """`FastPace`'s numpy tables: each card's kind index, per kind the prefix sums of W and F (seconds, by unit),
+    per card pair 2 x latency (s) and 2 / bandwidth (s per byte; 0 on an infinite link), the boundary bytes."""
+
+    kind: np.ndarray
+    work: np.ndarray
+    fwd: np.ndarray
+    latency2: np.ndarray
+    inverse_bandwidth2: np.ndarray
+    boundary_bytes: np.ndarray
+
+
+def _tables(problem: Problem) -> _Tables:
+    """`_Tables` of `problem` (built on the first long pipeline priced: p^2 link figures, 0.05 s at 1,024 cards)."""
+    kinds = sorted(problem.fwd_s)
+    index = {k: i for i, k in enumerate(kinds)}
+    fwd = np.array([problem.fwd_s[k] for k in kinds], dtype=float).reshape(len(kinds), problem.num_units)
+    work = fwd + np.array([problem.bwd_s[k] for k in kinds], dtype=float).reshape(fwd.shape)
+    zero = np.zeros((len(kinds), 1))
+    return _Tables(np.array([index[d.kind] for d in problem.devices]),
+                   np.concatenate((zero, np.cumsum(work, axis=1)), axis=1),
+                   np.concatenate((zero, np.cumsum(fwd, axis=1)), axis=1),
+                   2.0 * np.asarray(problem.latency_s, dtype=float),
+                   2.0 / np.asarray(problem.bandwidth_bytes_s, dtype=float),
+                   np.asarray(problem.boundary_bytes, dtype=float))
 
 
 def _rank_pace(m: int, k: int, work: float, fwd: float, ends: list[float], cut2: list[float], s: int) -> float:
@@ -144,6 +197,8 @@ class _WindowIndex:
     w: np.ndarray
     x: np.ndarray
     y: np.ndarray
+    trips: np.ndarray  # q > 0: ranks with a round-trip chain
+    rest: np.ndarray  # m - 1 - q kk: the single steps beside the q round trips
 
 
 def _window_index(m: int, p: int) -> _WindowIndex:
@@ -156,7 +211,9 @@ def _window_index(m: int, p: int) -> _WindowIndex:
         widths += range(2, p - s + 1)
     s_arr, w_arr = np.asarray(ranks, dtype=int), np.asarray(widths, dtype=int)
     left = m - 1 - k[s_arr]
-    return _WindowIndex(k, kk, -(-m // kk) - 1, s_arr, w_arr, left // np.maximum(w_arr, 1), left % np.maximum(w_arr, 1))
+    q = -(-m // kk) - 1
+    return _WindowIndex(k, kk, q, s_arr, w_arr, left // np.maximum(w_arr, 1), left % np.maximum(w_arr, 1), q > 0,
+                        m - 1 - q * kk)
 
 
 def _pace(m: int, idx: _WindowIndex, work: np.ndarray, fwd: np.ndarray, cut2: np.ndarray) -> float:
@@ -165,20 +222,22 @@ def _pace(m: int, idx: _WindowIndex, work: np.ndarray, fwd: np.ndarray, cut2: np
     ends = np.concatenate(([0.0], np.cumsum(work + cut2)))
     p = len(work)
     trip = ends[p] - ends[:p]  # R_s
-    g = max(float(np.max((m - idx.kk) * work + (idx.kk - 1) * (work - fwd))), float(np.max(m * work - trip)))
-    trips = idx.q > 0
-    if trips.any():
-        q, kk = idx.q[trips], idx.kk[trips]
-        g = max(g, float(np.max(q * trip[trips] + (m - 1 - q * kk) * work[trips])))
+    g = max(((m - idx.kk) * work + (idx.kk - 1) * (work - fwd)).max(), (m * work - trip).max())
+    if idx.trips.any():
+        g = max(g, (idx.q[idx.trips] * trip[idx.trips] + idx.rest[idx.trips] * work[idx.trips]).max())
     if len(idx.s):
-        s, w = idx.s, idx.w
-        windows = ends[s + w] - ends[s] - cut2[s + w - 1]
-        g = max(g, float(np.max(idx.x * windows + idx.y * work[s] + trip[s])))
-    return float(ends[p]) + g
+        s, end = idx.s, idx.s + idx.w
+        windows = ends[end] - ends[s] - cut2[end - 1]
+        g = max(g, (idx.x * windows + idx.y * work[s] + trip[s]).max())
+    return float(ends[p] + g)
 
 
 def _neighbour(rng: random.Random, problem: Problem, stages: list[Stage], spare: list[int]) -> list[Stage] | None:
     """One random move of the module docstring, or None where the drawn move does not apply."""
+    draw = rng.random()
+    if draw < RUN_SHARE:  # a whole node run swapped with another or moved to another node (`run_moves`)
+        moved = (runs_swapped if draw < 0.5 * RUN_SHARE else run_rehomed)(rng, stages, problem.devices)
+        return None if moved is None else list(moved)
     if len(stages) > 2 and rng.random() < REORDER_SHARE:
         return _reordered(rng, stages)
     p, draw = len(stages), rng.random()
@@ -250,40 +309,64 @@ def _cards_changed(before: Sequence[Stage], after: Sequence[Stage]) -> bool:
 
 def anneal(problem: Problem, start: Sequence[Stage], *, deadline: float, seed: int = 0,
            floor_s: float = 0.0) -> tuple[Stage, ...]:
-    """The best placement that fits found by annealing from `start` (a plain placement that fits) until
-    `deadline` (`time.perf_counter()` seconds), `STALL_MOVES` moves without a new best within `RESTART_GAP` of
-    `floor_s` (else the walk starts again from its best, reheated: session 12, gpt2-xl
-    on 64 cards, 2 s of CPU from 3.505 s, then 2,000 moves: 3.407-3.445 s with restarts, 3.484-3.505 s
-    without), or a pace at `floor_s` (where the answer would meet the bound: no search pays); `start` itself
-    when nothing better fits or `applies` is false."""
-    best = tuple(Stage(st.device, st.first_unit, st.last_unit) for st in start)
+    """The best placement that fits found by annealing from `start` (a plain placement that fits): up to
+    `MAX_ROUNDS` rounds of `ROUND_MOVES` (per stage: `ROUND_MOVES_PER_STAGE`) moves, each round from the best so
+    far and cooling by its move count, so the answer depends on `seed` and `start` only, unless `deadline`
+    (`time.perf_counter()` seconds) comes first; it stops after a round without a new best within `RESTART_GAP`
+    of `floor_s` or below `RESTART_STAGES` stages, and at a pace of `floor_s` (where the answer would meet the
+    bound: no search pays); `start` itself when nothing better fits or `applies` is false."""
+    return anneal_chains(problem, [start], deadline=deadline, seed=seed, floor_s=floor_s)
+
+
+def anneal_chains(problem: Problem, starts: Sequence[Sequence[Stage]], *, deadline: float, seed: int = 0,
+                  floor_s: float = 0.0) -> tuple[Stage, ...]:
+    """`anneal` from each of `starts` (one chain each, chain i seeded `seed` + i), the chains taking their rounds
+    in turn and `MAX_ROUNDS` // len(starts) each, so a deadline cuts them alike: the best any chain found (the
+    first chain's on a tie).  A start of least pace can sit in a basin the moves do not leave (gpt2-xl on 64 cards:
+    from the window start, ten seeds, replayed T median 3.283 s, worst 3.345 s; from the estimate's answer, 3.60 s
+    before, 3.253 s and 3.269 s: session 15)."""
     if not applies(problem):
-        return tuple(start)
-    pace, rng = FastPace(problem), random.Random(seed)
-    current, current_v = list(best), pace.value(best)
-    best_v, began = current_v, time.perf_counter()
-    span = max(deadline - began, 1e-9)
+        return tuple(starts[0])
+    pace = FastPace(problem)
+    best = [tuple(Stage(st.device, st.first_unit, st.last_unit) for st in start) for start in starts]
+    best_v = [pace.value(b) for b in best]
+    rngs = [random.Random(seed + i) for i in range(len(starts))]
+    live = list(range(len(starts)))
+    for _ in range(max(1, MAX_ROUNDS // len(starts))):
+        for i in list(live):
+            if best_v[i] <= floor_s:
+                return best[i]
+            moves = max(ROUND_MOVES, ROUND_MOVES_PER_STAGE * len(best[i]))
+            found, found_v, finished = _round(problem, pace, rngs[i], best[i], best_v[i], moves=moves, deadline=deadline)
+            improved, best[i], best_v[i] = found_v < best_v[i], found, found_v
+            if not finished:
+                return best[min(range(len(best)), key=best_v.__getitem__)]
+            if not improved and (found_v <= floor_s * (1.0 + RESTART_GAP) or len(found) < RESTART_STAGES):
+                live.remove(i)
+    return best[min(range(len(best)), key=best_v.__getitem__)]
+
+
+def _round(problem: Problem, pace: FastPace, rng: random.Random, best: tuple[Stage, ...], best_v: float, *,
+           moves: int, deadline: float) -> tuple[tuple[Stage, ...], float, bool]:
+    """One round of `anneal` from `best` (pace `best_v`): `moves` draws, the temperature falling linearly from
+    `START_TEMPERATURE` x `best_v` to 0 (Kirkpatrick et al.: a worse neighbour taken with probability
+    exp(-delta / temperature)); its best that fits, that best's pace, and whether it ran all its moves."""
+    current, current_v, top = list(best), best_v, START_TEMPERATURE * best_v
     spare = _spare(problem, current)
-    stall = 0
-    stall_moves = max(STALL_MOVES, STALL_MOVES_PER_STAGE * len(best))
-    while (now := time.perf_counter()) < deadline and best_v > floor_s:
-        stall += 1
-        if stall >= stall_moves:
-            if best_v <= floor_s * (1.0 + RESTART_GAP) or len(best) < RESTART_STAGES:
-                break  # within the issue's gap of the floor, or a short pipeline: stop as session 11 did
-            current, current_v, began, span, stall = list(best), best_v, now, max(deadline - now, 1e-9), 0
-            spare = _spare(problem, current)  # reheated from the best over the time left
+    for i in range(moves):
+        if time.perf_counter() >= deadline:
+            return best, best_v, False
         moved = _neighbour(rng, problem, current, spare)
         if moved is None:
             continue
         value = pace.value(moved)
-        temperature = START_TEMPERATURE * best_v * (1.0 - (now - began) / span)
+        temperature = top * (1.0 - i / moves)
         if value < current_v or (temperature > 0 and rng.random() < math.exp((current_v - value) / temperature)):
             if value < best_v * (1 - 1e-12):
                 if not evaluate(problem, tuple(moved), objective="estimate").fits:
                     continue  # a new best must fit: the walk stays where it was
-                best, best_v, stall = tuple(moved), value, 0
+                best, best_v = tuple(moved), value
             if len(moved) != len(current) or _cards_changed(current, moved):
                 spare = _spare(problem, moved)  # O(cards): only when the cards in use change
             current, current_v = moved, value
-    return best
+    return best, best_v, True

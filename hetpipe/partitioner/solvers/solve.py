@@ -21,6 +21,20 @@ Strategy (issue #3):
    they meet.  A problem whose objective is ``estimate`` (a plan made before version 4) stops
    after step 3.
 
+**Time limit.**  ``time_limit_s`` is a deadline for all of the above: each search gets a share and checks the
+clock between steps (a DP level, a pass, an annealing or local-search move, a window start's cap), and `verify`
+(which gets what the estimate leaves, nothing where it used the whole limit) starts no step past the limit and a
+schedule pricing only where it is forecast to end by then (`pricing.Pricer`).  One step may end past it: the
+**final pricing**, the schedule replay of the answer `verify` returns where it has no time left (its first
+candidate that fits; under ``recompute="auto"`` also the none pass's answer, `_at_most_floor`), with the
+compile of its pipeline's program when that length is new: measured 2-11 ms of CPU at 32 cards, 0.1-0.2 s at
+256 and 0.45-0.6 s at 1,024 (`pricing`), times the load.  So the wall of `solve` is at most the limit plus
+that pricing, plus the step between two clock checks that spans the limit (a DP level, a window start's table, a
+memory check of new pipeline positions: up to ~0.15 s of CPU at 1,024 cards; `benchmarks/results/limit_trace.md`).
+Not bounded so: CP-SAT's least search (`MIN_CPSAT_S`, where ``solver="cpsat"`` insists on it) and its model's
+build (`cpsat_build_s` forecasts it); the estimate's overrun of its share (its lattice, its first passes) comes out
+of `verify`'s.
+
 ``solver="cpsat"`` always runs CP-SAT (hinted by the DP, relaxation or heuristic answer);
 ``solver="dp"`` insists on the exact DP.  Whatever runs, the returned placement is
 re-evaluated with `problem.evaluate`, so T and memory are exactly the contract's.
@@ -241,7 +255,10 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit_s: float = 10.0,
     if problem.objective == "estimate":
         return found
     start = time.perf_counter()
-    left_s = max(time_limit_s - (start - begin), verify_s / 4)  # the estimate's unused time too
+    # the estimate's unused time too; none where it used the whole limit: `verify` then prices its first start that
+    # fits and returns (the final pricing, the one step the limit allows past itself: module docstring, *Time
+    # limit*; it had a quarter of its share, all of it past the limit)
+    left_s = max(time_limit_s - (start - begin), 0.0)
     # the schedule search from auto's answers, the fewer-lever estimates' and none's schedule answer (auto's choices
     # contain theirs; `verify` returns at most its best start's T and anneals the plain view of auto as it does none)
     starts = list(dict.fromkeys([found.stages, *found.alternatives, *plain, *([floor.stages] if floor else [])]))

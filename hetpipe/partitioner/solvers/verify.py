@@ -6,8 +6,8 @@ optimizer step (`evaluate`, ``objective="schedule"``), so `verify`:
 
 1. prices each candidate placement the solvers found with the schedule, and from 16 cards the placement of
    least windowed pace among `window_starts.starts` (least window cap over node orders: `_window_start`);
-2. anneals the best on the windowed pace (`pace_search.anneal`, `ANNEAL_SHARE` of the time the walks
-   leave: its moves reach across the pipeline, its pricing costs a fraction of a replay), then
+2. anneals the `ANNEAL_CHAINS` best on the windowed pace (`pace_search.anneal_chains`, `ANNEAL_SHARE` of the time
+   the walks leave: its moves reach across the pipeline, its pricing costs a fraction of a replay), then
    improves the best by a local search under the schedule itself (`_neighbours`: move a cut,
    swap or merge two neighbouring stages, move a stage to an unused card or split it onto one;
    the recompute choice re-derived each time), first improvement, while it gets faster and
@@ -44,7 +44,9 @@ optimizer step (`evaluate`, ``objective="schedule"``), so `verify`:
    the walks stop once their bound is within `ENOUGH_GAP` of the candidates' own pace); its placements, realised on real cards, are more
    starts for the local search when they beat the candidates (at most `MAX_WALK_STARTS`).  Time: a
    quarter of `limit_s` for the bottleneck pass, up to `PACE_SHARE` in all with the pace
-   bound, the rest for the local search.  Only for 1F1B: the split schedules (`Problem.schedule`) keep the
+   bound, the rest for the local search.  `limit_s` is a hard deadline: no DP pass, window start, annealing
+   move or search step starts past it, and a schedule pricing only where it is forecast to end by it
+   (`pricing.Pricer`), but the first pricing of a candidate that fits (the answer needs one).  Only for 1F1B: the split schedules (`Problem.schedule`) keep the
    bounds above.
 
 The answer is OPTIMAL only when the bound meets it; otherwise the plan records the gap.  The
@@ -77,8 +79,9 @@ from hetpipe.partitioner.solvers.dp import CountDP, StateSpaceTooLarge, check_ki
 from hetpipe.partitioner.solvers.offload_walk import best_levers
 from hetpipe.partitioner.solvers.pace_prices import tighten
 from hetpipe.partitioner.solvers.pace_runs import RunDP, run_terms
-from hetpipe.partitioner.solvers.pace_search import FastPace, anneal, applies
+from hetpipe.partitioner.solvers.pace_search import RESTART_STAGES, FastPace, anneal_chains, applies
 from hetpipe.partitioner.solvers.pace_windows import widen
+from hetpipe.partitioner.solvers.pricing import Pricer, price_in_order
 from hetpipe.partitioner.solvers.relax import pace_relaxation, realised
 from hetpipe.partitioner.solvers.schedule_bound import BAND_TOLERANCE, pace_terms, schedule_walk
 from hetpipe.partitioner.solvers.window_starts import starts as window_starts
@@ -105,6 +108,11 @@ ENOUGH_GAP = 0.005
 #: the local search under the replayed schedule: on gpt2-xl at 64 cards (load ~10) one second of it reaches
 #: 3.511 s from 3.604 s, where the replayed local search's moves stop at 3.548 s.
 ANNEAL_SHARE = 0.75
+#: Starts the annealing takes in turn (`pace_search.anneal_chains`), least windowed pace first: the least can sit
+#: in a basin its moves do not leave (session 15, gpt2-xl on 64 cards: the window start 3.376 s of pace, annealed
+#: 3.25-3.34 s over ten seeds; the next start, 3.60 s, annealed 3.25-3.27 s); one below `RESTART_STAGES` stages
+#: (the suite's thousands of small `solve` calls: each chain stops after its first round without a new best).
+ANNEAL_CHAINS = 2
 #: Share of `verify`'s time the placements of least window cap may take to build, first (`window_starts`: four
 #: orders, 1.0-1.3 s of CPU for gpt2-xl on 64 and 256 cards, where the best replays in 3.38 s and 7.83 s against
 #: the candidates' 3.60 s and 8.11-9.57 s; past it the orders left are skipped, a cut bisection keeps its best).
@@ -142,6 +150,8 @@ def _bound_and_placement(problem: Problem, deadline: float = math.inf) -> tuple[
     cards = min(len(problem.devices), problem.num_units)
     placement = None
     try:
+        if time.perf_counter() > deadline:  # no time for the pass: the cards' share (its copy alone is p^2 floats)
+            raise DeadlineReached("the least-bottleneck pass has no time")
         check_kinds_fit(problem)  # before building the relaxed copy: its link tables are p^2 floats
         relaxed = replace(problem, bwd_s=bwd,
                           bandwidth_bytes_s=tuple(tuple(2.0 * b for b in row) for row in problem.bandwidth_bytes_s),
@@ -165,13 +175,17 @@ def pace_bound(problem: Problem, *, deadline: float, hints: Sequence[Sequence[St
     real cards.  The count relaxation goes first where card counts bind (`counts_bind`): there the node
     runs, which may put every stage on the fastest kind, bound little.  0 and none when no walk finishes
     a pass by `deadline`; a bound of `enough_s` ends the relaxations' walks."""
+    if time.perf_counter() > deadline:  # no pass could finish: the walks' DP tables are not even built
+        return 0.0, []
     first_step = first_step_floor(problem)
     enough = enough_s - first_step
     try:  # on the problem itself the walk may end on the pace optimum: a plan proved OPTIMAL where it meets T
-        walk = schedule_walk(problem, deadline=deadline, hints=hints)
+        walk = schedule_walk(problem, deadline=deadline, hints=hints, dp=CountDP(problem, deadline=deadline))
         return walk.bound_s + first_step, [_levers(problem, p) for p in walk.placements]
     except StateSpaceTooLarge:
         pass
+    except DeadlineReached:  # its count vectors were not listed in time (`dp._Lattice.build`)
+        return 0.0, []
     # where counts bind, the count relaxation first, with a share of the time (the node runs' placements are
     # still worth having); else the node runs first with all of it (the count relaxation is weak there)
     # (the node runs' prices on card counts only where they lead: at 64 cards 2.28 -> 2.51 s, under the count
@@ -234,10 +248,10 @@ def _merged_walk(problem: Problem, *, deadline: float, hints: Sequence[Sequence[
     best = min(hints, key=lambda h: sum(pace_terms(problem, h, windows=True)), default=None)
     relaxed, members = pace_relaxation(problem, stages=None if best is None else len(best))
     try:  # the relaxation prices the hints lower or equal
-        dp = CountDP(relaxed)
-        walk = schedule_walk(relaxed, deadline=deadline, hints=hints, dp=dp, enough_s=enough_s,
-                             band_tolerance=BAND_TOLERANCE)
-    except StateSpaceTooLarge:
+        dp = CountDP(relaxed, deadline=deadline)  # its lattice checks the deadline (seconds)
+        walk = schedule_walk(relaxed, deadline=deadline, hints=hints, enough_s=enough_s, band_tolerance=BAND_TOLERANCE,
+                             dp=dp)
+    except (StateSpaceTooLarge, DeadlineReached):
         return 0.0, []
     real = [realised(problem, relaxed, members, p, deadline=deadline) for p in walk.placements]
     # window chains of three ranks in the time the plain walk leaves, if any (`pace_windows`: gpt2-xl on 64 cards
@@ -331,32 +345,40 @@ def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stage
     """The fastest of `candidates` (and of the least-bottleneck placement) under the schedule, each
     locally improved (keeping `num_stages` stages when given), with `schedule_bound`."""
     start_s = time.perf_counter()
+    # the hard deadline: past it nothing starts, and a pricing only where it is forecast to end in time (`Pricer`),
+    # but the first pricing of a candidate that fits (the answer needs one: `solve`'s allowance past its limit)
+    pricer = Pricer(problem, deadline=start_s + max(limit_s, 0.0), price_fn=evaluate)
     bound, least = _bound_and_placement(problem, start_s + limit_s / 4)
     # the pace bound's round trips follow 1F1B's order (F(i + k) right after B(i)); the split schedules keep theirs
     starts = [tuple(c) if problem.offload == "never" else _levers(problem, c) for c in candidates]
+    # the answer's pricing first, within the limit where the limit leaves any time (a compile: 0.5 s at 1,024 cards)
+    priced = price_in_order(pricer, starts, first_only=True)
     # the walks stop near the candidates' own pace (at most their T, cheap to price: no schedule replay); not the
     # window start's, whose lower pace may not replay faster (llama-7b on 1,024 cards: the bound 117.80 -> 117.51 s)
     enough_s = min((sum(pace_terms(problem, c, windows=True)) for c in starts), default=math.inf) + first_step_floor(problem)
     # the window start only where its pace promises more than `ENOUGH_GAP` (its replay compiles a new pipeline
     # length: at 1,024 cards `verify` overran its time by 0.6 s of CPU for 0.15%)
-    starts += [w for w in _window_start(problem, num_stages, deadline=start_s + WINDOW_STARTS_SHARE * limit_s)
+    starts += [w for w in _window_start(problem, num_stages, deadline=start_s + WINDOW_STARTS_SHARE * limit_s,
+                                        hard_deadline=pricer.deadline)
                if sum(pace_terms(problem, w, windows=True)) + first_step_floor(problem) < enough_s * (1.0 - ENOUGH_GAP)]
     paced, placed = (pace_bound(problem, deadline=start_s + PACE_SHARE * limit_s, hints=candidates,
                                 enough_s=enough_s * (1.0 - ENOUGH_GAP)) if problem.schedule == "1f1b" else (0.0, []))
     bound = max(bound, paced)
-    priced = {c: evaluate(problem, c, objective="schedule") for c in starts}  # a new pipeline length compiles its schedule once (seconds)
+    priced = price_in_order(pricer, starts, priced)  # a new pipeline length compiles its schedule once (seconds)
+    starts = [c for c in starts if c in priced]  # past the deadline: those priced in time
     given_s = min((ev.iteration_s for ev in priced.values() if ev.fits), default=math.inf)
     now = time.perf_counter()
     # where the bound is within `ENOUGH_GAP` of the given answer no search pays (1,024 cards: 0.5%, and the
     # annealed placement's replay would compile a new pipeline length, seconds there)
-    annealed = (_annealed(problem, starts + placed, priced, num_stages, now + ANNEAL_SHARE * max(0.0, start_s + limit_s - now),
-                          floor_s=bound - first_step_floor(problem)) if bound < given_s * (1.0 - ENOUGH_GAP) else [])
+    annealed = (_annealed(problem, starts + placed, priced, num_stages, now + ANNEAL_SHARE * pricer.left_s(),
+                          floor_s=bound - first_step_floor(problem), pricer=pricer)
+                if bound < given_s * (1.0 - ENOUGH_GAP) and pricer.left_s() > 0 else [])
     walked = 0
     for extra in ([least] if least is not None else []) + placed:
-        if time.perf_counter() > start_s + limit_s or walked >= MAX_WALK_STARTS:
+        if pricer.left_s() <= 0 or walked >= MAX_WALK_STARTS:
             break
-        if (num_stages is None or len(extra) == num_stages) and extra not in priced:
-            priced[extra] = ev = evaluate(problem, extra, objective="schedule")
+        if (num_stages is None or len(extra) == num_stages) and extra not in priced and pricer.fits(extra):
+            priced[extra] = ev = pricer.price(extra)
             if extra is least or (ev.fits and ev.iteration_s < given_s):  # the walk's: only what beats the given
                 starts.append(extra)
                 walked += extra is not least
@@ -367,7 +389,8 @@ def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stage
         if not ev.fits:
             continue
         first_s = min(first_s, ev.iteration_s) if start not in annealed else first_s
-        found, found_s = _local_search(problem, start, ev.iteration_s, num_stages, limit_s / len(starts + annealed))
+        found, found_s = _local_search(problem, start, ev.iteration_s, num_stages, limit_s / len(starts + annealed),
+                                       pricer=pricer)
         if found_s < best_s:
             best, best_s = found, found_s
     if best is None:
@@ -376,11 +399,14 @@ def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stage
 
 
 def _annealed(problem: Problem, starts: list[tuple[Stage, ...]], priced: dict[tuple[Stage, ...], Evaluation],
-              num_stages: int | None, deadline: float, floor_s: float) -> list[tuple[Stage, ...]]:
-    """`pace_search.anneal` until `deadline` from the start of least windowed pace that fits (the given
-    candidates, the walks' placements and `_window_start`: no replay needed to choose): [its placement] (priced into `priced`)
+              num_stages: int | None, deadline: float, floor_s: float,
+              pricer: Pricer | None = None) -> list[tuple[Stage, ...]]:
+    """`pace_search.anneal_chains` until `deadline` from the `ANNEAL_CHAINS` distinct starts of least windowed pace
+    that fit (the given candidates, the walks' placements and `_window_start`: no replay needed to choose): [its placement] (priced into `priced`)
     when it is new and fits, else []; nothing where the pace search does not apply (levers, groups, split
-    schedules; under `auto` it anneals the plain view, `_plain_view`) or the stage count is fixed; `floor_s` (the bound less the least step) ends it early."""
+    schedules; under `auto` it anneals the plain view, `_plain_view`) or the stage count is fixed; `floor_s` (the bound less the least step) ends it early.
+    With `pricer`, the annealing ends in time for its placement's pricing (forecast for a new pipeline length) before
+    the pricer's deadline, and a placement whose pricing is not forecast to end by then is dropped."""
     plain = _plain_view(problem)
     if num_stages is not None or not applies(plain):
         return []
@@ -389,21 +415,26 @@ def _annealed(problem: Problem, starts: list[tuple[Stage, ...]], priced: dict[tu
                and (priced[s] if s in priced else evaluate(problem, s, objective="estimate")).fits]
     if not fitting:
         return []
-    found = anneal(plain, min(fitting, key=pace.value), deadline=deadline, floor_s=floor_s)
-    if found in priced:
+    chains = sorted(dict.fromkeys(fitting), key=pace.value)
+    chains = chains[:ANNEAL_CHAINS if len(chains[0]) >= RESTART_STAGES else 1]  # short: one chain, as it stops early
+    if pricer is not None:
+        deadline = min(deadline, pricer.deadline - pricer.forecast_s(chains[0], new=True))
+    found = anneal_chains(plain, chains, deadline=deadline, floor_s=floor_s)
+    if found in priced or (pricer is not None and not pricer.fits(found)):
         return []
-    priced[found] = ev = evaluate(problem, found, objective="schedule")
+    priced[found] = ev = pricer.price(found) if pricer is not None else evaluate(problem, found, objective="schedule")
     return [found] if ev.fits else []
 
 
-def _window_start(problem: Problem, num_stages: int | None, *, deadline: float) -> list[tuple[Stage, ...]]:
+def _window_start(problem: Problem, num_stages: int | None, *, deadline: float,
+                  hard_deadline: float = math.inf) -> list[tuple[Stage, ...]]:
     """[The placement of least windowed pace among `window_starts`'] (a candidate like the solvers': gpt2-xl on
     256 cards 7.88 s against their 8.11-9.57 s), or [] below `WINDOW_STARTS_CARDS` cards, with a fixed stage
     count, or where the pace search does not apply (as `_annealed`)."""
     plain = _plain_view(problem)
     if num_stages is not None or len(problem.devices) < WINDOW_STARTS_CARDS or not applies(plain):
         return []
-    built = window_starts(plain, deadline=deadline)
+    built = window_starts(plain, deadline=deadline, hard_deadline=hard_deadline)
     return [min(built, key=FastPace(plain).value)] if built else []
 
 
@@ -417,18 +448,23 @@ def _plain_view(problem: Problem) -> Problem:
 
 
 def _local_search(problem: Problem, best: tuple[Stage, ...], best_s: float, num_stages: int | None,
-                  limit_s: float) -> tuple[tuple[Stage, ...], float]:
-    """First-improvement descent over `_neighbours` within `LOCAL_MOVES` evaluations and `limit_s`."""
+                  limit_s: float, pricer: Pricer | None = None) -> tuple[tuple[Stage, ...], float]:
+    """First-improvement descent over `_neighbours` within `LOCAL_MOVES` evaluations and `limit_s`; with `pricer`,
+    a move whose pricing is not forecast to end by its deadline is skipped (one of a new pipeline length compiles),
+    and none is tried past it (a search after one that overran its `limit_s` would end past it by as much)."""
     start, moves, better = time.perf_counter(), 0, True
-    while better and moves < LOCAL_MOVES and time.perf_counter() - start < limit_s:
+    end = start + limit_s if pricer is None else min(start + limit_s, pricer.deadline)
+    while better and moves < LOCAL_MOVES and time.perf_counter() < end:
         better = False
         for cand in _neighbours(problem, best):
             if num_stages is not None and len(cand) != num_stages:
                 continue
             moves += 1
-            if moves >= LOCAL_MOVES or time.perf_counter() - start > limit_s:
+            if moves >= LOCAL_MOVES or time.perf_counter() > end:
                 break
-            ev = evaluate(problem, cand, objective="schedule")
+            if pricer is not None and not pricer.fits(cand):
+                continue
+            ev = pricer.price(cand) if pricer is not None else evaluate(problem, cand, objective="schedule")
             if ev.fits and ev.iteration_s < best_s * (1 - 1e-12):
                 best, best_s, better = cand, ev.iteration_s, True
                 break

@@ -148,6 +148,7 @@ def window_dp(problem: Problem, grp: Groups, cap_s: float) -> tuple[Stage, ...] 
     """A placement in `grp`'s family whose every window averages at most `cap_s`, of least M at its end;
     None when there is none (module docstring)."""
     table = _fill(problem, grp, cap_s)
+    assert table is not None  # no deadline
     ends = table.least[problem.num_units, :, 1:]
     if not np.isfinite(ends).any():
         return None
@@ -155,18 +156,30 @@ def window_dp(problem: Problem, grp: Groups, cap_s: float) -> tuple[Stage, ...] 
     return _placement(grp, table, problem.num_units, int(g), int(used) + 1)
 
 
-def end_placements(problem: Problem, grp: Groups, cap_s: float, weight: float = 0.0) -> list[tuple[Stage, ...]]:
+def end_placements(problem: Problem, grp: Groups, cap_s: float, weight: float = 0.0, *,
+                   deadline: float = math.inf) -> list[tuple[Stage, ...]]:
     """A placement meeting `cap_s` for every last (group, card) that has one, not only the least M's: their
     fill and window counts differ (gpt2-xl on 64 cards: 3.408 s of windowed pace against the least M's 3.422 s).
-    `weight` > 0 keeps per state the least M + weight x fill instead of the least M (`FILL_WEIGHTS`)."""
-    table = _fill(problem, grp, cap_s, weight)
+    `weight` > 0 keeps per state the least M + weight x fill instead of the least M (`FILL_WEIGHTS`).  Past
+    `deadline` (`time.perf_counter()` seconds) those unwound so far, none while the table fills (gpt2-xl on 1,024
+    cards, order "slow": 0.04 s of CPU for the table, 0.04 s more for its 72 ends)."""
+    table = _fill(problem, grp, cap_s, weight, deadline=deadline)
+    if table is None:
+        return []
     ends = table.least[problem.num_units, :, 1:]
-    return [_placement(grp, table, problem.num_units, int(g), int(used) + 1) for g, used in zip(*np.nonzero(np.isfinite(ends)))]
+    out = []
+    for g, used in zip(*np.nonzero(np.isfinite(ends))):
+        if time.perf_counter() > deadline:
+            break
+        out.append(_placement(grp, table, problem.num_units, int(g), int(used) + 1))
+    return out
 
 
-def _fill(problem: Problem, grp: Groups, cap_s: float, weight: float = 0.0) -> _Table:
+def _fill(problem: Problem, grp: Groups, cap_s: float, weight: float = 0.0, *,
+          deadline: float = math.inf) -> _Table | None:
     """The DP's table for `cap_s` (module docstring): units placed in order, stages ending at every unit; each
-    state keeps the least M + `weight` x fill among the paths that meet the cap (weight 0: the exact DP)."""
+    state keeps the least M + `weight` x fill among the paths that meet the cap (weight 0: the exact DP); None
+    once `deadline` passes."""
     n, count = problem.num_units, len(grp.cards)
     most = max(map(len, grp.cards))
     shape = (n + 1, count, most + 1)
@@ -176,6 +189,8 @@ def _fill(problem: Problem, grp: Groups, cap_s: float, weight: float = 0.0) -> _
     later = np.triu(np.ones((count, count), dtype=bool), 1)  # group i may hand over to group j > i only
     bytes_, rows = np.asarray(problem.boundary_bytes, dtype=float), np.arange(count)
     for e in range(n):
+        if time.perf_counter() > deadline:
+            return None
         work = grp.prefix[:, e + 1:] - grp.prefix[:, [e]]  # (groups, n - e): a stage of units e .. e' - 1
         if e == 0:
             entry, entry_fill = np.full(count, -np.inf), np.zeros(count)  # the first stage: no window before it
@@ -254,20 +269,27 @@ def least_cap(problem: Problem, order: str, *, deadline: float = math.inf) -> tu
     return high, best
 
 
-def starts(problem: Problem, *, deadline: float = math.inf) -> list[tuple[Stage, ...]]:
+def starts(problem: Problem, *, deadline: float = math.inf, hard_deadline: float = math.inf) -> list[tuple[Stage, ...]]:
     """Per order of `ORDERS`, cap of `SLACK` (times the order's least) and weight of `FILL_WEIGHTS`, the placement
-    of least windowed pace (`FastPace`) among `end_placements` that fits; fewer past `deadline` (`time.perf_counter()` seconds)."""
+    of least windowed pace (`FastPace`) among `end_placements` that fits; fewer past `deadline` (`time.perf_counter()`
+    seconds: no order starts past it but the first), and past `hard_deadline` (the caller's end: nothing more
+    starts, the first order's placements included) those found so far."""
     pace = FastPace(problem)
     found: list[tuple[Stage, ...]] = []
     for order in ORDERS:
-        if found and time.perf_counter() > deadline:  # the first order's least cap so far, whatever the time
-            break
-        cap_s, least = least_cap(problem, order, deadline=deadline)
+        if (found and time.perf_counter() > deadline) or time.perf_counter() > hard_deadline:
+            break  # the first order's least cap so far, whatever the share's time, until the caller's end
+        cap_s, least = least_cap(problem, order, deadline=min(deadline, hard_deadline))
         grp = groups(problem, order)
         for ratio, weight in itertools.product(SLACK, FILL_WEIGHTS):
-            ends = end_placements(problem, grp, cap_s * ratio, weight) or [least]
-            placed = next((p for p in sorted(ends, key=pace.value)
-                           if evaluate(problem, p, objective="estimate").fits), None)
+            if time.perf_counter() > hard_deadline:  # each is a DP over the units and its ends' pricing: tens of ms
+                break
+            ends = end_placements(problem, grp, cap_s * ratio, weight, deadline=hard_deadline) or [least]
+            # ranked, then the first that fits, checked one by one until the caller's end (llama-7b on 1,024 cards
+            # under a loose cap: 1,020 ends, 0.07 s of CPU to rank, none fits, 0.4 s to check)
+            ranked = sorted(ends, key=pace.value) if time.perf_counter() <= hard_deadline else []
+            placed = next((p for p in ranked if time.perf_counter() <= hard_deadline
+                           and evaluate(problem, p, objective="estimate").fits), None)
             if placed is not None and placed not in found:
                 found.append(placed)
     return found

@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from hetpipe.errors import ConfigError, RuntimeFailure
+from hetpipe.runtime.measured_links import MESSAGE_OPS, MessageLog
 
 log = logging.getLogger(__name__)
 
@@ -347,6 +348,7 @@ class RecordingHooks(_hooks_base()):  # type: ignore[misc]
         self.bwd_compute_s: list[float] = []
         self._start_s = 0.0
         self._b_entry: dict[int, int] = {}  # micro-batch -> its B's index in bwd_s, until its W (split lists)
+        self.message_log = MessageLog()  # every step's SENDs and RECVs on CLOCK_MONOTONIC (measured C)
 
     def before(self, action: Any) -> None:
         self.current = str(action)
@@ -357,6 +359,8 @@ class RecordingHooks(_hooks_base()):  # type: ignore[misc]
 
     def after(self, action: Any, seconds: float) -> None:
         op = action.op.value
+        if op in MESSAGE_OPS:
+            self.message_log.record(str(action), self._start_s, time.monotonic())
         if op == "STEP":
             self.stretch(action, seconds)
         if op in ("F", "B", "W"):
