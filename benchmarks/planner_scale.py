@@ -242,8 +242,8 @@ SESSION_15 = (
     "relaxation's reach.  Finer cuts of the kinds: A100 / 4090 / A6000 / V100 / the rest (5.3e7 DP rows) 3.171 s "
     "with pairs in 245 s, 3.211 s with windows of three in 399 s; A100 / 4090 A6000 / V100 / the rest with windows "
     "of four 3.198 s in 130 s.  The fine cut's plain argmin on real cards replays in 3.308 s (the best known was "
-    "3.335 s), `verify` from it in 3.296 s (A100 / A5000 / A6000 / V100 / 4090 runs, the head on an A100): "
-    "a 2.6% gap against 3.211 s.  In the 10 s "
+    "3.335 s), `verify` from it in 3.296 s.  Against the best known since (3.253 s, ans64) 3.211 s and 3.198 s "
+    "are 1.3% and 1.7% gaps, in minutes; the 10 s bound 3.070 s is 5.6% below it.  In the 10 s "
     "solve the plain walk does not finish at 64 cards: the rows are unchanged (64 cards 3.04-3.07 s over four "
     "runs of each, main the same; llama-7b 64 and gpt2-xl 256 cards identical).")
 
