@@ -240,7 +240,7 @@ SESSION_15 = (
     "cards, the default count relaxation: 3.070 s (pairs) -> 3.110 s (three ranks) -> 3.126 s (four), 8.5-15 "
     "CPU s against 5; its argmin paces 3.17 s with every window, so the 3.27 s a 2% gap needs is out of this "
     "relaxation's reach.  Finer cuts of the kinds: A100 / 4090 / A6000 / V100 / the rest (5.3e7 DP rows) 3.171 s "
-    "with pairs in 245 s, 3.211 s with windows of three in 399 s; A100 / 4090 A6000 / V100 / the rest with windows "
+    "with pairs in 245 s, 3.211 s with windows of three in 399 s, 3.227 s with windows of four in 833 s; A100 / 4090 A6000 / V100 / the rest with windows "
     "of four 3.198 s in 130 s.  The fine cut's plain argmin on real cards replays in 3.308 s (the best known was "
     "3.335 s), `verify` from it in 3.296 s.  Against the best known since (3.253 s, ans64) 3.211 s and 3.198 s "
     "are 1.3% and 1.7% gaps, in minutes; the 10 s bound 3.070 s is 5.6% below it.  In the 10 s "

@@ -19,7 +19,7 @@ rest, uncapped walks, CPU seconds at load ~10): pairs only 3.070 s (21 passes, 5
 3.110 s (23 passes, 9 s), of four 3.126 s (24 passes, 15 s), of six the same; the relaxation's argmin paces
 3.17 s with every window, so no window filter lifts that relaxation further (its merged kinds are what is left:
 cut A100 / 4090 / A6000 / V100 / the rest, a 5.3e7-row DP, 3.171 s with pairs in 245 s, 3.211 s with windows of
-three in 399 s; `benchmarks/pace_windows.py --fine`).
+three in 399 s, 3.227 s of four in 833 s; `benchmarks/pace_windows.py --fine`).
 
 Example (`schedule_bound.window_pace`'s pipeline: four one-unit stages of W = 3, 3, 3, 1 s over cuts of 1, 1, 0
 s, m = 16; the windowed filters raise the plain walk's bound to the windowed pace optimum):
