@@ -51,3 +51,34 @@ def emit(lines: Sequence[str], path: Path) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return text
+
+
+def one_way_spans(stamps: dict[str, list[float]], out: str) -> None:
+    """Gather both ranks' send / arrival stamps (CLOCK_MONOTONIC s, one host) per way and, on rank 1, write each
+    way's one-way spans (arrival - send, the first message of each way left out as a warm-up) to `out` as JSON."""
+    import json
+
+    import torch.distributed as dist
+
+    both: list = [None, None]
+    dist.all_gather_object(both, stamps)
+    if dist.get_rank() == 1:
+        spans = {w: [end - start for start, end in zip(both[0][w][1:], both[1][w][1:])] for w in stamps}
+        Path(out).write_text(json.dumps(spans))
+    dist.destroy_process_group()
+
+
+def spawn_spans(worker, messages: int) -> dict[str, list[float]]:  # type: ignore[no-untyped-def]
+    """Run ``worker(rank, port, messages, out)`` on two spawned ranks (which end with `one_way_spans`) and return
+    the spans per way it wrote."""
+    import json
+    import tempfile
+
+    import torch
+
+    from hetpipe.cost_models.calibrate import free_port
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "spans.json")
+        torch.multiprocessing.spawn(worker, args=(free_port(), messages, out), nprocs=2)
+        return json.loads(Path(out).read_text())

@@ -40,7 +40,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import markdown_table, write_result  # noqa: E402
+from benchmarks.common import markdown_table, one_way_spans, spawn_spans, write_result  # noqa: E402
 
 #: One cut of the demo models: 8 x 128 tokens x 128 features, fp32 (512 KiB).
 CUT_SHAPE = (8, 128, 128)
@@ -126,7 +126,6 @@ def measure(repeats: int) -> dict[str, dict[str, float]]:
 def _wall_worker(rank: int, port: int, messages: int, out: str) -> None:
     """One end of the interleaved wall-time comparison (second table); rank 1 writes the spans (s)."""
     import datetime
-    import json
 
     import torch
     import torch.distributed as dist
@@ -165,28 +164,13 @@ def _wall_worker(rank: int, port: int, messages: int, out: str) -> None:
             dist.send(ready, 0, tag=2**29)
             receive()
             stamps[way].append(time.monotonic())
-    both = [None, None]
-    dist.all_gather_object(both, stamps)
-    if rank == 1:
-        spans = {w: [end - start for start, end in zip(both[0][w][1:], both[1][w][1:])] for w in stamps}
-        Path(out).write_text(json.dumps(spans))
-    dist.destroy_process_group()
+    one_way_spans(stamps, out)
 
 
 def wall_table(messages: int) -> str:
     """The second table: min, quartiles of the interleaved one-way messages (ms), and the load."""
-    import json
-    import tempfile
-
-    import torch
-
-    from hetpipe.cost_models.calibrate import free_port
-
     load0 = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "spans.json")
-        torch.multiprocessing.spawn(_wall_worker, args=(free_port(), messages, out), nprocs=2)
-        spans = json.loads(Path(out).read_text())
+    spans = spawn_spans(_wall_worker, messages)
     rows = []
     for way, ts in spans.items():
         q = statistics.quantiles(ts, n=4)

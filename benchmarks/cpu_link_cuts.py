@@ -34,7 +34,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import markdown_table, write_result  # noqa: E402
+from benchmarks.common import markdown_table, one_way_spans, spawn_spans, write_result  # noqa: E402
 
 #: Bytes of the hidden states at 8 x 128 tokens x 128 features, fp32: gpt-demo's cut, the Llama's gradient.
 HIDDEN_BYTES = 8 * 128 * 128 * 4
@@ -141,7 +141,6 @@ def cpu_table(repeats: int) -> str:
 def _wall_worker(rank: int, port: int, messages: int, out: str) -> None:
     """One end of table 2; rank 1 writes the one-way spans (s) per cut."""
     import datetime
-    import json
 
     import torch
     import torch.distributed as dist
@@ -181,28 +180,13 @@ def _wall_worker(rank: int, port: int, messages: int, out: str) -> None:
                 dist.send(ready, 0, tag=2**29)
                 receive()
                 stamps[cut].append(time.monotonic())
-    both = [None, None]
-    dist.all_gather_object(both, stamps)
-    if rank == 1:
-        spans = {c: [end - start for start, end in zip(both[0][c][1:], both[1][c][1:])] for c in stamps}
-        Path(out).write_text(json.dumps(spans))
-    dist.destroy_process_group()
+    one_way_spans(stamps, out)
 
 
 def wall_table(messages: int) -> str:
     """Table 2: quartiles of the interleaved one-way messages (ms) per cut, and the load."""
-    import json
-    import tempfile
-
-    import torch
-
-    from hetpipe.cost_models.calibrate import free_port
-
     load0 = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "spans.json")
-        torch.multiprocessing.spawn(_wall_worker, args=(free_port(), messages, out), nprocs=2)
-        spans = json.loads(Path(out).read_text())
+    spans = spawn_spans(_wall_worker, messages)
     one = statistics.median(spans["1 tensor of 672 KiB"])
     rows = []
     for cut, ts in spans.items():
