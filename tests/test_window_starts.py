@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 import math
 import random
+import time
 
 import pytest
 
@@ -94,7 +95,9 @@ def test_verify_answers_at_most_the_window_start(monkeypatch: pytest.MonkeyPatch
     """From `WINDOW_STARTS_CARDS` cards `verify` prices the best window start as a candidate: its answer is at
     most that start's replay and at least its bound, even from a single-stage candidate (16 cards, 2 nodes).
     The starts are built without their deadline here, before `verify`'s clock starts (a loaded machine may leave
-    the share no time, and past `verify`'s deadline a start is not priced)."""
+    the share no time, and past `verify`'s deadline a start is not priced).  Its clock is this thread's CPU time:
+    a full run beside a CPU burner (load ~4) left the 1 s of wall too little to price the start."""
+    monkeypatch.setattr(time, "perf_counter", time.thread_time)  # every module reads it at call time
     rng = random.Random(3)
     prob = random_problem(rng, units=10, devices=WINDOW_STARTS_CARDS, microbatches=32, objective="schedule")
     built = starts(verify_module._plain_view(prob))
