@@ -34,8 +34,10 @@ Example:
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +46,21 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "gpu_check.md"
 RTOL, ATOL = 1e-4, 1e-5
+# What one lent GPU checks by default: two GPTs and a Llama (name:batch:seq per micro-batch).
+DEFAULT_MODELS = "gpt2-small:4:1024,gpt2-medium:4:1024,llama-1b:1:2048"
 
 
 def _setup(args: argparse.Namespace) -> tuple[Any, tuple[torch.Tensor, ...], Any]:
     """(UnitGraph on meta, one meta micro-batch, the model's loss function)."""
     from hetpipe.models import build, training_loss
     from hetpipe.partitioner.capture.capture import capture
+    from hetpipe.runtime.stage.buffers import ModelBuffers
 
     model, inputs = build(args.model, device="meta", batch=args.batch, seq=args.seq)
     fn, targets = training_loss(args.model, inputs)
     graph = capture(model, inputs, name=args.model, loss_fn=fn, targets=targets)
+    # Buffers (rotary tables, ...) are recomputed from the meta model, as `hetpipe run`'s ranks do.
+    args.buffers = ModelBuffers(model)
     return graph, inputs, fn
 
 
@@ -70,17 +77,23 @@ def _batch(args: argparse.Namespace, graph: Any, example: tuple[torch.Tensor, ..
 
 
 def check_stages(args: argparse.Namespace, graph: Any, example: tuple[torch.Tensor, ...], loss_fn: Any
-                 ) -> dict[str, float]:
-    """Chained stage modules vs the whole model on ``device``: max relative loss and gradient errors."""
+                 ) -> tuple[dict[str, float], list[Any], dict[str, int]]:
+    """Chained stage modules vs the whole model on ``device``: max relative loss and gradient errors.
+
+    Also returns the stage modules and the unit -> stage mapping, which `check_stage_times` times.
+    """
     from hetpipe.runtime.stage.build import build_stage, split_stages
 
     stages, device = args.stages, args.device
     n = graph.num_units
-    mapping = {name: min(stages - 1, u.index * stages // n) for u in graph.units for name in u.node_names}
+    unit_stage = {u.index: min(stages - 1, u.index * stages // n) for u in graph.units}
+    mapping = {name: unit_stage[u.index] for u in graph.units for name in u.node_names}
     program = split_stages(graph.module, mapping, example_inputs=example, num_stages=stages, tied=graph.tied)
-    parts = [build_stage(program, s, state_dict=None, device=device, seed=0) for s in range(stages)]
+    parts = [build_stage(program, s, state_dict=None, device=device, seed=0,
+                         buffers=args.buffers) for s in range(stages)]
     whole = build_stage(split_stages(graph.module, {}, example_inputs=example, num_stages=1, tied=graph.tied), 0,
-                        state_dict=None, device=device, seed=0)
+                        state_dict=None, device=device, seed=0,
+                         buffers=args.buffers)
     x, y = _batch(args, graph, example, rows=args.batch * args.microbatches)
     ref_loss = loss_fn(whole(x), y)
     ref_loss.backward()
@@ -103,8 +116,8 @@ def check_stages(args: argparse.Namespace, graph: Any, example: tuple[torch.Tens
         worst = max(worst, float((g - ref[name].grad).abs().max() / ref[name].grad.abs().max().clamp_min(1e-30)))
     torch.testing.assert_close(loss, ref_loss, rtol=RTOL, atol=ATOL)
     loss_err = abs(float(loss.detach() - ref_loss.detach())) / abs(float(ref_loss.detach()))
-    return {"params": float(len(grads)), "loss_rel_err": loss_err,
-            "grad_rel_err": worst}
+    del whole, ref
+    return {"params": float(len(grads)), "loss_rel_err": loss_err, "grad_rel_err": worst}, parts, unit_stage
 
 
 def check_memory_and_timing(args: argparse.Namespace, graph: Any, example: tuple[torch.Tensor, ...], loss_fn: Any,
@@ -120,7 +133,8 @@ def check_memory_and_timing(args: argparse.Namespace, graph: Any, example: tuple
 
     microbatches, device = args.microbatches, args.device
     program = split_stages(graph.module, {}, example_inputs=example, num_stages=1, tied=graph.tied)
-    stage = build_stage(program, 0, state_dict=None, device=device, seed=0)
+    stage = build_stage(program, 0, state_dict=None, device=device, seed=0,
+                         buffers=args.buffers)
     opt = torch.optim.Adam(stage.parameters(), lr=1e-4)
     ex = PipelineExecutor(stage, rank=0, num_stages=1, schedule_actions=one_f_one_b(1, microbatches)[0], loss_fn=loss_fn,
                           optimizer=opt, microbatches=microbatches, options=ExecutorOptions(timeout_s=60.0))
@@ -146,6 +160,77 @@ def check_memory_and_timing(args: argparse.Namespace, graph: Any, example: tuple
             "bwd_s": statistics.median(bwd), "predicted_fwd_s": cost.fwd_s, "predicted_bwd_s": cost.bwd_s}
 
 
+TIMED_REPEATS = 5  # timed forward+backward passes per stage after two warm-ups; the median is reported
+
+
+def _elapsed_s(fn: Any, device: str) -> float:
+    """Seconds ``fn()`` takes on ``device``: CUDA events around it on a GPU (kernels are asynchronous)."""
+    if device.startswith("cuda"):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _time_stage(part: Any, acts: tuple[Any, ...], last: bool, loss_fn: Any, y: torch.Tensor,
+                device: str) -> tuple[float, float, tuple[Any, ...]]:
+    """Median forward and backward seconds of one stage on one micro-batch, and its (detached) outputs."""
+    fwd, bwd = [], []
+    box: dict[str, Any] = {}
+    for rep in range(TIMED_REPEATS + 2):
+        ins = tuple(a.detach().requires_grad_(a.is_floating_point()) if torch.is_tensor(a) else a for a in acts)
+
+        def forward() -> None:
+            out = part(*ins)
+            box["out"] = out if isinstance(out, tuple) else (out,)
+            if last:
+                box["loss"] = loss_fn(box["out"][0], y)
+
+        def backward() -> None:
+            if last:
+                box["loss"].backward()
+                return
+            outs = [o for o in box["out"] if torch.is_tensor(o) and o.requires_grad]
+            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+
+        f, b = _elapsed_s(forward, device), _elapsed_s(backward, device)
+        if rep >= 2:  # the first passes pay allocator growth and kernel selection
+            fwd.append(f)
+            bwd.append(b)
+    for param in part.parameters():
+        param.grad = None
+    return statistics.median(fwd), statistics.median(bwd), tuple(
+        o.detach() if torch.is_tensor(o) else o for o in box["out"])
+
+
+def check_stage_times(args: argparse.Namespace, graph: Any, example: tuple[torch.Tensor, ...], loss_fn: Any,
+                      profile: Any, parts: list[Any], unit_stage: dict[int, int]) -> list[dict[str, float]]:
+    """Each stage's forward and backward on one micro-batch, measured beside the cost model's F_s and B_s."""
+    from hetpipe.cost_models.devices import Cluster, Device, Link
+    from hetpipe.partitioner.problem import Stage, evaluate
+    from hetpipe.plan.build import build_problem
+
+    devs = tuple(Device(id=f"gpu:{s}", node="n0", profile=profile, reserve_bytes=0) for s in range(len(parts)))
+    # Any link will do: only F_s and B_s are compared (the stages share one GPU, nothing is sent).
+    links = {(a.id, b.id): Link(a.id, b.id, 1e12, 0.0) for a in devs for b in devs if a.id != b.id}
+    problem = build_problem(graph, Cluster(name="lent", devices=devs, links=links), microbatches=args.microbatches)
+    spans = [[u for u, s in unit_stage.items() if s == k] for k in range(len(parts))]
+    costs = evaluate(problem, tuple(Stage(k, min(us), max(us)) for k, us in enumerate(spans))).stages
+    x, y = _batch(args, graph, example, rows=args.batch, step=2)
+    acts: tuple[Any, ...] = (x,)
+    rows = []
+    for k, part in enumerate(parts):
+        f, b, acts = _time_stage(part, acts, k == len(parts) - 1, loss_fn, y, args.device)
+        rows.append({"stage": float(k), "units": float(len(spans[k])), "fwd_s": f, "bwd_s": b,
+                     "predicted_fwd_s": costs[k].fwd_s, "predicted_bwd_s": costs[k].bwd_s})
+    return rows
+
+
 def _profile(device: str, calibration: Any) -> Any:
     from hetpipe.cost_models.devices import DeviceProfile
 
@@ -157,29 +242,76 @@ def _profile(device: str, calibration: Any) -> Any:
                          source=f"calibrated on {device} by benchmarks/gpu_check.py")
 
 
-def report(args: argparse.Namespace, cal: Any, stages: dict[str, float], mem: dict[str, float]) -> list[str]:
+def report(args: argparse.Namespace, cal: Any, stages: dict[str, float], mem: dict[str, float],
+           times: list[dict[str, float]]) -> list[str]:
+    """One model's section of the results: numerics, memory, whole-model and per-stage timings."""
     mib = 2**20
     alloc = mem["alloc_peak_bytes"]
     alloc_cell = "n/a (CPU)" if alloc != alloc else f"{alloc / mib:.1f} MiB ({mem['held_peak_bytes'] / alloc:.3f})"
-    return [
-        f"# GPU check ({args.device}, {torch.cuda.get_device_name(args.device) if args.device.startswith('cuda') else 'CPU'})",
-        "", f"`python benchmarks/gpu_check.py --device {args.device} --model {args.model} --stages {args.stages} "
-            f"--microbatches {args.microbatches} --batch {args.batch}` -- torch {torch.__version__}", "",
+    lines = [
+        f"## {args.model}: {args.batch} x {args.seq or 'default'} tokens per micro-batch, {args.microbatches} "
+        f"micro-batches, {args.stages} stages", "",
         "| check | figure |", "|---|---|",
         f"| stage modules ({args.stages} stages) vs whole model | {int(stages['params'])} parameters; max relative "
         f"gradient error {stages['grad_rel_err']:.2e}, loss {stages['loss_rel_err']:.2e} (rtol {RTOL}) |",
-        f"| matmul bf16 / fp32 (measured) | {cal.tensor_matmul_flops_s / 1e12:.1f} / "
-        f"{cal.fp32_matmul_flops_s / 1e12:.1f} TFLOP/s |",
-        f"| copy bandwidth (measured) | {cal.memory_bandwidth_bytes_s / 1e9:.0f} GB/s |",
         f"| held peak (executor accounting) | {mem['held_peak_bytes'] / mib:.1f} MiB |",
         f"| allocator peak (held / allocator) | {alloc_cell} |",
         f"| cost model, stage memory (held / predicted) | {mem['predicted_bytes'] / mib:.1f} MiB "
         f"({mem['held_peak_bytes'] / mem['predicted_bytes']:.3f}) |",
-        f"| F per micro-batch, measured / predicted | {mem['fwd_s'] * 1e3:.3f} / {mem['predicted_fwd_s'] * 1e3:.3f} ms "
-        f"({mem['fwd_s'] / mem['predicted_fwd_s']:.2f}) |",
-        f"| B per micro-batch, measured / predicted | {mem['bwd_s'] * 1e3:.3f} / {mem['predicted_bwd_s'] * 1e3:.3f} ms "
-        f"({mem['bwd_s'] / mem['predicted_bwd_s']:.2f}) |",
+        f"| F per micro-batch, one stage, measured / predicted | {mem['fwd_s'] * 1e3:.3f} / "
+        f"{mem['predicted_fwd_s'] * 1e3:.3f} ms ({mem['fwd_s'] / mem['predicted_fwd_s']:.2f}) |",
+        f"| B per micro-batch, one stage, measured / predicted | {mem['bwd_s'] * 1e3:.3f} / "
+        f"{mem['predicted_bwd_s'] * 1e3:.3f} ms ({mem['bwd_s'] / mem['predicted_bwd_s']:.2f}) |", "",
+        f"| stage | units | F measured / predicted | F ratio | B measured / predicted | B ratio |",
+        "|---|---|---|---|---|---|",
     ]
+    for r in times:
+        lines.append(f"| {int(r['stage'])} | {int(r['units'])} | {r['fwd_s'] * 1e3:.3f} / "
+                     f"{r['predicted_fwd_s'] * 1e3:.3f} ms | {r['fwd_s'] / r['predicted_fwd_s']:.2f} | "
+                     f"{r['bwd_s'] * 1e3:.3f} / {r['predicted_bwd_s'] * 1e3:.3f} ms | "
+                     f"{r['bwd_s'] / r['predicted_bwd_s']:.2f} |")
+    return lines + [""]
+
+
+def header(args: argparse.Namespace, cal: Any) -> list[str]:
+    """The device, the command and the calibration every model's prediction is priced on."""
+    name = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "CPU"
+    return [f"# GPU check ({args.device}, {name})", "",
+            f"`python benchmarks/gpu_check.py --device {args.device} --models {args.models} --stages {args.stages} "
+            f"--microbatches {args.microbatches}` -- torch {torch.__version__}; fp32, TF32 off; Adam; "
+            f"F/B medians of {TIMED_REPEATS} passes (CUDA events on a GPU) after two warm-ups", "",
+            f"Calibration (`calibrate_device`): matmul bf16 / fp32 {cal.tensor_matmul_flops_s / 1e12:.1f} / "
+            f"{cal.fp32_matmul_flops_s / 1e12:.1f} TFLOP/s, copy bandwidth "
+            f"{cal.memory_bandwidth_bytes_s / 1e9:.0f} GB/s; the cost model prices every model below on exactly "
+            f"these figures (efficiency 1.0).", ""]
+
+
+def _models(spec: str) -> list[tuple[str, int | None, int | None]]:
+    """``"gpt2-small:4:1024,llama-1b:1"`` -> [(name, batch or None, seq or None), ...]."""
+    out = []
+    for item in spec.split(","):
+        name, *rest = item.split(":")
+        nums = [int(v) for v in rest] + [None, None]
+        out.append((name, nums[0], nums[1]))
+    return out
+
+
+def check_model(args: argparse.Namespace, cal: Any) -> list[str]:
+    """Every check on ``args.model``; a failure is reported in its section, not raised (one GPU call runs all)."""
+    try:
+        graph, example, loss_fn = _setup(args)
+        stages, parts, unit_stage = check_stages(args, graph, example, loss_fn)
+        profile = _profile(args.device, cal)
+        times = check_stage_times(args, graph, example, loss_fn, profile, parts, unit_stage)
+        del parts
+        mem = check_memory_and_timing(args, graph, example, loss_fn, profile=profile)
+        return report(args, cal, stages, mem, times)
+    except Exception as exc:  # noqa: BLE001 -- the remaining models still run; the error is the figure
+        logging.exception("gpu_check: %s failed", args.model)
+        return [f"## {args.model}", "", f"failed: `{type(exc).__name__}: {str(exc)[:300]}`", ""]
+    finally:
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda")
-    p.add_argument("--model", default="gpt2-small")
+    p.add_argument("--models", default=DEFAULT_MODELS, help="name[:batch[:seq]],... (default: %(default)s)")
+    p.add_argument("--model", default=None, help="one model (overrides --models)")
     p.add_argument("--stages", type=int, default=3)
     p.add_argument("--microbatches", type=int, default=4)
     p.add_argument("--batch", type=int, default=4)
@@ -198,19 +331,24 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no CUDA device here; run this on the lent GPU machine, or pass --device cpu for a dry run",
               file=sys.stderr)
         return 2
+    if args.model:
+        args.models = f"{args.model}:{args.batch}" + (f":{args.seq}" if args.seq else "")
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 numerics check (TF32 would need rtol ~1e-3)
     torch.backends.cudnn.allow_tf32 = False
-    graph, example, loss_fn = _setup(args)
-    stages = check_stages(args, graph, example, loss_fn)
     small = args.device == "cpu"
     cal = calibrate_device(args.device, size=256 if small else 8192, repeats=3 if small else 10,
                            copy_bytes=2**22 if small else 2**30)
-    mem = check_memory_and_timing(args, graph, example, loss_fn, profile=_profile(args.device, cal))
-    lines = report(args, cal, stages, mem)
-    print("\n".join(lines))
+    lines = header(args, cal)
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text("\n".join(lines) + "\n")
-    return 0
+    failed = False
+    for name, batch, seq in _models(args.models):
+        args.model, args.batch, args.seq = name, batch or args.batch, seq
+        section = check_model(args, cal)
+        failed |= any(line.startswith("failed:") for line in section)
+        lines += section
+        print("\n".join(section), flush=True)
+        args.output.write_text("\n".join(lines) + "\n")  # after each model: a cut-off run keeps what it measured
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

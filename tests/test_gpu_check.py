@@ -13,6 +13,8 @@ def test_gpu_check_dry_run_on_cpu_checks_stages_memory_and_timing(tmp_path, caps
     assert "| stage modules (3 stages) vs whole model | 52 parameters" in text
     # the executor's held bytes equal the cost model's stage memory exactly (1F1B, one micro-batch in flight)
     assert "held / predicted) | 3.9 MiB (1.000) |" in text, text
+    # one row per stage: measured F and B beside the cost model's, 6 units split 2 / 2 / 2
+    assert [line.split(" | ")[1] for line in text.splitlines() if line[:4] in ("| 0 ", "| 1 ", "| 2 ")] == ["2"] * 3
 
 
 def test_gpu_check_without_cuda_says_so_in_one_line(capsys, monkeypatch):
