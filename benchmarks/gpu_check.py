@@ -231,6 +231,54 @@ def check_stage_times(args: argparse.Namespace, graph: Any, example: tuple[torch
     return rows
 
 
+def _phase_peak(fn: Any) -> tuple[Any, float, float]:
+    """(fn's result, bytes allocated at its start, its peak bytes above that start) on the current CUDA device."""
+    torch.cuda.synchronize()
+    start = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    return out, float(start), float(torch.cuda.max_memory_allocated() - start)
+
+
+def check_transients(args: argparse.Namespace, graph: Any, example: tuple[torch.Tensor, ...], loss_fn: Any
+                     ) -> list[str]:
+    """Allocator bytes above what is held at the start of each phase of a plain step (forward with the loss,
+    backward, Adam's step with and without ``foreach``), one micro-batch, the whole model as one stage.
+
+    These are the transients the held-bytes ledger (and the cost model's M_s) leave out; on a CPU it is skipped.
+    """
+    from hetpipe.runtime.stage.build import build_stage, split_stages
+
+    if not args.device.startswith("cuda"):
+        return []
+    program = split_stages(graph.module, {}, example_inputs=example, num_stages=1, tied=graph.tied)
+    stage = build_stage(program, 0, state_dict=None, device=args.device, seed=0, buffers=args.buffers)
+    params = list(stage.parameters())
+    param_bytes = sum(q.numel() * q.element_size() for q in params)
+    x, y = _batch(args, graph, example, rows=args.batch, step=3)
+    rows = []
+    for foreach in (True, False):
+        opt = torch.optim.Adam(params, lr=1e-4, foreach=foreach)
+        for _ in range(2):  # the first step allocates Adam's state; the second is what a run repeats
+            def forward() -> tuple[int, torch.Tensor]:
+                out = stage(x)
+                logits = out[0] if isinstance(out, tuple) else out
+                return logits.numel() * logits.element_size(), loss_fn(logits, y)
+
+            (logits_bytes, loss), _, f_peak = _phase_peak(forward)
+            _, _, b_peak = _phase_peak(loss.backward)
+            _, _, s_peak = _phase_peak(opt.step)
+            opt.zero_grad(set_to_none=True)
+            del loss
+        rows.append(f"| {'foreach' if foreach else 'per-tensor'} | {f_peak / 2**20:.1f} | {b_peak / 2**20:.1f} | "
+                    f"{s_peak / 2**20:.1f} | {s_peak / param_bytes:.2f} |")
+        del opt
+    return ["", f"Transients (one micro-batch, whole model, MiB above the bytes allocated at the phase's start; "
+                f"parameters {param_bytes / 2**20:.1f} MiB, logits {logits_bytes / 2**20:.1f} MiB):", "",
+            "| Adam | forward + loss | backward | step | step / parameter bytes |", "|---|---|---|---|---|", *rows]
+
+
 def _profile(device: str, calibration: Any) -> Any:
     from hetpipe.cost_models.devices import DeviceProfile
 
@@ -305,7 +353,7 @@ def check_model(args: argparse.Namespace, cal: Any) -> list[str]:
         times = check_stage_times(args, graph, example, loss_fn, profile, parts, unit_stage)
         del parts
         mem = check_memory_and_timing(args, graph, example, loss_fn, profile=profile)
-        return report(args, cal, stages, mem, times)
+        return report(args, cal, stages, mem, times)[:-1] + check_transients(args, graph, example, loss_fn) + [""]
     except Exception as exc:  # noqa: BLE001 -- the remaining models still run; the error is the figure
         logging.exception("gpu_check: %s failed", args.model)
         return [f"## {args.model}", "", f"failed: `{type(exc).__name__}: {str(exc)[:300]}`", ""]
