@@ -168,7 +168,7 @@ def executor_peak(ex: Any, xs: list[Any], ys: list[Any]) -> list[str]:
         torch.cuda.memory._record_memory_history(enabled=None)
     trace = snap["device_traces"][torch.cuda.current_device()]
     peak, sites = peak_sites(trace, start)
-    return ["", f"Executor step under the allocator's history: {start / 2**20:.1f} MiB allocated before it, "
+    return ["", f"Executor step under the allocator's history: {start / 2**20:.1f} MiB allocated before it (parameters, Adam state, the last step's gradients, freed at its start), "
                 f"peak {peak / 2**20:.1f} MiB; live at the peak, allocated during the step, by site:", "",
             "| site | MiB |", "|---|---|", *(f"| `{site}` | {b / 2**20:.1f} |" for site, b in sites)]
 
