@@ -356,7 +356,7 @@ def report(args: argparse.Namespace, cal: Any, stages: dict[str, float], mem: di
     alloc = mem["alloc_peak_bytes"]
     alloc_cell = "n/a (CPU)" if alloc != alloc else f"{alloc / mib:.1f} MiB ({mem['held_peak_bytes'] / alloc:.3f})"
     lines = [
-        f"## {args.model}: {args.batch} x {args.seq or 'default'} tokens per micro-batch, {args.microbatches} "
+        f"### {args.model}: {args.batch} x {args.seq or 'default'} tokens per micro-batch, {args.microbatches} "
         f"micro-batches, {args.stages} stages", "",
         "| check | figure |", "|---|---|",
         f"| stage modules ({args.stages} stages) vs whole model | {int(stages['params'])} parameters; max relative "
@@ -383,7 +383,7 @@ def report(args: argparse.Namespace, cal: Any, stages: dict[str, float], mem: di
 def header(args: argparse.Namespace, cal: Any) -> list[str]:
     """The device, the command and the calibration every model's prediction is priced on."""
     name = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "CPU"
-    return [f"# GPU check ({args.device}, {name})", "",
+    return [f"## GPU check ({args.device}, {name})", "",
             f"`python benchmarks/gpu_check.py --device {args.device} --models {args.models} --stages {args.stages} "
             f"--microbatches {args.microbatches}` -- torch {torch.__version__}; fp32, TF32 off; Adam; "
             f"F/B medians of {TIMED_REPEATS} passes (CUDA events on a GPU) after two warm-ups", "",
@@ -417,7 +417,7 @@ def check_model(args: argparse.Namespace, cal: Any) -> list[str]:
                 + args.peak_lines + [""])
     except Exception as exc:  # noqa: BLE001 -- the remaining models still run; the error is the figure
         logging.exception("gpu_check: %s failed", args.model)
-        return [f"## {args.model}", "", f"failed: `{type(exc).__name__}: {str(exc)[:300]}`", ""]
+        return [f"### {args.model}", "", f"failed: `{type(exc).__name__}: {str(exc)[:300]}`", ""]
     finally:
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
