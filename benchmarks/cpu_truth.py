@@ -46,6 +46,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import markdown_table, write_result  # noqa: E402
+from benchmarks.cpu_truth_drift import (  # noqa: E402
+    RunDrift, cell, drift_section, plan_prices, stage_drifts,
+)
+from hetpipe.cost_models.cpu_cores import split_cores  # noqa: E402
+from hetpipe.cost_models.host_reference import ReferenceTiming, measure_reference  # noqa: E402
+from hetpipe.plan.schema import Plan  # noqa: E402
 
 #: (batch, seq, global batch) per model: 4 micro-batches of 8 x 128 tokens.
 BATCH, SEQ, GLOBAL_BATCH = 8, 128, 32
@@ -75,6 +81,16 @@ class RunOutcome:
     measured_iteration_s: float
     predicted_iteration_s: float
     load_before: float
+    round: int = 0
+    drift: RunDrift | None = None  # the host drift and the price on the next calibration (`cpu_truth_drift`)
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """One calibration of the chain: its cluster file and the reference samples right before and after it."""
+
+    cluster: Path
+    refs: tuple[ReferenceTiming, ...]
 
 
 def _hetpipe(*argv: str) -> None:
@@ -107,22 +123,57 @@ def _stage_ratios(report: dict) -> tuple[StageRatios, ...]:
     return tuple(out)
 
 
-def one_round(models: list[str], *, steps: int, tmp: Path, index: int) -> list[RunOutcome]:
-    """Calibrate, then plan and run every model on the fresh cluster file."""
-    load = os.getloadavg()[0]
+def calibrate(tmp: Path, index: int) -> Calibrated:
+    """``hetpipe profile --calibrate --cpu-devices 2`` between two samples of the reference workload."""
+    groups = split_cores(2)
+    before = measure_reference(groups)
     cluster = tmp / f"cluster-{index}.yaml"
     _hetpipe("profile", "--calibrate", "--cpu-devices", "2", "-o", str(cluster))
+    return Calibrated(cluster, before + measure_reference(groups))
+
+
+def plan_on(model: str, cal: Calibrated, tmp: Path, index: int) -> Path:
+    """``hetpipe plan`` of `model` on `cal`'s cluster file."""
+    plan = tmp / f"plan-{model}-{index}.json"
+    _hetpipe("plan", _model_name(model, tmp), "--cluster", str(cal.cluster), "--batch", str(BATCH), "--seq", str(SEQ),
+             "--global-batch", str(GLOBAL_BATCH), "--precision", "fp32", "-o", str(plan))
+    return plan
+
+
+def run_plan(model: str, plan: Path, *, steps: int, tmp: Path, index: int) -> tuple[dict, tuple, float]:
+    """``hetpipe run`` without emulation between two samples of the reference: (report, samples, load before)."""
+    load, groups = os.getloadavg()[0], split_cores(2)
+    before = measure_reference(groups)
+    report = tmp / f"run-{model}-{index}.json"
+    _hetpipe("run", str(plan), "--model", _model_name(model, tmp), "--seq", str(SEQ), "--steps", str(steps),
+             "--report", str(report), "--run-dir", str(tmp / f"rundir-{model}-{index}"))
+    return json.loads(report.read_text()), before + measure_reference(groups), load
+
+
+def _outcome(model: str, index: int, done: tuple[dict, tuple, float], plans: tuple[Path, Path],
+             cals: tuple[Calibrated, Calibrated]) -> RunOutcome:
+    doc, refs, load = done
+    plan, after = Plan.load(plans[0]), Plan.load(plans[1])
+    drift = RunDrift(plan_prices(plan, after), plan_prices(plan),
+                     stage_drifts([s["cores"] for s in doc["stages"]], cals[0].refs, refs),
+                     {"calibration": cals[0].refs, "run": refs, "next": cals[1].refs})
+    return RunOutcome(model, _stage_ratios(doc), doc["measured_iteration_s"], doc["predicted_iteration_s"], load,
+                      index, drift)
+
+
+def rounds(models: list[str], *, count: int, steps: int, tmp: Path) -> list[RunOutcome]:
+    """The chain calibration 0, runs of round 1, calibration 1, runs of round 2, ..., calibration `count`: each
+    round's plans made on the calibration before its runs, priced again on the one after (`cpu_truth_drift`)."""
+    cal = calibrate(tmp, 0)
+    plans = {m: plan_on(m, cal, tmp, 0) for m in models}
     outcomes = []
-    for model in models:
-        name = _model_name(model, tmp)
-        plan, report = tmp / f"plan-{model}-{index}.json", tmp / f"run-{model}-{index}.json"
-        _hetpipe("plan", name, "--cluster", str(cluster), "--batch", str(BATCH), "--seq", str(SEQ),
-                 "--global-batch", str(GLOBAL_BATCH), "--precision", "fp32", "-o", str(plan))
-        _hetpipe("run", str(plan), "--model", name, "--seq", str(SEQ), "--steps", str(steps), "--report", str(report),
-                 "--run-dir", str(tmp / f"rundir-{model}-{index}"))
-        doc = json.loads(report.read_text())
-        outcomes.append(RunOutcome(model, _stage_ratios(doc), doc["measured_iteration_s"],
-                                   doc["predicted_iteration_s"], load))
+    for i in range(count):
+        print(f"round {i + 1}/{count}: load average {os.getloadavg()[0]:.2f}", flush=True)
+        done = {m: run_plan(m, plans[m], steps=steps, tmp=tmp, index=i) for m in models}
+        nxt = calibrate(tmp, i + 1)
+        next_plans = {m: plan_on(m, nxt, tmp, i + 1) for m in models}
+        outcomes += [_outcome(m, i, done[m], (plans[m], next_plans[m]), (cal, nxt)) for m in models]
+        cal, plans = nxt, next_plans
     return outcomes
 
 
@@ -130,13 +181,7 @@ def _ratio(m: float | None, p: float) -> float | None:
     return None if m is None or p <= 0 else m / p
 
 
-def _cell(ratios: list[float | None], digits: int = 2) -> str:
-    got = [r for r in ratios if r is not None]
-    if not got:
-        return "-"
-    mid = statistics.median(got)
-    spread = f" ({min(got):.{digits}f}-{max(got):.{digits}f})" if len(got) > 1 else ""
-    return f"{mid:.{digits}f}{spread}"
+_cell = cell
 
 
 def _fmt(seconds: float | None) -> str:
@@ -371,9 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     outcomes: list[RunOutcome] = []
     cpu_time = ""
     with tempfile.TemporaryDirectory(prefix="hetpipe-cpu-truth-") as tmp:
-        for i in range(args.rounds):
-            print(f"round {i + 1}/{args.rounds}: load average {os.getloadavg()[0]:.2f}", flush=True)
-            outcomes.extend(one_round(models, steps=args.steps, tmp=Path(tmp), index=i))
+        outcomes = rounds(models, count=args.rounds, steps=args.steps, tmp=Path(tmp))
         if args.cpu_time_rounds > 0:
             print(f"CPU-time check: load average {os.getloadavg()[0]:.2f}", flush=True)
             cpu_time = (f"\n\n**Load-robust check** (`benchmarks/cpu_truth_cputime.py`, {args.cpu_time_rounds} "
@@ -391,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{BATCH} x {SEQ} tokens per micro-batch, {GLOBAL_BATCH // BATCH} micro-batches, fp32, Adam; "
             f"two devices = two core groups of this host (`hetpipe profile --calibrate --cpu-devices 2`). "
             f"Load average at the end: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1/5/15 min) on "
-            f"{os.cpu_count()} cores.\n\n{tables(outcomes)}{cpu_time}\n\n{EXPLANATION}")
+            f"{os.cpu_count()} cores.\n\n{tables(outcomes)}\n\n{drift_section(outcomes)}{cpu_time}\n\n{EXPLANATION}")
     path = write_result("cpu_truth", "CPU truth: the cost model against real compute (issue 17 item 4)", body)
     print(path.read_text())
     return 0
