@@ -241,6 +241,21 @@ def test_core_group_measured_in_a_pinned_process() -> None:
     assert cal.kernel_overhead_s is not None and 0 < cal.kernel_overhead_s < 1e-2
 
 
+@pytest.mark.slow
+def test_reference_measured_in_pinned_processes() -> None:
+    """Structure only: one sample per core group, labelled with its cores (`hetpipe.cost_models.host_reference`;
+    its arithmetic: tests/test_cpu_truth_drift.py)."""
+    from hetpipe.cost_models.host_reference import REFERENCE_TIMEOUT_S, measure_reference
+    from tests.machine_load import load_per_core, scaled_limit_s
+
+    core = available_cores()[-1:]
+    (t,) = measure_reference((core,), repeats=2,
+                             timeout_s=scaled_limit_s(REFERENCE_TIMEOUT_S, load_per_core=load_per_core()))
+    assert t.cores == core and t.wall_s > 0 and t.cpu_s > 0
+    with pytest.raises(ConfigError, match="at least one non-empty core group"):
+        measure_reference(((),))
+
+
 def test_message_link_refuses_what_it_cannot_fit() -> None:
     from hetpipe.cost_models.link_calibration import measure_message_link
 

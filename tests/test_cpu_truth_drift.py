@@ -118,17 +118,3 @@ def test_runs_without_drift_records_keep_their_raw_ratios() -> None:
     assert stage_rows == [["m", 0, "2.00", "-", "-"]] and it_rows == [["m", "2.00", "-", "-"]]
     assert round_rows([plain]) == []
 
-
-@pytest.mark.slow
-def test_reference_measured_in_pinned_processes() -> None:
-    """Structure only: one sample per core group, labelled with its cores."""
-    from hetpipe.cost_models.cpu_cores import available_cores
-    from hetpipe.cost_models.host_reference import REFERENCE_TIMEOUT_S, measure_reference
-    from tests.machine_load import load_per_core, scaled_limit_s
-
-    core = available_cores()[-1:]
-    (t,) = measure_reference((core,), repeats=2,
-                             timeout_s=scaled_limit_s(REFERENCE_TIMEOUT_S, load_per_core=load_per_core()))
-    assert t.cores == core and t.wall_s > 0 and t.cpu_s > 0
-    with pytest.raises(ConfigError, match="at least one non-empty core group"):
-        measure_reference(((),))
