@@ -1,22 +1,30 @@
 """Issue 17 item 4: the cost model meets real compute, on this CPU box, without emulation.
 
-Each round:
+The rounds form a chain (session 16): calibration 0, the runs of round 1, calibration 1, the runs of
+round 2, ..., so every run lies between two calibrations.  Each round:
 
 1. ``hetpipe profile --calibrate --cpu-devices 2``: the host's cores split into two groups,
    each measured as a device in a pinned process (matmul FLOP/s, copy bandwidth, cost per op,
-   both groups at once), and the gloo loopback link between pinned ends;
+   both groups at once), and the gloo loopback link between pinned ends (calibration 0 before
+   the first round);
 2. for the built-in ``gpt-demo`` and a Hugging Face ``LlamaForCausalLM`` built from a config
    written here (no network; the same size class: 8 layers, h=128, 4 heads / 2 kv heads,
    ffn 344, vocab 512): ``hetpipe plan`` on that cluster file, then ``hetpipe run`` **without**
    ``--emulate`` (each rank pinned to its device's cores);
 3. the run report's measured figures per stage beside the plan's: forward and backward per
    micro-batch, one message on the cut, ``optimizer.step()``, held memory; and the iteration
-   (median step after the first) beside the plan's T.
+   (median step after the first) beside the plan's T;
+4. the next calibration, and each model planned on it (the next round's plans): the run's plan
+   priced again on its tables (`benchmarks/cpu_truth_drift.py`);
+5. throughout, the fixed reference workload (`hetpipe.cost_models.host_reference`) right before and
+   after every calibration and every run, on both core groups at once: the host's drift per group.
 
 Ratios are measured / predicted per round; the table shows their medians over rounds (and the
 spread), with the load average before each round: on a shared machine other processes take
 the pinned cores too, so the goal (within 15% per stage, 10% per iteration) is a claim for a
-quiet machine -- rerun this there.
+quiet machine -- rerun this there.  The raw ratios are the headline; the host-drift section sets
+beside them the ratios on the mean of both calibrations around the run and with the reference's
+measured drift divided out.
 
 A second, load-robust table (`benchmarks/cpu_truth_cputime.py`): one pinned process calibrates and
 runs each whole model timed with thread CPU time, predicted by the cost model with and without the
@@ -283,6 +291,21 @@ time, load average ~10 on 2 cores, 2026-12-03):
   sender and receiver together, thread CPU time), and so it did in the runs (below).
 
 Where the differences that remain come from:
+- **Host drift** (session 16). Session 15's quiet rounds (load 1.1-1.4) put C within 15% (0.89-0.99)
+  and memory at 1.000, but F and B per round at 0.84-1.52 and the iteration at 0.86-1.38: the same
+  stage's F took 30.6 then 53.5 ms ten minutes apart, the same single-process work 64.6 then 79.3 ms
+  of CPU time. The host's speed drifts between a calibration and the run priced on it (1-2 minutes
+  apart within a round), so the rounds now chain their calibrations: each run is priced again on the
+  calibration after it, and the host-drift section shows the ratio on the mean of the two prices (a
+  drift linear over the round cancels) beside the raw one. A fixed reference workload (four linear
+  layers of the models' shape, a tanh GELU, a 32 MiB copy; pinned to each core group, both at once,
+  median of 40 passes) is timed right before and after each calibration and each run; its wall
+  seconds at the run over those at the calibration are the group's drift, and the ratios are shown
+  with it divided out too. Both are measured in the same round, not constants; the raw medians stay
+  the headline and the goal is judged on them. What the reference cannot see: load that comes and
+  goes within a run (a sample is ~0.5 s of work; under the lead's CPU burner, load ~6, the samples
+  of one group varied 17-46 ms within minutes and say nothing), and anything only a model's kernels
+  meet.
 - **Load.** The core groups are measured and the runs pinned on a machine other processes share;
   a process sharing a pinned core slows that stage by up to 2x, in the calibration or in the run,
   whichever it overlaps. The load average before each round is in the table; only rounds on a

@@ -225,7 +225,7 @@ def drift_section(outcomes: Sequence[object]) -> str:
     return "\n\n".join([
         "**Host drift** (`benchmarks/cpu_truth_drift.py`, `hetpipe.cost_models.host_reference`): the fixed reference "
         "workload (4 linear layers 1024 x 128 -> 512, a tanh GELU over 2 MiB, a 32 MiB copy; pinned, both core "
-        "groups at once, median of 20 passes) right before and after each calibration and each run, wall ms per "
+        "groups at once, median of 40 passes) right before and after each calibration and each run, wall ms per "
         "pass; drift = the run's mean / its calibration's mean, wall (thread CPU time), and per part; the last "
         "column against the mean of both calibrations around the run (what the both-calibration price assumes).",
         markdown_table(["round", "model", "cores", "reference at calibration (ms)", "at run (ms)",

@@ -60,9 +60,9 @@ REFERENCE_MATMULS = 4
 #: copy's source and destination together exceed it.
 REFERENCE_STREAM_BYTES = 32 * 2**20
 #: Timed passes per sample (after one warm-up pass); the median of each part is kept (robust to one
-#: preempted pass). 20 passes of ~12-16 ms: ~0.3 s of work per sample beside 3-15 s of process start-up
+#: preempted pass). 40 passes of ~12-16 ms: ~0.5 s of work per sample beside 3-15 s of process start-up
 #: (importing torch in a spawned process, quiet to load ~6).
-REFERENCE_REPEATS = 20
+REFERENCE_REPEATS = 40
 #: Bound on one sample of every group, process start-up (importing torch under mp.spawn) included.
 REFERENCE_TIMEOUT_S = 120.0
 #: The parts, in the order they run.
