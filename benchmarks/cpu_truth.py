@@ -58,7 +58,7 @@ from benchmarks.cpu_truth_drift import (  # noqa: E402
     RunDrift, cell, drift_section, plan_prices, stage_drifts,
 )
 from hetpipe.cost_models.cpu_cores import split_cores  # noqa: E402
-from hetpipe.cost_models.host_reference import ReferenceTiming, measure_reference  # noqa: E402
+from hetpipe.cost_models.host_reference import ReferenceProbes, ReferenceTiming  # noqa: E402
 from hetpipe.plan.schema import Plan  # noqa: E402
 
 #: (batch, seq, global batch) per model: 4 micro-batches of 8 x 128 tokens.
@@ -131,13 +131,12 @@ def _stage_ratios(report: dict) -> tuple[StageRatios, ...]:
     return tuple(out)
 
 
-def calibrate(tmp: Path, index: int) -> Calibrated:
+def calibrate(tmp: Path, index: int, probes: ReferenceProbes) -> Calibrated:
     """``hetpipe profile --calibrate --cpu-devices 2`` between two samples of the reference workload."""
-    groups = split_cores(2)
-    before = measure_reference(groups)
+    before = probes.sample()
     cluster = tmp / f"cluster-{index}.yaml"
     _hetpipe("profile", "--calibrate", "--cpu-devices", "2", "-o", str(cluster))
-    return Calibrated(cluster, before + measure_reference(groups))
+    return Calibrated(cluster, before + probes.sample())
 
 
 def plan_on(model: str, cal: Calibrated, tmp: Path, index: int) -> Path:
@@ -148,14 +147,15 @@ def plan_on(model: str, cal: Calibrated, tmp: Path, index: int) -> Path:
     return plan
 
 
-def run_plan(model: str, plan: Path, *, steps: int, tmp: Path, index: int) -> tuple[dict, tuple, float]:
+def run_plan(model: str, plan: Path, *, steps: int, tmp: Path, index: int,
+             probes: ReferenceProbes) -> tuple[dict, tuple, float]:
     """``hetpipe run`` without emulation between two samples of the reference: (report, samples, load before)."""
-    load, groups = os.getloadavg()[0], split_cores(2)
-    before = measure_reference(groups)
+    load = os.getloadavg()[0]
+    before = probes.sample()
     report = tmp / f"run-{model}-{index}.json"
     _hetpipe("run", str(plan), "--model", _model_name(model, tmp), "--seq", str(SEQ), "--steps", str(steps),
              "--report", str(report), "--run-dir", str(tmp / f"rundir-{model}-{index}"))
-    return json.loads(report.read_text()), before + measure_reference(groups), load
+    return json.loads(report.read_text()), before + probes.sample(), load
 
 
 def _outcome(model: str, index: int, done: tuple[dict, tuple, float], plans: tuple[Path, Path],
@@ -172,16 +172,17 @@ def _outcome(model: str, index: int, done: tuple[dict, tuple, float], plans: tup
 def rounds(models: list[str], *, count: int, steps: int, tmp: Path) -> list[RunOutcome]:
     """The chain calibration 0, runs of round 1, calibration 1, runs of round 2, ..., calibration `count`: each
     round's plans made on the calibration before its runs, priced again on the one after (`cpu_truth_drift`)."""
-    cal = calibrate(tmp, 0)
-    plans = {m: plan_on(m, cal, tmp, 0) for m in models}
-    outcomes = []
-    for i in range(count):
-        print(f"round {i + 1}/{count}: load average {os.getloadavg()[0]:.2f}", flush=True)
-        done = {m: run_plan(m, plans[m], steps=steps, tmp=tmp, index=i) for m in models}
-        nxt = calibrate(tmp, i + 1)
-        next_plans = {m: plan_on(m, nxt, tmp, i + 1) for m in models}
-        outcomes += [_outcome(m, i, done[m], (plans[m], next_plans[m]), (cal, nxt)) for m in models]
-        cal, plans = nxt, next_plans
+    with ReferenceProbes(split_cores(2)) as probes:  # the core groups `profile --cpu-devices 2` measures
+        cal = calibrate(tmp, 0, probes)
+        plans = {m: plan_on(m, cal, tmp, 0) for m in models}
+        outcomes = []
+        for i in range(count):
+            print(f"round {i + 1}/{count}: load average {os.getloadavg()[0]:.2f}", flush=True)
+            done = {m: run_plan(m, plans[m], steps=steps, tmp=tmp, index=i, probes=probes) for m in models}
+            nxt = calibrate(tmp, i + 1, probes)
+            next_plans = {m: plan_on(m, nxt, tmp, i + 1) for m in models}
+            outcomes += [_outcome(m, i, done[m], (plans[m], next_plans[m]), (cal, nxt)) for m in models]
+            cal, plans = nxt, next_plans
     return outcomes
 
 

@@ -35,20 +35,19 @@ Example:
 
 from __future__ import annotations
 
-import json
 import logging
+import multiprocessing
 import statistics
-import tempfile
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Callable, Sequence
 
 import torch
 
-from hetpipe.cost_models.calibrate import join_or_kill
 from hetpipe.cost_models.cpu_cores import pin_cores
-from hetpipe.errors import ConfigError
+from hetpipe.errors import ConfigError, RuntimeFailure
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +62,10 @@ REFERENCE_STREAM_BYTES = 32 * 2**20
 #: preempted pass). 40 passes of ~12-16 ms: ~0.5 s of work per sample beside 3-15 s of process start-up
 #: (importing torch in a spawned process, quiet to load ~6).
 REFERENCE_REPEATS = 40
-#: Bound on one sample of every group, process start-up (importing torch under mp.spawn) included.
+#: Bound on one sample of every group, and on the probes' start-up (importing torch under spawn).
 REFERENCE_TIMEOUT_S = 120.0
+#: How long a probe may take to exit when told to (it finishes the sample it is in first).
+PROBE_EXIT_S = 10.0
 #: The parts, in the order they run.
 REFERENCE_PARTS = ("matmul", "gelu", "stream")
 
@@ -131,38 +132,98 @@ def time_reference(repeats: int = REFERENCE_REPEATS, *, cores: Sequence[int] = (
                            med_wall, time.time())
 
 
-def _reference_worker(index: int, groups: list[list[int]], repeats: int, out_dir: str) -> None:
-    """Spawned per group: pin as a rank pins (`cpu_cores.pin_cores`), time, write ``ref-<index>.json``."""
-    cores = tuple(groups[index])
+def _probe_loop(cores: tuple[int, ...], repeats: int, conn: Connection) -> None:
+    """A spawned probe: pin as a rank pins (`cpu_cores.pin_cores`), then one sample per request until None."""
     pin_cores(cores)
-    Path(out_dir, f"ref-{index}.json").write_text(json.dumps(asdict(time_reference(repeats, cores=cores))))
+    conn.send("ready")
+    while conn.recv() is not None:
+        conn.send(asdict(time_reference(repeats, cores=cores)))
 
 
-def _load(path: Path) -> ReferenceTiming:
-    doc = json.loads(path.read_text())
+def _timing(doc: dict) -> ReferenceTiming:
     return ReferenceTiming(tuple(doc["cores"]), doc["wall_s"], doc["cpu_s"],
                            tuple((str(k), float(v)) for k, v in doc["parts_wall_s"]), doc["taken_at_s"])
 
 
+class ReferenceProbes:
+    """One pinned probe process per core group, kept alive between samples (a spawned process pays ~2-15 s
+    importing torch; a sample ~0.5 s of work): `sample` times every group at once, as the stages run.
+
+    Example:
+        >>> with ReferenceProbes(((0,), (1,))) as probes:  # doctest: +SKIP
+        ...     probes.sample()[1].cores
+        (1,)
+    """
+
+    def __init__(self, groups: Sequence[Sequence[int]], *, repeats: int = REFERENCE_REPEATS,
+                 timeout_s: float = REFERENCE_TIMEOUT_S) -> None:
+        if not groups or any(not g for g in groups):
+            raise ConfigError("reference probes need at least one non-empty core group; see cpu_cores.split_cores")
+        if repeats < 1:
+            raise ConfigError(f"reference repeats: {repeats}; pass 1 or more")
+        self.groups = tuple(tuple(sorted(int(c) for c in g)) for g in groups)
+        self.repeats, self.timeout_s = repeats, timeout_s
+        self._procs: list[tuple[BaseProcess, Connection]] = []
+
+    def __enter__(self) -> "ReferenceProbes":
+        ctx = multiprocessing.get_context("spawn")
+        for cores in self.groups:
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_probe_loop, args=(cores, self.repeats, theirs), daemon=True)
+            proc.start()
+            self._procs.append((proc, mine))
+        try:
+            for _ in self._replies():
+                pass
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _replies(self) -> list[object]:
+        """One reply per probe, each within the timeout (a dead or stuck probe raises `RuntimeFailure`)."""
+        out = []
+        deadline = time.monotonic() + self.timeout_s
+        for (proc, conn), cores in zip(self._procs, self.groups):
+            if not conn.poll(max(0.0, deadline - time.monotonic())):
+                raise RuntimeFailure(f"reference probe on cores {cores} did not answer within {self.timeout_s:.0f} s "
+                                     f"(alive: {proc.is_alive()}); check the load, or raise timeout_s")
+            out.append(conn.recv())
+        return out
+
+    def sample(self) -> tuple[ReferenceTiming, ...]:
+        """One `ReferenceTiming` per group, all groups timed at once."""
+        for _, conn in self._procs:
+            conn.send("sample")
+        got = tuple(_timing(doc) for doc in self._replies())
+        for t in got:
+            logger.info("reference on cores %s: %.3f ms wall, %.3f ms CPU", t.cores, t.wall_s * 1e3, t.cpu_s * 1e3)
+        return got
+
+    def __exit__(self, *exc: object) -> None:
+        for proc, conn in self._procs:
+            try:
+                conn.send(None)
+            except OSError:  # the probe is gone already
+                pass
+        for proc, conn in self._procs:
+            proc.join(timeout=PROBE_EXIT_S)
+            if proc.is_alive():
+                proc.terminate()
+            conn.close()
+        self._procs = []
+
+
 def measure_reference(groups: Sequence[Sequence[int]], *, repeats: int = REFERENCE_REPEATS,
                       timeout_s: float = REFERENCE_TIMEOUT_S) -> tuple[ReferenceTiming, ...]:
-    """One `ReferenceTiming` per core group, timed at once in pinned processes (as the stages run).
+    """One `ReferenceTiming` per core group, timed at once in fresh pinned processes (`ReferenceProbes`, once).
 
     Example:
         >>> measure_reference(((0,), (1,)))[1].cores  # doctest: +SKIP
         (1,)
     """
-    if not groups or any(not g for g in groups):
-        raise ConfigError("measure_reference needs at least one non-empty core group; see cpu_cores.split_cores")
-    plain = [sorted(int(c) for c in g) for g in groups]
-    with tempfile.TemporaryDirectory(prefix="hetpipe-reference-") as tmp:
-        context = torch.multiprocessing.spawn(_reference_worker, args=(plain, repeats, tmp), nprocs=len(plain),
-                                              join=False)
-        join_or_kill(context, timeout_s, what="reference workload")
-        out = tuple(_load(Path(tmp, f"ref-{i}.json")) for i in range(len(plain)))
-    for t in out:
-        logger.info("reference on cores %s: %.3f ms wall, %.3f ms CPU", t.cores, t.wall_s * 1e3, t.cpu_s * 1e3)
-    return out
+    with ReferenceProbes(groups, repeats=repeats, timeout_s=timeout_s) as probes:
+        return probes.sample()
 
 
 def _mean_by_group(samples: Sequence[ReferenceTiming]) -> dict[tuple[int, ...], dict[str, float]]:
