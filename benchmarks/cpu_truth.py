@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import markdown_table, write_result  # noqa: E402
 from benchmarks.cpu_truth_drift import (  # noqa: E402
-    RunDrift, cell, drift_section, plan_prices, stage_drifts,
+    RunDrift, cell, drift_section, drifted, plan_prices, row_drift, stage_drifts,
 )
 from hetpipe.cost_models.cpu_cores import split_cores  # noqa: E402
 from hetpipe.cost_models.host_reference import ReferenceProbes, ReferenceTiming  # noqa: E402
@@ -406,12 +406,22 @@ def cpu_time_table(models: list[str], *, rounds: int, tmp: Path) -> str:
             cells = []
             for label in ("before", "first", "second", "now"):
                 cells += [f"{mine[0][label][k] * 1e3:.2f} ms", _cell([r["measured"][k] / r[label][k] for r in mine])]
-            table.append([model, k, f"{measured * 1e3:.2f} ms", *cells, ", ".join(f"{r['load']:.1f}" for r in mine)])
+            drifts = [row_drift(r) for r in mine]  # the host's CPU-time drift, calibration -> measurement
+            out = [drifted(r["measured"][k] / r["now"][k], d and d.cpu_ratio) for r, d in zip(mine, drifts)]
+            table.append([model, k, f"{measured * 1e3:.2f} ms", *cells, _cell(out),
+                          _cell([d and d.cpu_ratio for d in drifts]), _parts_cell(drifts),
+                          ", ".join(f"{r['load']:.1f}" for r in mine)])
     whole = markdown_table(["model", "pass", "measured (CPU time)", "predicted before", "ratio before",
                             "predicted, first cut", "ratio, first cut", "predicted, second cut", "ratio, second cut",
-                            "predicted now", "ratio now",
-                            "load average per round"], table)
+                            "predicted now", "ratio now", "ratio now, drift out", "reference drift (CPU)",
+                            "reference per part", "load average per round"], table)
     return whole + "\n\n" + _stage_table(models, rows)
+
+
+def _parts_cell(drifts: list) -> str:
+    """The reference's parts' CPU-time drift, medians over rounds (``-`` without samples)."""
+    parts = [dict(d.parts_cpu_ratio) for d in drifts if d is not None and d.parts_cpu_ratio]
+    return ", ".join(f"{p} {statistics.median(x[p] for x in parts):.2f}" for p in parts[0]) if parts else "-"
 
 
 def _stage_table(models: list[str], rows: list[dict]) -> str:
@@ -421,12 +431,15 @@ def _stage_table(models: list[str], rows: list[dict]) -> str:
         mine = [r for r in rows if r["model"] == model and r.get("stages")]
         for k in range(len(mine[0]["stages"]) if mine else 0):
             measured = statistics.median(r["stages"][k]["measured"] for r in mine)
+            ratios = [r["stages"][k]["measured"] / r["stages"][k]["predicted"] for r in mine]
+            drifts = [row_drift(r) for r in mine]
             table.append([model, k, f"{measured * 1e3:.2f} ms", f"{mine[0]['stages'][k]['predicted'] * 1e3:.2f} ms",
-                          _cell([r["stages"][k]["measured"] / r["stages"][k]["predicted"] for r in mine])])
+                          _cell(ratios), _cell([drifted(x, d and d.cpu_ratio) for x, d in zip(ratios, drifts)])])
     return ("Per stage (session 14): the runtime's own stage modules of a 2-stage split at the middle unit (the "
             "graph a run executes: torch.export's for the HF Llama), each forward with the loss on the last, in "
             "thread CPU time beside the planner's price now (medians over rounds, spread).\n\n"
-            + markdown_table(["model", "stage", "F measured (CPU time)", "F predicted now", "F ratio"], table))
+            + markdown_table(["model", "stage", "F measured (CPU time)", "F predicted now", "F ratio",
+                              "F ratio, drift out"], table))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -451,7 +464,9 @@ def main(argv: list[str] | None = None) -> int:
                         "loop's own bytes at its measured rate, backward and view costs per op) and now (also the fixed "
                         "cost per forward op measured on tiny transformers and the held activations at their measured "
                         "rate). Medians of measured / "
-                        "predicted over rounds (spread).\n\n"
+                        "predicted over rounds (spread); drift out: the ratio now / the reference workload's CPU "
+                        "seconds after the measurement / around the calibration, timed in the same process "
+                        "(`hetpipe.cost_models.host_reference`).\n\n"
                         + cpu_time_table(models, rounds=args.cpu_time_rounds, tmp=Path(tmp)))
     load = os.getloadavg()
     body = (f"{args.rounds} round(s) of calibrate + plan + run ({args.steps} steps, medians over steps 1..N-1); "

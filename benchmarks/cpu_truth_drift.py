@@ -238,3 +238,25 @@ def drift_section(outcomes: Sequence[object]) -> str:
         markdown_table(head, stage_rows),
         markdown_table(["model", "iteration raw", "iteration both cal.", "iteration drift out"], it_rows),
         "\n".join(verdicts)])
+
+
+def row_drift(row: dict) -> HostDrift | None:
+    """The load-robust check's row (`benchmarks/cpu_truth_cputime.py`): its reference at the measurement / at the
+    calibration (None for rows without ``reference``, written before session 16).
+
+    Example:
+        >>> ref = lambda cpu_s: {"cores": [1], "wall_s": cpu_s, "cpu_s": cpu_s, "parts_wall_s": [], "taken_at_s": 0}
+        >>> row_drift({"reference": {"calibration": [ref(0.01), ref(0.012)], "measure": [ref(0.0132)]}}).cpu_ratio
+        1.2
+    """
+    refs = row.get("reference")
+    if not refs:
+        return None
+
+    def timing(doc: dict) -> ReferenceTiming:
+        pairs = {k: tuple((str(p), float(v)) for p, v in doc.get(k, ())) for k in ("parts_wall_s", "parts_cpu_s")}
+        return ReferenceTiming(tuple(doc["cores"]), doc["wall_s"], doc["cpu_s"], pairs["parts_wall_s"],
+                               doc["taken_at_s"], pairs["parts_cpu_s"])
+
+    got = host_drift([timing(d) for d in refs["calibration"]], [timing(d) for d in refs["measure"]])
+    return dataclasses.replace(got[0], cpu_ratio=round(got[0].cpu_ratio, 12)) if got else None

@@ -118,3 +118,16 @@ def test_runs_without_drift_records_keep_their_raw_ratios() -> None:
     assert stage_rows == [["m", 0, "2.00", "-", "-"]] and it_rows == [["m", "2.00", "-", "-"]]
     assert round_rows([plain]) == []
 
+
+
+def test_the_load_robust_check_s_rows_carry_their_drift() -> None:
+    from benchmarks.cpu_truth_drift import row_drift
+
+    def ref(cpu_s: float, matmul_s: float) -> dict:
+        return {"cores": [1], "wall_s": 2 * cpu_s, "cpu_s": cpu_s, "parts_wall_s": [["matmul", 2 * matmul_s]],
+                "taken_at_s": 0.0, "parts_cpu_s": [["matmul", matmul_s]]}
+
+    row = {"reference": {"calibration": [ref(0.010, 0.004), ref(0.012, 0.006)], "measure": [ref(0.0143, 0.006)]}}
+    d = row_drift(row)
+    assert d.cpu_ratio == pytest.approx(1.3) and dict(d.parts_cpu_ratio) == pytest.approx({"matmul": 1.2})
+    assert d.wall_ratio == pytest.approx(1.3) and row_drift({"measured": {}}) is None  # a row from before session 16

@@ -79,6 +79,7 @@ class ReferenceTiming:
     cpu_s: float  # the parts' median thread CPU seconds, summed
     parts_wall_s: tuple[tuple[str, float], ...]  # (part, median wall seconds) per `REFERENCE_PARTS`
     taken_at_s: float  # time.time() when the sample ended (seconds since the epoch)
+    parts_cpu_s: tuple[tuple[str, float], ...] = ()  # (part, median thread CPU seconds)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class HostDrift:
     wall_ratio: float
     cpu_ratio: float
     parts_wall_ratio: tuple[tuple[str, float], ...] = ()  # (part, its wall ratio) where both sides have it
+    parts_cpu_ratio: tuple[tuple[str, float], ...] = ()  # (part, its CPU-time ratio) where both sides have it
 
 
 def _operands() -> dict[str, torch.Tensor]:
@@ -128,8 +130,9 @@ def time_reference(repeats: int = REFERENCE_REPEATS, *, cores: Sequence[int] = (
             cpu[name].append(time.thread_time() - c0)
             wall[name].append(time.perf_counter() - w0)
     med_wall = tuple((name, statistics.median(wall[name])) for name, _ in parts)
-    return ReferenceTiming(tuple(cores), sum(s for _, s in med_wall), sum(statistics.median(v) for v in cpu.values()),
-                           med_wall, time.time())
+    med_cpu = tuple((name, statistics.median(cpu[name])) for name, _ in parts)
+    return ReferenceTiming(tuple(cores), sum(s for _, s in med_wall), sum(s for _, s in med_cpu), med_wall,
+                           time.time(), med_cpu)
 
 
 def _probe_loop(cores: tuple[int, ...], repeats: int, conn: Connection) -> None:
@@ -142,7 +145,8 @@ def _probe_loop(cores: tuple[int, ...], repeats: int, conn: Connection) -> None:
 
 def _timing(doc: dict) -> ReferenceTiming:
     return ReferenceTiming(tuple(doc["cores"]), doc["wall_s"], doc["cpu_s"],
-                           tuple((str(k), float(v)) for k, v in doc["parts_wall_s"]), doc["taken_at_s"])
+                           tuple((str(k), float(v)) for k, v in doc["parts_wall_s"]), doc["taken_at_s"],
+                           tuple((str(k), float(v)) for k, v in doc.get("parts_cpu_s", ())))
 
 
 class ReferenceProbes:
@@ -236,6 +240,8 @@ def _mean_by_group(samples: Sequence[ReferenceTiming]) -> dict[tuple[int, ...], 
         means = {"wall": statistics.fmean(s.wall_s for s in got), "cpu": statistics.fmean(s.cpu_s for s in got)}
         for part in {p for s in got for p, _ in s.parts_wall_s}:
             means[part] = statistics.fmean(v for s in got for p, v in s.parts_wall_s if p == part)
+        for part in {p for s in got for p, _ in s.parts_cpu_s}:
+            means["cpu:" + part] = statistics.fmean(v for s in got for p, v in s.parts_cpu_s if p == part)
         out[cores] = means
     return out
 
@@ -261,5 +267,7 @@ def host_drift(at_calibration: Sequence[ReferenceTiming], at_run: Sequence[Refer
             raise ConfigError(f"reference timing on cores {cores}: {c['wall']} s wall, {c['cpu']} s CPU at the "
                               "calibration; every sample must be positive")
         parts = tuple((p, r[p] / c[p]) for p in REFERENCE_PARTS if p in c and p in r)
-        out.append(HostDrift(cores, r["wall"] / c["wall"], r["cpu"] / c["cpu"], parts))
+        cpu_parts = tuple((p, r[f"cpu:{p}"] / c[f"cpu:{p}"]) for p in REFERENCE_PARTS
+                          if f"cpu:{p}" in c and f"cpu:{p}" in r)
+        out.append(HostDrift(cores, r["wall"] / c["wall"], r["cpu"] / c["cpu"], parts, cpu_parts))
     return tuple(out)
