@@ -123,10 +123,12 @@ def _stage_ratios(report: dict) -> tuple[StageRatios, ...]:
     out = []
     for s in report["stages"]:
         measured = {"F": s["fwd_compute_s"], "B": s["bwd_compute_s"], "C": s.get("transfer_s"),
-                    "Cb": s.get("transfer_grad_s"), "S": s.get("update_real_s"), "memory": float(s["peak_bytes"])}
+                    "Cb": s.get("transfer_grad_s"), "S": s.get("update_real_s"), "memory": float(s["peak_bytes"]),
+                    "Fcpu": s.get("fwd_cpu_s"), "Bcpu": s.get("bwd_cpu_s")}  # the rank's thread CPU time
         predicted = {"F": s["predicted_fwd_s"], "B": s["predicted_bwd_s"], "C": s.get("predicted_transfer_s", 0.0),
                      "Cb": s.get("predicted_transfer_grad_s", 0.0), "S": s.get("predicted_step_s", 0.0),
-                     "memory": float(s["predicted_memory_bytes"])}
+                     "memory": float(s["predicted_memory_bytes"]), "Fcpu": s["predicted_fwd_s"],
+                     "Bcpu": s["predicted_bwd_s"]}
         out.append(StageRatios(s["stage"], f"{s['device']} ({s['kind']})", measured, predicted))
     return tuple(out)
 

@@ -220,6 +220,7 @@ def drift_section(outcomes: Sequence[object]) -> str:
     from benchmarks.common import markdown_table
 
     stage_rows, it_rows, verdicts = ratio_rows(outcomes)
+    cpu_rows = cpu_time_rows(outcomes)
     three = ("raw", "both cal.", "drift out")
     head = ["model", "stage", *(f"{k} {w}" for k in ("F", "B", "S") for w in three)]
     return "\n\n".join([
@@ -237,7 +238,29 @@ def drift_section(outcomes: Sequence[object]) -> str:
         "iteration's / the mean over groups).",
         markdown_table(head, stage_rows),
         markdown_table(["model", "iteration raw", "iteration both cal.", "iteration drift out"], it_rows),
-        "\n".join(verdicts)])
+        "\n".join(verdicts),
+        "In the run itself (session 16): each rank also times every F and B in its thread's CPU seconds "
+        "(`RankResult.fwd_cpu_s`; time other processes held the stage's core does not count). Wall / CPU is the "
+        "share of the core the stage did not get; the CPU-time ratio is measured CPU seconds / the plan's price "
+        "(medians over rounds, spread).",
+        markdown_table(["model", "stage", "F wall / CPU", "F CPU-time ratio", "B wall / CPU", "B CPU-time ratio"],
+                       cpu_rows)])
+
+
+def cpu_time_rows(outcomes: Sequence[object]) -> list[list[object]]:
+    """Per model and stage: the run's wall / CPU seconds of F and B and their CPU seconds / the plan's price."""
+    rows = []
+    for model in dict.fromkeys(o.model for o in outcomes):
+        runs = [o for o in outcomes if o.model == model]
+        for s in range(len(runs[0].stages)):
+            row: list[object] = [model, s]
+            for wall_key, cpu_key in (("F", "Fcpu"), ("B", "Bcpu")):
+                got = [(o.stages[s].measured.get(wall_key), o.stages[s].measured.get(cpu_key),
+                        o.stages[s].predicted.get(wall_key, 0.0)) for o in runs if len(o.stages) > s]
+                row += [cell([w / c if w and c else None for w, c, _ in got]),
+                        cell([c / p if c and p > 0 else None for _, c, p in got])]
+            rows.append(row)
+    return rows
 
 
 def row_drift(row: dict) -> HostDrift | None:

@@ -8,6 +8,7 @@ a non-emulated run pins each rank there, and its report sets measured beside pre
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace as NS
@@ -219,6 +220,28 @@ def test_report_sets_measured_beside_predicted_per_stage(tmp_path: Path) -> None
     assert {"C (s)", "C plan", "S (s)", "S plan", "peak MiB", "plan MiB"} <= set(headers)
 
 
+def test_ranks_time_each_compute_action_in_thread_cpu_time() -> None:
+    """`RecordingHooks` keeps every F and B's CPU seconds beside its wall seconds; a W adds to its B's entry; the
+    report's stage record takes their medians (None for a rank result from before session 16)."""
+    from hetpipe.runtime.emulate.pipeline import RecordingHooks
+    from tests.runtime_plans import synthetic_plan
+
+    hooks, after_b = RecordingHooks(), 0.0
+    for op in ("F", "B", "W"):
+        action = NS(op=NS(value=op), microbatch=0)
+        hooks.before(action)
+        sum(range(20000))  # some CPU work in the action
+        hooks.after(action, 0.001)
+        after_b = hooks.bwd_cpu_s[0] if op == "B" else after_b
+    assert len(hooks.fwd_cpu_s) == 1 and len(hooks.bwd_cpu_s) == 1 and hooks.fwd_cpu_s[0] > 0
+    assert hooks.bwd_cpu_s[0] > after_b > 0  # W's CPU time added to its B's entry
+    plan = synthetic_plan()
+    results = [dataclasses.replace(r, fwd_cpu_s=(0.05,) * 8, bwd_cpu_s=(0.1,) * 8) if r.stage == 0 else r
+               for r in _report_results(plan)]
+    rep = build_report(plan, results, schedule="1f1b", emulate=False)
+    assert (rep.stages[0].fwd_cpu_s, rep.stages[0].bwd_cpu_s) == (0.05, 0.1) and rep.stages[1].fwd_cpu_s is None
+
+
 def test_pinning_only_without_emulation(monkeypatch: pytest.MonkeyPatch) -> None:
     from hetpipe.runtime import pinning
 
@@ -370,6 +393,7 @@ def test_a_plan_over_core_groups_runs_pinned_without_emulation(tmp_path: Path) -
     for st, planned in zip(rep.stages, plan.stages):
         assert st.cores == by_id[planned.device].cores  # the rank ran pinned to its device's cores
         assert st.fwd_compute_s > 0 and st.bwd_compute_s > 0 and st.update_real_s > 0
+        assert st.fwd_cpu_s > 0 and st.bwd_cpu_s > 0  # the rank's own CPU time per F and B (session 16)
         assert (st.predicted_fwd_s, st.predicted_bwd_s) == (planned.fwd_s, planned.bwd_s)
         assert (st.predicted_step_s, st.predicted_transfer_s) == (planned.step_s, planned.send_s)
         assert st.peak_bytes > 0 and st.predicted_memory_bytes > 0  # ratios: benchmarks/cpu_truth.py

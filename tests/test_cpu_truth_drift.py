@@ -131,3 +131,14 @@ def test_the_load_robust_check_s_rows_carry_their_drift() -> None:
     d = row_drift(row)
     assert d.cpu_ratio == pytest.approx(1.3) and dict(d.parts_cpu_ratio) == pytest.approx({"matmul": 1.2})
     assert d.wall_ratio == pytest.approx(1.3) and row_drift({"measured": {}}) is None  # a row from before session 16
+
+
+def test_the_run_s_own_cpu_time_beside_its_wall_time() -> None:
+    from benchmarks.cpu_truth_drift import cpu_time_rows
+
+    def run(f_wall: float, f_cpu: float | None) -> NS:
+        stage = NS(measured={"F": f_wall, "Fcpu": f_cpu, "B": 0.2, "Bcpu": None}, predicted={"F": 0.1, "B": 0.2})
+        return NS(model="m", stages=(stage,))
+
+    rows = cpu_time_rows([run(0.2, 0.1), run(0.12, 0.1), run(0.1, None)])  # the last: a report from before
+    assert rows == [["m", 0, "1.60 (1.20-2.00)", "1.00 (1.00-1.00)", "-", "-"]]
