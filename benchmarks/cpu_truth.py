@@ -308,7 +308,12 @@ Where the differences that remain come from:
   the headline and the goal is judged on them. What the reference cannot see: load that comes and
   goes within a run (a sample is ~0.5 s of work; under the lead's CPU burner, load ~6, the samples
   of one group varied 17-46 ms within minutes and say nothing), and anything only a model's kernels
-  meet.
+  meet. So each rank also times every F and B in its thread's CPU seconds (the run report's
+  `fwd_cpu_s`, `bwd_cpu_s`): a load of 1.1-1.4 on 2 cores is about one more runnable process, which
+  shares one of the pinned cores while it runs; wall / CPU in the last table says whether it did, and
+  the CPU-time ratio is the stage beside its price without it. The load-robust check's rows carry the
+  reference too, timed in its own process around the calibration and after each measurement, in CPU
+  time: its drift and the ratio with it divided out are in that table.
 - **Load.** The core groups are measured and the runs pinned on a machine other processes share;
   a process sharing a pinned core slows that stage by up to 2x, in the calibration or in the run,
   whichever it overlaps. The load average before each round is in the table; only rounds on a
