@@ -313,7 +313,13 @@ Where the differences that remain come from:
   shares one of the pinned cores while it runs; wall / CPU in the last table says whether it did, and
   the CPU-time ratio is the stage beside its price without it. The load-robust check's rows carry the
   reference too, timed in its own process around the calibration and after each measurement, in CPU
-  time: its drift and the ratio with it divided out are in that table.
+  time: its drift and the ratio with it divided out are in that table. Why the parts: in session 16
+  (load 8.7, one round) that check's gpt-demo forward took 65.1 ms of CPU time (ratio now 0.96), in
+  session 15's quiet rounds 79.3 ms (1.14), on prices of 67.9 and 66.8 ms: the same work at the same
+  price took 22% more CPU time on the "quiet" machine. Whatever slowed it (other tenants of the host
+  on the shared cache and memory, which no load average shows, is one candidate) the calibration's
+  in-cache loops did not feel alike; the reference's stream beyond the last-level cache beside its
+  in-cache matmul and GELU is there to tell whether such a drift lies in the memory.
 - **Load.** The core groups are measured and the runs pinned on a machine other processes share;
   a process sharing a pinned core slows that stage by up to 2x, in the calibration or in the run,
   whichever it overlaps. The load average before each round is in the table; only rounds on a
