@@ -31,6 +31,9 @@ runs each whole model timed with thread CPU time, predicted by the cost model wi
 per-op rates and the per-tensor optimizer loop (issue 17 item 4), so both models meet the same
 measurement even while other processes share the core.
 
+Writes ``benchmarks/results/cpu_truth.md`` and, beside it, every run's figures, prices and reference
+samples as ``cpu_truth_rounds.json``.
+
 Usage:
     python benchmarks/cpu_truth.py [--rounds 3] [--steps 5] [--models gpt-demo,hf-llama] [--cpu-time-rounds 2]
 
@@ -41,6 +44,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -488,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
             f"Load average at the end: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1/5/15 min) on "
             f"{os.cpu_count()} cores.\n\n{tables(outcomes)}\n\n{drift_section(outcomes)}{cpu_time}\n\n{EXPLANATION}")
     path = write_result("cpu_truth", "CPU truth: the cost model against real compute (issue 17 item 4)", body)
+    # every round's figures, prices and reference samples, for reading the drift against the ratios run by run
+    path.with_name("cpu_truth_rounds.json").write_text(json.dumps([dataclasses.asdict(o) for o in outcomes], indent=1))
     print(path.read_text())
     return 0
 
