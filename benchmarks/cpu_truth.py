@@ -36,6 +36,7 @@ samples as ``cpu_truth_rounds.json``.
 
 Usage:
     python benchmarks/cpu_truth.py [--rounds 3] [--steps 5] [--models gpt-demo,hf-llama] [--cpu-time-rounds 2]
+                                   [--clock wall|cpu]
 
 Example:
     $ python benchmarks/cpu_truth.py --rounds 1 --steps 3
@@ -137,11 +138,11 @@ def _stage_ratios(report: dict) -> tuple[StageRatios, ...]:
     return tuple(out)
 
 
-def calibrate(tmp: Path, index: int, probes: ReferenceProbes) -> Calibrated:
-    """``hetpipe profile --calibrate --cpu-devices 2`` between two samples of the reference workload."""
+def calibrate(tmp: Path, index: int, probes: ReferenceProbes, clock: str = "wall") -> Calibrated:
+    """``hetpipe profile --calibrate --cpu-devices 2 --clock <clock>`` between two samples of the reference."""
     before = probes.sample()
     cluster = tmp / f"cluster-{index}.yaml"
-    _hetpipe("profile", "--calibrate", "--cpu-devices", "2", "-o", str(cluster))
+    _hetpipe("profile", "--calibrate", "--cpu-devices", "2", "--clock", clock, "-o", str(cluster))
     return Calibrated(cluster, before + probes.sample())
 
 
@@ -175,17 +176,17 @@ def _outcome(model: str, index: int, done: tuple[dict, tuple, float], plans: tup
                       index, drift)
 
 
-def rounds(models: list[str], *, count: int, steps: int, tmp: Path) -> list[RunOutcome]:
+def rounds(models: list[str], *, count: int, steps: int, tmp: Path, clock: str = "wall") -> list[RunOutcome]:
     """The chain calibration 0, runs of round 1, calibration 1, runs of round 2, ..., calibration `count`: each
     round's plans made on the calibration before its runs, priced again on the one after (`cpu_truth_drift`)."""
     with ReferenceProbes(split_cores(2)) as probes:  # the core groups `profile --cpu-devices 2` measures
-        cal = calibrate(tmp, 0, probes)
+        cal = calibrate(tmp, 0, probes, clock)
         plans = {m: plan_on(m, cal, tmp, 0) for m in models}
         outcomes = []
         for i in range(count):
             print(f"round {i + 1}/{count}: load average {os.getloadavg()[0]:.2f}", flush=True)
             done = {m: run_plan(m, plans[m], steps=steps, tmp=tmp, index=i, probes=probes) for m in models}
-            nxt = calibrate(tmp, i + 1, probes)
+            nxt = calibrate(tmp, i + 1, probes, clock)
             next_plans = {m: plan_on(m, nxt, tmp, i + 1) for m in models}
             outcomes += [_outcome(m, i, done[m], (plans[m], next_plans[m]), (cal, nxt)) for m in models]
             cal, plans = nxt, next_plans
@@ -236,6 +237,10 @@ def tables(outcomes: list[RunOutcome]) -> str:
                               it_rows)
     return "\n\n".join([stage_table, it_table, "\n".join(verdicts)])
 
+
+#: What the header says of a run with ``--clock cpu``.
+CLOCK_NOTE = (": the core groups' calibrations timed in thread CPU time, so the raw ratios set wall seconds "
+              "against CPU-time prices and the in-run CPU-time ratios are the ones to read on a shared machine")
 
 EXPLANATION = """\
 Ratios are measured / predicted: above 1 the stage was slower than the plan said. F, B: per
@@ -465,12 +470,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--models", default="gpt-demo,hf-llama")
     ap.add_argument("--cpu-time-rounds", type=int, default=2, help="rounds of the load-robust check (0: skip it)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="the calibrations' clock (hetpipe profile --clock): cpu on a shared machine, then read the "
+                         "CPU-time ratios (the raw ones set wall seconds against CPU-time prices)")
     args = ap.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     outcomes: list[RunOutcome] = []
     cpu_time = ""
     with tempfile.TemporaryDirectory(prefix="hetpipe-cpu-truth-") as tmp:
-        outcomes = rounds(models, count=args.rounds, steps=args.steps, tmp=Path(tmp))
+        outcomes = rounds(models, count=args.rounds, steps=args.steps, tmp=Path(tmp), clock=args.clock)
         if args.cpu_time_rounds > 0:
             print(f"CPU-time check: load average {os.getloadavg()[0]:.2f}", flush=True)
             cpu_time = (f"\n\n**Load-robust check** (`benchmarks/cpu_truth_cputime.py`, {args.cpu_time_rounds} "
@@ -488,7 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     body = (f"{args.rounds} round(s) of calibrate + plan + run ({args.steps} steps, medians over steps 1..N-1); "
             f"{BATCH} x {SEQ} tokens per micro-batch, {GLOBAL_BATCH // BATCH} micro-batches, fp32, Adam; "
-            f"two devices = two core groups of this host (`hetpipe profile --calibrate --cpu-devices 2`). "
+            f"two devices = two core groups of this host (`hetpipe profile --calibrate --cpu-devices 2 --clock "
+            f"{args.clock}`{CLOCK_NOTE if args.clock == 'cpu' else ''}). "
             f"Load average at the end: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1/5/15 min) on "
             f"{os.cpu_count()} cores.\n\n{tables(outcomes)}\n\n{drift_section(outcomes)}{cpu_time}\n\n{EXPLANATION}")
     path = write_result("cpu_truth", "CPU truth: the cost model against real compute (issue 17 item 4)", body)

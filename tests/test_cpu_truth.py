@@ -88,8 +88,8 @@ def test_calibration_sets_the_cost_per_op_and_names_the_cores() -> None:
 def test_profile_writes_one_device_per_core_group(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = {}
 
-    def fake_groups(groups, **_):
-        seen["groups"] = groups
+    def fake_groups(groups, **kw):
+        seen["groups"], seen["cpu_clock"] = groups, kw.get("cpu_clock")
         return tuple(_cal(tuple(g), overhead_s=(3 + i) * 1e-6) for i, g in enumerate(groups))
 
     def fake_link(*, core_groups, **_):
@@ -112,6 +112,11 @@ def test_profile_writes_one_device_per_core_group(monkeypatch: pytest.MonkeyPatc
     assert doc["calibration"]["link"]["median_times_s"] == [1.0, 2.0]
     with pytest.raises(ConfigError, match="--cpu-devices 2 .* needs --calibrate"):
         profile_mod.profile_document(detection, calibrate=False, cpu_devices=2)
+    assert seen["cpu_clock"] is False and "CPU time" not in cluster.devices[0].profile.source
+    cpu_timed = cluster_from_dict(profile_mod.profile_document(detection, calibrate=True, cpu_devices=2, cpu_clock=True))
+    assert seen["cpu_clock"] is True and "timed in thread CPU time (--clock cpu)" in cpu_timed.devices[0].profile.source
+    with pytest.raises(ConfigError, match="--clock cpu .* needs --cpu-devices N and --calibrate"):
+        profile_mod.profile_document(detection, calibrate=True, cpu_clock=True)
 
 
 def _timeline(rank: int, origin_s: float, *actions: tuple[str, float, float]) -> RankTimeline:
@@ -262,6 +267,8 @@ def test_core_group_measured_in_a_pinned_process() -> None:
     (cal,) = measure_core_groups((core,), size=64, repeats=1, copy_bytes=2**20)
     assert cal.cores == core and cal.fp32_matmul_flops_s > 0 and cal.memory_bandwidth_bytes_s > 0
     assert cal.kernel_overhead_s is not None and 0 < cal.kernel_overhead_s < 1e-2
+    (cpu_timed,) = measure_core_groups((core,), size=64, repeats=1, copy_bytes=2**20, cpu_clock=True)  # --clock cpu
+    assert cpu_timed.cores == core and cpu_timed.fp32_matmul_flops_s > 0 and cpu_timed.kernel_overhead_s > 0
 
 
 @pytest.mark.slow

@@ -152,12 +152,12 @@ def test_rounds_chain_their_calibrations(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
     order: list[str] = []
     monkeypatch.setattr(ct, "ReferenceProbes", lambda groups: contextlib.nullcontext("probes"))
-    monkeypatch.setattr(ct, "calibrate", lambda tmp, i, probes: order.append(f"cal{i}") or f"c{i}")
+    monkeypatch.setattr(ct, "calibrate", lambda tmp, i, probes, clock: order.append(f"cal{i} {clock}") or f"c{i}")
     monkeypatch.setattr(ct, "plan_on", lambda m, cal, tmp, i: order.append(f"plan {m} on {cal}") or f"p{m}{i}")
     monkeypatch.setattr(ct, "run_plan", lambda m, plan, **kw: order.append(f"run {plan}") or plan)
     monkeypatch.setattr(ct, "_outcome", lambda m, i, done, plans, cals: (m, i, done, plans, cals))
-    got = ct.rounds(["a", "b"], count=2, steps=3, tmp=tmp_path)
-    assert order == ["cal0", "plan a on c0", "plan b on c0", "run pa0", "run pb0", "cal1", "plan a on c1",
-                     "plan b on c1", "run pa1", "run pb1", "cal2", "plan a on c2", "plan b on c2"]
+    got = ct.rounds(["a", "b"], count=2, steps=3, tmp=tmp_path, clock="cpu")
+    assert order == ["cal0 cpu", "plan a on c0", "plan b on c0", "run pa0", "run pb0", "cal1 cpu", "plan a on c1",
+                     "plan b on c1", "run pa1", "run pb1", "cal2 cpu", "plan a on c2", "plan b on c2"]
     assert got == [("a", 0, "pa0", ("pa0", "pa1"), ("c0", "c1")), ("b", 0, "pb0", ("pb0", "pb1"), ("c0", "c1")),
                    ("a", 1, "pa1", ("pa1", "pa2"), ("c1", "c2")), ("b", 1, "pb1", ("pb1", "pb2"), ("c1", "c2"))]
