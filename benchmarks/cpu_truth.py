@@ -329,6 +329,10 @@ Where the differences that remain come from:
   on the shared cache and memory, which no load average shows, is one candidate) the calibration's
   in-cache loops did not feel alike; the reference's stream beyond the last-level cache beside its
   in-cache matmul and GELU is there to tell whether such a drift lies in the memory.
+  On a shared machine `--clock cpu` (`hetpipe profile --clock cpu`) times the core groups'
+  calibrations in each thread's CPU time; the in-run CPU-time ratios then set CPU seconds against
+  CPU-time prices on both ends, which other processes on the cores do not move (their cache traffic
+  still does), while the raw ratios set wall seconds against them (the link stays wall time).
 - **Load.** The core groups are measured and the runs pinned on a machine other processes share;
   a process sharing a pinned core slows that stage by up to 2x, in the calibration or in the run,
   whichever it overlaps. The load average before each round is in the table; only rounds on a
