@@ -337,7 +337,9 @@ class RecordingHooks(_hooks_base()):  # type: ignore[misc]
     """Remembers the last action started (for error reports) and every F/B's whole duration.
 
     ``fwd_s`` / ``bwd_s`` are real seconds of the whole action (with any emulation
-    sleep), ``fwd_compute_s`` / ``bwd_compute_s`` the executor's measured compute.
+    sleep), ``fwd_compute_s`` / ``bwd_compute_s`` the executor's measured compute, ``fwd_cpu_s`` /
+    ``bwd_cpu_s`` the calling thread's CPU seconds over the whole action (`time.thread_time`: time other
+    processes held the core does not count, nor intra-op threads beside this one; a sleep costs none).
     """
 
     def __init__(self) -> None:
@@ -346,13 +348,17 @@ class RecordingHooks(_hooks_base()):  # type: ignore[misc]
         self.bwd_s: list[float] = []
         self.fwd_compute_s: list[float] = []
         self.bwd_compute_s: list[float] = []
+        self.fwd_cpu_s: list[float] = []
+        self.bwd_cpu_s: list[float] = []
         self._start_s = 0.0
+        self._cpu_start_s = 0.0
         self._b_entry: dict[int, int] = {}  # micro-batch -> its B's index in bwd_s, until its W (split lists)
         self.message_log = MessageLog()  # every step's SENDs and RECVs on CLOCK_MONOTONIC (measured C)
 
     def before(self, action: Any) -> None:
         self.current = str(action)
         self._start_s = time.monotonic()
+        self._cpu_start_s = time.thread_time()
 
     def stretch(self, action: Any, compute_s: float) -> None:
         """Hook for subclasses: called after a compute action, before its duration is recorded."""
@@ -365,14 +371,16 @@ class RecordingHooks(_hooks_base()):  # type: ignore[misc]
             self.stretch(action, seconds)
         if op in ("F", "B", "W"):
             self.stretch(action, seconds)
-            whole = time.monotonic() - self._start_s
+            whole, cpu = time.monotonic() - self._start_s, time.thread_time() - self._cpu_start_s
             if op == "W":  # a split backward: one entry per micro-batch, B's seconds plus W's
                 at = self._b_entry.pop(action.microbatch)
                 self.bwd_s[at] += whole
                 self.bwd_compute_s[at] += seconds
+                self.bwd_cpu_s[at] += cpu
                 return
             (self.fwd_s if op == "F" else self.bwd_s).append(whole)
             (self.fwd_compute_s if op == "F" else self.bwd_compute_s).append(seconds)
+            (self.fwd_cpu_s if op == "F" else self.bwd_cpu_s).append(cpu)
             if op == "B":
                 self._b_entry[action.microbatch] = len(self.bwd_s) - 1
 
