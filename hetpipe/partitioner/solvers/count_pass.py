@@ -1,0 +1,136 @@
+"""One pass of the count-vector DP (`dp`), level by level, and its threshold prune (issue 12 item 3, session 16).
+
+`run_counts` is the pass `dp._min_sum_counts` and `dp.CountDP.min_sum` run: every count vector with the same
+total k in one numpy batch, from the last stage back.  Two things keep it from touching states that cannot
+matter, without changing any answer:
+
+* **Dead rows.**  A vector whose every suffix (one card fewer, any class) is inf at every unit has no finite
+  entry either; such rows are skipped, not computed (gpt2-xl on 64 cards under the pace walk's caps: about half
+  the rows of a level are dead, 1.7-3.5% of the entries finite).
+* **A threshold** (`Threshold`, for callers that only need to know whether the least value is under theta: the
+  pace walk's decision passes, `schedule_bound.schedule_walk`): a suffix starting at unit u whose least value
+  R_s plus a floor on any prefix covering units [0, u) (`prefix_floor`) reaches theta cannot complete a pipeline
+  under theta, so its state is dropped.  Every placement with R_0 < theta keeps all its suffix states (each
+  state's least value is at most the placement's own suffix value), so a pass returns the same least R_0 when
+  it is under theta and either nothing or a value >= theta otherwise: min(result, theta) is a floor.
+
+Example (two classes of one card, three units; the pass's least sum and the same pass under thresholds):
+    >>> import math
+    >>> from hetpipe.partitioner.problem import DeviceSlot, Problem
+    >>> from hetpipe.partitioner.solvers.dp import CountDP
+    >>> devs = (DeviceSlot("a0", "a", "n", 99), DeviceSlot("b0", "b", "n", 99))
+    >>> prob = Problem({"a": (1.0,) * 3, "b": (2.0,) * 3}, {"a": (1.0,) * 3, "b": (2.0,) * 3}, (1,) * 3,
+    ...                (1,) * 3, (0,) * 3, devs, ((math.inf, 1.0), (1.0, math.inf)), ((0.0, 0.0), (0.0, 0.0)), 2)
+    >>> dp = CountDP(prob)
+    >>> dp.min_sum(math.inf)[0], dp.min_sum(math.inf, threshold=6.5)[0], dp.min_sum(math.inf, threshold=6.0)
+    (6.0, 6.0, None)
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Any, Callable
+
+import numpy as np
+
+from hetpipe.partitioner.solvers.cap_walk import check_deadline
+from hetpipe.partitioner.solvers.pace_rule import (LevelCaps, PaceRule, WindowCompanions, count_next_min, next_pairs, pace_kept,
+                                                   paired_values, spread)
+
+
+def prefix_floor(tab: Any) -> np.ndarray:
+    """Per start unit u (L+1): a floor on R_0 - R_s of any prefix covering units [0, u) before a suffix starting
+    at u: every unit's F + B on its fastest class, plus the least 2C any class pair pays over the cut before u
+    (`dp.StageTables`: compute[c][0, u - 1] is units [0, u) on class c, comm2 (C, C, L+1) the round trips).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> tab = SimpleNamespace(L=2, compute=[np.array([[1.0, 3.0], [2.0, np.inf], [np.inf, np.inf]])],
+        ...                       comm2=np.array([[[0.0, 0.5, 0.0]]]))
+        >>> prefix_floor(tab).tolist()
+        [0.0, 1.5, 3.0]
+    """
+    work = np.min([comp[0, :] for comp in tab.compute], axis=0)  # units [0, u + 1) on the fastest class
+    floor = np.concatenate(([0.0], work))
+    floor[1:tab.L] += tab.comm2.min(axis=(0, 1))[1:tab.L]  # the cut before u (none before unit 0 or after L)
+    return floor
+
+
+def _ruled_band(tab: Any, c: int, k: int, cap: float, width: int, rule: PaceRule | None) -> np.ndarray:
+    """Class c's front stages at level k under `cap`, and under the rule's single-step filter when given."""
+    band = tab.band(c, k - 1, cap, width)
+    if rule is None:
+        return band
+    with np.errstate(invalid="ignore"):  # inf entries give nan here: they stay inf
+        return np.where(rule.weighted * band - rule.forward * tab.forward[c][:, :width] <= rule.cap, band, np.inf)
+
+
+def _last_stages(lattice: Any, c: int, band: np.ndarray, val: np.ndarray, pv: np.ndarray | None, xn: int,
+                 windows: WindowCompanions) -> None:
+    """Level 1 (the last stage alone) on class c: its values and companions, in place."""
+    has = np.asarray([st[c] > 0 for st in lattice.groups[1]])
+    val[has, c] = band.min(axis=1)
+    if pv is not None:
+        pv[has, c] = paired_values(xn, band, band)
+    windows.record(1, (has, c), band, band, None, lambda a: a)
+
+
+def run_counts(tab: Any, cap: float, lattice: Any, combine: Callable = np.add, *, deadline: float = math.inf,
+               level_caps: LevelCaps | None = None, threshold: float = math.inf,
+               ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """Backward DP over count vectors (`dp.StageTables` `tab`, `dp._Lattice` `lattice`): vals[k][i] (C, L+1) is
+    the least cost of a suffix that uses the devices of `lattice.groups[k][i]`, starts at unit u and has its front
+    stage on class f; backs[k][i] (C, L+1, 2) the next stage's start unit and front class.  Dead rows are skipped
+    and, with a finite `threshold` (sums only), states that cannot end under it dropped (module docstring)."""
+    C, L = len(tab.classes), tab.L
+    width, rows = tab.width(cap), np.arange(L + 1)
+    comm_ok = np.where(tab.comm2 <= cap, tab.comm2, np.inf)
+    ceiling = threshold - prefix_floor(tab) if math.isfinite(threshold) else None  # (L+1,) per start unit
+    vals: dict[int, np.ndarray] = {}
+    paired: dict[int, np.ndarray] = {}  # least x W_front + R per state, x of the level above (`next_pairs`)
+    backs: dict[int, np.ndarray] = {}
+    windows = WindowCompanions(level_caps, max(lattice.groups, default=0))  # chains of 3+ ranks (`PaceRule.windows`)
+    for k in sorted(lattice.groups):
+        check_deadline(deadline)  # one level is at most a few hundred ms at the state budget
+        n = len(lattice.groups[k])
+        val = np.full((n, C, L + 1), np.inf)
+        bp = np.full((n, C, L + 1, 2), -1, dtype=np.int32)
+        band_cap, value_cap, *rule = (cap, math.inf) if level_caps is None else level_caps(k)
+        xn = next_pairs(level_caps, k)
+        pv = np.full((n, C, L + 1), np.inf) if xn >= 0 else None
+        windows.start(k, (n, C, L + 1))
+        alive = np.isfinite(vals[k - 1]).any(axis=(1, 2)) if k > 1 else None  # rows with a finite suffix
+        for c in range(C):
+            band = _ruled_band(tab, c, k, min(cap, band_cap), width, rule[0] if rule else None)
+            if k == 1:
+                _last_stages(lattice, c, band, val, pv, xn, windows)
+                continue
+            idx, prev = lattice.moves[(k, c)]
+            idx, prev = idx[alive[prev]], prev[alive[prev]]  # a dead suffix row gives an inf row: skip it
+            if not idx.size:
+                continue
+            tot = combine(comm_ok[c][None], vals[k - 1][prev])  # (n, C, L+1): 2C(c->f, u) (+|max) suffix
+            f_best = np.argmin(tot, axis=1)
+            h = np.take_along_axis(tot, f_best[:, None, :], axis=1)[:, 0, :]
+            cand = combine(band[None], spread(h, width, L))  # (n, L+1, W)
+            if rule:
+                cand = pace_kept(rule[0], band, cand, paired.get(k - 1), prev, comm_ok[c], width)
+            cand = windows.kept(k, band[None], cand, next_min := partial(count_next_min, comm_ok[c], width), lambda a: a[prev])
+            if pv is not None:
+                pv[idx, c] = paired_values(xn, band[None], cand)
+            windows.record(k, (idx, c), band[None], cand, next_min, lambda a: a[prev])
+            w_best = np.argmin(cand, axis=2)
+            val[idx, c] = np.take_along_axis(cand, w_best[..., None], axis=2)[..., 0]
+            u_best = np.minimum(rows[None, :] + w_best + 1, L)
+            bp[idx, c, :, 0] = u_best
+            bp[idx, c, :, 1] = np.take_along_axis(f_best, u_best, axis=1)
+        val[val > value_cap] = np.inf  # suffixes over their level's cap are not extended
+        if ceiling is not None:
+            val[val >= ceiling] = np.inf  # (broadcast over the last axis, the start unit) they cannot end under it
+        vals[k], backs[k] = val, bp
+        if pv is not None:
+            paired[k] = pv
+        if not np.isfinite(val).any():
+            break  # every longer suffix extends one of these: none (a cap nothing meets costs one level)
+    return vals, backs
