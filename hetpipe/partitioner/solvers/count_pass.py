@@ -46,13 +46,16 @@ def prefix_floor(tab: Any) -> np.ndarray:
 
     Example:
         >>> from types import SimpleNamespace
-        >>> tab = SimpleNamespace(L=2, compute=[np.array([[1.0, 3.0], [2.0, np.inf], [np.inf, np.inf]])],
-        ...                       comm2=np.array([[[0.0, 0.5, 0.0]]]))
-        >>> prefix_floor(tab).tolist()
-        [0.0, 1.5, 3.0]
+        >>> inf = np.inf   # two classes, two units: (1, 2) s on the first, (2, 0.5) s on the second
+        >>> tab = SimpleNamespace(L=2, compute=[np.array([[1.0, 3.0], [2.0, inf], [inf, inf]]),
+        ...                                     np.array([[2.0, 2.5], [0.5, inf], [inf, inf]])],
+        ...                       comm2=np.full((2, 2, 3), 0.5))
+        >>> prefix_floor(tab).tolist()   # unit 0 on the first, unit 1 on the second; the cut before unit 1
+        [0.0, 1.5, 1.5]
     """
-    work = np.min([comp[0, :] for comp in tab.compute], axis=0)  # units [0, u + 1) on the fastest class
-    floor = np.concatenate(([0.0], work))
+    # each unit on its own fastest class (a prefix may change class at every cut): compute[c][0, u] - [0, u - 1]
+    per_unit = np.min([np.diff(np.concatenate(([0.0], comp[0, :]))) for comp in tab.compute], axis=0)
+    floor = np.concatenate(([0.0], np.cumsum(per_unit)))
     floor[1:tab.L] += tab.comm2.min(axis=(0, 1))[1:tab.L]  # the cut before u (none before unit 0 or after L)
     return floor
 
