@@ -79,6 +79,33 @@ def _last_stages(lattice: Any, c: int, band: np.ndarray, val: np.ndarray, pv: np
     windows.record(1, (has, c), band, band, None, lambda a: a)
 
 
+def _front_class(tab: Any, c: int, k: int, band: np.ndarray, where: tuple[np.ndarray, np.ndarray, slice], *,
+                 combine: Callable, comm: np.ndarray, after: np.ndarray, rule: PaceRule | None,
+                 paired: np.ndarray | None, windows: WindowCompanions,
+                 out: tuple[np.ndarray, np.ndarray, np.ndarray | None, int]) -> None:
+    """Level k's states with a front stage on class c, in place in `out` (val, bp, pv, x of `next_pairs`): rows
+    `idx` over their suffix rows `prev` (level k - 1's values `after`), front start units `units` only."""
+    (idx, prev, units), (val, bp, pv, xn) = where, out
+    width, L = band.shape[1], tab.L
+    tot = combine(comm[None], after[prev])  # (n, C, L+1): 2C(c->f, u) (+|max) suffix
+    f_best = np.argmin(tot, axis=1)
+    h = np.take_along_axis(tot, f_best[:, None, :], axis=1)[:, 0, :]
+    front = band[units][None]  # (1, U, W): the front stages that start in `units`
+    cand = combine(front, spread(h, width, L)[:, units])  # (n, U, W)
+    if rule is not None:
+        cand = pace_kept(rule, band, cand, paired, prev, comm, width, units)
+    next_min = partial(count_next_min, comm, width, units=units)
+    cand = windows.kept(k, front, cand, next_min, lambda a: a[prev])
+    if pv is not None:
+        pv[idx, c, units] = paired_values(xn, front, cand)
+    windows.record(k, (idx, c, units), front, cand, next_min, lambda a: a[prev])
+    w_best = np.argmin(cand, axis=2)
+    val[idx, c, units] = np.take_along_axis(cand, w_best[..., None], axis=2)[..., 0]
+    u_best = np.minimum(np.arange(L + 1)[units][None, :] + w_best + 1, L)
+    bp[idx, c, units, 0] = u_best
+    bp[idx, c, units, 1] = np.take_along_axis(f_best, u_best, axis=1)
+
+
 def run_counts(tab: Any, cap: float, lattice: Any, combine: Callable = np.add, *, deadline: float = math.inf,
                level_caps: LevelCaps | None = None, threshold: float = math.inf,
                ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
@@ -87,7 +114,7 @@ def run_counts(tab: Any, cap: float, lattice: Any, combine: Callable = np.add, *
     stage on class f; backs[k][i] (C, L+1, 2) the next stage's start unit and front class.  Dead rows are skipped
     and, with a finite `threshold` (sums only), states that cannot end under it dropped (module docstring)."""
     C, L = len(tab.classes), tab.L
-    width, rows = tab.width(cap), np.arange(L + 1)
+    width = tab.width(cap)
     comm_ok = np.where(tab.comm2 <= cap, tab.comm2, np.inf)
     ceiling = threshold - prefix_floor(tab) if math.isfinite(threshold) else None  # (L+1,) per start unit
     vals: dict[int, np.ndarray] = {}
@@ -103,7 +130,10 @@ def run_counts(tab: Any, cap: float, lattice: Any, combine: Callable = np.add, *
         xn = next_pairs(level_caps, k)
         pv = np.full((n, C, L + 1), np.inf) if xn >= 0 else None
         windows.start(k, (n, C, L + 1))
-        alive = np.isfinite(vals[k - 1]).any(axis=(1, 2)) if k > 1 else None  # rows with a finite suffix
+        if k > 1:  # rows with a finite suffix, and the front start units such a suffix can follow
+            finite = np.isfinite(vals[k - 1])
+            alive, starts = finite.any(axis=(1, 2)), np.flatnonzero(finite.any(axis=(0, 1)))
+            units = slice(max(0, int(starts[0]) - width), int(starts[-1]))  # a front stage has 1..width units
         for c in range(C):
             band = _ruled_band(tab, c, k, min(cap, band_cap), width, rule[0] if rule else None)
             if k == 1:
@@ -111,23 +141,10 @@ def run_counts(tab: Any, cap: float, lattice: Any, combine: Callable = np.add, *
                 continue
             idx, prev = lattice.moves[(k, c)]
             idx, prev = idx[alive[prev]], prev[alive[prev]]  # a dead suffix row gives an inf row: skip it
-            if not idx.size:
-                continue
-            tot = combine(comm_ok[c][None], vals[k - 1][prev])  # (n, C, L+1): 2C(c->f, u) (+|max) suffix
-            f_best = np.argmin(tot, axis=1)
-            h = np.take_along_axis(tot, f_best[:, None, :], axis=1)[:, 0, :]
-            cand = combine(band[None], spread(h, width, L))  # (n, L+1, W)
-            if rule:
-                cand = pace_kept(rule[0], band, cand, paired.get(k - 1), prev, comm_ok[c], width)
-            cand = windows.kept(k, band[None], cand, next_min := partial(count_next_min, comm_ok[c], width), lambda a: a[prev])
-            if pv is not None:
-                pv[idx, c] = paired_values(xn, band[None], cand)
-            windows.record(k, (idx, c), band[None], cand, next_min, lambda a: a[prev])
-            w_best = np.argmin(cand, axis=2)
-            val[idx, c] = np.take_along_axis(cand, w_best[..., None], axis=2)[..., 0]
-            u_best = np.minimum(rows[None, :] + w_best + 1, L)
-            bp[idx, c, :, 0] = u_best
-            bp[idx, c, :, 1] = np.take_along_axis(f_best, u_best, axis=1)
+            if idx.size and units.stop > units.start:
+                _front_class(tab, c, k, band, (idx, prev, units), combine=combine, comm=comm_ok[c], after=vals[k - 1],
+                             rule=rule[0] if rule else None, paired=paired.get(k - 1), windows=windows,
+                             out=(val, bp, pv, xn))
         val[val > value_cap] = np.inf  # suffixes over their level's cap are not extended
         if ceiling is not None:
             val[val >= ceiling] = np.inf  # (broadcast over the last axis, the start unit) they cannot end under it
