@@ -29,6 +29,7 @@ Example (two classes of one card, three units; the pass's least sum and the same
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
 
@@ -106,51 +107,80 @@ def _front_class(tab: Any, c: int, k: int, band: np.ndarray, where: tuple[np.nda
     bp[idx, c, units, 1] = np.take_along_axis(f_best, u_best, axis=1)
 
 
+@dataclass(frozen=True)
+class CountPass:
+    """One pass's levels: vals[k] (r, C, L+1) and backs[k] (r, C, L+1, 2) over the r live rows of level k, and
+    rows[k] (n,) each count vector's row there (-1: dead, every entry inf; `run_counts`)."""
+
+    vals: dict[int, np.ndarray]
+    backs: dict[int, np.ndarray]
+    rows: dict[int, np.ndarray]
+
+    def vector(self, k: int, row: int) -> int:
+        """The count vector (index in `lattice.groups[k]`) of live row `row` of level k."""
+        return int(np.flatnonzero(self.rows[k] == row)[0])
+
+
+def _live_rows(lattice: Any, k: int, classes: int, after: np.ndarray, after_rows: np.ndarray, width: int,
+               ) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, slice]:
+    """Level k's live rows: per class, (its rows at k, their suffix rows at k - 1) where the suffix row has a finite
+    entry; each vector's row at k (-1 dead); the front start units a finite suffix can follow."""
+    finite = np.isfinite(after)
+    alive, starts = finite.any(axis=(1, 2)), np.flatnonzero(finite.any(axis=(0, 1)))
+    units = slice(max(0, int(starts[0]) - width), int(starts[-1])) if starts.size else slice(0, 0)
+    picked = []
+    for c in range(classes):
+        idx, prev = lattice.moves[(k, c)]
+        q = after_rows[prev]
+        keep = q >= 0
+        keep[keep] = alive[q[keep]]  # a dead suffix row gives an inf row: skip it
+        picked.append((idx[keep], q[keep]))
+    live = np.unique(np.concatenate([i for i, _ in picked]))
+    rows = np.full(len(lattice.groups[k]), -1, dtype=np.int64)
+    rows[live] = np.arange(live.size)
+    return [(rows[i], q) for i, q in picked], rows, units
+
+
 def run_counts(tab: Any, cap: float, lattice: Any, combine: Callable = np.add, *, deadline: float = math.inf,
-               level_caps: LevelCaps | None = None, threshold: float = math.inf,
-               ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
-    """Backward DP over count vectors (`dp.StageTables` `tab`, `dp._Lattice` `lattice`): vals[k][i] (C, L+1) is
-    the least cost of a suffix that uses the devices of `lattice.groups[k][i]`, starts at unit u and has its front
-    stage on class f; backs[k][i] (C, L+1, 2) the next stage's start unit and front class.  Dead rows are skipped
-    and, with a finite `threshold` (sums only), states that cannot end under it dropped (module docstring)."""
+               level_caps: LevelCaps | None = None, threshold: float = math.inf) -> CountPass:
+    """Backward DP over count vectors (`dp.StageTables` `tab`, `dp._Lattice` `lattice`): vals[k][r] (C, L+1) is
+    the least cost of a suffix that uses the devices of the count vector of live row r (`CountPass`), starts at
+    unit u and has its front stage on class f; backs[k][r] (C, L+1, 2) the next stage's start unit and front class.
+    Dead rows are left out and, with a finite `threshold` (sums only), states that cannot end under it dropped
+    (module docstring)."""
     C, L = len(tab.classes), tab.L
     width = tab.width(cap)
     comm_ok = np.where(tab.comm2 <= cap, tab.comm2, np.inf)
     ceiling = threshold - prefix_floor(tab) if math.isfinite(threshold) else None  # (L+1,) per start unit
-    vals: dict[int, np.ndarray] = {}
+    out = CountPass({}, {}, {})
     paired: dict[int, np.ndarray] = {}  # least x W_front + R per state, x of the level above (`next_pairs`)
-    backs: dict[int, np.ndarray] = {}
     windows = WindowCompanions(level_caps, max(lattice.groups, default=0))  # chains of 3+ ranks (`PaceRule.windows`)
     for k in sorted(lattice.groups):
         check_deadline(deadline)  # one level is at most a few hundred ms at the state budget
-        n = len(lattice.groups[k])
+        band_cap, value_cap, *rule = (cap, math.inf) if level_caps is None else level_caps(k)
+        if k == 1:
+            rows, moves, units = np.arange(len(lattice.groups[1])), None, slice(0, 0)
+        else:
+            moves, rows, units = _live_rows(lattice, k, C, out.vals[k - 1], out.rows[k - 1], width)
+        n, xn = int(rows.max(initial=-1)) + 1, next_pairs(level_caps, k)
         val = np.full((n, C, L + 1), np.inf)
         bp = np.full((n, C, L + 1, 2), -1, dtype=np.int32)
-        band_cap, value_cap, *rule = (cap, math.inf) if level_caps is None else level_caps(k)
-        xn = next_pairs(level_caps, k)
         pv = np.full((n, C, L + 1), np.inf) if xn >= 0 else None
         windows.start(k, (n, C, L + 1))
-        if k > 1:  # rows with a finite suffix, and the front start units such a suffix can follow
-            finite = np.isfinite(vals[k - 1])
-            alive, starts = finite.any(axis=(1, 2)), np.flatnonzero(finite.any(axis=(0, 1)))
-            units = slice(max(0, int(starts[0]) - width), int(starts[-1]))  # a front stage has 1..width units
         for c in range(C):
             band = _ruled_band(tab, c, k, min(cap, band_cap), width, rule[0] if rule else None)
             if k == 1:
                 _last_stages(lattice, c, band, val, pv, xn, windows)
-                continue
-            idx, prev = lattice.moves[(k, c)]
-            idx, prev = idx[alive[prev]], prev[alive[prev]]  # a dead suffix row gives an inf row: skip it
-            if idx.size and units.stop > units.start:
-                _front_class(tab, c, k, band, (idx, prev, units), combine=combine, comm=comm_ok[c], after=vals[k - 1],
-                             rule=rule[0] if rule else None, paired=paired.get(k - 1), windows=windows,
-                             out=(val, bp, pv, xn))
+            elif moves[c][0].size and units.stop > units.start:
+                _front_class(tab, c, k, band, (*moves[c], units), combine=combine, comm=comm_ok[c],
+                             after=out.vals[k - 1], rule=rule[0] if rule else None, paired=paired.get(k - 1),
+                             windows=windows, out=(val, bp, pv, xn))
         val[val > value_cap] = np.inf  # suffixes over their level's cap are not extended
         if ceiling is not None:
             val[val >= ceiling] = np.inf  # (broadcast over the last axis, the start unit) they cannot end under it
-        vals[k], backs[k] = val, bp
+        out.vals[k], out.backs[k], out.rows[k] = val, bp, rows
         if pv is not None:
             paired[k] = pv
         if not np.isfinite(val).any():
             break  # every longer suffix extends one of these: none (a cap nothing meets costs one level)
-    return vals, backs
+    return out

@@ -55,7 +55,7 @@ from hetpipe.partitioner.solvers.cap_walk import DPResult, check_deadline, param
 from hetpipe.partitioner.solvers.counts import count_vectors, vectors
 from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.solvers.offload_band import offload_band
-from hetpipe.partitioner.solvers.count_pass import run_counts
+from hetpipe.partitioner.solvers.count_pass import CountPass, run_counts
 from hetpipe.partitioner.solvers.pace_rule import LevelCaps
 from hetpipe.partitioner.solvers.recompute_band import shared_band
 from hetpipe.partitioner.solvers.stage_moments import band_moments, memory_tables
@@ -302,31 +302,30 @@ def _min_sum_counts(tab: StageTables, cap: float, lattice: _Lattice, stages: int
     `threshold`, nothing ends under it: `count_pass.run_counts`).
     Raises `DeadlineReached` past `deadline` (`time.perf_counter()` seconds).
     """
-    vals, backs = run_counts(tab, cap, lattice, np.maximum if bottleneck else np.add, deadline=deadline,
-                             level_caps=level_caps, threshold=threshold)
-    best: tuple[float, int, int, int] | None = None  # (value, total, row, class)
-    for k, val in vals.items():
-        if stages is not None and k != stages:
+    levels = run_counts(tab, cap, lattice, np.maximum if bottleneck else np.add, deadline=deadline,
+                        level_caps=level_caps, threshold=threshold)
+    best: tuple[float, int, int, int] | None = None  # (value, total, count vector, class)
+    for k, val in levels.vals.items():
+        if (stages is not None and k != stages) or not val.size:
             continue
         i, c = np.unravel_index(int(np.argmin(val[:, :, 0])), val.shape[:2])
         v = float(val[i, c, 0])
         if math.isfinite(v) and (best is None or v < best[0]):
-            best = (v, k, int(i), int(c))
+            best = (v, k, levels.vector(k, int(i)), int(c))
     if best is None:
         return None
-    return best[0], _unwind(lattice, backs, best[1:], tab.L)
+    return best[0], _unwind(lattice, levels, best[1:], tab.L)
 
 
-def _unwind(lattice: _Lattice, backs: dict[int, np.ndarray], key: tuple[int, int, int],
-            L: int) -> list[tuple[int, int, int]]:
-    """Follow back-pointers from (total, row, class) at unit 0 to the last stage."""
+def _unwind(lattice: _Lattice, levels: CountPass, key: tuple[int, int, int], L: int) -> list[tuple[int, int, int]]:
+    """Follow back-pointers from (total, count vector, class) at unit 0 to the last stage."""
     k, i, c = key
     lo, out = 0, []
     while True:
         if k == 1:
             out.append((c, lo, L))
             return out
-        hi, nxt = (int(x) for x in backs[k][i, c, lo])
+        hi, nxt = (int(x) for x in levels.backs[k][levels.rows[k][i], c, lo])
         out.append((c, lo, hi))
         rows, prev = lattice.moves[(k, c)]
         i = int(prev[np.flatnonzero(rows == i)[0]])
