@@ -332,8 +332,8 @@ def schedule_walk(problem: Problem, *, deadline: float = math.inf, dp: CountDP |
                 or time.perf_counter() > deadline or high - low <= band_tolerance * bound:
             break  # (a band that narrow: splitting it raises the bound by at most its width)
         gamma, probed = _next_cap(points, low, high, g_floor, enough_s, probed)
-    if not found:  # inf only when the uncapped pass found nothing fits; 0 when no pass finished
-        bound = staircase(points, g_floor)[0] if points and all(map(math.isfinite, points.values())) else 0.0
+    if not found:  # inf only when the uncapped pass found nothing fits; 0 when no pass finished; else the floors
+        bound = staircase(points, g_floor)[0] if passes and all(map(math.isfinite, points.values())) else 0.0
         return ScheduleWalk(math.inf if points.get(math.inf, 0.0) == math.inf else bound, (), False, passes,
                             tuple(points.items()), g_floor)
     bound = staircase(points, g_floor)[0]
