@@ -4,9 +4,12 @@
 total k in one numpy batch, from the last stage back.  Two things keep it from touching states that cannot
 matter, without changing any answer:
 
-* **Dead rows.**  A vector whose every suffix (one card fewer, any class) is inf at every unit has no finite
-  entry either; such rows are skipped, not computed (gpt2-xl on 64 cards under the pace walk's caps: about half
-  the rows of a level are dead, 1.7-3.5% of the entries finite).
+* **Dead rows and units.**  A vector whose every suffix (one card fewer, any class) is inf at every unit has no
+  finite entry either: such rows are neither computed nor stored (`CountPass.rows`); and a front stage of at most
+  `width` units can only start within `width` units before a unit where some suffix is finite, so each level
+  computes only those start units.  gpt2-xl on 64 cards under the pace walk's caps: half to two thirds of a
+  level's rows are dead, about 10 of the 51 start units live, 1.7-3.5% of the entries finite; the walks to their
+  end take 3.7-4.6x fewer CPU seconds (`benchmarks/results/pace_windows.md`).
 * **A threshold** (`Threshold`, for callers that only need to know whether the least value is under theta: the
   pace walk's decision passes, `schedule_bound.schedule_walk`): a suffix starting at unit u whose least value
   R_s plus a floor on any prefix covering units [0, u) (`prefix_floor`) reaches theta cannot complete a pipeline
