@@ -34,6 +34,7 @@ from typing import Sequence
 from hetpipe.cost_models.host_reference import HostDrift, ReferenceTiming, host_drift
 from hetpipe.partitioner.problem import evaluate
 from hetpipe.plan.schema import Plan, problem_from_plan, stages_from_plan
+from hetpipe.runtime.report import grad_price_s
 
 #: The per-stage measures `Prices` holds, in the run report's names (`benchmarks/cpu_truth.MEASURES`' keys).
 PRICED = ("F", "B", "C", "Cb", "S")
@@ -60,17 +61,6 @@ class RunDrift:
     refs: dict[str, tuple[ReferenceTiming, ...]] = dataclasses.field(default_factory=dict)
 
 
-def _grad_s(plan: Plan, s: int) -> float:
-    """The gradient message back over the cut after stage `s`, as the run report prices it (latency + bytes / bw)."""
-    if s + 1 >= len(plan.stages):
-        return 0.0
-    src, dst = plan.stages[s + 1].device, plan.stages[s].device
-    link = next((k for k in plan.links if (k.src, k.dst) == (src, dst)), None)
-    unit = plan.units[plan.stages[s].last_unit]
-    grad_bytes = unit.boundary_grad_bytes if plan.memory_model >= 2 else unit.boundary_bytes
-    return 0.0 if link is None else link.latency_s + grad_bytes / link.bandwidth_bytes_s
-
-
 def plan_prices(plan: Plan, tables: Plan | None = None) -> Prices:
     """`plan`'s stages priced by `evaluate` on `tables`' unit times, links and step launch shares (a plan of the
     same model on another calibration of the same devices); on `plan`'s own tables without `tables`."""
@@ -80,7 +70,7 @@ def plan_prices(plan: Plan, tables: Plan | None = None) -> Prices:
         raise ValueError("the other plan is not of the same model's units on the same device kinds")
     hybrid = dataclasses.replace(plan, units=src.units, links=src.links, step_launch_s=src.step_launch_s)
     ev = evaluate(problem_from_plan(hybrid), stages_from_plan(plan))
-    per = tuple({"F": c.fwd_s, "B": c.bwd_s, "C": c.send_s, "Cb": _grad_s(hybrid, s), "S": c.step_s}
+    per = tuple({"F": c.fwd_s, "B": c.bwd_s, "C": c.send_s, "Cb": grad_price_s(hybrid, s), "S": c.step_s}
                 for s, c in enumerate(ev.stages))
     return Prices(per, ev.iteration_s)
 

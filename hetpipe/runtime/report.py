@@ -350,12 +350,12 @@ def _stage_record(plan: "Plan", r: RankResult, transfers: Sequence[float] = (), 
         transfer_messages=len(transfers), predicted_transfer_s=st.send_s, cores=tuple(r.cores),
         update_real_s=median(measured_steps(r.update_s)) if r.update_s else 0.0,
         transfer_grad_s=median(grad_transfers) if grad_transfers else None,
-        transfer_grad_messages=len(grad_transfers), predicted_transfer_grad_s=_grad_price_s(plan, r.stage),
+        transfer_grad_messages=len(grad_transfers), predicted_transfer_grad_s=grad_price_s(plan, r.stage),
         fwd_cpu_s=median(measured_steps(r.fwd_cpu_s, m)) if r.fwd_cpu_s else None,
         bwd_cpu_s=median(measured_steps(r.bwd_cpu_s, m)) if r.bwd_cpu_s else None)
 
 
-def _grad_price_s(plan: "Plan", stage: int) -> float:  # noqa: F821
+def grad_price_s(plan: "Plan", stage: int) -> float:  # noqa: F821
     """The gradient message back over the cut after `stage`: latency + its bytes / bandwidth (0: no cut, no link)."""
     if stage + 1 >= len(plan.stages):
         return 0.0
