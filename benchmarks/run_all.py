@@ -27,7 +27,8 @@ STATIC = ("objective_history",)
 #: Sections measured on a lent GPU (the device tool); rerun only where CUDA is present.
 NEEDS_GPU = ("gpu_check",)
 #: Further runs of one script with its arguments, each writing its own results/<file>.md after the script's own.
-VARIANTS = {"tp_emulated": (("tp_emulated_hf_llama_tiny", ("--model", "hf-llama-tiny")),
+VARIANTS = {"cpu_truth": (("cpu_truth_cpu_clock", ("--clock", "cpu")),),
+            "tp_emulated": (("tp_emulated_hf_llama_tiny", ("--model", "hf-llama-tiny")),
                             ("tp_emulated_hf_gpt2_tiny", ("--model", "hf-gpt2-tiny")))}
 
 
