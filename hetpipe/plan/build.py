@@ -93,6 +93,7 @@ def build_problem(graph: UnitGraph, cluster: Cluster, *, microbatches: int, reco
         boundary_grad_bytes=tuple(u.boundary_grad_bytes for u in graph.units),
         recompute_bytes=tuple(u.recompute_bytes for u in graph.units),
         weight_grad_bytes=tuple(u.weight_grad_bytes for u in graph.units),
+        transient_bwd_bytes=tuple(u.transient_bwd_bytes for u in graph.units),
         devices=tuple(DeviceSlot(d.id, d.kind, d.node, d.usable_bytes, d.host_link_bytes_s, d.host_memory_bytes_s)
                       for d in cluster.devices),
         bandwidth_bytes_s=bandwidth,
@@ -197,6 +198,7 @@ def _plan_units(graph: UnitGraph, problem: Problem) -> tuple[PlanUnit, ...]:
             recompute_bytes=problem.recompute_bytes[u.index] if problem.recompute_bytes else 0,
             # only split plans (version 5) hold gradients from B to W
             weight_grad_bytes=u.weight_grad_bytes if is_split(problem.schedule) else 0,
+            transient_bwd_bytes=problem.transient_bwd_bytes[u.index] if problem.transient_bwd_bytes else 0,
             time_s={k: UnitTimes(fwd=problem.fwd_s[k][u.index], bwd=problem.bwd_s[k][u.index],
                                  step=problem.step_s[k][u.index] if k in problem.step_s else 0.0)
                     for k in problem.fwd_s},
