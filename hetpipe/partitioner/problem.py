@@ -451,7 +451,8 @@ def stage_position(problem: Problem, stages: Sequence[Stage], s: int) -> StagePo
         out_bytes=problem.boundary_bytes[st.last_unit] if s < p - 1 else 0,
         in_grad_bytes=grad_cut_bytes(problem, st.first_unit - 1) if s > 0 else 0,
         out_grad_bytes=grad_cut_bytes(problem, st.last_unit) if s < p - 1 else 0,
-        activation_bytes=stage_activation_bytes(problem, st), tied_bytes=tied_bytes(problem, st))
+        activation_bytes=stage_activation_bytes(problem, st), tied_bytes=tied_bytes(problem, st),
+        transient_bwd_bytes=stage_transient_bytes(problem, st))
 
 
 def group_stage_cost(problem: Problem, stages: Sequence[Stage], s: int) -> StageCost:
