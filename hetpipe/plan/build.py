@@ -37,7 +37,8 @@ from hetpipe.plan.offload_note import offload_note
 from hetpipe.plan.unit_times import profile_unit_times, unit_times  # noqa: F401 (re-exported)
 from hetpipe.plan.left_out import left_out_reasons
 from hetpipe.partitioner.selective_mode import forced_problem, lift
-from hetpipe.plan.selective_plan import check_selective_mode, offer_for_options, offers_selective  # noqa: F401
+from hetpipe.plan.selective_plan import (check_selective_mode, level_used, offer_for_options,  # noqa: F401
+                                        offers_selective)
 from hetpipe.plan.selective_schema import PlanSelective
 from hetpipe.plan.tp_plan import (
     check_tensor_parallel_option, plan_group_fields, plan_unit_fields, tensor_parallel_fields, tensor_parallel_note)
@@ -287,7 +288,7 @@ def assemble_plan(
         **objective_fields(problem),
         # recorded where a stage runs it: a plan without it is the plan of a problem without the level (its
         # version stays the least its content needs, and check re-derives every stage's choice from the tables)
-        selective=selective if problem.selective is not None and any(st.selective for st in stages) else None,
+        selective=selective if problem.selective is not None and level_used(problem, stages, baselines or {}) else None,
     )  # version: the least its content needs (3: `memory_model` is a version-3 field, `PLAN_VERSION_MEMORY`)
 
 
