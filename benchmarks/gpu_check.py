@@ -14,15 +14,17 @@ checks run in one process on that GPU:
    bytes (`hetpipe.runtime.execute.held.HeldBytes`: parameters, gradients, optimizer state,
    saved activations) next to ``torch.cuda.max_memory_allocated()`` over the same step
    (the allocator's view: it adds temporaries, workspaces and rounding) and next to the
-   cost model's prediction for that stage.
+   cost model's prediction for that stage: the ledger against M_s less its backward transients,
+   the allocator against M_s (memory model 4: the loss's 2 x logits in).  On a CPU the
+   allocator's figure is the step's live storages, counted (`capture.transients.BackwardPeak`).
 3. **Calibration.**  `calibrate_device` measures matmul FLOP/s (bf16 and fp32) and copy
    bandwidth; the cost model, given exactly those figures, predicts the stage's forward
    and backward per micro-batch, printed next to the executor's CUDA-synchronised
    timings.
 
 Writes ``benchmarks/results/gpu_check.md``.  Without CUDA it stops with one line (exit
-2); ``--device cpu`` runs the same code on the CPU (the memory row then has no allocator
-figure), which is how the tests keep it working.
+2); ``--device cpu`` runs the same code on the CPU (the allocator's figure then counts live
+storages), which is how the tests keep it working.
 
 Usage:
     python benchmarks/gpu_check.py [--model gpt2-small] [--stages 3] [--microbatches 4] [--batch 4]
