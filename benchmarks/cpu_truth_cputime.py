@@ -10,6 +10,10 @@ second, now), so the ratios compare the cost models on the same measurement.  Pe
 session 14): the runtime's own stage modules of a 2-stage split at the middle unit, each forward (the
 loss on the last) in thread CPU time beside the planner's price of its units.  What load still
 changes (caches and branch predictors shared with other processes) shows as the spread over rounds.
+The host's own drift (session 16): the fixed reference workload (`hetpipe.cost_models.host_reference`)
+timed in this process right before and after each calibration and right after each model's
+measurement, so the table can set the reference's CPU seconds then / at the calibration beside the
+ratios (``reference`` in each row).
 
 Example:
     $ python benchmarks/cpu_truth_cputime.py --models gpt-demo --rounds 1
@@ -162,20 +166,26 @@ def run(models: list[tuple[str, str]], *, batch: int, seq: int, rounds: int) -> 
     from hetpipe.cost_models.calibrate import apply_calibration, calibrate_device
     from hetpipe.cost_models.catalog import load_catalog
     from hetpipe.cost_models.cpu_cores import available_cores, pin_cores
+    from hetpipe.cost_models.host_reference import time_reference
 
-    pin_cores(available_cores()[-1:])
+    core = available_cores()[-1:]
+    pin_cores(core)
     torch.set_num_threads(1)
     rates.CLOCK = time.thread_time  # the calibration on the same clock as the model (module docstring)
     rows = []
     for r in range(rounds):
+        at_calibration = [dataclasses.asdict(time_reference(cores=core))]  # the host's speed around the calibration
         profile = apply_calibration(load_catalog().entries["cpu"].profile, calibrate_device("cpu", repeats=3))
+        at_calibration.append(dataclasses.asdict(time_reference(cores=core)))
         for label, name in models:
             measured = _measure(name, batch=batch, seq=seq)
             spent, graph, half = measured.pop("stages")
             rows.append({"round": r, "model": label, "measured": measured,
                          **_predict(name, profile, batch=batch, seq=seq), "load": os.getloadavg()[0],
                          "stages": _stage_rows(name, profile, batch=batch, seq=seq, spent=spent, graph=graph,
-                                               half=half)})
+                                               half=half),
+                         "reference": {"calibration": at_calibration,
+                                       "measure": [dataclasses.asdict(time_reference(cores=core))]}})
     return rows
 
 

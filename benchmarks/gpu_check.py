@@ -291,25 +291,33 @@ def _time_stage(part: Any, acts: tuple[Any, ...], last: bool, loss_fn: Any, y: t
 
 
 def check_stage_times(args: argparse.Namespace, graph: Any, example: tuple[torch.Tensor, ...], loss_fn: Any,
-                      profile: Any, parts: list[Any], unit_stage: dict[int, int]) -> list[dict[str, float]]:
-    """Each stage's forward and backward on one micro-batch, measured beside the cost model's F_s and B_s."""
+                      profile: Any, parts: list[Any], unit_stage: dict[int, int],
+                      shaped: Any = None) -> list[dict[str, float]]:
+    """Each stage's forward and backward on one micro-batch, measured beside the cost model's F_s and B_s
+    (and, given ``shaped``, a profile with matmul rates by shape, beside those it prices)."""
     from hetpipe.cost_models.devices import Cluster, Device, Link
     from hetpipe.partitioner.problem import Stage, evaluate
     from hetpipe.plan.build import build_problem
 
-    devs = tuple(Device(id=f"gpu:{s}", node="n0", profile=profile, reserve_bytes=0) for s in range(len(parts)))
-    # Any link will do: only F_s and B_s are compared (the stages share one GPU, nothing is sent).
-    links = {(a.id, b.id): Link(a.id, b.id, 1e12, 0.0) for a in devs for b in devs if a.id != b.id}
-    problem = build_problem(graph, Cluster(name="lent", devices=devs, links=links), microbatches=args.microbatches)
     spans = [[u for u, s in unit_stage.items() if s == k] for k in range(len(parts))]
-    costs = evaluate(problem, tuple(Stage(k, min(us), max(us)) for k, us in enumerate(spans))).stages
+
+    def priced(prof: Any) -> Any:
+        devs = tuple(Device(id=f"gpu:{s}", node="n0", profile=prof, reserve_bytes=0) for s in range(len(parts)))
+        # Any link will do: only F_s and B_s are compared (the stages share one GPU, nothing is sent).
+        links = {(a.id, b.id): Link(a.id, b.id, 1e12, 0.0) for a in devs for b in devs if a.id != b.id}
+        problem = build_problem(graph, Cluster(name="lent", devices=devs, links=links), microbatches=args.microbatches)
+        return evaluate(problem, tuple(Stage(k, min(us), max(us)) for k, us in enumerate(spans))).stages
+
+    costs = priced(profile)
+    by_shape = priced(shaped) if shaped is not None else costs
     x, y = _batch(args, graph, example, rows=args.batch, step=2)
     acts: tuple[Any, ...] = (x,)
     rows = []
     for k, part in enumerate(parts):
         f, b, acts = _time_stage(part, acts, k == len(parts) - 1, loss_fn, y, args.device)
         rows.append({"stage": float(k), "units": float(len(spans[k])), "fwd_s": f, "bwd_s": b,
-                     "predicted_fwd_s": costs[k].fwd_s, "predicted_bwd_s": costs[k].bwd_s})
+                     "predicted_fwd_s": costs[k].fwd_s, "predicted_bwd_s": costs[k].bwd_s,
+                     "shaped_fwd_s": by_shape[k].fwd_s, "shaped_bwd_s": by_shape[k].bwd_s})
     return rows
 
 
@@ -380,7 +388,7 @@ def report(args: argparse.Namespace, cal: Any, stages: dict[str, float], mem: di
     alloc_cell = f"{alloc / mib:.1f} MiB ({mem['held_peak_bytes'] / alloc:.3f})"
     counted = " (CPU: live storages counted)" if args.device == "cpu" else ""
     lines = [
-        f"## {args.model}: {args.batch} x {args.seq or 'default'} tokens per micro-batch, {args.microbatches} "
+        f"### {args.model}: {args.batch} x {args.seq or 'default'} tokens per micro-batch, {args.microbatches} "
         f"micro-batches, {args.stages} stages", "",
         "| check | figure |", "|---|---|",
         f"| stage modules ({args.stages} stages) vs whole model | {int(stages['params'])} parameters; max relative "
@@ -395,21 +403,23 @@ def report(args: argparse.Namespace, cal: Any, stages: dict[str, float], mem: di
         f"{mem['predicted_fwd_s'] * 1e3:.3f} ms ({mem['fwd_s'] / mem['predicted_fwd_s']:.2f}) |",
         f"| B per micro-batch, one stage, measured / predicted | {mem['bwd_s'] * 1e3:.3f} / "
         f"{mem['predicted_bwd_s'] * 1e3:.3f} ms ({mem['bwd_s'] / mem['predicted_bwd_s']:.2f}) |", "",
-        f"| stage | units | F measured / predicted | F ratio | B measured / predicted | B ratio |",
-        "|---|---|---|---|---|---|",
+        "| stage | units | F measured / predicted | F ratio | F ratio, matmuls by shape | B measured / predicted "
+        "| B ratio | B ratio, matmuls by shape |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in times:
         lines.append(f"| {int(r['stage'])} | {int(r['units'])} | {r['fwd_s'] * 1e3:.3f} / "
                      f"{r['predicted_fwd_s'] * 1e3:.3f} ms | {r['fwd_s'] / r['predicted_fwd_s']:.2f} | "
+                     f"{r['fwd_s'] / r['shaped_fwd_s']:.2f} | "
                      f"{r['bwd_s'] * 1e3:.3f} / {r['predicted_bwd_s'] * 1e3:.3f} ms | "
-                     f"{r['bwd_s'] / r['predicted_bwd_s']:.2f} |")
+                     f"{r['bwd_s'] / r['predicted_bwd_s']:.2f} | {r['bwd_s'] / r['shaped_bwd_s']:.2f} |")
     return lines + [""]
 
 
 def header(args: argparse.Namespace, cal: Any) -> list[str]:
     """The device, the command and the calibration every model's prediction is priced on."""
     name = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "CPU"
-    return [f"# GPU check ({args.device}, {name})", "",
+    return [f"## GPU check ({args.device}, {name})", "",
             f"`python benchmarks/gpu_check.py --device {args.device} --models {args.models} --stages {args.stages} "
             f"--microbatches {args.microbatches}` -- torch {torch.__version__}; fp32, TF32 off; Adam; "
             f"F/B medians of {TIMED_REPEATS} passes (CUDA events on a GPU) after two warm-ups", "",
@@ -436,14 +446,14 @@ def check_model(args: argparse.Namespace, cal: Any) -> list[str]:
         graph, example, loss_fn = _setup(args)
         stages, parts, unit_stage = check_stages(args, graph, example, loss_fn)
         profile = _profile(args.device, cal)
-        times = check_stage_times(args, graph, example, loss_fn, profile, parts, unit_stage)
+        times = check_stage_times(args, graph, example, loss_fn, profile, parts, unit_stage, shaped=args.shaped)
         del parts
         mem = check_memory_and_timing(args, graph, example, loss_fn, profile=profile)
         return (report(args, cal, stages, mem, times)[:-1] + check_transients(args, graph, example, loss_fn)
                 + args.peak_lines + [""])
     except Exception as exc:  # noqa: BLE001 -- the remaining models still run; the error is the figure
         logging.exception("gpu_check: %s failed", args.model)
-        return [f"## {args.model}", "", f"failed: `{type(exc).__name__}: {str(exc)[:300]}`", ""]
+        return [f"### {args.model}", "", f"failed: `{type(exc).__name__}: {str(exc)[:300]}`", ""]
     finally:
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
@@ -473,7 +483,16 @@ def main(argv: list[str] | None = None) -> int:
     small = args.device == "cpu"
     cal = calibrate_device(args.device, size=256 if small else 8192, repeats=3 if small else 10,
                            copy_bytes=2**22 if small else 2**30)
-    lines = header(args, cal)
+    from hetpipe.cost_models.op_calibration import GPU_MATMUL_WIDTHS, GPU_OP_ROWS, measure_matmul_rates
+
+    widths, rows = ((32, 64), 256) if small else (GPU_MATMUL_WIDTHS, GPU_OP_ROWS)
+    rates = tuple(measure_matmul_rates(args.device, repeats=3, widths=widths, rows=rows))
+    args.shaped = dataclasses.replace(_profile(args.device, cal), op_rates=rates)
+    lines = header(args, cal) + [
+        "Matmuls by shape (`measure_matmul_rates`: chains of 4 linear layers, forward and backward, on "
+        f"{rows} tokens): " + ", ".join(f"{k.split(':')[1]} {r / 1e12:.1f}" for k, r in rates)
+        + " TFLOP/s (work key: the product of a matmul's two smaller sides); the 'by shape' ratios price "
+        "each stage with them (`timing.pass_time_s`: the per-op path, memory-bound ops at the copy bandwidth).", ""]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     failed = False
     for name, batch, seq in _models(args.models):

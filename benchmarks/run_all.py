@@ -21,12 +21,20 @@ HERE = Path(__file__).resolve().parent
 ORDER = ("planner_speed", "planner_scale", "limit_trace", "planner_anneal", "pace_relaxation", "pace_windows", "plan_quality", "capture_7b", "simulator", "demo_run", "simulator_fidelity",
          "objective_history", "objective", "runtime_emulated", "runtime_vs_torch", "replicas", "model_zoo", "memory_levers",
          "memory_tightness", "memory_tightness_brute", "selective_recompute", "selective_emulated", "recompute_emulated", "offload_emulated", "sharding", "checkpoint", "faults", "tensor_parallel",
-         "tp_emulated", "tp_cpsat", "cpu_truth", "cpu_link", "cpu_link_cache", "cpu_link_cuts", "schedules", "interleaved")
+         "tp_emulated", "tp_cpsat", "cpu_truth", "gpu_check", "cpu_link", "cpu_link_cache", "cpu_link_cuts", "schedules", "interleaved")
 #: Sections kept as written (history, no script to rerun).
 STATIC = ("objective_history",)
+#: Sections measured on a lent GPU (the device tool); rerun only where CUDA is present.
+NEEDS_GPU = ("gpu_check",)
 #: Further runs of one script with its arguments, each writing its own results/<file>.md after the script's own.
 VARIANTS = {"tp_emulated": (("tp_emulated_hf_llama_tiny", ("--model", "hf-llama-tiny")),
                             ("tp_emulated_hf_gpt2_tiny", ("--model", "hf-gpt2-tiny")))}
+
+
+def torch_cuda_available() -> bool:
+    """Is there a CUDA device for the `NEEDS_GPU` sections (asked in a child: this script imports no torch)?"""
+    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
+    return subprocess.call([sys.executable, "-c", probe]) == 0
 
 
 def assemble() -> Path:
@@ -52,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown benchmark(s) {unknown}; choose from {', '.join(ORDER)}")
     failed = []
     if not args.assemble:
-        for name in [n for n in args.names or ORDER if n not in STATIC]:
+        gpu = torch_cuda_available()
+        for name in [n for n in args.names or ORDER if n not in STATIC and (gpu or n not in NEEDS_GPU)]:
             print(f"== {name}", flush=True)
             for extra in ((), *(args for _, args in VARIANTS.get(name, ()))):
                 if subprocess.call([sys.executable, str(HERE / f"{name}.py"), *extra]) != 0:

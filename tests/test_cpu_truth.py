@@ -8,6 +8,7 @@ a non-emulated run pins each rank there, and its report sets measured beside pre
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace as NS
@@ -87,8 +88,8 @@ def test_calibration_sets_the_cost_per_op_and_names_the_cores() -> None:
 def test_profile_writes_one_device_per_core_group(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = {}
 
-    def fake_groups(groups, **_):
-        seen["groups"] = groups
+    def fake_groups(groups, **kw):
+        seen["groups"], seen["cpu_clock"] = groups, kw.get("cpu_clock")
         return tuple(_cal(tuple(g), overhead_s=(3 + i) * 1e-6) for i, g in enumerate(groups))
 
     def fake_link(*, core_groups, **_):
@@ -111,6 +112,11 @@ def test_profile_writes_one_device_per_core_group(monkeypatch: pytest.MonkeyPatc
     assert doc["calibration"]["link"]["median_times_s"] == [1.0, 2.0]
     with pytest.raises(ConfigError, match="--cpu-devices 2 .* needs --calibrate"):
         profile_mod.profile_document(detection, calibrate=False, cpu_devices=2)
+    assert seen["cpu_clock"] is False and "CPU time" not in cluster.devices[0].profile.source
+    cpu_timed = cluster_from_dict(profile_mod.profile_document(detection, calibrate=True, cpu_devices=2, cpu_clock=True))
+    assert seen["cpu_clock"] is True and "timed in thread CPU time (--clock cpu)" in cpu_timed.devices[0].profile.source
+    with pytest.raises(ConfigError, match="--clock cpu .* needs --cpu-devices N and --calibrate"):
+        profile_mod.profile_document(detection, calibrate=True, cpu_clock=True)
 
 
 def _timeline(rank: int, origin_s: float, *actions: tuple[str, float, float]) -> RankTimeline:
@@ -219,6 +225,28 @@ def test_report_sets_measured_beside_predicted_per_stage(tmp_path: Path) -> None
     assert {"C (s)", "C plan", "S (s)", "S plan", "peak MiB", "plan MiB"} <= set(headers)
 
 
+def test_ranks_time_each_compute_action_in_thread_cpu_time() -> None:
+    """`RecordingHooks` keeps every F and B's CPU seconds beside its wall seconds; a W adds to its B's entry; the
+    report's stage record takes their medians (None for a rank result from before session 16)."""
+    from hetpipe.runtime.emulate.pipeline import RecordingHooks
+    from tests.runtime_plans import synthetic_plan
+
+    hooks, after_b = RecordingHooks(), 0.0
+    for op in ("F", "B", "W"):
+        action = NS(op=NS(value=op), microbatch=0)
+        hooks.before(action)
+        sum(range(20000))  # some CPU work in the action
+        hooks.after(action, 0.001)
+        after_b = hooks.bwd_cpu_s[0] if op == "B" else after_b
+    assert len(hooks.fwd_cpu_s) == 1 and len(hooks.bwd_cpu_s) == 1 and hooks.fwd_cpu_s[0] > 0
+    assert hooks.bwd_cpu_s[0] > after_b > 0  # W's CPU time added to its B's entry
+    plan = synthetic_plan()
+    results = [dataclasses.replace(r, fwd_cpu_s=(0.05,) * 8, bwd_cpu_s=(0.1,) * 8) if r.stage == 0 else r
+               for r in _report_results(plan)]
+    rep = build_report(plan, results, schedule="1f1b", emulate=False)
+    assert (rep.stages[0].fwd_cpu_s, rep.stages[0].bwd_cpu_s) == (0.05, 0.1) and rep.stages[1].fwd_cpu_s is None
+
+
 def test_pinning_only_without_emulation(monkeypatch: pytest.MonkeyPatch) -> None:
     from hetpipe.runtime import pinning
 
@@ -239,6 +267,23 @@ def test_core_group_measured_in_a_pinned_process() -> None:
     (cal,) = measure_core_groups((core,), size=64, repeats=1, copy_bytes=2**20)
     assert cal.cores == core and cal.fp32_matmul_flops_s > 0 and cal.memory_bandwidth_bytes_s > 0
     assert cal.kernel_overhead_s is not None and 0 < cal.kernel_overhead_s < 1e-2
+    (cpu_timed,) = measure_core_groups((core,), size=64, repeats=1, copy_bytes=2**20, cpu_clock=True)  # --clock cpu
+    assert cpu_timed.cores == core and cpu_timed.fp32_matmul_flops_s > 0 and cpu_timed.kernel_overhead_s > 0
+
+
+@pytest.mark.slow
+def test_reference_measured_in_pinned_processes() -> None:
+    """Structure only: one sample per core group, labelled with its cores (`hetpipe.cost_models.host_reference`;
+    its arithmetic: tests/test_cpu_truth_drift.py)."""
+    from hetpipe.cost_models.host_reference import REFERENCE_TIMEOUT_S, measure_reference
+    from tests.machine_load import load_per_core, scaled_limit_s
+
+    core = available_cores()[-1:]
+    (t,) = measure_reference((core,), repeats=2,
+                             timeout_s=scaled_limit_s(REFERENCE_TIMEOUT_S, load_per_core=load_per_core()))
+    assert t.cores == core and t.wall_s > 0 and t.cpu_s > 0
+    with pytest.raises(ConfigError, match="at least one non-empty core group"):
+        measure_reference(((),))
 
 
 def test_message_link_refuses_what_it_cannot_fit() -> None:
@@ -355,6 +400,7 @@ def test_a_plan_over_core_groups_runs_pinned_without_emulation(tmp_path: Path) -
     for st, planned in zip(rep.stages, plan.stages):
         assert st.cores == by_id[planned.device].cores  # the rank ran pinned to its device's cores
         assert st.fwd_compute_s > 0 and st.bwd_compute_s > 0 and st.update_real_s > 0
+        assert st.fwd_cpu_s > 0 and st.bwd_cpu_s > 0  # the rank's own CPU time per F and B (session 16)
         assert (st.predicted_fwd_s, st.predicted_bwd_s) == (planned.fwd_s, planned.bwd_s)
         assert (st.predicted_step_s, st.predicted_transfer_s) == (planned.step_s, planned.send_s)
         assert st.peak_bytes > 0 and st.predicted_memory_bytes > 0  # ratios: benchmarks/cpu_truth.py

@@ -12,7 +12,7 @@ ops and its fixed cost per op well; they miss three things the CPU truth benchma
   the bias-gradient sums lie between;
 * matmuls with a narrow side (the demo models' 128-wide projections) run below the 1024^3
   rate: a chain of `MATMUL_LAYERS` linear layers, forward and backward, is timed at each width of
-  `MATMUL_WIDTHS` on `OP_ROWS` tokens (`_matmul_rates`, work keys `hetpipe.cost_models.work.matmul_key`);
+  `MATMUL_WIDTHS` on `OP_ROWS` tokens (`measure_matmul_rates`, work keys `hetpipe.cost_models.work.matmul_key`);
 * fixed costs per op besides a forward kernel's (`calibrate.measure_op_overhead_s`): a backward op
   runs through the autograd engine (`measure_backward_op_s`), and views, detaches and allocations
   pass the dispatcher without a kernel (`measure_view_op_s`);
@@ -60,9 +60,12 @@ OP_ROWS, OP_COLS = 1024, 512
 #: Attention's shape (batch, heads, sequence, head dim): the demo models' 8 x 128 tokens, 4 heads of 32,
 #: causal (the language models this benchmark runs; torch's formula counts the masked half too).
 ATTENTION_SHAPE = (8, 4, 128, 32)
-#: Widths of the square linear layers `_matmul_rates` chains (narrow sides 64^2 .. 512^2; wider matmuls
+#: Widths of the square linear layers `measure_matmul_rates` chains (narrow sides 64^2 .. 512^2; wider matmuls
 #: get the 512 rate, which was within ~5% of the 1024^3 one).
 MATMUL_WIDTHS = (64, 128, 256, 512)
+#: A GPU's widths and tokens (benchmarks/gpu_check.py): GPT-2 small's 768 to a 7B model's 4096 and beyond, on
+#: 4096 tokens (4 x 1024, the check's micro-batch), so that one layer's work outlasts its launch.
+GPU_MATMUL_WIDTHS, GPU_OP_ROWS = (256, 512, 768, 1024, 2048, 4096, 8192), 4096
 #: Layers per chain: at width 128 their inputs and outputs (4 x 2 x 512 KiB) outgrow the 2 MiB L2 of the
 #: reference VM, as a model's activations do between its matmuls.
 MATMUL_LAYERS = 4
@@ -131,12 +134,22 @@ def _attention_rates(device: str, repeats: int) -> list[tuple[str, float]]:
     return [(ATTENTION_KEY, fwd), (ATTENTION_BWD_KEY, bwd)]
 
 
-def _matmul_rates(device: str, repeats: int) -> list[tuple[str, float]]:
-    """FLOP/s of a chain of `MATMUL_LAYERS` bias-free linear layers, forward and backward, per width."""
+def measure_matmul_rates(device: str = "cpu", *, repeats: int = 3, widths: Sequence[int] = MATMUL_WIDTHS,
+                         rows: int = OP_ROWS) -> list[tuple[str, float]]:
+    """FLOP/s of a chain of `MATMUL_LAYERS` bias-free linear layers on ``rows`` tokens, forward and backward,
+    per width of ``widths``, under the work key of one layer's matmul (`work.matmul_key`).
+
+    A CPU is measured at `MATMUL_WIDTHS` on `OP_ROWS` tokens (`measure_op_rates`); a GPU at wider layers
+    (`GPU_MATMUL_WIDTHS` on `GPU_OP_ROWS` tokens: benchmarks/gpu_check.py).
+
+    Example:
+        >>> [key for key, _ in measure_matmul_rates("cpu", repeats=1, widths=(16, 32), rows=64)]
+        ['matmul:256', 'matmul:1024']
+    """
     out = []
-    for width in MATMUL_WIDTHS:
+    for width in widths:
         layers = [torch.nn.Linear(width, width, bias=False, device=device) for _ in range(MATMUL_LAYERS)]
-        x = torch.randn(OP_ROWS, width, device=device, requires_grad=True)
+        x = torch.randn(rows, width, device=device, requires_grad=True)
 
         def chain() -> None:
             y = x
@@ -146,8 +159,8 @@ def _matmul_rates(device: str, repeats: int) -> list[tuple[str, float]]:
             for layer in layers:
                 layer.weight.grad = None  # each call writes fresh gradients, as one backward pass does
 
-        work = float(LINEAR_FWD_BWD_FACTOR * MATMUL_LAYERS * 2 * OP_ROWS * width * width)
-        out.append((matmul_key(OP_ROWS, width, width), median_rate(chain, device=device, work=work, repeats=repeats)))
+        work = float(LINEAR_FWD_BWD_FACTOR * MATMUL_LAYERS * 2 * rows * width * width)
+        out.append((matmul_key(rows, width, width), median_rate(chain, device=device, work=work, repeats=repeats)))
     return out
 
 
@@ -163,7 +176,7 @@ def measure_op_rates(device: str = "cpu", *, repeats: int = 3,
     if unknown:
         raise ConfigError(f"no calibration call for op kind(s) {', '.join(unknown)}; choose from {', '.join(OP_KINDS)}")
     calls = _memory_bound_calls(device)
-    rates = _attention_rates(device, repeats) + _matmul_rates(device, repeats)
+    rates = _attention_rates(device, repeats) + measure_matmul_rates(device, repeats=repeats)
     for kind in kinds:
         rates.append((kind, median_rate(calls[kind], device=device, work=float(_counted_bytes(kind)),
                                         repeats=repeats)))

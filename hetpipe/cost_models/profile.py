@@ -298,17 +298,19 @@ def _device_entries(detection: Detection, *, calibrate: bool) -> tuple[list[dict
     return [e for e, _, _ in targets], record
 
 
-def _group_entries(groups: tuple[tuple[int, ...], ...]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One calibrated device per CPU core group, measured at once (`measure_core_groups`); each
-    gets an equal share of the host's RAM (the groups share it)."""
+def _group_entries(groups: tuple[tuple[int, ...], ...],
+                   cpu_clock: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One calibrated device per CPU core group, measured at once (`measure_core_groups`, on the threads' CPU
+    clock with `cpu_clock`); each gets an equal share of the host's RAM (the groups share it)."""
     cpu = load_catalog().entries[CPU_KIND].profile
-    cals = measure_core_groups(groups, size=PROFILE_MATMUL_SIZE, repeats=PROFILE_REPEATS)
+    cals = measure_core_groups(groups, size=PROFILE_MATMUL_SIZE, repeats=PROFILE_REPEATS, cpu_clock=cpu_clock)
     share = _host_memory_bytes() // len(groups)
     entries, record = [], {}
     for cores, cal in zip(groups, cals):
         kind = group_kind(cores)
         fields = _calibrated_fields(cpu, cal)
-        fields["source"] += f"; memory: 1/{len(groups)} of this host's RAM (sysconf)"
+        fields["source"] += f"; memory: 1/{len(groups)} of this host's RAM (sysconf)" + (
+            "; timed in thread CPU time (--clock cpu)" if cpu_clock else "")
         entries.append({"gpu": CPU_KIND, "name": kind, "cores": format_cores(cores), "memory": share, **fields})
         record[kind] = {"device": f"cpu, cores {format_cores(cores)}", "tensor_matmul_flops_s": cal.tensor_matmul_flops_s,
                         "fp32_matmul_flops_s": cal.fp32_matmul_flops_s, "kernel_overhead_s": cal.kernel_overhead_s,
@@ -317,9 +319,10 @@ def _group_entries(groups: tuple[tuple[int, ...], ...]) -> tuple[list[dict[str, 
 
 
 def profile_document(detection: Detection, *, calibrate: bool, cpu_devices: int | None = None,
-                     message_path: Any = None) -> dict[str, Any]:
+                     message_path: Any = None, cpu_clock: bool = False) -> dict[str, Any]:
     """The cluster document describing this machine (one node); `message_path`: the runtime's own
-    send and receive for the core groups' link (`link_calibration.MessagePath`; None: its imitation).
+    send and receive for the core groups' link (`link_calibration.MessagePath`; None: its imitation);
+    `cpu_clock`: the core groups timed in thread CPU time (`group_calibration`; the link stays wall time).
 
     Example:
         >>> doc = profile_document(Detection((), False, "no GPUs"), calibrate=False)
@@ -329,12 +332,15 @@ def profile_document(detection: Detection, *, calibrate: bool, cpu_devices: int 
     import torch
 
     groups: tuple[tuple[int, ...], ...] = ()
+    if cpu_clock and cpu_devices is None:
+        raise ConfigError("--clock cpu times CPU core groups' calibration in CPU time: it needs --cpu-devices N "
+                          "and --calibrate; drop --clock cpu or add --cpu-devices")
     if cpu_devices is not None:
         if detection.gpus or not calibrate:
             raise ConfigError(f"--cpu-devices {cpu_devices} measures CPU core groups as devices: it needs --calibrate "
                               "and a machine profiled without GPUs; drop --cpu-devices or add --calibrate")
         groups = split_cores(cpu_devices)
-        entries, record = _group_entries(groups)
+        entries, record = _group_entries(groups, cpu_clock)
     else:
         entries, record = _device_entries(detection, calibrate=calibrate)
     node: dict[str, Any] = {"name": _node_name(), "intra": _intra(detection), "devices": entries}
@@ -368,7 +374,7 @@ def _summary(cluster: Cluster, detection: Detection, doc: dict[str, Any], output
 
 
 def run_profile(*, output: Path | None, calibrate: bool, cpu_devices: int | None = None,
-                message_path: Any = None) -> tuple[Cluster, str]:
+                message_path: Any = None, cpu_clock: bool = False) -> tuple[Cluster, str]:
     """Profile this machine; write the cluster file to `output` when given; return it and a summary.
 
     Example:
@@ -378,12 +384,14 @@ def run_profile(*, output: Path | None, calibrate: bool, cpu_devices: int | None
     """
     detection = detect_gpus()
     logger.info("%s", detection.note)
-    doc = profile_document(detection, calibrate=calibrate, cpu_devices=cpu_devices, message_path=message_path)
+    doc = profile_document(detection, calibrate=calibrate, cpu_devices=cpu_devices, message_path=message_path,
+                           cpu_clock=cpu_clock)
     if output is None:
         cluster = cluster_from_dict(doc, source="<hetpipe profile>")
     else:
         output = Path(output)
-        flags = (" --calibrate" if calibrate else "") + (f" --cpu-devices {cpu_devices}" if cpu_devices else "")
+        flags = (" --calibrate" if calibrate else "") + (f" --cpu-devices {cpu_devices}" if cpu_devices else "") + (
+            " --clock cpu" if cpu_clock else "")
         header = (f"# written by `hetpipe profile{flags}` "
                   f"on {socket.gethostname()}; {detection.note}\n# see docs/cluster-file.md\n")
         try:

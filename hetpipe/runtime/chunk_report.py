@@ -62,7 +62,8 @@ def chunk_rows(plan: Any, results: Sequence[Any], stage_rows: Sequence[Any]) -> 
                 fwd_compute_s=got["fwd_compute_s"], bwd_compute_s=got["bwd_compute_s"],
                 fwd_emulated_s=got["fwd_s"] / r.time_scale, bwd_emulated_s=got["bwd_s"] / r.time_scale,
                 predicted_fwd_s=ch.fwd_s, predicted_bwd_s=ch.bwd_s, predicted_step_s=card_step_s,
-                predicted_transfer_s=ch.send_s, transfer_s=None, transfer_messages=0, step_ratios=()))
+                predicted_transfer_s=ch.send_s, transfer_s=None, transfer_messages=0, step_ratios=(),
+                fwd_cpu_s=None, bwd_cpu_s=None))  # the rank's CPU seconds are not split by chunk
     return tuple(sorted(rows, key=lambda row: row.stage))
 
 
@@ -77,6 +78,7 @@ def card_totals(stage_rows: Sequence[Any], chunks: Sequence[Any]) -> tuple[Any, 
               "predicted_bwd_s")
     return tuple(dataclasses.replace(row, predicted_step_s=next(c.predicted_step_s for c in chunks
                                                                 if c.stage == row.stage),
+                                     fwd_cpu_s=None, bwd_cpu_s=None,  # a median over every chunk's F, not a sum
                                      **{f: sum(getattr(c, f) for c in chunks if c.stage % p == row.stage)
                                         for f in fields})
                  for row in stage_rows)

@@ -272,7 +272,8 @@ def emulation_fields(hooks: Any, stats: Any, plan_stage: int) -> dict[str, Any]:
     peak, breakdown, peak_action = peak_memory(hooks, stats)
     return dict(
         fwd_s=tuple(hooks.fwd_s), bwd_s=tuple(hooks.bwd_s), fwd_compute_s=tuple(hooks.fwd_compute_s),
-        bwd_compute_s=tuple(hooks.bwd_compute_s),
+        bwd_compute_s=tuple(hooks.bwd_compute_s), fwd_cpu_s=tuple(getattr(hooks, "fwd_cpu_s", ())),
+        bwd_cpu_s=tuple(getattr(hooks, "bwd_cpu_s", ())),
         calibration_fwd_s=scale.measured[plan_stage].fwd_s if scale else None,
         calibration_bwd_s=scale.measured[plan_stage].bwd_s if scale else None,
         time_scale=scale.real_s_per_emulated_s if scale else 1.0, time_scale_limiting=scale.limiting if scale else "",

@@ -106,6 +106,10 @@ class RankResult:
     bwd_s: tuple[float, ...] = ()
     fwd_compute_s: tuple[float, ...] = ()
     bwd_compute_s: tuple[float, ...] = ()
+    # every F / B in the rank's thread CPU seconds (session 16, `RecordingHooks`): beside the wall seconds
+    # they tell the time other processes held the core (on a CPU device; a GPU's F is launches)
+    fwd_cpu_s: tuple[float, ...] = ()
+    bwd_cpu_s: tuple[float, ...] = ()
     calibration_fwd_s: float | None = None  # None without emulation
     calibration_bwd_s: float | None = None
     time_scale: float = 1.0
@@ -210,6 +214,10 @@ class StageRecord:
     transfer_grad_s: float | None = None
     transfer_grad_messages: int = 0
     predicted_transfer_grad_s: float = 0.0
+    # F and B per micro-batch in the rank's thread CPU seconds (session 16; medians as fwd_compute_s): wall
+    # over CPU is the share other processes took of the stage's core (None: a report from before, or no F/B)
+    fwd_cpu_s: float | None = None
+    bwd_cpu_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -342,7 +350,9 @@ def _stage_record(plan: "Plan", r: RankResult, transfers: Sequence[float] = (), 
         transfer_messages=len(transfers), predicted_transfer_s=st.send_s, cores=tuple(r.cores),
         update_real_s=median(measured_steps(r.update_s)) if r.update_s else 0.0,
         transfer_grad_s=median(grad_transfers) if grad_transfers else None,
-        transfer_grad_messages=len(grad_transfers), predicted_transfer_grad_s=_grad_price_s(plan, r.stage))
+        transfer_grad_messages=len(grad_transfers), predicted_transfer_grad_s=_grad_price_s(plan, r.stage),
+        fwd_cpu_s=median(measured_steps(r.fwd_cpu_s, m)) if r.fwd_cpu_s else None,
+        bwd_cpu_s=median(measured_steps(r.bwd_cpu_s, m)) if r.bwd_cpu_s else None)
 
 
 def _grad_price_s(plan: "Plan", stage: int) -> float:  # noqa: F821

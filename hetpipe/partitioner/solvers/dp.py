@@ -45,7 +45,6 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import Callable, Sequence
 
 import numpy as np
@@ -56,8 +55,8 @@ from hetpipe.partitioner.solvers.cap_walk import DPResult, check_deadline, param
 from hetpipe.partitioner.solvers.counts import count_vectors, vectors
 from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.solvers.offload_band import offload_band
-from hetpipe.partitioner.solvers.pace_rule import (LevelCaps, WindowCompanions, count_next_min, next_pairs, pace_kept,
-                                                   paired_values, spread)
+from hetpipe.partitioner.solvers.count_pass import CountPass, run_counts
+from hetpipe.partitioner.solvers.pace_rule import LevelCaps
 from hetpipe.partitioner.solvers.recompute_band import shared_band
 from hetpipe.partitioner.solvers.stage_moments import band_moments, memory_tables, transient_band
 
@@ -296,38 +295,38 @@ class _Lattice:
 
 def _min_sum_counts(tab: StageTables, cap: float, lattice: _Lattice, stages: int | None = None,
                     *, bottleneck: bool = False, deadline: float = math.inf, level_caps: LevelCaps | None = None,
-                    ) -> tuple[float, list[tuple[int, int, int]]] | None:
+                    threshold: float = math.inf) -> tuple[float, list[tuple[int, int, int]]] | None:
     """min S(cap) over the count vectors (exactly `stages` devices if given); with
     `bottleneck`, the least max term instead of the least sum.
 
-    Returns (value, [(class, lo, hi)] front to back), or None when nothing fits under the cap.
+    Returns (value, [(class, lo, hi)] front to back), or None when nothing fits under the cap (or, with a finite
+    `threshold`, nothing ends under it: `count_pass.run_counts`).
     Raises `DeadlineReached` past `deadline` (`time.perf_counter()` seconds).
     """
-    vals, backs = _run_counts(tab, cap, lattice, np.maximum if bottleneck else np.add, deadline=deadline,
-                              level_caps=level_caps)
-    best: tuple[float, int, int, int] | None = None  # (value, total, row, class)
-    for k, val in vals.items():
-        if stages is not None and k != stages:
+    levels = run_counts(tab, cap, lattice, np.maximum if bottleneck else np.add, deadline=deadline,
+                        level_caps=level_caps, threshold=threshold)
+    best: tuple[float, int, int, int] | None = None  # (value, total, count vector, class)
+    for k, val in levels.vals.items():
+        if (stages is not None and k != stages) or not val.size:
             continue
         i, c = np.unravel_index(int(np.argmin(val[:, :, 0])), val.shape[:2])
         v = float(val[i, c, 0])
         if math.isfinite(v) and (best is None or v < best[0]):
-            best = (v, k, int(i), int(c))
+            best = (v, k, levels.vector(k, int(i)), int(c))
     if best is None:
         return None
-    return best[0], _unwind(lattice, backs, best[1:], tab.L)
+    return best[0], _unwind(lattice, levels, best[1:], tab.L)
 
 
-def _unwind(lattice: _Lattice, backs: dict[int, np.ndarray], key: tuple[int, int, int],
-            L: int) -> list[tuple[int, int, int]]:
-    """Follow back-pointers from (total, row, class) at unit 0 to the last stage."""
+def _unwind(lattice: _Lattice, levels: CountPass, key: tuple[int, int, int], L: int) -> list[tuple[int, int, int]]:
+    """Follow back-pointers from (total, count vector, class) at unit 0 to the last stage."""
     k, i, c = key
     lo, out = 0, []
     while True:
         if k == 1:
             out.append((c, lo, L))
             return out
-        hi, nxt = (int(x) for x in backs[k][i, c, lo])
+        hi, nxt = (int(x) for x in levels.backs[k][levels.rows[k][i], c, lo])
         out.append((c, lo, hi))
         rows, prev = lattice.moves[(k, c)]
         i = int(prev[np.flatnonzero(rows == i)[0]])
@@ -409,70 +408,6 @@ def check_kinds_fit(problem: Problem, state_budget: int = DEFAULT_STATE_BUDGET) 
         raise StateSpaceTooLarge(f"at least {size} device-count states")
 
 
-
-
-def _run_counts(tab: StageTables, cap: float, lattice: _Lattice, combine: Callable = np.add, *,
-                deadline: float = math.inf, level_caps: LevelCaps | None = None,
-                ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
-    """Backward DP over count vectors, all vectors with the same total k in one numpy batch: vals[k][i]
-    (C, L+1) is the least cost of a suffix that uses the devices of `lattice.groups[k][i]`, starts at unit u
-    and has its front stage on class f; backs[k][i] (C, L+1, 2) the next stage's start unit and front class."""
-    C, L = len(tab.classes), tab.L
-    width, rows = tab.width(cap), np.arange(L + 1)
-    comm_ok = np.where(tab.comm2 <= cap, tab.comm2, np.inf)
-    vals: dict[int, np.ndarray] = {}
-    paired: dict[int, np.ndarray] = {}  # least x W_front + R per state, x of the level above (`next_pairs`)
-    backs: dict[int, np.ndarray] = {}
-    windows = WindowCompanions(level_caps, max(lattice.groups, default=0))  # chains of 3+ ranks (`PaceRule.windows`)
-    for k in sorted(lattice.groups):
-        check_deadline(deadline)  # one level is at most a few hundred ms at the state budget
-        n = len(lattice.groups[k])
-        val = np.full((n, C, L + 1), np.inf)
-        bp = np.full((n, C, L + 1, 2), -1, dtype=np.int32)
-        band_cap, value_cap, *rule = (cap, math.inf) if level_caps is None else level_caps(k)
-        xn = next_pairs(level_caps, k)
-        pv = np.full((n, C, L + 1), np.inf) if xn >= 0 else None
-        windows.start(k, (n, C, L + 1))
-        for c in range(C):
-            band = tab.band(c, k - 1, min(cap, band_cap), width)
-            if rule:  # inf entries give nan here: they stay inf
-                with np.errstate(invalid="ignore"):
-                    band = np.where(rule[0].weighted * band - rule[0].forward * tab.forward[c][:, :width] <= rule[0].cap,
-                                    band, np.inf)
-            if k == 1:
-                has = np.asarray([st[c] > 0 for st in lattice.groups[1]])
-                val[has, c] = band.min(axis=1)
-                if pv is not None:
-                    pv[has, c] = paired_values(xn, band, band)
-                windows.record(1, (has, c), band, band, None, lambda a: a)
-                continue
-            idx, prev = lattice.moves[(k, c)]
-            if not idx.size:
-                continue
-            tot = combine(comm_ok[c][None], vals[k - 1][prev])  # (n, C, L+1): 2C(c->f, u) (+|max) suffix
-            f_best = np.argmin(tot, axis=1)
-            h = np.take_along_axis(tot, f_best[:, None, :], axis=1)[:, 0, :]
-            cand = combine(band[None], spread(h, width, L))  # (n, L+1, W)
-            if rule:
-                cand = pace_kept(rule[0], band, cand, paired.get(k - 1), prev, comm_ok[c], width)
-            cand = windows.kept(k, band[None], cand, next_min := partial(count_next_min, comm_ok[c], width), lambda a: a[prev])
-            if pv is not None:
-                pv[idx, c] = paired_values(xn, band[None], cand)
-            windows.record(k, (idx, c), band[None], cand, next_min, lambda a: a[prev])
-            w_best = np.argmin(cand, axis=2)
-            val[idx, c] = np.take_along_axis(cand, w_best[..., None], axis=2)[..., 0]
-            u_best = np.minimum(rows[None, :] + w_best + 1, L)
-            bp[idx, c, :, 0] = u_best
-            bp[idx, c, :, 1] = np.take_along_axis(f_best, u_best, axis=1)
-        val[val > value_cap] = np.inf  # suffixes over their level's cap are not extended
-        vals[k], backs[k] = val, bp
-        if pv is not None:
-            paired[k] = pv
-        if not np.isfinite(val).any():
-            break  # every longer suffix extends one of these: none (a cap nothing meets costs one level)
-    return vals, backs
-
-
 class CountDP:
     """The count-vector DP of `problem` built once, for callers that run many passes under caps of their
     own (`schedule_bound`); raises `StateSpaceTooLarge` beyond `state_budget` rows, `DeadlineReached` when its count
@@ -489,7 +424,9 @@ class CountDP:
         self.tables = StageTables(problem, self.classes)
 
     def min_sum(self, cap: float, *, level_caps: LevelCaps | None = None,
-                deadline: float = math.inf) -> tuple[float, tuple[Stage, ...]] | None:
-        """Least S over placements whose stages' F + B are under `cap` and the caps of `level_caps`."""
-        out = _min_sum_counts(self.tables, cap, self.lattice, deadline=deadline, level_caps=level_caps)
+                deadline: float = math.inf, threshold: float = math.inf) -> tuple[float, tuple[Stage, ...]] | None:
+        """Least S over placements whose stages' F + B are under `cap` and the caps of `level_caps`; with a finite
+        `threshold`, None when none is under it (`count_pass.run_counts`: states that cannot end under it dropped)."""
+        out = _min_sum_counts(self.tables, cap, self.lattice, deadline=deadline, level_caps=level_caps,
+                              threshold=threshold)
         return None if out is None else (out[0], with_recompute(self.problem, assign_stages(self.classes, out[1])))

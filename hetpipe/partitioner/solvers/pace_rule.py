@@ -166,19 +166,22 @@ def spread(h: np.ndarray, width: int, L: int) -> np.ndarray:
 
 
 def pace_kept(rule: PaceRule, band: np.ndarray, cand: np.ndarray, paired: np.ndarray | None, prev: np.ndarray,
-              comm: np.ndarray, width: int) -> np.ndarray:
-    """The count DP's filters (`dp.CountDP`): `cand` (n, L+1, W) where the rule's round trips and pair chain
+              comm: np.ndarray, width: int, units: slice = slice(None)) -> np.ndarray:
+    """The count DP's filters (`dp.CountDP`): `cand` (n, U, W) where the rule's round trips and pair chain
     are under its cap; band (L+1, W) the front stages' W, paired the level below's `paired_values` (or None),
-    prev the next states' rows, comm (C, L+1) 2C to each next class."""
+    prev the next states' rows, comm (C, L+1) 2C to each next class; `units` the front start units (U of the
+    L+1) that `cand` holds (`count_pass.run_counts` computes only those a finite suffix can follow)."""
     L = band.shape[0] - 1
     with np.errstate(invalid="ignore"):
-        cand = np.where(rule.trips * cand + rule.steps * band[None] <= rule.cap, cand, np.inf)
+        cand = np.where(rule.trips * cand + rule.steps * band[units][None] <= rule.cap, cand, np.inf)
         if rule.pairs >= 0 and paired is not None:
-            cand = pair_kept(rule, band[None], spread(pair_filter(rule, comm[None], paired[prev]), width, L), cand)
+            rest = spread(pair_filter(rule, comm[None], paired[prev]), width, L)[:, units]
+            cand = pair_kept(rule, band[units][None], rest, cand)
     return cand
 
 
-def count_next_min(comm: np.ndarray, width: int, after: np.ndarray, mu: float) -> np.ndarray:
+def count_next_min(comm: np.ndarray, width: int, after: np.ndarray, mu: float,
+                   units: slice = slice(None)) -> np.ndarray:
     """`NextMin` of the count DP: after (n, C, L+1) at the next states, comm (C, L+1) 2C to each next
-    class from one front class."""
-    return spread((mu * comm[None] + after).min(axis=1), width, after.shape[-1] - 1)
+    class from one front class; only the front start units `units` (as `pace_kept`)."""
+    return spread((mu * comm[None] + after).min(axis=1), width, after.shape[-1] - 1)[:, units]

@@ -269,6 +269,18 @@ def staircase(points: dict[float, float], g_floor: float) -> tuple[float, float,
     return best
 
 
+def _next_cap(points: dict[float, float], low: float, high: float, g_floor: float, enough_s: float,
+              probed: bool) -> tuple[float, bool]:
+    """`schedule_walk`'s next cap in the weakest band (low, high], and whether the probe under the least cap is spent."""
+    if not math.isfinite(high):  # the top band (low, inf] is proved by R_0*(inf) + low: `enough_s` needs
+        top = enough_s - points[math.inf]  # a cap at enough_s - R_0*(inf) at most (one pass, not a doubling)
+        return (top if low < top < 2 * max(low, g_floor) else 2 * max(low, g_floor)), probed
+    # one probe just under the least cap, then bisection (a relaxation's optimum may lie far below)
+    if low <= g_floor and not probed:
+        return max((low + high) / 2, PROBE * high), True
+    return (low + high) / 2, probed
+
+
 def schedule_walk(problem: Problem, *, deadline: float = math.inf, dp: CountDP | None = None,
                   max_passes: int = 48, hints: Sequence[Sequence[Stage]] = (),
                   terms: Callable[[Any], tuple[float, float]] | None = None, enough_s: float = math.inf,
@@ -298,32 +310,32 @@ def schedule_walk(problem: Problem, *, deadline: float = math.inf, dp: CountDP |
         gamma = min(pace_terms(problem, h, windows=windows > 2)[1] for h in hints)
     while passes < max_passes:
         caps = level_caps(m, gamma, pairs=pairs, windows=windows)
+        # only R_0 under enough_s - low matters in the band (low, gamma] (`count_pass.Threshold`): a pass drops the
+        # rest, and a floor of theta stands where nothing is left (the count DP only; `RunDP` has no prefix floor)
+        theta = enough_s - max((c for c in points if c < gamma), default=g_floor) if isinstance(dp, CountDP) else math.inf
         try:
-            res = dp.min_sum(max(caps(k)[0] for k in range(1, cards + 1)), level_caps=caps, deadline=deadline)
+            res = dp.min_sum(max(caps(k)[0] for k in range(1, cards + 1)), level_caps=caps, deadline=deadline,
+                             **({"threshold": theta} if math.isfinite(theta) else {}))
         except DeadlineReached:
             break
         passes += 1
-        points[gamma] = math.inf if res is None else res[0]
+        points[gamma] = min(theta, math.inf if res is None else res[0])
         if res is not None:
             real_r0, g = terms(res[1])
             found.append((real_r0 + g, res[1]))
             if g <= gamma:  # the caps at g admit it and no more than at gamma: R_0*(g) >= the same least R_0
                 points.setdefault(g, res[0])
-        if not found:
+        if not found and not math.isfinite(points[gamma]):
             break  # nothing fits at all
         bound, low, high = staircase(points, g_floor)
-        if bound >= min(min(v for v, _ in found) * (1.0 - CAP_TOLERANCE), enough_s) or time.perf_counter() > deadline:
-            break
-        if high - low <= band_tolerance * bound:
-            break  # splitting the weakest band raises the bound by at most its width
-        if not math.isfinite(high):  # the top band (low, inf] is proved by R_0*(inf) + low: `enough_s` needs
-            top = enough_s - points[math.inf]  # a cap at enough_s - R_0*(inf) at most (one pass, not a doubling)
-            gamma = top if low < top < 2 * max(low, g_floor) else 2 * max(low, g_floor)
-        else:  # one probe just under the least cap, then bisection (a relaxation's optimum may lie far below)
-            gamma = max((low + high) / 2, PROBE * high) if low <= g_floor and not probed else (low + high) / 2
-            probed = probed or low <= g_floor
-    if not found:  # inf only when the uncapped pass found nothing fits; 0 when no pass finished
-        return ScheduleWalk(math.inf if points.get(math.inf, 0.0) == math.inf else 0.0, (), False, passes)
+        if bound >= min(min((v for v, _ in found), default=math.inf) * (1.0 - CAP_TOLERANCE), enough_s) \
+                or time.perf_counter() > deadline or high - low <= band_tolerance * bound:
+            break  # (a band that narrow: splitting it raises the bound by at most its width)
+        gamma, probed = _next_cap(points, low, high, g_floor, enough_s, probed)
+    if not found:  # inf only when the uncapped pass found nothing fits; 0 when no pass finished; else the floors
+        bound = staircase(points, g_floor)[0] if passes and all(map(math.isfinite, points.values())) else 0.0
+        return ScheduleWalk(math.inf if points.get(math.inf, 0.0) == math.inf else bound, (), False, passes,
+                            tuple(points.items()), g_floor)
     bound = staircase(points, g_floor)[0]
     found.sort(key=lambda vs: vs[0])
     distinct = tuple(dict.fromkeys(s for _, s in found))  # passes under nearby caps often return the same one

@@ -336,9 +336,12 @@ def _hooks_base() -> type:
 class RecordingHooks(_hooks_base()):  # type: ignore[misc]
     """Remembers the last action started (for error reports) and every F/B's whole duration.
 
-    ``fwd_s`` / ``bwd_s`` are real seconds of the whole action (with any emulation
-    sleep), ``fwd_compute_s`` / ``bwd_compute_s`` the executor's measured compute.
+    ``fwd_s`` / ``bwd_s`` are real seconds of the whole action (with any emulation sleep), ``fwd_compute_s`` /
+    ``bwd_compute_s`` the executor's measured compute, ``fwd_cpu_s`` / ``bwd_cpu_s`` the calling thread's CPU
+    seconds over it (`time.thread_time`: other processes' time on the core and a sleep do not count).
     """
+
+    cpu_clock = True  # read the thread's CPU clock around F/B (a syscall, ~1-6 us; EmulationHooks read none)
 
     def __init__(self) -> None:
         self.current: str = "start-up"
@@ -346,13 +349,17 @@ class RecordingHooks(_hooks_base()):  # type: ignore[misc]
         self.bwd_s: list[float] = []
         self.fwd_compute_s: list[float] = []
         self.bwd_compute_s: list[float] = []
+        self.fwd_cpu_s: list[float] = []
+        self.bwd_cpu_s: list[float] = []
         self._start_s = 0.0
+        self._cpu_start_s = 0.0
         self._b_entry: dict[int, int] = {}  # micro-batch -> its B's index in bwd_s, until its W (split lists)
         self.message_log = MessageLog()  # every step's SENDs and RECVs on CLOCK_MONOTONIC (measured C)
 
     def before(self, action: Any) -> None:
         self.current = str(action)
         self._start_s = time.monotonic()
+        self._cpu_start_s = time.thread_time() if self.cpu_clock else 0.0
 
     def stretch(self, action: Any, compute_s: float) -> None:
         """Hook for subclasses: called after a compute action, before its duration is recorded."""
@@ -366,13 +373,17 @@ class RecordingHooks(_hooks_base()):  # type: ignore[misc]
         if op in ("F", "B", "W"):
             self.stretch(action, seconds)
             whole = time.monotonic() - self._start_s
+            cpu = time.thread_time() - self._cpu_start_s if self.cpu_clock else 0.0
             if op == "W":  # a split backward: one entry per micro-batch, B's seconds plus W's
                 at = self._b_entry.pop(action.microbatch)
                 self.bwd_s[at] += whole
                 self.bwd_compute_s[at] += seconds
+                if self.cpu_clock:
+                    self.bwd_cpu_s[at] += cpu
                 return
             (self.fwd_s if op == "F" else self.bwd_s).append(whole)
             (self.fwd_compute_s if op == "F" else self.bwd_compute_s).append(seconds)
+            (self.fwd_cpu_s if op == "F" else self.bwd_cpu_s).extend([cpu] if self.cpu_clock else [])
             if op == "B":
                 self._b_entry[action.microbatch] = len(self.bwd_s) - 1
 
@@ -394,6 +405,7 @@ class EmulationHooks(RecordingHooks):
     """
 
     exact_memory = True  # the limit is enforced on what the stage really holds, every step
+    cpu_clock = False  # a ~1 ms emulated step cannot spare the CPU clock's ~2 x 1-6 us per F/B (stretched anyway)
 
     def __init__(self, *, rank: int, stage: int, device_label: str, usable_bytes: int, predicted: StageTiming,
                  links: Mapping[int, tuple[float, float]], time_scale: float,
