@@ -70,7 +70,20 @@ def random_problem(rng: random.Random, *, units: int, devices: int, microbatches
                                boundary_held_bytes=tuple(rng.randint(0, b) for b in prob.boundary_bytes),
                                boundary_grad_bytes=tuple(rng.randint(0, b) for b in prob.boundary_bytes),
                                objective=objective)
-    return with_random_steps(rng, prob) if objective == "schedule" else prob
+    prob = with_random_steps(rng, prob) if objective == "schedule" else prob
+    return with_random_transients(rng, prob)
+
+
+def with_random_transients(rng: random.Random, prob: Problem) -> Problem:
+    """`prob` with memory model 4's backward transients, from a generator seeded by `rng`'s state without
+    drawing from it (the seeds' instances and whatever their callers draw next stay as they were): often
+    none, else up to a loss's share on the last unit and small ones elsewhere."""
+    own = random.Random(repr(rng.getstate()))  # a str seed: the same in every process
+    if own.random() < 0.4:
+        return prob
+    last = prob.num_units - 1
+    return dataclasses.replace(prob, transient_bwd_bytes=tuple(own.randint(0, 40) if u == last else own.choice((0, 0, 2))
+                                                               for u in range(prob.num_units)))
 
 
 def with_random_steps(rng: random.Random, prob: Problem) -> Problem:

@@ -13,6 +13,7 @@ def as_version_3(doc: dict[str, Any]) -> dict[str, Any]:
     for key in ("objective", "step_launch_s"):
         doc.pop(key, None)
     for unit in doc["units"]:
+        unit.pop("transient_bwd_bytes", None)  # memory model 4's table (version 8): priced 0, as model 2 did
         for times in unit["time_s"].values():
             times.pop("step", None)
     for st in doc["stages"]:

@@ -85,6 +85,8 @@ def instances(draw: st.DrawFn) -> Problem:
         grad_bytes=tuple(draw(st.integers(0, s)) for s in state),  # gradients within the state
         boundary_held_bytes=tuple(draw(st.integers(0, b)) for b in cuts),  # the cut's held share
         boundary_grad_bytes=tuple(draw(st.integers(0, b)) for b in cuts),  # its gradient message
+        # memory model 4: a backward's transient, often none, sometimes one that binds (a loss's 2 x logits)
+        transient_bwd_bytes=tuple(draw(st.sampled_from((0, 0, 0, 2, 12))) for _ in range(units)),
         objective="estimate")  # the surrogate the DP, CP-SAT and the relaxation solve exactly
 
 
@@ -128,6 +130,8 @@ def contract_t(prob: Problem, stages: tuple[Stage, ...]) -> tuple[float, bool]:
                          for u in rc)
         # the moments of this very stage's 1F1B list (p, s, m), not the solvers' position shortcut
         again = max((prob.activation_bytes[u] for u in rc), default=0)  # one unit live again in a backward
+        # plus the largest transient of a unit's backward (memory model 4), both only inside a backward
+        again += max(prob.transient_bwd_bytes[u] for u in held) if prob.transient_bwd_bytes else 0
         peak = max(c.grads * grads + c.microbatches * (kept + cut_in + cut_out) + c.in_frames * cut_in
                    + c.in_grad_frames * grad_in + c.out_frames * cut_out + c.out_grad_frames * grad_out
                    + (again if c.backward else 0)

@@ -53,7 +53,7 @@ def _cli_plan(tmp_path, cluster, recompute: str) -> tuple[Plan, str]:
     return Plan.load(out), str(out)
 
 
-@pytest.mark.parametrize("recompute, mb", [("auto", 6), ("selective", 8)])  # forced, 6 MB cards do not fit
+@pytest.mark.parametrize("recompute, mb", [("auto", 7), ("selective", 8)])  # forced, 7 MB cards do not fit
 def test_the_api_returns_the_cli_plan(tmp_path, capsys, recompute, mb):
     cluster = tight_cluster(tmp_path / "tight.yaml", mb)
     cli, path = _cli_plan(tmp_path, cluster, recompute)
@@ -67,7 +67,7 @@ def test_the_api_returns_the_cli_plan(tmp_path, capsys, recompute, mb):
         assert [st.selective for st in api.stages] == [True, False]
         return
     assert all(st.selective and not st.recompute_units for st in api.stages)
-    assert api.cost_model["recompute"].startswith("selective:") and api.version == 7
+    assert api.cost_model["recompute"].startswith("selective:") and api.version == 8
     assert "recompute selective" in shown and "selective -" in shown  # the table's title and levers column
     assert main(["check", path]) == 0
     assert main(["show", path]) == 0 and "recompute selective" in capsys.readouterr().out

@@ -1,7 +1,7 @@
 """`hetpipe plan --recompute auto` offers the selective recompute level (issue 14); `check` and `show` read it.
 
-gpt-tiny on two 6 MB cards (1 MB reserved): the exact DP runs the level on its first stage (with a one-unit
-prefix on top), so the plan is version 7; `check` re-derives it from the file, `check --model` from a fresh
+gpt-tiny on two 7 MB cards (1 MB reserved): the exact DP runs the level on its first stage (with a one-unit
+prefix on top), so the plan is version 7 (8 with the loss's transient table); `check` re-derives it from the file, `check --model` from a fresh
 node capture (and the cluster's seconds); `show` prints what it frees and costs; `--recompute none` never
 offers it.
 """
@@ -28,11 +28,11 @@ def tight_cluster(path, mb: float):
 
 
 def test_plan_check_and_show_a_selective_plan(tmp_path, capsys):
-    cluster = tight_cluster(tmp_path / "tight.yaml", 6)
+    cluster = tight_cluster(tmp_path / "tight.yaml", 7)  # 7 MB: memory model 4 adds the loss's 2 x logits (1 MiB)
     out = tmp_path / "plan.json"
     assert main(["plan", "gpt-tiny", "--cluster", str(cluster), "--solver", "dp", "-o", str(out)]) == 0
     plan = Plan.load(out)
-    assert plan.version == 7 and plan.selective is not None
+    assert plan.version == 8 and plan.selective is not None  # 8: the loss's transient table
     assert [st.selective for st in plan.stages] == [True, False]
     shown = capsys.readouterr().out
     assert "selective -" in shown  # the levers column: bytes freed, seconds paid
@@ -54,4 +54,4 @@ def test_plan_check_and_show_a_selective_plan(tmp_path, capsys):
     roomy, none = tight_cluster(tmp_path / "roomy.yaml", 8), tmp_path / "none.json"  # where `none` fits
     assert main(["plan", "gpt-tiny", "--cluster", str(roomy), "--solver", "dp", "--recompute", "none",
                  "-o", str(none)]) == 0
-    assert Plan.load(none).selective is None and Plan.load(none).version < 7
+    assert Plan.load(none).selective is None and "selective" not in json.loads(none.read_text())  # no v7 field

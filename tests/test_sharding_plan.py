@@ -39,8 +39,10 @@ def _sharded_rp(seed: int) -> ReplicaProblem:
     if rng.random() < 0.5:  # the whole state just above the largest card: only sharding (or cuts) can fit it
         scale = max(d.usable_bytes for d in prob.devices) / (4 * sum(params)) * rng.uniform(1.0, 1.4)
         params = tuple(max(1, round(p * scale)) for p in params)
+    # no backward transients (memory model 4): the state sits just above the cards here, a transient on top
+    # would leave too few instances that sharding or offload fits (tests/test_contract_property.py covers them)
     prob = dataclasses.replace(prob, state_bytes=tuple(4 * p for p in params), grad_bytes=params, tied=(),
-                               offload_rates=RATES, recompute=rng.choice(("none", "auto")))
+                               offload_rates=RATES, recompute=rng.choice(("none", "auto")), transient_bwd_bytes=())
     return ReplicaProblem(prob, grad_bytes=params, sharding="auto")
 
 

@@ -41,6 +41,7 @@ class ChunkTerms:
     recompute_saved_bytes: int = 0
     recompute_peak_bytes: int = 0
     weight_grad_bytes: int = 0  # split schedules: what one micro-batch keeps from B to W
+    transient_bwd_bytes: int = 0  # memory model 4: the most a unit's backward allocates beyond the ledger
 
     def moment_bytes(self, c: HeldCounts) -> int:
         """What the chunk holds beyond state - G at a moment with counts `c` (recompute peak excluded)."""
@@ -56,8 +57,8 @@ def pipeline_rank_bytes(chunks: Sequence[ChunkTerms], held: Sequence[Sequence[He
     peak = None
     for moment in held:
         inside = [i for i, c in enumerate(moment) if c.backward]
-        extra = sum(chunks[i].recompute_peak_bytes for i in inside)
-        if inside and extra <= 0:  # a backward moment matters only where a recompute adds to it
+        extra = sum(chunks[i].recompute_peak_bytes + chunks[i].transient_bwd_bytes for i in inside)
+        if inside and extra <= 0:  # a backward moment matters only where a recompute or a transient adds to it
             continue
         total = sum(t.moment_bytes(c) for t, c in zip(chunks, moment)) + extra
         peak = total if peak is None else max(peak, total)

@@ -23,7 +23,12 @@ from typing import Sequence
 #: 3: a split (zero-bubble) backward's gradients kept from B to W (`Unit.weight_grad_bytes`) counted,
 #:    a middle stage's received gradient freed at B; interleaved send frames held until the second
 #:    RECV after them.  1F1B / GPipe stages are priced as in 2 (`SAME_AS_PREVIOUS`).
-MEMORY_MODEL = 3
+#: 4: inside a backward, the most bytes one of the stage's units allocates there beyond the ledger
+#:    (``transient_bwd_bytes``: `Unit.transient_bwd_bytes`, the loss's 2 x logits measured on an H200);
+#:    plans of model 3 lack the tables (0) and price as 4 does (`PRICED_AS_CURRENT`).
+MEMORY_MODEL = 4
+#: Plans of this memory model price every stage as `MEMORY_MODEL` does (their transient tables are 0).
+PRICED_AS_CURRENT = 3
 #: Plans of memory model 2 whose schedule is neither split nor interleaved price their stages as 3 does.
 SAME_AS_PREVIOUS = 2
 
@@ -69,11 +74,12 @@ class HeldCounts:
 def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_bytes: int, in_bytes: int,
                          out_bytes: int, held: Sequence[HeldCounts], in_grad_bytes: int | None = None,
                          out_grad_bytes: int | None = None, recompute_saved_bytes: int = 0,
-                         recompute_peak_bytes: int = 0, weight_grad_bytes: int = 0) -> int:
+                         recompute_peak_bytes: int = 0, weight_grad_bytes: int = 0,
+                         transient_bwd_bytes: int = 0) -> int:
     """Bytes a pipeline stage holds at its peak: M_s of the optimisation contract.
 
     ``M_s = state - G + max_t (g_t·G + k_t·(A - saved_R + in + out) + i_t·in + i'_t·in' + o_t·out + o'_t·out'
-    + w_t·Wg [+ peak_R inside a backward])``
+    + w_t·Wg [+ peak_R + T_s inside a backward])``
 
     over the moments ``t`` of one training step (``held``: `hetpipe.schedule.held.stage_held_terms`):
 
@@ -94,7 +100,12 @@ def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_by
       inside a backward (``HeldCounts.backward``) count, plus ``peak_R``, only when R is not empty;
     * split (zero-bubble) schedules: ``w_t`` micro-batches past their B and before their W, each
       keeping ``Wg`` (``weight_grad_bytes``: the sum of its units' `Unit.weight_grad_bytes`, the
-      gradients W's matmuls read; 0 on the first stage, whose W is its whole backward).
+      gradients W's matmuls read; 0 on the first stage, whose W is its whole backward);
+    * backward transients (memory model 4): ``T_s = max_u transient_bwd_bytes[u]`` over the stage's
+      units, what a unit's backward allocates at once beyond the terms above (the LM loss: the
+      gradients of the log-probabilities and of the logits, 2 x logits bytes); the moments inside a
+      backward count, plus ``peak_R + T_s``, when that sum is > 0 (an upper bound where the recomputed
+      unit with the largest A_u is not the one with the largest transient).
 
     Example (a middle stage of 3 and the first, 4 micro-batches):
         >>> mid = (HeldCounts(1, 2, 1, 0, 1, 2), HeldCounts(1, 1, 2, 1, 0, 1))
@@ -105,12 +116,17 @@ def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_by
         >>> pipeline_stage_bytes(state_bytes=1000, grad_bytes=250, activation_bytes=100, in_bytes=0,
         ...                      out_bytes=10, held=first)          # 750 + max(250 + 330 + 40, 330 + 60)
         1370
+        >>> last = (HeldCounts(0, 1), HeldCounts(1, 1, backward=1))  # the last stage: a forward, then its backward
+        >>> pipeline_stage_bytes(state_bytes=1000, grad_bytes=250, activation_bytes=100, in_bytes=10,
+        ...                      out_bytes=0, held=last, transient_bwd_bytes=64)  # 750 + 250 + 110 + 64
+        1174
     """
     in_grad = in_bytes if in_grad_bytes is None else in_grad_bytes
     out_grad = out_bytes if out_grad_bytes is None else out_grad_bytes
     sizes = dict(grad_bytes=grad_bytes, per_microbatch=activation_bytes - recompute_saved_bytes + in_bytes + out_bytes,
                  in_bytes=in_bytes, in_grad=in_grad, out_bytes=out_bytes, out_grad=out_grad, weight_grad=weight_grad_bytes)
     peak = max(c.bytes(**sizes) for c in held if not c.backward)
-    if recompute_peak_bytes > 0:  # inside a backward that recomputes
-        peak = max([peak] + [c.bytes(**sizes) + recompute_peak_bytes for c in held if c.backward])
+    inside = recompute_peak_bytes + transient_bwd_bytes
+    if inside > 0:  # inside a backward that recomputes or allocates transients
+        peak = max([peak] + [c.bytes(**sizes) + inside for c in held if c.backward])
     return state_bytes - grad_bytes + peak

@@ -33,6 +33,9 @@ Objective (units u = 0..L-1; p stages; stage s on device d_s holds [l_s, r_s]):
                       gradients, sends not yet waited for (`cost_models.stage_memory.pipeline_stage_bytes`)
     tied_bytes(s)   = state bytes of every tied parameter (GPT-2's wte = lm_head) that a unit of stage s uses
                       but whose owner unit (counted in state_bytes) is elsewhere: the runtime keeps a replica
+                      + [T_s inside a backward, if > 0]   (memory model 4)
+    T_s       = max transient_bwd_bytes over the stage's units: what a backward allocates beyond the ledger
+                (the LM loss's 2 x logits bytes, `capture.transients`)
     constraint: M_s <= usable_bytes(d_s)
 
 With ``Problem.schedule`` one of `SPLIT_SCHEDULES` (ZB-H1, ZB-1F1B) T replays those lists (B_s - W_s, then W_s =
@@ -97,6 +100,7 @@ from hetpipe.cost_models.recompute import RECOMPUTE_MODES, RecomputeCost, recomp
 from hetpipe.cost_models.selective import SelectiveTables, selective_variant
 from hetpipe.cost_models.stage_memory import pipeline_stage_bytes
 from hetpipe.errors import InfeasibleError
+from hetpipe.partitioner.problem_types import DeviceSlot, Stage, TiedCopy  # re-exported: the contract's names
 from hetpipe.partitioner.tp_tables import GroupStage, StagePosition, UnitSplit, group_stage
 from hetpipe.schedule.builders import SCHEDULES, SPLIT_SCHEDULES, is_split
 from hetpipe.schedule.held import position_held_terms, stage_held_terms
@@ -107,45 +111,6 @@ from hetpipe.schedule.replay import replay_iteration_s
 #: What `evaluate`'s T is: ``schedule`` (plan version 4 on): the action lists the runtime runs,
 #: replayed with optimizer steps; ``estimate``: the H-1F1B formula (plans before version 4).
 OBJECTIVES = ("schedule", "estimate")
-
-
-@dataclass(frozen=True)
-class DeviceSlot:
-    """A device as the solver sees it."""
-
-    id: str
-    kind: str
-    node: str
-    usable_bytes: int
-    # The card's link to its host and the host's memory bandwidth (optimizer-state offload,
-    # `hetpipe.cost_models.offload`); 0 = unknown: the stage on it cannot offload.
-    host_link_bytes_s: float = 0.0
-    host_memory_bytes_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class TiedCopy:
-    """A parameter used by several units: its state is counted in `owner_unit`, and again on
-    any stage that holds one of `user_units` but not the owner (the runtime's replica)."""
-
-    owner_unit: int
-    user_units: tuple[int, ...]
-    state_bytes: int
-
-
-@dataclass(frozen=True)
-class Stage:
-    """Stage placement: device index into `Problem.devices`, units [first_unit, last_unit], the units it
-    recomputes in the backward (global, ascending) and whether it keeps its optimizer state on the host."""
-
-    device: int
-    first_unit: int
-    last_unit: int
-    recompute_units: tuple[int, ...] = ()
-    offload: bool = False
-    # A tensor-parallel group (issue 15): every member's device index, `device` first; () = `device` alone (`tp_tables`)
-    members: tuple[int, ...] = ()
-    selective: bool = False  # runs the selective recompute level on its units (`cost_models.selective`)
 
 
 @dataclass(frozen=True)
@@ -177,6 +142,9 @@ class Problem:
     # what a split backward keeps from B to W (`Unit.weight_grad_bytes`); () = none (plans before it).
     recompute_bytes: tuple[int, ...] = ()
     weight_grad_bytes: tuple[int, ...] = ()
+    # Per unit: the most its backward allocates at once beyond the ledger (`Unit.transient_bwd_bytes`,
+    # memory model 4); () = none (plans before it).
+    transient_bwd_bytes: tuple[int, ...] = ()
     # Optimizer-state offload (`hetpipe.cost_models.offload`): the lever's setting, the per-parameter
     # bytes (None = offload impossible: no optimizer/precision known), and -- for the solvers'
     # outer walk only (`solvers/offload_walk.py`) -- the most tail seconds a stage may pay for it.
@@ -286,7 +254,14 @@ def stage_memory_terms(problem: Problem, stages: Sequence[Stage], s: int) -> Chu
         out_grad_bytes=grad_cut_bytes(problem, st.last_unit) if s < p - 1 else 0,
         recompute_saved_bytes=rc.saved_bytes, recompute_peak_bytes=rc.peak_bytes,
         weight_grad_bytes=sum(problem.weight_grad_bytes[u] for u in units if s and is_split(problem.schedule)
-                              and problem.weight_grad_bytes))
+                              and problem.weight_grad_bytes),
+        transient_bwd_bytes=stage_transient_bytes(problem, st))
+
+
+def stage_transient_bytes(problem: Problem, stage: Stage) -> int:
+    """T_s: the largest backward transient of `stage`'s units (memory model 4; 0 without the table)."""
+    table = problem.transient_bwd_bytes
+    return max((table[u] for u in range(stage.first_unit, stage.last_unit + 1)), default=0) if table else 0
 
 
 def grad_cut_bytes(problem: Problem, unit: int) -> int:
@@ -476,7 +451,8 @@ def stage_position(problem: Problem, stages: Sequence[Stage], s: int) -> StagePo
         out_bytes=problem.boundary_bytes[st.last_unit] if s < p - 1 else 0,
         in_grad_bytes=grad_cut_bytes(problem, st.first_unit - 1) if s > 0 else 0,
         out_grad_bytes=grad_cut_bytes(problem, st.last_unit) if s < p - 1 else 0,
-        activation_bytes=stage_activation_bytes(problem, st), tied_bytes=tied_bytes(problem, st))
+        activation_bytes=stage_activation_bytes(problem, st), tied_bytes=tied_bytes(problem, st),
+        transient_bwd_bytes=stage_transient_bytes(problem, st))
 
 
 def group_stage_cost(problem: Problem, stages: Sequence[Stage], s: int) -> StageCost:

@@ -140,6 +140,8 @@ class StagePosition:
     out_grad_bytes: int
     activation_bytes: int  # A_s of the whole stage (`problem.stage_activation_bytes`)
     tied_bytes: int = 0  # tied replicas: replicated on every member, but a tied head's rows (`tied_vocab_bytes`)
+    # T_s (memory model 4, `problem.stage_transient_bytes`): on every member whole (a bound for a vocab-split loss)
+    transient_bwd_bytes: int = 0
 
     @property
     def in_flight(self) -> int:
@@ -271,7 +273,7 @@ def _member_bytes(tables: GroupTables, units: range, shares: TensorShares, membe
         state_bytes=state - left_state, grad_bytes=grads - left_grad, activation_bytes=pos.activation_bytes - left_act,
         held=position_held_terms(pos.stages_after, first=pos.first, microbatches=pos.microbatches),
         in_bytes=pos.in_bytes, out_bytes=pos.out_bytes, in_grad_bytes=pos.in_grad_bytes,
-        out_grad_bytes=pos.out_grad_bytes)
+        out_grad_bytes=pos.out_grad_bytes, transient_bwd_bytes=pos.transient_bwd_bytes)
 
 
 def group_stage(tables: GroupTables, *, first: int, last: int, members: Sequence[int], position: StagePosition,

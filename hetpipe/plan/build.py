@@ -37,7 +37,8 @@ from hetpipe.plan.offload_note import offload_note
 from hetpipe.plan.unit_times import profile_unit_times, unit_times  # noqa: F401 (re-exported)
 from hetpipe.plan.left_out import left_out_reasons
 from hetpipe.partitioner.selective_mode import forced_problem, lift
-from hetpipe.plan.selective_plan import check_selective_mode, offer_for_options, offers_selective  # noqa: F401
+from hetpipe.plan.selective_plan import (check_selective_mode, level_used, offer_for_options,  # noqa: F401
+                                        offers_selective)
 from hetpipe.plan.selective_schema import PlanSelective
 from hetpipe.plan.tp_plan import (
     check_tensor_parallel_option, plan_group_fields, plan_unit_fields, tensor_parallel_fields, tensor_parallel_note)
@@ -93,6 +94,7 @@ def build_problem(graph: UnitGraph, cluster: Cluster, *, microbatches: int, reco
         boundary_grad_bytes=tuple(u.boundary_grad_bytes for u in graph.units),
         recompute_bytes=tuple(u.recompute_bytes for u in graph.units),
         weight_grad_bytes=tuple(u.weight_grad_bytes for u in graph.units),
+        transient_bwd_bytes=tuple(u.transient_bwd_bytes for u in graph.units),
         devices=tuple(DeviceSlot(d.id, d.kind, d.node, d.usable_bytes, d.host_link_bytes_s, d.host_memory_bytes_s)
                       for d in cluster.devices),
         bandwidth_bytes_s=bandwidth,
@@ -197,6 +199,7 @@ def _plan_units(graph: UnitGraph, problem: Problem) -> tuple[PlanUnit, ...]:
             recompute_bytes=problem.recompute_bytes[u.index] if problem.recompute_bytes else 0,
             # only split plans (version 5) hold gradients from B to W
             weight_grad_bytes=u.weight_grad_bytes if is_split(problem.schedule) else 0,
+            transient_bwd_bytes=problem.transient_bwd_bytes[u.index] if problem.transient_bwd_bytes else 0,
             time_s={k: UnitTimes(fwd=problem.fwd_s[k][u.index], bwd=problem.bwd_s[k][u.index],
                                  step=problem.step_s[k][u.index] if k in problem.step_s else 0.0)
                     for k in problem.fwd_s},
@@ -285,7 +288,7 @@ def assemble_plan(
         **objective_fields(problem),
         # recorded where a stage runs it: a plan without it is the plan of a problem without the level (its
         # version stays the least its content needs, and check re-derives every stage's choice from the tables)
-        selective=selective if problem.selective is not None and any(st.selective for st in stages) else None,
+        selective=selective if problem.selective is not None and level_used(problem, stages, baselines or {}) else None,
     )  # version: the least its content needs (3: `memory_model` is a version-3 field, `PLAN_VERSION_MEMORY`)
 
 

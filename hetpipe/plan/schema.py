@@ -54,8 +54,8 @@ PLAN_FORMAT = "hetpipe.plan"
 #: content needs (fields declare ``metadata={"since": N}``, `least_version`).  2: replicas, sync (#6);
 #: 3: recompute_units, loss, baseline best, memory model 2; 4: T = the simulated schedule with optimizer steps,
 #: offload, tensor-parallel groups; 5: split schedules (bwd_weight_s), sharded sync groups; 6: chunks (interleaved);
-#: 7: the selective recompute level (`Plan.selective`, `PlanStage.selective`; `plan.selective_schema`).
-PLAN_VERSION = 7
+#: 7: the selective recompute level (`Plan.selective`, `PlanStage.selective`; `plan.selective_schema`); 8: transients.
+PLAN_VERSION = 8
 #: The version of a plan without replicas.
 PLAN_VERSION_SINGLE = 1
 #: The first version that may carry replicas.
@@ -175,6 +175,7 @@ class PlanUnit:
     tp_param_fraction: float = field(default=0.0, metadata={"since": 4})
     tp_blocks: tuple[PlanBlock, ...] = field(default=(), metadata={"since": 4})
     weight_grad_bytes: int = field(default=0, metadata={"since": 5})  # split plans: kept from B to W (`Unit`'s)
+    transient_bwd_bytes: int = field(default=0, metadata={"since": 8})  # memory model 4 (`Unit`'s)
 
 
 @dataclass(frozen=True)
@@ -463,6 +464,7 @@ def problem_from_plan(plan: Plan) -> Problem:
         boundary_grad_bytes=tuple(u.boundary_grad_bytes for u in plan.units) if plan.memory_model >= 2 else (),
         recompute_bytes=tuple(u.recompute_bytes for u in plan.units) if plan.memory_model >= 2 else (),
         weight_grad_bytes=tuple(u.weight_grad_bytes for u in plan.units),
+        transient_bwd_bytes=tuple(u.transient_bwd_bytes for u in plan.units),
         devices=tuple(DeviceSlot(d.id, d.kind, d.node, d.usable_bytes, d.host_link_bytes_s, d.host_memory_bytes_s)
                       for d in plan.devices),
         bandwidth_bytes_s=tuple(tuple(row) for row in bandwidth), latency_s=tuple(tuple(row) for row in latency),

@@ -25,7 +25,9 @@ from typing import Any
 
 from hetpipe.cost_models.selective import SelectiveTables
 from hetpipe.errors import ConfigError, HetpipeError, PlanError
-from hetpipe.partitioner.problem import is_split
+from hetpipe.partitioner.baselines import BASELINES, baseline, without_offload
+from hetpipe.partitioner.problem import Stage, is_split
+from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.selective import selective_tables, unit_level
 from hetpipe.plan.selective_schema import PlanSelective, PlanSelectiveUnit
 from hetpipe.plan.unit_times import unit_times
@@ -142,3 +144,27 @@ def verify_selective(record: PlanSelective, graph: Any, node_graph: Any, cluster
     if problem:
         raise PlanError(f"{problem}; the plan's selective level is not this model's (edited, or planned with other "
                         "options); re-create it with `hetpipe plan`")
+
+
+def level_used(problem: Any, stages: Any, baselines: Any) -> bool:
+    """Whether the plan must record the selective level's tables: a stage runs it, or a recorded baseline's
+    forced or best placement does as `with_recompute` re-derives it (`plan.baseline_check` prices them again
+    from the plan's tables: without the level they would choose other levers).
+
+    Example:
+        >>> level_used(None, [], {})
+        False
+    """
+    if any(st.selective for st in stages):
+        return True
+    if problem is None or problem.selective is None:
+        return False
+    ids = {d.id: i for i, d in enumerate(problem.devices)}
+    for name, rec in baselines.items():
+        if name in BASELINES and any(st.selective for st in baseline(problem, name).stages):
+            return True
+        best = rec.best.stages if rec.best is not None else ()
+        if best and any(st.selective for st in with_recompute(without_offload(problem), tuple(
+                Stage(ids[s.device], s.first_unit, s.last_unit) for s in best))):
+            return True
+    return False

@@ -25,9 +25,12 @@ from hetpipe.plan.schema import Plan
 #: Relative tolerance on re-derived unit times (the same float formula, evaluated twice).
 TIME_RTOL = 1e-9
 #: Table fields compared exactly, unit by unit.
-UNIT_FIELDS = ("fwd_flops", "bwd_flops", "param_bytes", "state_bytes", "activation_bytes", "boundary_bytes")
+UNIT_FIELDS = ("fwd_flops", "bwd_flops", "param_bytes", "state_bytes", "activation_bytes", "boundary_bytes",
+               "transient_bwd_bytes")
 #: Fields the training loss adds to the last unit (`capture(..., loss_fn=...)`).
-LOSS_FIELDS = ("fwd_flops", "bwd_flops", "activation_bytes")
+LOSS_FIELDS = ("fwd_flops", "bwd_flops", "activation_bytes", "transient_bwd_bytes")
+#: The first memory model whose plans record `transient_bwd_bytes` (older plans hold 0: not compared).
+TRANSIENT_MODEL = 4
 
 _FIX = ("the plan's tables are not this model's (edited, or planned with other options); "
         "re-create it with `hetpipe plan`")
@@ -39,7 +42,7 @@ def _unit_mismatch(plan: Plan, graph: Any, *, loss_costed: bool) -> str | None:
                 f"({graph.num_units} units); the tables cannot be compared unit by unit")
     last = len(plan.units) - 1
     for rec, new in zip(plan.units, graph.units):
-        for name in UNIT_FIELDS:
+        for name in UNIT_FIELDS if plan.memory_model >= TRANSIENT_MODEL else UNIT_FIELDS[:-1]:
             recorded, derived = getattr(rec, name), getattr(new, name)
             if not loss_costed and rec.index == last and name in LOSS_FIELDS:
                 if recorded < derived:  # the loss only adds; the fresh capture here did not cost it

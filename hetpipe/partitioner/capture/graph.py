@@ -63,6 +63,9 @@ class Unit:
         weight_grad_bytes: what a split (zero-bubble) backward keeps from the unit's B to its W
             per micro-batch beyond its saved activations: the gradients W's matmuls read
             (`hetpipe.partitioner.capture.weight_grads`); 0 on a stage whose inputs need none.
+        transient_bwd_bytes: the most bytes its backward allocates at once beyond what the memory
+            ledger holds (memory model 4; `hetpipe.partitioner.capture.transients`): measured for
+            the loss's backward (on the last unit); 0 elsewhere (not yet measured per unit).
         tensor_parallel: the unit's blocks a tensor-parallel group can split (issue 15);
             empty: the unit runs width-1 (``tp_note`` says why).
         tp_flops_fraction: share of ``fwd_flops`` inside ``tensor_parallel`` blocks.
@@ -92,6 +95,7 @@ class Unit:
     boundary_grad_bytes: int = 0
     recompute_bytes: int = 0
     weight_grad_bytes: int = 0
+    transient_bwd_bytes: int = 0
     tensor_parallel: tuple[TensorParallelBlock, ...] = ()
     tp_flops_fraction: float = 0.0
     tp_param_fraction: float = 0.0

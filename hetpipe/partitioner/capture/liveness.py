@@ -70,5 +70,6 @@ def with_loss(units: tuple[Unit, ...], loss: LossCosts) -> tuple[Unit, ...]:
     return (*units[:-1], dataclasses.replace(
         last, activation_bytes=last.activation_bytes + loss.activation_bytes,
         fwd_flops=last.fwd_flops + loss.fwd_flops, bwd_flops=last.bwd_flops + loss.bwd_flops,
+        transient_bwd_bytes=max(last.transient_bwd_bytes, loss.transient_bwd_bytes),
         fwd_work=None if last.fwd_work is None else last.fwd_work.plus(loss.fwd_work),
         bwd_work=None if last.bwd_work is None else last.bwd_work.plus(loss.bwd_work)))

@@ -58,6 +58,7 @@ from hetpipe.cost_models.memory import tensor_bytes
 from hetpipe.cost_models.work import PassWork
 from hetpipe.errors import CaptureError
 from hetpipe.partitioner.capture.storages import StorageTracker
+from hetpipe.partitioner.capture.transients import BackwardPeak
 from hetpipe.partitioner.capture.weight_grads import unit_weight_grad_bytes
 
 CALL_OPS = ("call_function", "call_method", "call_module")
@@ -315,6 +316,8 @@ class LossCosts:
     saved_outputs: tuple[bool, ...] = ()  # per output tensor: the loss saves it (counted by measure_training)
     fwd_work: PassWork = PassWork()  # forward and backward counts with the per-op table (`cost_models.work`)
     bwd_work: PassWork = PassWork()
+    # the most bytes the loss's backward allocates at once beyond the ledger (`transients.BackwardPeak`)
+    transient_bwd_bytes: int = 0
 
 
 def measure_loss(output: Any, targets: Any, loss_fn: Any, *, precision: str) -> LossCosts:
@@ -352,9 +355,11 @@ def measure_loss(output: Any, targets: Any, loss_fn: Any, *, precision: str) -> 
         with torch.autograd.graph.saved_tensors_hooks(pack, _identity):
             loss = loss_fn(stand_in, meta_targets)
         fwd = counter.work()
-        if isinstance(loss, torch.Tensor) and loss.requires_grad:
-            loss.backward()
+        with BackwardPeak(precision) as peak:
+            if isinstance(loss, torch.Tensor) and loss.requires_grad:
+                loss.backward()
         bwd = counter.work().minus(fwd)
     return LossCosts(activation_bytes=sum(b for k, (_, b) in saved.items() if k not in out_keys), fwd_flops=fwd.flops,
                      bwd_flops=bwd.flops, live=tuple(t.grad is not None for t in outs),
-                     saved_outputs=tuple(k in saved for k in out_keys), fwd_work=fwd, bwd_work=bwd)
+                     saved_outputs=tuple(k in saved for k in out_keys), fwd_work=fwd, bwd_work=bwd,
+                     transient_bwd_bytes=peak.peak_bytes)

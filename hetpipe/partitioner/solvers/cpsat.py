@@ -22,6 +22,8 @@ selective level (`Problem.selective`, under auto) `cpsat_selective.SelectiveVars
 position choosing the plain or the variant's prefix, its seconds and bytes.
 Optimizer offload (`Problem.offload` auto/all): `cpsat_offload.OffloadVars`, a boolean per
 position, its bytes off every memory row and max_j O_j added to the objective.
+Backward transients (memory model 4): `transient_vars`, T_j >= each unit's transient on j, in every
+backward moment's row, enforced where j recomputes or holds a unit with a transient.
 
 Times are integers: seconds * `scale`, rounded DOWN, so the model's objective never
 exceeds the true T of the same placement and CP-SAT's best bound stays a valid lower
@@ -205,15 +207,18 @@ class _Model:
             # less per moment) and one is live again (`RecomputeVars.memory`).
             recomputes = self.levers.recomputes(j) if self.levers is not None else None
             offloaded = self.offload.saved[j] if self.offload is not None else 0
+            transient, has_transient = transient_vars(md, prob, self.in_, j)
             for first, when in ((True, self.in_[0][j]), (False, self.in_[0][j].Not())):
                 for t in position_held_terms(j, first=first, microbatches=self.m):
-                    if t.backward and recomputes is None:
-                        continue  # a backward's moment counts only with a recomputation's peak
+                    # a backward's moment counts with a recomputation's peak or a transient (T_j, memory model 4)
+                    gates = [g for g in (recomputes, has_transient) if g is not None] if t.backward else [None]
                     levers = (self.levers.memory(j, t.microbatches, backward=bool(t.backward))
                               if self.levers is not None else 0)
-                    md.add(state + t.grads * grads + t.microbatches * (act + cut_in + cut_out) + t.in_frames * cut_in
-                           + t.in_grad_frames * grad_in + t.out_frames * cut_out + t.out_grad_frames * grad_out
-                           + levers - offloaded <= cap).only_enforce_if([when, recomputes] if t.backward else [when])
+                    for gate in gates:
+                        md.add(state + t.grads * grads + t.microbatches * (act + cut_in + cut_out) + t.in_frames * cut_in
+                               + t.in_grad_frames * grad_in + t.out_frames * cut_out + t.out_grad_frames * grad_out
+                               + levers + (transient if t.backward else 0) - offloaded <= cap
+                               ).only_enforce_if([when] if gate is None else [when, gate])
 
     def _tied_copies(self, j: int) -> cp_model.LinearExpr | int:
         """Bytes of tied-parameter replicas on position j: copy >= (holds a user) - (holds the owner)."""
@@ -318,3 +323,21 @@ def _crude_upper_bound_s(problem: Problem) -> float:
     comm = max((2 * problem.comm_s(a, b, u) for a in range(n) for b in range(n) if a != b
                 for u in range(problem.num_units)), default=0.0)
     return problem.microbatches * (work + problem.num_units * comm)
+
+
+def transient_vars(md: cp_model.CpModel, prob: Problem, in_: Sequence[Sequence[cp_model.IntVar]],
+                   j: int) -> tuple[cp_model.LinearExpr | int, cp_model.IntVar | None]:
+    """T_j and a bool "T_j > 0" of position j (memory model 4, `problem.stage_transient_bytes`): one aux var
+    >= each unit's transient where the unit is on j (the least such value is the max; the memory rows only
+    push it down), the bool >= each such unit's literal, <= their sum.  (0, None) when no unit has one."""
+    table = prob.transient_bwd_bytes or (0,) * prob.num_units
+    units = [u for u, b in enumerate(table) if b > 0]
+    if not units:
+        return 0, None
+    peak = md.new_int_var(0, max(table), f"transient_j{j}")
+    has = md.new_bool_var(f"has_transient_j{j}")
+    for u in units:
+        md.add(peak >= int(table[u]) * in_[u][j])
+        md.add(has >= in_[u][j])
+    md.add(has <= sum(in_[u][j] for u in units))
+    return peak, has

@@ -58,7 +58,7 @@ from hetpipe.partitioner.solvers.offload_band import offload_band
 from hetpipe.partitioner.solvers.count_pass import CountPass, run_counts
 from hetpipe.partitioner.solvers.pace_rule import LevelCaps
 from hetpipe.partitioner.solvers.recompute_band import shared_band
-from hetpipe.partitioner.solvers.stage_moments import band_moments, memory_tables
+from hetpipe.partitioner.solvers.stage_moments import band_moments, memory_tables, transient_band
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +188,7 @@ class StageTables:
         self.state = st[hi_c] - st[lo] + self.tied
         self.grads, held_out, self.before_grad, self.after_grad = memory_tables(problem, lo, hi_c, self.valid.shape)
         self.act = act[hi_c] - act[lo] - held_out  # A_s (`problem.stage_activation_bytes`)
+        self.transient = transient_band(problem, lo, hi_c)  # T_s, memory model 4
         # in/out cut bytes of a stage on [lo, hi): the cut before (none for the first) and after
         self.before = np.broadcast_to(np.where(lo > 0, bd[np.maximum(lo - 1, 0)], 0.0), self.valid.shape)
         self.after = bd[np.clip(hi_c - 1, 0, L - 1)]  # counted only if a stage follows

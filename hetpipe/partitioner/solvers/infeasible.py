@@ -27,7 +27,8 @@ from hetpipe.errors import InfeasibleError
 from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, solve_exact
 from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
 from hetpipe.partitioner.problem import (
-    Problem, Stage, evaluate, stage_activation_bytes, stage_memory_bytes, stage_recompute_cost)
+    Problem, Stage, evaluate, stage_activation_bytes, stage_memory_bytes, stage_recompute_cost,
+    stage_transient_bytes)
 
 #: Bisection steps on the memory factor: 2^-30 relative precision, plenty for a message.
 BISECTION_STEPS = 30
@@ -151,7 +152,8 @@ def explain_infeasible(problem: Problem) -> InfeasibleError:
     state = sum(problem.state_bytes[u] for u in units)
     inflight = min(len(stages) - s, problem.microbatches)
     rc = stage_recompute_cost(problem, st)  # what the stage keeps per micro-batch, after recomputation
-    act = inflight * (stage_activation_bytes(problem, st) - rc.saved_bytes) + rc.peak_bytes
+    # ... plus, inside a backward, a recompute's peak and the backward's transient (memory model 4: the loss's logits)
+    act = inflight * (stage_activation_bytes(problem, st) - rc.saved_bytes) + rc.peak_bytes + stage_transient_bytes(problem, st)
     buffers = stage_memory_bytes(problem, stages, s) - state - act
     missing = cost.memory_bytes - cost.usable_bytes
     tips = []

@@ -5,7 +5,10 @@
 the parameter gradients G_s, the held share of the output cut (subtracted from A_s) and
 the gradient messages of the cuts before and after; `band_moments` evaluates
 `hetpipe.cost_models.stage_memory.pipeline_stage_bytes` at every moment of the stage's
-action list (`hetpipe.schedule.held.position_held_terms`), so M_s is their largest.
+action list (`hetpipe.schedule.held.position_held_terms`), so M_s is their largest.  Memory model
+4's T_s (`transient_band`) is in every backward moment, and each such moment comes again, flagged
+as outside a backward, on the entries whose T_s > 0: a consumer that counts a backward's moments
+only with a recomputation's peak (`recompute_band.memory_with`) still counts T_s alone.
 
 Example:
     >>> from hetpipe.partitioner.problem import DeviceSlot, Problem
@@ -50,10 +53,21 @@ def band_moments(tables: Any, after_stages: int, microbatches: int, sl: tuple) -
     cut_in, grad_in = t.before[sl], t.before_grad[sl]
     cut_out, grad_out = (t.after[sl], t.after_grad[sl]) if follows else (0.0, 0.0)
     base, per_mb, first = t.state[sl] - t.grads[sl], t.act[sl] + cut_in + cut_out, t.first[sl]
-    out = []
+    out, transient = [], t.transient[sl]
     for is_first, rows in ((True, first), (False, ~first)):
         for c in position_held_terms(after_stages, first=is_first, microbatches=microbatches):
             held = (base + c.grads * t.grads[sl] + c.microbatches * per_mb + c.in_frames * cut_in
                     + c.in_grad_frames * grad_in + c.out_frames * cut_out + c.out_grad_frames * grad_out)
+            if c.backward:  # T_s inside a backward; where T_s > 0 that moment counts with or without a recompute
+                held = held + transient
+                out.append((c.microbatches, 0, np.where(rows & (transient > 0), held, -np.inf)))
             out.append((c.microbatches, c.backward, np.where(rows, held, -np.inf)))
     return out
+
+
+def transient_band(problem: Problem, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """T_s of every entry [lo, hi) (`problem.stage_transient_bytes`): the running max of the units' transients
+    along the band's width (hi grows by one unit a column; columns past the model repeat its last unit)."""
+    L = problem.num_units
+    table = np.asarray(problem.transient_bwd_bytes or (0,) * L, dtype=np.float64)
+    return np.maximum.accumulate(table[np.clip(hi - 1, 0, L - 1)], axis=1)
