@@ -40,14 +40,8 @@ from typing import Sequence
 from hetpipe.partitioner.problem import Problem, Stage
 from hetpipe.partitioner.solvers.cap_walk import DeadlineReached
 from hetpipe.partitioner.solvers.dp import DEFAULT_STATE_BUDGET, CountDP, StateSpaceTooLarge
-from hetpipe.partitioner.solvers.relax import (
-    RELAXED_STATE_BUDGET,
-    dp_rows,
-    merge_groups,
-    merge_loss,
-    pace_relaxation,
-    relaxed_problem,
-)
+from hetpipe.partitioner.solvers.relax import (RELAXED_STATE_BUDGET, dp_rows, merge_groups, merge_loss, pace_groups,
+                                               relaxed_problem)
 from hetpipe.partitioner.solvers.schedule_bound import BAND_TOLERANCE, schedule_walk
 
 log = logging.getLogger(__name__)
@@ -64,24 +58,27 @@ FINER_STATE_BUDGET = DEFAULT_STATE_BUDGET
 SECONDS_PER_ROW_PASS = 11.9 / (14 * 8_812_800)
 #: Passes the forecast counts: what that walk took to its 2% target.
 FORECAST_PASSES = 14
+#: Share of `verify`'s limit kept for the finer walk where its forecast fits in it (`reserve_s`): the walk's wall
+#: under load is about twice its CPU seconds (this 2-core VM at load 7: 18 CPU s in a 30 s `solve`), and the
+#: searches before it (pace walks, annealing, local search) keep the other half.
+FINER_SHARE = 0.5
 
 
 def finer_groups(problem: Problem, *, stages: int,
                  state_budget: int = RELAXED_STATE_BUDGET) -> list[list[str]] | None:
-    """The finer cut (module docstring) of `relax.pace_relaxation(problem, stages=stages)`'s groups, or None where
-    that relaxation merges nothing (its walk is on the node-free problem) or no split fits `FINER_STATE_BUDGET`."""
-    relaxed, members = pace_relaxation(problem, stages=stages, state_budget=state_budget)
-    groups = [list(g) for g in members.values()]
-    if all(len(g) == 1 for g in groups):
+    """The finer cut (module docstring) of `relax.pace_groups(problem, stages=stages)`, or None where that
+    relaxation merges nothing (its walk is on the node-free problem) or no split fits `FINER_STATE_BUDGET`.
+    Like `pace_groups` it reads kinds, units and F + B only (no link tables)."""
+    groups = pace_groups(problem, stages=stages, state_budget=state_budget)
+    if groups is None:
         return None
-    plain = relaxed_problem(problem)
     best: tuple[float, list[list[str]]] | None = None
     for i, group in enumerate(groups):
         for cut in range(1, len(group)):
             split = groups[:i] + [group[:cut], group[cut:]] + groups[i + 1:]
-            if dp_rows(plain, split) > FINER_STATE_BUDGET:
+            if dp_rows(problem, split) > FINER_STATE_BUDGET:
                 continue
-            loss = round(merge_loss(plain, split, stages), 9)
+            loss = round(merge_loss(problem, split, stages), 9)
             if best is None or loss < best[0]:
                 best = (loss, split)
     return None if best is None else best[1]
@@ -89,7 +86,27 @@ def finer_groups(problem: Problem, *, stages: int,
 
 def forecast_s(problem: Problem, groups: Sequence[Sequence[str]]) -> float:
     """Seconds the finer walk is forecast to take: its DP rows x `FORECAST_PASSES` x `SECONDS_PER_ROW_PASS`."""
-    return dp_rows(relaxed_problem(problem), groups) * FORECAST_PASSES * SECONDS_PER_ROW_PASS
+    return dp_rows(problem, groups) * FORECAST_PASSES * SECONDS_PER_ROW_PASS
+
+
+def reserve_s(problem: Problem, *, stages: int, limit_s: float, state_budget: int = RELAXED_STATE_BUDGET) -> float:
+    """Seconds `verify` keeps for the finer walk from its start: `FINER_SHARE` of `limit_s` where the schedule is
+    1F1B, a finer cut exists for pipelines of `stages` stages and its forecast fits in that share; else 0.  (The gap
+    is known only once the pace walks end: `verify` then hands the time back where it is within `TARGET_GAP`.)
+
+    Example (one kind: no finer cut, nothing kept):
+        >>> from hetpipe.partitioner.problem import DeviceSlot
+        >>> prob = Problem(fwd_s={"a": (1.0,)}, bwd_s={"a": (2.0,)}, state_bytes=(1,), activation_bytes=(1,),
+        ...                boundary_bytes=(0,), devices=(DeviceSlot("d0", "a", "n", 100),),
+        ...                bandwidth_bytes_s=((float("inf"),),), latency_s=((0.0,),), microbatches=4)
+        >>> reserve_s(prob, stages=1, limit_s=60.0)
+        0.0
+    """
+    if problem.schedule != "1f1b" or limit_s <= 0 or stages <= 0:
+        return 0.0
+    groups = finer_groups(problem, stages=stages, state_budget=state_budget)
+    share_s = FINER_SHARE * limit_s
+    return share_s if groups is not None and forecast_s(problem, groups) <= share_s else 0.0
 
 
 def raise_bound(problem: Problem, answer: Sequence[Stage], *, iteration_s: float, bound_s: float, step_s: float,

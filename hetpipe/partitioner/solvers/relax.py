@@ -247,12 +247,23 @@ def pace_relaxation(problem: Problem, *, stages: int | None = None,
         [('a',), ('b', 'c')]
     """
     plain = relaxed_problem(problem)
-    order = _speed_order(plain)
-    stages = min(problem.num_units, len(problem.devices)) if stages is None else stages
-    if dp_rows(plain, [[k] for k in order]) <= state_budget:
+    if dp_rows(plain, [[k] for k in _speed_order(plain)]) <= state_budget:
         return plain, {k: (k,) for k in plain.fwd_s}
-    if len(order) > MAX_PARTITION_KINDS:
-        return aggregate_kinds(plain, merge_above=state_budget, state_budget=state_budget)  # as before
+    groups = pace_groups(problem, stages=stages, state_budget=state_budget)
+    if groups is None:  # more than `MAX_PARTITION_KINDS` kinds, or not even one group fits: as `aggregate_kinds`
+        return aggregate_kinds(plain, merge_above=state_budget, state_budget=state_budget)
+    return merge_groups(plain, groups)
+
+
+def pace_groups(problem: Problem, *, stages: int | None = None,
+                state_budget: int = RELAXED_STATE_BUDGET) -> list[list[str]] | None:
+    """The cut of the kinds `pace_relaxation` merges (its docstring), or None where it merges none (the node-free
+    DP fits `state_budget`) or takes `aggregate_kinds`'s groups.  It reads the kinds, units and F + B only (the
+    node-free problem's are the same), so it builds no link tables (`finer_walk` asks for it at every `verify`)."""
+    order = _speed_order(problem)
+    stages = min(problem.num_units, len(problem.devices)) if stages is None else stages
+    if dp_rows(problem, [[k] for k in order]) <= state_budget or len(order) > MAX_PARTITION_KINDS:
+        return None
     best: tuple[float, int, list[list[str]]] | None = None
     for cuts in range(2 ** (len(order) - 1)):  # bit i: a new group starts after kind i
         groups, current = [], [order[0]]
@@ -262,14 +273,12 @@ def pace_relaxation(problem: Problem, *, stages: int | None = None,
                 current = []
             current.append(kind)
         groups.append(current)
-        rows = dp_rows(plain, groups)
+        rows = dp_rows(problem, groups)
         if rows <= state_budget:
-            key = (round(merge_loss(plain, groups, stages), 9), -rows, groups)  # a tie: the finer cut
+            key = (round(merge_loss(problem, groups, stages), 9), -rows, groups)  # a tie: the finer cut
             if best is None or key[:2] < best[:2]:
                 best = key
-    if best is None:  # not even one group fits: the coarsest merge, as `aggregate_kinds`
-        return aggregate_kinds(plain, merge_above=state_budget, state_budget=state_budget)
-    return merge_groups(plain, best[2])
+    return None if best is None else best[2]
 
 
 def realised(problem: Problem, relaxed: Problem, members: dict[str, tuple[str, ...]],
