@@ -126,6 +126,7 @@ def raise_bound(problem: Problem, answer: Sequence[Stage], *, iteration_s: float
         log.info("finer cut walk skipped: forecast %.1f s, %.1f s left (gap %.2f%%)", need_s, left_s,
                  100 * (iteration_s / bound_s - 1) if bound_s > 0 else math.inf)
         return bound_s
+    began = time.perf_counter()
     fine, _ = merge_groups(relaxed_problem(problem), groups)
     try:  # the merged problem keeps the cards' order: the answer is one of its placements (the first cap)
         dp = CountDP(fine, state_budget=FINER_STATE_BUDGET, deadline=deadline)
@@ -134,6 +135,7 @@ def raise_bound(problem: Problem, answer: Sequence[Stage], *, iteration_s: float
     except (StateSpaceTooLarge, DeadlineReached):
         return bound_s
     found = walk.bound_s + step_s if walk.bound_s > 0 and math.isfinite(walk.bound_s) else 0.0
-    log.info("finer cut %s: bound %.4f s (was %.4f s, T %.4f s) in %d passes",
-             " / ".join(" ".join(g) for g in groups), found, bound_s, iteration_s, walk.passes)
+    log.info("finer cut %s: bound %.4f s (was %.4f s, T %.4f s) in %d passes, %.1f s (forecast %.1f s, %.1f s left)",
+             " / ".join(" ".join(g) for g in groups), found, bound_s, iteration_s, walk.passes,
+             time.perf_counter() - began, need_s, left_s)
     return max(bound_s, found)
