@@ -47,8 +47,8 @@ optimizer step (`evaluate`, ``objective="schedule"``), so `verify`:
    bound, the rest for the local search.  Last, once the answer is final and its gap is above 2%, a finer cut
    of the count relaxation's kinds walks to T / 1.02 (`finer_walk.raise_bound`: its threshold prunes on that
    target); where its forecast fits `finer_walk.FINER_SHARE` of `limit_s` that share is kept from the start
-   (the shares above are of the rest) and handed back once the pace walks leave the gap within 2%.  `limit_s` is a hard deadline: no DP pass, window start, annealing
-   move or search step starts past it, and a schedule pricing only where it is forecast to end by it
+   (the shares above are of the rest) and handed back once the pace walks leave the gap within 2%.
+   `limit_s` is a hard deadline: no DP pass, window start, annealing move or search step starts past it, and a schedule pricing only where it is forecast to end by it
    (`pricing.Pricer`), but the first pricing of a candidate that fits (the answer needs one).  Only for 1F1B: the split schedules (`Problem.schedule`) keep the
    bounds above.
 
