@@ -56,7 +56,13 @@ FINE_MEASURED = (
     "default cut's walks 4.6 / 10.1 / 16.6 s -> the table's.  Walks that stop at a target (`enough_s`, whose "
     "passes drop states that cannot end under it): A100 / 4090 A6000 / V100 / rest with windows of four certify "
     "3.190 s (2% under 3.253 s) in 14 passes, 11.9 CPU s (16.8 s without the threshold); the five-group cut with "
-    "windows of three 3.200 s (2% under 3.265 s) in 13 passes, 48.7 s (51.8 s without; load 8-10).")
+    "windows of three 3.200 s (2% under 3.265 s) in 13 passes, 48.7 s (51.8 s without; load 8-10)."
+    " Session 16 (`solvers/finer_walk.py`, after the answer is final): `verify` walks this four-group cut (the "
+    "default cut's split of least merge loss) with windows of four to T / 1.02, keeping half its limit for it where "
+    "the forecast (11.9 s) fits; `benchmarks/finer_walk.py`, planner_scale's gpt2-xl 64 row, load 5.1-5.4: "
+    "--time-limit 10 / 30 / 60 s -> bound 3.108 / 3.192 / 3.198 s, T 3.294 / 3.294 / 3.293 s, gap 5.66 / 3.09 / "
+    "2.89% (10 s: not run, the forecast does not fit; 30 s: 16 passes to the deadline; 60 s: the walk ends, 24 "
+    "passes, `solve` in 50.7 s). Not 2%: the cut proves 3.198 s at most, which certifies 2% only for T <= 3.262 s.")
 
 
 def _walk(relaxed, hint, windows: int, widened: bool, step_s: float) -> list[object]:

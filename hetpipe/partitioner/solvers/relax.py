@@ -134,7 +134,7 @@ def _speed_order(problem: Problem) -> list[str]:
     return sorted(kinds, key=lambda k: (work[k], kinds.index(k)))
 
 
-def _dp_rows(problem: Problem, groups: Sequence[Sequence[str]]) -> int:
+def dp_rows(problem: Problem, groups: Sequence[Sequence[str]]) -> int:
     """DP rows of the node-free problem whose classes are `groups` (see `dp.solve_exact`)."""
     limit = min(problem.num_units, len(problem.devices))
     counts = [sum(1 for d in problem.devices if d.kind in g) for g in groups]
@@ -166,9 +166,9 @@ def aggregate_kinds(relaxed: Problem, *, merge_above: int = DEFAULT_STATE_BUDGET
         ({'a': ('a',), 'b+c': ('b', 'c')}, (2.0,))
     """
     groups = [[k] for k in _speed_order(relaxed)]
-    if _dp_rows(relaxed, groups) <= merge_above:  # the plain relaxation fits: keep it exact
+    if dp_rows(relaxed, groups) <= merge_above:  # the plain relaxation fits: keep it exact
         return relaxed, {k: (k,) for k in relaxed.fwd_s}
-    while len(groups) > 1 and _dp_rows(relaxed, groups) > state_budget:
+    while len(groups) > 1 and dp_rows(relaxed, groups) > state_budget:
         groups[-2:] = [groups[-2] + groups[-1]]
     return merge_groups(relaxed, groups)
 
@@ -247,12 +247,23 @@ def pace_relaxation(problem: Problem, *, stages: int | None = None,
         [('a',), ('b', 'c')]
     """
     plain = relaxed_problem(problem)
-    order = _speed_order(plain)
-    stages = min(problem.num_units, len(problem.devices)) if stages is None else stages
-    if _dp_rows(plain, [[k] for k in order]) <= state_budget:
+    if dp_rows(plain, [[k] for k in _speed_order(plain)]) <= state_budget:
         return plain, {k: (k,) for k in plain.fwd_s}
-    if len(order) > MAX_PARTITION_KINDS:
-        return aggregate_kinds(plain, merge_above=state_budget, state_budget=state_budget)  # as before
+    groups = pace_groups(problem, stages=stages, state_budget=state_budget)
+    if groups is None:  # more than `MAX_PARTITION_KINDS` kinds, or not even one group fits: as `aggregate_kinds`
+        return aggregate_kinds(plain, merge_above=state_budget, state_budget=state_budget)
+    return merge_groups(plain, groups)
+
+
+def pace_groups(problem: Problem, *, stages: int | None = None,
+                state_budget: int = RELAXED_STATE_BUDGET) -> list[list[str]] | None:
+    """The cut of the kinds `pace_relaxation` merges (its docstring), or None where it merges none (the node-free
+    DP fits `state_budget`) or takes `aggregate_kinds`'s groups.  It reads the kinds, units and F + B only (the
+    node-free problem's are the same), so it builds no link tables (`finer_walk` asks for it at every `verify`)."""
+    order = _speed_order(problem)
+    stages = min(problem.num_units, len(problem.devices)) if stages is None else stages
+    if dp_rows(problem, [[k] for k in order]) <= state_budget or len(order) > MAX_PARTITION_KINDS:
+        return None
     best: tuple[float, int, list[list[str]]] | None = None
     for cuts in range(2 ** (len(order) - 1)):  # bit i: a new group starts after kind i
         groups, current = [], [order[0]]
@@ -262,14 +273,12 @@ def pace_relaxation(problem: Problem, *, stages: int | None = None,
                 current = []
             current.append(kind)
         groups.append(current)
-        rows = _dp_rows(plain, groups)
+        rows = dp_rows(problem, groups)
         if rows <= state_budget:
-            key = (round(merge_loss(plain, groups, stages), 9), -rows, groups)  # a tie: the finer cut
+            key = (round(merge_loss(problem, groups, stages), 9), -rows, groups)  # a tie: the finer cut
             if best is None or key[:2] < best[:2]:
                 best = key
-    if best is None:  # not even one group fits: the coarsest merge, as `aggregate_kinds`
-        return aggregate_kinds(plain, merge_above=state_budget, state_budget=state_budget)
-    return merge_groups(plain, best[2])
+    return None if best is None else best[2]
 
 
 def realised(problem: Problem, relaxed: Problem, members: dict[str, tuple[str, ...]],
@@ -308,7 +317,7 @@ def relaxed_bound(problem: Problem, *, seed: Sequence[Stage] | None, time_limit_
     cap = evaluate(problem, seed, objective="estimate").bottleneck_s * (1 + CAP_TOLERANCE) if seed is not None else math.inf
     bound, best, solved, last = 0.0, None, None, None
     for relaxed, members in relaxation_levels(problem):
-        rows = _dp_rows(relaxed, list(members.values()))
+        rows = dp_rows(relaxed, list(members.values()))
         if last is not None and last[0] * rows / last[1] > (deadline - time.perf_counter()) / 2:
             break  # its pass would take most of the time left (passes scale with the DP's rows): solve the last
         level_start = time.perf_counter()

@@ -44,8 +44,11 @@ optimizer step (`evaluate`, ``objective="schedule"``), so `verify`:
    the walks stop once their bound is within `ENOUGH_GAP` of the candidates' own pace); its placements, realised on real cards, are more
    starts for the local search when they beat the candidates (at most `MAX_WALK_STARTS`).  Time: a
    quarter of `limit_s` for the bottleneck pass, up to `PACE_SHARE` in all with the pace
-   bound, the rest for the local search.  `limit_s` is a hard deadline: no DP pass, window start, annealing
-   move or search step starts past it, and a schedule pricing only where it is forecast to end by it
+   bound, the rest for the local search.  Last, once the answer is final and its gap is above 2%, a finer cut
+   of the count relaxation's kinds walks to T / 1.02 (`finer_walk.raise_bound`: its threshold prunes on that
+   target); where its forecast fits `finer_walk.FINER_SHARE` of `limit_s` that share is kept from the start
+   (the shares above are of the rest) and handed back once the pace walks leave the gap within 2%.
+   `limit_s` is a hard deadline: no DP pass, window start, annealing move or search step starts past it, and a schedule pricing only where it is forecast to end by it
    (`pricing.Pricer`), but the first pricing of a candidate that fits (the answer needs one).  Only for 1F1B: the split schedules (`Problem.schedule`) keep the
    bounds above.
 
@@ -76,6 +79,7 @@ from hetpipe.partitioner.problem import Evaluation, Problem, Stage, evaluate
 from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.solvers.cap_walk import DeadlineReached
 from hetpipe.partitioner.solvers.dp import CountDP, StateSpaceTooLarge, check_kinds_fit, least_bottleneck
+from hetpipe.partitioner.solvers.finer_walk import TARGET_GAP, raise_bound, reserve_s
 from hetpipe.partitioner.solvers.offload_walk import best_levers
 from hetpipe.partitioner.solvers.pace_prices import tighten
 from hetpipe.partitioner.solvers.pace_runs import RunDP, run_terms
@@ -345,6 +349,9 @@ def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stage
     """The fastest of `candidates` (and of the least-bottleneck placement) under the schedule, each
     locally improved (keeping `num_stages` stages when given), with `schedule_bound`."""
     start_s = time.perf_counter()
+    # the finer kind cut's walk runs last, on the final T (`finer_walk`); its share is kept where its forecast fits
+    kept_s = reserve_s(problem, stages=len(candidates[0]) if candidates else 0, limit_s=limit_s)
+    limit_s -= kept_s
     # the hard deadline: past it nothing starts, and a pricing only where it is forecast to end in time (`Pricer`),
     # but the first pricing of a candidate that fits (the answer needs one: `solve`'s allowance past its limit)
     pricer = Pricer(problem, deadline=start_s + max(limit_s, 0.0), price_fn=evaluate)
@@ -367,6 +374,8 @@ def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stage
     priced = price_in_order(pricer, starts, priced)  # a new pipeline length compiles its schedule once (seconds)
     starts = [c for c in starts if c in priced]  # past the deadline: those priced in time
     given_s = min((ev.iteration_s for ev in priced.values() if ev.fits), default=math.inf)
+    if kept_s and bound * (1.0 + TARGET_GAP) >= given_s:  # within the target: the searches get the kept time back
+        pricer.deadline, limit_s, kept_s = pricer.deadline + kept_s, limit_s + kept_s, 0.0
     now = time.perf_counter()
     # where the bound is within `ENOUGH_GAP` of the given answer no search pays (1,024 cards: 0.5%, and the
     # annealed placement's replay would compile a new pipeline length, seconds there)
@@ -383,6 +392,18 @@ def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stage
                 starts.append(extra)
                 walked += extra is not least
     limit_s = max(0.0, limit_s - (time.perf_counter() - start_s))
+    best, best_s, first_s = _searched(problem, starts, annealed, priced, num_stages, limit_s, pricer)
+    # the answer is final: the finer kind cut's walk to T / 1.02 in the kept time and what is left, if its forecast fits
+    bound = raise_bound(problem, best, iteration_s=best_s, bound_s=bound, step_s=first_step_floor(problem),
+                        deadline=pricer.deadline + kept_s)
+    return Verified(best, best_s, min(bound, best_s), best_s < first_s)
+
+
+def _searched(problem: Problem, starts: list[tuple[Stage, ...]], annealed: list[tuple[Stage, ...]],
+              priced: dict[tuple[Stage, ...], Evaluation], num_stages: int | None, limit_s: float,
+              pricer: Pricer) -> tuple[tuple[Stage, ...], float, float]:
+    """`_local_search` from each start and annealed placement that fits, `limit_s` shared among them: (the best
+    placement found, its T, the least T of the starts but the annealed ones)."""
     best, best_s, first_s = None, math.inf, math.inf
     for start in starts + annealed:
         ev = priced[start]
@@ -395,7 +416,7 @@ def verify(problem: Problem, candidates: Sequence[Sequence[Stage]], *, num_stage
             best, best_s = found, found_s
     if best is None:
         raise ValueError("verify needs at least one candidate placement that fits")
-    return Verified(best, best_s, min(bound, best_s), best_s < first_s)
+    return best, best_s, first_s
 
 
 def _annealed(problem: Problem, starts: list[tuple[Stage, ...]], priced: dict[tuple[Stage, ...], Evaluation],
