@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ("planner_speed", "planner_scale", "limit_trace", "planner_anneal", "pace_relaxation", "pace_windows", "plan_quality", "capture_7b", "simulator", "demo_run", "simulator_fidelity",
+ORDER = ("planner_speed", "planner_scale", "limit_trace", "planner_anneal", "pace_relaxation", "pace_windows", "finer_walk", "plan_quality", "capture_7b", "simulator", "demo_run", "simulator_fidelity",
          "objective_history", "objective", "runtime_emulated", "runtime_vs_torch", "replicas", "model_zoo", "memory_levers",
          "memory_tightness", "memory_tightness_brute", "selective_recompute", "selective_emulated", "recompute_emulated", "offload_emulated", "sharding", "checkpoint", "faults", "tensor_parallel",
          "tp_emulated", "tp_cpsat", "cpu_truth", "gpu_check", "cpu_link", "cpu_link_cache", "cpu_link_cuts", "schedules", "interleaved")
