@@ -19,7 +19,8 @@ counted by `hetpipe.cost_models.flops.CostCounter` on meta): seconds per forward
 
 Example:
     >>> rates = (("matmul:4096", 5e10),)
-    >>> 0 < measure_forward_op_s(rates, fp32_flops_s=5e10, bandwidth_bytes_s=1e10, repeats=1) < 1e-3
+    >>> op_s = measure_forward_op_s(rates, fp32_flops_s=5e10, bandwidth_bytes_s=1e10, repeats=1)
+    >>> op_s is None or op_s > 0  # seconds per op (None: not measurable beside the work, e.g. under load)
     True
 """
 
