@@ -126,19 +126,6 @@ def from_wire(buf: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return buf.view(torch.bool) if dtype == torch.bool else buf
 
 
-def isend_all(tensors: Sequence[torch.Tensor], *, dst: int, kind: int, microbatch: int,
-              first_index: int = 0) -> list[dist.Work]:
-    """Post one isend per tensor with consecutive tags starting at ``first_index``."""
-    return [dist.isend(t, dst, tag=message_tag(kind, microbatch=microbatch, index=first_index + i))
-            for i, t in enumerate(tensors)]
-
-
-def irecv_all(buffers: Sequence[torch.Tensor], *, src: int, kind: int, microbatch: int,
-              first_index: int = 0) -> list[dist.Work]:
-    return [dist.irecv(b, src, tag=message_tag(kind, microbatch=microbatch, index=first_index + i))
-            for i, b in enumerate(buffers)]
-
-
 def _aligned(num_bytes: int) -> int:
     return -(-num_bytes // ALIGN_BYTES) * ALIGN_BYTES
 
@@ -219,6 +206,28 @@ def wait_work(work: dist.Work, *, timeout_s: float, gloo: bool,
         raise RuntimeFailure(describe(True, "no completion"))
 
 
+def post_work(start: Callable[[], Any], *, describe: Callable[[bool, str], str]) -> Any:
+    """``start()`` -- an isend or irecv -- whose ``RuntimeError`` becomes ``RuntimeFailure(describe(False, detail))``.
+
+    A peer that is already gone makes gloo raise when the message is posted (the pair is
+    closed), before any wait; the user then reads which message and which peer, not a bare
+    backend error labelled as a bug.
+
+    Example:
+        >>> def closed(): raise RuntimeError("[/gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:6581")
+        >>> post_work(closed, describe=lambda t, d: f"failed waiting on 0RECV_F1 ({d})")
+        Traceback (most recent call last):
+        ...
+        hetpipe.errors.RuntimeFailure: failed waiting on 0RECV_F1 (Connection closed by peer [127.0.0.1]:6581)
+    """
+    try:
+        return start()
+    except RuntimeError as err:
+        text = str(err).strip()
+        raise RuntimeFailure(describe(False, _strip_source(text.splitlines()[0]) if text else
+                                      type(err).__name__)) from err
+
+
 def _poll(work: dist.Work, *, deadline: float) -> None:
     pause = _POLL_S[0]
     while not work.is_completed():
@@ -297,14 +306,22 @@ class StageComm:
         self.sends: list[Pending] = []
         self.recvs_done = 0
 
-    def wait(self, work: Any, what: str, ask: str) -> None:
-        """Bounded wait; ``what`` reads like "1RECV_B3 from rank 2", ``ask`` like "is rank 2 alive?"."""
+    def describe(self, what: str, ask: str) -> Callable[[bool, str], str]:
+        """The failure message of a wait on ``what`` (see `wait`), given (timed out, backend detail)."""
         def describe(timed_out: bool, detail: str) -> str:
             if timed_out:
                 return (f"{self.where} timed out after {self.timeout_s:.1f} s waiting on {what}; {ask} "
                         "(if it is only slow, raise timeout_s)")
             return f"{self.where} failed waiting on {what} ({detail}); {ask} check its log for the first error"
-        wait_work(work, timeout_s=self.timeout_s, gloo=self.gloo, describe=describe)
+        return describe
+
+    def wait(self, work: Any, what: str, ask: str) -> None:
+        """Bounded wait; ``what`` reads like "1RECV_B3 from rank 2", ``ask`` like "is rank 2 alive?"."""
+        wait_work(work, timeout_s=self.timeout_s, gloo=self.gloo, describe=self.describe(what, ask))
+
+    def post(self, start: Callable[[], Any], what: str, ask: str) -> Any:
+        """``start()`` (an isend or irecv), its failure named like a failed wait (see `post_work`)."""
+        return post_work(start, describe=self.describe(what, ask))
 
     def peer(self, action: Action) -> int:
         step = -1 if action.op in (Op.RECV_F, Op.SEND_B) else 1
@@ -327,7 +344,9 @@ class StageComm:
             if s.out_cut is not None:
                 mine = torch.tensor([s.out_cut.fingerprint(), microbatches, s.num_stages], device=self.header_device)
                 dst = self.stage_ranks[s.stage + 1]
-                works.append((dist.isend(mine, dst, tag=HANDSHAKE_TAG + s.out_cut.index // self.ranks), dst))
+                tag = HANDSHAKE_TAG + s.out_cut.index // self.ranks
+                works.append((self.post(lambda: dist.isend(mine, dst, tag=tag), "the start-up handshake",
+                                        f"is rank {dst} alive?"), dst))
         for s in self.chunks.values():
             if s.in_cut is not None:
                 self._handshake_from(s, microbatches)
@@ -338,8 +357,8 @@ class StageComm:
         prev = self.stage_ranks[s.stage - 1]
         theirs = torch.zeros(3, dtype=torch.int64, device=self.header_device)
         tag = HANDSHAKE_TAG + s.in_cut.index // self.ranks
-        self.wait(dist.irecv(theirs, prev, tag=tag), f"the start-up handshake from rank {prev}",
-                  f"is rank {prev} alive?")
+        what, ask = f"the start-up handshake from rank {prev}", f"is rank {prev} alive?"
+        self.wait(self.post(lambda: dist.irecv(theirs, prev, tag=tag), what, ask), what, ask)
         got, expected = theirs.cpu().tolist(), [s.in_cut.fingerprint(), microbatches, s.num_stages]
         if got != expected:
             raise RuntimeFailure(
@@ -355,7 +374,9 @@ class StageComm:
         kind, specs, cut = self.message_specs(action)
         src, mb = self.peer(action), action.microbatch
         frame = torch.empty(frame_layout(specs)[1], dtype=torch.uint8, device=self.stage.device)
-        works = [dist.irecv(frame, src, tag=self.tag(kind, mb, cut))]
+        tag = self.tag(kind, mb, cut)
+        works = [self.post(lambda: dist.irecv(frame, src, tag=tag), f"{action} from rank {src}",
+                           f"is rank {src} alive?")]
         self.recvs[action] = Pending(action, src, specs, frame, works)
         self.posted.add(action)
         self._on_bytes(action, sum(t.num_bytes for t in specs))
@@ -406,7 +427,8 @@ class StageComm:
         header = encode_header(stage=action.stage, kind=kind, microbatch=mb, arrive_ns=arrive_ns,
                                tensors=tensors)
         frame = pack_frame(header, tensors, specs, device=self.stage.device)
-        work = dist.isend(frame, dst, tag=self.tag(kind, mb, cut))
+        tag = self.tag(kind, mb, cut)
+        work = self.post(lambda: dist.isend(frame, dst, tag=tag), f"{action} to rank {dst}", f"is rank {dst} alive?")
         if problem:  # tell the receiver the truth (the header), then stop: the data would be misread
             self.wait(work, f"{action} to rank {dst}", f"is rank {dst} alive?")
             raise RuntimeFailure(f"{self.where}: {action}: micro-batch {mb}, {problem}; the stage produced another "
