@@ -25,12 +25,13 @@ import torch.distributed as dist
 from torch import nn
 
 from hetpipe.runtime.stage.offload import HostOffloadOptimizer
-from hetpipe.errors import ConfigError, PlanError
+from hetpipe.errors import ConfigError, HetpipeError, PlanError
 from hetpipe.models import loss_fn, resolve, takes_size
 from hetpipe.partitioner.capture.capture import capture
 from hetpipe.plan.schema import Plan, verify_model
 from hetpipe.plan.selective_schema import dropped_nodes
 from hetpipe.runtime.data import import_object
+from hetpipe.runtime.execute.comm import peer_lost
 from hetpipe.runtime.report import ActionRecord, RankTimeline
 
 # Default learning rates: Adam's paper default (Kingma & Ba 2015) and a common SGD one.
@@ -297,3 +298,24 @@ def message_fields(hooks: Any, plan_stage: int) -> dict[str, Any]:
                                                                   a.end_s - a.start_s) for a in step),
                                origin_s=step[0].start_s) for step in kept if step)
     return dict(message_steps=steps, message_steps_from=log.steps_seen - len(kept))
+
+
+def error_message(err: BaseException, state: RankState) -> str:
+    """The ``error:`` line of a rank's failure: a `HetpipeError` as it is, a dead peer's broken socket by name
+    (`hetpipe.runtime.execute.comm.peer_lost`), anything else as a bug with the rank, phase and action.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> state = SimpleNamespace(rank=1, stage=1, phase="step 1", hooks=SimpleNamespace(current="1RECV_F2"))
+        >>> error_message(RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:6581"), state)[:76]
+        'rank 1 (stage 1) failed waiting on a peer during step 1 at 1RECV_F2 (Connect'
+    """
+    if isinstance(err, HetpipeError):
+        return str(err)
+    at = getattr(state.hooks, "current", "") if state.phase.startswith("step") else ""
+    where = f"rank {state.rank} (stage {state.stage})"
+    if (lost := peer_lost(err)) is not None:  # a collective or message a dead peer's socket broke (comm.PEER_LOST)
+        return (f"{where} failed waiting on a peer during {state.phase}{f' at {at}' if at else ''} ({lost}); a peer "
+                "process ended: check the other ranks' logs for the first error")
+    return (f"{where} failed during {state.phase}{f' at {at}' if at else ''}: {type(err).__name__}: {err}; this is "
+            "a bug unless the model itself raised it -- see the traceback in the log")

@@ -55,6 +55,7 @@ from hetpipe.errors import ConfigError, HetpipeError
 from hetpipe.plan.group_run import has_groups, rank_slots
 from hetpipe.plan.schema import Plan
 from hetpipe.runtime.execute import heartbeat
+from hetpipe.runtime.execute.comm import peer_lost
 from hetpipe.runtime.execute.options import ReplicaWiring
 from hetpipe.runtime.tp_ranks import slot_for
 from hetpipe.runtime.tp_run import member_predicted, save_grouped, setup_groups
@@ -71,6 +72,7 @@ from hetpipe.runtime.data import data_stream, split_microbatches
 from hetpipe.runtime.emulate.pipeline import RecordingHooks
 from hetpipe.runtime.emulate.replicas import SwitchHooks, emulate_replicas
 from hetpipe.runtime.rank import (
+    error_message,
     CALIBRATION_PASSES,
     RankState,
     barrier,
@@ -460,15 +462,6 @@ def train(args: argparse.Namespace, state: RankState) -> RankResult:
     return _run_steps(args, state, loop, plan=plan, backend=backend, watch=state.watch)
 
 
-def _error_message(err: BaseException, state: RankState) -> str:
-    if isinstance(err, HetpipeError):
-        return str(err)
-    at = getattr(state.hooks, "current", "") if state.phase.startswith("step") else ""
-    return (f"rank {state.rank} (stage {state.stage}) failed during {state.phase}{f' at {at}' if at else ''}: "
-            f"{type(err).__name__}: {err}; this is a bug unless the model itself raised it -- see the traceback "
-            "in the log")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one rank; exit 0 on success, 1 after writing ``error-rank<r>.json``."""
     rank = int(os.environ.get("RANK", "0"))
@@ -480,13 +473,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = train(args, state)
     except BaseException as err:  # noqa: BLE001 - every failure must reach the error file
-        message = _error_message(err, state)
+        message = error_message(err, state)
         if getattr(state, "watch", None) is not None:  # a timeout under an injected link cut names the link
             message = state.watch.explain(message)
         if not isinstance(err, HetpipeError):
             traceback.print_exc()
         action = str(getattr(state.hooks, "current", "")) if state.phase.startswith("step") else state.phase
-        write_error(args.run_dir, RankError(rank, state.stage, action, message, type(err).__name__, time.time()))
+        kind = "RuntimeFailure" if peer_lost(err) is not None else type(err).__name__
+        write_error(args.run_dir, RankError(rank, state.stage, action, message, kind, time.time()))
         log.error("%s", message)
         sys.stderr.flush()
         # The process group may be wedged (a dead peer): exit without tearing it down.

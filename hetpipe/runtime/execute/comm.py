@@ -228,6 +228,26 @@ def post_work(start: Callable[[], Any], *, describe: Callable[[bool, str], str])
                                       type(err).__name__)) from err
 
 
+#: gloo's words when the other end of a pair is gone (gloo/transport/tcp/pair.cc): the peer's process ended, so
+#: the rank that raised is a consequence of another's failure, not a bug of its own.
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def peer_lost(err: BaseException) -> str | None:
+    """gloo's first line, source prefix dropped, if ``err`` says a peer's connection closed; else None.
+
+    Example:
+        >>> peer_lost(RuntimeError("[/gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:6581"))
+        'Connection closed by peer [127.0.0.1]:6581'
+        >>> peer_lost(ValueError("Connection closed by peer")) is None
+        True
+    """
+    text = str(err).strip()
+    if not isinstance(err, RuntimeError) or not any(words in text for words in PEER_LOST):
+        return None
+    return _strip_source(text.splitlines()[0])
+
+
 def _poll(work: dist.Work, *, deadline: float) -> None:
     pause = _POLL_S[0]
     while not work.is_completed():
