@@ -83,7 +83,7 @@ from hetpipe.partitioner.solvers.finer_walk import TARGET_GAP, raise_bound, rese
 from hetpipe.partitioner.solvers.offload_walk import best_levers
 from hetpipe.partitioner.solvers.pace_prices import tighten
 from hetpipe.partitioner.solvers.pace_runs import RunDP, run_terms
-from hetpipe.partitioner.solvers.pace_search import RESTART_STAGES, FastPace, anneal_chains, applies
+from hetpipe.partitioner.solvers.pace_search import RESTART_STAGES, FastPace, anneal_passes, applies
 from hetpipe.partitioner.solvers.pace_windows import widen
 from hetpipe.partitioner.solvers.pricing import Pricer, price_in_order
 from hetpipe.partitioner.solvers.relax import pace_relaxation, realised
@@ -440,7 +440,7 @@ def _annealed(problem: Problem, starts: list[tuple[Stage, ...]], priced: dict[tu
     chains = chains[:ANNEAL_CHAINS if len(chains[0]) >= RESTART_STAGES else 1]  # short: one chain, as it stops early
     if pricer is not None:
         deadline = min(deadline, pricer.deadline - pricer.forecast_s(chains[0], new=True))
-    found = anneal_chains(plain, chains, deadline=deadline, floor_s=floor_s)
+    found = anneal_passes(plain, chains, deadline=deadline, floor_s=floor_s)
     if found in priced or (pricer is not None and not pricer.fits(found)):
         return []
     priced[found] = ev = pricer.price(found) if pricer is not None else evaluate(problem, found, objective="schedule")
