@@ -166,19 +166,19 @@ def _ladder(prob, count: int) -> list[tuple[Stage, ...]]:
 
 def test_anneal_passes_start_only_where_their_forecast_fits(monkeypatch) -> None:
     """Passes of one (fake) second, each with a new best, and a deadline of 3.5 s: three passes (the third starts
-    at 2 s, forecast to end at 3 s), the later ones from the best so far and the two starts, seeded apart; the best
+    at 2 s, forecast to end at 3 s), the later ones from the best so far alone, seeded apart; the best
     of them returned."""
     prob, first, second = _long_instance()
     answers = _ladder(prob, 5)
     clock, calls = _stub_passes(monkeypatch, answers)
     assert pace_search.anneal_passes(prob, [first, second], deadline=3.5, seed=5) == answers[2]
-    assert calls == [(5, 2), (8, 3), (11, 3)], calls
+    assert calls == [(5, 2), (8, 1), (11, 1)], calls
     assert clock.now_s == 3.0
 
 
 def test_anneal_passes_stop_without_a_new_best_or_at_the_floor(monkeypatch) -> None:
-    """A pass without a new best ends the passes (two calls); a first pass within `RESTART_GAP` of the floor, or
-    without the time for another, ends them at once."""
+    """A pass without a new best ends the passes; a first pass within `RESTART_GAP` of the floor, without the time
+    for another, or shorter than `RESTART_STAGES` stages, ends them at once."""
     prob, first, second = _long_instance()
     answers = _ladder(prob, 2)
     _, calls = _stub_passes(monkeypatch, answers)
@@ -190,6 +190,10 @@ def test_anneal_passes_stop_without_a_new_best_or_at_the_floor(monkeypatch) -> N
     assert len(calls) == 1
     _, calls = _stub_passes(monkeypatch, answers)
     assert pace_search.anneal_passes(prob, [first, second], deadline=1.5) == answers[0]
+    assert len(calls) == 1
+    short = tuple(Stage(d, 2 * d, 2 * d + 1) for d in range(10))  # under `RESTART_STAGES` stages: one pass
+    _, calls = _stub_passes(monkeypatch, [short])
+    assert pace_search.anneal_passes(prob, [first, second], deadline=100.0) == short
     assert len(calls) == 1
 
 

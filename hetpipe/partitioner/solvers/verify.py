@@ -6,8 +6,8 @@ optimizer step (`evaluate`, ``objective="schedule"``), so `verify`:
 
 1. prices each candidate placement the solvers found with the schedule, and from 16 cards the placement of
    least windowed pace among `window_starts.starts` (least window cap over node orders: `_window_start`);
-2. anneals the `ANNEAL_CHAINS` best on the windowed pace (`pace_search.anneal_chains`, `ANNEAL_SHARE` of the time
-   the walks leave: its moves reach across the pipeline, its pricing costs a fraction of a replay), then
+2. anneals the `ANNEAL_CHAINS` best on the windowed pace (`pace_search.anneal_passes`, `ANNEAL_SHARE` of the time
+   the walks leave, more passes as it allows: its moves reach across the pipeline, its pricing costs a fraction of a replay), then
    improves the best by a local search under the schedule itself (`_neighbours`: move a cut,
    swap or merge two neighbouring stages, move a stage to an unused card or split it onto one;
    the recompute choice re-derived each time), first improvement, while it gets faster and
@@ -422,7 +422,7 @@ def _searched(problem: Problem, starts: list[tuple[Stage, ...]], annealed: list[
 def _annealed(problem: Problem, starts: list[tuple[Stage, ...]], priced: dict[tuple[Stage, ...], Evaluation],
               num_stages: int | None, deadline: float, floor_s: float,
               pricer: Pricer | None = None) -> list[tuple[Stage, ...]]:
-    """`pace_search.anneal_chains` until `deadline` from the `ANNEAL_CHAINS` distinct starts of least windowed pace
+    """`pace_search.anneal_passes` until `deadline` from the `ANNEAL_CHAINS` distinct starts of least windowed pace
     that fit (the given candidates, the walks' placements and `_window_start`: no replay needed to choose): [its placement] (priced into `priced`)
     when it is new and fits, else []; nothing where the pace search does not apply (levers, groups, split
     schedules; under `auto` it anneals the plain view, `_plain_view`) or the stage count is fixed; `floor_s` (the bound less the least step) ends it early.
