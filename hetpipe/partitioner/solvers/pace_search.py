@@ -358,7 +358,7 @@ def anneal_passes(problem: Problem, starts: Sequence[Sequence[Stage]], *, deadli
     rounds), seeded `seed` + i (len(`starts`) + 1).  So a longer time limit anneals more where the gap is large, and
     with time to spare the answer is a function of the seed and starts; a pass cut by the deadline keeps what it
     found.  gpt2-xl on 64 cards from the two starts `verify` anneals (replayed T, twelve seeds, CPU seconds:
-    `benchmarks/finer_walk.py --seeds`): the first pass 3.253-3.294 s; 2-3 passes (3.5-5.6 s) 3.253 s in all twelve.
+    `benchmarks/results/finer_walk.md`, load 2.8): the first pass 3.253-3.299 s; 2-3 passes (3.6-5.7 s) 3.253 s in all twelve.
     Passes from the best and the starts (three chains of a third of the rounds each) left 2-3 of the twelve in a
     basin at 3.267 s.  The least pace over all passes (the earlier pass's on a tie)."""
     if not applies(problem):
@@ -375,7 +375,7 @@ def anneal_passes(problem: Problem, starts: Sequence[Sequence[Stage]], *, deadli
         improved = pace.value(found) < best_v * (1 - 1e-12)
         if improved:
             best, best_v = found, pace.value(found)
-    log.info("annealing: %d passes, pace %.4f s (floor %.4f s)", passes, best_v, floor_s)
+    log.info("annealing passes: %d, pace %.4f s (floor %.4f s)", passes, best_v, floor_s)
     return best
 
 
