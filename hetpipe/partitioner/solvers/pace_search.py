@@ -358,9 +358,10 @@ def anneal_passes(problem: Problem, starts: Sequence[Sequence[Stage]], *, deadli
     rounds), seeded `seed` + i (len(`starts`) + 1).  So a longer time limit anneals more where the gap is large, and
     with time to spare the answer is a function of the seed and starts; a pass cut by the deadline keeps what it
     found.  gpt2-xl on 64 cards from the two starts `verify` anneals (replayed T, twelve seeds, CPU seconds:
-    `benchmarks/results/finer_walk.md`, load 2.8): the first pass 3.253-3.299 s; 2-3 passes (3.6-5.7 s) 3.253 s in all twelve.
-    Passes from the best and the starts (three chains of a third of the rounds each) left 2-3 of the twelve in a
-    basin at 3.267 s.  The least pace over all passes (the earlier pass's on a tie)."""
+    `benchmarks/results/finer_walk.md`, load 3.1): the first pass 3.253-3.299 s; 2-3 passes (3.6-5.9 s) 3.253 s in all twelve.
+    Later passes from the best and the starts (three chains of a third of the rounds each; session 17, that variant
+    in this one's place) left 2-3 of the twelve in a basin at 3.267 s.  The least pace over all passes (the earlier
+    pass's on a tie)."""
     if not applies(problem):
         return tuple(starts[0])
     pace = FastPace(problem)
