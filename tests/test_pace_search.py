@@ -125,3 +125,89 @@ def test_anneal_is_a_function_of_its_seed_and_starts(monkeypatch) -> None:
     assert chained[0] == chained[1]
     assert evaluate(prob, chained[0]).fits
     assert pace.value(chained[0]) <= min(pace.value(first), pace.value(second)) * (1 + REL)
+
+
+class _PassClock:
+    """A clock only the stubbed `anneal_chains` moves, by `pass_s` a call (the annealing passes' forecast reads it)."""
+
+    def __init__(self, pass_s: float) -> None:
+        self.now_s, self.pass_s = 0.0, pass_s
+
+    def perf_counter(self) -> float:
+        return self.now_s
+
+
+def _stub_passes(monkeypatch, answers: list[tuple[Stage, ...]]) -> tuple[_PassClock, list[tuple[int, int]]]:
+    """`pace_search`'s clock replaced by a `_PassClock` of one second a pass, and `anneal_chains` by a stub that
+    returns `answers` in turn (the last one again once they run out); its calls recorded as (seed, chains)."""
+    clock, calls = _PassClock(1.0), []
+
+    def chains(problem, starts, *, deadline, seed=0, floor_s=0.0):
+        calls.append((seed, len(starts)))
+        clock.now_s += clock.pass_s
+        return answers[min(len(calls), len(answers)) - 1]
+
+    monkeypatch.setattr(pace_search, "time", clock)
+    monkeypatch.setattr(pace_search, "anneal_chains", chains)
+    return clock, calls
+
+
+def _ladder(prob, count: int) -> list[tuple[Stage, ...]]:
+    """`count` one-unit-a-stage pipelines of `prob` (a `_long_instance`) of strictly falling pace."""
+    rng, pace = random.Random(2), FastPace(prob)
+    found = {}
+    while len(found) < 4 * count:
+        order = rng.sample(range(prob.num_units), prob.num_units)
+        pipeline = tuple(Stage(d, i, i) for i, d in enumerate(order))
+        found[round(pace.value(pipeline), 9)] = pipeline
+    paces = sorted(found, reverse=True)
+    return [found[v] for v in paces[::len(paces) // count][:count]]
+
+
+def test_anneal_passes_start_only_where_their_forecast_fits(monkeypatch) -> None:
+    """Passes of one (fake) second, each with a new best, and a deadline of 3.5 s: three passes (the third starts
+    at 2 s, forecast to end at 3 s), the later ones from the best so far alone, seeded apart; the best
+    of them returned."""
+    prob, first, second = _long_instance()
+    answers = _ladder(prob, 5)
+    clock, calls = _stub_passes(monkeypatch, answers)
+    assert pace_search.anneal_passes(prob, [first, second], deadline=3.5, seed=5) == answers[2]
+    assert calls == [(5, 2), (8, 1), (11, 1)], calls
+    assert clock.now_s == 3.0
+
+
+def test_anneal_passes_stop_without_a_new_best_or_at_the_floor(monkeypatch) -> None:
+    """A pass without a new best ends the passes; a first pass within `RESTART_GAP` of the floor, without the time
+    for another, or shorter than `RESTART_STAGES` stages, ends them at once."""
+    prob, first, second = _long_instance()
+    answers = _ladder(prob, 2)
+    _, calls = _stub_passes(monkeypatch, answers)
+    assert pace_search.anneal_passes(prob, [first, second], deadline=100.0) == answers[1]
+    assert len(calls) == 3  # the second pass found a new best, the third none
+    _, calls = _stub_passes(monkeypatch, answers)
+    floor_s = FastPace(prob).value(answers[0])
+    assert pace_search.anneal_passes(prob, [first, second], deadline=100.0, floor_s=floor_s) == answers[0]
+    assert len(calls) == 1
+    _, calls = _stub_passes(monkeypatch, answers)
+    assert pace_search.anneal_passes(prob, [first, second], deadline=1.5) == answers[0]
+    assert len(calls) == 1
+    short = tuple(Stage(d, 2 * d, 2 * d + 1) for d in range(10))  # under `RESTART_STAGES` stages: one pass
+    _, calls = _stub_passes(monkeypatch, [short])
+    assert pace_search.anneal_passes(prob, [first, second], deadline=100.0) == short
+    assert len(calls) == 1
+
+
+def test_anneal_passes_are_a_function_of_their_seed_and_starts(monkeypatch) -> None:
+    """With time to spare the passes end by themselves (a pass without a new best): the same seed and starts give
+    the same placement, which fits and is no slower than the first pass's."""
+    monkeypatch.setattr(pace_search, "MAX_ROUNDS", 2)
+    monkeypatch.setattr(pace_search, "ROUND_MOVES", 200)
+    monkeypatch.setattr(pace_search, "ROUND_MOVES_PER_STAGE", 10)
+    prob, first, second = _long_instance()
+    pace = FastPace(prob)
+    runs = [pace_search.anneal_passes(prob, [first, second], deadline=time.perf_counter() + 600.0, seed=5)
+            for _ in range(2)]
+    assert runs[0] == runs[1]
+    assert evaluate(prob, runs[0]).fits
+    one = anneal_chains(prob, [first, second], deadline=time.perf_counter() + 600.0, seed=5)
+    assert pace.value(runs[0]) <= pace.value(one) * (1 + REL)

@@ -87,14 +87,14 @@ def _stub_searches(monkeypatch: pytest.MonkeyPatch, clock: PricingClock, *, wind
         clock.jump(deadline)
         return 0.0, []
 
-    def anneal_chains(problem: Problem, starts, *, deadline: float, floor_s: float) -> tuple[Stage, ...]:
+    def anneal_passes(problem: Problem, starts, *, deadline: float, floor_s: float) -> tuple[Stage, ...]:
         clock.jump(deadline)
         return ten
 
     monkeypatch.setattr(verify_module, "window_starts", window)
     monkeypatch.setattr(verify_module, "_bound_and_placement", bound)
     monkeypatch.setattr(verify_module, "pace_bound", pace)
-    monkeypatch.setattr(verify_module, "anneal_chains", anneal_chains)
+    monkeypatch.setattr(verify_module, "anneal_passes", anneal_passes)
     return built
 
 

@@ -104,7 +104,7 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from hetpipe.cost_models.cluster import load_cluster
     from hetpipe.plan.replica_count import parse_replicas, plan_replicas
-    from hetpipe.cli.tables import baseline_table, plan_table, replica_table
+    from hetpipe.cli.tables import baseline_table, gap_note, plan_table, replica_table
 
     replicas = parse_replicas(getattr(args, "replicas", "1"))
     cluster = load_cluster(args.cluster)
@@ -135,6 +135,9 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if plan.replicas:
         console.print(replica_table(plan))
     console.print(baseline_table(plan))
+    note = gap_note(plan.solver.objective_s, plan.solver.bound_s, plan.solver.time_limit_s)
+    if note:
+        console.print(note)
     for lo in plan.left_out:
         console.print(f"left out {lo.device}: {lo.reason}")
     console.print(f"wrote {args.output}")

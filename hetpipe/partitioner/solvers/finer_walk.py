@@ -21,6 +21,8 @@ the DP (a pass past it is abandoned), as `verify`'s other walks.
 Measured (`benchmarks/finer_walk.py`, planner_scale's gpt2-xl row on 64 cards, load 5.1-5.4): --time-limit 10 / 30
 / 60 s -> bound 3.108 / 3.192 / 3.198 s, gap 5.66 / 3.09 / 2.89% (T 3.294-3.293 s).  At 10 s the forecast does not fit
 (nothing changes); at 60 s the walk ends on the cut's own limit, 3.198 s, which certifies 2% only for T <= 3.262 s.
+Since the annealing runs in passes where time is left (`pace_search.anneal_passes`, session 17, load 2.4-2.7, two runs):
+30 and 60 s -> T 3.253 s, and the walk stops at its target in 16 passes (9.1-13.8 s): bound 3.190 s, gap 1.96%.
 
 Example (one kind: the node-free problem is the relaxation itself, no finer cut, the bound stays):
     >>> from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage

@@ -34,6 +34,7 @@ stages pace 2 x 3 + 7 x 3 = 27 s against one stage's 8 x 6 = 48 s):
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -45,6 +46,8 @@ import numpy as np
 from hetpipe.partitioner.problem import Problem, Stage, evaluate
 from hetpipe.partitioner.solvers.run_moves import run_rehomed, runs_swapped
 from hetpipe.partitioner.solvers.schedule_bound import round_trip_factor
+
+log = logging.getLogger(__name__)
 
 #: Moves of one annealing round (the temperature falls linearly from `START_TEMPERATURE` to 0 over them; the next
 #: round starts again from the best): at least this many, and `ROUND_MOVES_PER_STAGE` per stage of the start.
@@ -344,6 +347,37 @@ def anneal_chains(problem: Problem, starts: Sequence[Sequence[Stage]], *, deadli
             if not improved and (found_v <= floor_s * (1.0 + RESTART_GAP) or len(found) < RESTART_STAGES):
                 live.remove(i)
     return best[min(range(len(best)), key=best_v.__getitem__)]
+
+
+def anneal_passes(problem: Problem, starts: Sequence[Sequence[Stage]], *, deadline: float, seed: int = 0,
+                  floor_s: float = 0.0) -> tuple[Stage, ...]:
+    """`anneal_chains` from `starts` (the first pass), then more passes while each finds a new best, the best's pace is
+    above `floor_s` by more than `RESTART_GAP`, it has `RESTART_STAGES` stages or more (the suite's thousands of small
+    `solve` calls anneal once, as before), and another pass, forecast to take as long as the longest so far, ends
+    by `deadline` (`time.perf_counter()` seconds): pass i anneals from the best so far alone (one chain, all the
+    rounds), seeded `seed` + i (len(`starts`) + 1).  So a longer time limit anneals more where the gap is large, and
+    with time to spare the answer is a function of the seed and starts; a pass cut by the deadline keeps what it
+    found.  gpt2-xl on 64 cards from the two starts `verify` anneals (replayed T, twelve seeds, CPU seconds:
+    `benchmarks/results/finer_walk.md`, load 3.1): the first pass 3.253-3.299 s; 2-3 passes (3.6-5.9 s) 3.253 s in all twelve.
+    Later passes from the best and the starts (three chains of a third of the rounds each; session 17, that variant
+    in this one's place) left 2-3 of the twelve in a basin at 3.267 s.  The least pace over all passes (the earlier
+    pass's on a tie)."""
+    if not applies(problem):
+        return tuple(starts[0])
+    pace = FastPace(problem)
+    best, best_v, longest_s, passes, improved = tuple(starts[0]), math.inf, 0.0, 0, True
+    while passes == 0 or (improved and best_v > floor_s * (1.0 + RESTART_GAP) and len(best) >= RESTART_STAGES
+                          and time.perf_counter() + longest_s <= deadline):
+        began = time.perf_counter()
+        chains = list(starts) if passes == 0 else [best]
+        found = anneal_chains(problem, chains, deadline=deadline, seed=seed + passes * (len(starts) + 1),
+                              floor_s=floor_s)
+        longest_s, passes = max(longest_s, time.perf_counter() - began), passes + 1
+        improved = pace.value(found) < best_v * (1 - 1e-12)
+        if improved:
+            best, best_v = found, pace.value(found)
+    log.info("annealing passes: %d, pace %.4f s (floor %.4f s)", passes, best_v, floor_s)
+    return best
 
 
 def _round(problem: Problem, pace: FastPace, rng: random.Random, best: tuple[Stage, ...], best_v: float, *,

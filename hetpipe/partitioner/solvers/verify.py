@@ -6,8 +6,8 @@ optimizer step (`evaluate`, ``objective="schedule"``), so `verify`:
 
 1. prices each candidate placement the solvers found with the schedule, and from 16 cards the placement of
    least windowed pace among `window_starts.starts` (least window cap over node orders: `_window_start`);
-2. anneals the `ANNEAL_CHAINS` best on the windowed pace (`pace_search.anneal_chains`, `ANNEAL_SHARE` of the time
-   the walks leave: its moves reach across the pipeline, its pricing costs a fraction of a replay), then
+2. anneals the `ANNEAL_CHAINS` best on the windowed pace (`pace_search.anneal_passes`, `ANNEAL_SHARE` of the time
+   the walks leave, more passes as it allows: its moves reach across the pipeline, its pricing costs a fraction of a replay), then
    improves the best by a local search under the schedule itself (`_neighbours`: move a cut,
    swap or merge two neighbouring stages, move a stage to an unused card or split it onto one;
    the recompute choice re-derived each time), first improvement, while it gets faster and
@@ -83,7 +83,7 @@ from hetpipe.partitioner.solvers.finer_walk import TARGET_GAP, raise_bound, rese
 from hetpipe.partitioner.solvers.offload_walk import best_levers
 from hetpipe.partitioner.solvers.pace_prices import tighten
 from hetpipe.partitioner.solvers.pace_runs import RunDP, run_terms
-from hetpipe.partitioner.solvers.pace_search import RESTART_STAGES, FastPace, anneal_chains, applies
+from hetpipe.partitioner.solvers.pace_search import RESTART_STAGES, FastPace, anneal_passes, applies
 from hetpipe.partitioner.solvers.pace_windows import widen
 from hetpipe.partitioner.solvers.pricing import Pricer, price_in_order
 from hetpipe.partitioner.solvers.relax import pace_relaxation, realised
@@ -422,7 +422,7 @@ def _searched(problem: Problem, starts: list[tuple[Stage, ...]], annealed: list[
 def _annealed(problem: Problem, starts: list[tuple[Stage, ...]], priced: dict[tuple[Stage, ...], Evaluation],
               num_stages: int | None, deadline: float, floor_s: float,
               pricer: Pricer | None = None) -> list[tuple[Stage, ...]]:
-    """`pace_search.anneal_chains` until `deadline` from the `ANNEAL_CHAINS` distinct starts of least windowed pace
+    """`pace_search.anneal_passes` until `deadline` from the `ANNEAL_CHAINS` distinct starts of least windowed pace
     that fit (the given candidates, the walks' placements and `_window_start`: no replay needed to choose): [its placement] (priced into `priced`)
     when it is new and fits, else []; nothing where the pace search does not apply (levers, groups, split
     schedules; under `auto` it anneals the plain view, `_plain_view`) or the stage count is fixed; `floor_s` (the bound less the least step) ends it early.
@@ -440,7 +440,7 @@ def _annealed(problem: Problem, starts: list[tuple[Stage, ...]], priced: dict[tu
     chains = chains[:ANNEAL_CHAINS if len(chains[0]) >= RESTART_STAGES else 1]  # short: one chain, as it stops early
     if pricer is not None:
         deadline = min(deadline, pricer.deadline - pricer.forecast_s(chains[0], new=True))
-    found = anneal_chains(plain, chains, deadline=deadline, floor_s=floor_s)
+    found = anneal_passes(plain, chains, deadline=deadline, floor_s=floor_s)
     if found in priced or (pricer is not None and not pricer.fits(found)):
         return []
     priced[found] = ev = pricer.price(found) if pricer is not None else evaluate(problem, found, objective="schedule")
