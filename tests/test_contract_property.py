@@ -29,6 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hetpipe.cost_models.step_transient import NO_STEP_TRANSIENT, StepTransient
 from hetpipe.errors import InfeasibleError
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy, evaluate
 from hetpipe.partitioner.solvers.cpsat import solve_cpsat
@@ -71,10 +72,16 @@ def instances(draw: st.DrawFn) -> Problem:
     recompute = draw(st.sampled_from(("none", "auto", "all")))
     heavy = recompute != "none" and draw(st.booleans())  # activations that only recomputation fits
     if units >= 2 and draw(st.booleans()):
-        tied = (TiedCopy(0, (0, units - 1), draw(st.integers(1, 8))),)
+        tied = (TiedCopy(0, (0, units - 1), draw(st.integers(1, 8)), draw(st.integers(0, 4))),)
     state = tuple(draw(st.integers(1, 10)) for _ in range(units))
     cuts = tuple(draw(st.sampled_from((0, 0, 1, 4, 8))) for _ in range(units))  # 0-byte cuts often
+    # memory model 5: stepped bytes per unit (the largest tensor within them) and per kind a foreach (1 x all),
+    # per-tensor (3 x the largest) or no (SGD) step transient
+    stepped = tuple(draw(st.integers(0, s)) for s in state)
+    rules = {k: draw(st.sampled_from((StepTransient(1, 0), StepTransient(0, 3), NO_STEP_TRANSIENT))) for k in kinds}
     return Problem(
+        step_param_bytes=stepped, step_tensor_bytes=tuple(draw(st.integers(0, b)) for b in stepped),
+        step_transient=rules if draw(st.booleans()) else {},
         fwd_s={k: tuple(b * KIND_SPEED[k] for b in base) for k in kinds},
         bwd_s={k: tuple(2 * b * KIND_SPEED[k] for b in base) for k in kinds},
         state_bytes=state,
@@ -137,9 +144,17 @@ def contract_t(prob: Problem, stages: tuple[Stage, ...]) -> tuple[float, bool]:
                    + (again if c.backward else 0)
                    for c in stage_held_terms(p, s, m) if not c.backward or again > 0)
         mem = sum(prob.state_bytes[u] for u in held) - grads + peak
-        mem += sum(t.state_bytes for t in prob.tied
-                   if t.owner_unit not in held and any(u in held for u in t.user_units if u != t.owner_unit))
-        fits = fits and mem <= dev.usable_bytes
+        replicas = [t for t in prob.tied
+                    if t.owner_unit not in held and any(u in held for u in t.user_units if u != t.owner_unit)]
+        mem += sum(t.state_bytes for t in replicas)
+        # the optimizer step (memory model 5): state, gradients and its kind's transient, nothing else
+        rule = prob.step_transient.get(dev.kind, NO_STEP_TRANSIENT)
+        step_all = sum(prob.step_param_bytes[u] for u in held) if prob.step_param_bytes else 0
+        largest = max(prob.step_tensor_bytes[u] for u in held) if prob.step_tensor_bytes else 0
+        step = (sum(prob.state_bytes[u] for u in held) + sum(t.state_bytes for t in replicas)
+                + rule.list_multiple * (step_all + sum(t.step_bytes for t in replicas))
+                + rule.tensor_multiple * max([largest] + [t.step_bytes for t in replicas]))
+        fits = fits and max(mem, step) <= dev.usable_bytes
     return sum(work) + sum(comm2) + (m - 1) * max(work + comm2), fits
 
 

@@ -28,7 +28,7 @@ from typing import Sequence
 #:    plans of model 3 lack the tables (0) and price as 4 does.
 #: 5: the optimizer step's moment: parameters, gradients and optimizer state plus U_s, what the step
 #:    allocates at once (`hetpipe.cost_models.step_transient`: Adam's foreach 1 x the stepped parameter
-#:    bytes, its per-tensor loop 2 x the largest tensor); plans of models 3 and 4 lack the tables (0)
+#:    bytes, its per-tensor loop at most 3 x the largest tensor); plans of models 3 and 4 lack the tables (0)
 #:    and price as 5 does (`PRICED_AS_CURRENT`).
 MEMORY_MODEL = 5
 #: Plans of these memory models price every stage as `MEMORY_MODEL` does (their transient tables are 0).

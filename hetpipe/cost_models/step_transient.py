@@ -12,8 +12,10 @@ momentum, no weight decay for SGD, never ``maximize``, ``amsgrad`` or ``capturab
   ``_foreach_mul_`` in place): **1 x the stepped parameters' bytes** at once (an H200 measured
   1.00 x, benchmarks/results/gpu_check.md);
 * Adam / AdamW, the per-tensor loop (``_single_tensor_adam``): ``denom = (exp_avg_sq.sqrt() /
-  bias_correction2_sqrt).add_(eps)`` holds ``sqrt()``'s result and the division's at once, one
-  tensor at a time: **2 x the largest stepped tensor's bytes**;
+  bias_correction2_sqrt).add_(eps)`` holds ``sqrt()``'s result and the division's at once, and the
+  previous parameter's ``denom`` is still bound to the loop's variable until that assignment ends:
+  2 x the tensor stepped + the one before it, **at most 3 x the largest stepped tensor's bytes** (an
+  upper bound: gpt-tiny's CPU step measured 2 x 64 KiB + 1 KiB, tests/test_step_transient.py);
 * SGD and momentum SGD, either path (``sgd.py``): every op is in place (``buf.mul_().add_()``,
   ``p.add_``); the first step's momentum buffer is optimizer state, already in state_s: **0**.
 
@@ -28,7 +30,7 @@ Example (Adam on a card and on a CPU; 1,000 stepped bytes, the largest tensor 40
     >>> step_transient("adam", foreach=True).bytes(param_bytes=1000, tensor_bytes=400)
     1000
     >>> step_transient("adam", foreach=False).bytes(param_bytes=1000, tensor_bytes=400)
-    800
+    1200
     >>> step_transient("momentum", foreach=True)
     StepTransient(list_multiple=0, tensor_multiple=0)
 """
@@ -45,9 +47,9 @@ STEP_VALUE_BYTES = 4
 #: Per optimizer, the multi-tensor step's temporaries in multiples of the stepped parameter bytes
 #: (module docstring: Adam/AdamW ``_foreach_sqrt``'s list; SGD's ops are in place).
 FOREACH_MULTIPLE: dict[str, int] = {"sgd": 0, "momentum": 0, "adam": 1, "adamw": 1}
-#: Per optimizer, the per-tensor loop's temporaries in multiples of its largest stepped tensor
-#: (module docstring: Adam/AdamW ``sqrt()`` and the division held at once).
-LOOP_MULTIPLE: dict[str, int] = {"sgd": 0, "momentum": 0, "adam": 2, "adamw": 2}
+#: Per optimizer, the per-tensor loop's temporaries in multiples of its largest stepped tensor (module
+#: docstring: Adam/AdamW ``sqrt()`` and the division held at once, and the previous tensor's ``denom``).
+LOOP_MULTIPLE: dict[str, int] = {"sgd": 0, "momentum": 0, "adam": 3, "adamw": 3}
 
 #: The two paths a device's optimizer step takes, as a plan records them (`Plan.step_paths`).
 STEP_PATHS = ("foreach", "per-tensor")
@@ -82,7 +84,7 @@ def path_transient(optimizer: str, path: str) -> StepTransient:
 
     Example:
         >>> path_transient("adamw", "per-tensor")
-        StepTransient(list_multiple=0, tensor_multiple=2)
+        StepTransient(list_multiple=0, tensor_multiple=3)
     """
     if path not in STEP_PATHS:
         raise ConfigError(f"unknown optimizer step path {path!r}; use one of: {', '.join(STEP_PATHS)}")

@@ -48,8 +48,8 @@ def step_transient_records(rules: Mapping[str, StepTransient], paths: Mapping[st
     """The plan's `Plan.step_transient` of a problem's rules and each kind's path name, sorted by kind.
 
     Example:
-        >>> step_transient_records({"cpu": StepTransient(0, 2)}, {"cpu": "per-tensor"})
-        (KindStepTransient(kind='cpu', path='per-tensor', list_multiple=0, tensor_multiple=2),)
+        >>> step_transient_records({"cpu": StepTransient(0, 3)}, {"cpu": "per-tensor"})
+        (KindStepTransient(kind='cpu', path='per-tensor', list_multiple=0, tensor_multiple=3),)
     """
     return tuple(KindStepTransient(k, paths[k], r.list_multiple, r.tensor_multiple) for k, r in sorted(rules.items()))
 
