@@ -169,3 +169,15 @@ def test_a_model_4_plan_loads_and_checks_as_before(tmp_path) -> None:
     # the same stages under memory model 5 hold at least as much (the step's moment only adds)
     assert all(c.memory_bytes <= s.memory_bytes for c, s in zip(before.stages, plan.stages))
     assert math.isfinite(plan.predicted.iteration_s)
+
+
+def test_an_unfit_step_is_named_in_the_infeasible_message(graph) -> None:
+    """Where the step's moment is what does not fit, the message says so and what would help."""
+    from hetpipe.partitioner.solvers.infeasible import explain_infeasible
+
+    problem = build_problem(graph, cluster_from_dict(_one("rtx3090")), microbatches=1)
+    need = evaluate(problem, (Stage(0, 0, graph.num_units - 1),)).stages[0].memory_bytes
+    tight = dataclasses.replace(problem, devices=tuple(dataclasses.replace(d, usable_bytes=need - 1000)
+                                                       for d in problem.devices))
+    text = str(explain_infeasible(tight))
+    assert "at its optimizer step" in text and "1000 B missing" in text and "sgd/momentum" in text, text
