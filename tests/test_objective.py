@@ -90,7 +90,7 @@ def _plan() -> Plan:
 
 def test_plan_records_the_schedule_objective_and_check_rederives_it() -> None:
     plan = _plan()
-    assert plan.version == 4 and plan.objective == "schedule"
+    assert plan.version == 9 and plan.objective == "schedule"  # 4: the objective; 9: step tables
     assert all(st.step_s > 0 for st in plan.stages)  # every stage holds parameters: Adam steps them
     assert plan.predicted.iteration_s == pytest.approx(plan.predicted.simulated_iteration_s, rel=NOISE)
     assert plan.predicted.t_1f1b_estimate_s > 0 and plan.solver.objective_s == plan.predicted.iteration_s

@@ -75,10 +75,9 @@ class HeldCounts:
                 + self.weight_grads * weight_grad)
 
 
-def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_bytes: int, in_bytes: int,
-                         out_bytes: int, held: Sequence[HeldCounts], in_grad_bytes: int | None = None,
-                         out_grad_bytes: int | None = None, recompute_saved_bytes: int = 0,
-                         recompute_peak_bytes: int = 0, weight_grad_bytes: int = 0,
+def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_bytes: int, in_bytes: int, out_bytes: int,
+                         held: Sequence[HeldCounts], in_grad_bytes: int | None = None, out_grad_bytes: int | None = None,
+                         recompute_saved_bytes: int = 0, recompute_peak_bytes: int = 0, weight_grad_bytes: int = 0,
                          transient_bwd_bytes: int = 0, step_list_bytes: int = 0, step_tensor_bytes: int = 0) -> int:
     """Bytes a pipeline stage holds at its peak: M_s of the optimisation contract.
 
@@ -110,10 +109,8 @@ def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_by
       gradients of the log-probabilities and of the logits, 2 x logits bytes); the moments inside a
       backward count, plus ``peak_R + T_s``, when that sum is > 0 (an upper bound where the recomputed
       unit with the largest A_u is not the one with the largest transient);
-    * the optimizer step (memory model 5): the stage holds its state and gradients, no micro-batch and
-      no message (sends are waited for at the step), plus ``U_s = step_list_bytes + step_tensor_bytes``,
-      what the step allocates at once (`hetpipe.cost_models.step_transient`: the foreach path's list,
-      the per-tensor loop's temporaries of one tensor; 0 where the stage offloads: its step runs on the host).
+    * the optimizer step (memory model 5): state and gradients only (sends waited for), plus U_s =
+      ``step_list_bytes + step_tensor_bytes`` (`hetpipe.cost_models.step_transient`; 0 where it offloads).
 
     Example (a middle stage of 3 and the first, 4 micro-batches):
         >>> mid = (HeldCounts(1, 2, 1, 0, 1, 2), HeldCounts(1, 1, 2, 1, 0, 1))
@@ -125,12 +122,9 @@ def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_by
         ...                      out_bytes=10, held=first)          # 750 + max(250 + 330 + 40, 330 + 60)
         1370
         >>> last = (HeldCounts(0, 1), HeldCounts(1, 1, backward=1))  # the last stage: a forward, then its backward
-        >>> pipeline_stage_bytes(state_bytes=1000, grad_bytes=250, activation_bytes=100, in_bytes=10,
-        ...                      out_bytes=0, held=last, transient_bwd_bytes=64)  # 750 + 250 + 110 + 64
-        1174
-        >>> pipeline_stage_bytes(state_bytes=1000, grad_bytes=250, activation_bytes=100, in_bytes=10,
-        ...                      out_bytes=0, held=last, step_list_bytes=300)  # the step: 1000 + 300
-        1300
+        >>> kw = dict(state_bytes=1000, grad_bytes=250, activation_bytes=100, in_bytes=10, out_bytes=0, held=last)
+        >>> pipeline_stage_bytes(**kw, transient_bwd_bytes=64), pipeline_stage_bytes(**kw, step_list_bytes=300)
+        (1174, 1300)
     """
     in_grad = in_bytes if in_grad_bytes is None else in_grad_bytes
     out_grad = out_bytes if out_grad_bytes is None else out_grad_bytes
@@ -140,5 +134,4 @@ def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_by
     inside = recompute_peak_bytes + transient_bwd_bytes
     if inside > 0:  # inside a backward that recomputes or allocates transients
         peak = max([peak] + [c.bytes(**sizes) + inside for c in held if c.backward])
-    step = grad_bytes + step_list_bytes + step_tensor_bytes  # the step's moment (memory model 5)
-    return state_bytes - grad_bytes + max(peak, step)
+    return state_bytes - grad_bytes + max(peak, grad_bytes + step_list_bytes + step_tensor_bytes)  # and the step

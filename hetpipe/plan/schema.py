@@ -19,7 +19,7 @@ Example (a plan saved, loaded back unchanged, and rebuilt into the solver's prob
     >>> Plan.load(path) == plan
     True
     >>> plan.version, len(problem_from_plan(plan).devices), stages_from_plan(plan)[0].device
-    (4, 3, 1)
+    (9, 3, 1)
 """
 
 from __future__ import annotations
