@@ -181,3 +181,44 @@ def test_an_unfit_step_is_named_in_the_infeasible_message(graph) -> None:
                                                        for d in problem.devices))
     text = str(explain_infeasible(tight))
     assert "at its optimizer step" in text and "1000 B missing" in text and "sgd/momentum" in text, text
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["units"][0].update(step_tensor_bytes=d["units"][0]["step_param_bytes"] + 1), "step_tensor_bytes"),
+    (lambda d: d["step_transient"][0].update(path="fused"), "path is 'fused'"),
+    (lambda d: d["step_transient"][0].update(list_multiple=-1), "list_multiple"),
+])
+def test_an_edited_step_table_is_refused(tmp_path, edit, message) -> None:
+    """A step table no capture writes (a tensor larger than its unit's stepped bytes, an unknown path, a negative
+    multiple) is refused on load with the field named."""
+    from hetpipe.errors import PlanError
+    from hetpipe.plan.build import partition
+
+    model, inputs = build("mlp-tiny", device="meta", batch=2)
+    doc = partition(model, "examples/clusters/homelab.yaml", example_inputs=inputs, global_batch=4).to_dict()
+    edit(doc)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PlanError, match=message):
+        Plan.load(path)
+
+
+def test_check_model_compares_the_step_tables() -> None:
+    """`check --model`: a consistently edited step table (a smaller U_s) or another kind's path is named."""
+    from hetpipe.cost_models.cluster import load_cluster
+    from hetpipe.errors import PlanError
+    from hetpipe.plan.build import partition
+    from hetpipe.plan.tables import verify_tables
+
+    model, inputs = build("gpt-tiny", device="meta", batch=2)
+    plan = partition(model, "examples/clusters/homelab.yaml", example_inputs=inputs, global_batch=4)
+    graph, cluster = capture(model, inputs, name="gpt-tiny"), load_cluster("examples/clusters/homelab.yaml")
+    verify_tables(plan, graph, cluster=cluster)
+    smaller = dataclasses.replace(plan, units=(dataclasses.replace(plan.units[0], step_param_bytes=0,
+                                                                   step_tensor_bytes=0), *plan.units[1:]))
+    with pytest.raises(PlanError, match="step_param_bytes is 0"):
+        verify_tables(smaller, graph, cluster=cluster)
+    cpu_path = tuple(dataclasses.replace(r, path="per-tensor", list_multiple=0, tensor_multiple=3)
+                     for r in plan.step_transient)
+    with pytest.raises(PlanError, match="step_transient of kind"):
+        verify_tables(dataclasses.replace(plan, step_transient=cpu_path), graph, cluster=cluster)
