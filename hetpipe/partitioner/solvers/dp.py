@@ -175,7 +175,7 @@ class StageTables:
         self.act = act[hi_c] - act[lo] - held_out  # A_s (`problem.stage_activation_bytes`)
         self.transient = transient_band(problem, lo, hi_c)  # T_s, memory model 4
         self.step_params, self.step_largest = step_band(problem, lo, hi_c)  # U_s's tables, memory model 5
-        self.step_rules = problem.step_transient
+        self.step_rules, self._step_ok = problem.step_transient, {}  # class -> step_fits over the whole band
         # in/out cut bytes of a stage on [lo, hi): the cut before (none for the first) and after
         self.before = np.broadcast_to(np.where(lo > 0, bd[np.maximum(lo - 1, 0)], 0.0), self.valid.shape)
         self.after = bd[np.clip(hi_c - 1, 0, L - 1)]  # counted only if a stage follows
@@ -245,12 +245,14 @@ class StageTables:
 
     def step_fits(self, c: int, width: int) -> np.ndarray:
         """Memory model 5: the stage's step moment, state + U_s on kind(c) (`problem.stage_step_transient`), fits
-        class c's usable bytes (an offloading stage's step allocates on its host: `offload_band` prices it)."""
-        rule, sl = self.step_rules.get(self.classes[c].kind), np.s_[:, :width]
-        if rule is None:
-            return np.ones(self.state[sl].shape, dtype=bool)
-        held = self.state[sl] + rule.list_multiple * self.step_params[sl] + rule.tensor_multiple * self.step_largest[sl]
-        return held <= self.classes[c].usable_bytes
+        class c's usable bytes (an offloading stage's step allocates on its host: `offload_band` prices it);
+        worked out once per class over the whole band."""
+        if c not in self._step_ok:
+            rule = self.step_rules.get(self.classes[c].kind)
+            held = self.state if rule is None else (
+                self.state + rule.list_multiple * self.step_params + rule.tensor_multiple * self.step_largest)
+            self._step_ok[c] = held <= (self.classes[c].usable_bytes if rule is not None else np.inf)
+        return self._step_ok[c][:, :width]
 
     def gather(self, h: np.ndarray, width: int) -> np.ndarray:
         """h[lo + w + 1] as an (L+1, width) array (h indexed by the next stage's first unit)."""
