@@ -293,7 +293,8 @@ def assemble_plan(
         # recorded where a stage runs it: a plan without it is the plan of a problem without the level (its
         # version stays the least its content needs, and check re-derives every stage's choice from the tables)
         selective=selective if problem.selective is not None and level_used(problem, stages, baselines or {}) else None,
-        step_transient=step_transient_records(problem.step_transient, step_paths(cluster)),
+        step_transient=step_transient_records(problem.step_transient, step_paths(cluster)) if any(
+            problem.step_param_bytes) else (),  # version 9 where a unit has stepped bytes (a U_s to price)
     )  # version: the least its content needs (3: `memory_model` is a version-3 field, `PLAN_VERSION_MEMORY`)
 
 

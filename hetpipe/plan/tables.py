@@ -103,8 +103,8 @@ def _step_rule_mismatch(plan: Plan, cluster: Any) -> str | None:
     from hetpipe.plan.step_schema import step_paths, step_transient_records
     from hetpipe.cost_models.step_transient import path_transient
 
-    if plan.memory_model < STEP_MODEL:
-        return None
+    if plan.memory_model < STEP_MODEL or not any(u.step_param_bytes for u in plan.units):
+        return None  # no step tables recorded: the unit comparison says whether the model has some
     paths = {k: p for k, p in step_paths(cluster).items() if k in {d.kind for d in plan.devices}}
     derived = step_transient_records({k: path_transient(plan.training.optimizer, p) for k, p in paths.items()}, paths)
     for want in derived:
