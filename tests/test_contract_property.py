@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hetpipe.cost_models.step_transient import NO_STEP_TRANSIENT, StepTransient
+from hetpipe.cost_models.step_transient import NO_STEP_TRANSIENT
 from hetpipe.errors import InfeasibleError
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy, evaluate
 from hetpipe.partitioner.solvers.cpsat import solve_cpsat
@@ -44,7 +45,7 @@ from hetpipe.partitioner.solvers.verify import first_step_floor
 from hetpipe.schedule.builders import one_f_one_b
 from hetpipe.schedule.held import stage_held_terms
 from hetpipe.schedule.simulate import SimCosts, simulate
-from tests.instances import TEST_RATES, all_placements, recompute_choices
+from tests.instances import TEST_RATES, all_placements, recompute_choices, with_random_step_transients
 
 #: Relative tolerance between two float sums of the same terms in different orders.
 REL = 1e-9
@@ -72,16 +73,10 @@ def instances(draw: st.DrawFn) -> Problem:
     recompute = draw(st.sampled_from(("none", "auto", "all")))
     heavy = recompute != "none" and draw(st.booleans())  # activations that only recomputation fits
     if units >= 2 and draw(st.booleans()):
-        tied = (TiedCopy(0, (0, units - 1), draw(st.integers(1, 8)), draw(st.integers(0, 4))),)
+        tied = (TiedCopy(0, (0, units - 1), draw(st.integers(1, 8))),)
     state = tuple(draw(st.integers(1, 10)) for _ in range(units))
     cuts = tuple(draw(st.sampled_from((0, 0, 1, 4, 8))) for _ in range(units))  # 0-byte cuts often
-    # memory model 5: stepped bytes per unit (the largest tensor within them) and per kind a foreach (1 x all),
-    # per-tensor (3 x the largest) or no (SGD) step transient
-    stepped = tuple(draw(st.integers(0, s)) for s in state)
-    rules = {k: draw(st.sampled_from((StepTransient(1, 0), StepTransient(0, 3), NO_STEP_TRANSIENT))) for k in kinds}
-    return Problem(
-        step_param_bytes=stepped, step_tensor_bytes=tuple(draw(st.integers(0, b)) for b in stepped),
-        step_transient=rules if draw(st.booleans()) else {},
+    return with_step_transients(Problem(
         fwd_s={k: tuple(b * KIND_SPEED[k] for b in base) for k in kinds},
         bwd_s={k: tuple(2 * b * KIND_SPEED[k] for b in base) for k in kinds},
         state_bytes=state,
@@ -94,7 +89,16 @@ def instances(draw: st.DrawFn) -> Problem:
         boundary_grad_bytes=tuple(draw(st.integers(0, b)) for b in cuts),  # its gradient message
         # memory model 4: a backward's transient, often none, sometimes one that binds (a loss's 2 x logits)
         transient_bwd_bytes=tuple(draw(st.sampled_from((0, 0, 0, 2, 12))) for _ in range(units)),
-        objective="estimate")  # the surrogate the DP, CP-SAT and the relaxation solve exactly
+        objective="estimate"))  # the surrogate the DP, CP-SAT and the relaxation solve exactly
+
+
+def with_step_transients(prob: Problem) -> Problem:
+    """`prob` with memory model 5's optimizer step transient (`instances.with_random_step_transients`: often none,
+    else stepped bytes within each unit's gradients, a tied replica's, per kind foreach, per-tensor or SGD's),
+    from a generator seeded by the drawn instance, not by hypothesis: the seeds' instances stay as they were."""
+    seed = repr((prob.state_bytes, prob.grad_bytes, prob.activation_bytes, prob.boundary_bytes, prob.microbatches,
+                 [(d.kind, d.usable_bytes) for d in prob.devices]))
+    return with_random_step_transients(random.Random(seed), prob)
 
 
 @st.composite
