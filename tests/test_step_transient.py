@@ -222,3 +222,42 @@ def test_check_model_compares_the_step_tables() -> None:
                      for r in plan.step_transient)
     with pytest.raises(PlanError, match="step_transient of kind"):
         verify_tables(dataclasses.replace(plan, step_transient=cpu_path), graph, cluster=cluster)
+
+
+def test_an_interleaved_rank_steps_all_its_chunks_at_once() -> None:
+    """One optimizer over a rank's chunks (`runtime.interleaved_run`): the foreach list over every chunk's
+    parameters (a sum), the per-tensor loop's largest tensor over them (a max)."""
+    from hetpipe.cost_models.chunk_memory import ChunkTerms, pipeline_rank_bytes
+    from hetpipe.cost_models.stage_memory import HeldCounts
+
+    held = ((HeldCounts(1, 0), HeldCounts(1, 0)),)  # the step's moment alone: no micro-batch on either chunk
+    a = ChunkTerms(state_bytes=1000, grad_bytes=250, activation_bytes=0, in_bytes=0, out_bytes=0)
+    b = ChunkTerms(state_bytes=600, grad_bytes=150, activation_bytes=0, in_bytes=0, out_bytes=0)
+    assert pipeline_rank_bytes((a, b), held) == 1600
+    foreach = (dataclasses.replace(a, step_list_bytes=250), dataclasses.replace(b, step_list_bytes=150))
+    assert pipeline_rank_bytes(foreach, held) == 1600 + 250 + 150
+    loop = (dataclasses.replace(a, step_tensor_bytes=90), dataclasses.replace(b, step_tensor_bytes=120))
+    assert pipeline_rank_bytes(loop, held) == 1600 + 120
+
+
+def test_a_tensor_parallel_member_steps_its_share() -> None:
+    """A group member's step moment: its share of the split stepped bytes and every replicated one (foreach), its
+    kind's rule; the other member, on a per-tensor kind, its largest tensor whole (a bound)."""
+    from types import SimpleNamespace as NS
+
+    from hetpipe.partitioner.tp_tables import BlockSplit, StagePosition, UnitSplit, group_stage
+
+    blk = BlockSplit(parts=4, fwd_flops=10, allreduce_bytes=1000, activation_bytes=8)
+    tables = NS(fwd_s={"a": (1.0,), "b": (1.0,)}, bwd_s={"a": (2.0,), "b": (2.0,)},
+                tensor_parallel=(UnitSplit(30, 1.0, 1.0, (blk,)),),
+                devices=(NS(kind="a", usable_bytes=10**6), NS(kind="b", usable_bytes=10**6)),
+                bandwidth_bytes_s=((0.0, 1e6), (1e6, 0.0)), latency_s=((0.0, 0.0), (0.0, 0.0)),
+                state_bytes=(400,), activation_bytes=(8,), grad_bytes=(100,), step_s={}, step_launch_s={},
+                step_param_bytes=(100,), step_tensor_bytes=(60,),
+                step_transient={"a": StepTransient(1, 0), "b": StepTransient(0, 3)})
+    pos = StagePosition(0, True, 1, 0, 0, 0, 0, 8, step_bytes=(100, 60))
+    plain = group_stage(NS(**{**vars(tables), "step_transient": {}}), first=0, last=0, members=(0, 1), position=pos)
+    g = group_stage(tables, first=0, last=0, members=(0, 1), position=pos)
+    assert g.shares == (0.5, 0.5)  # each holds 2 of 4 parts: 200 bytes of state, 50 stepped
+    assert g.memory_bytes == (max(plain.memory_bytes[0], 200 + 50), max(plain.memory_bytes[1], 200 + 3 * 60))
+    assert g.memory_bytes[1] > plain.memory_bytes[1]
