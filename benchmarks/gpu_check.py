@@ -14,8 +14,8 @@ checks run in one process on that GPU:
    bytes (`hetpipe.runtime.execute.held.HeldBytes`: parameters, gradients, optimizer state,
    saved activations) next to ``torch.cuda.max_memory_allocated()`` over the same step
    (the allocator's view: it adds temporaries, workspaces and rounding) and next to the
-   cost model's prediction for that stage: the ledger against M_s less its backward transients,
-   the allocator against M_s (memory model 4: the loss's 2 x logits in).  On a CPU the
+   cost model's prediction for that stage: the ledger against M_s less its backward and step transients,
+   the allocator against M_s (memory model 5: the loss's 2 x logits and the optimizer step's list in).  On a CPU the
    allocator's figure is the step's live storages, counted (`capture.transients.BackwardPeak`).
 3. **Calibration.**  `calibrate_device` measures matmul FLOP/s (bf16 and fp32) and copy
    bandwidth; the cost model, given exactly those figures, predicts the stage's forward
@@ -221,8 +221,9 @@ def check_memory_and_timing(args: argparse.Namespace, graph: Any, example: tuple
     problem = build_problem(graph, Cluster(name="lent", devices=(dev,), links={}), microbatches=microbatches)
     whole = (Stage(0, 0, graph.num_units - 1),)
     cost = evaluate(problem, whole).stages[0]
-    # memory model 4's M_s less its backward transients: what the executor's ledger counts
-    ledger = evaluate(dataclasses.replace(problem, transient_bwd_bytes=()), whole).stages[0].memory_bytes
+    # M_s less its backward (model 4) and step (model 5) transients: what the executor's ledger counts
+    ledger = evaluate(dataclasses.replace(problem, transient_bwd_bytes=(), step_transient={}),
+                      whole).stages[0].memory_bytes
     return {"held_peak_bytes": float(stats.memory.peak_bytes), "alloc_peak_bytes": alloc_peak,
             "predicted_bytes": float(cost.memory_bytes), "predicted_ledger_bytes": float(ledger),
             "fwd_s": statistics.median(fwd),
@@ -395,9 +396,9 @@ def report(args: argparse.Namespace, cal: Any, stages: dict[str, float], mem: di
         f"gradient error {stages['grad_rel_err']:.2e}, loss {stages['loss_rel_err']:.2e} (rtol {RTOL}) |",
         f"| held peak (executor accounting) | {mem['held_peak_bytes'] / mib:.1f} MiB |",
         f"| allocator peak{counted} (held / allocator) | {alloc_cell} |",
-        f"| cost model, stage memory less backward transients (held / predicted) | "
+        f"| cost model, stage memory less backward and step transients (held / predicted) | "
         f"{mem['predicted_ledger_bytes'] / mib:.1f} MiB ({mem['held_peak_bytes'] / mem['predicted_ledger_bytes']:.3f}) |",
-        f"| allocator peak / predicted M_s (memory model 4) | {alloc / mib:.1f} / {mem['predicted_bytes'] / mib:.1f} "
+        f"| allocator peak / predicted M_s (memory model 5) | {alloc / mib:.1f} / {mem['predicted_bytes'] / mib:.1f} "
         f"MiB ({alloc / mem['predicted_bytes']:.3f}) |",
         f"| F per micro-batch, one stage, measured / predicted | {mem['fwd_s'] * 1e3:.3f} / "
         f"{mem['predicted_fwd_s'] * 1e3:.3f} ms ({mem['fwd_s'] / mem['predicted_fwd_s']:.2f}) |",

@@ -21,6 +21,7 @@ from dataclasses import replace
 from hetpipe.cost_models.recompute import recompute_order
 from hetpipe.cost_models.offload import OffloadRates
 from hetpipe.cost_models.selective import SelectiveTables, selective_variant
+from hetpipe.cost_models.step_transient import NO_STEP_TRANSIENT, StepTransient
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy, can_offload, evaluate
 
 KINDS = ("fast", "mid", "slow")
@@ -71,7 +72,22 @@ def random_problem(rng: random.Random, *, units: int, devices: int, microbatches
                                boundary_grad_bytes=tuple(rng.randint(0, b) for b in prob.boundary_bytes),
                                objective=objective)
     prob = with_random_steps(rng, prob) if objective == "schedule" else prob
-    return with_random_transients(rng, prob)
+    return with_random_step_transients(rng, with_random_transients(rng, prob))
+
+
+def with_random_step_transients(rng: random.Random, prob: Problem) -> Problem:
+    """`prob` with memory model 5's optimizer step transient, from a generator seeded by `rng`'s state without
+    drawing from it (as `with_random_transients`, salted apart): often none, else stepped bytes within each
+    unit's gradients (the largest tensor within them), a tied replica's, and per kind foreach (1 x all),
+    per-tensor (3 x the largest) or SGD's (none)."""
+    own = random.Random("step" + repr(rng.getstate()))
+    if own.random() < 0.4:
+        return prob
+    stepped = tuple(own.randint(0, g) for g in (prob.grad_bytes or prob.state_bytes))
+    rules = {k: own.choice((StepTransient(1, 0), StepTransient(0, 3), NO_STEP_TRANSIENT)) for k in prob.fwd_s}
+    return dataclasses.replace(prob, step_param_bytes=stepped, step_tensor_bytes=tuple(own.randint(0, b) for b in stepped),
+                               step_transient=rules,
+                               tied=tuple(replace(t, step_bytes=own.randint(0, 4)) for t in prob.tied))
 
 
 def with_random_transients(rng: random.Random, prob: Problem) -> Problem:

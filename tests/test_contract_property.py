@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hetpipe.cost_models.step_transient import NO_STEP_TRANSIENT
 from hetpipe.errors import InfeasibleError
 from hetpipe.partitioner.problem import DeviceSlot, Problem, Stage, TiedCopy, evaluate
 from hetpipe.partitioner.solvers.cpsat import solve_cpsat
@@ -43,7 +45,7 @@ from hetpipe.partitioner.solvers.verify import first_step_floor
 from hetpipe.schedule.builders import one_f_one_b
 from hetpipe.schedule.held import stage_held_terms
 from hetpipe.schedule.simulate import SimCosts, simulate
-from tests.instances import TEST_RATES, all_placements, recompute_choices
+from tests.instances import TEST_RATES, all_placements, recompute_choices, with_random_step_transients
 
 #: Relative tolerance between two float sums of the same terms in different orders.
 REL = 1e-9
@@ -74,7 +76,7 @@ def instances(draw: st.DrawFn) -> Problem:
         tied = (TiedCopy(0, (0, units - 1), draw(st.integers(1, 8))),)
     state = tuple(draw(st.integers(1, 10)) for _ in range(units))
     cuts = tuple(draw(st.sampled_from((0, 0, 1, 4, 8))) for _ in range(units))  # 0-byte cuts often
-    return Problem(
+    return with_step_transients(Problem(
         fwd_s={k: tuple(b * KIND_SPEED[k] for b in base) for k in kinds},
         bwd_s={k: tuple(2 * b * KIND_SPEED[k] for b in base) for k in kinds},
         state_bytes=state,
@@ -87,7 +89,16 @@ def instances(draw: st.DrawFn) -> Problem:
         boundary_grad_bytes=tuple(draw(st.integers(0, b)) for b in cuts),  # its gradient message
         # memory model 4: a backward's transient, often none, sometimes one that binds (a loss's 2 x logits)
         transient_bwd_bytes=tuple(draw(st.sampled_from((0, 0, 0, 2, 12))) for _ in range(units)),
-        objective="estimate")  # the surrogate the DP, CP-SAT and the relaxation solve exactly
+        objective="estimate"))  # the surrogate the DP, CP-SAT and the relaxation solve exactly
+
+
+def with_step_transients(prob: Problem) -> Problem:
+    """`prob` with memory model 5's optimizer step transient (`instances.with_random_step_transients`: often none,
+    else stepped bytes within each unit's gradients, a tied replica's, per kind foreach, per-tensor or SGD's),
+    from a generator seeded by the drawn instance, not by hypothesis: the seeds' instances stay as they were."""
+    seed = repr((prob.state_bytes, prob.grad_bytes, prob.activation_bytes, prob.boundary_bytes, prob.microbatches,
+                 [(d.kind, d.usable_bytes) for d in prob.devices]))
+    return with_random_step_transients(random.Random(seed), prob)
 
 
 @st.composite
@@ -137,9 +148,17 @@ def contract_t(prob: Problem, stages: tuple[Stage, ...]) -> tuple[float, bool]:
                    + (again if c.backward else 0)
                    for c in stage_held_terms(p, s, m) if not c.backward or again > 0)
         mem = sum(prob.state_bytes[u] for u in held) - grads + peak
-        mem += sum(t.state_bytes for t in prob.tied
-                   if t.owner_unit not in held and any(u in held for u in t.user_units if u != t.owner_unit))
-        fits = fits and mem <= dev.usable_bytes
+        replicas = [t for t in prob.tied
+                    if t.owner_unit not in held and any(u in held for u in t.user_units if u != t.owner_unit)]
+        mem += sum(t.state_bytes for t in replicas)
+        # the optimizer step (memory model 5): state, gradients and its kind's transient, nothing else
+        rule = prob.step_transient.get(dev.kind, NO_STEP_TRANSIENT)
+        step_all = sum(prob.step_param_bytes[u] for u in held) if prob.step_param_bytes else 0
+        largest = max(prob.step_tensor_bytes[u] for u in held) if prob.step_tensor_bytes else 0
+        step = (sum(prob.state_bytes[u] for u in held) + sum(t.state_bytes for t in replicas)
+                + rule.list_multiple * (step_all + sum(t.step_bytes for t in replicas))
+                + rule.tensor_multiple * max([largest] + [t.step_bytes for t in replicas]))
+        fits = fits and max(mem, step) <= dev.usable_bytes
     return sum(work) + sum(comm2) + (m - 1) * max(work + comm2), fits
 
 

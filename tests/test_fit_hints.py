@@ -86,7 +86,7 @@ def test_default_recompute_auto_fits_what_none_cannot_and_show_says_what_it_cost
     plan = Plan.load(out)
     # version 8: the loss's transient (memory model 4) on the last stage, whose 4 MiB of logits' gradients now make
     # whole units there cheaper than the selective level (memory model 3 chose the level there: version 7)
-    assert plan.version == 8 and any(s.recompute_units for s in plan.stages) and check_plan(plan).ok
+    assert plan.version == 9 and any(s.recompute_units for s in plan.stages) and check_plan(plan).ok
     assert [s.selective for s in plan.stages] == [False, False, False]
     assert plan.selective is not None  # a baseline's placement runs the level: its tables recorded, so check re-derives it
     assert plan.cost_model["recompute"].startswith("auto:")

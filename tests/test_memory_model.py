@@ -62,8 +62,14 @@ def test_tied_replica_is_counted_on_the_stage_without_the_owner(tmp_path) -> Non
     split = (Stage(0, 0, n // 2 - 1), Stage(1, n // 2, n - 1))
     assert owner < n // 2 <= user
     ev = evaluate(problem, split)
-    without = stage_memory_bytes(problem.__class__(**{**problem.__dict__, "tied": ()}), split, 1)
-    assert ev.stages[1].memory_bytes == without + copy.state_bytes  # the replica on the head's stage
+    stepless = problem.__class__(**{**problem.__dict__, "step_transient": {}})  # no step moment (memory model 4)
+    without = stage_memory_bytes(problem.__class__(**{**stepless.__dict__, "tied": ()}), split, 1)
+    held = stage_memory_bytes(stepless, split, 1)
+    assert held == without + copy.state_bytes  # the replica on the head's stage
+    # memory model 5: at the step the head's stage also steps the replica (Adam foreach: its fp32 bytes in the list)
+    units = range(n // 2, n)
+    step = sum(problem.state_bytes[u] + problem.step_param_bytes[u] for u in units) + copy.state_bytes + copy.step_bytes
+    assert copy.step_bytes == 4 * tie.numel and ev.stages[1].memory_bytes == max(held, step)
     assert ev.stages[0].memory_bytes == stage_memory_bytes(problem, split, 0)  # the owner stage: no extra
     one = evaluate(problem, (Stage(0, 0, n - 1),))
     assert one.stages[0].memory_bytes == stage_memory_bytes(problem.__class__(**{**problem.__dict__, "tied": ()}),

@@ -77,7 +77,7 @@ def test_three_stages_one_offloading_train_like_a_single_device_loop(tmp_path):
     family = zh.Family("GPT (built-in)", "gpt-tiny", "hetpipe.models:lm_loss", True)
     plan_path, _ = zh.plan_family(family, tmp_path)
     plan = _offload_stage(Plan.load(plan_path), 1)
-    assert len(plan.stages) == 3 and plan.version == 8  # 4: offload; 8: the loss's transient table
+    assert len(plan.stages) == 3 and plan.version == 9  # 4: offload; 8: the loss's transient table; 9: the step's
     ref_model, example = zh.reference_model(family)
     weights = zh.write_weights(family, ref_model, tmp_path)
     batches = zh.make_batches(family, example)

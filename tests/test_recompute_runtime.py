@@ -362,7 +362,8 @@ def test_recomputing_stages_hold_less_and_match_the_cost_model(plain_peak_run, m
     peaks = {"plain": [s.peak_bytes for s in plain_report.stages],
              "recompute": [s.peak_bytes for s in recomputing.stages]}
     # the ledger holds no backward transient (memory model 4's T_s): compare it with M_s priced without them
-    evaluated = evaluate(dataclasses.replace(problem_from_plan(rc), transient_bwd_bytes=()), stages_from_plan(rc)).stages
+    evaluated = evaluate(dataclasses.replace(problem_from_plan(rc), transient_bwd_bytes=(), step_transient={}),
+                         stages_from_plan(rc)).stages
     plain_held = ledger_bytes(plain)
     for st, held, without in zip(rc.stages, peaks["recompute"], peaks["plain"]):
         if not st.recompute_units:

@@ -96,7 +96,7 @@ def test_a_plan_records_its_schedule_and_check_rederives_it(tmp_path) -> None:
     model, inputs = build("gpt-tiny", device="meta", batch=2, seq=16)
     plan = partition(model, "examples/clusters/homelab-mini.yaml", example_inputs=inputs, global_batch=8,
                      time_limit_s=5.0, schedule="zb-1f1b")
-    assert plan.training.schedule == "zb-1f1b" and plan.version == 5
+    assert plan.training.schedule == "zb-1f1b" and plan.version == 9  # 5: split; 9: step tables
     assert all(0 < st.bwd_weight_s < st.bwd_s for st in plan.stages)
     assert plan.predicted.iteration_s == pytest.approx(plan.predicted.simulated_iteration_s, rel=NOISE)
     path = tmp_path / "plan.json"

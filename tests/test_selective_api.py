@@ -67,7 +67,7 @@ def test_the_api_returns_the_cli_plan(tmp_path, capsys, recompute, mb):
         assert [st.selective for st in api.stages] == [True, False]
         return
     assert all(st.selective and not st.recompute_units for st in api.stages)
-    assert api.cost_model["recompute"].startswith("selective:") and api.version == 8
+    assert api.cost_model["recompute"].startswith("selective:") and api.version == 9
     assert "recompute selective" in shown and "selective -" in shown  # the table's title and levers column
     assert main(["check", path]) == 0
     assert main(["show", path]) == 0 and "recompute selective" in capsys.readouterr().out

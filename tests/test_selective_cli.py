@@ -32,7 +32,7 @@ def test_plan_check_and_show_a_selective_plan(tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert main(["plan", "gpt-tiny", "--cluster", str(cluster), "--solver", "dp", "-o", str(out)]) == 0
     plan = Plan.load(out)
-    assert plan.version == 8 and plan.selective is not None  # 8: the loss's transient table
+    assert plan.version == 9 and plan.selective is not None  # 8: the loss's transient table; 9: the step's
     assert [st.selective for st in plan.stages] == [True, False]
     shown = capsys.readouterr().out
     assert "selective -" in shown  # the levers column: bytes freed, seconds paid

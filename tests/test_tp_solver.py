@@ -216,7 +216,7 @@ def test_a_planned_group_is_written_checked_and_edits_to_it_are_caught(demo_plan
     assert plan.solver.bound_s <= plan.predicted.iteration_s
     plan.save(tmp_path / "plan.json")
     loaded = Plan.load(tmp_path / "plan.json")
-    assert loaded == plan and loaded.version == 8  # groups: 4; the loss's backward transient: 8
+    assert loaded == plan and loaded.version == 9  # groups: 4; the loss's backward transient: 8; the step's tables: 9
     assert check_plan(loaded).ok, check_plan(loaded).violations
     from hetpipe.plan.schema import problem_from_plan, stages_from_plan
     from hetpipe.plan.tp_plan import member_memory

@@ -53,7 +53,7 @@ def test_check_model_recosts_the_recorded_loss_and_catches_a_shrunk_loss_table(f
     import json
 
     plan = Plan.load(factory_plan)
-    assert (plan.model.loss, plan.model.data, plan.version) == (LOSS, DATA, 8)  # 8: the loss's backward transient
+    assert (plan.model.loss, plan.model.data, plan.version) == (LOSS, DATA, 9)  # 8: loss transient; 9: step tables
     assert json.loads(factory_plan.read_text())["model"]["loss"] == LOSS
     rc, out, _ = _cli(["check", str(factory_plan), "--model", FACTORY], capsys)
     assert rc == 0, out

@@ -9,6 +9,9 @@ peak is **not** the sum of the chunks' own peaks: at each moment t of the rank's
                                      chunk c's backward when c recomputes)
 
 which is `pipeline_stage_bytes`'s formula with every term per chunk (one chunk: the same number).
+The rank steps all its chunks' parameters with one optimizer (`runtime.interleaved_run`: one
+optimizer over the stage's parameters), so its step moment (memory model 5) holds Σ_c state_c plus
+Σ_c step_list_c (the foreach list over every parameter) + max_c step_tensor_c (one tensor at a time).
 
 Example (two chunks; two micro-batches in flight in each, then one in each with gradients):
     >>> a = ChunkTerms(state_bytes=1000, grad_bytes=250, activation_bytes=100, in_bytes=0, out_bytes=10)
@@ -42,6 +45,8 @@ class ChunkTerms:
     recompute_peak_bytes: int = 0
     weight_grad_bytes: int = 0  # split schedules: what one micro-batch keeps from B to W
     transient_bwd_bytes: int = 0  # memory model 4: the most a unit's backward allocates beyond the ledger
+    step_list_bytes: int = 0  # memory model 5: the foreach step's list over the chunk's parameters
+    step_tensor_bytes: int = 0  # memory model 5: the per-tensor step's temporaries of its largest tensor
 
     def moment_bytes(self, c: HeldCounts) -> int:
         """What the chunk holds beyond state - G at a moment with counts `c` (recompute peak excluded)."""
@@ -62,4 +67,5 @@ def pipeline_rank_bytes(chunks: Sequence[ChunkTerms], held: Sequence[Sequence[He
             continue
         total = sum(t.moment_bytes(c) for t, c in zip(chunks, moment)) + extra
         peak = total if peak is None else max(peak, total)
-    return sum(t.state_bytes - t.grad_bytes for t in chunks) + (peak or 0)
+    step = sum(t.grad_bytes + t.step_list_bytes for t in chunks) + max((t.step_tensor_bytes for t in chunks), default=0)
+    return sum(t.state_bytes - t.grad_bytes for t in chunks) + max(peak or 0, step)

@@ -44,7 +44,8 @@ class DeviceProfile:
             (``gelu``, ...), `hetpipe.cost_models.work`; () = not measured (catalog cards): the
             roofline prices every op at the matmul rate and copy bandwidth (`cost_models.timing`).
         step_op_s: seconds per op of the optimizer's per-tensor loop, measured (a CPU); None = the
-            multi-tensor ``foreach`` path (CUDA's default), `hetpipe.cost_models.optimizer_step`.
+            multi-tensor ``foreach`` path (CUDA's default), `hetpipe.cost_models.optimizer_step`.  Which
+            path the step takes is `steps_foreach` (its time and its transient, memory model 5).
         step_bytes_s: bytes per second that per-tensor loop streams, measured; None = its bytes are
             priced as one fused pass at the copy bandwidth (profiles calibrated before it was measured).
         backward_op_s: fixed seconds per backward kernel (autograd node and kernel), measured (a CPU);
@@ -69,6 +70,27 @@ class DeviceProfile:
     step_bytes_s: float | None = None
     backward_op_s: float | None = None
     view_op_s: float | None = None
+
+
+#: The catalog's CPU row and the prefix of a CPU core group's kind (`group_calibration.group_kind`: ``cpu-c0``).
+CPU_KIND, CPU_GROUP_PREFIX = "cpu", "cpu-"
+
+
+def steps_foreach(profile: DeviceProfile) -> bool:
+    """Does a device of `profile` run the optimizer's multi-tensor (``foreach``) step?
+
+    PyTorch picks it only where every parameter is on a CUDA-like device
+    (``torch.optim.optimizer._default_to_fused_or_foreach``); CPU tensors run the per-tensor loop.
+    So: CUDA cards yes; the CPU (its catalog row, a core group, or any profile with a measured
+    per-tensor loop ``step_op_s``, which only a CPU calibration records) no.
+
+    Example:
+        >>> gpu = DeviceProfile("rtx3090", 24 * 10**9, 71e12, 35.6e12, 936e9)
+        >>> steps_foreach(gpu), steps_foreach(DeviceProfile("cpu-c0-1", 8 * 10**9, 5e10, 5e10, 1e10))
+        (True, False)
+    """
+    kind = profile.kind
+    return profile.step_op_s is None and kind != CPU_KIND and not kind.startswith(CPU_GROUP_PREFIX)
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,14 @@ from typing import Sequence
 #:    RECV after them.  1F1B / GPipe stages are priced as in 2 (`SAME_AS_PREVIOUS`).
 #: 4: inside a backward, the most bytes one of the stage's units allocates there beyond the ledger
 #:    (``transient_bwd_bytes``: `Unit.transient_bwd_bytes`, the loss's 2 x logits measured on an H200);
-#:    plans of model 3 lack the tables (0) and price as 4 does (`PRICED_AS_CURRENT`).
-MEMORY_MODEL = 4
-#: Plans of this memory model price every stage as `MEMORY_MODEL` does (their transient tables are 0).
-PRICED_AS_CURRENT = 3
+#:    plans of model 3 lack the tables (0) and price as 4 does.
+#: 5: the optimizer step's moment: parameters, gradients and optimizer state plus U_s, what the step
+#:    allocates at once (`hetpipe.cost_models.step_transient`: Adam's foreach 1 x the stepped parameter
+#:    bytes, its per-tensor loop at most 3 x the largest tensor); plans of models 3 and 4 lack the tables (0)
+#:    and price as 5 does (`PRICED_AS_CURRENT`).
+MEMORY_MODEL = 5
+#: Plans of these memory models price every stage as `MEMORY_MODEL` does (their transient tables are 0).
+PRICED_AS_CURRENT = (3, 4)
 #: Plans of memory model 2 whose schedule is neither split nor interleaved price their stages as 3 does.
 SAME_AS_PREVIOUS = 2
 
@@ -71,15 +75,14 @@ class HeldCounts:
                 + self.weight_grads * weight_grad)
 
 
-def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_bytes: int, in_bytes: int,
-                         out_bytes: int, held: Sequence[HeldCounts], in_grad_bytes: int | None = None,
-                         out_grad_bytes: int | None = None, recompute_saved_bytes: int = 0,
-                         recompute_peak_bytes: int = 0, weight_grad_bytes: int = 0,
-                         transient_bwd_bytes: int = 0) -> int:
+def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_bytes: int, in_bytes: int, out_bytes: int,
+                         held: Sequence[HeldCounts], in_grad_bytes: int | None = None, out_grad_bytes: int | None = None,
+                         recompute_saved_bytes: int = 0, recompute_peak_bytes: int = 0, weight_grad_bytes: int = 0,
+                         transient_bwd_bytes: int = 0, step_list_bytes: int = 0, step_tensor_bytes: int = 0) -> int:
     """Bytes a pipeline stage holds at its peak: M_s of the optimisation contract.
 
     ``M_s = state - G + max_t (g_t·G + k_t·(A - saved_R + in + out) + i_t·in + i'_t·in' + o_t·out + o'_t·out'
-    + w_t·Wg [+ peak_R + T_s inside a backward])``
+    + w_t·Wg [+ peak_R + T_s inside a backward], G + U_s)``
 
     over the moments ``t`` of one training step (``held``: `hetpipe.schedule.held.stage_held_terms`):
 
@@ -105,7 +108,9 @@ def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_by
       units, what a unit's backward allocates at once beyond the terms above (the LM loss: the
       gradients of the log-probabilities and of the logits, 2 x logits bytes); the moments inside a
       backward count, plus ``peak_R + T_s``, when that sum is > 0 (an upper bound where the recomputed
-      unit with the largest A_u is not the one with the largest transient).
+      unit with the largest A_u is not the one with the largest transient);
+    * the optimizer step (memory model 5): state and gradients only (sends waited for), plus U_s =
+      ``step_list_bytes + step_tensor_bytes`` (`hetpipe.cost_models.step_transient`; 0 where it offloads).
 
     Example (a middle stage of 3 and the first, 4 micro-batches):
         >>> mid = (HeldCounts(1, 2, 1, 0, 1, 2), HeldCounts(1, 1, 2, 1, 0, 1))
@@ -117,9 +122,9 @@ def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_by
         ...                      out_bytes=10, held=first)          # 750 + max(250 + 330 + 40, 330 + 60)
         1370
         >>> last = (HeldCounts(0, 1), HeldCounts(1, 1, backward=1))  # the last stage: a forward, then its backward
-        >>> pipeline_stage_bytes(state_bytes=1000, grad_bytes=250, activation_bytes=100, in_bytes=10,
-        ...                      out_bytes=0, held=last, transient_bwd_bytes=64)  # 750 + 250 + 110 + 64
-        1174
+        >>> kw = dict(state_bytes=1000, grad_bytes=250, activation_bytes=100, in_bytes=10, out_bytes=0, held=last)
+        >>> pipeline_stage_bytes(**kw, transient_bwd_bytes=64), pipeline_stage_bytes(**kw, step_list_bytes=300)
+        (1174, 1300)
     """
     in_grad = in_bytes if in_grad_bytes is None else in_grad_bytes
     out_grad = out_bytes if out_grad_bytes is None else out_grad_bytes
@@ -129,4 +134,4 @@ def pipeline_stage_bytes(*, state_bytes: int, grad_bytes: int = 0, activation_by
     inside = recompute_peak_bytes + transient_bwd_bytes
     if inside > 0:  # inside a backward that recomputes or allocates transients
         peak = max([peak] + [c.bytes(**sizes) + inside for c in held if c.backward])
-    return state_bytes - grad_bytes + peak
+    return state_bytes - grad_bytes + max(peak, grad_bytes + step_list_bytes + step_tensor_bytes)  # and the step

@@ -36,6 +36,9 @@ Objective (units u = 0..L-1; p stages; stage s on device d_s holds [l_s, r_s]):
                       + [T_s inside a backward, if > 0]   (memory model 4)
     T_s       = max transient_bwd_bytes over the stage's units: what a backward allocates beyond the ledger
                 (the LM loss's 2 x logits bytes, `capture.transients`)
+    M_s      >= sum state_bytes + tied_bytes(s) + U_s   (memory model 5: the optimizer step's moment)
+    U_s       = a_k P_s + b_k max_tensor_s on kind k = kind(d_s) (`step_transient[k]`): P_s = sum step_param_bytes
+                (+ tied replicas' step_bytes), max_tensor_s = max step_tensor_bytes (and replicas'); 0 if offloading
     constraint: M_s <= usable_bytes(d_s)
 
 With ``Problem.schedule`` one of `SPLIT_SCHEDULES` (ZB-H1, ZB-1F1B) T replays those lists (B_s - W_s, then W_s =
@@ -99,8 +102,10 @@ from hetpipe.cost_models.offload import NO_OFFLOAD, OFFLOAD_MODES, OffloadCost, 
 from hetpipe.cost_models.recompute import RECOMPUTE_MODES, RecomputeCost, recompute_cost
 from hetpipe.cost_models.selective import SelectiveTables, selective_variant
 from hetpipe.cost_models.stage_memory import pipeline_stage_bytes
+from hetpipe.cost_models.step_transient import StepTransient
 from hetpipe.errors import InfeasibleError
-from hetpipe.partitioner.problem_types import DeviceSlot, Stage, TiedCopy  # re-exported: the contract's names
+from hetpipe.partitioner.problem_types import (  # re-exported: the contract's names
+    DeviceSlot, Evaluation, Stage, StageCost, TiedCopy)
 from hetpipe.partitioner.tp_tables import GroupStage, StagePosition, UnitSplit, group_stage
 from hetpipe.schedule.builders import SCHEDULES, SPLIT_SCHEDULES, is_split
 from hetpipe.schedule.held import position_held_terms, stage_held_terms
@@ -145,6 +150,11 @@ class Problem:
     # Per unit: the most its backward allocates at once beyond the ledger (`Unit.transient_bwd_bytes`,
     # memory model 4); () = none (plans before it).
     transient_bwd_bytes: tuple[int, ...] = ()
+    # Per unit: the bytes of its stepped parameters, all and the largest (`Unit.step_param_bytes`), and per
+    # device kind the step's multiples of them (memory model 5, `cost_models.step_transient`); ()/{} = none.
+    step_param_bytes: tuple[int, ...] = ()
+    step_tensor_bytes: tuple[int, ...] = ()
+    step_transient: Mapping[str, StepTransient] = field(default_factory=dict)
     # Optimizer-state offload (`hetpipe.cost_models.offload`): the lever's setting, the per-parameter
     # bytes (None = offload impossible: no optimizer/precision known), and -- for the solvers'
     # outer walk only (`solvers/offload_walk.py`) -- the most tail seconds a stage may pay for it.
@@ -190,42 +200,6 @@ class Problem:
         return self.latency_s[src][dst] + self.boundary_bytes[cut_after] / self.bandwidth_bytes_s[src][dst]
 
 
-@dataclass(frozen=True)
-class StageCost:
-    """Per-stage figures under the objective (seconds per micro-batch, bytes)."""
-
-    fwd_s: float
-    bwd_s: float
-    send_s: float  # C_s, one way; 0 for the last stage
-    memory_bytes: int
-    usable_bytes: int
-    offload_bytes: int = 0  # optimizer state kept on the host (0: the stage does not offload)
-    offload_s: float = 0.0  # O_s, its tail after the stage's last backward
-    step_s: float = 0.0  # S_s: the stage's optimizer step, once per iteration
-    bwd_weight_s: float = 0.0  # W_s: the weight-gradient part of bwd_s (`cost_models.backward_split`)
-    shares: tuple[float, ...] = ()  # a group's shares, member order (memory: its tightest member)
-
-    @property
-    def fits(self) -> bool:
-        return self.memory_bytes <= self.usable_bytes
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """The objective and memory of one placement."""
-
-    iteration_s: float  # T under the objective (`Problem.objective`, or evaluate's `objective`)
-    bottleneck_s: float  # max( max_s (F_s+B_s), max_s 2 C_s )
-    stages: tuple[StageCost, ...]
-    tail_s: float = 0.0  # max_s O_s over the offloading stages, included in iteration_s
-    estimate_s: float = 0.0  # the H-1F1B formula (no step): the solvers' search surrogate
-    objective: str = "estimate"
-
-    @property
-    def fits(self) -> bool:
-        return all(s.fits for s in self.stages)
-
-
 def stage_memory_bytes(problem: Problem, stages: Sequence[Stage], s: int) -> int:
     """M_s of the contract for stage index `s` of `stages` (interleaved: its rank's, every chunk's sum)."""
     if stages[s].selective and problem.selective is not None:  # its variant's M_s and the level's peak once
@@ -255,7 +229,25 @@ def stage_memory_terms(problem: Problem, stages: Sequence[Stage], s: int) -> Chu
         recompute_saved_bytes=rc.saved_bytes, recompute_peak_bytes=rc.peak_bytes,
         weight_grad_bytes=sum(problem.weight_grad_bytes[u] for u in units if s and is_split(problem.schedule)
                               and problem.weight_grad_bytes),
-        transient_bwd_bytes=stage_transient_bytes(problem, st))
+        transient_bwd_bytes=stage_transient_bytes(problem, st), **stage_step_transient(problem, st))
+
+
+def stage_step_bytes(problem: Problem, stage: Stage) -> tuple[int, int]:
+    """(P_s, the largest stepped tensor's bytes) of `stage`: its units' and its tied replicas' (memory model 5)."""
+    units, copies = range(stage.first_unit, stage.last_unit + 1), [t.step_bytes for t in held_replicas(problem, stage)]
+    params, largest = problem.step_param_bytes, problem.step_tensor_bytes
+    return (sum(params[u] for u in units) + sum(copies) if params else sum(copies),
+            max([largest[u] for u in units] + copies if largest else copies, default=0))
+
+
+def stage_step_transient(problem: Problem, stage: Stage) -> dict[str, int]:
+    """U_s's two parts on `stage`'s kind (`ChunkTerms.step_list_bytes`, ``step_tensor_bytes``); 0 where the stage
+    offloads (its optimizer steps host copies, `runtime/stage/offload.py`) or the kind has no rule."""
+    rule = problem.step_transient.get(problem.devices[stage.device].kind)
+    if rule is None or stage.offload:
+        return {"step_list_bytes": 0, "step_tensor_bytes": 0}
+    params, largest = stage_step_bytes(problem, stage)
+    return {"step_list_bytes": rule.list_multiple * params, "step_tensor_bytes": rule.tensor_multiple * largest}
 
 
 def stage_transient_bytes(problem: Problem, stage: Stage) -> int:
@@ -286,9 +278,14 @@ def stage_recompute_cost(problem: Problem, stage: Stage) -> RecomputeCost:
 
 def tied_bytes(problem: Problem, stage: Stage) -> int:
     """State bytes of the tied-parameter replicas `stage` holds (see the module docstring)."""
+    return sum(t.state_bytes for t in held_replicas(problem, stage))
+
+
+def held_replicas(problem: Problem, stage: Stage) -> list[TiedCopy]:
+    """The tied parameters `stage` keeps a replica of: it uses one but does not hold its owner unit."""
     held = range(stage.first_unit, stage.last_unit + 1)
-    return sum(t.state_bytes for t in problem.tied
-               if t.owner_unit not in held and any(u in held for u in t.user_units if u != t.owner_unit))
+    return [t for t in problem.tied
+            if t.owner_unit not in held and any(u in held for u in t.user_units if u != t.owner_unit)]
 
 
 def validate_stages(problem: Problem, stages: Sequence[Stage]) -> None:
@@ -452,7 +449,7 @@ def stage_position(problem: Problem, stages: Sequence[Stage], s: int) -> StagePo
         in_grad_bytes=grad_cut_bytes(problem, st.first_unit - 1) if s > 0 else 0,
         out_grad_bytes=grad_cut_bytes(problem, st.last_unit) if s < p - 1 else 0,
         activation_bytes=stage_activation_bytes(problem, st), tied_bytes=tied_bytes(problem, st),
-        transient_bwd_bytes=stage_transient_bytes(problem, st))
+        transient_bwd_bytes=stage_transient_bytes(problem, st), step_bytes=stage_step_bytes(problem, st))
 
 
 def group_stage_cost(problem: Problem, stages: Sequence[Stage], s: int) -> StageCost:

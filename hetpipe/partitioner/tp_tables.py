@@ -22,7 +22,8 @@ group ``members`` (device indices of at most `MAX_GROUP_NODES` nodes, the lead f
   in-flight count) with its *integer* parts of every block (what runs): each block's activations
   ``ceil(parts_i / parts · x)``, each unit's split state and gradients at the largest part fraction
   of its blocks (an upper bound: the tables hold no per-block parameter bytes), everything else
-  whole; the stage fits when every member does;
+  whole, and at the step (memory model 5) its kind's U over its share of the stepped parameters; the
+  stage fits when every member does;
 * **step** -- each member steps its share of the split parameters and all replicated ones on
   its kind; S_s = the slowest member's.
 
@@ -48,6 +49,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Protocol
 
 from hetpipe.cost_models.stage_memory import pipeline_stage_bytes
+from hetpipe.cost_models.step_transient import NO_STEP_TRANSIENT
 from hetpipe.cost_models.sync import ring_allreduce_s
 from hetpipe.cost_models.tensor_parallel import (
     TensorShares, block_allreduce_bytes, even_shares, memory_caps, proportional_shares)
@@ -142,6 +144,9 @@ class StagePosition:
     tied_bytes: int = 0  # tied replicas: replicated on every member, but a tied head's rows (`tied_vocab_bytes`)
     # T_s (memory model 4, `problem.stage_transient_bytes`): on every member whole (a bound for a vocab-split loss)
     transient_bwd_bytes: int = 0
+    # (P_s, the largest stepped tensor) of the whole stage (memory model 5, `problem.stage_step_bytes`): each
+    # member steps its share of the split parameters and all the others; its largest tensor whole (a bound)
+    step_bytes: tuple[int, int] = (0, 0)
 
     @property
     def in_flight(self) -> int:
@@ -244,7 +249,8 @@ def member_fractions(tables: GroupTables, units: range, shares: TensorShares, me
     return out
 
 
-def _member_bytes(tables: GroupTables, units: range, shares: TensorShares, member: int, pos: StagePosition) -> int:
+def _member_bytes(tables: GroupTables, units: range, shares: TensorShares, member: int, pos: StagePosition,
+                  kind: str) -> int:
     """Member ``member``'s M_s with its *integer* parts of every block (largest remainder, what runs):
     each block's activations exactly; each unit's split state and gradients at the largest part
     fraction of its blocks (the tables record no per-block parameter bytes: an upper bound; with
@@ -253,7 +259,8 @@ def _member_bytes(tables: GroupTables, units: range, shares: TensorShares, membe
     state = sum(tables.state_bytes[u] for u in units) + pos.tied_bytes
     grads = sum(tables.grad_bytes[u] for u in units) if tables.grad_bytes else 0
     parts: dict[int, tuple[int, ...]] = {}
-    left_state = left_grad = left_act = 0  # split bytes that leave this member's card
+    left_state = left_grad = left_act = left_step = 0  # split bytes that leave this member's card
+    stepped = getattr(tables, "step_param_bytes", ())
     for s, u in zip(splits, units):
         for b in s.blocks:
             if b.parts and b.parts not in parts:
@@ -261,6 +268,8 @@ def _member_bytes(tables: GroupTables, units: range, shares: TensorShares, membe
         mine = max((parts[b.parts][member] / b.parts for b in s.blocks if b.parts), default=1.0)
         split_state = round(s.param_fraction * tables.state_bytes[u])
         left_state += split_state - int(math.ceil(mine * split_state))
+        split_step = round(s.param_fraction * stepped[u]) if stepped else 0
+        left_step += split_step - int(math.ceil(mine * split_step))
         if grads:
             split_grad = round(s.param_fraction * tables.grad_bytes[u])
             left_grad += split_grad - int(math.ceil(mine * split_grad))
@@ -269,11 +278,14 @@ def _member_bytes(tables: GroupTables, units: range, shares: TensorShares, membe
     vocab = [parts[b.parts][member] / b.parts for s in splits for b in s.blocks if b.kind in VOCAB_KINDS]
     tied_vocab = tied_vocab_bytes(tables, units.start, units.stop - 1) if vocab else 0
     left_state += tied_vocab - int(math.ceil(max(vocab, default=1.0) * tied_vocab))  # a tied head: its rows
+    rule = getattr(tables, "step_transient", {}).get(kind, NO_STEP_TRANSIENT)
     return pipeline_stage_bytes(
         state_bytes=state - left_state, grad_bytes=grads - left_grad, activation_bytes=pos.activation_bytes - left_act,
         held=position_held_terms(pos.stages_after, first=pos.first, microbatches=pos.microbatches),
         in_bytes=pos.in_bytes, out_bytes=pos.out_bytes, in_grad_bytes=pos.in_grad_bytes,
-        out_grad_bytes=pos.out_grad_bytes, transient_bwd_bytes=pos.transient_bwd_bytes)
+        out_grad_bytes=pos.out_grad_bytes, transient_bwd_bytes=pos.transient_bwd_bytes,
+        step_list_bytes=rule.list_multiple * (pos.step_bytes[0] - left_step),
+        step_tensor_bytes=rule.tensor_multiple * pos.step_bytes[1])
 
 
 def group_stage(tables: GroupTables, *, first: int, last: int, members: Sequence[int], position: StagePosition,
@@ -326,7 +338,8 @@ def group_stage(tables: GroupTables, *, first: int, last: int, members: Sequence
         step_s=max(step), allreduce_s=fwd_allreduce + bwd_allreduce,
         member_fwd_s=tuple(f + fwd_extra for f in fwd), member_bwd_s=tuple(b + bwd_extra for b in bwd),
         member_step_s=tuple(step),
-        memory_bytes=tuple(_member_bytes(tables, units, shares, i, position) for i in range(len(members))),
+        memory_bytes=tuple(_member_bytes(tables, units, shares, i, position, tables.devices[d].kind)
+                           for i, d in enumerate(members)),
         usable_bytes=tuple(tables.devices[d].usable_bytes for d in members))
 
 

@@ -30,6 +30,7 @@ from hetpipe.cost_models.memory import state_bytes_per_param
 from hetpipe.cost_models.quantities import human_bytes
 from hetpipe.cost_models.optimizer_step import loop_unit_step_s, step_launch_s, tensor_step_s, unit_step_s
 from hetpipe.cost_models.stage_memory import MEMORY_MODEL
+from hetpipe.cost_models.step_transient import STEP_VALUE_BYTES
 from hetpipe.cost_models.timing import efficiencies, peak_flops_s
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.capture.graph import UnitGraph
@@ -40,6 +41,7 @@ from hetpipe.partitioner.selective_mode import forced_problem, lift
 from hetpipe.plan.selective_plan import (check_selective_mode, level_used, offer_for_options,  # noqa: F401
                                         offers_selective)
 from hetpipe.plan.selective_schema import PlanSelective
+from hetpipe.plan.step_schema import step_fields, step_paths, step_transient_records
 from hetpipe.plan.tp_plan import (
     check_tensor_parallel_option, plan_group_fields, plan_unit_fields, tensor_parallel_fields, tensor_parallel_note)
 from hetpipe.plan.schema import (
@@ -94,7 +96,7 @@ def build_problem(graph: UnitGraph, cluster: Cluster, *, microbatches: int, reco
         boundary_grad_bytes=tuple(u.boundary_grad_bytes for u in graph.units),
         recompute_bytes=tuple(u.recompute_bytes for u in graph.units),
         weight_grad_bytes=tuple(u.weight_grad_bytes for u in graph.units),
-        transient_bwd_bytes=tuple(u.transient_bwd_bytes for u in graph.units),
+        transient_bwd_bytes=tuple(u.transient_bwd_bytes for u in graph.units), **step_fields(graph, cluster),
         devices=tuple(DeviceSlot(d.id, d.kind, d.node, d.usable_bytes, d.host_link_bytes_s, d.host_memory_bytes_s)
                       for d in cluster.devices),
         bandwidth_bytes_s=bandwidth,
@@ -136,8 +138,9 @@ def profile_step_table(graph: UnitGraph, prof: DeviceProfile) -> tuple[tuple[flo
 def tied_copies(graph: UnitGraph) -> tuple[TiedCopy, ...]:
     """Tied parameters as the memory model sees them: owner unit, user units, bytes of one replica."""
     per_param = state_bytes_per_param(graph.optimizer, graph.precision)
-    return tuple(TiedCopy(t.unit_indices[0], tuple(t.unit_indices), int(round(t.numel * per_param)))
-                 for t in graph.tied if len(t.unit_indices) > 1)
+    return tuple(TiedCopy(t.unit_indices[0], tuple(t.unit_indices), int(round(t.numel * per_param)),
+                          t.numel * STEP_VALUE_BYTES) for t in graph.tied if len(t.unit_indices) > 1)
+
 
 
 def cost_model_notes(cluster: Cluster, precision: str) -> dict[str, str]:
@@ -200,6 +203,7 @@ def _plan_units(graph: UnitGraph, problem: Problem) -> tuple[PlanUnit, ...]:
             # only split plans (version 5) hold gradients from B to W
             weight_grad_bytes=u.weight_grad_bytes if is_split(problem.schedule) else 0,
             transient_bwd_bytes=problem.transient_bwd_bytes[u.index] if problem.transient_bwd_bytes else 0,
+            step_param_bytes=u.step_param_bytes, step_tensor_bytes=u.step_tensor_bytes,
             time_s={k: UnitTimes(fwd=problem.fwd_s[k][u.index], bwd=problem.bwd_s[k][u.index],
                                  step=problem.step_s[k][u.index] if k in problem.step_s else 0.0)
                     for k in problem.fwd_s},
@@ -260,7 +264,7 @@ def assemble_plan(
             param_count=graph.param_count,
             num_units=graph.num_units,
             tracer=graph.tracer,
-            tied=tuple(PlanTied(t.qualified_names, t.unit_indices, c.state_bytes if c else 0)
+            tied=tuple(PlanTied(t.qualified_names, t.unit_indices, c.state_bytes if c else 0, c.step_bytes if c else 0)
                        for t, c in _with_copies(graph)),
         ),
         training=PlanTraining(
@@ -289,6 +293,8 @@ def assemble_plan(
         # recorded where a stage runs it: a plan without it is the plan of a problem without the level (its
         # version stays the least its content needs, and check re-derives every stage's choice from the tables)
         selective=selective if problem.selective is not None and level_used(problem, stages, baselines or {}) else None,
+        step_transient=step_transient_records(problem.step_transient, step_paths(cluster)) if any(
+            problem.step_param_bytes) else (),  # version 9 where a unit has stepped bytes (a U_s to price)
     )  # version: the least its content needs (3: `memory_model` is a version-3 field, `PLAN_VERSION_MEMORY`)
 
 

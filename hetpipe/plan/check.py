@@ -67,7 +67,7 @@ def check_plan(plan: Plan) -> CheckReport:
 def same_memory_model(plan: Plan) -> bool:
     """Are ``plan``'s memory_bytes priced as this hetpipe prices them (its model, or model 2 for a
     schedule whose memory model 3 did not change: neither split nor interleaved)?"""
-    if plan.memory_model in (MEMORY_MODEL, PRICED_AS_CURRENT):  # model 3: no transient tables, priced as 4
+    if plan.memory_model == MEMORY_MODEL or plan.memory_model in PRICED_AS_CURRENT:  # no transient tables: as 5
         return True
     name = plan.training.schedule
     return plan.memory_model == SAME_AS_PREVIOUS and not is_split(name) and parse_interleaved(name) is None

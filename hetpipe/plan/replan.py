@@ -46,6 +46,7 @@ from hetpipe.partitioner.selective_mode import SELECTIVE_MODE, forced_problem, l
 from hetpipe.plan.baseline_report import baseline_reports
 from hetpipe.plan.build import plan_stages, predicted_figures
 from hetpipe.plan.schema import KindSeconds, Plan, SolverReport, UnitTimes, problem_from_plan, stages_from_plan
+from hetpipe.plan.step_schema import step_transient_records
 
 SLOW_MARK = "@x"  # <kind>@x<factor>: a card measured <factor> times slower than its kind
 
@@ -85,13 +86,16 @@ def scale_device(problem: Problem, device_id: str, factor: float) -> Problem:
     devices = tuple(dataclasses.replace(d, kind=kind) if j == i else d for j, d in enumerate(problem.devices))
     scaled = {name: {**table, kind: tuple(t * factor for t in table[old])} if old in table else table
               for name, table in (("fwd_s", problem.fwd_s), ("bwd_s", problem.bwd_s), ("step_s", problem.step_s))}
-    launch = dict(problem.step_launch_s)
+    launch, rules = dict(problem.step_launch_s), dict(problem.step_transient)
     if old in launch:  # the optimizer step's launch share: the card is slower at it too
         launch[kind] = launch[old] * factor
+    if old in rules:  # its step's transient (memory model 5) is the same card's
+        rules[kind] = rules[old]
     sel = problem.selective  # the selective level's re-run nodes: slower on that card too
     if sel is not None and old in sel.extra_s:
         sel = dataclasses.replace(sel, extra_s={**sel.extra_s, kind: tuple(t * factor for t in sel.extra_s[old])})
-    return dataclasses.replace(problem, devices=devices, step_launch_s=launch, selective=sel, **scaled)
+    return dataclasses.replace(problem, devices=devices, step_launch_s=launch, step_transient=rules, selective=sel,
+                               **scaled)
 
 
 def link_pair(text: str) -> tuple[str, str]:
@@ -137,6 +141,7 @@ def without_devices(problem: Problem, lost: Iterable[str]) -> Problem:
         bwd_s={k: v for k, v in problem.bwd_s.items() if k in used},
         step_s={k: v for k, v in problem.step_s.items() if k in used},
         step_launch_s={k: v for k, v in problem.step_launch_s.items() if k in used},
+        step_transient={k: v for k, v in problem.step_transient.items() if k in used},
         bandwidth_bytes_s=tuple(tuple(problem.bandwidth_bytes_s[i][j] for j in keep) for i in keep),
         latency_s=tuple(tuple(problem.latency_s[i][j] for j in keep) for i in keep))
 
@@ -192,7 +197,16 @@ def plan_on(plan: Plan, problem: Problem, stages: tuple, solver: SolverReport, *
                                                                              plan.training.global_batch),
         solver=solver, baselines=baseline_reports(forced_problem(problem)), left_out=(), cost_model=notes,
         selective=selective_on(plan.selective, problem.selective, kinds) if any(st.selective for st in stages) else None,
-        step_launch_s=tuple(KindSeconds(k, problem.step_launch_s[k]) for k in kinds if k in problem.step_launch_s))
+        step_launch_s=tuple(KindSeconds(k, problem.step_launch_s[k]) for k in kinds if k in problem.step_launch_s),
+        step_transient=step_records_on(plan, problem, ids))
+
+
+def step_records_on(plan: Plan, problem: Problem, ids: Mapping[str, Any]) -> tuple:
+    """``plan``'s `Plan.step_transient` records for ``problem``'s kinds: a slowed card's kind takes its base kind's
+    path (``ids``: device id -> its re-planned slot)."""
+    paths = {r.kind: r.path for r in plan.step_transient}
+    paths.update({ids[d.id].kind: paths[d.kind] for d in plan.devices if d.id in ids and d.kind in paths})
+    return step_transient_records({k: r for k, r in problem.step_transient.items() if k in paths}, paths)
 
 
 def selective_on(record: Any, tables: Any, kinds: Sequence[str]) -> Any:

@@ -15,7 +15,7 @@ two one-card replicas with 2 micro-batches each beat a two-stage pipeline):
     >>> plan = partition_replicas(graph, load_cluster("examples/clusters/homelab.yaml"), global_batch=8,
     ...                           time_limit_s=2)
     >>> plan.version, [(r.microbatches, r.num_stages) for r in plan.replicas], plan.sync.policy
-    (8, [(2, 1), (2, 1)], 'synchronous')
+    (9, [(2, 1), (2, 1)], 'synchronous')
     >>> check_plan(plan).ok
     True
 """

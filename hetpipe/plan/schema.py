@@ -19,7 +19,7 @@ Example (a plan saved, loaded back unchanged, and rebuilt into the solver's prob
     >>> Plan.load(path) == plan
     True
     >>> plan.version, len(problem_from_plan(plan).devices), stages_from_plan(plan)[0].device
-    (4, 3, 1)
+    (9, 3, 1)
 """
 
 from __future__ import annotations
@@ -48,14 +48,16 @@ from hetpipe.plan.chunk_schema import PlanChunk, virtual_stages
 from hetpipe.plan.validate import validate_plan
 from hetpipe.plan.model_match import verify_model  # noqa: F401  (re-exported: run and check import it here)
 from hetpipe.plan.selective_schema import PlanSelective, tables_from_plan_selective
+from hetpipe.plan.step_schema import KindSeconds, KindStepTransient, problem_step_fields  # re-exported
 
 PLAN_FORMAT = "hetpipe.plan"
 #: Newest plan version this hetpipe reads and writes; a plan is written with the lowest version its
 #: content needs (fields declare ``metadata={"since": N}``, `least_version`).  2: replicas, sync (#6);
 #: 3: recompute_units, loss, baseline best, memory model 2; 4: T = the simulated schedule with optimizer steps,
 #: offload, tensor-parallel groups; 5: split schedules (bwd_weight_s), sharded sync groups; 6: chunks (interleaved);
-#: 7: the selective recompute level (`Plan.selective`, `PlanStage.selective`; `plan.selective_schema`); 8: transients.
-PLAN_VERSION = 8
+#: 7: the selective recompute level (`Plan.selective`, `PlanStage.selective`; `plan.selective_schema`); 8: transients;
+#: 9: the optimizer step's transient (`Plan.step_transient` and the step tables, `plan.step_schema`).
+PLAN_VERSION = 9
 #: The version of a plan without replicas.
 PLAN_VERSION_SINGLE = 1
 #: The first version that may carry replicas.
@@ -83,6 +85,7 @@ class PlanTied:
     # state bytes (weight, gradient, optimizer state) of one replica: counted in M_s of every
     # stage that uses it without holding units[0], its owner (0 in plans written before)
     state_bytes: int = 0
+    step_bytes: int = field(default=0, metadata={"since": 9})  # the replica as its optimizer steps it (model 5)
 
 
 @dataclass(frozen=True)
@@ -142,14 +145,6 @@ class UnitTimes:
 
 
 @dataclass(frozen=True)
-class KindSeconds:
-    """A per-device-kind figure in seconds (version 4: the launch share of the optimizer step)."""
-
-    kind: str
-    seconds: float
-
-
-@dataclass(frozen=True)
 class PlanUnit:
     index: int
     name: str
@@ -176,6 +171,8 @@ class PlanUnit:
     tp_blocks: tuple[PlanBlock, ...] = field(default=(), metadata={"since": 4})
     weight_grad_bytes: int = field(default=0, metadata={"since": 5})  # split plans: kept from B to W (`Unit`'s)
     transient_bwd_bytes: int = field(default=0, metadata={"since": 8})  # memory model 4 (`Unit`'s)
+    step_param_bytes: int = field(default=0, metadata={"since": 9})  # memory model 5 (`Unit`'s; `step_schema`)
+    step_tensor_bytes: int = field(default=0, metadata={"since": 9})
 
 
 @dataclass(frozen=True)
@@ -345,6 +342,8 @@ class Plan:
     step_launch_s: tuple[KindSeconds, ...] = field(default=(), metadata={"since": 4})
     # Version 7: the selective recompute level offered to the planner (None: not offered; `selective_schema`).
     selective: PlanSelective | None = field(default=None, metadata={"since": 7})
+    # Version 9: per device kind, the optimizer step's path and its transient's multiples (memory model 5).
+    step_transient: tuple[KindStepTransient, ...] = field(default=(), metadata={"since": 9})
 
     @property
     def objective_name(self) -> str:
@@ -464,12 +463,12 @@ def problem_from_plan(plan: Plan) -> Problem:
         boundary_grad_bytes=tuple(u.boundary_grad_bytes for u in plan.units) if plan.memory_model >= 2 else (),
         recompute_bytes=tuple(u.recompute_bytes for u in plan.units) if plan.memory_model >= 2 else (),
         weight_grad_bytes=tuple(u.weight_grad_bytes for u in plan.units),
-        transient_bwd_bytes=tuple(u.transient_bwd_bytes for u in plan.units),
+        transient_bwd_bytes=tuple(u.transient_bwd_bytes for u in plan.units), **problem_step_fields(plan),
         devices=tuple(DeviceSlot(d.id, d.kind, d.node, d.usable_bytes, d.host_link_bytes_s, d.host_memory_bytes_s)
                       for d in plan.devices),
         bandwidth_bytes_s=tuple(tuple(row) for row in bandwidth), latency_s=tuple(tuple(row) for row in latency),
         microbatches=plan.training.microbatches,
-        tied=tuple(TiedCopy(t.units[0], tuple(t.units), t.state_bytes) for t in plan.model.tied
+        tied=tuple(TiedCopy(t.units[0], tuple(t.units), t.state_bytes, t.step_bytes) for t in plan.model.tied
                    if t.units and t.state_bytes),
         recompute=recompute_mode(plan),
         offload=offload_mode(plan),

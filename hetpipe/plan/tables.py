@@ -26,11 +26,15 @@ from hetpipe.plan.schema import Plan
 TIME_RTOL = 1e-9
 #: Table fields compared exactly, unit by unit.
 UNIT_FIELDS = ("fwd_flops", "bwd_flops", "param_bytes", "state_bytes", "activation_bytes", "boundary_bytes",
-               "transient_bwd_bytes")
+               "transient_bwd_bytes", "step_param_bytes", "step_tensor_bytes")
 #: Fields the training loss adds to the last unit (`capture(..., loss_fn=...)`).
 LOSS_FIELDS = ("fwd_flops", "bwd_flops", "activation_bytes", "transient_bwd_bytes")
 #: The first memory model whose plans record `transient_bwd_bytes` (older plans hold 0: not compared).
 TRANSIENT_MODEL = 4
+#: The first memory model whose plans record the optimizer step's tables (`plan.step_schema`; older: not compared).
+STEP_MODEL = 5
+#: Fields that only fall where the loss's gradient does not reach a parameter (`capture.liveness`).
+TRAINABLE_FIELDS = ("state_bytes", "step_param_bytes", "step_tensor_bytes")
 
 _FIX = ("the plan's tables are not this model's (edited, or planned with other options); "
         "re-create it with `hetpipe plan`")
@@ -42,12 +46,12 @@ def _unit_mismatch(plan: Plan, graph: Any, *, loss_costed: bool) -> str | None:
                 f"({graph.num_units} units); the tables cannot be compared unit by unit")
     last = len(plan.units) - 1
     for rec, new in zip(plan.units, graph.units):
-        for name in UNIT_FIELDS if plan.memory_model >= TRANSIENT_MODEL else UNIT_FIELDS[:-1]:
+        for name in _compared(plan):
             recorded, derived = getattr(rec, name), getattr(new, name)
             if not loss_costed and rec.index == last and name in LOSS_FIELDS:
                 if recorded < derived:  # the loss only adds; the fresh capture here did not cost it
                     return f"unit {rec.index} ({rec.name}): {name} is {recorded}, below the model's {derived}"
-            elif not loss_costed and name == "state_bytes":
+            elif not loss_costed and name in TRAINABLE_FIELDS:
                 if recorded > derived:  # parameters the loss's gradient never reaches cost less (capture.liveness)
                     return f"unit {rec.index} ({rec.name}): {name} is {recorded}, above the model's {derived}"
             elif recorded != derived:
@@ -55,15 +59,22 @@ def _unit_mismatch(plan: Plan, graph: Any, *, loss_costed: bool) -> str | None:
     return None
 
 
+def _compared(plan: Plan) -> tuple[str, ...]:
+    """The unit fields `plan`'s memory model records (`TRANSIENT_MODEL`, `STEP_MODEL`)."""
+    return UNIT_FIELDS[:6] + UNIT_FIELDS[6:7] * (plan.memory_model >= TRANSIENT_MODEL) + UNIT_FIELDS[7:] * (
+        plan.memory_model >= STEP_MODEL)
+
+
 def _tied_mismatch(plan: Plan, graph: Any) -> str | None:
     from hetpipe.plan.build import tied_copies
 
-    derived = {tuple(c.user_units): c.state_bytes for c in tied_copies(graph)}
-    recorded = {tuple(t.units): t.state_bytes for t in plan.model.tied if len(t.units) > 1}
-    for units, nbytes in derived.items():
-        if recorded.get(units) != nbytes:
-            return (f"model.tied (units {list(units)}): state_bytes is {recorded.get(units)}, "
-                    f"the model's is {nbytes}")
+    names = ("state_bytes", "step_bytes") if plan.memory_model >= STEP_MODEL else ("state_bytes",)
+    for name in names:
+        derived = {tuple(c.user_units): getattr(c, name) for c in tied_copies(graph)}
+        recorded = {tuple(t.units): getattr(t, name) for t in plan.model.tied if len(t.units) > 1}
+        for units, nbytes in derived.items():
+            if recorded.get(units) != nbytes:
+                return f"model.tied (units {list(units)}): {name} is {recorded.get(units)}, the model's is {nbytes}"
     extra = set(recorded) - set(derived)
     if extra:
         return f"model.tied lists units {sorted(extra)[0]} as sharing a parameter; the model does not"
@@ -84,6 +95,22 @@ def _time_mismatch(plan: Plan, graph: Any, cluster: Any) -> str | None:
                 if not math.isclose(got, want, rel_tol=TIME_RTOL, abs_tol=0.0):
                     return (f"unit {rec.index} ({rec.name}): time_s.{kind}.{name} is {got!r} s, "
                             f"the model's is {want!r} s")
+    return _step_rule_mismatch(plan, cluster)
+
+
+def _step_rule_mismatch(plan: Plan, cluster: Any) -> str | None:
+    """The plan's per-kind step transient records (memory model 5) against the cluster's paths."""
+    from hetpipe.plan.step_schema import step_paths, step_transient_records
+    from hetpipe.cost_models.step_transient import path_transient
+
+    if plan.memory_model < STEP_MODEL or not any(u.step_param_bytes for u in plan.units):
+        return None  # no step tables recorded: the unit comparison says whether the model has some
+    paths = {k: p for k, p in step_paths(cluster).items() if k in {d.kind for d in plan.devices}}
+    derived = step_transient_records({k: path_transient(plan.training.optimizer, p) for k, p in paths.items()}, paths)
+    for want in derived:
+        got = next((r for r in plan.step_transient if r.kind == want.kind), None)
+        if got != want:
+            return f"step_transient of kind {want.kind!r} is {got}, the cluster's is {want}"
     return None
 
 

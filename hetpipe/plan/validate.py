@@ -10,7 +10,8 @@ a negative iteration time, a link priced as free):
 * links: one per ordered pair of distinct devices (a deleted link is not a free link),
   finite bandwidth > 0, finite latency >= 0;
 * units: FLOPs and bytes whole and >= 0, state_bytes >= param_bytes (the state holds the
-  weights), a finite time >= 0 for every device kind;
+  weights), a finite time >= 0 for every device kind; the optimizer step's stepped bytes (version 9),
+  the largest tensor within them, and each kind's path and multiples;
 * stages: a known device, the device's own usable_bytes (not an inflated copy), finite
   non-negative times and bytes; recompute_units distinct units of the stage's own range;
   a tensor-parallel group's members and shares well formed (`plan.groups`);
@@ -35,6 +36,7 @@ from typing import Any
 from hetpipe.cost_models.validate import (
     MAX_BANDWIDTH_BYTES_S, MAX_DEVICE_MEMORY_BYTES, MAX_DEVICES, MAX_LATENCY_S, finite_number, whole_number,
 )
+from hetpipe.cost_models.step_transient import STEP_PATHS
 from hetpipe.errors import PlanError
 from hetpipe.plan.groups import validate_groups
 
@@ -148,6 +150,22 @@ def _figures(plan: Any) -> None:
         _int(t.state_bytes, f"plan.model.tied[{k}].state_bytes")
 
 
+def _steps(plan: Any) -> None:
+    """Memory model 5's tables (version 9): whole bytes >= 0, a largest tensor within its unit's stepped bytes,
+    per kind a known path and whole multiples >= 0 (`plan.step_schema`)."""
+    for i, u in enumerate(plan.units):
+        at = f"plan.units[{i}]"
+        _int(u.step_param_bytes, f"{at}.step_param_bytes", maximum=INT64_MAX)
+        _int(u.step_tensor_bytes, f"{at}.step_tensor_bytes", maximum=u.step_param_bytes)
+    for k, t in enumerate(plan.model.tied):
+        _int(t.step_bytes, f"plan.model.tied[{k}].step_bytes", maximum=INT64_MAX)
+    for k, r in enumerate(plan.step_transient):
+        if r.path not in STEP_PATHS:
+            raise PlanError(f"plan.step_transient[{k}].path is {r.path!r}; use one of {', '.join(STEP_PATHS)}; {_FIX}")
+        _int(r.list_multiple, f"plan.step_transient[{k}].list_multiple")
+        _int(r.tensor_multiple, f"plan.step_transient[{k}].tensor_multiple")
+
+
 def validate_plan(plan: Any) -> None:
     """Raise `PlanError` unless the `Plan` `plan`'s tables are physically possible (module docstring).
 
@@ -161,3 +179,4 @@ def validate_plan(plan: Any) -> None:
     _stages(plan, {d.id: d.usable_bytes for d in plan.devices})
     validate_groups(plan)
     _figures(plan)
+    _steps(plan)

@@ -70,6 +70,7 @@ from torch import nn
 
 from hetpipe.cost_models.memory import (
     check_optimizer, check_precision, grad_bytes_per_param, state_bytes_per_param, weight_bytes_per_param)
+from hetpipe.cost_models.step_transient import STEP_VALUE_BYTES
 from hetpipe.cost_models.work import total_work
 from hetpipe.errors import CaptureError, ConfigError
 from hetpipe.partitioner.capture.export import export_for_training
@@ -395,11 +396,11 @@ def _build_units(gm: fx.GraphModule, groups: Sequence[Group], unit_of: dict[str,
     """(units, tied parameters, total parameters counted once); ``dead`` parameters cost like frozen ones."""
     n = len(groups)
     uses = _param_units(gm, unit_of)
-    trainable, frozen, tensors = [0] * n, [0] * n, [0] * n
+    trainable, frozen, tensors, largest = [0] * n, [0] * n, [0] * n, [0] * n  # largest: trainable tensor's numel
     for p, units in uses.values():
-        learns = p.requires_grad and id(p) not in dead
-        (trainable if learns else frozen)[min(units)] += p.numel()
-        tensors[min(units)] += learns
+        learns, home = p.requires_grad and id(p) not in dead, min(units)
+        (trainable if learns else frozen)[home] += p.numel()
+        tensors[home], largest[home] = tensors[home] + learns, max(largest[home], p.numel() * learns)
     members: list[list[str]] = [[] for _ in range(n)]
     for node in gm.graph.nodes:
         members[unit_of[node.name]].append(node.name)
@@ -410,8 +411,7 @@ def _build_units(gm: fx.GraphModule, groups: Sequence[Group], unit_of: dict[str,
     buffers, grad_b = unit_buffer_bytes(gm, unit_of, n), grad_bytes_per_param(precision)
     units = []
     for k, g in enumerate(groups):
-        body = members[k]  # placeholders, get_attrs and the output cost 0
-        count = trainable[k] + frozen[k]
+        body, count = members[k], trainable[k] + frozen[k]  # body: placeholders, get_attrs and the output cost 0
         units.append(Unit(
             index=k, name=g.name, node_names=tuple(members[k]),
             fwd_flops=sum(costs[b].flops for b in body), bwd_flops=train.bwd_flops[k], param_count=count,
@@ -420,7 +420,8 @@ def _build_units(gm: fx.GraphModule, groups: Sequence[Group], unit_of: dict[str,
             activation_bytes=train.activation_bytes[k], boundary_bytes=boundary[k], boundary_held_bytes=held_cut[k],
             boundary_grad_bytes=grad_cut[k], recompute_bytes=train.recompute_bytes[k], memory_traffic_bytes=sum(costs[b].traffic_bytes for b in body),
             op_count=sum(costs[b].kernels for b in body), weight_grad_bytes=train.weight_grad_bytes[k],
-            fwd_work=total_work(costs[b].work for b in body), bwd_work=train.bwd_work[k], param_tensors=tensors[k]))
+            fwd_work=total_work(costs[b].work for b in body), bwd_work=train.bwd_work[k], param_tensors=tensors[k],
+            step_param_bytes=trainable[k] * STEP_VALUE_BYTES, step_tensor_bytes=largest[k] * STEP_VALUE_BYTES))
     return tuple(units), _ties(gm, uses), sum(trainable) + sum(frozen)
 
 

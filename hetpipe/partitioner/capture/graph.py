@@ -76,6 +76,9 @@ class Unit:
             roofline then charges the backward twice the forward's traffic and kernels).
         param_tensors: trainable parameter tensors the unit owns: a per-tensor optimizer loop
             (PyTorch's default on a CPU) pays its ops once per tensor (`cost_models.optimizer_step`).
+        step_param_bytes, step_tensor_bytes: the bytes of those tensors as the optimizer steps them (fp32),
+            all and the largest: its step's transient is a multiple of one or the other (memory model 5,
+            `hetpipe.cost_models.step_transient`).
     """
 
     index: int
@@ -103,6 +106,8 @@ class Unit:
     fwd_work: PassWork | None = None
     bwd_work: PassWork | None = None
     param_tensors: int = 0
+    step_param_bytes: int = 0
+    step_tensor_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ Optimizer offload (`Problem.offload` auto/all): `cpsat_offload.OffloadVars`, a b
 position, its bytes off every memory row and max_j O_j added to the objective.
 Backward transients (memory model 4): `transient_vars`, T_j >= each unit's transient on j, in every
 backward moment's row, enforced where j recomputes or holds a unit with a transient.
+The optimizer step's moment (memory model 5): `cpsat_step.step_rows`, a row per class on its kind's U.
 
 Times are integers: seconds * `scale`, rounded DOWN, so the model's objective never
 exceeds the true T of the same placement and CP-SAT's best bound stays a valid lower
@@ -58,7 +59,8 @@ from hetpipe.partitioner.solvers.cpsat_offload import offload_vars
 from hetpipe.partitioner.solvers.cpsat_selective import lever_vars
 from hetpipe.partitioner.solvers.offload_walk import best_levers
 from hetpipe.partitioner.solvers.dp import DeviceClass, device_classes
-from hetpipe.partitioner.problem import Problem, Stage, evaluate
+from hetpipe.partitioner.problem import Problem, Stage, TiedCopy, evaluate
+from hetpipe.partitioner.solvers.cpsat_step import step_rows
 from hetpipe.schedule.held import position_held_terms
 
 log = logging.getLogger(__name__)
@@ -196,7 +198,9 @@ class _Model:
         for j in range(self.P):
             cut_out, cut_in = cut_bytes[j], (cut_bytes[j + 1] if j + 1 < self.P else 0)
             grad_out, grad_in = cut_grad[j], (cut_grad[j + 1] if j + 1 < self.P else 0)
-            state = sum((prob.state_bytes[u] - grad[u]) * self.in_[u][j] for u in range(L)) + self._tied_copies(j)
+            copies = self._tied_copies(j)
+            state = sum((prob.state_bytes[u] - grad[u]) * self.in_[u][j] for u in range(L)) + sum(
+                t.state_bytes * copy for t, copy in copies)
             grads = sum(grad[u] * self.in_[u][j] for u in range(L))
             # A_s: held storages once, less the output cut's held share (`problem.stage_activation_bytes`)
             act = sum(prob.activation_bytes[u] * self.in_[u][j] for u in range(L))
@@ -219,17 +223,19 @@ class _Model:
                                + t.in_grad_frames * grad_in + t.out_frames * cut_out + t.out_grad_frames * grad_out
                                + levers + (transient if t.backward else 0) - offloaded <= cap
                                ).only_enforce_if([when] if gate is None else [when, gate])
+            levers = self.levers.memory(j, 0, backward=False) if self.levers is not None else 0
+            step_rows(self, j, state + grads + levers, copies)  # memory model 5: the step's moment
 
-    def _tied_copies(self, j: int) -> cp_model.LinearExpr | int:
-        """Bytes of tied-parameter replicas on position j: copy >= (holds a user) - (holds the owner)."""
-        total: cp_model.LinearExpr | int = 0
+    def _tied_copies(self, j: int) -> list[tuple[TiedCopy, cp_model.IntVar]]:
+        """Tied-parameter replicas on position j, each with its literal: copy >= (holds a user) - (holds the owner)."""
+        out = []
         for g, t in enumerate(self.problem.tied):
             copy = self.model.new_bool_var(f"tied{g}_copy_j{j}")
             for u in t.user_units:
                 if u != t.owner_unit:
                     self.model.add(copy >= self.in_[u][j] - self.in_[t.owner_unit][j])
-            total = total + t.state_bytes * copy
-        return total
+            out.append((t, copy))
+        return out
 
     def _objective(self) -> None:
         md = self.model

@@ -58,7 +58,7 @@ from hetpipe.partitioner.solvers.offload_band import offload_band
 from hetpipe.partitioner.solvers.count_pass import CountPass, run_counts
 from hetpipe.partitioner.solvers.pace_rule import LevelCaps
 from hetpipe.partitioner.solvers.recompute_band import shared_band
-from hetpipe.partitioner.solvers.stage_moments import band_moments, memory_tables, transient_band
+from hetpipe.partitioner.solvers.stage_moments import band_moments, memory_tables, step_band, tied_band, transient_band
 
 log = logging.getLogger(__name__)
 
@@ -140,21 +140,6 @@ def _links_match_pair(problem: Problem, bucket: Sequence[int], i: int) -> bool:
     return all((bw[j][i], lat[j][i]) == want and (bw[i][j], lat[i][j]) == want for j in bucket)
 
 
-def _tied_band(problem: Problem, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Bytes of tied-parameter replicas a stage [lo, hi) holds (`problem.tied_bytes`), as a band."""
-    extra = np.zeros(np.broadcast_shapes(lo.shape, hi.shape))
-    for t in problem.tied:
-        users = np.zeros(problem.num_units + 1)
-        for u in t.user_units:
-            if u != t.owner_unit:
-                users[u + 1] = 1.0
-        users = np.cumsum(users)
-        has_user = (users[hi] - users[lo]) > 0
-        has_owner = (lo <= t.owner_unit) & (t.owner_unit < hi)
-        extra = extra + np.where(has_user & ~has_owner, float(t.state_bytes), 0.0)
-    return extra
-
-
 def _selective_tables(problem: Problem, classes: Sequence[DeviceClass]) -> StageTables | None:
     """The tables of a stage that runs the selective level: its variant problem's, each class's usable bytes
     less the level's peak (`Problem.selective`, priced as `evaluate` does; offered under ``auto`` only)."""
@@ -184,11 +169,13 @@ class StageTables:
         st = np.concatenate(([0.0], np.cumsum(np.asarray(problem.state_bytes, dtype=np.float64))))
         act = np.concatenate(([0.0], np.cumsum(np.asarray(problem.activation_bytes, dtype=np.float64))))
         bd = np.asarray(problem.boundary_bytes, dtype=np.float64)
-        self.tied = _tied_band(problem, lo, hi_c)
+        self.tied = tied_band(problem, lo, hi_c)
         self.state = st[hi_c] - st[lo] + self.tied
         self.grads, held_out, self.before_grad, self.after_grad = memory_tables(problem, lo, hi_c, self.valid.shape)
         self.act = act[hi_c] - act[lo] - held_out  # A_s (`problem.stage_activation_bytes`)
         self.transient = transient_band(problem, lo, hi_c)  # T_s, memory model 4
+        self.step_params, self.step_largest = step_band(problem, lo, hi_c)  # U_s's tables, memory model 5
+        self.step_rules, self._step_ok = problem.step_transient, {}  # class -> step_fits over the whole band
         # in/out cut bytes of a stage on [lo, hi): the cut before (none for the first) and after
         self.before = np.broadcast_to(np.where(lo > 0, bd[np.maximum(lo - 1, 0)], 0.0), self.valid.shape)
         self.after = bd[np.clip(hi_c - 1, 0, L - 1)]  # counted only if a stage follows
@@ -247,6 +234,7 @@ class StageTables:
         else:  # the recompute choice's seconds; inf where no choice fits
             cls = self.classes[c]
             cost = cost + self.levers.extra_s(cls.kind, cls.usable_bytes, after_stages, self.moments, cost <= cap)
+        cost = np.where(self.step_fits(c, width), cost, np.inf)  # the step's moment; offloading steps on the host
         if self.offload is not None:  # the cheaper of offloading or not (`offload_band`)
             cost = self.offload.cost(self, c, after_stages, cap, width, base, cost)
         ok = cost <= cap
@@ -254,6 +242,17 @@ class StageTables:
         if self.selective is not None:  # the cheaper of running the selective level or not (`cost_models.selective`)
             return np.minimum(np.where(ok, cost, np.inf), self.selective.band(c, after_stages, cap, width))
         return np.where(ok, cost, np.inf)
+
+    def step_fits(self, c: int, width: int) -> np.ndarray:
+        """Memory model 5: the stage's step moment, state + U_s on kind(c) (`problem.stage_step_transient`), fits
+        class c's usable bytes (an offloading stage's step allocates on its host: `offload_band` prices it);
+        worked out once per class over the whole band."""
+        if c not in self._step_ok:
+            rule = self.step_rules.get(self.classes[c].kind)
+            held = self.state if rule is None else (
+                self.state + rule.list_multiple * self.step_params + rule.tensor_multiple * self.step_largest)
+            self._step_ok[c] = held <= (self.classes[c].usable_bytes if rule is not None else np.inf)
+        return self._step_ok[c][:, :width]
 
     def gather(self, h: np.ndarray, width: int) -> np.ndarray:
         """h[lo + w + 1] as an (L+1, width) array (h indexed by the next stage's first unit)."""

@@ -42,7 +42,7 @@ import numpy as np
 
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.problem import (Problem, Stage, StagePosition, grad_cut_bytes, stage_activation_bytes,
-                                         stage_transient_bytes, tied_bytes)
+                                         stage_step_bytes, stage_transient_bytes, tied_bytes)
 from hetpipe.partitioner.recompute import with_recompute
 from hetpipe.partitioner.solvers.cap_walk import DPResult, check_deadline, parametric_search
 from hetpipe.partitioner.solvers.dp import DeviceClass, StageTables
@@ -170,7 +170,7 @@ def group_cost(problem: Problem, members: tuple[int, ...], lo: int, last: int, a
         in_grad_bytes=grad_cut_bytes(problem, lo - 1) if lo > 0 else 0,
         out_grad_bytes=grad_cut_bytes(problem, last) if after else 0,
         activation_bytes=stage_activation_bytes(problem, st), tied_bytes=tied_bytes(problem, st),
-        transient_bwd_bytes=stage_transient_bytes(problem, st))
+        transient_bwd_bytes=stage_transient_bytes(problem, st), step_bytes=stage_step_bytes(problem, st))
     try:
         g = group_stage(problem, first=lo, last=last, members=members, position=pos)
     except InfeasibleError:

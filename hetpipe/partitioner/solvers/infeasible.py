@@ -27,8 +27,8 @@ from hetpipe.errors import InfeasibleError
 from hetpipe.partitioner.solvers.dp import StateSpaceTooLarge, solve_exact
 from hetpipe.partitioner.solvers.fixed_order import solve_fixed_order
 from hetpipe.partitioner.problem import (
-    Problem, Stage, evaluate, stage_activation_bytes, stage_memory_bytes, stage_recompute_cost,
-    stage_transient_bytes)
+    Problem, Stage, evaluate, stage_activation_bytes, stage_memory_bytes, stage_memory_terms, stage_recompute_cost,
+    stage_step_transient, stage_transient_bytes)
 
 #: Bisection steps on the memory factor: 2^-30 relative precision, plenty for a message.
 BISECTION_STEPS = 30
@@ -156,6 +156,14 @@ def explain_infeasible(problem: Problem) -> InfeasibleError:
     act = inflight * (stage_activation_bytes(problem, st) - rc.saved_bytes) + rc.peak_bytes + stage_transient_bytes(problem, st)
     buffers = stage_memory_bytes(problem, stages, s) - state - act
     missing = cost.memory_bytes - cost.usable_bytes
+    step = sum(stage_step_transient(problem, st).values())  # memory model 5: U_s at the step's moment
+    if step > 0 and stage_memory_terms(problem, stages, s).state_bytes + step >= cost.memory_bytes:
+        return InfeasibleError(
+            f"no plan fits in memory: at best, stage {s} on {dev.id} ({dev.kind}) needs {human_bytes(cost.memory_bytes)} "
+            f"at its optimizer step but has {human_bytes(cost.usable_bytes)} usable ({human_bytes(missing)} missing; "
+            f"units {st.first_unit}-{st.last_unit}: state {human_bytes(cost.memory_bytes - step)}, the step's transient "
+            f"{human_bytes(step)}); try sgd/momentum (no step transient){_offload_tip(problem)}; more devices or "
+            "devices with more memory")
     tips = []
     if act >= state:
         tips.append(f"a smaller micro-batch (activations are the larger share){_recompute_tip(problem)}")
@@ -170,3 +178,8 @@ def explain_infeasible(problem: Problem) -> InfeasibleError:
         f"state {human_bytes(state)}, activations {human_bytes(act)} for {inflight} in-flight micro-batches, buffers "
         f"{human_bytes(buffers)}); try {'; '.join(tips)}"
     )
+
+
+def _offload_tip(problem: Problem) -> str:
+    """``, --offload auto`` unless the problem already offers it (an offloading stage steps on its host)."""
+    return "" if problem.offload != "never" else ", --offload auto (the step then runs on the host)"

@@ -8,7 +8,8 @@ the gradient messages of the cuts before and after; `band_moments` evaluates
 action list (`hetpipe.schedule.held.position_held_terms`), so M_s is their largest.  Memory model
 4's T_s (`transient_band`) is in every backward moment, and each such moment comes again, flagged
 as outside a backward, on the entries whose T_s > 0: a consumer that counts a backward's moments
-only with a recomputation's peak (`recompute_band.memory_with`) still counts T_s alone.
+only with a recomputation's peak (`recompute_band.memory_with`) still counts T_s alone.  Memory model
+5's step moment depends on the class's kind: `step_band` holds its tables, `dp.StageTables.step_fits` checks it.
 
 Example:
     >>> from hetpipe.partitioner.problem import DeviceSlot, Problem
@@ -28,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from hetpipe.partitioner.problem import Problem
+from hetpipe.partitioner.problem import Problem, TiedCopy
 from hetpipe.schedule.held import position_held_terms
 
 
@@ -71,3 +72,40 @@ def transient_band(problem: Problem, lo: np.ndarray, hi: np.ndarray) -> np.ndarr
     L = problem.num_units
     table = np.asarray(problem.transient_bwd_bytes or (0,) * L, dtype=np.float64)
     return np.maximum.accumulate(table[np.clip(hi - 1, 0, L - 1)], axis=1)
+
+
+def tied_band(problem: Problem, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Bytes of tied-parameter replicas a stage [lo, hi) holds (`problem.tied_bytes`), as a band."""
+    extra = np.zeros(np.broadcast_shapes(lo.shape, hi.shape))
+    for t, held in replica_bands(problem, lo, hi):
+        extra = extra + np.where(held, float(t.state_bytes), 0.0)
+    return extra
+
+
+def replica_bands(problem: Problem, lo: np.ndarray, hi: np.ndarray) -> list[tuple[TiedCopy, np.ndarray]]:
+    """Per tied parameter, where a stage [lo, hi) keeps a replica (`problem.held_replicas`): it holds a user, not
+    the owner."""
+    out = []
+    for t in problem.tied:
+        users = np.zeros(problem.num_units + 1)
+        for u in t.user_units:
+            if u != t.owner_unit:
+                users[u + 1] = 1.0
+        users = np.cumsum(users)
+        has_owner = (lo <= t.owner_unit) & (t.owner_unit < hi)
+        out.append((t, ((users[hi] - users[lo]) > 0) & ~has_owner))
+    return out
+
+
+def step_band(problem: Problem, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(P_s, the largest stepped tensor) of every entry [lo, hi), tied replicas included (`problem.stage_step_bytes`;
+    the largest as a running max along the band's width, like `transient_band`)."""
+    L = problem.num_units
+    cum = np.concatenate(([0.0], np.cumsum(np.asarray(problem.step_param_bytes or (0,) * L, dtype=np.float64))))
+    table = np.asarray(problem.step_tensor_bytes or (0,) * L, dtype=np.float64)
+    params = cum[hi] - cum[lo]
+    largest = np.maximum.accumulate(table[np.clip(hi - 1, 0, L - 1)], axis=1)
+    for t, held in replica_bands(problem, lo, hi):
+        params = params + np.where(held, float(t.step_bytes), 0.0)
+        largest = np.maximum(largest, np.where(held, float(t.step_bytes), 0.0))
+    return params, largest
