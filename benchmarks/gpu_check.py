@@ -124,58 +124,6 @@ def check_stages(args: argparse.Namespace, graph: Any, example: tuple[torch.Tens
     return {"params": float(len(grads)), "loss_rel_err": loss_err, "grad_rel_err": worst}, parts, unit_stage
 
 
-PEAK_GROUPS = 10  # allocation sites listed at the allocator's peak
-
-
-def peak_sites(trace: list[dict[str, Any]], start_bytes: int) -> tuple[int, list[tuple[str, int]]]:
-    """Replay one device's allocator trace (`torch.cuda.memory._snapshot()['device_traces'][d]`): the peak
-    bytes (``start_bytes`` held before recording plus the live recorded blocks) and, at that peak, the live
-    bytes by allocation site (the innermost frame in hetpipe or this script, else the innermost frame).
-
-    Example:
-        >>> ev = [{"action": "alloc", "addr": 1, "size": 8, "frames": [{"filename": "x.py", "line": 3, "name": "f"}]},
-        ...       {"action": "free_completed", "addr": 1, "size": 8, "frames": []}]
-        >>> peak_sites(ev, 100)
-        (108, [('x.py:3 f', 8)])
-    """
-    live: dict[int, tuple[int, str]] = {}
-    total = peak = 0
-    at_peak: dict[int, tuple[int, str]] = {}
-    for ev in trace:
-        if ev["action"] == "alloc":
-            frames = ev.get("frames") or []
-            mine = [f for f in frames if "hetpipe" in f["filename"] or "gpu_check" in f["filename"]]
-            f = (mine or frames or [{"filename": "autograd engine (C++)", "line": 0, "name": ""}])[0]
-            live[ev["addr"]] = (ev["size"], f"{f['filename'].rsplit('/', 2)[-1]}:{f['line']} {f['name']}")
-            total += ev["size"]
-            if total > peak:
-                peak, at_peak = total, dict(live)
-        elif ev["action"] == "free_completed" and ev["addr"] in live:
-            total -= live.pop(ev["addr"])[0]
-    sites: dict[str, int] = {}
-    for size, site in at_peak.values():
-        sites[site] = sites.get(site, 0) + size
-    return start_bytes + peak, sorted(sites.items(), key=lambda kv: -kv[1])[:PEAK_GROUPS]
-
-
-def executor_peak(ex: Any, xs: list[Any], ys: list[Any]) -> list[str]:
-    """One more executor step with the allocator's history on: what is live at its peak, by site."""
-    torch.cuda.synchronize()
-    start = torch.cuda.memory_allocated()
-    torch.cuda.memory._record_memory_history(stacks="python", max_entries=200_000)
-    try:
-        ex.step(xs, ys)
-        torch.cuda.synchronize()
-        snap = torch.cuda.memory._snapshot()
-    finally:
-        torch.cuda.memory._record_memory_history(enabled=None)
-    trace = snap["device_traces"][torch.cuda.current_device()]
-    peak, sites = peak_sites(trace, start)
-    return ["", f"Executor step under the allocator's history: {start / 2**20:.1f} MiB allocated before it (parameters, Adam state, the last step's gradients, freed at its start), "
-                f"peak {peak / 2**20:.1f} MiB; live at the peak, allocated during the step, by site:", "",
-            "| site | MiB |", "|---|---|", *(f"| `{site}` | {b / 2**20:.1f} |" for site, b in sites)]
-
-
 def check_memory_and_timing(args: argparse.Namespace, graph: Any, example: tuple[torch.Tensor, ...], loss_fn: Any,
                             profile: Any) -> dict[str, float]:
     """One-stage 1F1B step: held bytes vs the allocator's peak vs the cost model; timings vs predicted."""
@@ -216,6 +164,7 @@ def check_memory_and_timing(args: argparse.Namespace, graph: Any, example: tuple
         if step:
             fwd += stats.forward_s
             bwd += stats.backward_s
+    from benchmarks.gpu_peak import executor_peak  # after main() put the checkout on sys.path
     args.peak_lines = executor_peak(ex, xs, ys) if cuda else []
     dev = Device(id="gpu:0", node="n0", profile=profile, reserve_bytes=0)
     problem = build_problem(graph, Cluster(name="lent", devices=(dev,), links={}), microbatches=microbatches)

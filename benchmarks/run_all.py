@@ -28,6 +28,7 @@ STATIC = ("objective_history",)
 NEEDS_GPU = ("gpu_check",)
 #: Further runs of one script with its arguments, each writing its own results/<file>.md after the script's own.
 VARIANTS = {"cpu_truth": (("cpu_truth_cpu_clock", ("--clock", "cpu")),),
+            "planner_scale": (("planner_scale_60s", ("--time-limit", "60")),),
             "tp_emulated": (("tp_emulated_hf_llama_tiny", ("--model", "hf-llama-tiny")),
                             ("tp_emulated_hf_gpt2_tiny", ("--model", "hf-gpt2-tiny")))}
 
