@@ -199,9 +199,9 @@ def wait_work(work: dist.Work, *, timeout_s: float, gloo: bool,
     except RuntimeFailure:
         raise
     except RuntimeError as err:  # DistBackendError and gloo's IoException arrive as RuntimeError
-        detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        detail = backend_detail(err)
         timed_out = "timed out" in detail.lower() or time.monotonic() - start >= timeout_s
-        raise RuntimeFailure(describe(timed_out, _strip_source(detail))) from err
+        raise RuntimeFailure(describe(timed_out, detail)) from err
     if not work.is_completed():
         raise RuntimeFailure(describe(True, "no completion"))
 
@@ -223,9 +223,7 @@ def post_work(start: Callable[[], Any], *, describe: Callable[[bool, str], str])
     try:
         return start()
     except RuntimeError as err:
-        text = str(err).strip()
-        raise RuntimeFailure(describe(False, _strip_source(text.splitlines()[0]) if text else
-                                      type(err).__name__)) from err
+        raise RuntimeFailure(describe(False, backend_detail(err))) from err
 
 
 #: gloo's words when the other end of a pair is gone (gloo/transport/tcp/pair.cc): the peer's process ended, so
@@ -242,10 +240,20 @@ def peer_lost(err: BaseException) -> str | None:
         >>> peer_lost(ValueError("Connection closed by peer")) is None
         True
     """
-    text = str(err).strip()
-    if not isinstance(err, RuntimeError) or not any(words in text for words in PEER_LOST):
+    if not isinstance(err, RuntimeError) or not any(words in str(err) for words in PEER_LOST):
         return None
-    return _strip_source(text.splitlines()[0])
+    return backend_detail(err)
+
+
+def backend_detail(err: BaseException) -> str:
+    """The backend error's first line without gloo's ``[/path/file.cc:78] `` prefix (its type name if empty).
+
+    Example:
+        >>> backend_detail(RuntimeError("[/gloo/pair.cc:553] Connection closed by peer; more"))
+        'Connection closed by peer; more'
+    """
+    text = str(err).strip()
+    return _strip_source(text.splitlines()[0]) if text else type(err).__name__
 
 
 def _poll(work: dist.Work, *, deadline: float) -> None:
