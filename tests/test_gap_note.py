@@ -23,7 +23,7 @@ def test_gap_note_only_above_two_percent() -> None:
     assert gap_note(1.0, 1.0, 10.0) is None  # proved optimal
     line = gap_note(1.0, 0.97, 10.0)
     assert line is not None and line.startswith("gap 3.0% between T 1.000 s and its proven lower bound 970.00 ms")
-    assert "--time-limit 10 s: a longer limit can tighten it" in line
+    assert "within a limit of 10 s: a longer --time-limit can tighten it" in line
     assert gap_note(2.0, 0.0, 60.0).startswith("gap 100.0%")  # no bound proved: all of T
 
 
@@ -32,7 +32,7 @@ def test_plan_prints_the_note_where_the_gap_is_above_the_threshold(tmp_path: Pat
     args = ["plan", "gpt-tiny", "--cluster", str(CLUSTER), "-o", str(tmp_path / "plan.json"), "--time-limit", "2"]
     monkeypatch.setattr(tables, "GAP_NOTE_ABOVE", -1.0)  # every gap is above it
     assert main(args) == 0
-    assert "a longer limit can tighten it" in capsys.readouterr().out
+    assert "a longer --time-limit can tighten it" in capsys.readouterr().out
     monkeypatch.setattr(tables, "GAP_NOTE_ABOVE", 1.0)  # no gap is above it
     assert main(args) == 0
-    assert "a longer limit can tighten it" not in capsys.readouterr().out
+    assert "a longer --time-limit can tighten it" not in capsys.readouterr().out

@@ -61,13 +61,24 @@ def _check_out_dir(path: Path) -> None:
         check_writable(path, "--out")
 
 
+def _seconds_or_auto(text: str) -> float:
+    """``--time-limit``'s text as seconds (range checked after); a word other than ``auto`` is refused."""
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"--time-limit: must be seconds or auto, got {text!r}; give the solver's budget in seconds, "
+                          "e.g. --time-limit 10, or auto (the default)") from None
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Raise `ConfigError` for the first flag out of range or output that cannot be written."""
     for name, (flag, least, fix) in _WHOLE.items():
         if getattr(args, name, None) is not None:
             whole_number(getattr(args, name), flag, minimum=least, fix=fix)
+    if isinstance(getattr(args, "time_limit", None), str) and args.time_limit != "auto":
+        args.time_limit = _seconds_or_auto(args.time_limit)
     for name, (flag, most, fix) in _POSITIVE.items():
-        if getattr(args, name, None) is not None:
+        if getattr(args, name, None) not in (None, "auto"):
             finite_number(getattr(args, name), flag, strict=True, maximum=most, fix=fix)
     if getattr(args, "solver", None) is not None:
         from hetpipe.partitioner.solvers.solve import SOLVERS

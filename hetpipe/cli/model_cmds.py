@@ -113,7 +113,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         selective = selective_level(args, graph, cluster)
     try:
         with console.status(f"solving: {graph.num_units} units on {len(cluster.devices)} devices "
-                            f"(limit {args.time_limit:g} s)"):
+                            f"(limit {'auto' if args.time_limit == 'auto' else f'{args.time_limit:g} s'})"):
             plan = plan_replicas(graph, cluster, replicas, global_batch=args.global_batch, solver=args.solver,
                                  time_limit_s=args.time_limit, seed=args.seed,
                                  recompute=getattr(args, "recompute", "auto"),

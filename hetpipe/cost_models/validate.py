@@ -124,16 +124,20 @@ MAX_TIME_LIMIT_S = 86400.0
 
 
 def check_solver_options(solver: object, time_limit_s: object, seed: object) -> None:
-    """The solver's options: a name, a time limit in (0, one day] seconds, a seed in [0, 2^31).
+    """The solver's options: a name, a time limit in (0, one day] seconds or ``"auto"`` (the default:
+    `partitioner.solvers.time_budget`), a seed in [0, 2^31).
 
     A zero or negative limit is refused rather than answered by another solver (a CP-SAT run
     with no time is no CP-SAT run).
 
     Example:
         >>> check_solver_options("auto", 10.0, 0)
+        >>> check_solver_options("auto", "auto", 0)
     """
     if not isinstance(solver, str):
         raise ConfigError(f"solver: must be a name (auto, dp, cpsat), got {show(solver)}")
-    finite_number(time_limit_s, "time limit (--time-limit, time_limit_s)", strict=True, maximum=MAX_TIME_LIMIT_S,
-                  fix="give the solver's wall-clock budget in seconds, e.g. --time-limit 10")
+    if time_limit_s != "auto":
+        finite_number(time_limit_s, "time limit (--time-limit, time_limit_s)", strict=True,
+                      maximum=MAX_TIME_LIMIT_S, fix="give the solver's wall-clock budget in seconds, e.g. --time-limit "
+                      "10, or auto")
     whole_number(seed, "seed (--seed)", minimum=0, maximum=2**31 - 1, fix="use e.g. --seed 0")

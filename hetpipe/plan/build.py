@@ -27,17 +27,15 @@ from hetpipe.cost_models.offload import check_offload_option, offload_rates
 from hetpipe.cost_models.recompute import check_recompute_option
 from hetpipe.cost_models.validate import check_solver_options
 from hetpipe.cost_models.memory import state_bytes_per_param
-from hetpipe.cost_models.quantities import human_bytes
 from hetpipe.cost_models.optimizer_step import loop_unit_step_s, step_launch_s, tensor_step_s, unit_step_s
 from hetpipe.cost_models.stage_memory import MEMORY_MODEL
 from hetpipe.cost_models.step_transient import STEP_VALUE_BYTES
 from hetpipe.cost_models.timing import efficiencies, peak_flops_s
-from hetpipe.errors import ConfigError, InfeasibleError
+from hetpipe.errors import ConfigError
 from hetpipe.partitioner.capture.graph import UnitGraph
 from hetpipe.plan.offload_note import offload_note
 from hetpipe.plan.unit_times import profile_unit_times, unit_times  # noqa: F401 (re-exported)
-from hetpipe.plan.left_out import left_out_reasons
-from hetpipe.partitioner.selective_mode import forced_problem, lift
+from hetpipe.plan.solved import solve_for_plan
 from hetpipe.plan.selective_plan import (check_selective_mode, level_used, offer_for_options,  # noqa: F401
                                         offers_selective)
 from hetpipe.plan.selective_schema import PlanSelective
@@ -376,7 +374,7 @@ def partition(
     precision: str = "fp32",
     granularity: str | int = "block",
     solver: str = "auto",
-    time_limit_s: float = 10.0,
+    time_limit_s: float | str = "auto",
     seed: int = 0,
     name: str | None = None,
     loss_fn: Any = None,
@@ -424,7 +422,7 @@ def partition_graph(
     *,
     global_batch: int | None = None,
     solver: str = "auto",
-    time_limit_s: float = 10.0,
+    time_limit_s: float | str = "auto",
     seed: int = 0,
     recompute: str = "auto",
     offload: str = "never",
@@ -458,42 +456,10 @@ def partition_graph(
     if selective is not None and offers_selective(recompute, schedule, tensor_parallel):
         problem = dataclasses.replace(problem, selective=selective[0])
     log.info("solving %d units on %d devices, %d micro-batches", graph.num_units, len(cluster.devices), m)
-    problem, sol, base, left = _solved(problem, solver=solver, time_limit_s=time_limit_s, seed=seed,
-                                       schedule=schedule, tensor_parallel=tensor_parallel)
-    report = SolverReport(sol.solver, sol.status, sol.iteration_s, sol.bound_s, sol.wall_s, time_limit_s, seed)
-    return assemble_plan(graph, cluster, problem=problem, stages=sol.stages, solver=report,
-                         global_batch=global_batch, baselines=base, left_out=left,
+    got = solve_for_plan(problem, solver=solver, time_limit_s=time_limit_s, seed=seed, schedule=schedule,
+                         tensor_parallel=tensor_parallel)
+    sol = got.solution
+    report = SolverReport(sol.solver, sol.status, sol.iteration_s, sol.bound_s, sol.wall_s, got.limit_s, seed)
+    return assemble_plan(graph, cluster, problem=got.problem, stages=sol.stages, solver=report,
+                         global_batch=global_batch, baselines=got.baselines, left_out=got.left_out,
                          selective=selective[1] if selective is not None else None)
-
-
-def _solved(problem: Problem, *, solver: str, time_limit_s: float, seed: int, schedule: str,
-            tensor_parallel: str) -> tuple[Problem, Any, dict[str, BaselineReport], tuple[LeftOut, ...]]:
-    """(problem as planned, solution, baselines, left-out reasons).  Under ``recompute="selective"`` all of it
-    runs on `selective_mode.forced_problem` (which prices every placement as the forced problem does) and the
-    answer's stages are lifted to run the level."""
-    from hetpipe.partitioner.solvers.solve import VERIFY_SHARE, solve
-    from hetpipe.partitioner.solvers.tp_solve import solve_tp
-    from hetpipe.partitioner.solvers.verify import LOCAL_SEARCH_S
-    from hetpipe.plan.adopt import adopt_faster_baselines
-    from hetpipe.partitioner.schedule_choice import choose_schedule
-    from hetpipe.plan.baseline_report import baseline_reports
-
-    work = forced_problem(problem)  # `problem` itself unless the level is forced
-    try:
-        sol = (solve_tp if tensor_parallel == "auto" else solve)(work, solver=solver, time_limit_s=time_limit_s,
-                                                                seed=seed)
-    except InfeasibleError as err:
-        if work is problem or problem.selective is None:
-            raise
-        raise InfeasibleError(f"{str(err).rstrip('.')} (--recompute selective: the figures above are with the level "
-                              "on every stage, the usable memory each card's less the level's peak, "
-                              f"{human_bytes(problem.selective.peak_bytes)}, which every stage holds once; "
-                              "--recompute auto may fit with whole units)") from None
-    base = baseline_reports(work)  # forced onto every card, and on the best cards (issue 17)
-    sol = adopt_faster_baselines(work, sol, base, limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))
-    work, sol = choose_schedule(work, sol, option=schedule, limit_s=min(LOCAL_SEARCH_S, VERIFY_SHARE * time_limit_s))
-    left = left_out_reasons(work, sol, solver=solver, time_limit_s=time_limit_s, seed=seed)
-    if problem.recompute != "selective":
-        return work, sol, base, left
-    return (dataclasses.replace(problem, schedule=work.schedule), dataclasses.replace(sol, stages=lift(sol.stages)),
-            base, left)

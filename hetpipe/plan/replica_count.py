@@ -24,6 +24,7 @@ from hetpipe.cost_models.devices import Cluster
 from hetpipe.cost_models.sync import SYNC_BUDGET_FRACTION, choose_policy
 from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.capture.graph import UnitGraph
+from hetpipe.partitioner.solvers.time_budget import first_limit_s
 from hetpipe.partitioner.replica_types import ReplicaProblem, ReplicaSolution, work_lower_bound
 from hetpipe.partitioner.replicas import (
     GroupingSearch,
@@ -119,14 +120,15 @@ def solve_n_replicas(rp: ReplicaProblem, count: int, *, policy: str = "auto", ou
 
 
 def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, global_batch: int | None,
-                  solver: str = "auto", time_limit_s: float = 10.0, seed: int = 0, recompute: str = "auto",
+                  solver: str = "auto", time_limit_s: float | str = "auto", seed: int = 0, recompute: str = "auto",
                   offload: str = "never", schedule: str = "1f1b", tensor_parallel: str = "off",
                   sharding: str = "never", selective: Any = None) -> Plan:
     """The plan ``hetpipe plan --replicas`` writes (see the module docstring); `selective` (the selective
     recompute level, `plan.selective_plan.selective_offer`) is offered to one pipeline only; `recompute` is the
     activation-recomputation lever of every pipeline, single or replica; `tensor_parallel` (groups,
     issue 15) is priced for one pipeline only; `sharding` the replicas' optimizer-state sharding
-    (`partitioner.replica_shard`; ignored by a single pipeline)."""
+    (`partitioner.replica_shard`; ignored by a single pipeline).  The replicas' searches take one solve's limit
+    (``auto``: `time_budget.AUTO_FIRST_S`; one pipeline may take the second solve, `plan.solved`)."""
     from hetpipe.cost_models.sharding import check_sharding_option
     from hetpipe.plan.build import microbatches_for, partition_graph
     from hetpipe.plan.replicas import (
@@ -150,6 +152,7 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
         raise ConfigError(f"--schedule {schedule} plans one pipeline only; use --replicas 1 or --schedule 1f1b")
     if tensor_parallel != "off":  # the replica planner prices no groups (issue 15: single pipelines first)
         raise ConfigError(f"--tensor-parallel {tensor_parallel} plans one pipeline only; use --replicas 1")
+    one_s = first_limit_s(time_limit_s)
     if replicas == "auto":
         try:
             single: Plan | None = partition_graph(graph, cluster, global_batch=global_batch, solver=solver,
@@ -157,7 +160,7 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
                                                   offload=offload, selective=selective)
         except InfeasibleError:
             single = None
-        several = partition_replicas(graph, cluster, global_batch=global_batch, time_limit_s=time_limit_s, seed=seed,
+        several = partition_replicas(graph, cluster, global_batch=global_batch, time_limit_s=one_s, seed=seed,
                                      recompute=recompute, sharding=sharding, offload=offload)
         if single is not None and (len(several.replicas) <= 1
                                    or single.predicted.iteration_s <= several.predicted.iteration_s):
@@ -169,10 +172,10 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
     g, _ = microbatches_for(graph, global_batch, len(cluster.devices))
     rp = build_replica_problem(graph, cluster, global_batch=g, recompute=recompute, sharding=sharding,
                                offload=offload)
-    sol = solve_n_replicas(rp, replicas, time_limit_s=time_limit_s, seed=seed)
+    sol = solve_n_replicas(rp, replicas, time_limit_s=one_s, seed=seed)
     base = {"ddp-equal": ddp_equal(rp),
-            "single-pipeline": single_pipeline(rp, time_limit_s=max(1.0, time_limit_s / 3), seed=seed)}
-    why = explain_unused(rp, sol, time_limit_s=max(1.0, time_limit_s / 6))
+            "single-pipeline": single_pipeline(rp, time_limit_s=max(1.0, one_s / 3), seed=seed)}
+    why = explain_unused(rp, sol, time_limit_s=max(1.0, one_s / 6))
     left = tuple(LeftOut(rp.base.devices[d].id, f"{rp.base.devices[d].kind}: {text}") for d, text in why.items())
-    return assemble_replica_plan(graph, cluster, rp=rp, sol=sol, global_batch=g, time_limit_s=time_limit_s,
+    return assemble_replica_plan(graph, cluster, rp=rp, sol=sol, global_batch=g, time_limit_s=one_s,
                                  seed=seed, baselines=base, left_out=left)
