@@ -375,8 +375,10 @@ def test_emulated_sync_overlapped_with_backward_beats_sync_after_it(ddp_plan_pat
     from hetpipe.plan.run_sim import simulated_iteration_s
 
     # Each rank steps Adam over the whole model (~3 ms of real CPU), which the emulation does not stretch and T
-    # does not count: a time scale ~3x the other tests' keeps its share of the ~1.3 ms emulated step near 3%.
-    safety_factor = 3 * SAFETY_FACTOR
+    # does not count, and wakes from its sleeps late on a loaded machine: real seconds that, divided by the time
+    # scale, add to the ~1.3 ms emulated step.  At 3x the other tests' scale (~100) a clean run beside a CPU burner
+    # came out 15.4% over its simulation (load ~4); at 6x (~200-300) that share is halved.
+    safety_factor = 6 * SAFETY_FACTOR
     plan = Plan.load(ddp_plan_path)
     overlap_sim, serial_sim = (simulated_iteration_s(plan, "1f1b", overlap_sync=o) for o in (True, False))
     assert serial_sim == pytest.approx(plan.predicted.iteration_s) and overlap_sim < 0.85 * serial_sim
