@@ -291,7 +291,7 @@ def test_message_link_refuses_what_it_cannot_fit() -> None:
 
     with pytest.raises(ConfigError, match="at least two distinct sizes"):
         measure_message_link(sizes_bytes=(4096, 4096))
-    with pytest.raises(ConfigError, match="repeats must be at least 1 and sender_busy_s at least 0, got 0 and"):
+    with pytest.raises(ConfigError, match="repeats must be at least 1, sender_busy_s and receiver_idle_s at least 0, got 0,"):
         measure_message_link(sizes_bytes=(4096, 8192), repeats=0)
     with pytest.raises(ConfigError, match="core_groups has 3 groups"):
         measure_message_link(core_groups=((0,), (1,), (2,)))

@@ -33,6 +33,11 @@ header words and a copy on the sender; a view, a header check and ``requires_gra
 cost that cut 85-100 us of CPU more than one tensor of its bytes after a streamed cache
 (`benchmarks/cpu_link_cuts.py`).  ``t`` has no term for it: it is left unpriced (README, CPU truth).
 
+Session 19: the receiver now waits idle `RECEIVER_IDLE_S` (20 ms) before each message, as a pipeline's
+receiver waits for the sender's pass; before, it waited ~2 ms, where on this VM the fixed cost still
+climbs steeply with the idle time (an idle vCPU halts and its wake-up slows with the halt's length),
+so calibrations minutes apart disagreed by up to 2x.  A 512 KiB size joins the fit (the demo models' cut).
+
 Example:
     >>> m = measure_message_link(sizes_bytes=(4096, 2**18), repeats=2)  # doctest: +SKIP
     >>> m.method  # doctest: +SKIP
@@ -62,14 +67,26 @@ from hetpipe.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 #: Message sizes: 16 KiB pins the fixed cost per message, 256 KiB-4 MiB the bytes (the built-in
-#: models' cuts at 8 x 128 tokens are 512 KiB; cost_formulas.md §3.4: fit beta at MB sizes).
-MESSAGE_SIZES_BYTES: tuple[int, ...] = (16 * 2**10, 256 * 2**10, 2**20, 4 * 2**20)
+#: models' cuts at 8 x 128 tokens are 512 KiB, measured here too; cost_formulas.md §3.4: fit beta at MB sizes).
+MESSAGE_SIZES_BYTES: tuple[int, ...] = (16 * 2**10, 256 * 2**10, 512 * 2**10, 2**20, 4 * 2**20)
 #: Timed messages per size (one more round as a warm-up; the sizes take turns); the median is fitted.
-MESSAGE_REPEATS = 15
-#: Seconds the sender computes before and after each send, as a stage computes its passes around a
-#: SEND: gloo's I/O thread then shares a busy core, as in a run.  2 ms is above the kernel's wake-up
-#: granularity (~1 ms) and under a pass of the models measured (~30 ms), keeping a size under 0.1 s.
+#: Session 19: 15 left medians that moved 5-10% between calibrations on the plateau below; 25 narrow
+#: the median's standard error by sqrt(25/15) = 1.3x for ~1 s more per calibration.
+MESSAGE_REPEATS = 40
+#: Seconds the sender computes after each send, as a stage computes its next pass after a SEND:
+#: gloo's I/O thread then shares a busy core, as in a run.  2 ms outlasts the delivery of a 4 MiB message.
 SENDER_BUSY_S = 0.002
+#: Seconds the receiver waits idle in its receive before each message leaves (the sender computes
+#: meanwhile).  A transfer is on a pipeline's critical path exactly when its receiver waits for it,
+#: and a waiting receiver has waited for the sender's pass: 30-60 ms per pass for the built-in models
+#: on one core (benchmarks/results/cpu_truth.md), the span every run report measures.  On the
+#: reference VM (cpuidle haltpoll with guest_halt_poll_ns=0: an idle vCPU halts at once) the
+#: receiver's idle time sets the fixed cost (session 19, runtime path, caches streamed, medians of 21,
+#: quiet): 16 KiB took 0.34-0.36 ms after 1 ms idle, 0.45-0.47 ms after 2 ms, 0.64-0.71 ms after 4 ms,
+#: and 0.70-0.92 ms after 7-60 ms, a plateau.  The old 2 ms (sender busy before the send) sat on the
+#: steep part, so calibrations minutes apart priced a 512 KiB cut 0.48-0.97 ms against 0.78-0.95 ms
+#: measured in the runs; 20 ms is on the plateau and under the passes it stands for.
+RECEIVER_IDLE_S = 0.020
 #: Edge of the square matmul the sender repeats while busy (a few us each on a CPU core).
 BUSY_MATMUL_EDGE = 128
 #: Header words of a one-tensor frame: ``HEADER_FIXED`` 6 + ``PER_TENSOR`` 10 int64 words in
@@ -92,9 +109,6 @@ METHOD_RUNTIME = "the runtime's one-way messages"
 EVICT_LLC_MULTIPLE = 1
 #: Last-level cache assumed where sysfs does not tell (bytes; the reference VM's L3).
 FALLBACK_LLC_BYTES = 32 * 2**20
-#: Seconds an idle sender sleeps between the receiver's note and the send (``sender_busy_s=0``), so
-#: the receiver is waiting in its receive when the message leaves.
-IDLE_BEFORE_SEND_S = 0.002
 
 
 class MessagePath(Protocol):
@@ -118,13 +132,14 @@ class MessagePath(Protocol):
 
 @dataclass(frozen=True)
 class _How:
-    """How messages are sent: framed as the runtime does (or by the runtime itself: `path`), and the
-    sender's compute around each send (s)."""
+    """How messages are sent: framed as the runtime does (or by the runtime itself: `path`), the
+    sender's compute after each send and the receiver's idle wait before it (s)."""
 
     framed: bool
     sender_busy_s: float
     path: MessagePath | None = None
     evict_bytes: int = 0  # streamed by each end before each message (0: caches left warm)
+    receiver_idle_s: float = RECEIVER_IDLE_S
 
 
 def last_level_cache_bytes(cpu: int = 0) -> int:
@@ -165,11 +180,11 @@ def _send_one(payload: torch.Tensor, a: torch.Tensor, how: _How, seq: int = 0,
     """One message to rank 1 once it is waiting; returns the CLOCK_MONOTONIC start (s)."""
     import torch.distributed as dist
 
-    dist.recv(torch.zeros(1), 1, tag=READY_TAG)  # rank 1's irecv is posted
-    if how.sender_busy_s > 0:
-        _busy(how.sender_busy_s, a)
+    dist.recv(torch.zeros(1), 1, tag=READY_TAG)  # rank 1's irecv is posted; it now waits idle
+    if how.sender_busy_s > 0:  # the sender's pass before its SEND
+        _busy(how.receiver_idle_s, a)
     else:
-        time.sleep(IDLE_BEFORE_SEND_S)
+        time.sleep(how.receiver_idle_s)
     if evict is not None:  # the pass before the SEND: its data went through the caches, and its last op
         _evict(evict)  # wrote the tensors sent (hot)
         payload.mul_(1)
@@ -275,7 +290,8 @@ def _message_worker(rank: int, port: int, sizes: list[int], repeats: int, out: s
 def measure_message_link(*, sizes_bytes: Sequence[int] = MESSAGE_SIZES_BYTES, repeats: int = MESSAGE_REPEATS,
                          core_groups: Sequence[Sequence[int]] | None = None, timeout_s: float = LINK_TIMEOUT_S,
                          framed: bool = True, sender_busy_s: float = SENDER_BUSY_S,
-                         path: MessagePath | None = None, evict_caches: bool = True) -> LinkMeasurement:
+                         path: MessagePath | None = None, evict_caches: bool = True,
+                         receiver_idle_s: float = RECEIVER_IDLE_S) -> LinkMeasurement:
     """Fit ``t = latency + bytes / bandwidth`` to framed one-way messages between two local gloo ranks.
 
     With `core_groups` (two), rank r runs pinned to ``core_groups[r]``; the sender is rank 0.
@@ -284,7 +300,8 @@ def measure_message_link(*, sizes_bytes: Sequence[int] = MESSAGE_SIZES_BYTES, re
     ingredients apart with them); `path` sends and receives with the runtime's own code instead of this
     module's imitation of it (`hetpipe profile --calibrate --cpu-devices N` passes
     `hetpipe.runtime.execute.comm_probe.RuntimePath`); `evict_caches` streams `EVICT_LLC_MULTIPLE` times
-    the last-level cache on each end before each message, as a stage's pass does (False: warm caches).
+    the last-level cache on each end before each message, as a stage's pass does (False: warm caches);
+    the receiver waits `receiver_idle_s` in its receive before each message leaves (`RECEIVER_IDLE_S`: why).
 
     Example:
         >>> measure_message_link(sizes_bytes=(4096,))
@@ -295,13 +312,14 @@ def measure_message_link(*, sizes_bytes: Sequence[int] = MESSAGE_SIZES_BYTES, re
     sizes = sorted({int(s) for s in sizes_bytes})
     if len(sizes) < 2 or sizes[0] < 4:
         raise ConfigError(f"sizes_bytes needs at least two distinct sizes of 4 bytes or more, got {sizes}")
-    if repeats < 1 or sender_busy_s < 0:
-        raise ConfigError(f"repeats must be at least 1 and sender_busy_s at least 0, got {repeats} and "
-                          f"{sender_busy_s}; pass the defaults")
+    if repeats < 1 or sender_busy_s < 0 or receiver_idle_s < 0:
+        raise ConfigError(f"repeats must be at least 1, sender_busy_s and receiver_idle_s at least 0, got {repeats}, "
+                          f"{sender_busy_s} and {receiver_idle_s}; pass the defaults")
     groups = [list(g) for g in core_groups] if core_groups else None
     if groups is not None and len(groups) != 2:
         raise ConfigError(f"core_groups has {len(groups)} groups; give the link's two ends")
-    how = _How(framed, sender_busy_s, path, EVICT_LLC_MULTIPLE * last_level_cache_bytes() if evict_caches else 0)
+    how = _How(framed, sender_busy_s, path, EVICT_LLC_MULTIPLE * last_level_cache_bytes() if evict_caches else 0,
+               receiver_idle_s)
     with tempfile.TemporaryDirectory(prefix="hetpipe-msg-link-") as tmp:
         out = os.path.join(tmp, "times.json")
         context = torch.multiprocessing.spawn(
@@ -313,16 +331,21 @@ def measure_message_link(*, sizes_bytes: Sequence[int] = MESSAGE_SIZES_BYTES, re
     latency_s, bandwidth = fit_alpha_beta(sizes, medians)
     logger.info("message link: %.3g s per message, %.3g B/s (medians %s s)", latency_s, bandwidth,
                 ", ".join(f"{t:.3g}" for t in medians))
-    method = method_name(framed, sender_busy_s, path) + ("" if evict_caches else ", caches warm")
+    method = method_name(framed, sender_busy_s, path, receiver_idle_s) + ("" if evict_caches else ", caches warm")
     return LinkMeasurement(latency_s, bandwidth, tuple(sizes), tuple(medians), 2, method=method)
 
 
-def method_name(framed: bool, sender_busy_s: float, path: MessagePath | None) -> str:
+def method_name(framed: bool, sender_busy_s: float, path: MessagePath | None,
+                receiver_idle_s: float = RECEIVER_IDLE_S) -> str:
     """The measurement's name in the cluster file's record (without ", caches warm").
 
     Example:
         >>> method_name(True, SENDER_BUSY_S, None)
         'framed one-way messages'
+        >>> method_name(True, SENDER_BUSY_S, None, receiver_idle_s=0.002)
+        'framed one-way messages, receiver idle 2 ms'
     """
     base = METHOD_RUNTIME if path is not None else METHOD if framed else "bare one-way messages"
-    return base if sender_busy_s == SENDER_BUSY_S else f"{base}, sender busy {sender_busy_s * 1e3:.3g} ms"
+    if sender_busy_s != SENDER_BUSY_S:
+        base += f", sender busy {sender_busy_s * 1e3:.3g} ms"
+    return base if receiver_idle_s == RECEIVER_IDLE_S else f"{base}, receiver idle {receiver_idle_s * 1e3:.3g} ms"
