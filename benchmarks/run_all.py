@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 ORDER = ("planner_speed", "planner_scale", "limit_trace", "planner_anneal", "pace_relaxation", "pace_windows", "finer_walk", "plan_quality", "capture_7b", "simulator", "demo_run", "simulator_fidelity",
          "objective_history", "objective", "runtime_emulated", "runtime_vs_torch", "replicas", "model_zoo", "memory_levers",
          "memory_tightness", "memory_tightness_brute", "selective_recompute", "selective_emulated", "recompute_emulated", "offload_emulated", "sharding", "checkpoint", "faults", "tensor_parallel",
-         "tp_emulated", "tp_cpsat", "cpu_truth", "gpu_check", "cpu_link", "cpu_link_cache", "cpu_link_cuts", "schedules", "interleaved")
+         "tp_emulated", "tp_cpsat", "cpu_truth", "gpu_check", "cpu_link", "cpu_link_cache", "cpu_link_cuts", "cpu_link_idle", "schedules", "interleaved")
 #: Sections kept as written (history, no script to rerun).
 STATIC = ("objective_history",)
 #: Sections measured on a lent GPU (the device tool); rerun only where CUDA is present.

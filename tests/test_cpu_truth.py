@@ -293,6 +293,8 @@ def test_message_link_refuses_what_it_cannot_fit() -> None:
         measure_message_link(sizes_bytes=(4096, 4096))
     with pytest.raises(ConfigError, match="repeats must be at least 1, sender_busy_s and receiver_idle_s at least 0, got 0,"):
         measure_message_link(sizes_bytes=(4096, 8192), repeats=0)
+    with pytest.raises(ConfigError, match="receiver_idle_s at least 0, got 3, 0.002 and -0.001"):
+        measure_message_link(sizes_bytes=(4096, 8192), repeats=3, receiver_idle_s=-0.001)
     with pytest.raises(ConfigError, match="core_groups has 3 groups"):
         measure_message_link(core_groups=((0,), (1,), (2,)))
 
@@ -322,6 +324,7 @@ def test_message_link_names_its_method_and_reads_the_cache() -> None:
     assert lc.method_name(True, lc.SENDER_BUSY_S, None) == lc.METHOD
     assert lc.method_name(True, lc.SENDER_BUSY_S, object()) == lc.METHOD_RUNTIME
     assert lc.method_name(False, 0.0, None) == "bare one-way messages, sender busy 0 ms"
+    assert lc.method_name(False, 0.0, None, 0.0) == "bare one-way messages, sender busy 0 ms, receiver idle 0 ms"
     llc = lc.last_level_cache_bytes()
     assert 2**16 <= llc <= 2**32  # 64 KiB .. 4 GiB: a cache, not a parse error
     assert lc.last_level_cache_bytes(cpu=10**6) == lc.FALLBACK_LLC_BYTES  # no such CPU in sysfs

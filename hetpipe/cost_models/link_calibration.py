@@ -70,8 +70,10 @@ logger = logging.getLogger(__name__)
 #: models' cuts at 8 x 128 tokens are 512 KiB, measured here too; cost_formulas.md §3.4: fit beta at MB sizes).
 MESSAGE_SIZES_BYTES: tuple[int, ...] = (16 * 2**10, 256 * 2**10, 512 * 2**10, 2**20, 4 * 2**20)
 #: Timed messages per size (one more round as a warm-up; the sizes take turns); the median is fitted.
-#: Session 19: 15 left medians that moved 5-10% between calibrations on the plateau below; 25 narrow
-#: the median's standard error by sqrt(25/15) = 1.3x for ~1 s more per calibration.
+#: Session 19: within one calibration the host switched between a fast and a slow regime (16 KiB
+#: ~0.47 vs ~0.70 ms with the receiver idle 20 ms) every second or so, so a median of 15 messages
+#: (~3 s per calibration) took one regime or the other; 40 spread each size's messages over ~8 s and
+#: six calibrations in a row priced the 512 KiB cut 0.79-0.99 ms (the runs: 0.78-1.00 ms).
 MESSAGE_REPEATS = 40
 #: Seconds the sender computes after each send, as a stage computes its next pass after a SEND:
 #: gloo's I/O thread then shares a busy core, as in a run.  2 ms outlasts the delivery of a 4 MiB message.
@@ -81,11 +83,12 @@ SENDER_BUSY_S = 0.002
 #: and a waiting receiver has waited for the sender's pass: 30-60 ms per pass for the built-in models
 #: on one core (benchmarks/results/cpu_truth.md), the span every run report measures.  On the
 #: reference VM (cpuidle haltpoll with guest_halt_poll_ns=0: an idle vCPU halts at once) the
-#: receiver's idle time sets the fixed cost (session 19, runtime path, caches streamed, medians of 21,
-#: quiet): 16 KiB took 0.34-0.36 ms after 1 ms idle, 0.45-0.47 ms after 2 ms, 0.64-0.71 ms after 4 ms,
-#: and 0.70-0.92 ms after 7-60 ms, a plateau.  The old 2 ms (sender busy before the send) sat on the
-#: steep part, so calibrations minutes apart priced a 512 KiB cut 0.48-0.97 ms against 0.78-0.95 ms
-#: measured in the runs; 20 ms is on the plateau and under the passes it stands for.
+#: receiver's idle time sets the fixed cost (`benchmarks/cpu_link_idle.py`, runtime path, caches
+#: streamed, medians of 21, quiet): 16 KiB took 0.36 ms after 1 ms idle, 0.51 after 2, 0.66 after 7,
+#: 0.78 after 20 and 0.91 after 40 ms -- steep up to ~7-10 ms, then slower.  The old ~2 ms (the
+#: sender busy before its send) sat on the steep part, so calibrations minutes apart priced a 512 KiB
+#: cut 0.48-0.97 ms where the runs measured 0.78-0.95 ms; 20 ms is past the steep part and under the
+#: passes it stands for (a receiver idle 40 ms paid ~15% more in that sweep).
 RECEIVER_IDLE_S = 0.020
 #: Edge of the square matmul the sender repeats while busy (a few us each on a CPU core).
 BUSY_MATMUL_EDGE = 128
