@@ -135,7 +135,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if plan.replicas:
         console.print(replica_table(plan))
     console.print(baseline_table(plan))
-    note = gap_note(plan.solver.objective_s, plan.solver.bound_s, plan.solver.time_limit_s)
+    note = gap_note(plan.solver.objective_s, plan.solver.bound_s, plan.solver.time_limit_s, plan.solver.wall_s)
     if note:
         console.print(note)
     for lo in plan.left_out:

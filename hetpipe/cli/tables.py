@@ -111,22 +111,32 @@ def stage_cards(st: Any) -> str:
 GAP_NOTE_ABOVE = 0.02
 
 
-def gap_note(objective_s: float, bound_s: float, time_limit_s: float) -> str | None:
+def gap_note(objective_s: float, bound_s: float, time_limit_s: float, wall_s: float | None = None) -> str | None:
     """The line `hetpipe plan` prints where the answer's gap to its proven lower bound is above `GAP_NOTE_ABOVE`
     (None otherwise), with the measured effect of a longer limit (benchmarks/results/finer_walk.md: gpt2-xl on 64
-    cards of eight kinds, quiet 2-core VM, the annealing's passes and the finer walk given the time).
+    cards of eight kinds, quiet 2-core VM, the annealing's passes and the finer walk given the time).  Where the
+    search ended on its own (`wall_s` under `time_budget.USED_SHARE` of the limit) a longer limit changes nothing,
+    and the line says so instead.
 
     Example:
         >>> print(gap_note(3.294, 3.110, 10.0))
         gap 5.6% between T 3.294 s and its proven lower bound 3.110 s within a limit of 10 s: a longer --time-limit can tighten it (gpt2-xl on 64 cards of eight kinds: 5.6% at 10 s, 1.96% at 60 s, the default auto's second solve, on a quiet 2-core machine)
         >>> gap_note(3.253, 3.190, 30.0) is None
         True
+        >>> print(gap_note(1.0, 0.776, 60.0, wall_s=0.13))
+        gap 22.4% between T 1.000 s and its proven lower bound 776.00 ms: the search ended on its own after 0.13 s of a limit of 60 s, so a longer --time-limit will not tighten it (the bound is what the relaxations prove; the optimum lies between the two)
     """
+    from hetpipe.partitioner.solvers.time_budget import USED_SHARE
+
     gap = (objective_s - bound_s) / objective_s if objective_s > 0 else 0.0
     if gap <= GAP_NOTE_ABOVE:
         return None
-    return (f"gap {gap:.1%} between T {format_seconds(objective_s)} and its proven lower bound "
-            f"{format_seconds(bound_s)} within a limit of {time_limit_s:g} s: a longer --time-limit can tighten it "
+    head = f"gap {gap:.1%} between T {format_seconds(objective_s)} and its proven lower bound {format_seconds(bound_s)}"
+    if wall_s is not None and wall_s < USED_SHARE * time_limit_s:
+        return (f"{head}: the search ended on its own after {wall_s:.2g} s of a limit of {time_limit_s:g} s, so a longer "
+                "--time-limit will not tighten it (the bound is what the relaxations prove; the optimum lies between "
+                "the two)")
+    return (f"{head} within a limit of {time_limit_s:g} s: a longer --time-limit can tighten it "
             "(gpt2-xl on 64 cards of eight kinds: 5.6% at 10 s, 1.96% at 60 s, the default auto's second solve, on a "
             "quiet 2-core machine)")
 
