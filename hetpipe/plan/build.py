@@ -401,6 +401,9 @@ def partition(
 
     cluster = as_cluster(cluster)  # a path, a dict or a Cluster; checked before the capture
     check_recompute_option(recompute)
+    if loss_fn is None:  # not silent: the last stage's memory then lacks what the loss saves for backward
+        log.warning("partition: the loss is not costed (what it saves for backward counts on the last stage); "
+                    "pass loss_fn= and targets= (a built-in model's: hetpipe.models.training_loss)")
     graph = capture(model, example_inputs, name=name, granularity=granularity, optimizer=optimizer,
                     precision=precision, loss_fn=loss_fn, targets=targets)
 
