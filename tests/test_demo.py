@@ -42,3 +42,12 @@ def test_demo_fast_plans_beats_baselines_and_writes_files(tmp_path: Path, capsys
     assert {e["ph"] for e in trace["traceEvents"]} == {"X", "M"}  # slices, and the metadata naming their rows
     out = capsys.readouterr().out
     assert "out of memory" in out and "faster than the best hand-tuned baseline" in out
+    assert str(tmp_path / "replicas.json") in out.split("files")[-1]  # every file written is listed
+    # the plan is `hetpipe plan`'s with the settings the demo prints (the review: no selective record, other
+    # baselines): same stages, T, selective record and baselines
+    cli_path = tmp_path / "cli.json"
+    assert cli.main(["plan", "gpt-demo", "--cluster", str(bundled_cluster("homelab-mini.yaml")), "--batch", "2",
+                     "--seq", "128", "--precision", "fp32", "--global-batch", "12", "-o", str(cli_path)]) == 0
+    demo_doc, cli_doc = (json.loads(p.read_text()) for p in (tmp_path / "plan.json", cli_path))
+    for key in ("stages", "predicted", "selective", "baselines"):
+        assert demo_doc.get(key) == cli_doc.get(key), key

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
 
@@ -36,23 +37,32 @@ def bundled_cluster(name: str) -> Path:
     return Path(str(resources.files("hetpipe") / "data" / name))
 
 
-def _graph(model_name: str, *, batch: int, seq: int, precision: str) -> "UnitGraph":  # noqa: F821
+def _graph(model_name: str, *, batch: int, seq: int, precision: str,
+           granularity: str = "block") -> "UnitGraph":  # noqa: F821
     from hetpipe.plan.build import capture_builtin
 
-    return capture_builtin(model_name, batch=batch, seq=seq, precision=precision)
+    return capture_builtin(model_name, batch=batch, seq=seq, precision=precision, granularity=granularity)
 
 
-def _plan_graph(graph: "UnitGraph", cluster_file: Path, *, global_batch: int | None) -> Plan:  # noqa: F821
+def _plan_graph(graph: "UnitGraph", cluster_file: Path, *, global_batch: int | None,  # noqa: F821
+                capture_nodes: Callable[[], "UnitGraph"]) -> Plan:  # noqa: F821
+    """The plan `hetpipe plan` writes for these settings: its defaults, the selective level offered as it does
+    (`selective_plan.offer_for_options`, from ``capture_nodes()``: the model at node granularity)."""
     from hetpipe.cost_models.cluster import load_cluster
     from hetpipe.plan.build import partition_graph
+    from hetpipe.plan.selective_plan import offer_for_options
 
-    return partition_graph(graph, load_cluster(cluster_file), global_batch=global_batch)
+    cluster = load_cluster(cluster_file)
+    offer = offer_for_options(graph, cluster, capture_nodes, recompute="auto", schedule="1f1b", tensor_parallel="off")
+    return partition_graph(graph, cluster, global_batch=global_batch, selective=offer)
 
 
 def _plan(model_name: str, cluster_file: Path, *, batch: int, seq: int, precision: str,
           global_batch: int | None) -> Plan:
-    return _plan_graph(_graph(model_name, batch=batch, seq=seq, precision=precision), cluster_file,
-                       global_batch=global_batch)
+    graph = _graph(model_name, batch=batch, seq=seq, precision=precision)
+    return _plan_graph(graph, cluster_file, global_batch=global_batch,
+                       capture_nodes=lambda: _graph(model_name, batch=batch, seq=seq, precision=precision,
+                                                    granularity="node"))
 
 
 def _replicas_story(graph: "UnitGraph", cluster_file: Path, single: Plan, out: Path,  # noqa: F821
@@ -148,7 +158,9 @@ def run_demo(*, out: Path, steps: int, run: bool, console: Console) -> int:
     console.rule("2. the same question at full size: GPT-2 XL on the real home lab (predicted)")
     with console.status("capturing GPT-2 XL on the meta device and solving"):
         big_graph = _graph(BIG_MODEL, batch=BIG_BATCH, seq=BIG_SEQ, precision="bf16-mixed")
-        big = _plan_graph(big_graph, bundled_cluster("homelab.yaml"), global_batch=None)
+        big = _plan_graph(big_graph, bundled_cluster("homelab.yaml"), global_batch=None,
+                          capture_nodes=lambda: _graph(BIG_MODEL, batch=BIG_BATCH, seq=BIG_SEQ, precision="bf16-mixed",
+                                                       granularity="node"))
     console.print(settings_line(big, seq=BIG_SEQ) + "; GPT-2 XL's default micro-batch of 4 in fp32 does not fit "
                   "the home lab (`hetpipe plan gpt2-xl` names the flags that do)")
     console.print(plan_table(big))
@@ -171,7 +183,8 @@ def run_demo(*, out: Path, steps: int, run: bool, console: Console) -> int:
         if measured is not None:
             png = measured
     console.rule("files")
-    for path in (plan_path, out / "run.json" if run else None, png, trace):
+    replicas = out / "replicas.json"
+    for path in (plan_path, out / "run.json" if run else None, png, trace, replicas if replicas.exists() else None):
         if path is not None:
             console.print(f"  {path}")
     console.print(f"  re-check the plan: hetpipe check {plan_path}")
