@@ -24,6 +24,18 @@ def test_nearly_empty_link_rows_are_left_out_and_named_and_the_figure_has_a_head
     assert "link 0->1" in fig.axes[0].get_title() and "not drawn" in fig.axes[0].get_title()
 
 
+def test_a_long_headline_is_wrapped_inside_the_figure() -> None:
+    """The review: a replica plan's headline (three card kinds, two speed-ups) ran off both sides of the PNG."""
+    sim = simulate(one_f_one_b(2, 4), SimCosts(fwd_s=(1.0, 1.0), bwd_s=(2.0, 2.0), send_s=(0.5,)))
+    title = ("gpt-demo on rtx3090-mini + rtx4090-mini + rtx3060-mini: T = 0.270 s; 1.18x over the best hand-tuned "
+             "baseline (uniform), 1.95x over uniform on every card")
+    fig = gantt_figure([("predicted", sim)], labels=["a", "b"], suptitle=title)
+    fig.canvas.draw()
+    box = fig._suptitle.get_window_extent()
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height
+    assert fig._suptitle.get_text().replace("\n", " ") == title
+
+
 def test_demo_headline_names_model_cards_and_both_speedups() -> None:
     from hetpipe.cli.demo import gantt_suptitle
     from hetpipe.models import build
