@@ -50,7 +50,13 @@ def _trainer_worker(rank: int, world: int, plan_path: str) -> dict[str, Any]:
             trainer.step(None, None)
         except ConfigError as err:
             refused = str(err)
-    return {"stage": trainer.stage.stage, "losses": losses, "refused": refused,
+    bad = torch.zeros(BATCH * MICROBATCHES - 1, SEQ, dtype=torch.long)  # one row short: no 4 equal micro-batches
+    try:  # passed on every rank: each refuses it itself, the middle one too (it does not wait for a message)
+        trainer.step(bad, bad)
+        bad_batch = ""
+    except ConfigError as err:
+        bad_batch = str(err)
+    return {"stage": trainer.stage.stage, "losses": losses, "refused": refused, "bad_batch": bad_batch,
             "params": {n: p.detach().clone() for n, p in trainer.stage.named_parameters()}}
 
 
@@ -92,6 +98,8 @@ def test_trainer_in_a_user_loop_matches_the_unsplit_model(trainer_world):
     torch.testing.assert_close(outcomes[2].value["losses"], ref_losses, rtol=RTOL, atol=ATOL)
     assert outcomes[0].value["losses"] == [None] * STEPS
     assert "rank 0 (stage 0) needs the inputs of every step" in outcomes[0].value["refused"]
+    for o in outcomes:  # a bad batch given to every rank is refused on every rank, before any message
+        assert f"batch of {BATCH * MICROBATCHES - 1} is not divisible into {MICROBATCHES}" in o.value["bad_batch"]
     held = set()
     for o in outcomes:
         for name, value in o.value["params"].items():

@@ -143,8 +143,11 @@ class Trainer:
                               "targets) with the same global batch on the first and last stages")
         if self.is_last and targets is None:
             raise ConfigError(f"rank {self.rank} (stage {self.stage.stage}, the last) needs the targets of every step")
-        stats = self.executor.step(split_microbatches(inputs, m, what="inputs") if self.is_first else None,
-                                   split_microbatches(targets, m, what="targets") if self.is_last else None)
+        # split (and so checked) on every rank given a batch, not only where read: a middle stage refuses a bad one
+        # itself instead of waiting for a message its neighbour never sends (the review: a "connection closed")
+        split_in = split_microbatches(inputs, m, what="inputs") if inputs is not None else None
+        split_t = split_microbatches(targets, m, what="targets") if targets is not None else None
+        stats = self.executor.step(split_in if self.is_first else None, split_t if self.is_last else None)
         self.steps_done += 1
         return stats
 
