@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 from rich.console import Console
 
 from hetpipe.cli.calibrate_cmd import add_calibrate_parser, cmd_calibrate
-from hetpipe.cli.checks import OneLineParser, check_args
+from hetpipe.cli.checks import OneLineParser, check_args, path_arg
 from hetpipe.cli.model_cmds import (
     add_model_args, add_profile_parser, cmd_check, cmd_inspect, cmd_models, cmd_plan, cmd_profile,
 )
@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     add_model_args(p)
     p = sub.add_parser("plan", help="partition a model across a cluster and write plan.json")
     add_model_args(p)
-    p.add_argument("-o", "--output", type=Path, default=Path("plan.json"))
+    p.add_argument("-o", "--output", type=path_arg, default=Path("plan.json"))
     p.add_argument("--global-batch", type=int, default=None, help="samples per iteration (multiple of --batch)")
     p.add_argument("--solver", default="auto", help="auto | cpsat | dp")
     p.add_argument("--time-limit", default="auto", help=TIME_LIMIT_HELP)
@@ -79,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seq", type=int, default=None)
     add_profile_parser(sub)
     p = sub.add_parser("demo", help="plan the bundled GPT on the emulated home lab, compare baselines, train a few steps")
-    p.add_argument("--out", type=Path, default=Path("hetpipe-demo"), help="where plan.json, run.json, gantt.png go")
+    p.add_argument("--out", type=path_arg, default=Path("hetpipe-demo"), help="where plan.json, run.json, gantt.png go")
     p.add_argument("--steps", type=int, default=4, help="training steps to run (default 4)")
     p.add_argument("--fast", action="store_true", help="plan and compare only; do not launch the training run")
     add_show_parser(sub)
@@ -87,8 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("plan", type=Path)
     p.add_argument("--microbatches", type=int, default=None, help="micro-batches per iteration (default: the plan's)")
     p.add_argument("--schedule", default=None, help="1f1b | gpipe | zb-1f1b | zb-h1 (default: the plan's)")
-    p.add_argument("--gantt", type=Path, default=None, help="write a Gantt PNG")
-    p.add_argument("--trace", type=Path, default=None, help="write a Chrome/Perfetto trace JSON")
+    p.add_argument("--gantt", type=path_arg, default=None, help="write a Gantt PNG")
+    p.add_argument("--trace", type=path_arg, default=None, help="write a Chrome/Perfetto trace JSON")
     p = sub.add_parser("compare", help="a plan vs the baselines, analytic and simulated")
     p.add_argument("plan", type=Path)
     p.add_argument("--baselines", nargs="?", const="all", default="all",

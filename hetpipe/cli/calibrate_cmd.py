@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from hetpipe.cli.checks import path_arg
 from hetpipe.runtime.faults.straggler import DEFAULT_STEPS
 
 
@@ -14,7 +15,7 @@ def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("calibrate", help="turn a run report's measured times into a calibrated cluster file")
     p.add_argument("report", type=Path, help="run.json from `hetpipe run --report` (--emulate, or on the plan's GPUs)")
     p.add_argument("--cluster", type=Path, required=True, help="the cluster file the run's plan was made from")
-    p.add_argument("-o", "--output", type=Path, required=True, help="where to write the calibrated cluster file")
+    p.add_argument("-o", "--output", type=path_arg, required=True, help="where to write the calibrated cluster file")
     p.add_argument("--window", type=int, default=DEFAULT_STEPS,
                    help=f"medians over the run's last N measured steps (default {DEFAULT_STEPS})")
     return p

@@ -21,7 +21,7 @@ import argparse
 from pathlib import Path
 from typing import NoReturn
 
-from hetpipe.cost_models.outputs import check_writable
+from hetpipe.cost_models.outputs import check_folder, check_writable
 from hetpipe.cost_models.validate import MAX_TIME_LIMIT_S, finite_number, whole_number
 from hetpipe.errors import ConfigError
 
@@ -54,11 +54,26 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def _check_out_dir(path: Path) -> None:
-    """``demo --out DIR``: an existing folder, or one whose parent exists."""
-    if path.exists() and not path.is_dir():
+    """``demo --out DIR``: an existing writable folder, or one that can be made in an existing writable folder."""
+    try:
+        is_file = path.exists() and not path.is_dir()
+    except OSError:
+        is_file = False  # a folder on the way that may not be searched: check_folder says so
+    if is_file:
         raise ConfigError(f"--out {str(path)!r} is a file; give a folder for plan.json, run.json and gantt.png")
-    if not path.exists():
-        check_writable(path, "--out")
+    check_folder(path, "--out")
+
+
+def path_arg(text: str) -> Path:
+    """An output option's value as a `Path`: argparse's ``type=`` (``Path("")`` would silently be ``.``).
+
+    Example:
+        >>> path_arg("plan.json")
+        PosixPath('plan.json')
+    """
+    if not text:
+        raise argparse.ArgumentTypeError("the path is empty; give a path")
+    return Path(text)
 
 
 def _seconds_or_auto(text: str) -> float:

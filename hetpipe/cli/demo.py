@@ -24,6 +24,7 @@ from typing import Callable
 
 from rich.console import Console
 
+from hetpipe.cost_models.outputs import atomic_path, atomic_write_text, writable_folder
 from hetpipe.plan.schema import Plan
 
 DEMO_MODEL, DEMO_BATCH, DEMO_SEQ, DEMO_MICROBATCHES = "gpt-demo", 2, 128, 6
@@ -96,11 +97,13 @@ def _timelines(plan: Plan, out: Path) -> tuple[Path, Path]:
 
     result = simulate_placement(problem_from_plan(plan), stages_from_plan(plan))
     labels = stage_labels(plan)
-    png = save_gantt(result, out / "gantt.png", labels=labels, suptitle=gantt_suptitle(plan),
-                     title=f"{plan.model.name}: simulated 1F1B iteration {result.iteration_s:.3f} s "
-                           f"(plan T {plan.predicted.iteration_s:.3f} s)")
-    trace = out / "trace.json"
-    trace.write_text(json.dumps(chrome_trace(result, labels=labels, process="predicted (simulated)")))
+    png, trace = out / "gantt.png", out / "trace.json"
+    with atomic_path(png, option="--out") as tmp:  # a failed write is one error line, not a traceback
+        save_gantt(result, tmp, labels=labels, suptitle=gantt_suptitle(plan),
+                   title=f"{plan.model.name}: simulated 1F1B iteration {result.iteration_s:.3f} s "
+                         f"(plan T {plan.predicted.iteration_s:.3f} s)")
+    atomic_write_text(trace, json.dumps(chrome_trace(result, labels=labels, process="predicted (simulated)")),
+                      option="--out")
     return png, trace
 
 
@@ -111,7 +114,7 @@ def _measured_gantt(plan: Plan, report: "RunReport", out: Path) -> Path | None: 
     if not report.timelines:
         return None
     return write_run_timelines(plan, report, gantt=out / "gantt.png", trace=out / "trace.json",
-                               suptitle=gantt_suptitle(plan))[0]
+                               suptitle=gantt_suptitle(plan), flags=("--out", "--out"))[0]
 
 
 def gantt_suptitle(plan: Plan) -> str:
@@ -142,7 +145,7 @@ def run_demo(*, out: Path, steps: int, run: bool, console: Console) -> int:
     """The demo (see the module docstring); returns the exit code."""
     from hetpipe.cli.tables import baseline_table, plan_table
 
-    out.mkdir(parents=True, exist_ok=True)
+    writable_folder(out, "--out")  # made here, checked before any work in cli/checks.py (an API call is checked here)
     console.rule("1. plan gpt-demo on the emulated home lab (3090 + 4090 | 1 GbE | 3060 12GB, scaled down)")
     with console.status("capturing gpt-demo and solving"):
         plan = _plan(DEMO_MODEL, bundled_cluster("homelab-mini.yaml"), batch=DEMO_BATCH, seq=DEMO_SEQ,

@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
+from hetpipe.cli.checks import path_arg
 from hetpipe.errors import ConfigError, InfeasibleError
 
 log = logging.getLogger(__name__)
@@ -229,7 +230,7 @@ def add_profile_parser(subparsers: Any) -> None:
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="with --cpu-devices: time the groups' calibration in wall time (what a plan promises) or in "
                         "each thread's CPU time (a shared machine: other processes on the cores do not count)")
-    p.add_argument("-o", "--output", type=Path, default=None)
+    p.add_argument("-o", "--output", type=path_arg, default=None)
 
 
 def cmd_profile(args: argparse.Namespace, console: Console) -> int:

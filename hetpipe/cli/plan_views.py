@@ -8,13 +8,15 @@ from typing import Any
 
 from rich.console import Console
 
+from hetpipe.cli.checks import path_arg
+
 
 def add_show_parser(subparsers: Any) -> None:
     """Add ``hetpipe show`` to the CLI's subparsers."""
     p = subparsers.add_parser("show", help="a plan's stages, memory per card, time per stage and speed-up over baselines")
     p.add_argument("plan", type=Path)
-    p.add_argument("--gantt", type=Path, default=None, help="write the simulated iteration as a Gantt PNG")
-    p.add_argument("--trace", type=Path, default=None, help="write the simulated iteration as a Chrome/Perfetto trace")
+    p.add_argument("--gantt", type=path_arg, default=None, help="write the simulated iteration as a Gantt PNG")
+    p.add_argument("--trace", type=path_arg, default=None, help="write the simulated iteration as a Chrome/Perfetto trace")
     p.add_argument("--run", type=Path, default=None,
                    help="a run report (run.json) of this plan: --gantt / --trace draw its measured step under the "
                         "predicted one")

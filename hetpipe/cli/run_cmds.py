@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.console import Console
 
+from hetpipe.cli.checks import path_arg
 from hetpipe.runtime.estimate import DEFAULT_MAX_MINUTES
 
 
@@ -19,7 +20,7 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, required=True, help="optimizer steps to run")
     p.add_argument("--emulate", action="store_true",
                    help="emulate the plan's devices on this machine (speed, memory limit, links)")
-    p.add_argument("--report", type=Path, default=None, help="write the run report (run.json) here")
+    p.add_argument("--report", type=path_arg, default=None, help="write the run report (run.json) here")
     p.add_argument("--schedule", default=None, help="1f1b | gpipe | zb-1f1b | zb-h1 (default: the plan's training.schedule)")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds any rank waits for a peer (default 60; with --emulate 3 emulated iterations if longer)")
@@ -54,7 +55,7 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "the remaining steps beats the restart, relaunch at the next checkpoint (needs --checkpoint-dir)")
     p.add_argument("--safety-factor", type=float, default=None,
                    help="emulation: margin of each action's target over its contended real time (default 2)")
-    p.add_argument("--run-dir", type=Path, default=None, help="keep per-rank results and the torchrun log here")
+    p.add_argument("--run-dir", type=path_arg, default=None, help="keep per-rank results and the torchrun log here")
     p.add_argument("--no-sync-overlap", dest="sync_overlap", action="store_false",
                    help="replica plans: run the gradient sync after backward instead of overlapped with it")
     p.add_argument("--inject", action="append", default=None, metavar="SPEC",

@@ -260,11 +260,11 @@ def write_timelines(sim: PlanSimulation, *, gantt: Path | None = None, trace: Pa
     if gantt is not None:
         title = title or (f"{sim.name}: simulated {sim.schedule} iteration {sim.simulated_s:.4g} s "
                           f"(analytic T {sim.analytic_s:.4g} s), m={sim.microbatches}")
-        with atomic_path(gantt) as tmp:  # an existing picture survives a failed drawing
+        with atomic_path(gantt, option="--gantt") as tmp:  # an existing picture survives a failed drawing
             save_gantt(sim.result, tmp, labels=sim.labels, title=title)
         written.append(Path(gantt))
     if trace is not None:
-        atomic_write_text(trace, json.dumps(chrome_trace(sim.result, labels=sim.labels)))
+        atomic_write_text(trace, json.dumps(chrome_trace(sim.result, labels=sim.labels)), option="--trace")
         written.append(Path(trace))
     return tuple(written)
 
@@ -307,8 +307,11 @@ def run_trace(plan: Plan, report: RunReport) -> dict[str, Any]:
 
 
 def write_run_timelines(plan: Plan, report: RunReport, *, gantt: Path | None = None, trace: Path | None = None,
-                        suptitle: str = "") -> tuple[Path, ...]:
-    """Predicted (simulated) over measured: a two-panel Gantt PNG and/or a two-process Perfetto trace."""
+                        suptitle: str = "", flags: tuple[str, str] = ("--gantt", "--trace")) -> tuple[Path, ...]:
+    """Predicted (simulated) over measured: a two-panel Gantt PNG and/or a two-process Perfetto trace.
+
+    ``flags``: the options that gave `gantt` and `trace`, named when they cannot be written.
+    """
     if not report.timelines:
         raise ConfigError("the run report holds no recorded step (a run that stopped before its first step); "
                           "re-run `hetpipe run --report run.json` and draw that")
@@ -319,12 +322,12 @@ def write_run_timelines(plan: Plan, report: RunReport, *, gantt: Path | None = N
     if gantt is not None:
         sim, measured = simulate_plan(plan).result, measured_timeline(report)
         how = "emulated" if report.emulate else "real, not emulated"
-        with atomic_path(gantt) as tmp:
+        with atomic_path(gantt, option=flags[0]) as tmp:
             save_gantt_compare([(f"predicted (simulated): {sim.iteration_s:.4g} s", sim),
                                 (f"measured ({how}): {measured.iteration_s:.4g} s (last step)", measured)],
                                tmp, labels=stage_labels(plan), suptitle=suptitle)
         written.append(Path(gantt))
     if trace is not None:
-        atomic_write_text(trace, json.dumps(run_trace(plan, report)))
+        atomic_write_text(trace, json.dumps(run_trace(plan, report)), option=flags[1])
         written.append(Path(trace))
     return tuple(written)

@@ -9,8 +9,9 @@ Example:
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
+
+from hetpipe.cli.checks import path_arg
 
 
 def add_init_weights_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -19,7 +20,7 @@ def add_init_weights_parser(subparsers: Any) -> argparse.ArgumentParser:
                                                    "safetensors folder usable with `hetpipe run --weights`")
     p.add_argument("model", help="built-in name or package.module:factory")
     # dest out_dir: a folder, not a file (the CLI's generic --output check wants a file)
-    p.add_argument("-o", "--output", dest="out_dir", type=Path, required=True,
+    p.add_argument("-o", "--output", dest="out_dir", type=path_arg, required=True,
                    help="folder to write model.safetensors into (created if missing)")
     p.add_argument("--seed", type=int, default=0, help="the seed (as `hetpipe run --seed`; default 0)")
     p.add_argument("--init", choices=("seeded", "model"), default="seeded",

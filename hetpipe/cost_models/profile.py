@@ -396,7 +396,7 @@ def run_profile(*, output: Path | None, calibrate: bool, cpu_devices: int | None
                   f"on {socket.gethostname()}; {detection.note}\n# see docs/cluster-file.md\n")
         try:
             output.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(output, header + yaml.safe_dump(doc, sort_keys=False))
+            atomic_write_text(output, header + yaml.safe_dump(doc, sort_keys=False), option="-o")
         except OSError as err:
             raise ConfigError(f"cannot write {output}: {err.strerror}; choose a writable path with -o") from None
         cluster = load_cluster(output)

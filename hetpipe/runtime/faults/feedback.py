@@ -258,5 +258,6 @@ def calibrate_from_report(report: RunReport | str | Path, cluster: str | Path, *
     cluster_from_dict(doc, source=f"calibrated {cluster_path}")  # what is written loads back
     if output is not None:
         atomic_write_text(output, f"# written by `hetpipe calibrate` from {source} and {cluster_path} (steps "
-                                  f"{steps[0]}-{steps[-1]})\n" + yaml.safe_dump(doc, sort_keys=False))
+                                  f"{steps[0]}-{steps[-1]})\n" + yaml.safe_dump(doc, sort_keys=False),
+                          option="-o/--output")
     return ClusterCalibration(devices, links, steps, doc)
