@@ -29,6 +29,7 @@ def cmd_show(args: argparse.Namespace, console: Console) -> int:
     from hetpipe.cli.tables import baseline_table, memory_table, plan_table, replica_table
 
     plan = Plan.load(args.plan)
+    report = _run_report(plan, args.run) if getattr(args, "run", None) is not None else None  # before any table
     for table in (plan_table(plan), memory_table(plan), baseline_table(plan)):
         console.print(table)
     if plan.replicas:
@@ -37,12 +38,10 @@ def cmd_show(args: argparse.Namespace, console: Console) -> int:
             console.print(f"sync policy: {plan.sync.reason}")
     for lo in plan.left_out:
         console.print(f"left out {lo.device}: {lo.reason}")
-    if getattr(args, "run", None) is not None:  # predicted beside measured (issue 17 item 5)
+    if report is not None:  # predicted beside measured (issue 17 item 5)
         from hetpipe.cli.demo import gantt_suptitle
         from hetpipe.cli.timeline import write_run_timelines
-        from hetpipe.runtime.report import RunReport
 
-        report = RunReport.load(args.run)
         written = write_run_timelines(plan, report, gantt=args.gantt, trace=args.trace, suptitle=gantt_suptitle(plan))
     elif args.gantt or args.trace:
         written = write_timelines(simulate_plan(plan), gantt=args.gantt, trace=args.trace)
@@ -51,6 +50,16 @@ def cmd_show(args: argparse.Namespace, console: Console) -> int:
     for path in written:
         console.print(f"wrote {path}")
     return 0
+
+
+def _run_report(plan: Any, path: Path) -> Any:
+    """``show --run``'s report, loaded and matched to `plan` (`ConfigError` otherwise) before anything is printed."""
+    from hetpipe.cli.timeline import check_run_report
+    from hetpipe.runtime.report import RunReport
+
+    report = RunReport.load(path)
+    check_run_report(plan, report)
+    return report
 
 
 def cmd_simulate(args: argparse.Namespace, console: Console) -> int:

@@ -306,18 +306,23 @@ def run_trace(plan: Plan, report: RunReport) -> dict[str, Any]:
     return {"traceEvents": predicted["traceEvents"] + measured["traceEvents"], "displayTimeUnit": "ms"}
 
 
-def write_run_timelines(plan: Plan, report: RunReport, *, gantt: Path | None = None, trace: Path | None = None,
-                        suptitle: str = "", flags: tuple[str, str] = ("--gantt", "--trace")) -> tuple[Path, ...]:
-    """Predicted (simulated) over measured: a two-panel Gantt PNG and/or a two-process Perfetto trace.
-
-    ``flags``: the options that gave `gantt` and `trace`, named when they cannot be written.
-    """
+def check_run_report(plan: Plan, report: RunReport) -> None:
+    """Raise `ConfigError` unless `report` can be drawn under `plan` (``show --run`` checks it before any output)."""
     if not report.timelines:
         raise ConfigError("the run report holds no recorded step (a run that stopped before its first step); "
                           "re-run `hetpipe run --report run.json` and draw that")
     if report.fingerprint != plan.model.fingerprint:
         raise ConfigError(f"the run report is of model {report.model} ({report.fingerprint[:12]}), the plan of "
                           f"{plan.model.name} ({plan.model.fingerprint[:12]}); pass the plan the run used")
+
+
+def write_run_timelines(plan: Plan, report: RunReport, *, gantt: Path | None = None, trace: Path | None = None,
+                        suptitle: str = "", flags: tuple[str, str] = ("--gantt", "--trace")) -> tuple[Path, ...]:
+    """Predicted (simulated) over measured: a two-panel Gantt PNG and/or a two-process Perfetto trace.
+
+    ``flags``: the options that gave `gantt` and `trace`, named when they cannot be written.
+    """
+    check_run_report(plan, report)
     written = []
     if gantt is not None:
         sim, measured = simulate_plan(plan).result, measured_timeline(report)

@@ -15,6 +15,8 @@ a negative iteration time, a link priced as free):
 * stages: a known device, the device's own usable_bytes (not an inflated copy), finite
   non-negative times and bytes; recompute_units distinct units of the stage's own range;
   a tensor-parallel group's members and shares well formed (`plan.groups`);
+* the schedule, optimizer and precision are known, and the stages run every unit once, in order
+  (`plan.structure`);
 * predicted / solver figures finite; tied parameters name real units.
 
 Whether the tables are the model's (and not consistently edited) is `check --model`'s
@@ -39,6 +41,7 @@ from hetpipe.cost_models.validate import (
 from hetpipe.cost_models.step_transient import STEP_PATHS
 from hetpipe.errors import PlanError
 from hetpipe.plan.groups import validate_groups
+from hetpipe.plan.structure import validate_structure
 
 #: Largest FLOP or byte count in a unit table: the solvers' numpy tables are 64-bit.
 INT64_MAX = 2**63 - 1
@@ -178,5 +181,6 @@ def validate_plan(plan: Any) -> None:
     _units(plan, {d.kind for d in plan.devices})
     _stages(plan, {d.id: d.usable_bytes for d in plan.devices})
     validate_groups(plan)
+    validate_structure(plan)  # contiguous stages, a known schedule and optimizer (plan/structure.py)
     _figures(plan)
     _steps(plan)

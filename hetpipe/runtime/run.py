@@ -40,6 +40,7 @@ from hetpipe.errors import ConfigError, RuntimeFailure
 from hetpipe.plan.check import check_plan
 from hetpipe.plan.group_run import has_groups, rank_slots, refuse_group_supervision, refuse_unrunnable_groups
 from hetpipe.plan.schema import Plan
+from hetpipe.plan.validate import validate_plan
 from hetpipe.runtime.checkpoint.options import checkpoint_args
 from hetpipe.runtime.faults.carry import InjectionCarrier
 from hetpipe.runtime.faults.options import FaultArgs, check_wait_for_return, fault_args
@@ -243,7 +244,7 @@ def run(
     Raises `PlanError` (plan for another model), `ScheduleError`, `ConfigError` before
     launching; `RuntimeFailure` naming the rank, stage and action if a rank fails.
     """
-    plan = plan if isinstance(plan, Plan) else Plan.load(plan)
+    plan = loaded_plan(plan)
     refuse_unrunnable_interleaved(plan_chunks(plan), locals())  # what interleaved runs do not take yet
     if max_restarts is not None or adapt or wait_for_return is not None:
         return _supervised(plan, locals())
@@ -273,6 +274,15 @@ def run(
 
 
 _NOT_PER_ATTEMPT = ("plan", "resume", "run_dir", "report", "max_restarts", "adapt", "wait_for_return")
+
+
+def loaded_plan(plan: Plan | str | Path) -> Plan:
+    """The plan file `plan` loaded, or the `Plan` object checked as a loaded one is (`plan.validate`: an
+    overlapping split or an unknown schedule edited in code is refused here, not inside a rank)."""
+    if not isinstance(plan, Plan):
+        return Plan.load(plan)
+    validate_plan(plan)
+    return plan
 
 
 def _supervised(plan: Plan, args: dict[str, Any]) -> RunReport:
