@@ -310,6 +310,44 @@ def test_unknown_gpu_in_a_file_names_line_field_and_suggestions(tmp_path):
     _fails(path, f"{path}:4:", "nodes[0].devices[0].gpu", "unknown GPU 'rtx3095'", "did you mean 'rtx3090'")
 
 
+_NESTED = """\
+name: lab
+nodes:
+  - name: desk
+    intra: {intra}
+    network:
+      {bandwidth}: {rate}
+      latency: {latency}
+    devices:
+      - gpu: rtx3090
+      - gpu: rtx4090
+        reserve: {reserve}
+  - name: shelf
+    network: {{bandwidth: 1Gbit/s, latency: 0.2ms}}
+    devices: [{{gpu: rtx3060-12gb}}]
+links:
+  - between: [desk, shelf]
+    bandwidth: 1Gbit/s
+    latency: {link_latency}
+"""
+_GOOD = {"intra": "pcie-host", "bandwidth": "bandwidth", "rate": "1Gbit/s", "latency": "0.2ms", "reserve": "2GB",
+         "link_latency": "1ms"}
+
+
+@pytest.mark.parametrize(("change", "line", "field"), [
+    ({"intra": "nvlnk"}, 4, "nodes[0].intra"),                          # a node's field
+    ({"bandwidth": "bandwith"}, 6, "nodes[0].network.bandwith"),         # an unknown key two levels down
+    ({"rate": "fast"}, 6, "nodes[0].network.bandwidth"),                 # a bad value two levels down
+    ({"latency": "-1ms"}, 7, "nodes[0].network.latency"),
+    ({"reserve": "lots"}, 11, "nodes[0].devices[1].reserve"),           # a field of a list item's mapping
+    ({"link_latency": "soon"}, 18, "links[0].latency"),                 # a top-level list's item
+])
+def test_errors_name_the_line_of_the_offending_key(tmp_path, change, line, field):
+    path = _write(tmp_path, _NESTED.format(**{**_GOOD, **change}))
+    assert load_cluster(_write(tmp_path, _NESTED.format(**_GOOD), name="good.yaml")).devices
+    _fails(path, f"{path}:{line}: {field}:")
+
+
 @pytest.mark.parametrize(("device", "needles"), [
     ({"name": "x", "memory": "-1GB", "tensor_tflops": 1, "fp32_tflops": 1, "memory_bandwidth": "1GB/s"},
      ("devices[0].memory", "must be positive")),

@@ -13,6 +13,7 @@ from hetpipe.runtime.estimate import (
     CALIBRATION_PASSES,
     STARTUP_PER_RANK_S,
     TIMEOUT_ITERATIONS,
+    WallEstimate,
     default_timeout_s,
     estimate_wall,
     refuse_if_too_long,
@@ -68,6 +69,19 @@ def test_refusal_names_the_steps_that_fit_and_the_other_ways_to_shrink():
     refuse_if_too_long(est, plan, max_minutes=est.total_s / 60 * 1.01)  # within the limit: no error
     with pytest.raises(ConfigError, match="--max-minutes must be a positive"):
         refuse_if_too_long(est, plan, max_minutes=0)
+
+
+@pytest.mark.parametrize(("step_s", "shown"), [(0.556, "0.556 s"), (0.0123, "0.0123 s"), (45.26, "45.3 s"),
+                                               (600.0, "10.0 min")])
+def test_refusal_shows_the_step_time_it_estimated(step_s, shown):
+    """The step time the refusal names is the estimate's own (0.556 s is not "about 1 s")."""
+    est = WallEstimate(startup_s=7.0, calibration_s=1.0, step_s=step_s, steps=100_000, time_scale=1.0,
+                       cpu_flops_s=5e10, iteration_s=step_s)
+    with pytest.raises(ConfigError) as err:
+        refuse_if_too_long(est, None, max_minutes=5)
+    msg = str(err.value)
+    assert f"takes about {shown})" in msg or f"one step alone takes {shown};" in msg, msg
+    assert f"x {step_s:.3g} s:" in msg  # the same figure in the breakdown
 
 
 @pytest.fixture(scope="module")

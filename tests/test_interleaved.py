@@ -294,9 +294,9 @@ def test_schedule_option_and_auto_with_interleaving(monkeypatch) -> None:
     from hetpipe.partitioner.solvers.solve import solve
 
     check_schedule_option("interleaved:3")
-    for bad in ("interleaved:1", "interleaved:two"):
-        with pytest.raises(ConfigError, match="--schedule"):
-            check_schedule_option(bad)
+    for bad in ("interleaved:0", "interleaved:1", "interleaved:two", "interleaved"):
+        with pytest.raises(ConfigError, match=f"--schedule is '{bad}'; .* interleaved:V with V >= 2 chunks per card"):
+            check_schedule_option(bad)  # one form says what is accepted: not ">= 1", which then refuses 1
     prob = dataclasses.replace(_problem(m=8), objective="schedule")
     sol = solve(prob, time_limit_s=2.0)
     chosen, got = choose_schedule(prob, sol, option="interleaved:2", limit_s=2.0)

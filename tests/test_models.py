@@ -34,3 +34,14 @@ def test_tiny_models_train_on_cpu(name):
 def test_unknown_model_lists_close_match():
     with pytest.raises(ConfigError, match="gpt2-small"):
         models.build("gpt2-smal")
+
+
+def test_unknown_model_lists_every_built_in_model():
+    """The hf-* models are built-in too (`hetpipe models` lists them): the error names them all."""
+    with pytest.raises(ConfigError) as info:
+        models.build("no-such-model")
+    message = str(info.value)
+    assert [s.name for s in models.list_models() if s.name not in message] == []
+    assert "hf-gpt2-tiny" in message and "`hetpipe models`" in message and "\n" not in message
+    with pytest.raises(ConfigError, match="did you mean 'hf-bert-tiny'"):
+        models.build("hf-bert-tinny")

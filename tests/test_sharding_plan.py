@@ -16,11 +16,12 @@ import random
 import pytest
 
 from hetpipe.cost_models.offload import OffloadRates
-from hetpipe.errors import InfeasibleError
+from hetpipe.errors import ConfigError, InfeasibleError
 from hetpipe.partitioner.replica_shard import choose_sharding, evaluate_sharding, shardable
 from hetpipe.partitioner.replicas import PipelineCache, ReplicaProblem, _exact_groupings, compositions, \
     solve_replicas, solve_replicas_exact
 from hetpipe.plan.check import check_plan
+from hetpipe.plan.replica_count import plan_replicas
 from hetpipe.plan.replicas import partition_replicas
 from hetpipe.plan.schema import Plan
 from tests.instances import TEST_RATES, best_shard_subset_s, random_problem, with_offload
@@ -220,3 +221,24 @@ def test_a_bad_sharding_setting_is_one_error_line(tmp_path, capsys):
                    "--sharding", "even", "-o", str(tmp_path / "p.json")])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("error: sharding (--sharding): 'even'") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("mode", ["auto", "all"])
+def test_sharding_without_replicas_is_one_error_line_before_the_capture(tmp_path, capsys, monkeypatch, mode):
+    """One pipeline has no replicas to shard over: --sharding auto alone would silently do nothing."""
+    from hetpipe.cli import app, model_cmds
+
+    def no_capture(*args, **kwargs):
+        raise AssertionError("captured before refusing the options")
+
+    monkeypatch.setattr(model_cmds, "capture_args", no_capture)
+    capsys.readouterr()
+    rc = app.main(["plan", "mlp-tiny", "--cluster", "examples/clusters/homelab.yaml", "--sharding", mode,
+                   "-o", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: --sharding {mode} shards optimizer state across data-parallel replicas, but "
+                          "--replicas is 1") and "add --replicas auto" in err and "drop --sharding" in err, err
+    assert not (tmp_path / "p.json").exists()
+    with pytest.raises(ConfigError, match=f"--sharding {mode} .* --replicas is 1"):  # the library entry too
+        plan_replicas(_graph(), synthetic_cluster(TWO_SMALL), 1, global_batch=8, sharding=mode)

@@ -77,12 +77,18 @@ class _LineLoader(yaml.SafeLoader):
 
 
 class _LineDict(dict):  # type: ignore[type-arg]
+    """A mapping with the 1-based line where it starts and the line of each key (`Where.field`)."""
+
     line: int | None = None
+    key_lines: dict[str, int] = {}
 
 
 def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> _LineDict:
     out = _LineDict(loader.construct_mapping(node, deep=True))
     out.line = node.start_mark.line + 1
+    # after construct_mapping, whose merge (<<: *anchor) flattening leaves the merged keys in node.value
+    out.key_lines = {str(loader.construct_object(k)): k.start_mark.line + 1
+                     for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
     return out
 
 
@@ -196,7 +202,8 @@ def _network_links(nodes: list[Mapping[str, Any]], where: Where, by_node: dict[s
     specs: dict[str, NetworkSpec | None] = {}
     for i, node in enumerate(nodes):
         net = node.get("network")
-        specs[node["name"]] = None if net is None else network_spec(net, where.field(f"nodes[{i}].network", node))
+        at = where.field(f"nodes[{i}]", node).field("network")
+        specs[node["name"]] = None if net is None else network_spec(net, at)
     links: dict[tuple[str, str], Link] = {}
     for i, na in enumerate(nodes):
         for nb in nodes[i + 1:]:
@@ -206,7 +213,7 @@ def _network_links(nodes: list[Mapping[str, Any]], where: Where, by_node: dict[s
                 missing = [n for n in (na, nb) if specs[n["name"]] is None]
                 if missing:
                     node = missing[0]
-                    raise where.field(f"nodes[{nodes.index(node)}].network", node).error(
+                    raise where.field(f"nodes[{nodes.index(node)}]", node).field("network").error(
                         f"node {node['name']!r} has no network figures and no links entry joins {a!r} and {b!r}; "
                         "add network: {bandwidth: 1Gbit/s, latency: 0.2ms} to the node")
                 spec = slower(specs[a], specs[b])  # type: ignore[arg-type]
@@ -257,7 +264,7 @@ def cluster_from_dict(doc: Any, *, source: str = "<dict>", default_name: str = "
         >>> link.bandwidth_bytes_s, link.latency_s, link.kind
         (125000000.0, 0.001, 'network')
     """
-    where = Where(source, getattr(doc, "line", None), "")
+    where = Where(source, getattr(doc, "line", None), "", doc)
     if not isinstance(doc, Mapping):
         raise where.error("the top level must be a mapping with name and nodes; see docs/cluster-file.md")
     check_keys(doc, _TOP_KEYS, where)

@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 from dataclasses import dataclass, replace
@@ -41,16 +42,32 @@ NETWORK_KEYS = ("bandwidth", "latency")
 
 @dataclass(frozen=True)
 class Where:
-    """Where a value sits: file, 1-based line (when known) and field path."""
+    """Where a value sits: file, 1-based line (when known) and field path; `node` is the parsed
+    value there (a mapping loaded from YAML knows the line of each of its keys).
+
+    Example:
+        >>> class Parsed(dict):  # what the YAML loader gives: the 1-based line of each key
+        ...     key_lines = {"memory": 7}
+        >>> Where("lab.yaml", 3, "nodes[0]", Parsed(memory="x")).field("memory")
+        Where(source='lab.yaml', line=7, path='nodes[0].memory')
+    """
 
     source: str
     line: int | None
     path: str
+    node: object = dataclasses.field(default=None, repr=False, compare=False)
 
     def field(self, name: str, node: object = None) -> Where:
-        """The location of `name` inside this one; `node` (a parsed mapping) may carry a line."""
-        line = getattr(node, "line", None) or self.line
-        return Where(self.source, line, f"{self.path}.{name}" if self.path else name)
+        """The location of `name` inside this one: a field's line is its key's, a list item's
+        (``devices[1]``) that of its own mapping; `node` is the value there (found when omitted)."""
+        if node is None and isinstance(self.node, Mapping):
+            node = self.node.get(name)
+        key, _, index = name.partition("[")
+        key_line = getattr(self.node, "key_lines", {}).get(key)
+        own_line = getattr(node, "line", None)
+        # a mapping's own line is where its first key sits, not the key that holds it
+        line = (own_line or key_line) if index else (key_line or own_line)
+        return Where(self.source, line or self.line, f"{self.path}.{name}" if self.path else name, node)
 
     def error(self, message: str) -> ConfigError:
         at = f"{self.source}:{self.line}" if self.line else self.source

@@ -162,11 +162,12 @@ def _entry(name: str) -> _Entry:
     """The registry row for ``name`` or a ConfigError naming the choices."""
     if name in _REGISTRY:
         return _REGISTRY[name]
-    close = difflib.get_close_matches(name, list(_REGISTRY), n=1, cutoff=0.6)
+    names = [spec.name for spec in list_models()]  # the hf-* ones too: every name `build` takes
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     hint = f" did you mean {close[0]!r}?" if close else ""
     raise ConfigError(
-        f"unknown model {name!r};{hint} built-in models: {', '.join(_REGISTRY)}"
-        " (or pass 'package.module:factory' for your own model)"
+        f"unknown model {name!r};{hint} built-in models: {', '.join(names)} (`hetpipe models` describes them;"
+        " or pass 'package.module:factory' for your own model)"
     )
 
 

@@ -64,8 +64,8 @@ def check_schedule_option(option: str) -> None:
     """
     try:
         chunks = parse_interleaved(option)
-    except ScheduleError as err:
-        raise ConfigError(f"--schedule: {err}") from None
+    except ScheduleError:  # no whole number of chunks (interleaved:0, interleaved:two): say what is accepted
+        chunks = 0
     if (option not in SCHEDULE_OPTIONS and chunks is None) or (chunks is not None and chunks < 2):
         raise ConfigError(f"--schedule is {option!r}; choose one of {', '.join(SCHEDULE_OPTIONS)} "
                           "or interleaved:V with V >= 2 chunks per card (auto: the fastest for this plan)")

@@ -57,6 +57,26 @@ def parse_replicas(value: str) -> str | int:
     return n
 
 
+def check_sharding_replicas(sharding: str, replicas: str | int) -> None:
+    """Refuse a `sharding` that is no setting (`check_sharding_option`), and ``--sharding auto|all`` with one
+    pipeline (``--replicas 1``, the default): it shards across replicas, so it would silently do nothing.
+
+    Example:
+        >>> check_sharding_replicas("auto", "auto"); check_sharding_replicas("never", 1)
+        >>> check_sharding_replicas("auto", 1)
+        Traceback (most recent call last):
+        ...
+        hetpipe.errors.ConfigError: --sharding auto shards optimizer state across data-parallel replicas, but --replicas is 1 (one pipeline), so it would do nothing; add --replicas auto (or e.g. --replicas 2), or drop --sharding
+    """
+    from hetpipe.cost_models.sharding import check_sharding_option
+
+    check_sharding_option(sharding)
+    if sharding != "never" and replicas == 1:
+        raise ConfigError(f"--sharding {sharding} shards optimizer state across data-parallel replicas, but --replicas "
+                          "is 1 (one pipeline), so it would do nothing; add --replicas auto (or e.g. --replicas 2), "
+                          "or drop --sharding")
+
+
 class _CountedSearch(GroupingSearch):
     """`GroupingSearch` that scores only groupings of exactly ``count`` replicas."""
 
@@ -127,9 +147,9 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
     recompute level, `plan.selective_plan.selective_offer`) is offered to one pipeline only; `recompute` is the
     activation-recomputation lever of every pipeline, single or replica; `tensor_parallel` (groups,
     issue 15) is priced for one pipeline only; `sharding` the replicas' optimizer-state sharding
-    (`partitioner.replica_shard`; ignored by a single pipeline).  The replicas' searches take one solve's limit
-    (``auto``: `time_budget.AUTO_FIRST_S`; one pipeline may take the second solve, `plan.solved`)."""
-    from hetpipe.cost_models.sharding import check_sharding_option
+    (`partitioner.replica_shard`; refused with ``replicas=1``: `check_sharding_replicas`).  The replicas'
+    searches take one solve's limit (``auto``: `time_budget.AUTO_FIRST_S`; one pipeline may take the second
+    solve, `plan.solved`)."""
     from hetpipe.plan.build import microbatches_for, partition_graph
     from hetpipe.plan.replicas import (
         assemble_replica_plan,
@@ -140,7 +160,7 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
         single_pipeline,
     )
 
-    check_sharding_option(sharding)
+    check_sharding_replicas(sharding, replicas)
     if recompute == "selective" and replicas != 1:  # the replica planner prices no selective level
         raise ConfigError(f"recompute (--recompute): 'selective' with --replicas {replicas}: the selective level is "
                           "priced for one pipeline only; use --replicas 1 or --recompute auto")

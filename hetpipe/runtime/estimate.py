@@ -92,7 +92,8 @@ class WallEstimate:
 
 
 def _minutes(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+    """``0.556 s``, ``45.3 s``, ``15.2 min``: three figures under 2 minutes (a 0.556 s step is not "1 s")."""
+    return f"{seconds:.3g} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 @functools.lru_cache(maxsize=1)
