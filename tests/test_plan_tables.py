@@ -120,3 +120,17 @@ def test_run_refuses_a_consistent_lie_before_launch(planned: Path, tmp_path: Pat
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "unit 0" in err and "activation_bytes" in err, err
     assert not (tmp_path / "run" / "torchrun.log").exists()  # refused before anything was launched
+
+
+def test_a_replica_plan_names_each_stage_levers_and_its_replicas(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """The second review: `--replicas 2 --offload all` printed no offload column and "3 stages" for two replicas."""
+    out = tmp_path / "rep.json"
+    cluster = str(Path(__file__).resolve().parents[1] / "examples/clusters/homelab-mini.yaml")
+    assert main(["plan", "gpt-demo", "--cluster", cluster, "--batch", "1", "--global-batch", "4", "--replicas", "2",
+                 "--offload", "all", "-o", str(out), "--time-limit", "5"]) == 0
+    plan = Plan.load(out)
+    assert len(plan.replicas) == 2 and all(st.offload for st in plan.stages)
+    text = capsys.readouterr().out
+    assert f"2 replicas, {len(plan.stages)} stages in all" in text
+    assert text.count("optimizer state offloaded") >= len(plan.stages)

@@ -7,6 +7,7 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from rich.console import Console
@@ -77,15 +78,20 @@ def device_fit_table(graph: UnitGraph, cluster: Cluster) -> Table:
 def plan_table(plan: Plan) -> Table:
     """One row per stage: device, units, memory used/usable, time per micro-batch."""
     pred = plan.predicted
+    stages = (f"{len(plan.replicas)} replicas, {len(plan.stages)} stages in all" if plan.replicas
+              else f"{len(plan.stages)} stages")
     table = Table(
-        title=(f"{plan.model.name}: {len(plan.stages)} stages, {plan.training.microbatches} micro-batches of "
+        title=(f"{plan.model.name}: {stages}, {plan.training.microbatches} micro-batches of "
                f"{plan.training.micro_batch_size}; T = {format_seconds(pred.iteration_s)} "
                f"({pred.samples_per_s:.1f} samples/s, bubble {pred.bubble_fraction:.0%})"
                + (f"; simulated {format_seconds(pred.simulated_iteration_s)}" if pred.simulated_iteration_s else "")
                + ("; recompute selective (the level on every stage)" if recompute_mode(plan) == "selective" else ""))
     )
     kinds = {d.id: d.kind for d in plan.devices}
-    levers = stage_levers(plan)  # a levers column only when some stage recomputes or offloads
+    # a levers column only when some stage recomputes or offloads: priced per stage for one pipeline, named only
+    # for a replica plan (`stage_levers` prices single pipelines; the review found a replica plan's offload hidden)
+    levers = stage_levers(plan) if not plan.replicas else tuple(_LeverNames(st) if lever_names(st) else None
+                                                                 for st in plan.stages)
     lever_col = "recompute" if not any(st.offload for st in plan.stages) else "recompute / offload"
     cols = ("stage", "device", "kind", "units", "memory used / usable", "fwd", "bwd", "send")
     for col in cols + ((lever_col,) if any(levers) else ()):
@@ -97,6 +103,46 @@ def plan_table(plan: Plan) -> Table:
                format_seconds(st.bwd_s), format_seconds(st.send_s) if st.send_s else "-"]
         table.add_row(*row, *(([lever.describe() if lever else "-"]) if any(levers) else []))
     return table
+
+
+def lever_names(st: Any) -> str:
+    """The levers a stage uses, named without their prices (a replica plan's stage).
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> lever_names(NS(recompute_units=(3, 4, 5, 8), selective=True, offload=True))
+        'recompute units 3-5, 8; selective level; optimizer state offloaded'
+    """
+    parts = []
+    if st.recompute_units:
+        parts.append("recompute units " + ", ".join(f"{a}-{b}" if a != b else str(a)
+                                                      for a, b in _runs(sorted(st.recompute_units))))
+    if getattr(st, "selective", False):
+        parts.append("selective level")
+    if st.offload:
+        parts.append("optimizer state offloaded")
+    return "; ".join(parts)
+
+
+def _runs(units: list[int]) -> list[tuple[int, int]]:
+    """Consecutive runs of sorted unit indices: [3, 4, 5, 8] -> [(3, 5), (8, 8)]."""
+    out: list[tuple[int, int]] = []
+    for u in units:
+        if out and u == out[-1][1] + 1:
+            out[-1] = (out[-1][0], u)
+        else:
+            out.append((u, u))
+    return out
+
+
+@dataclass(frozen=True)
+class _LeverNames:
+    """A replica plan's stage levers for `plan_table`'s column (`describe` as `StageLevers` has it)."""
+
+    stage: Any
+
+    def describe(self) -> str:
+        return lever_names(self.stage)
 
 
 def stage_cards(st: Any) -> str:
