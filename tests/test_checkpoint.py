@@ -229,8 +229,10 @@ def test_a_wrong_checkpoint_is_one_error_line_before_launch(setup, tmp_path, cap
         steps = "2"
     rc = hetpipe_run([str(plan), "--model", model, "--seq", str(SEQ), "--steps", steps, "--resume", str(root),
                       "--run-dir", str(tmp_path / "run")])
-    err = _error(capsys.readouterr().err)
+    out, err = capsys.readouterr()
+    err = _error(err)
     assert rc == 2 and err.count("error:") == 1 and str(root / "step-000002") in err, err
+    assert "resuming" not in out, out  # refused before the run says it resumes
     expect = {"other-model": "checkpoint of model 'gpt-tiny' lacks", "missing-name": f"lacks 1 tensor(s) the model "
               f"needs: {drop}", "past-steps": "pass --steps larger than 2"}[case]
     assert expect in err, err

@@ -82,14 +82,16 @@ def cmd_run(args: argparse.Namespace, console: Any) -> int:
         if netns_or_emulate(args, console):
             return 0
     from hetpipe.plan.schema import Plan
-    from hetpipe.runtime.checkpoint.options import check_options
+    from hetpipe.runtime.checkpoint.options import check_options, checkpoint_args
 
     # every option and file check before anything is printed ("resuming from", the estimate)
     plan = Plan.load(args.plan)
     resumed = check_options(plan, args.checkpoint_dir, args.checkpoint_every, args.resume, steps=args.steps,
                             seed=args.seed, weights=args.weights)
     timeout_s, done = args.timeout, 0
-    if resumed is not None:
+    if resumed is not None:  # its model, names and shapes too (a capture, ~1 s; run() repeats it for the API)
+        checkpoint_args(plan, args.checkpoint_dir, args.checkpoint_every, args.resume, model=args.model,
+                        seq=args.seq, steps=args.steps, seed=args.seed)
         folder, info = resumed
         console.print(f"resuming from {folder} (step {info.step}, saved by a {info.num_stages}-stage plan)")
         done = info.step
