@@ -25,13 +25,14 @@ def run_with_checkpoints(folder: Path, plan: str, out: Path, *, model: str, seq:
     bound on an idle machine, scaled by the load (a hang guard); ``forked``: the ranks fork from the test
     fork server (`tests.forked_launch`) instead of torchrun starting them."""
     out.mkdir(parents=True, exist_ok=True)
-    extra = ["--resume", str(resume)] if resume is not None else []
+    # a resumed run continues the checkpoint's weights: --weights only starts a run (the two are refused together)
+    extra = ["--resume", str(resume)] if resume is not None else ["--weights", str(folder / "init.pt")]
     extra += ["--checkpoint-every", str(every)] if every is not None else []
     wait_s = guard_s(timeout_s)
     with forked_launches() if forked else contextlib.nullcontext():
         rc = hetpipe_run([str(folder / f"{plan}.json"), "--model", model, "--seq", str(seq), "--steps", str(steps),
                           "--timeout", f"{wait_s:.0f}", "--data", str(folder / "data.pt"),
-                          "--loss", "hetpipe.models:lm_loss", "--weights", str(folder / "init.pt"),
+                          "--loss", "hetpipe.models:lm_loss",
                           "--report", str(out / "run.json"), "--checkpoint-dir", str(out / "ck"), *extra])
     assert rc == 0
     return RunReport.load(out / "run.json")

@@ -83,11 +83,12 @@ def _run(folder: Path, plan: str, tmp: Path, *extra: str, forked: bool = False) 
     """`hetpipe run` of ``plan`` (torchrun; ``forked``: ranks forked from the test fork server,
     `tests.forked_launch`), the ranks' wait bound `RANK_WAIT_S` scaled by the load (a hang guard)."""
     report = tmp / f"{plan}-{len(list(tmp.glob('*.json')))}.json"
+    start = [] if "--resume" in extra else ["--weights", str(folder / "init.pt")]  # a resume continues its weights
     wait_s = guard_s(RANK_WAIT_S)
     with forked_launches() if forked else contextlib.nullcontext():
         rc = hetpipe_run([str(folder / plan), "--model", MODEL, "--seq", str(SEQ), "--steps", str(STEPS),
                           "--timeout", f"{wait_s:.0f}", "--data", str(folder / "data.pt"),
-                          "--loss", "hetpipe.models:lm_loss", "--weights", str(folder / "init.pt"),
+                          "--loss", "hetpipe.models:lm_loss", *start,
                           "--report", str(report), *extra])
     assert rc == 0
     return RunReport.load(report)
@@ -112,6 +113,8 @@ def test_resume_on_the_same_plan_continues_bitwise(setup, first_run, tmp_path):
     folder, *_ = setup
     tmp, full, _ = first_run
     assert sorted(p.name for p in (tmp / "ck").iterdir()) == ["step-000002", "step-000004"]
+    assert CheckpointInfo.load(tmp / "ck" / "step-000002").global_batch == \
+        Plan.load(folder / "plan3.json").training.global_batch  # recorded: a resume on another one is refused
     again = _run(folder, "plan3.json", tmp_path, "--resume", str(tmp / "ck" / "step-000002"),
                  "--checkpoint-dir", str(tmp_path / "ck"))
     assert list(again.losses) == list(full.losses[EVERY:])  # exactly: same cuts, same order of operations
@@ -226,8 +229,10 @@ def test_a_wrong_checkpoint_is_one_error_line_before_launch(setup, tmp_path, cap
         steps = "2"
     rc = hetpipe_run([str(plan), "--model", model, "--seq", str(SEQ), "--steps", steps, "--resume", str(root),
                       "--run-dir", str(tmp_path / "run")])
-    err = _error(capsys.readouterr().err)
+    out, err = capsys.readouterr()
+    err = _error(err)
     assert rc == 2 and err.count("error:") == 1 and str(root / "step-000002") in err, err
+    assert "resuming" not in out, out  # refused before the run says it resumes
     expect = {"other-model": "checkpoint of model 'gpt-tiny' lacks", "missing-name": f"lacks 1 tensor(s) the model "
               f"needs: {drop}", "past-steps": "pass --steps larger than 2"}[case]
     assert expect in err, err
@@ -240,6 +245,104 @@ def test_checkpoint_options_are_checked_before_launch(setup, tmp_path, capsys):
                       "--checkpoint-every", "0", "--checkpoint-dir", str(tmp_path / "ck")])
     err = _error(capsys.readouterr().err)
     assert rc == 2 and "--checkpoint-every must be a positive number of steps, got 0" in err, err
+
+
+def _with_global_batch(folder: Path, global_batch: int) -> None:
+    """Rewrite a checkpoint's marker as if a run at ``global_batch`` had saved it."""
+    info = CheckpointInfo.load(folder)
+    dataclasses.replace(info, global_batch=global_batch).save(folder)
+
+
+def test_a_reused_checkpoint_dir_is_refused_without_resume(setup, tmp_path, capsys):
+    """A new run into a folder holding an earlier run's checkpoints would overwrite some and leave
+    ``--resume`` to pick the other run's newest: refused before anything is printed or launched."""
+    folder, _, _, graph, inputs = setup
+    root = tmp_path / "ck"
+    _one_stage_checkpoint(graph, inputs, root, step=2)
+    marker = (root / "step-000002" / MARKER).read_text()
+    rc = hetpipe_run([str(folder / "plan3.json"), "--model", MODEL, "--seq", str(SEQ), "--steps", "2", "--emulate",
+                      "--seed", "7", "--checkpoint-dir", str(root), "--checkpoint-every", "2",
+                      "--run-dir", str(tmp_path / "run")])
+    out, err = capsys.readouterr()
+    err = _error(err)
+    assert rc == 2 and err.count("error:") == 1, err
+    assert f"--checkpoint-dir {root}: already holds 1 checkpoint(s)" in err and "step-000002" in err, err
+    assert f"pass --resume {root}" in err and "an empty or new folder" in err, err
+    assert out == "" and (root / "step-000002" / MARKER).read_text() == marker
+    assert not (tmp_path / "run" / "torchrun.log").exists()
+
+
+def test_a_resume_with_another_seed_is_refused(setup, tmp_path, capsys):
+    folder, _, _, graph, inputs = setup
+    root = tmp_path / "ck"
+    _one_stage_checkpoint(graph, inputs, root, step=2)  # saved with seed 0
+    rc = hetpipe_run([str(folder / "plan3.json"), "--model", MODEL, "--seq", str(SEQ), "--steps", "4",
+                      "--seed", "7", "--resume", str(root), "--run-dir", str(tmp_path / "run")])
+    out, err = capsys.readouterr()
+    err = _error(err)
+    assert rc == 2 and err.count("error:") == 1, err
+    assert "saved by a run with --seed 0 but this run has --seed 7" in err and "pass --seed 0" in err, err
+    assert "resuming" not in out and not (tmp_path / "run" / "torchrun.log").exists()
+
+
+def test_a_resume_with_another_global_batch_is_refused(setup, tmp_path, capsys):
+    """The marker records the global batch; a plan of another one would not continue the data stream.
+    An older marker without it (what `_one_stage_checkpoint` writes) is not taken for a mismatch."""
+    from hetpipe.runtime.checkpoint.files import check_run_settings
+
+    folder, _, _, graph, inputs = setup
+    root = tmp_path / "ck"
+    ck = _one_stage_checkpoint(graph, inputs, root, step=2)
+    gb = Plan.load(folder / "plan3.json").training.global_batch
+    check_run_settings(ck, CheckpointInfo.load(ck), seed=0, global_batch=gb)  # unknown: accepted
+    _with_global_batch(ck, 2 * gb)
+    rc = hetpipe_run([str(folder / "plan3.json"), "--model", MODEL, "--seq", str(SEQ), "--steps", "4",
+                      "--resume", str(root), "--run-dir", str(tmp_path / "run")])
+    out, err = capsys.readouterr()
+    err = _error(err)
+    assert rc == 2 and err.count("error:") == 1 and str(ck) in err, err
+    assert f"saved at global batch {2 * gb}" in err and f"the plan's global batch is {gb}" in err, err
+    assert f"re-plan with --global-batch {2 * gb}" in err, err
+    assert "resuming" not in out and not (tmp_path / "run" / "torchrun.log").exists()
+
+
+def test_weights_with_resume_are_refused(setup, tmp_path, capsys):
+    """The checkpoint holds the weights: ``--weights`` would be silently ignored, in the CLI, `run` and `Trainer`."""
+    from hetpipe.runtime.run import run
+    from hetpipe.runtime.trainer import Trainer
+
+    folder, _, _, graph, inputs = setup
+    root = tmp_path / "ck"
+    _one_stage_checkpoint(graph, inputs, root, step=2)
+    rc = hetpipe_run([str(folder / "plan3.json"), "--model", MODEL, "--seq", str(SEQ), "--steps", "4",
+                      "--weights", str(folder / "init.pt"), "--resume", str(root), "--run-dir", str(tmp_path / "run")])
+    out, err = capsys.readouterr()
+    err = _error(err)
+    assert rc == 2 and err.count("error:") == 1, err
+    assert f"--weights {folder / 'init.pt'} with --resume {root}: the checkpoint holds the weights" in err, err
+    assert "drop --weights" in err and "resuming" not in out
+    for call in (lambda: run(folder / "plan3.json", model=MODEL, seq=SEQ, steps=4, weights=folder / "init.pt",
+                             resume=root, run_dir=tmp_path / "run"),
+                 lambda: Trainer(folder / "plan3.json", model=MODEL, seq=SEQ, weights=folder / "init.pt", resume=root)):
+        with pytest.raises(ConfigError, match="the checkpoint holds the weights"):
+            call()
+    assert not (tmp_path / "run" / "torchrun.log").exists()
+
+
+def test_option_and_file_errors_come_before_any_output(setup, tmp_path, capsys):
+    """Nothing ("resuming from", the wall-time estimate) is printed before a refused option or file."""
+    folder, _, _, graph, inputs = setup
+    root = tmp_path / "ck"
+    _one_stage_checkpoint(graph, inputs, root, step=2)
+    base = ["--model", MODEL, "--seq", str(SEQ), "--steps", "4", "--emulate"]
+    for argv, expect in (([str(tmp_path / "nope.json"), *base, "--resume", str(root)], "nope.json"),
+                         ([str(folder / "plan3.json"), *base, "--checkpoint-every", "2"],
+                          "--checkpoint-every 2 needs --checkpoint-dir"),
+                         ([str(folder / "plan3.json"), *base, "--resume", str(root), "--checkpoint-every", "2"],
+                          "--checkpoint-every 2 needs --checkpoint-dir")):
+        rc = hetpipe_run(argv)
+        out, err = capsys.readouterr()
+        assert rc == 2 and expect in _error(err) and out == "", (out, err)
 
 
 @pytest.mark.slow
@@ -280,8 +383,8 @@ def _trainer_worker(rank: int, world: int, folder: str, plan: str, steps: int, r
     """`Trainer` in a user's loop: resume (skipping the consumed batches), step, save a checkpoint."""
     from hetpipe.runtime.trainer import Trainer
 
-    trainer = Trainer(f"{folder}/{plan}", model=MODEL, seq=SEQ, loss=lm_loss, weights=f"{folder}/init.pt",
-                      resume=resume)
+    trainer = Trainer(f"{folder}/{plan}", model=MODEL, seq=SEQ, loss=lm_loss,
+                      weights=None if resume else f"{folder}/init.pt", resume=resume)
     batches = torch.load(f"{folder}/data.pt")[trainer.steps_done:steps]
     losses = [trainer.step(ids if trainer.is_first else None, targets if trainer.is_last else None).loss
               for ids, targets in batches]

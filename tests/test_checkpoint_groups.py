@@ -174,7 +174,7 @@ def test_a_killed_group_member_relaunches_the_grouped_plan_equal_to_a_single_dev
     assert hetpipe_run([str(folder / "G.json"), "--model", MODEL, "--seq", str(SEQ), "--steps", "6",
                         "--timeout", f"{guard_s(120.0):.0f}", "--data", str(folder / "data.pt"),
                         "--loss", "hetpipe.models:lm_loss",
-                        "--weights", str(folder / "init.pt"), "--resume", str(momentum_start.checkpoint),
+                        "--resume", str(momentum_start.checkpoint),
                         "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "2",
                         "--run-dir", str(tmp_path / "run"), "--report", str(tmp_path / "run.json"),
                         "--max-restarts", "1", "--inject", f"kill:rank=1,step={KILL_AT}"]) == 0

@@ -198,7 +198,7 @@ def _grouped_and_resumed(name: str, out, batches):
         return report, None
     with forked_launches():  # every resume: the ranks' numbers (tests/test_checkpoint.py resumes under torchrun)
         resumed = run(hf_plan(name, **RUNS[name], shares=RESUME_SHARES[name]), model=name, steps=STEPS, seq=SEQ,
-                      data=batches, weights=out / "weights.pt", save_weights=out / "resumed",
+                      data=batches, save_weights=out / "resumed",
                       resume=out / "ck" / f"step-{CHECKPOINT_STEP:06d}", run_dir=out / "run2",
                       timeout_s=guard_s(180.0))
     return report, resumed

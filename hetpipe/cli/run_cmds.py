@@ -81,18 +81,23 @@ def cmd_run(args: argparse.Namespace, console: Any) -> int:
 
         if netns_or_emulate(args, console):
             return 0
-    timeout_s, done = args.timeout, 0
-    if args.resume is not None:
-        from hetpipe.runtime.checkpoint.files import find_checkpoint
+    from hetpipe.plan.schema import Plan
+    from hetpipe.runtime.checkpoint.options import check_options, checkpoint_args
 
-        folder, info = find_checkpoint(args.resume)
+    # every option and file check before anything is printed ("resuming from", the estimate)
+    plan = Plan.load(args.plan)
+    resumed = check_options(plan, args.checkpoint_dir, args.checkpoint_every, args.resume, steps=args.steps,
+                            seed=args.seed, weights=args.weights)
+    timeout_s, done = args.timeout, 0
+    if resumed is not None:  # its model, names and shapes too (a capture, ~1 s; run() repeats it for the API)
+        checkpoint_args(plan, args.checkpoint_dir, args.checkpoint_every, args.resume, model=args.model,
+                        seq=args.seq, steps=args.steps, seed=args.seed)
+        folder, info = resumed
         console.print(f"resuming from {folder} (step {info.step}, saved by a {info.num_stages}-stage plan)")
-        done = min(info.step, args.steps - 1)  # past --steps: run() refuses it with the reason
+        done = info.step
     if args.emulate:  # the estimate first: a run of hours is refused before anything starts
-        from hetpipe.plan.schema import Plan
         from hetpipe.runtime.estimate import default_timeout_s, estimate_wall, refuse_if_too_long
 
-        plan = Plan.load(args.plan)
         est = estimate_wall(plan, steps=args.steps - done, safety_factor=args.safety_factor)
         console.print(est.line())
         refuse_if_too_long(est, plan, max_minutes=args.max_minutes)

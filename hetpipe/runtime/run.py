@@ -41,7 +41,7 @@ from hetpipe.plan.check import check_plan
 from hetpipe.plan.group_run import has_groups, rank_slots, refuse_group_supervision, refuse_unrunnable_groups
 from hetpipe.plan.schema import Plan
 from hetpipe.plan.validate import validate_plan
-from hetpipe.runtime.checkpoint.options import checkpoint_args
+from hetpipe.runtime.checkpoint.options import checkpoint_args, refuse_weights_with_resume
 from hetpipe.runtime.faults.carry import InjectionCarrier
 from hetpipe.runtime.faults.options import FaultArgs, check_wait_for_return, fault_args
 from hetpipe.runtime.interleaved_run import plan_chunks, refuse_unrunnable_interleaved
@@ -234,17 +234,18 @@ def run(
 ) -> RunReport:
     """Train ``model`` for ``steps`` optimizer steps with ``plan`` (see the module docstring).
 
-    ``timeout_s`` defaults to 60 s, and under ``emulate`` to at least three real iterations
-    at the estimated time scale (`hetpipe.runtime.estimate.default_timeout_s`).
-    ``weights``: a checkpoint to start from, each rank reading its stage only (default: `seeded_init`
-    from ``seed``); ``save_weights``: a folder for the trained weights (`hetpipe.runtime.stage.weights`).
+    ``timeout_s`` defaults to 60 s, under ``emulate`` to at least three real iterations at the estimated time
+    scale (`hetpipe.runtime.estimate.default_timeout_s`).  ``weights``: a checkpoint to start from, each rank
+    reading its stage only (default: `seeded_init` from ``seed``; not with ``resume``, which holds the weights);
+    ``save_weights``: a folder for the trained weights (`hetpipe.runtime.stage.weights`).
     ``checkpoint_dir`` / ``checkpoint_every`` / ``resume``: `hetpipe.runtime.checkpoint` (``steps``: the total to reach).
     ``max_restarts`` / ``adapt`` / ``wait_for_return``: `hetpipe.runtime.supervise` (lost ranks, stragglers);
     ``switch_at=(K, plan2)`` / ``switch_listen``: in-place plan switches (`hetpipe.runtime.switch`).
-    Raises `PlanError` (plan for another model), `ScheduleError`, `ConfigError` before
-    launching; `RuntimeFailure` naming the rank, stage and action if a rank fails.
+    Raises `PlanError` (plan for another model), `ScheduleError`, `ConfigError` before launching; `RuntimeFailure`
+    naming the rank, stage and action if a rank fails.
     """
     plan = loaded_plan(plan)
+    refuse_weights_with_resume(weights, resume)  # the checkpoint's weights would silently win
     refuse_unrunnable_interleaved(plan_chunks(plan), locals())  # what interleaved runs do not take yet
     if max_restarts is not None or adapt or wait_for_return is not None:
         return _supervised(plan, locals())
@@ -256,9 +257,8 @@ def run(
     preflight(plan, model=model, seq=seq, schedule=schedule, data=data if batches is None else batches,
               loss=loss_spec, weights=str(Path(weights).absolute()) if weights is not None else None)
     weights_arg, save_arg = _weights_args(weights, save_weights, plan)  # creates the save folder: after the checks
-    ckpt = checkpoint_args(plan, checkpoint_dir, checkpoint_every, resume, model=model, seq=seq, steps=steps)
-    keep = run_dir is not None
-    workdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
+    ckpt = checkpoint_args(plan, checkpoint_dir, checkpoint_every, resume, model=model, seq=seq, steps=steps, seed=seed)
+    workdir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="hetpipe-run-"))
     data_spec, plan_path = _fill_workdir(workdir, plan, data, batches)
     spec = LaunchSpec(plan_path=plan_path, model=model, steps=steps, nproc=len(rank_slots(plan)), run_dir=workdir,
                       emulate=emulate, schedule=schedule, timeout_s=timeout_s, seed=seed, seq=seq, lr=lr,
@@ -268,7 +268,7 @@ def run(
     out = faults.annotate(ckpt.annotate(_launch_and_report(spec, plan, sync_overlap=sync_overlap)))
     if report is not None:
         out.save(report)
-    if not keep:
+    if run_dir is None:
         shutil.rmtree(workdir, ignore_errors=True)
     return out
 
@@ -334,7 +334,8 @@ def carried_attempts(once: dict[str, Any], carrier: InjectionCarrier) -> Callabl
 
     def attempt(p: Plan, folder: Path, resume_from: str | None) -> RunReport:
         start = find_checkpoint(resume_from)[1].step if resume_from else 0
-        return run(p, run_dir=folder, resume=resume_from, inject=carrier.for_attempt(p, folder, start), **once)
+        rest = {**once, "weights": None} if resume_from else once  # a relaunch continues the checkpoint's weights
+        return run(p, run_dir=folder, resume=resume_from, inject=carrier.for_attempt(p, folder, start), **rest)
 
     return attempt
 

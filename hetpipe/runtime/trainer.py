@@ -85,6 +85,9 @@ class Trainer:
                  grad_clip_norm: float | None = None, state_dict: Mapping[str, torch.Tensor] | None = None,
                  node: str | None = None, weights: str | Path | None = None,
                  resume: str | Path | None = None) -> None:
+        from hetpipe.runtime.checkpoint.options import refuse_weights_with_resume
+
+        refuse_weights_with_resume(weights, resume)  # before any process group or stage is built
         loaded = plan if isinstance(plan, Plan) else Plan.load(plan)
         if loaded.replicas:
             raise ConfigError(f"{plan if not isinstance(plan, Plan) else 'the plan'} has {len(loaded.replicas)} "
@@ -162,9 +165,10 @@ class Trainer:
 
     def _resume(self, resume: str | Path) -> None:
         from hetpipe.runtime.checkpoint.state import for_run, resume_stage
-        from hetpipe.runtime.checkpoint.files import find_checkpoint
+        from hetpipe.runtime.checkpoint.files import check_run_settings, find_checkpoint
 
         folder, info = find_checkpoint(resume)
+        check_run_settings(folder, info, seed=self._seed, global_batch=self.plan.training.global_batch)
         st, ckpt = for_run(self._run, self.optimizer, root=None, every=None, model=self._model, seed=self._seed)
         self.steps_done = resume_stage(folder, info, st, program=self._run.program, ckpt=ckpt)
 

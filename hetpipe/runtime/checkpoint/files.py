@@ -75,6 +75,9 @@ class CheckpointInfo:
     optimizer: str
     seed: int
     saved_time_s: float
+    # The plan's global batch (samples per step): ``batches_consumed`` counts batches of this size.
+    # None in markers written before it was recorded: unknown, never taken for a mismatch.
+    global_batch: int | None = None
     # Per stage, measured by each rank: seconds in dcp.save, parameter + buffer bytes, optimizer bytes.
     stage_save_s: tuple[float, ...] = ()
     stage_model_bytes: tuple[int, ...] = ()
@@ -152,6 +155,47 @@ def find_checkpoint(path: str | os.PathLike[str]) -> tuple[Path, CheckpointInfo]
                           "--checkpoint-dir, or start without --resume")
     folder = complete[-1][1]
     return folder, CheckpointInfo.load(folder)
+
+
+def refuse_reused_dir(checkpoint_dir: str | os.PathLike[str]) -> None:
+    """Refuse, for a run that does not resume, a ``--checkpoint-dir`` already holding complete checkpoints:
+    the run would overwrite some of them and a later ``--resume`` would pick another run's newest one.
+
+    Example:
+        >>> refuse_reused_dir("no/such/dir")  # a new folder is fine
+    """
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        return
+    steps = sorted(s for d in root.iterdir() if d.is_dir() and is_complete(d) and (s := parse_step(d.name)) is not None)
+    if steps:
+        raise ConfigError(f"--checkpoint-dir {checkpoint_dir}: already holds {len(steps)} checkpoint(s) of an earlier "
+                          f"run (newest {step_dir_name(steps[-1])}); pass --resume {checkpoint_dir} to continue that "
+                          "run, or an empty or new folder to start a new one")
+
+
+def check_run_settings(folder: Path, info: CheckpointInfo, *, seed: int, global_batch: int) -> None:
+    """Refuse a resume whose seed or global batch differs from the checkpointed run's: the data stream
+    (synthetic batches are drawn from the seed) and its position (``batches_consumed`` global batches of
+    ``info.global_batch`` samples) would not continue that run.  A marker without ``global_batch`` (an
+    older one) is not checked for it.
+
+    Example:
+        >>> info = CheckpointInfo(step=2, batches_consumed=2, model="m", params_fingerprint="", plan_digest="",
+        ...                       num_stages=1, optimizer="adam", seed=0, saved_time_s=0.0, global_batch=4)
+        >>> check_run_settings(Path("ck/step-000002"), info, seed=0, global_batch=8)
+        Traceback (most recent call last):
+        ...
+        hetpipe.errors.ConfigError: --resume ck/step-000002: the checkpoint was saved at global batch 4 (2 batches of 4 samples consumed) but the plan's global batch is 8; re-plan with --global-batch 4 to continue it
+    """
+    if info.seed != seed:
+        raise ConfigError(f"--resume {folder}: the checkpoint was saved by a run with --seed {info.seed} but this run "
+                          f"has --seed {seed} (another data stream); pass --seed {info.seed} to continue it")
+    if info.global_batch is not None and info.global_batch != global_batch:
+        raise ConfigError(f"--resume {folder}: the checkpoint was saved at global batch {info.global_batch} "
+                          f"({info.batches_consumed} batches of {info.global_batch} samples consumed) but the plan's "
+                          f"global batch is {global_batch}; re-plan with --global-batch {info.global_batch} to "
+                          "continue it")
 
 
 def saved_keys(folder: Path) -> dict[str, tuple[tuple[int, ...], Any]]:

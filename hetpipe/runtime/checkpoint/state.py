@@ -323,7 +323,8 @@ class Checkpointing:
         return CheckpointInfo(step=steps_done, batches_consumed=steps_done, model=self.model,
                               params_fingerprint=self.fingerprint, plan_digest=plan_digest(self.plan),
                               num_stages=len(self.plan.stages), optimizer=self.plan.training.optimizer,
-                              seed=self.seed, saved_time_s=time.time())
+                              seed=self.seed, saved_time_s=time.time(),
+                              global_batch=self.plan.training.global_batch)
 
 
 def for_run(run: Any, optimizer: torch.optim.Optimizer, *, root: str | Path | None, every: int | None,
@@ -359,19 +360,28 @@ def resume_stage(folder: Path, info: CheckpointInfo, state: StageState, *, progr
     return info.step
 
 
-def preflight_resume(plan: Any, graph: Any, example: Any, resume: str | Path, *, model: str,
-                     steps: int) -> tuple[Path, CheckpointInfo]:
-    """Before launching: the checkpoint ``--resume`` means, checked against every stage of ``plan``
-    (model fingerprint, names, shapes, optimizer, steps left) from DCP's metadata alone."""
-    from hetpipe.runtime.checkpoint.files import find_checkpoint
-    from hetpipe.runtime.rank import node_to_stage
-    from hetpipe.runtime.stage.build import split_stages
+def resume_marker(plan: Any, resume: str | Path, *, steps: int, seed: int) -> tuple[Path, CheckpointInfo]:
+    """The checkpoint ``--resume`` means, checked from its marker alone (no capture, no tensor read):
+    steps left, seed, global batch, optimizer."""
+    from hetpipe.runtime.checkpoint.files import check_run_settings, find_checkpoint
 
     folder, info = find_checkpoint(resume)
     if info.step >= steps:
         raise ConfigError(f"--resume {folder}: the checkpoint is at step {info.step} and --steps {steps} is the "
                           f"total to reach; pass --steps larger than {info.step}")
+    check_run_settings(folder, info, seed=seed, global_batch=plan.training.global_batch)
     check_optimizer(folder, info, plan)
+    return folder, info
+
+
+def preflight_resume(plan: Any, graph: Any, example: Any, resume: str | Path, *, model: str,
+                     steps: int, seed: int) -> tuple[Path, CheckpointInfo]:
+    """Before launching: the checkpoint ``--resume`` means, checked against every stage of ``plan``
+    (model fingerprint, names, shapes, optimizer, steps left) from DCP's metadata alone."""
+    from hetpipe.runtime.rank import node_to_stage
+    from hetpipe.runtime.stage.build import split_stages
+
+    folder, info = resume_marker(plan, resume, steps=steps, seed=seed)
     if plan.replicas:  # every replica holds the whole model: one stage covers every name
         program = split_stages(graph.module, {}, example_inputs=example, num_stages=1)
     else:
