@@ -83,3 +83,19 @@ def test_emulated_run_of_a_cli_replica_plan(tmp_path, capsys):
     assert rc == 0, capsys.readouterr().err
     rep = RunReport.load(report)
     assert rep.emulate and len(rep.losses) == 2 and rep.world_size == len(plan.stages)
+
+
+def test_sync_diloco_is_asked_for_on_the_cli(tmp_path, capsys):
+    """`hetpipe plan --replicas 2 --sync diloco` writes a DiLoCo replica plan (once reachable only through
+    `solve_n_replicas(policy='diloco')`); `--sync` without replicas or with an unknown policy is one error line."""
+    path = tmp_path / "plan.json"
+    rc, _, err = _cli(["plan", "gpt-tiny", "--batch", "2", "--seq", "16", "--global-batch", "8", "--cluster",
+                       "examples/clusters/homelab-mini.yaml", "--replicas", "2", "--sync", "diloco", "-o",
+                       str(path)], capsys)
+    assert rc == 0, err
+    plan = Plan.load(path)
+    assert len(plan.replicas) == 2 and plan.sync.policy == "diloco" and check_plan(plan).ok
+    for argv, expected in ((["--sync", "diloco"], "applies to replica plans only"),
+                           (["--replicas", "2", "--sync", "often"], "is not a sync policy")):
+        rc, _, err = _cli(["plan", "gpt-tiny", "--cluster", HOMELAB, *argv, "-o", str(tmp_path / "p.json")], capsys)
+        assert rc == 2 and err.startswith("error: --sync") and err.count("\n") == 1 and expected in err, err
