@@ -83,3 +83,42 @@ def test_emulated_run_of_a_cli_replica_plan(tmp_path, capsys):
     assert rc == 0, capsys.readouterr().err
     rep = RunReport.load(report)
     assert rep.emulate and len(rep.losses) == 2 and rep.world_size == len(plan.stages)
+
+
+def test_sync_diloco_is_asked_for_on_the_cli(tmp_path, capsys):
+    """`hetpipe plan --replicas 2 --sync diloco` writes a DiLoCo replica plan (once reachable only through
+    `solve_n_replicas(policy='diloco')`); `--sync` without replicas or with an unknown policy is one error line."""
+    path = tmp_path / "plan.json"
+    rc, _, err = _cli(["plan", "gpt-tiny", "--batch", "2", "--seq", "16", "--global-batch", "8", "--cluster",
+                       "examples/clusters/homelab-mini.yaml", "--replicas", "2", "--sync", "diloco", "-o",
+                       str(path)], capsys)
+    assert rc == 0, err
+    plan = Plan.load(path)
+    assert len(plan.replicas) == 2 and plan.sync.policy == "diloco" and check_plan(plan).ok
+    for argv, expected in ((["--sync", "diloco"], "applies to replica plans only"),
+                           (["--replicas", "2", "--sync", "often"], "is not a sync policy")):
+        rc, _, err = _cli(["plan", "gpt-tiny", "--cluster", HOMELAB, *argv, "-o", str(tmp_path / "p.json")], capsys)
+        assert rc == 2 and err.startswith("error: --sync") and err.count("\n") == 1 and expected in err, err
+
+
+@pytest.mark.slow
+def test_replica_run_reports_each_stages_optimizer_step(tmp_path, capsys):
+    """A sharded replica run (--replicas 2 --sharding auto): every stage's S (`update_real_s`) is its measured
+    optimizer step (it was 0.0: replica ranks attached no step timer), and the report says why step_ratios
+    stay empty (the straggler judge runs on single pipelines only)."""
+    from tests.test_run_cli import hetpipe_run
+
+    path = tmp_path / "plan.json"
+    rc, _, err = _cli(["plan", "gpt-demo", "--batch", "1", "--global-batch", "4", "--cluster",
+                       "examples/clusters/homelab-mini.yaml", "--replicas", "2", "--sharding", "auto", "-o",
+                       str(path)], capsys)
+    assert rc == 0, err
+    plan = Plan.load(path)
+    assert len(plan.replicas) == 2 and any(g.shard for g in plan.sync.groups)  # the sharded optimizer's path
+    report = tmp_path / "run.json"
+    rc = hetpipe_run([str(path), "--model", "gpt-demo", "--steps", "3", "--emulate", "--report", str(report),
+                      "--run-dir", str(tmp_path / "run")])
+    assert rc == 0, capsys.readouterr().err
+    rep = RunReport.load(report)
+    assert len(rep.stages) == 2 and all(st.update_real_s > 0.0 for st in rep.stages), rep.stages
+    assert any("no stage has step_ratios" in note for note in rep.notes)

@@ -150,6 +150,11 @@ def test_saved_stages_form_an_index_folder_that_reloads_equal(tied_lm, tmp_path)
     src = tmp_path / "src.safetensors"
     save_file({k: v.contiguous() for k, v in hf_state.items()}, str(src))
     out = tmp_path / "saved"
+    out.mkdir()  # an earlier save of 2 stages into the same folder: its shards go, other files stay
+    stale = [shard_name(s, 2) for s in range(2)]
+    for name in stale:
+        save_file({"lm_head.weight": torch.zeros(1)}, str(out / name))
+    (out / "config.json").write_text("{}")
     shards = []
     for s in range(program.num_stages):
         stage = build_stage(program, s, state_dict=Checkpoint(src), device="cpu")
@@ -158,6 +163,8 @@ def test_saved_stages_form_an_index_folder_that_reloads_equal(tied_lm, tmp_path)
     index = json.loads((out / SAFE_INDEX_NAME).read_text())
     assert sorted(index["weight_map"]) == sorted(hf_state)  # the tie saved once, under the embedding's name
     assert set(index["weight_map"].values()) == {shard_name(s, 3) for s in range(3)}
+    assert sorted(p.name for p in out.glob("*.safetensors")) == [shard_name(s, 3) for s in range(3)]
+    assert (out / "config.json").exists()
     assert index["metadata"]["total_size"] == sum(v.numel() * v.element_size() for v in hf_state.values())
     merged = {k: v for f in sorted(out.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
     for k, v in hf_state.items():

@@ -65,12 +65,21 @@ def _reference(state: dict[str, torch.Tensor], batches) -> tuple[list[float], to
 def test_run_from_weights_trains_like_a_single_device_loop_and_saves_them(setup, tmp_path, capsys):
     folder, state, batches, graph, inputs = setup
     saved = tmp_path / "trained"
+    saved.mkdir()  # an earlier save with 2 stages: its shards must not stay beside the new 3 (the index is right)
+    stale = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    for name in stale:
+        save_file({"stale": torch.zeros(1)}, str(saved / name))
+    (saved / "notes.txt").write_text("the user's own file")
+    capsys.readouterr()
     rc = hetpipe_run([str(folder / "plan.json"), "--model", MODEL, "--seq", str(SEQ), "--steps", str(STEPS),
                       "--timeout", f"{guard_s(30.0):.0f}", "--data", str(folder / "data.pt"),
                       "--loss", "hetpipe.models:lm_loss",
                       "--weights", str(folder / "init"), "--save-weights", str(saved),
                       "--report", str(tmp_path / "run.json")])
-    assert rc == 0, capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert f"wrote {saved}" in out.replace("\n", "")  # where the weights went, as the report's line says
+    assert not any((saved / name).exists() for name in stale) and (saved / "notes.txt").exists()
     ref_losses, ref_model = _reference(state, batches)
     rep = RunReport.load(tmp_path / "run.json")
     assert list(rep.losses) == pytest.approx(ref_losses, rel=RTOL, abs=ATOL)

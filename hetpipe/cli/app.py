@@ -17,7 +17,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from rich.console import Console
 
@@ -39,13 +39,8 @@ TIME_LIMIT_HELP = ("the solver's budget in seconds (a hard deadline), or auto (d
                    "that answer is over 2%% from its proven bound and the search used its time)")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="hetpipe", description="Heterogeneous pipeline partitioning for PyTorch training")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("models", help="list built-in models")
-    p = sub.add_parser("inspect", help="per-unit costs of a model and what each card can hold")
-    add_model_args(p)
+def _add_plan_parser(sub: Any) -> None:
+    """``hetpipe plan``'s options."""
     p = sub.add_parser("plan", help="partition a model across a cluster and write plan.json")
     add_model_args(p)
     p.add_argument("-o", "--output", type=path_arg, default=Path("plan.json"))
@@ -71,6 +66,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sharding", default="never",
                    help="with --replicas: optimizer-state sharding across replicas (ZeRO-1, shards by free memory): "
                         "never (default) | auto (where it makes the plan fit or faster) | all")
+    p.add_argument("--sync", default="auto",
+                   help="with --replicas: how replicas sync gradients: auto (default: the faster) | synchronous "
+                        "(every step) | diloco (H local steps, then an outer step)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="hetpipe", description="Heterogeneous pipeline partitioning for PyTorch training")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("models", help="list built-in models")
+    p = sub.add_parser("inspect", help="per-unit costs of a model and what each card can hold")
+    add_model_args(p)
+    _add_plan_parser(sub)
     p = sub.add_parser("check", help="recompute a plan's objective and memory from its own tables")
     p.add_argument("plan", type=Path)
     p.add_argument("--model", default=None, help="also verify the plan was made for this model, tables included")

@@ -104,11 +104,12 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from hetpipe.cost_models.cluster import load_cluster
-    from hetpipe.plan.replica_count import check_sharding_replicas, parse_replicas, plan_replicas
+    from hetpipe.plan.replica_count import check_sharding_replicas, check_sync_option, parse_replicas, plan_replicas
     from hetpipe.cli.tables import baseline_table, gap_note, plan_table, replica_table
 
     replicas, sharding = parse_replicas(getattr(args, "replicas", "1")), getattr(args, "sharding", "never")
     check_sharding_replicas(sharding, replicas)  # before the capture, like every other option
+    check_sync_option(getattr(args, "sync", "auto"), replicas)
     cluster = load_cluster(args.cluster)
     with console.status(f"capturing {args.model} on the meta device"):
         graph = capture_args(args)
@@ -122,7 +123,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
                                  offload=getattr(args, "offload", "never"),
                                  schedule=getattr(args, "plan_schedule", "1f1b"),
                                  tensor_parallel=getattr(args, "tensor_parallel", "off"),
-                                 sharding=sharding, selective=selective)
+                                 sharding=sharding, selective=selective, sync=getattr(args, "sync", "auto"))
     except InfeasibleError as err:
         from hetpipe.cli.fit_help import with_fit_hints
 

@@ -117,6 +117,8 @@ def cmd_run(args: argparse.Namespace, console: Any) -> int:
         console.print(f"injected: {fault}")
     for straggler in report.stragglers:
         console.print(straggler.line(), markup=False, highlight=False)
+    if args.save_weights:  # the trained weights: shards + model.safetensors.index.json
+        console.print(f"wrote {args.save_weights}")
     if args.report:
         console.print(f"wrote {args.report}")
     return 0

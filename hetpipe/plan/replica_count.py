@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 #: a "left out" block); beyond it, local search from seeds under the time limit.
 EXHAUSTIVE_MAX_DEVICES = 5
 
+#: ``hetpipe plan --sync``: the replicas' gradient sync policy (`cost_models.sync.choose_policy`).
+SYNC_OPTIONS = ("auto", "synchronous", "diloco")
+
 
 def parse_replicas(value: str) -> str | int:
     """``"auto"`` or a positive replica count, else a `ConfigError` naming ``--replicas``."""
@@ -114,6 +117,22 @@ def _groupings(n: int, count: int) -> Iterator[Any]:
         yield canon_groups([list(range(round(k * size), round((k + 1) * size))) for k in range(count)])
 
 
+def check_sync_option(sync: str, replicas: str | int) -> None:
+    """A `ConfigError` naming ``--sync`` for an unknown policy, or a forced one without replicas.
+
+    Example:
+        >>> check_sync_option("diloco", 2)
+        >>> check_sync_option("diloco", 1)
+        Traceback (most recent call last):
+        ...
+        hetpipe.errors.ConfigError: --sync 'diloco' applies to replica plans only; add --replicas auto or e.g. --replicas 2
+    """
+    if sync not in SYNC_OPTIONS:
+        raise ConfigError(f"--sync {sync!r} is not a sync policy; use one of: {', '.join(SYNC_OPTIONS)}")
+    if sync != "auto" and replicas == 1:  # one pipeline has no gradient sync to choose
+        raise ConfigError(f"--sync {sync!r} applies to replica plans only; add --replicas auto or e.g. --replicas 2")
+
+
 def solve_n_replicas(rp: ReplicaProblem, count: int, *, policy: str = "auto", outer_steps: int | None = None,
                      time_limit_s: float = 30.0, seed: int = 0) -> ReplicaSolution:
     """The best layout of exactly ``count`` replicas found within ``time_limit_s`` (status FEASIBLE)."""
@@ -142,14 +161,14 @@ def solve_n_replicas(rp: ReplicaProblem, count: int, *, policy: str = "auto", ou
 def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, global_batch: int | None,
                   solver: str = "auto", time_limit_s: float | str = "auto", seed: int = 0, recompute: str = "auto",
                   offload: str = "never", schedule: str = "1f1b", tensor_parallel: str = "off",
-                  sharding: str = "never", selective: Any = None) -> Plan:
+                  sharding: str = "never", selective: Any = None, sync: str = "auto") -> Plan:
     """The plan ``hetpipe plan --replicas`` writes (see the module docstring); `selective` (the selective
     recompute level, `plan.selective_plan.selective_offer`) is offered to one pipeline only; `recompute` is the
     activation-recomputation lever of every pipeline, single or replica; `tensor_parallel` (groups,
     issue 15) is priced for one pipeline only; `sharding` the replicas' optimizer-state sharding
-    (`partitioner.replica_shard`; refused with ``replicas=1``: `check_sharding_replicas`).  The replicas'
-    searches take one solve's limit (``auto``: `time_budget.AUTO_FIRST_S`; one pipeline may take the second
-    solve, `plan.solved`)."""
+    (`partitioner.replica_shard`; refused with ``replicas=1``: `check_sharding_replicas`); `sync` the replicas'
+    sync policy (``--sync``: auto | synchronous | diloco; `check_sync_option`).  The replicas' searches take one
+    solve's limit (``auto``: `time_budget.AUTO_FIRST_S`; one pipeline may take the second, `plan.solved`)."""
     from hetpipe.plan.build import microbatches_for, partition_graph
     from hetpipe.plan.replicas import (
         assemble_replica_plan,
@@ -160,7 +179,7 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
         single_pipeline,
     )
 
-    check_sharding_replicas(sharding, replicas)
+    check_sharding_replicas(sharding, replicas), check_sync_option(sync, replicas)
     if recompute == "selective" and replicas != 1:  # the replica planner prices no selective level
         raise ConfigError(f"recompute (--recompute): 'selective' with --replicas {replicas}: the selective level is "
                           "priced for one pipeline only; use --replicas 1 or --recompute auto")
@@ -181,7 +200,7 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
         except InfeasibleError:
             single = None
         several = partition_replicas(graph, cluster, global_batch=global_batch, time_limit_s=one_s, seed=seed,
-                                     recompute=recompute, sharding=sharding, offload=offload)
+                                     recompute=recompute, sharding=sharding, offload=offload, policy=sync)
         if single is not None and (len(several.replicas) <= 1
                                    or single.predicted.iteration_s <= several.predicted.iteration_s):
             log.info("--replicas auto: one pipeline (%.4g s) vs replicas (%.4g s)", single.predicted.iteration_s,
@@ -192,7 +211,7 @@ def plan_replicas(graph: UnitGraph, cluster: Cluster, replicas: str | int, *, gl
     g, _ = microbatches_for(graph, global_batch, len(cluster.devices))
     rp = build_replica_problem(graph, cluster, global_batch=g, recompute=recompute, sharding=sharding,
                                offload=offload)
-    sol = solve_n_replicas(rp, replicas, time_limit_s=one_s, seed=seed)
+    sol = solve_n_replicas(rp, replicas, policy=sync, time_limit_s=one_s, seed=seed)
     base = {"ddp-equal": ddp_equal(rp),
             "single-pipeline": single_pipeline(rp, time_limit_s=max(1.0, one_s / 3), seed=seed)}
     why = explain_unused(rp, sol, time_limit_s=max(1.0, one_s / 6))

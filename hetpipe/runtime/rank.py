@@ -120,7 +120,7 @@ def capture_for_plan(plan: Plan, *, model: str, seq: int | None) -> tuple[Any, t
                           "with one micro-batch so the plan's fingerprint can be checked")
     graph = capture(resolved.model, resolved.example_inputs, name=model, optimizer=plan.training.optimizer,
                     precision=plan.training.precision)
-    verify_model(plan, graph)
+    verify_model(plan, graph, resolved.example_inputs)
     return graph, resolved.example_inputs
 
 

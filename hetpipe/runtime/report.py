@@ -383,8 +383,10 @@ def _ran_pinned(plan: "Plan", results: Sequence[RankResult]) -> bool:  # noqa: F
 
 
 def _notes(emulate: bool, overruns: int, late: int, actions: int, worst: float, *,
-           pinned: bool = False) -> tuple[str, ...]:
+           pinned: bool = False, replicas: bool = False) -> tuple[str, ...]:
     notes = []
+    if replicas:  # runtime/faults/watch.py judges single pipelines only: no per-step ratios to record
+        notes.append("replica plan: stragglers are not judged on replica plans, so no stage has step_ratios")
     if emulate and overruns:
         notes.append(
             f"{overruns} of {actions} emulated compute actions overran their targets (worst {worst:.2f}x): the "
@@ -455,7 +457,7 @@ def build_report(plan: "Plan", results: Sequence[RankResult], *, schedule: str, 
         overruns=overruns, late_messages=late,
         late_wait_per_step_s=sum(r.late_total_s for r in results) / max(n_steps, 1),
         notes=_notes(emulate, overruns, late, actions, max(r.worst_overrun_ratio for r in results),
-                     pinned=_ran_pinned(plan, results)),
+                     pinned=_ran_pinned(plan, results), replicas=bool(plan.replicas)),
         machine=machine_info(), wall_s=wall_s,
         timelines=timelines,
         stragglers=tuple(rec for r in results for rec in r.stragglers),

@@ -91,6 +91,7 @@ from hetpipe.runtime.rank import (
     stage_links,
     touch,
 )
+from hetpipe.runtime.replicas.shard import ShardedOptimizer
 from hetpipe.runtime.replicas.trainer import ReplicaTrainer, check_runnable
 from hetpipe.runtime.checkpoint.replicas import replica_checkpoints
 
@@ -383,13 +384,16 @@ def _replica_rank(args: argparse.Namespace, state: RankState, plan: Plan, ranks:
                          targets=first[1] if first is not None else None, timeout_s=args.timeout,
                          safety_factor=args.safety_factor)
     start, after_step = replica_checkpoints(args, trainer, resume, lambda phase: setattr(state, "phase", phase))
+    # S_s prices the stage's own update: a sharded group's inner step over its slice, not the all-gather after it
+    opt = trainer.optimizer
+    timer = UpdateTimer.attach(opt.inner if isinstance(opt, ShardedOptimizer) else opt)
 
     def step(batch: Any) -> tuple[Any, float | None]:
         out = trainer.step(*(batch if batch is not None else (None, None)))
         return out.stats, out.loss if trainer.is_last else None  # every rank has the loss; the last reports it
 
     return _RankLoop(step, hooks, trainer.place.plan_stage, stream, first, finish=trainer.finish, start=start,
-                     after_step=after_step)
+                     after_step=after_step, update_s=lambda: timer.durations_s)
 
 
 def _run_steps(args: argparse.Namespace, state: RankState, loop: _RankLoop, *, plan: Plan,

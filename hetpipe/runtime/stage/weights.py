@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,8 @@ log = logging.getLogger(__name__)
 
 SAFE_WEIGHTS_NAME = "model.safetensors"  # transformers.utils.SAFE_WEIGHTS_NAME
 SAFE_INDEX_NAME = "model.safetensors.index.json"  # transformers.utils.SAFE_WEIGHTS_INDEX_NAME
+#: The shards `shard_name` writes; only files of this form are removed as stale (`remove_stale_shards`).
+SHARD_PATTERN = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 TORCH_WEIGHTS_NAME = "pytorch_model.bin"  # transformers.utils.WEIGHTS_NAME
 _FIX = ("pass --weights a file or folder saved from this model (`hetpipe run --save-weights`, "
         "`model.save_pretrained(dir)`, `safetensors.torch.save_model` or `torch.save(model.state_dict(), f)`)")
@@ -265,7 +268,30 @@ def write_index(out_dir: str | os.PathLike[str], shards: Sequence[tuple[str, Map
     tmp.write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
                               indent=2))
     os.replace(tmp, path)
+    remove_stale_shards(out_dir, {file for file, _ in shards} | set(weight_map.values()))
     return path
+
+
+def remove_stale_shards(out_dir: str | os.PathLike[str], keep: set[str]) -> list[str]:
+    """Delete an earlier save's shards (``model-0000k-of-0000p.safetensors``) from ``out_dir`` that the new index
+    does not list: a save into a folder saved before with another stage count would leave them beside the new
+    ones.  Only files named like a shard go; returns their names.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> for name in ("model-00001-of-00002.safetensors", "model-00001-of-00003.safetensors", "notes.txt"):
+        ...     _ = (d / name).write_bytes(b"")
+        >>> remove_stale_shards(d, {"model-00001-of-00003.safetensors"}), sorted(p.name for p in d.iterdir())
+        (['model-00001-of-00002.safetensors'], ['model-00001-of-00003.safetensors', 'notes.txt'])
+    """
+    stale = sorted(p.name for p in Path(out_dir).iterdir()
+                   if p.is_file() and SHARD_PATTERN.fullmatch(p.name) and p.name not in keep)
+    for name in stale:
+        (Path(out_dir) / name).unlink(missing_ok=True)  # another saver may have removed it first
+    if stale:
+        log.info("--save-weights: removed %d shard(s) of an earlier save: %s", len(stale), ", ".join(stale))
+    return stale
 
 
 def save_pipeline(module: torch.nn.Module, names: Mapping[str, str], out_dir: str | os.PathLike[str], *,
