@@ -97,3 +97,11 @@ def test_a_link_fault_on_a_tensor_parallel_plan_joins_the_stage_leads():
     c = InjectionCarrier(["link:src=1,dst=0,factor=2,step=1"])
     assert c.specs_for(_tp_plan(), high_water=0, start=0) == ("link:src=1,dst=0,factor=2,step=1",)
     assert c.records[0].target == "desk:0 -> shelf:0"
+
+
+def test_a_killed_group_member_is_named_by_its_stage_and_card(tmp_path):
+    from hetpipe.runtime.launch import first_error, rank_places
+
+    log = "Failures:\n[2]:\n  rank      : 2 (local_rank: 2)\n  exitcode  : 137 (pid: 9404) \n"
+    line = first_error(tmp_path, log, rank_places(_tp_plan()))  # was: rank 2 (stage 2), a stage the plan lacks
+    assert line.startswith("rank 2 (stage 1, device desk:1) exited with code 137 without reporting an error"), line
