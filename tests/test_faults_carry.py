@@ -105,3 +105,13 @@ def test_a_killed_group_member_is_named_by_its_stage_and_card(tmp_path):
     log = "Failures:\n[2]:\n  rank      : 2 (local_rank: 2)\n  exitcode  : 137 (pid: 9404) \n"
     line = first_error(tmp_path, log, rank_places(_tp_plan()))  # was: rank 2 (stage 2), a stage the plan lacks
     assert line.startswith("rank 2 (stage 1, device desk:1) exited with code 137 without reporting an error"), line
+
+
+def test_a_killed_group_member_records_its_own_card_as_down():
+    """``kill:rank=2,...,down=S`` writes the down record the supervisor's ``--wait-for-return`` reads under the
+    dead rank's card (`supervise.diagnose`: desk:1), not its lead's."""
+    from hetpipe.runtime.faults.watch import StepWatch
+
+    plan = _tp_plan()
+    assert [StepWatch.card(NS(plan=plan, stage=s, rank=r, device=plan.stages[s].device))
+            for s, r in ((0, 0), (1, 1), (1, 2))] == ["shelf:0", "desk:0", "desk:1"]
