@@ -66,3 +66,52 @@ def test_the_high_water_mark_is_the_furthest_step_any_attempt_finished(tmp_path)
         write_steps(tmp_path / attempt, StepsDone(rank=rank, stage=rank, steps_done=done, pid=1, step_s=(),
                                                   time_scale=1.0, time_s=0.0))
     assert high_water(tmp_path, 2) == 5 and high_water(tmp_path / "none", 2) == 2
+
+
+def _tp_plan():
+    """gpt-demo --tensor-parallel auto on homelab-mini: 2 stages on 3 ranks (desk:0 leads desk:1)."""
+    return NS(stages=(NS(index=0, device="shelf:0", group_devices=(), first_unit=0, last_unit=0),
+                      NS(index=1, device="desk:0", group_devices=("desk:0", "desk:1"), first_unit=1, last_unit=9)),
+              devices=tuple(NS(id=d, kind="k") for d in ("shelf:0", "desk:0", "desk:1")), replicas=())
+
+
+def test_rank_counts_every_tensor_parallel_member_as_torchrun_numbers_them():
+    from hetpipe.plan.group_run import rank_slots
+    from hetpipe.runtime.adapt_decision import stage_text
+    from hetpipe.runtime.faults.options import fault_args
+
+    plan = _tp_plan()
+    assert [s.device for s in rank_slots(plan)] == ["shelf:0", "desk:0", "desk:1"]  # the worker's rank -> card
+    assert fault_args(plan, ["kill:rank=2,step=1"], emulate=True, steps=3, margin=None,
+                      window_steps=None).inject == ("kill:rank=2,step=1",)  # was: rank 2 does not exist
+    c = InjectionCarrier(["kill:rank=2,step=3", "slow:rank=2,factor=2,step=1"])
+    assert c.specs_for(plan, high_water=0, start=0, attempt="attempt-0") == ("kill:rank=2,step=3",
+                                                                            "slow:rank=2,factor=2,step=1")
+    assert [r.target for r in c.records] == ["desk:1", "desk:1"]  # was: fired as kill:rank=1 on desk:0
+    c.settle(3)
+    assert c.lines()[0] == "kill:rank=2,step=3: fired as kill:rank=2,step=3 on desk:1 in attempt-0"
+    assert stage_text(plan) == "shelf:0[0-0] desk:0+desk:1[1-9]"
+
+
+def test_a_link_fault_on_a_tensor_parallel_plan_joins_the_stage_leads():
+    c = InjectionCarrier(["link:src=1,dst=0,factor=2,step=1"])
+    assert c.specs_for(_tp_plan(), high_water=0, start=0) == ("link:src=1,dst=0,factor=2,step=1",)
+    assert c.records[0].target == "desk:0 -> shelf:0"
+
+
+def test_a_killed_group_member_is_named_by_its_stage_and_card(tmp_path):
+    from hetpipe.runtime.launch import first_error, rank_places
+
+    log = "Failures:\n[2]:\n  rank      : 2 (local_rank: 2)\n  exitcode  : 137 (pid: 9404) \n"
+    line = first_error(tmp_path, log, rank_places(_tp_plan()))  # was: rank 2 (stage 2), a stage the plan lacks
+    assert line.startswith("rank 2 (stage 1, device desk:1) exited with code 137 without reporting an error"), line
+
+
+def test_a_killed_group_member_records_its_own_card_as_down():
+    """``kill:rank=2,...,down=S`` writes the down record the supervisor's ``--wait-for-return`` reads under the
+    dead rank's card (`supervise.diagnose`: desk:1), not its lead's."""
+    from hetpipe.runtime.faults.watch import StepWatch
+
+    plan = _tp_plan()
+    assert [StepWatch.card(NS(plan=plan, stage=s, rank=r, device=plan.stages[s].device))
+            for s, r in ((0, 0), (1, 1), (1, 2))] == ["shelf:0", "desk:0", "desk:1"]

@@ -45,6 +45,7 @@ from hetpipe.partitioner.problem import Problem, evaluate
 from hetpipe.partitioner.selective_mode import SELECTIVE_MODE, forced_problem, lift
 from hetpipe.plan.baseline_report import baseline_reports
 from hetpipe.plan.build import plan_stages, predicted_figures
+from hetpipe.plan.selective_plan import level_used
 from hetpipe.plan.schema import KindSeconds, Plan, SolverReport, UnitTimes, problem_from_plan, stages_from_plan
 from hetpipe.plan.step_schema import step_transient_records
 
@@ -177,6 +178,7 @@ def plan_on(plan: Plan, problem: Problem, stages: tuple, solver: SolverReport, *
             slowdown: Mapping[str, float], link_slowdown: Mapping[tuple[str, str], float] | None = None) -> Plan:
     """``plan`` moved onto ``problem``'s devices, links and tables with the placement ``stages``."""
     ev = evaluate(problem, stages)
+    baselines = baseline_reports(forced_problem(problem))
     kinds = sorted({d.kind for d in problem.devices})
     ids = {d.id: d for d in problem.devices}
     steps = {k: problem.step_s.get(k, (0.0,) * len(plan.units)) for k in kinds}
@@ -195,8 +197,11 @@ def plan_on(plan: Plan, problem: Problem, stages: tuple, solver: SolverReport, *
         links=_links_on(plan, problem), units=units,
         stages=plan_stages(problem, stages, ev), predicted=predicted_figures(problem, stages, ev,
                                                                              plan.training.global_batch),
-        solver=solver, baselines=baseline_reports(forced_problem(problem)), left_out=(), cost_model=notes,
-        selective=selective_on(plan.selective, problem.selective, kinds) if any(st.selective for st in stages) else None,
+        solver=solver, baselines=baselines, left_out=(), cost_model=notes,
+        # recorded where a stage or a recorded baseline runs the level (as `build_plan`): `check` prices the
+        # baselines again from the plan's tables, and without the level their best cards cost another T
+        selective=(selective_on(plan.selective, problem.selective, kinds)
+                   if level_used(problem, stages, baselines) else None),
         step_launch_s=tuple(KindSeconds(k, problem.step_launch_s[k]) for k in kinds if k in problem.step_launch_s),
         step_transient=step_records_on(plan, problem, ids))
 

@@ -93,8 +93,9 @@ class Decision:
 
 
 def stage_text(plan: Plan) -> str:
-    """``dev[first-last] ...``: the plan's stages in one short string."""
-    return " ".join(f"{s.device}[{s.first_unit}-{s.last_unit}]" for s in plan.stages)
+    """``dev[first-last] ...``: the plan's stages in one short string, a tensor-parallel group's every member
+    (``lead+member[first-last]``)."""
+    return " ".join(f"{'+'.join(s.group_devices or (s.device,))}[{s.first_unit}-{s.last_unit}]" for s in plan.stages)
 
 
 def steps_finished(records: dict[int, StepsDone], num_ranks: int, start: int) -> int:

@@ -41,7 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hetpipe.errors import RuntimeFailure
+from hetpipe.errors import HetpipeError, RuntimeFailure
+from hetpipe.plan.group_run import has_groups, rank_slots
+from hetpipe.plan.schema import Plan
 
 log = logging.getLogger(__name__)
 
@@ -226,17 +228,36 @@ def describe_exit(code: int) -> str:
         return f"was killed by signal {-code}"
 
 
-def summary_from_log(log_text: str) -> str:
-    """torchrun's failure summary as one line (used when no rank wrote an error file)."""
+def rank_places(plan: Any) -> dict[int, str]:
+    """Rank -> ``"stage S, device D"`` for a plan with tensor-parallel groups (its members are ranks of their
+    own, `plan.group_run.rank_slots`); empty otherwise: rank r runs stage r.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> rank_places(NS(stages=(NS(index=0, device="a", group_devices=()),
+        ...                        NS(index=1, device="b", group_devices=("b", "c")))))
+        {0: 'stage 0, device a', 1: 'stage 1, device b', 2: 'stage 1, device c'}
+    """
+    if not has_groups(plan):
+        return {}
+    return {r: f"stage {s.stage}, device {s.device}" for r, s in enumerate(rank_slots(plan))}
+
+
+def _place(rank: int, places: dict[int, str] | None) -> str:
+    return (places or {}).get(rank, f"stage {rank}")
+
+
+def summary_from_log(log_text: str, places: dict[int, str] | None = None) -> str:
+    """torchrun's failure summary as one line (used when no rank wrote an error file; ``places``: `rank_places`)."""
     codes = exit_codes(log_text)
     if codes:
         rank, code = min(codes.items(), key=lambda rc: (rc[1] == _SIGTERM, rc[1] >= 0, rc[0]))
-        return f"rank {rank} (stage {rank}) {describe_exit(code)} without reporting an error; see the log for its output"
+        return f"rank {rank} ({_place(rank, places)}) {describe_exit(code)} without reporting an error; see the log for its output"
     tail = [ln for ln in log_text.strip().splitlines() if ln.strip()][-1:] or ["no output"]
     return f"torchrun failed: {tail[0].strip()}"
 
 
-def first_error(run_dir: Path, log_text: str) -> str:
+def first_error(run_dir: Path, log_text: str, places: dict[int, str] | None = None) -> str:
     """The line `hetpipe run` reports: the root cause first, then what the first survivor saw.
 
     A rank that was killed by a signal (other than torchrun's own SIGTERM teardown), or exited
@@ -253,9 +274,17 @@ def first_error(run_dir: Path, log_text: str) -> str:
     killed = sorted(r for r, c in exit_codes(log_text).items() if c not in (0, 1, _SIGTERM) and r not in reported)
     if killed:
         code = exit_codes(log_text)[killed[0]]
-        head = f"rank {killed[0]} (stage {killed[0]}) {describe_exit(code)} without reporting an error"
+        head = f"rank {killed[0]} ({_place(killed[0], places)}) {describe_exit(code)} without reporting an error"
         return f"{head}; then {errors[0].line()}" if errors else f"{head}; see the log for its output"
-    return errors[0].line() if errors else summary_from_log(log_text)
+    return errors[0].line() if errors else summary_from_log(log_text, places)
+
+
+def _places_of(plan_path: Path) -> dict[int, str]:
+    """`rank_places` of the plan file a launch ran (empty where it cannot be read: the message keeps ranks)."""
+    try:
+        return rank_places(Plan.load(plan_path))
+    except (OSError, ValueError, HetpipeError):  # naming the failure must not fail; the plan was checked at launch
+        return {}
 
 
 # ----------------------------------------------------------------------------- launch
@@ -334,7 +363,7 @@ def launch(spec: LaunchSpec, *, env: dict[str, str] | None = None) -> LaunchOutc
             raise
     outcome = LaunchOutcome(proc.wait(), time.time() - started, log_path, reason)
     if outcome.returncode != 0 or reason:
-        message = first_error(spec.run_dir, log_path.read_text(errors="replace"))
+        message = first_error(spec.run_dir, log_path.read_text(errors="replace"), _places_of(spec.plan_path))
         if reason and not read_errors(spec.run_dir):
             message = f"{reason}; {message}"
         raise RuntimeFailure(message)

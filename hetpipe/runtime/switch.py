@@ -190,7 +190,7 @@ def final_plan(run_dir: Path, plan: Plan) -> Plan:
 
 
 def stage_text(plan: Plan) -> str:
-    return " ".join(f"{s.device}[{s.first_unit}-{s.last_unit}]" for s in plan.stages)
+    return " ".join(f"{'+'.join(s.group_devices or (s.device,))}[{s.first_unit}-{s.last_unit}]" for s in plan.stages)
 
 
 class SwitchPoint:

@@ -7,9 +7,11 @@ belong to the RUN, not to one launch:
 * each fault fires once, at its global step, in whichever attempt reaches that step first; a
   fault an earlier attempt reached (some rank of it finished ``step`` steps: it began the step)
   is history and is not injected again, even though the relaunch redoes steps before it;
-* ``rank`` (``src``/``dst`` for links) means that stage of the plan running when the step is
-  reached; a plan re-made on fewer cards than the rank asks for gets the fault on its last stage
-  (its last link), and a link fault on a one-stage plan has no link to hit: it is recorded as
+* ``rank`` means that launched rank of the plan running when the step is reached, as torchrun numbers
+  them (stages in order, every tensor-parallel group member its own rank: `inject.rank_devices`); a plan
+  re-made on fewer cards than the rank asks for gets the fault on its last rank.  ``src``/``dst`` of a
+  link name the ranks of neighbouring stages' leads (who send the cuts); a plan re-made on fewer stages
+  gets it on its last link, and a link fault on a one-stage plan has no link to hit: it is recorded as
   not fired;
 * a compute slowdown stays with the CARD it hit: every later attempt whose plan uses that card
   gets ``slow:`` on its rank from the later of its global step and the attempt's first step, by
@@ -39,7 +41,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hetpipe.plan.replan import SLOW_MARK
-from hetpipe.runtime.faults.inject import Fault, KillRank, SlowCompute, SlowLink, parse_faults
+from hetpipe.runtime.faults.inject import Fault, KillRank, SlowCompute, SlowLink, parse_faults, rank_devices
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +117,7 @@ class InjectionCarrier:
 
     def _persisting(self, plan: Any, start: int) -> list[str]:
         """``slow:`` specs for the cards of ``plan`` that fired slowdowns hit, beyond what the plan prices."""
-        ranks = {st.device: i for i, st in enumerate(plan.stages)}
+        ranks = {device: i for i, device in enumerate(rank_devices(plan))}
         slowed: dict[str, tuple[float, int]] = {}
         for r in self.records:
             if r.fired and isinstance(r.fault, SlowCompute) and r.target in ranks:
@@ -141,13 +143,17 @@ class InjectionCarrier:
 
 def _resolve(fault: Fault, plan: Any) -> tuple[Fault, str] | None:
     """The fault on ``plan``'s stages (ranks clamped to its last stage) and the card or link it hits."""
-    n = len(plan.stages)
+    devices = rank_devices(plan)
+    leads = [i for i, d in enumerate(devices) if d in {st.device for st in plan.stages}]  # each stage's lead rank
     if isinstance(fault, SlowLink):
+        n = len(leads)
         if n < 2:
             return None
-        low = min(min(fault.src, fault.dst), n - 2)
+        stage_of = {r: s for s, r in enumerate(leads)}  # a given rank that is no lead: clamped like a stage index
+        a, b = (stage_of.get(r, min(r, n - 1)) for r in (fault.src, fault.dst))
+        low = min(min(a, b), n - 2)
         src, dst = (low, low + 1) if fault.src < fault.dst else (low + 1, low)
-        return replace(fault, src=src, dst=dst), f"{plan.stages[src].device} -> {plan.stages[dst].device}"
+        return replace(fault, src=leads[src], dst=leads[dst]), f"{devices[leads[src]]} -> {devices[leads[dst]]}"
     assert isinstance(fault, (SlowCompute, KillRank))
-    rank = min(fault.rank, n - 1)
-    return replace(fault, rank=rank), plan.stages[rank].device
+    rank = min(fault.rank, len(devices) - 1)
+    return replace(fault, rank=rank), devices[rank]

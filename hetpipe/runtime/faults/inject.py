@@ -196,7 +196,8 @@ def check_faults(faults: Sequence[Fault], *, num_ranks: int, emulate: bool, repl
         ranks = (f.src, f.dst) if isinstance(f, SlowLink) else (f.rank,)
         for r in ranks:
             if r >= num_ranks:
-                raise _error(f.spec(), f"rank {r} does not exist: the run has ranks 0-{num_ranks - 1}")
+                raise _error(f.spec(), f"rank {r} does not exist: the run has ranks 0-{num_ranks - 1} (one process "
+                                       "per card, every tensor-parallel group member included)")
         if isinstance(f, KillRank):
             continue
         if not emulate:
@@ -259,6 +260,29 @@ class FaultSchedule:
     @classmethod
     def from_specs(cls, specs: Sequence[str] | None) -> "FaultSchedule":
         return cls(parse_faults(list(specs or ())))
+
+
+def run_ranks(plan: Any) -> int:
+    """How many processes a run of ``plan`` launches: one per card of every stage, each tensor-parallel
+    group member included (`hetpipe.plan.group_run.rank_slots`); ``--inject``'s ``rank=`` counts these.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> run_ranks(NS(stages=(NS(device="a", group_devices=()), NS(device="b", group_devices=("b", "c")))))
+        3
+    """
+    return len(rank_devices(plan))
+
+
+def rank_devices(plan: Any) -> tuple[str, ...]:
+    """The card each launched rank of ``plan`` runs on, in rank order (stages in order, each group's lead first).
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> rank_devices(NS(stages=(NS(device="a"), NS(device="b", group_devices=("b", "c")))))
+        ('a', 'b', 'c')
+    """
+    return tuple(d for st in plan.stages for d in (tuple(getattr(st, "group_devices", ()) or ()) or (st.device,)))
 
 
 def describe(faults: Any) -> str:

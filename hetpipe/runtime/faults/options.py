@@ -2,7 +2,7 @@
 
 Example:
     >>> from types import SimpleNamespace
-    >>> plan = SimpleNamespace(stages=(0, 1, 2), replicas=())
+    >>> plan = SimpleNamespace(stages=tuple(SimpleNamespace(device=d) for d in "abc"), replicas=())
     >>> fault_args(plan, ["kill:rank=2,step=1"], emulate=False, steps=3, margin=None, window_steps=None).inject
     ('kill:rank=2,step=1',)
     >>> fault_args(plan, None, emulate=True, steps=3, margin=-1.0, window_steps=None)
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from hetpipe.errors import ConfigError
-from hetpipe.runtime.faults.inject import check_faults, parse_faults
+from hetpipe.runtime.faults.inject import check_faults, parse_faults, run_ranks
 
 #: Longest straggler window: more steps than this would name a slow card only after most short runs end.
 MAX_STRAGGLER_STEPS = 1000
@@ -58,7 +58,9 @@ def fault_args(plan: Any, inject: Sequence[str] | None, *, emulate: bool, steps:
         raise ConfigError(f"--straggler-steps must be a whole number of steps from 1 to {MAX_STRAGGLER_STEPS}, "
                           f"got {window_steps!r}; write e.g. --straggler-steps 3")
     faults = parse_faults(list(inject or ()))
-    check_faults(faults, num_ranks=len(plan.stages), emulate=emulate, replicas=bool(plan.replicas), steps=steps)
+    # ``rank=`` is the launched process's rank: a tensor-parallel group runs one per member (`run_ranks`)
+    num_ranks = len(plan.stages) if plan.replicas else run_ranks(plan)
+    check_faults(faults, num_ranks=num_ranks, emulate=emulate, replicas=bool(plan.replicas), steps=steps)
     return FaultArgs(tuple(f.spec() for f in faults), margin, window_steps)
 
 

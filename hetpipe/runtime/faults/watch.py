@@ -30,7 +30,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any, Sequence
 
-from hetpipe.runtime.faults.inject import KILL_EXIT_CODE, FaultSchedule
+from hetpipe.runtime.faults.inject import KILL_EXIT_CODE, FaultSchedule, rank_devices
 from hetpipe.runtime.faults.returns import write_down
 from hetpipe.runtime.faults.straggler import (
     DEFAULT_MARGIN, DEFAULT_STEPS, StepRatios, StragglerDetector, StragglerRecord, write_straggler,
@@ -91,13 +91,20 @@ class StepWatch:
     def _link_name(self, peer: int) -> str:
         return f"{self.plan.stages[self.stage].device} -> {self.plan.stages[peer].device}"
 
+    def card(self) -> str:
+        """The card this rank runs on: a tensor-parallel member's own (`inject.rank_devices`: the order the
+        supervisor names a dead rank's card in), else its stage's."""
+        group = () if self.plan.replicas else tuple(self.plan.stages[self.stage].group_devices or ())
+        devices = rank_devices(self.plan) if group else ()
+        return devices[self.rank] if self.rank < len(devices) and devices[self.rank] in group else self.device
+
     def before_step(self, step: int) -> None:
         """Apply the faults in force at ``step``: exit hard, or set the emulator's factors."""
         self.step = step
         kill = self.faults.kill_at(rank=self.rank, step=step)
         if kill is not None:
             if kill.down_s:  # when the device is back: the injector knows, a supervisor may wait for it
-                write_down(self.run_dir, self.device, down_s=kill.down_s)
+                write_down(self.run_dir, self.card(), down_s=kill.down_s)
             log.error("rank %d: injected kill at the start of step %d (exit %d, no cleanup)", self.rank, step,
                       KILL_EXIT_CODE)
             sys.stderr.flush()
