@@ -44,11 +44,22 @@ class CheckpointArgs:
                 "resume": self.resume}
 
     def annotate(self, report: Any) -> Any:
-        """The run report with a note saying where a resumed run started (its step records count from 0)."""
+        """The run report with a note saying where a resumed run started (its step records count from 0).
+
+        Example:
+            >>> @dataclass(frozen=True)
+            ... class Report:  # a RunReport's notes
+            ...     notes: tuple = ()
+            >>> CheckpointArgs(resume="ck/step-000004", resume_step=4).annotate(Report()).notes
+            ... # doctest: +NORMALIZE_WHITESPACE
+            ("resumed from ck/step-000004: step records 0.. are the run's steps 4.. (counted from 0; the checkpoint
+            holds the first 4)",)
+        """
         if self.resume is None:
             return report
-        note = (f"resumed from {self.resume}: step records 0.. are the run's steps {self.resume_step + 1}.. "
-                f"(after the checkpoint's {self.resume_step})")
+        # counted from 0 as the run's steps and `--inject`'s are (a 1-based figure here contradicted them)
+        note = (f"resumed from {self.resume}: step records 0.. are the run's steps {self.resume_step}.. "
+                f"(counted from 0; the checkpoint holds the first {self.resume_step})")
         return dataclasses.replace(report, notes=(*report.notes, note))
 
 
