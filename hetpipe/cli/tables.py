@@ -7,7 +7,6 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from rich.console import Console
@@ -17,7 +16,7 @@ from rich.text import Text
 from hetpipe.cost_models.devices import Cluster
 from hetpipe.cost_models.quantities import human_bytes
 from hetpipe.partitioner.capture.graph import UnitGraph
-from hetpipe.plan.levers import stage_levers
+from hetpipe.plan.levers import stage_levers, unit_ranges
 from hetpipe.plan.schema import Plan, UnitTimes, recompute_mode
 
 if TYPE_CHECKING:  # the views take simulations as data; no simulator import at module load
@@ -90,8 +89,8 @@ def plan_table(plan: Plan) -> Table:
     kinds = {d.id: d.kind for d in plan.devices}
     # a levers column only when some stage recomputes or offloads: priced per stage for one pipeline, named only
     # for a replica plan (`stage_levers` prices single pipelines; the review found a replica plan's offload hidden)
-    levers = stage_levers(plan) if not plan.replicas else tuple(_LeverNames(st) if lever_names(st) else None
-                                                                 for st in plan.stages)
+    levers = ([lever.describe() if lever else "" for lever in stage_levers(plan)] if not plan.replicas
+              else [lever_names(st) for st in plan.stages])
     lever_col = "recompute" if not any(st.offload for st in plan.stages) else "recompute / offload"
     cols = ("stage", "device", "kind", "units", "memory used / usable", "fwd", "bwd", "send")
     for col in cols + ((lever_col,) if any(levers) else ()):
@@ -101,7 +100,7 @@ def plan_table(plan: Plan) -> Table:
         mem = f"{format_bytes(st.memory_bytes)} / {format_bytes(st.usable_bytes)} ({st.memory_bytes / st.usable_bytes:.0%})"
         row = [str(st.index), stage_cards(st), "+".join(kinds[d] for d in st.group_devices or (st.device,)), names, mem, format_seconds(st.fwd_s),
                format_seconds(st.bwd_s), format_seconds(st.send_s) if st.send_s else "-"]
-        table.add_row(*row, *(([lever.describe() if lever else "-"]) if any(levers) else []))
+        table.add_row(*row, *([lever or "-"] if any(levers) else []))
     return table
 
 
@@ -115,34 +114,12 @@ def lever_names(st: Any) -> str:
     """
     parts = []
     if st.recompute_units:
-        parts.append("recompute units " + ", ".join(f"{a}-{b}" if a != b else str(a)
-                                                      for a, b in _runs(sorted(st.recompute_units))))
+        parts.append("recompute units " + unit_ranges(st.recompute_units, sep=", "))
     if getattr(st, "selective", False):
         parts.append("selective level")
     if st.offload:
         parts.append("optimizer state offloaded")
     return "; ".join(parts)
-
-
-def _runs(units: list[int]) -> list[tuple[int, int]]:
-    """Consecutive runs of sorted unit indices: [3, 4, 5, 8] -> [(3, 5), (8, 8)]."""
-    out: list[tuple[int, int]] = []
-    for u in units:
-        if out and u == out[-1][1] + 1:
-            out[-1] = (out[-1][0], u)
-        else:
-            out.append((u, u))
-    return out
-
-
-@dataclass(frozen=True)
-class _LeverNames:
-    """A replica plan's stage levers for `plan_table`'s column (`describe` as `StageLevers` has it)."""
-
-    stage: Any
-
-    def describe(self) -> str:
-        return lever_names(self.stage)
 
 
 def stage_cards(st: Any) -> str:

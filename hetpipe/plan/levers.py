@@ -19,11 +19,28 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 from hetpipe.cost_models.quantities import human_bytes
 from hetpipe.partitioner.problem import evaluate, stage_offload
 from hetpipe.partitioner.recompute import added_backward_s
 from hetpipe.plan.schema import Plan, problem_from_plan, stages_from_plan
+
+
+def unit_ranges(units: Sequence[int], sep: str = ",") -> str:
+    """Unit indices as runs of consecutive ones: ``1-3,5`` for units 1, 2, 3 and 5 (a stage's recompute units).
+
+    Example:
+        >>> unit_ranges((1, 2, 3, 5)), unit_ranges([8, 3, 4, 5], sep=", ")
+        ('1-3,5', '3-5, 8')
+    """
+    parts: list[list[int]] = []
+    for u in sorted(units):
+        if parts and u == parts[-1][1] + 1:
+            parts[-1][1] = u
+        else:
+            parts.append([u, u])
+    return sep.join(f"{a}-{b}" if b > a else str(a) for a, b in parts)
 
 
 @dataclass(frozen=True)

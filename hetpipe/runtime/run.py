@@ -39,6 +39,7 @@ from hetpipe.cost_models.outputs import writable_folder
 from hetpipe.errors import ConfigError, RuntimeFailure
 from hetpipe.plan.check import check_plan
 from hetpipe.plan.group_run import has_groups, rank_slots, refuse_group_supervision, refuse_unrunnable_groups
+from hetpipe.plan.levers import unit_ranges
 from hetpipe.plan.schema import Plan
 from hetpipe.plan.validate import validate_plan
 from hetpipe.runtime.checkpoint.options import checkpoint_args, refuse_weights_with_resume
@@ -375,22 +376,6 @@ def collect_report(plan: Plan | str | Path, run_dirs: Sequence[str | Path], *, s
     return build_report(plan, results, schedule=schedule or plan.training.schedule, emulate=emulate)
 
 
-def _ranges(units: Sequence[int]) -> str:
-    """``1-3,5`` for units 1, 2, 3 and 5.
-
-    Example:
-        >>> _ranges((1, 2, 3, 5))
-        '1-3,5'
-    """
-    parts: list[list[int]] = []
-    for u in sorted(units):
-        if parts and u == parts[-1][1] + 1:
-            parts[-1][1] = u
-        else:
-            parts.append([u, u])
-    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in parts)
-
-
 def summary_tables(report: RunReport) -> list[Any]:
     """rich Tables for the CLI: steps, and stages measured next to predicted."""
     from rich.table import Table
@@ -417,7 +402,7 @@ def summary_tables(report: RunReport) -> list[Any]:
     for c in report.chunks:  # an interleaved stage's row sums its chunks; then one row per chunk (virtual stage)
         members.setdefault(c.stage % len(report.stages), []).append((f"virtual {c.stage}", c))
     for label, s in [row for st in report.stages for row in [(str(st.stage), st), *members.get(st.stage, [])]]:
-        units = f"{s.first_unit}-{s.last_unit}" + (f" (recompute {_ranges(s.recompute_units)})"
+        units = f"{s.first_unit}-{s.last_unit}" + (f" (recompute {unit_ranges(s.recompute_units)})"
                                                     if s.recompute_units else "")
         sent = "-" if s.transfer_s is None else f"{s.transfer_s:.4g}"
         stages.add_row(label, f"{s.device} ({s.kind})", units,
